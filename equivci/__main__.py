@@ -1,0 +1,3 @@
+from equivci.cli import main
+
+main()

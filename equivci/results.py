@@ -1,0 +1,62 @@
+"""Typed results passed from the verifier to the reporters (text, json, sarif, markdown, GitHub)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Status(str, enum.Enum):
+    VERIFIED = "verified"
+    MISMATCH = "mismatch"
+    UNPROVEN = "unproven"
+    ERROR = "error"
+
+
+# Worst first: used to order annotations and to pick the overall status.
+SEVERITY_ORDER = (Status.ERROR, Status.MISMATCH, Status.UNPROVEN, Status.VERIFIED)
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    path: str | None  # relative to the git repository root (manifest folder outside git)
+    line: int | None
+    severity: str  # "error" | "warning" | "note"
+    layer: str | None
+    message: str
+    op: str | None = None  # HLO op name on the distributed side, for context
+    changed: bool = False  # the line was changed since --changed-since REF
+
+    def location(self) -> str:
+        if self.path is None:
+            return "<unknown>"
+        return f"{self.path}:{self.line}" if self.line else self.path
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerCounts:
+    total: int = 0
+    verified: int = 0
+    reused: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelResult:
+    name: str
+    status: Status
+    seconds: float
+    layers: LayerCounts = LayerCounts()
+    findings: tuple[Finding, ...] = ()
+    reused: bool = False  # whole model skipped by --changed-since and reported from the memo
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    models: tuple[ModelResult, ...]
+
+    def exit_code(self) -> int:
+        if any(m.status is Status.ERROR for m in self.models):
+            return 2
+        if any(m.status is not Status.VERIFIED for m in self.models):
+            return 1
+        return 0
