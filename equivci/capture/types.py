@@ -1,0 +1,36 @@
+"""What the capture stage hands to the HLO parser and the verifier."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafPlacement:
+    """One flattened input or output leaf and which part of it each device holds."""
+
+    path: str  # pytree key path, e.g. "[0]['w1']"
+    shape: tuple[int, ...]  # global shape
+    dtype: str
+    # device_slices[d][k] = (start, stop) along dimension k of the global array held by device d
+    # (device d = partition id d = the d-th device of the mesh in row-major order).
+    device_slices: tuple[tuple[tuple[int, int], ...], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class CapturedModel:
+    name: str
+    mesh: tuple[tuple[str, int], ...]  # ordered (axis name, size)
+    reference_hlo: str  # single-device HLO text, with stack-frame tables
+    distributed_hlo: str  # per-device (SPMD-partitioned) HLO text, with stack-frame tables
+    inputs: tuple[LeafPlacement, ...]  # distributed placements of the flattened inputs
+    outputs: tuple[LeafPlacement, ...]  # distributed placements of the flattened outputs
+    repo_root: str  # absolute; source paths in findings are relative to it
+    lowering_seconds: float = 0.0
+
+    @property
+    def num_devices(self) -> int:
+        n = 1
+        for _, size in self.mesh:
+            n *= size
+        return n
