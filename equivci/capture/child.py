@@ -1,0 +1,128 @@
+"""Capture child process: lower both entrypoints with abstract inputs on fake CPU devices.
+
+Runs as `python -m equivci.capture.child REQUEST.json RESULT.json`. The parent sets XLA_FLAGS
+(device count and the SPMD-partitioning dump) before this process imports jax, which is the
+only moment the fake device count can be chosen.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from equivci.errors import EquivciError
+
+
+def _trace_failure(side: str, entry, exc: Exception) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "site-packages" not in f.filename]
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return (
+        f"tracing the {side} entrypoint {entry.spec} failed{where}: {type(exc).__name__}: {first_line}. "
+        f"equivci lowers it with jax.jit on abstract inputs (jax.ShapeDtypeStruct), so it must not need "
+        "concrete values; run it under jax.jit yourself to see the full error, or pass --debug."
+    )
+
+
+def _placements(leaves, shardings, device_order) -> list[dict]:
+    out = []
+    for (path, leaf), sharding in zip(leaves, shardings):
+        shape = tuple(int(d) for d in leaf.shape)
+        index_map = sharding.devices_indices_map(shape)
+        per_device = []
+        for device in device_order:
+            idx = index_map[device]
+            per_device.append([list(s.indices(n)[:2]) for s, n in zip(idx, shape)])
+        out.append({"path": path, "shape": list(shape), "dtype": str(leaf.dtype), "device_slices": per_device})
+    return out
+
+
+def _spmd_dump(dump_dir: str) -> str | None:
+    files = sorted(glob.glob(os.path.join(dump_dir, "*after_spmd-partitioning*.txt")))
+    jit_files = [f for f in files if ".jit_" in os.path.basename(f)] or files
+    if not jit_files:
+        return None
+    return Path(jit_files[-1]).read_text()
+
+
+def capture(request: dict) -> dict:
+    import jax
+    from jax.tree_util import keystr, tree_flatten_with_path
+
+    from equivci.capture import entrypoints
+    from equivci.manifest import load_manifest
+
+    manifest = load_manifest(Path(request["manifest"]))
+    model = next(m for m in manifest.models if m.name == request["model"])
+    root = manifest.root
+    reference = entrypoints.load_function(model.reference, root)
+    distributed = entrypoints.load_function(model.distributed, root)
+    inputs_fn = entrypoints.load_function(model.inputs, root)
+    args = entrypoints.abstract_inputs(inputs_fn, model.inputs)
+    mesh = entrypoints.build_mesh(model)
+    bound = entrypoints.bind_distributed(distributed, mesh)
+
+    t0 = time.perf_counter()
+    try:
+        ref_lowered = jax.jit(reference, keep_unused=True).lower(*args)
+    except EquivciError:
+        raise
+    except Exception as exc:  # the user's reference failed to trace
+        raise EquivciError(_trace_failure("reference", model.reference, exc)) from exc
+    try:
+        with jax.set_mesh(mesh):
+            dist_lowered = jax.jit(bound, keep_unused=True).lower(*args)
+    except Exception as exc:
+        raise EquivciError(_trace_failure("distributed", model.distributed, exc)) from exc
+    lowering_seconds = time.perf_counter() - t0
+    entrypoints.check_same_outputs(ref_lowered.out_info, dist_lowered.out_info, model.name)
+
+    reference_hlo = ref_lowered.as_text(dialect="hlo", debug_info=True)
+    dump_dir = os.environ["EQUIVCI_DUMP_DIR"]
+    try:
+        compiled = dist_lowered.compile()
+    except Exception as exc:
+        raise EquivciError(
+            f"XLA could not partition the distributed entrypoint {model.distributed.spec} of model "
+            f"'{model.name}' for mesh {dict(model.mesh)}: {type(exc).__name__}: {str(exc).splitlines()[0]}. "
+            "Check that the shardings and collectives match the mesh axes."
+        ) from exc
+    distributed_hlo = _spmd_dump(dump_dir) or dist_lowered.as_text(dialect="hlo", debug_info=True)
+
+    device_order = list(mesh.devices.flat)
+    in_leaves = [(keystr(p), leaf) for p, leaf in tree_flatten_with_path(args)[0]]
+    out_leaves = [(keystr(p), leaf) for p, leaf in tree_flatten_with_path(dist_lowered.out_info)[0]]
+    in_shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0])
+    out_shardings = jax.tree_util.tree_leaves(compiled.output_shardings)
+    return {
+        "reference_hlo": reference_hlo,
+        "distributed_hlo": distributed_hlo,
+        "inputs": _placements(in_leaves, in_shardings, device_order),
+        "outputs": _placements(out_leaves, out_shardings, device_order),
+        "lowering_seconds": lowering_seconds,
+    }
+
+
+def main(argv: list[str]) -> int:
+    request_path, result_path = argv
+    request = json.loads(Path(request_path).read_text())
+    try:
+        result = capture(request)
+    except EquivciError as err:
+        result = {"error": str(err), "traceback": traceback.format_exc()}
+    except Exception as exc:  # anything else is still reported as a capture error, with details for --debug
+        result = {
+            "error": f"capturing model '{request['model']}' failed: {type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(),
+        }
+    Path(result_path).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

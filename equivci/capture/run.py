@@ -1,0 +1,95 @@
+"""Parent side of capture: start the child with the fake device count the mesh needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from equivci.capture.types import CapturedModel, LeafPlacement
+from equivci.errors import EquivciError
+from equivci.manifest import Manifest, ModelSpec
+
+CAPTURE_TIMEOUT_SECONDS = 900
+
+
+def repo_root_of(folder: Path) -> Path:
+    """The git work tree containing `folder`, or `folder` itself outside git."""
+    import git
+
+    try:
+        return Path(git.Repo(folder, search_parent_directories=True).working_tree_dir).resolve()
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return folder.resolve()
+
+
+def child_env(num_devices: int, extra_flags: str = "") -> dict[str, str]:
+    env = dict(os.environ)
+    flags = env.get("XLA_FLAGS", "")
+    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={num_devices} {extra_flags}".strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    return env
+
+
+def _leaves(rows: list[dict]) -> tuple[LeafPlacement, ...]:
+    return tuple(
+        LeafPlacement(
+            path=r["path"],
+            shape=tuple(r["shape"]),
+            dtype=r["dtype"],
+            device_slices=tuple(tuple(tuple(s) for s in dev) for dev in r["device_slices"]),
+        )
+        for r in rows
+    )
+
+
+def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False) -> CapturedModel:
+    with tempfile.TemporaryDirectory(prefix="equivci-capture-") as tmp:
+        request, result_path, dump_dir = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "dump")
+        request.write_text(json.dumps({"manifest": str(manifest.path), "model": model.name}))
+        env = child_env(
+            model.num_devices,
+            f"--xla_dump_to={dump_dir} --xla_dump_hlo_pass_re=spmd-partitioning",
+        )
+        env["EQUIVCI_DUMP_DIR"] = str(dump_dir)
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "equivci.capture.child", str(request), str(result_path)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=CAPTURE_TIMEOUT_SECONDS,
+                cwd=manifest.root,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise EquivciError(
+                f"capturing model '{model.name}' took longer than {CAPTURE_TIMEOUT_SECONDS} s and was stopped; "
+                "check that inputs() returns jax.ShapeDtypeStruct leaves (no real arrays) and that the "
+                "entrypoints do no work at import time."
+            ) from exc
+        if not result_path.exists():
+            tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+            raise EquivciError(
+                f"the capture process for model '{model.name}' died (exit code {proc.returncode}) before "
+                f"reporting; its last output was:\n{tail}"
+            )
+        result = json.loads(result_path.read_text())
+    if "error" in result:
+        message = result["error"]
+        if debug:
+            message += "\n\n" + result.get("traceback", "")
+        raise EquivciError(message)
+    return CapturedModel(
+        name=model.name,
+        mesh=model.mesh,
+        reference_hlo=result["reference_hlo"],
+        distributed_hlo=result["distributed_hlo"],
+        inputs=_leaves(result["inputs"]),
+        outputs=_leaves(result["outputs"]),
+        repo_root=str(repo_root_of(manifest.root)),
+        lowering_seconds=result["lowering_seconds"],
+    )
