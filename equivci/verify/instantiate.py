@@ -1,0 +1,446 @@
+"""Translate an HLO module into terms over the reference inputs, one copy per device.
+
+The per-device (SPMD) program is evaluated for every device in lock step, so collectives become
+plain terms over the other devices' values (all-reduce: a sum in group order, all-gather: a
+concatenation, collective-permute: the source device's value). Everything that depends only on
+the device index (partition-id arithmetic, dynamic-slice offsets) is folded to constants here,
+which turns `dynamic_slice(w, axis_index * k)` into a static slice of the reference input.
+Ops without a model become `opaque` terms: equal only to the same op on equal arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+
+import numpy as np
+
+from equivci.hlo.collectives import UnsupportedGroups, parse_groups, parse_pairs
+from equivci.hlo.ir import Computation, Instruction, Module, Shape
+from equivci.hlo.parser import split_top
+from equivci.verify.terms import Term, TermTable, bcast_spec, reshape_spec
+
+UNARY = {
+    "abs", "ceil", "cos", "exp", "exponential", "exponential-minus-one", "floor", "log", "log-plus-one",
+    "logistic", "negate", "not", "rsqrt", "sign", "sine", "cosine", "sqrt", "tanh", "erf", "cbrt",
+    "round-nearest-even", "round-nearest-afz", "is-finite", "tan", "popcnt", "real", "imag",
+}
+BINARY = {
+    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "remainder", "and", "or",
+    "xor", "atan2", "shift-left", "shift-right-arithmetic", "shift-right-logical",
+}
+IDENTITY_CUSTOM_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "xla.sdy.GlobalToLocalShape",
+                         "xla.sdy.LocalToGlobalShape", "xla.sdy.FuncResultSharding", "X64Combine", "LayoutConstraint"}
+REDUCERS = {"add": "add", "maximum": "maximum", "minimum": "minimum", "multiply": "multiply", "and": "and", "or": "or"}
+# Folding constants bigger than this would copy weights-sized arrays around: keep them symbolic.
+MAX_FOLD_ELEMENTS = 1 << 16
+
+_NP_DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "s32": np.int32, "s64": np.int64,
+              "u32": np.uint32, "u64": np.uint64, "s8": np.int8, "u8": np.uint8, "s16": np.int16,
+              "u16": np.uint16, "pred": np.bool_}
+
+
+class Unsupported(Exception):
+    """A construct the evaluator cannot translate faithfully; the caller answers `unproven`."""
+
+
+@dataclasses.dataclass
+class Event:
+    """One evaluated instruction, kept in program order for localization."""
+
+    inst: Instruction
+    values: list  # per device: Term or tuple of Terms
+
+
+def dims_attr(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    return tuple(int(x) for x in re.findall(r"-?\d+", text))
+
+
+def fingerprint(comp: Computation, module: Module) -> str:
+    """A name-free digest of a computation, for opaque ops that call one (sort, while, scatter)."""
+    index = {inst.name: k for k, inst in enumerate(comp.instructions)}
+    rows = []
+    for inst in comp.instructions:
+        attrs = {k: v for k, v in inst.attrs.items() if k not in ("metadata", "frontend_attributes", "sharding")}
+        for key in ("to_apply", "body", "condition", "calls", "comparator"):
+            if key in attrs and attrs[key].lstrip("%") in module.computations:
+                attrs[key] = fingerprint(module.computations[attrs[key].lstrip("%")], module)
+        rows.append(f"{inst.opcode}|{inst.shape}|{[index.get(o, o) for o in inst.operands]}|{sorted(attrs.items())}|{inst.is_root}")
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
+
+
+class Evaluator:
+    def __init__(self, module: Module, table: TermTable, num_devices: int):
+        self.module = module
+        self.table = table
+        self.n = num_devices
+        self.values: dict[Term, np.ndarray] = {}  # folded constant terms -> their value
+        self.events: list[Event] = []
+
+    # -- constants ---------------------------------------------------------------------------
+    def const(self, value: np.ndarray, dtype: str) -> Term:
+        value = np.asarray(value)
+        if value.size and np.all(value == value.flat[0]):
+            scalar = self.table.make("const", (repr(value.flat[0].item()),), (), (), dtype)
+            self.values[scalar] = np.asarray(value.flat[0])
+            if value.ndim == 0:
+                return scalar
+            term = self.table.make("bcast", (bcast_spec(0, value.shape, ()),), (scalar,), value.shape, dtype)
+        else:
+            digest = hashlib.sha256(value.tobytes()).hexdigest()[:16]
+            term = self.table.make("const", (f"{digest}:{value.shape}",), (), value.shape, dtype)
+        self.values[term] = value
+        return term
+
+    def folded(self, term: Term) -> np.ndarray | None:
+        return self.values.get(term)
+
+    # -- term constructors -------------------------------------------------------------------
+    def mk(self, op: str, attrs: tuple, args: tuple, shape: Shape) -> Term:
+        return self.table.make(op, attrs, tuple(args), shape.dims, shape.dtype)
+
+    def slice_term(self, x: Term, dim: int, start: int, stop: int) -> Term:
+        if start == 0 and stop == x.shape[dim]:
+            return x
+        shape = list(x.shape)
+        shape[dim] = stop - start
+        value = self.folded(x)
+        if value is not None:
+            index = [slice(None)] * len(x.shape)
+            index[dim] = slice(start, stop)
+            return self.const(value[tuple(index)], x.dtype)
+        if x.op == "slice" and x.attrs[0] == dim:  # compose, so slices stay one level deep per dim
+            inner_start = x.attrs[1]
+            return self.slice_term(x.args[0], dim, inner_start + start, inner_start + stop)
+        return self.table.make("slice", (dim, start, stop), (x,), tuple(shape), x.dtype)
+
+    def slice_nd(self, x: Term, ranges) -> Term:
+        for dim, (start, stop) in enumerate(ranges):
+            x = self.slice_term(x, dim, start, stop)
+        return x
+
+    def concat(self, parts: list[Term], dim: int) -> Term:
+        acc = parts[0]
+        for p in parts[1:]:
+            shape = list(acc.shape)
+            shape[dim] += p.shape[dim]
+            acc = self.table.make("concat", (dim,), (acc, p), tuple(shape), acc.dtype)
+        return acc
+
+    def binary(self, op: str, a: Term, b: Term, dtype: str | None = None) -> Term:
+        return self.table.make("binary", (op,), (a, b), a.shape, dtype or a.dtype)
+
+    # -- evaluation --------------------------------------------------------------------------
+    def run(self, comp: Computation, args: list[list]) -> list:
+        """Evaluate `comp` on per-device argument lists; returns the per-device root values."""
+        env: dict[str, list] = {}
+        params = {int(p.attrs["_number"]): p.name for p in comp.parameters()}
+        for k, name in params.items():
+            env[name] = args[k]
+        for inst in comp.instructions:
+            if inst.opcode == "parameter":
+                continue
+            operands = [env[o] for o in inst.operands]
+            env[inst.name] = self.eval(inst, operands)
+            self.events.append(Event(inst, env[inst.name]))
+        return env[comp.root.name]
+
+    def called(self, inst: Instruction, key: str) -> Computation:
+        return self.module.computations[inst.attrs[key].lstrip("%")]
+
+    def reducer(self, inst: Instruction) -> str | None:
+        comp = self.called(inst, "to_apply")
+        root = comp.root
+        params = {p.name for p in comp.parameters()}
+        if len(comp.instructions) == 3 and root.opcode in REDUCERS and set(root.operands) == params:
+            return REDUCERS[root.opcode]
+        return None
+
+    def eval(self, inst: Instruction, ops: list[list]) -> list:
+        op = inst.opcode
+        if op in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"):
+            return self.collective(inst, ops)
+        if op == "call":
+            return self.run(self.called(inst, "to_apply"), ops)
+        return [self.local(inst, [o[d] for o in ops], d) for d in range(self.n)]
+
+    def local(self, inst: Instruction, args: list, device: int):
+        op, shape, attrs = inst.opcode, inst.shape, inst.attrs
+        if op == "constant":
+            value = parse_literal(attrs["_literal"], shape)
+            if value is not None:
+                return self.const(value, shape.dtype)
+            return self.mk("const", (hashlib.sha256(attrs["_literal"].encode()).hexdigest()[:16],), (), shape)
+        if op == "partition-id":
+            return self.const(np.asarray(device, dtype=np.uint32), shape.dtype)
+        if op == "replica-id":
+            return self.const(np.asarray(0, dtype=np.uint32), shape.dtype)
+        if op == "iota":
+            dim = int(attrs["iota_dimension"])
+            if np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
+                ar = np.arange(shape.dims[dim]).reshape([-1 if k == dim else 1 for k in range(len(shape.dims))])
+                return self.const(np.broadcast_to(ar, shape.dims).astype(_NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
+            return self.mk("iota", (dim,), (), shape)
+        if op in ("copy", "opt-barrier") or (op == "custom-call" and _target(attrs) in IDENTITY_CUSTOM_CALLS):
+            return args[0]
+        if op == "tuple":
+            return tuple(args)
+        if op == "get-tuple-element":
+            value = args[0]
+            index = int(attrs["index"])
+            if isinstance(value, tuple):
+                return value[index]
+            return self.mk("gte", (index,), (value,), shape)
+        if op == "convert" or op == "bitcast-convert":
+            if args[0].dtype == shape.dtype and op == "convert":
+                return args[0]
+            return self.fold_or("unary", (f"{op}",), args, shape, lambda v: v.astype(_NP_DTYPES[shape.dtype]) if op == "convert" and shape.dtype in _NP_DTYPES else None)
+        if op in UNARY:
+            return self.fold_or("unary", (op,), args, shape, lambda v: _np_unary(op, v))
+        if op in BINARY:
+            return self.fold_or("binary", (op,), args, shape, lambda a, b: _np_binary(op, a, b, shape.dtype))
+        if op == "compare":
+            name = f"compare-{attrs['direction']}:{args[0].dtype}"
+            return self.fold_or("binary", (name,), args, shape, lambda a, b: _np_compare(attrs["direction"], a, b))
+        if op in ("select", "clamp"):
+            fn = (lambda p, a, b: np.where(p, a, b)) if op == "select" else (lambda lo, x, hi: np.clip(x, lo, hi))
+            return self.fold_or("ternary", (op,), args, shape, fn)
+        if op == "broadcast":
+            dims = dims_attr(attrs.get("dimensions"))
+            value = self.folded(args[0])
+            if value is not None and np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
+                expanded = value.reshape([value.shape[dims.index(o)] if o in dims else 1 for o in range(len(shape.dims))]) if value.ndim else value
+                return self.const(np.broadcast_to(expanded, shape.dims), shape.dtype)
+            if args[0].op == "const" and args[0].shape == () and args[0] in self.values:
+                pass
+            return self.mk("bcast", (bcast_spec(len(args[0].shape), shape.dims, dims),), args, shape)
+        if op in ("reshape", "bitcast"):
+            if args[0].shape == shape.dims:
+                return args[0]
+            value = self.folded(args[0])
+            if value is not None:
+                return self.const(value.reshape(shape.dims), shape.dtype)
+            spec = reshape_spec(args[0].shape, shape.dims)
+            if spec is None:
+                return self.opaque(inst, args)
+            return self.mk("reshape", (spec,), args, shape)
+        if op == "transpose":
+            perm = dims_attr(attrs.get("dimensions"))
+            if perm == tuple(range(len(perm))):
+                return args[0]
+            value = self.folded(args[0])
+            if value is not None:
+                return self.const(value.transpose(perm), shape.dtype)
+            return self.mk("transpose", (",".join(map(str, perm)),), args, shape)
+        if op == "slice":
+            ranges = re.findall(r"\[(-?\d+):(-?\d+)(?::(\d+))?\]", attrs["slice"])
+            if any(step not in ("", "1") for _, _, step in ranges):
+                return self.opaque(inst, args)
+            return self.slice_nd(args[0], [(int(a), int(b)) for a, b, _ in ranges])
+        if op == "dynamic-slice":
+            sizes = dims_attr(attrs.get("dynamic_slice_sizes"))
+            starts = [self.folded(a) for a in args[1:]]
+            if any(s is None for s in starts):
+                return self.opaque(inst, args)
+            x = args[0]
+            ranges = []
+            for dim, (s, size) in enumerate(zip(starts, sizes)):
+                start = int(np.clip(int(s), 0, x.shape[dim] - size))  # HLO clamps start indices
+                ranges.append((start, start + size))
+            return self.slice_nd(x, ranges)
+        if op == "dynamic-update-slice":
+            return self.update_slice(inst, args)
+        if op == "concatenate":
+            dim = dims_attr(attrs.get("dimensions"))[0]
+            values = [self.folded(a) for a in args]
+            if all(v is not None for v in values):
+                return self.const(np.concatenate(values, axis=dim), shape.dtype)
+            return self.concat(list(args), dim)
+        if op == "dot":
+            return self.dot(inst, args)
+        if op == "reduce":
+            return self.reduce(inst, args)
+        return self.opaque(inst, args)
+
+    def fold_or(self, kind: str, attrs: tuple, args: list, shape: Shape, fn) -> Term:
+        values = [self.folded(a) for a in args]
+        if all(v is not None for v in values) and np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
+            try:
+                with np.errstate(all="ignore"):
+                    result = fn(*values)
+            except (TypeError, ValueError, KeyError):
+                result = None
+            if result is not None:
+                return self.const(np.asarray(result).astype(_NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
+        return self.mk(kind, attrs, args, shape)
+
+    def opaque(self, inst: Instruction, args: list) -> Term:
+        attrs = {k: v for k, v in inst.attrs.items() if k not in ("metadata", "frontend_attributes", "sharding")}
+        for key in ("to_apply", "body", "condition", "calls", "comparator"):
+            if key in attrs and attrs[key].lstrip("%") in self.module.computations:
+                attrs[key] = fingerprint(self.module.computations[attrs[key].lstrip("%")], self.module)
+        if inst.opcode == "custom-call":
+            attrs.pop("custom_call_has_side_effect", None)
+        key = f"{inst.opcode}|{sorted(attrs.items())}|{inst.shape}"
+        flat = [a for arg in args for a in (arg if isinstance(arg, tuple) else (arg,))]
+        shape = inst.shape if not inst.shape.is_tuple else Shape("tuple")
+        term = self.mk("opaque", (key,), flat, shape)
+        if inst.shape.is_tuple:
+            return tuple(self.mk("gte", (k,), (term,), e) for k, e in enumerate(inst.shape.elements))
+        return term
+
+    def update_slice(self, inst: Instruction, args: list) -> Term:
+        x, update, *idx = args
+        starts = [self.folded(a) for a in idx]
+        if any(s is None for s in starts):
+            return self.opaque(inst, args)
+        starts = [int(np.clip(int(s), 0, n - u)) for s, n, u in zip(starts, x.shape, update.shape)]
+        differing = [d for d in range(len(x.shape)) if update.shape[d] != x.shape[d]]
+        if not differing:
+            return update
+        if len(differing) > 1:
+            return self.opaque(inst, args)
+        d = differing[0]
+        s, u = starts[d], update.shape[d]
+        parts = [p for p in (self.slice_term(x, d, 0, s) if s > 0 else None, update,
+                             self.slice_term(x, d, s + u, x.shape[d]) if s + u < x.shape[d] else None) if p is not None]
+        return self.concat(parts, d)
+
+    def dot(self, inst: Instruction, args: list) -> Term:
+        a = inst.attrs
+        lb, rb = dims_attr(a.get("lhs_batch_dims")), dims_attr(a.get("rhs_batch_dims"))
+        lc, rc = dims_attr(a.get("lhs_contracting_dims")), dims_attr(a.get("rhs_contracting_dims"))
+        lhs, rhs = args
+        spec = f"{','.join(map(str, lb))}|{','.join(map(str, rb))}|{','.join(map(str, lc))}|{','.join(map(str, rc))}|{len(lhs.shape)}|{len(rhs.shape)}|{lhs.dtype},{rhs.dtype}"
+        return self.mk("dot", (spec,), args, inst.shape)
+
+    def reduce(self, inst: Instruction, args: list) -> Term:
+        reducer = self.reducer(inst)
+        if reducer is None or len(args) != 2:
+            return self.opaque(inst, args)
+        x, init = args
+        init_value = self.folded(init)
+        if init_value is None or not _is_identity(reducer, init_value):
+            return self.opaque(inst, args)
+        dims = dims_attr(inst.attrs.get("dimensions"))
+        key = f"{len(x.shape)}:{','.join(map(str, sorted(dims)))}"
+        return self.mk("reduce", (reducer, key), (x,), inst.shape)
+
+    # -- collectives -------------------------------------------------------------------------
+    def collective(self, inst: Instruction, ops: list[list]) -> list:
+        try:
+            groups = parse_groups(inst.attrs.get("replica_groups"), self.n)
+        except UnsupportedGroups as exc:
+            raise Unsupported(f"replica groups {exc} of {inst.opcode} {inst.name}") from exc
+        if inst.opcode == "collective-permute":
+            pairs = parse_pairs(inst.attrs.get("source_target_pairs", ""))
+            source = {t: s for s, t in pairs}
+            out = []
+            for d in range(self.n):
+                if d in source:
+                    out.append(ops[0][source[d]])
+                else:
+                    out.append(self.const(np.zeros(inst.shape.dims, _NP_DTYPES.get(inst.shape.dtype, np.float32)), inst.shape.dtype))
+            return out
+        group_of = {d: g for g in groups for d in g}
+        tuple_valued = isinstance(ops[0][0], tuple) or len(ops) > 1
+        n_vals = len(ops) if len(ops) > 1 else (len(ops[0][0]) if isinstance(ops[0][0], tuple) else 1)
+
+        def operand(k: int, d: int) -> Term:
+            if len(ops) > 1:
+                return ops[k][d]
+            v = ops[0][d]
+            return v[k] if isinstance(v, tuple) else v
+
+        shapes = inst.shape.elements if inst.shape.is_tuple else (inst.shape,)
+        out = []
+        for d in range(self.n):
+            group = group_of[d]
+            pos = group.index(d)
+            results = []
+            for k in range(n_vals):
+                members = [operand(k, g) for g in group]
+                results.append(self.collective_value(inst, members, pos, shapes[k] if k < len(shapes) else shapes[0]))
+            out.append(tuple(results) if tuple_valued and n_vals > 1 else results[0])
+        return out
+
+    def collective_value(self, inst: Instruction, members: list[Term], pos: int, shape: Shape) -> Term:
+        op = inst.opcode
+        if op in ("all-reduce", "reduce-scatter"):
+            reducer = self.reducer(inst)
+            if reducer is None:
+                raise Unsupported(f"the reduction of {op} {inst.name} is not a single add/max/min/multiply")
+            acc = members[0]
+            for m in members[1:]:
+                acc = self.fold_or("binary", (reducer,), [acc, m], Shape(acc.dtype, acc.shape),
+                                   lambda a, b: _np_binary(reducer, a, b, acc.dtype))
+            if op == "all-reduce":
+                return acc
+            dim = dims_attr(inst.attrs.get("dimensions"))[0]
+            size = shape.dims[dim]
+            return self.slice_term(acc, dim, pos * size, (pos + 1) * size)
+        if op == "all-gather":
+            dim = dims_attr(inst.attrs.get("dimensions"))[0]
+            return self.concat(members, dim)
+        if op == "all-to-all":
+            dims = dims_attr(inst.attrs.get("dimensions"))
+            if len(dims) != 1:
+                raise Unsupported(f"tuple all-to-all {inst.name}")
+            dim = dims[0]
+            chunk = members[0].shape[dim] // len(members)
+            return self.concat([self.slice_term(m, dim, pos * chunk, (pos + 1) * chunk) for m in members], dim)
+        raise Unsupported(op)
+
+
+def _target(attrs: dict[str, str]) -> str:
+    return attrs.get("custom_call_target", "").strip('"')
+
+
+def _is_identity(reducer: str, value: np.ndarray) -> bool:
+    v = value.item() if value.ndim == 0 else None
+    if v is None:
+        return False
+    return {"add": v == 0, "multiply": v == 1, "maximum": v == float("-inf") or (isinstance(v, int) and v <= -(2**31)),
+            "minimum": v == float("inf") or (isinstance(v, int) and v >= 2**31 - 1), "and": v is True or v == 1,
+            "or": v is False or v == 0}[reducer]
+
+
+def parse_literal(text: str, shape: Shape) -> np.ndarray | None:
+    if shape.is_tuple or shape.dtype not in _NP_DTYPES or np.prod(shape.dims) > MAX_FOLD_ELEMENTS:
+        return None
+    tokens = re.findall(r"-?inf|nan|true|false|-?[\d.]+(?:e[-+]?\d+)?", text.replace("{", " ").replace("}", " "))
+    conv = {"true": 1, "false": 0, "inf": np.inf, "-inf": -np.inf, "nan": np.nan}
+    try:
+        flat = [conv[t] if t in conv else float(t) for t in tokens]
+    except ValueError:
+        return None
+    if len(flat) != int(np.prod(shape.dims)):
+        return None
+    return np.asarray(flat).astype(_NP_DTYPES[shape.dtype]).reshape(shape.dims)
+
+
+def _np_unary(op: str, v: np.ndarray):
+    table = {"negate": np.negative, "abs": np.abs, "exponential": np.exp, "log": np.log, "sqrt": np.sqrt,
+             "tanh": np.tanh, "not": lambda x: ~x if x.dtype != np.bool_ else np.logical_not(x),
+             "sign": np.sign, "floor": np.floor, "ceil": np.ceil}
+    return table[op](v) if op in table else None
+
+
+def _np_binary(op: str, a, b, dtype: str):
+    integer = dtype[0] in "su" or dtype == "pred"
+    if op == "divide" and integer:
+        return np.trunc(np.true_divide(a, b))
+    if op == "remainder" and integer:
+        return np.fmod(a, b)
+    table = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
+             "maximum": np.maximum, "minimum": np.minimum, "and": np.logical_and if dtype == "pred" else np.bitwise_and,
+             "or": np.logical_or if dtype == "pred" else np.bitwise_or, "power": np.power, "remainder": np.fmod}
+    return table[op](a, b) if op in table else None
+
+
+def _np_compare(direction: str, a, b):
+    return {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal, "GT": np.greater,
+            "GE": np.greater_equal}[direction](a, b)

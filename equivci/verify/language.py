@@ -1,0 +1,244 @@
+"""The egglog language of tensor terms, its static tables and its rewrite rules.
+
+Every rewrite is an identity over the reals on well-typed terms; tests/test_rules_numeric.py
+checks each family on random arrays. Rules only create terms whose dimensions are known, and
+guards compare dimensions where a rule would otherwise build an ill-typed term.
+"""
+
+from __future__ import annotations
+
+from egglog import (
+    EGraph, Expr, String, StringLike, i64, i64Like, eq, function, ne, relation, rule, ruleset, set_, union, vars_,
+)
+
+
+class TList(Expr):
+    """Argument lists of opaque ops."""
+
+    @classmethod
+    def nil(cls) -> TList: ...
+
+    @classmethod
+    def cons(cls, head: T, tail: TList) -> TList: ...
+
+
+class T(Expr):
+    """A tensor as a function of the reference inputs."""
+
+    @classmethod
+    def param(cls, index: i64Like) -> T: ...
+
+    @classmethod
+    def const(cls, key: StringLike, dtype: StringLike) -> T: ...
+
+    @classmethod
+    def iota(cls, key: StringLike) -> T: ...
+
+    def slice(self, dim: i64Like, start: i64Like, stop: i64Like) -> T: ...
+
+    @classmethod
+    def concat(cls, a: T, b: T, dim: i64Like) -> T: ...
+
+    @classmethod
+    def unary(cls, op: StringLike, x: T) -> T: ...
+
+    @classmethod
+    def binary(cls, op: StringLike, x: T, y: T) -> T: ...
+
+    @classmethod
+    def ternary(cls, op: StringLike, x: T, y: T, z: T) -> T: ...
+
+    @classmethod
+    def dot(cls, spec: StringLike, x: T, y: T) -> T: ...
+
+    @classmethod
+    def reduce(cls, op: StringLike, key: StringLike, x: T) -> T: ...
+
+    @classmethod
+    def bcast(cls, spec: StringLike, x: T) -> T: ...
+
+    @classmethod
+    def reshape(cls, spec: StringLike, x: T) -> T: ...
+
+    @classmethod
+    def transpose(cls, perm: StringLike, x: T) -> T: ...
+
+    @classmethod
+    def opaque(cls, key: StringLike, args: TList) -> T: ...
+
+    @classmethod
+    def gte(cls, index: i64Like, x: T) -> T: ...
+
+
+@function
+def dim(x: T, k: i64Like) -> i64: ...
+
+
+# Static tables, seeded from Python for every spec that occurs (see seed.py).
+@function
+def dot_lhs_out(spec: StringLike, k: i64Like) -> i64: ...  # lhs free dim -> output dim
+@function
+def dot_rhs_out(spec: StringLike, k: i64Like) -> i64: ...  # rhs free dim -> output dim
+@function
+def dot_out_lhs(spec: StringLike, o: i64Like) -> i64: ...
+@function
+def dot_out_rhs(spec: StringLike, o: i64Like) -> i64: ...
+@function
+def dot_batch(spec: StringLike, k: i64Like) -> i64: ...  # lhs batch dim -> rhs batch dim
+@function
+def dot_batch_out(spec: StringLike, k: i64Like) -> i64: ...  # lhs batch dim -> output dim
+@function
+def dot_contract(spec: StringLike, k: i64Like) -> i64: ...  # lhs contracting dim -> rhs contracting dim
+@function
+def reduce_out(key: StringLike, k: i64Like) -> i64: ...  # kept operand dim -> output dim
+@function
+def reduce_in(key: StringLike, o: i64Like) -> i64: ...
+reduced = relation("reduced", String, i64)  # (key, operand dim) is reduced
+@function
+def bcast_out(spec: StringLike, k: i64Like) -> i64: ...  # operand dim -> output dim
+@function
+def bcast_in(spec: StringLike, o: i64Like) -> i64: ...
+@function
+def bcast_new(spec: StringLike, o: i64Like) -> i64: ...  # size of a new output dim
+@function
+def bcast_shrink(spec: StringLike, o: i64Like, size: i64Like) -> String: ...  # same with new dim o resized
+@function
+def perm_out(perm: StringLike, k: i64Like) -> i64: ...
+@function
+def perm_in(perm: StringLike, o: i64Like) -> i64: ...
+@function
+def rs_lead_out(spec: StringLike, k: i64Like) -> i64: ...  # leading input dim of a group -> leading output dim
+@function
+def rs_lead_in(spec: StringLike, o: i64Like) -> i64: ...
+@function
+def rs_in_tail(spec: StringLike, k: i64Like) -> i64: ...  # element count of the group's input dims after k
+@function
+def rs_out_tail(spec: StringLike, k: i64Like) -> i64: ...  # element count of the group's output dims after the lead
+@function
+def rs_fixed(spec: StringLike, o: i64Like) -> i64: ...  # size of a non-leading output dim
+
+
+related = relation("related", T)  # equal to a slice of a reference value
+
+x, y, z, w, e, p, q = vars_("x y z w e p q", T)
+d, d2, a, b, c, g, n, m, o, k, j, s1, s2 = vars_("d d2 a b c g n m o k j s1 s2", i64)
+op, spec, spec2, key = vars_("op spec spec2 key", String)
+REDUCER_OF = {"add": "add", "maximum": "maximum", "minimum": "minimum"}
+
+# -- dimensions of terms created by rules ------------------------------------------------------
+dims = ruleset(
+    rule(eq(e).to(x.slice(d, a, b)), eq(n).to(dim(x, d))).then(set_(dim(e, d)).to(b - a)),
+    rule(eq(e).to(x.slice(d, a, b)), eq(n).to(dim(x, k)), ne(k).to(d)).then(set_(dim(e, k)).to(n)),
+    rule(eq(e).to(T.unary(op, x)), eq(n).to(dim(x, k))).then(set_(dim(e, k)).to(n)),
+    rule(eq(e).to(T.binary(op, x, y)), eq(n).to(dim(x, k))).then(set_(dim(e, k)).to(n)),
+    rule(eq(e).to(T.ternary(op, x, y, z)), eq(n).to(dim(y, k))).then(set_(dim(e, k)).to(n)),
+    rule(eq(e).to(T.concat(x, y, d)), eq(n).to(dim(x, d)), eq(m).to(dim(y, d))).then(set_(dim(e, d)).to(n + m)),
+    rule(eq(e).to(T.concat(x, y, d)), eq(n).to(dim(x, k)), ne(k).to(d)).then(set_(dim(e, k)).to(n)),
+    rule(eq(e).to(T.dot(spec, x, y)), eq(n).to(dim(x, k)), eq(o).to(dot_lhs_out(spec, k))).then(set_(dim(e, o)).to(n)),
+    rule(eq(e).to(T.dot(spec, x, y)), eq(n).to(dim(y, k)), eq(o).to(dot_rhs_out(spec, k))).then(set_(dim(e, o)).to(n)),
+    rule(eq(e).to(T.dot(spec, x, y)), eq(n).to(dim(x, k)), eq(o).to(dot_batch_out(spec, k))).then(set_(dim(e, o)).to(n)),
+    rule(eq(e).to(T.reduce(op, key, x)), eq(n).to(dim(x, k)), eq(o).to(reduce_out(key, k))).then(set_(dim(e, o)).to(n)),
+    rule(eq(e).to(T.bcast(spec, x)), eq(n).to(dim(x, k)), eq(o).to(bcast_out(spec, k))).then(set_(dim(e, o)).to(n)),
+    rule(eq(e).to(T.bcast(spec, x)), eq(n).to(bcast_new(spec, o))).then(set_(dim(e, o)).to(n)),
+    rule(eq(e).to(T.transpose(spec, x)), eq(n).to(dim(x, k)), eq(o).to(perm_out(spec, k))).then(set_(dim(e, o)).to(n)),
+    rule(eq(e).to(T.reshape(spec, x)), eq(n).to(dim(x, k)), eq(o).to(rs_lead_out(spec, k)),
+         eq(s1).to(rs_in_tail(spec, k)), eq(s2).to(rs_out_tail(spec, k))).then(set_(dim(e, o)).to(n * s1 / s2)),
+    rule(eq(e).to(T.reshape(spec, x)), eq(n).to(rs_fixed(spec, o)), eq(m).to(dim(x, 0))).then(set_(dim(e, o)).to(n)),
+)
+
+# -- slices: composition, canonical order, full slices ----------------------------------------
+slices = ruleset(
+    rule(eq(e).to(x.slice(d, a, b).slice(d, c, g))).then(union(e).with_(x.slice(d, a + c, a + g))),
+    rule(eq(e).to(x.slice(d, a, b).slice(d2, c, g)), d2 < d).then(union(e).with_(x.slice(d2, c, g).slice(d, a, b))),
+    rule(eq(e).to(x.slice(d, a, b)), eq(a).to(i64(0)), eq(b).to(dim(x, d))).then(union(e).with_(x)),
+)
+
+# -- elementwise ops commute with slices ------------------------------------------------------
+elementwise = ruleset(
+    rule(eq(e).to(T.unary(op, x.slice(d, a, b)))).then(union(e).with_(T.unary(op, x).slice(d, a, b))),
+    rule(eq(e).to(T.unary(op, x).slice(d, a, b))).then(union(e).with_(T.unary(op, x.slice(d, a, b)))),
+    rule(eq(e).to(T.binary(op, x.slice(d, a, b), y.slice(d, a, b))), eq(dim(x, d)).to(dim(y, d))).then(
+        union(e).with_(T.binary(op, x, y).slice(d, a, b))),
+    rule(eq(e).to(T.binary(op, x, y).slice(d, a, b))).then(
+        union(e).with_(T.binary(op, x.slice(d, a, b), y.slice(d, a, b)))),
+    rule(eq(e).to(T.ternary(op, x.slice(d, a, b), y.slice(d, a, b), z.slice(d, a, b))),
+         eq(dim(x, d)).to(dim(y, d)), eq(dim(y, d)).to(dim(z, d))).then(
+        union(e).with_(T.ternary(op, x, y, z).slice(d, a, b))),
+    rule(eq(e).to(T.ternary(op, x, y, z).slice(d, a, b)), eq(dim(x, d)).to(dim(y, d)), eq(dim(y, d)).to(dim(z, d))).then(
+        union(e).with_(T.ternary(op, x.slice(d, a, b), y.slice(d, a, b), z.slice(d, a, b)))),
+)
+
+# -- concatenation ----------------------------------------------------------------------------
+concats = ruleset(
+    rule(eq(e).to(T.concat(x.slice(d, a, b), x.slice(d, b, c), d))).then(union(e).with_(x.slice(d, a, c))),
+    rule(eq(e).to(T.concat(x, y, d).slice(d, a, b)), eq(n).to(dim(x, d)), b <= n).then(union(e).with_(x.slice(d, a, b))),
+    rule(eq(e).to(T.concat(x, y, d).slice(d, a, b)), eq(n).to(dim(x, d)), a >= n).then(
+        union(e).with_(y.slice(d, a - n, b - n))),
+    rule(eq(e).to(T.concat(x, y, d).slice(k, a, b)), ne(k).to(d)).then(
+        union(e).with_(T.concat(x.slice(k, a, b), y.slice(k, a, b), d))),
+    rule(eq(e).to(T.concat(x.slice(k, a, b), y.slice(k, a, b), d)), ne(k).to(d), eq(dim(x, k)).to(dim(y, k))).then(
+        union(e).with_(T.concat(x, y, d).slice(k, a, b))),
+)
+
+# -- dot_general: slices of free and batch dims pass through; split contractions merge ---------
+dots = ruleset(
+    rule(eq(e).to(T.dot(spec, x.slice(k, a, b), y)), eq(o).to(dot_lhs_out(spec, k))).then(
+        union(e).with_(T.dot(spec, x, y).slice(o, a, b))),
+    rule(eq(e).to(T.dot(spec, x, y.slice(k, a, b))), eq(o).to(dot_rhs_out(spec, k))).then(
+        union(e).with_(T.dot(spec, x, y).slice(o, a, b))),
+    rule(eq(e).to(T.dot(spec, x, y).slice(o, a, b)), eq(k).to(dot_out_lhs(spec, o))).then(
+        union(e).with_(T.dot(spec, x.slice(k, a, b), y))),
+    rule(eq(e).to(T.dot(spec, x, y).slice(o, a, b)), eq(k).to(dot_out_rhs(spec, o))).then(
+        union(e).with_(T.dot(spec, x, y.slice(k, a, b)))),
+    rule(eq(e).to(T.dot(spec, x.slice(k, a, b), y.slice(j, a, b))), eq(j).to(dot_batch(spec, k)),
+         eq(o).to(dot_batch_out(spec, k)), eq(dim(x, k)).to(dim(y, j))).then(
+        union(e).with_(T.dot(spec, x, y).slice(o, a, b))),
+    rule(eq(e).to(T.binary("add", T.dot(spec, x.slice(k, a, b), y.slice(j, a, b)),
+                           T.dot(spec, x.slice(k, b, c), y.slice(j, b, c)))), eq(j).to(dot_contract(spec, k))).then(
+        union(e).with_(T.dot(spec, x.slice(k, a, c), y.slice(j, a, c)))),
+)
+
+# -- reductions -------------------------------------------------------------------------------
+reductions = ruleset(
+    rule(eq(e).to(T.reduce(op, key, x.slice(k, a, b))), eq(o).to(reduce_out(key, k))).then(
+        union(e).with_(T.reduce(op, key, x).slice(o, a, b))),
+    rule(eq(e).to(T.reduce(op, key, x).slice(o, a, b)), eq(k).to(reduce_in(key, o))).then(
+        union(e).with_(T.reduce(op, key, x.slice(k, a, b)))),
+    *[
+        rule(eq(e).to(T.binary(r, T.reduce(r, key, x.slice(k, a, b)), T.reduce(r, key, x.slice(k, b, c)))),
+             reduced(key, k)).then(union(e).with_(T.reduce(r, key, x.slice(k, a, c))))
+        for r in REDUCER_OF
+    ],
+)
+
+# -- layout ops: broadcast, transpose, reshape ------------------------------------------------
+layouts = ruleset(
+    rule(eq(e).to(T.bcast(spec, x.slice(k, a, b))), eq(o).to(bcast_out(spec, k))).then(
+        union(e).with_(T.bcast(spec, x).slice(o, a, b))),
+    rule(eq(e).to(T.bcast(spec, x).slice(o, a, b)), eq(k).to(bcast_in(spec, o))).then(
+        union(e).with_(T.bcast(spec, x.slice(k, a, b)))),
+    rule(eq(e).to(T.bcast(spec, x).slice(o, a, b)), eq(spec2).to(bcast_shrink(spec, o, b - a))).then(
+        union(e).with_(T.bcast(spec2, x))),
+    rule(eq(e).to(T.transpose(spec, x.slice(k, a, b))), eq(o).to(perm_out(spec, k))).then(
+        union(e).with_(T.transpose(spec, x).slice(o, a, b))),
+    rule(eq(e).to(T.transpose(spec, x).slice(o, a, b)), eq(k).to(perm_in(spec, o))).then(
+        union(e).with_(T.transpose(spec, x.slice(k, a, b)))),
+    rule(eq(e).to(T.reshape(spec, x.slice(k, a, b))), eq(o).to(rs_lead_out(spec, k)),
+         eq(s1).to(rs_in_tail(spec, k)), eq(s2).to(rs_out_tail(spec, k)),
+         eq((a * s1) % s2).to(i64(0)), eq((b * s1) % s2).to(i64(0))).then(
+        union(e).with_(T.reshape(spec, x).slice(o, a * s1 / s2, b * s1 / s2))),
+    rule(eq(e).to(T.reshape(spec, x).slice(o, a, b)), eq(k).to(rs_lead_in(spec, o)),
+         eq(s1).to(rs_in_tail(spec, k)), eq(s2).to(rs_out_tail(spec, k)),
+         eq((a * s2) % s1).to(i64(0)), eq((b * s2) % s1).to(i64(0))).then(
+        union(e).with_(T.reshape(spec, x.slice(k, a * s2 / s1, b * s2 / s1)))),
+)
+
+relations = ruleset(
+    rule(related(x), eq(e).to(x.slice(d, a, b))).then(related(e)),
+)
+
+REWRITES = slices | elementwise | concats | dots | reductions | layouts
+
+
+def new_egraph() -> EGraph:
+    return EGraph()

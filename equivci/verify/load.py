@@ -1,0 +1,186 @@
+"""Load Python terms into an e-graph: one `let` per term, dimensions and static tables seeded."""
+
+from __future__ import annotations
+
+from egglog import EGraph, String, i64, set_
+
+from equivci.verify import language as L
+from equivci.verify.language import T, TList
+from equivci.verify.terms import Term, reshape_lead_map
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v != ""]
+
+
+class Loader:
+    def __init__(self, egraph: EGraph):
+        self.egraph = egraph
+        self.exprs: dict[Term, T] = {}
+        self.facts: list = []
+        self._seeded_specs: set[tuple[str, str]] = set()
+        self._bcasts: dict[tuple, set[str]] = {}
+        self._count = 0
+
+    def expr(self, term: Term) -> T:
+        """The e-graph expression for `term`, loading it and its arguments on first use."""
+        stack = [term]
+        while stack:
+            t = stack[-1]
+            if t in self.exprs:
+                stack.pop()
+                continue
+            missing = [a for a in t.args if a not in self.exprs]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            self.exprs[t] = self._let(t)
+        return self.exprs[term]
+
+    def _let(self, t: Term) -> T:
+        args = [self.exprs[a] for a in t.args]
+        op, at = t.op, t.attrs
+        if op == "param":
+            ex = T.param(at[0])
+        elif op == "const":
+            ex = T.const(f"{at[0]}:{t.shape}", t.dtype)
+        elif op == "iota":
+            ex = T.iota(f"{at[0]}:{t.shape}:{t.dtype}")
+        elif op == "slice":
+            ex = args[0].slice(at[0], at[1], at[2])
+        elif op == "concat":
+            ex = T.concat(args[0], args[1], at[0])
+        elif op == "unary":
+            ex = T.unary(f"{at[0]}:{t.dtype}", args[0])
+        elif op == "binary":
+            ex = T.binary(at[0], args[0], args[1])
+        elif op == "ternary":
+            ex = T.ternary(at[0], args[0], args[1], args[2])
+        elif op == "dot":
+            spec = f"{at[0]}>{t.dtype}"
+            self._seed_dot(spec)
+            ex = T.dot(spec, args[0], args[1])
+        elif op == "reduce":
+            self._seed_reduce(at[1])
+            ex = T.reduce(at[0], at[1], args[0])
+        elif op == "bcast":
+            self._seed_bcast(at[0], len(t.args[0].shape))
+            ex = T.bcast(at[0], args[0])
+        elif op == "reshape":
+            self._seed_reshape(at[0], t.args[0].shape, t.shape)
+            ex = T.reshape(at[0], args[0])
+        elif op == "transpose":
+            self._seed_transpose(at[0])
+            ex = T.transpose(at[0], args[0])
+        elif op == "gte":
+            ex = T.gte(at[0], args[0])
+        elif op == "opaque":
+            lst = TList.nil()
+            for arg in reversed(args):
+                lst = TList.cons(arg, lst)
+            ex = T.opaque(f"{at[0]}>{t.dtype}{t.shape}", lst)
+        else:
+            raise ValueError(f"unknown term op {op}")
+        self._count += 1
+        ex = self.egraph.let(f"t{self._count}", ex)
+        for k, size in enumerate(t.shape):
+            self.facts.append(set_(L.dim(ex, k)).to(i64(size)))
+        return ex
+
+    def flush(self) -> None:
+        if self.facts:
+            self.egraph.register(*self.facts)
+            self.facts = []
+
+    # -- static tables -----------------------------------------------------------------------
+    def _once(self, kind: str, spec: str) -> bool:
+        if (kind, spec) in self._seeded_specs:
+            return False
+        self._seeded_specs.add((kind, spec))
+        return True
+
+    def _table(self, fn, spec: str, k: int, v) -> None:
+        self.facts.append(set_(fn(String(spec), i64(k))).to(v if not isinstance(v, int) else i64(v)))
+
+    def _seed_dot(self, spec: str) -> None:
+        if not self._once("dot", spec):
+            return
+        lb, rb, lc, rc, lr, rr = spec.split("|")[:6]
+        lb, rb, lc, rc, lr, rr = _ints(lb), _ints(rb), _ints(lc), _ints(rc), int(lr), int(rr)
+        out = 0
+        for i, jb in zip(lb, rb):
+            self._table(L.dot_batch, spec, i, jb)
+            self._table(L.dot_batch_out, spec, i, out)
+            out += 1
+        for i in range(lr):
+            if i not in lb and i not in lc:
+                self._table(L.dot_lhs_out, spec, i, out)
+                self._table(L.dot_out_lhs, spec, out, i)
+                out += 1
+        for j in range(rr):
+            if j not in rb and j not in rc:
+                self._table(L.dot_rhs_out, spec, j, out)
+                self._table(L.dot_out_rhs, spec, out, j)
+                out += 1
+        for i, j in zip(lc, rc):
+            self._table(L.dot_contract, spec, i, j)
+
+    def _seed_reduce(self, key: str) -> None:
+        if not self._once("reduce", key):
+            return
+        rank, dims = key.split(":")
+        reduced = _ints(dims)
+        out = 0
+        for k in range(int(rank)):
+            if k in reduced:
+                self.facts.append(L.reduced(String(key), i64(k)))
+            else:
+                self._table(L.reduce_out, key, k, out)
+                self._table(L.reduce_in, key, out, k)
+                out += 1
+
+    def _seed_bcast(self, spec: str, operand_rank: int) -> None:
+        if not self._once("bcast", spec):
+            return
+        parts = spec.split(",") if spec else []
+        for o, part in enumerate(parts):
+            if part.startswith("i"):
+                self._table(L.bcast_out, spec, int(part[1:]), o)
+                self._table(L.bcast_in, spec, o, int(part[1:]))
+            else:
+                self._table(L.bcast_new, spec, o, int(part[1:]))
+        # Slicing a new dim of a broadcast is the broadcast to the smaller size: pair up the
+        # specs that differ only there (both must occur; rules never invent a spec).
+        shape_key = tuple(p if p.startswith("i") else "n" for p in parts)
+        peers = self._bcasts.setdefault(shape_key, set())
+        for other in peers:
+            oparts = other.split(",")
+            diff = [o for o in range(len(parts)) if parts[o] != oparts[o]]
+            if len(diff) == 1:
+                o = diff[0]
+                self.facts.append(set_(L.bcast_shrink(String(spec), i64(o), i64(int(oparts[o][1:])))).to(String(other)))
+                self.facts.append(set_(L.bcast_shrink(String(other), i64(o), i64(int(parts[o][1:])))).to(String(spec)))
+        peers.add(spec)
+
+    def _seed_transpose(self, perm_text: str) -> None:
+        if not self._once("transpose", perm_text):
+            return
+        perm = _ints(perm_text)
+        for o, k in enumerate(perm):
+            self._table(L.perm_out, perm_text, k, o)
+            self._table(L.perm_in, perm_text, o, k)
+
+    def _seed_reshape(self, spec: str, in_shape, out_shape) -> None:
+        if not self._once("reshape", spec):
+            return
+        leads = reshape_lead_map(tuple(in_shape), tuple(out_shape))
+        lead_outs = {o for _, o, _, _ in leads}
+        for k, o, pin, pout in leads:
+            self._table(L.rs_lead_out, spec, k, o)
+            self._table(L.rs_lead_in, spec, o, k)
+            self._table(L.rs_in_tail, spec, k, pin)
+            self._table(L.rs_out_tail, spec, k, pout)
+        for o, size in enumerate(out_shape):
+            if o not in lead_outs:
+                self._table(L.rs_fixed, spec, o, size)

@@ -1,0 +1,119 @@
+"""Tensor terms over the reference inputs: the language both programs are translated into.
+
+A term denotes a tensor as a function of the reference (global) input leaves. Every term carries
+its static attributes in `attrs`, chosen so that two terms with the same op, attrs and arguments
+denote the same function: dtypes are part of the op, shapes of broadcasts and reshapes are encoded
+relative to their operand (see `bcast_spec`, `reshape_spec`) so that slicing an operand does not
+change the attributes of the op that consumes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Term:
+    op: str
+    attrs: tuple
+    args: tuple["Term", ...]
+    shape: tuple[int, ...]
+    dtype: str
+    _key: tuple = dataclasses.field(init=False, repr=False)
+    _hash: int = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        key = (self.op, self.attrs, tuple(id(a) for a in self.args), self.shape, self.dtype)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", hash(key))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, Term) and self._key == other._key)
+
+
+class TermTable:
+    """Hash-consing: structurally equal terms are the same Python object."""
+
+    def __init__(self) -> None:
+        self._table: dict[tuple, Term] = {}
+
+    def make(self, op: str, attrs: tuple, args: tuple[Term, ...], shape: tuple[int, ...], dtype: str) -> Term:
+        t = Term(op, attrs, args, tuple(shape), dtype)
+        return self._table.setdefault(t._key, t)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+def bcast_spec(operand_rank: int, out_shape: tuple[int, ...], dims: tuple[int, ...]) -> str:
+    """Broadcast attributes independent of the operand's sizes: output dim -> operand dim or new size."""
+    parts = []
+    for o, size in enumerate(out_shape):
+        parts.append(f"i{dims.index(o)}" if o in dims else f"n{size}")
+    assert len(dims) == operand_rank
+    return ",".join(parts)
+
+
+def reshape_groups(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[tuple[list[int], list[int]]] | None:
+    """Partition both shapes into consecutive dim groups with equal element counts."""
+    groups, i, j = [], 0, 0
+    while i < len(in_shape) or j < len(out_shape):
+        gi, gj = [], []
+        pi = pj = 1
+        if i < len(in_shape):
+            gi.append(i)
+            pi *= in_shape[i]
+            i += 1
+        if j < len(out_shape):
+            gj.append(j)
+            pj *= out_shape[j]
+            j += 1
+        while pi != pj:
+            if pi < pj and i < len(in_shape):
+                gi.append(i)
+                pi *= in_shape[i]
+                i += 1
+            elif pj < pi and j < len(out_shape):
+                gj.append(j)
+                pj *= out_shape[j]
+                j += 1
+            else:
+                return None
+        # Trailing size-1 dims join the current group so that groups stay aligned.
+        while i < len(in_shape) and in_shape[i] == 1 and (j >= len(out_shape) or out_shape[j] != 1):
+            gi.append(i)
+            i += 1
+        while j < len(out_shape) and out_shape[j] == 1 and (i >= len(in_shape) or in_shape[i] != 1):
+            gj.append(j)
+            j += 1
+        groups.append((gi, gj))
+    return groups
+
+
+def reshape_spec(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> str | None:
+    """Reshape attributes without the leading size of each group (it follows from the operand)."""
+    groups = reshape_groups(in_shape, out_shape)
+    if groups is None:
+        return None
+    parts = []
+    for gi, gj in groups:
+        in_tail = "x".join(str(in_shape[k]) for k in gi[1:])
+        out_tail = "x".join(str(out_shape[k]) for k in gj[1:])
+        parts.append(f"{len(gi)}:{in_tail}>{len(gj)}:{out_tail}")
+    return ";".join(parts)
+
+
+def reshape_lead_map(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
+    """For each group: (leading input dim, leading output dim, input tail product, output tail product)."""
+    out = []
+    for gi, gj in reshape_groups(in_shape, out_shape) or []:
+        if not gi or not gj:
+            continue
+        pin = math.prod(in_shape[k] for k in gi[1:])
+        pout = math.prod(out_shape[k] for k in gj[1:])
+        out.append((gi[0], gj[0], pin, pout))
+    return out
