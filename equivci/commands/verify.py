@@ -1,0 +1,59 @@
+"""`equivci verify`: capture and verify the selected models, print the report, exit 0/1/2."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from equivci.errors import EquivciError
+from equivci.manifest import load_manifest
+from equivci.pipeline import run_models, select_models
+from equivci.report.json_report import write_json
+from equivci.report.text import RunProgress, write_text
+from equivci.results import Report
+
+
+class OutputFormat(str, enum.Enum):
+    text = "text"
+    json = "json"
+
+
+ManifestOption = Annotated[
+    Path, typer.Option("--manifest", help="Manifest file; entrypoint paths are relative to its folder.")
+]
+DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors (yours and equivci's).")]
+
+
+def verify(
+    manifest: ManifestOption = Path("equivci.yaml"),
+    model: Annotated[list[str], typer.Option("--model", help="Verify only this model (repeatable).")] = [],
+    tag: Annotated[list[str], typer.Option("--tag", help="Verify only models with this tag (repeatable).")] = [],
+    output_format: Annotated[OutputFormat, typer.Option("--format", help="Report format on stdout.")] = OutputFormat.text,
+    debug: DebugOption = False,
+) -> None:
+    """Prove each selected distributed entrypoint equivalent to its reference."""
+    as_json = output_format is OutputFormat.json
+    try:
+        loaded = load_manifest(manifest)
+        models = select_models(loaded, model, tag)
+    except EquivciError as err:
+        if as_json:  # consumers of --format json always get a document to parse
+            write_json(Report(models=()), sys.stdout, error=str(err))
+        raise
+    # stdout carries the report only; anything else printed during the run goes to stderr.
+    with RunProgress(len(models)) as progress, contextlib.redirect_stdout(sys.stderr):
+        report = run_models(loaded, models, progress, debug=debug)
+    if as_json:
+        write_json(report, sys.stdout)
+    else:
+        write_text(report, sys.stdout)
+    raise typer.Exit(report.exit_code())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("verify")(verify)
