@@ -65,3 +65,9 @@ def parse_groups(text: str | None, num_devices: int) -> list[list[int]]:
 
 def parse_pairs(text: str) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in re.findall(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}", text)]
+
+
+def axis_groups(mesh: tuple[tuple[str, int], ...]) -> dict[str, list[list[int]]]:
+    """For each mesh axis, the device groups along it (devices numbered row-major over the mesh)."""
+    spec = ",".join(f"'{name}'={size}" for name, size in mesh)
+    return {name: _mesh_groups(f"mesh[{spec}] {{'{name}'}}") for name, size in mesh if size > 1}

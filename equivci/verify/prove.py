@@ -21,6 +21,7 @@ MAX_ITERATIONS = 24
 class Programs:
     """Both programs as terms over the reference inputs."""
 
+    params: list[Term]  # the reference inputs
     reference_outputs: list[Term]
     device_outputs: list[list[Term]]  # [device][leaf]
     targets: list[list[Term]]  # [device][leaf]: the slice of the reference output the device must hold
@@ -66,7 +67,7 @@ def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPla
     device_outputs = [_flatten(dist_root[dev]) for dev in range(num_devices)]
     targets = [[dist_eval.slice_nd(r, leaf.device_slices[dev]) for r, leaf in zip(reference_outputs, outputs)]
                for dev in range(num_devices)]
-    return Programs(reference_outputs, device_outputs, targets, ref_eval.events, dist_eval.events, dist_eval)
+    return Programs(params, reference_outputs, device_outputs, targets, ref_eval.events, dist_eval.events, dist_eval)
 
 
 def _short_dtype(dtype: str) -> str:
@@ -80,22 +81,50 @@ def saturate(programs: Programs, extra_terms: list[Term] = (), iterations: int =
     loader = Loader(egraph)
     for t in programs.reference_outputs:
         loader.expr(t)
+    reference_values = list(programs.params)
     for event in programs.reference_events:
-        for t in _flatten(event.values[0]):
-            egraph.register(L.related(loader.expr(t)))
+        reference_values.extend(_flatten(event.values[0]))
+    for t in reference_values:
+        egraph.register(L.related(loader.expr(t)))
     for dev_out, dev_targets in zip(programs.device_outputs, programs.targets):
         for t in dev_out + dev_targets:
             loader.expr(t)
     for t in extra_terms:
         loader.expr(t)
     loader.flush()
-    schedule = (L.dims.saturate() + L.relations.saturate() + L.REWRITES) * iterations
-    egraph.run(schedule)
-    egraph.run(L.dims.saturate() + L.relations.saturate())
+    _run(egraph, iterations)
     proved = []
     for dev_out, dev_targets in zip(programs.device_outputs, programs.targets):
         proved.append([_equal(egraph, loader.expr(o), loader.expr(t)) for o, t in zip(dev_out, dev_targets)])
     return Proof(proved, egraph, loader, time.perf_counter() - t0)
+
+
+def _run(egraph: EGraph, iterations: int) -> None:
+    egraph.run((L.dims.saturate() + L.relations.saturate() + L.REWRITES) * iterations)
+    egraph.run(L.dims.saturate() + L.relations.saturate())
+
+
+def add_terms(proof: Proof, terms: list[Term], iterations: int = MAX_ITERATIONS) -> None:
+    """Load more terms (hypotheses for localization) and saturate again."""
+    new = [t for t in terms if t not in proof.loader.exprs]
+    if not new:
+        return
+    for t in new:
+        proof.loader.expr(t)
+    proof.loader.flush()
+    _run(proof.egraph, iterations)
+
+
+def is_related(proof: Proof, term: Term, constants: dict) -> bool:
+    if term in constants:
+        return True
+    if term not in proof.loader.exprs:
+        return False
+    try:
+        proof.egraph.check(L.related(proof.loader.expr(term)))
+        return True
+    except Exception:  # egglog reports a failed check as an error
+        return False
 
 
 def _equal(egraph: EGraph, a, b) -> bool:
