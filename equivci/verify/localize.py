@@ -109,6 +109,7 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
         return result
 
     defined: dict[int, Event] = {}
+    by_name = {event.inst.name: event for event in events}
     for event in events:
         terms = _terms(event)
         if terms is None or id(terms[0]) in defined:
@@ -128,7 +129,7 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
                 return Defect(event.inst, f"this value is a partial sum over mesh axis '{partial_axes[0]}' but it is "
                                           "returned as the full value: a psum (all-reduce) over that axis is missing")
             continue
-        operand_events = [defined.get(id(v[0])) for v in _operand_values(event, events)]
+        operand_events = [by_name.get(name) for name in event.inst.operands]
         if event.inst.opcode == "all-reduce" and operand_events and operand_events[0] is not None \
                 and status.get(id(_terms(operand_events[0])[0])) == "related":
             return Defect(event.inst, "this all-reduce sums a value that is already the full reference value on every "
@@ -140,13 +141,6 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
         return Defect(event.inst, f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a "
                                   "copy of any reference value, although its operands are")
     return None
-
-
-def _operand_values(event: Event, events: list[Event]) -> list[list[Term]]:
-    args = [t.args for t in event.values if isinstance(t, Term)]
-    if not args:
-        return []
-    return [[a[k] for a in args] for k in range(len(args[0]))]
 
 
 def source_of(inst: Instruction, repo_root: str) -> tuple[str | None, int | None]:
