@@ -29,11 +29,12 @@ def _interactive(console: Console) -> bool:
 
 
 def _console(out: TextIO) -> Console:
-    # Plain mode: no colors and no wrapping, so `path:line: message` lines stay whole for tools.
+    # No wrapping, so `path:line: message` lines stay whole for tools and editors.
     console = Console(file=out, highlight=False, soft_wrap=True)
-    if not _interactive(console):
-        console = Console(file=out, highlight=False, soft_wrap=True, no_color=True, force_terminal=False)
-    return console
+    if _interactive(console):
+        return console
+    # Plain mode (piped, or CI=true on a terminal): no colors, no cursor control.
+    return Console(file=out, highlight=False, soft_wrap=True, color_system=None, force_terminal=False)
 
 
 def _model_lines(m: ModelResult) -> list[Text]:
