@@ -1,0 +1,82 @@
+"""Numeric oracle against the labelled zoo: every model of equivci.yaml, configs/buggy.yaml and
+configs/zoo.yaml is run (reference and distributed, fake CPU mesh, random inputs, 3 seeds) and
+must agree with its label: equivalent => equal on every seed; different => some seed differs
+beyond tolerance. Models of the same manifest and device count share one child process.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from equivci.capture.numeric import NumericComparison, compare_many_in_child
+from equivci.errors import EquivciError
+from zoo_cases import MANIFESTS, REPO, Case, cases, load_expected
+
+SEEDS = (0, 1, 2)
+ALL = cases()
+
+_results: dict[tuple, dict] = {}
+
+
+def _group_key(case: Case) -> tuple:
+    return (case.manifest_rel, case.model.num_devices, case.slow)
+
+
+def _result(case: Case) -> NumericComparison | EquivciError:
+    key = _group_key(case)
+    if key not in _results:
+        group = [c.name for c in ALL if _group_key(c) == key]
+        _results[key] = compare_many_in_child(case.manifest, group, seeds=SEEDS, timeout=600)
+    return _results[key][case.name]
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.slow else []) for c in ALL]
+)
+def test_numeric_oracle_matches_label(case: Case):
+    result = _result(case)
+    if isinstance(result, EquivciError):
+        pytest.fail(f"{case.id}: the numeric check failed: {result}")
+    if case.verdict == "equivalent":
+        assert result.equal, f"{case.id} is labelled equivalent but {result.describe()}"
+    else:
+        assert not result.equal, (
+            f"{case.id} is labelled different ({case.note}) but the outputs agree on seeds "
+            f"{list(SEEDS)} (max |diff| {result.max_abs_diff:.3g}): the bug does not change the output"
+        )
+        assert result.failing_seeds, result
+
+
+# --- static checks of the labels ------------------------------------------------------------------
+
+
+def test_labels_are_well_formed():
+    for case in ALL:
+        assert case.verdict in ("equivalent", "different"), case.id
+        if case.verdict == "equivalent":
+            assert case.bug_line is None, f"{case.id}: an equivalent model has no bug line"
+        else:
+            assert case.bug_line, f"{case.id}: a different model must name its bug line"
+            path, _, line = case.bug_line.rpartition(":")
+            text = (REPO / path).read_text().splitlines()[int(line) - 1]
+            assert "# BUG:" in text, f"{case.id}: {case.bug_line} is not a `# BUG:` line: {text.strip()!r}"
+            dist_file = case.model.distributed.file
+            assert dist_file is not None and dist_file.resolve() == (REPO / path).resolve(), (
+                f"{case.id}: the bug line {case.bug_line} is not in the distributed file {dist_file}"
+            )
+
+
+def test_every_label_names_a_model_and_every_bug_is_labelled():
+    names = {c.name for c in ALL}
+    for sidecar in set(MANIFESTS.values()):
+        for name in load_expected(sidecar):
+            assert name in names, f"{sidecar}: label for unknown model '{name}'"
+    labelled = {c.bug_line for c in ALL if c.bug_line}
+    for path in sorted((REPO / "examples").rglob("*.py")):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"#\s*BUG:", line):
+                ref = f"{path.relative_to(REPO)}:{i}"
+                assert ref in labelled, f"{ref} carries a `# BUG:` comment but no model is labelled with it"
