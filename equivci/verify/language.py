@@ -161,6 +161,12 @@ elementwise = ruleset(
         union(e).with_(T.binary(op, x, y).slice(d, a, b))),
     rule(eq(e).to(T.binary(op, x, y).slice(d, a, b))).then(
         union(e).with_(T.binary(op, x.slice(d, a, b), y.slice(d, a, b)))),
+    # A broadcast along a new dim is the same at every offset of that dim: it is the slice of the
+    # wider broadcast the unsliced operand pairs with (bcast_shrink only pairs new-dim sizes).
+    rule(eq(e).to(T.binary(op, x.slice(d, a, b), T.bcast(spec, y))), eq(n).to(dim(x, d)),
+         eq(spec2).to(bcast_shrink(spec, d, n))).then(union(e).with_(T.binary(op, x, T.bcast(spec2, y)).slice(d, a, b))),
+    rule(eq(e).to(T.binary(op, T.bcast(spec, y), x.slice(d, a, b))), eq(n).to(dim(x, d)),
+         eq(spec2).to(bcast_shrink(spec, d, n))).then(union(e).with_(T.binary(op, T.bcast(spec2, y), x).slice(d, a, b))),
     rule(eq(e).to(T.ternary(op, x.slice(d, a, b), y.slice(d, a, b), z.slice(d, a, b))),
          eq(dim(x, d)).to(dim(y, d)), eq(dim(y, d)).to(dim(z, d))).then(
         union(e).with_(T.ternary(op, x, y, z).slice(d, a, b))),
@@ -233,8 +239,12 @@ layouts = ruleset(
         union(e).with_(T.reshape(spec, x.slice(k, a * s2 / s1, b * s2 / s1)))),
 )
 
+# `related` is for localization only (never for a verdict): a value is related when it is a slice,
+# or a pure re-layout (reshape, transpose) of one, of some reference value.
 relations = ruleset(
     rule(related(x), eq(e).to(x.slice(d, a, b))).then(related(e)),
+    rule(related(x), eq(e).to(T.reshape(spec, x))).then(related(e)),
+    rule(related(x), eq(e).to(T.transpose(spec, x))).then(related(e)),
 )
 
 REWRITES = slices | elementwise | concats | dots | reductions | layouts

@@ -69,6 +69,8 @@ def param_slices(term: Term, limit: int = 400) -> set[tuple[int, int, int, int]]
 
 def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Event, str] | None:
     """The op that cut a slice whose offsets across devices are out of device order."""
+    if not operands or any(len(op) != len(operands[0]) for op in operands):
+        return None
     per_device = [set().union(*(param_slices(op[dev]) for op in operands)) for dev in range(len(operands[0]))]
     by_key: dict[tuple[int, int], list[list[tuple[int, int]]]] = {}
     for dev, slices in enumerate(per_device):
@@ -77,8 +79,9 @@ def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Ev
     for (leaf, dim), ranges in by_key.items():
         if any(len(r) != 1 for r in ranges):
             continue
-        starts = [r[0][0] for r in ranges]
-        if starts != sorted(starts) or len(set(starts)) != len(starts):
+        spans = [r[0] for r in ranges]
+        # Shards of one tensor follow the device order and tile a contiguous range.
+        if any(prev[1] != cur[0] for prev, cur in zip(spans, spans[1:])):
             target = {(leaf, dim) + ranges[dev][0] for dev in range(len(ranges))}
             for event in events:
                 terms = _terms(event)
@@ -86,8 +89,9 @@ def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Ev
                                  and (t.args[0].attrs[0], t.attrs[0], t.attrs[1], t.attrs[2]) in target for t in terms):
                     shown = ", ".join(f"[{a}:{b})" for (a, b), in ranges)
                     return event, (f"this slice of input #{leaf} along dim {dim} takes {shown} on devices "
-                                   f"0..{len(ranges) - 1}: the offsets do not follow the device order, so each "
-                                   "device holds another device's shard")
+                                   f"0..{len(ranges) - 1}: these are not consecutive shards in device "
+                                   "order (overlapping, out of order or with gaps), so the devices do not hold the "
+                                   "parts the other operand expects")
     return None
 
 

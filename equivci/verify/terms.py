@@ -59,19 +59,26 @@ def bcast_spec(operand_rank: int, out_shape: tuple[int, ...], dims: tuple[int, .
 
 
 def reshape_groups(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[tuple[list[int], list[int]]] | None:
-    """Partition both shapes into consecutive dim groups with equal element counts."""
+    """Partition both shapes into consecutive dim groups with equal element counts.
+
+    Size-1 dims form groups of their own (one side empty), so that a slice of a real dim is never
+    attributed to a size-1 dim next to it.
+    """
     groups, i, j = [], 0, 0
     while i < len(in_shape) or j < len(out_shape):
-        gi, gj = [], []
-        pi = pj = 1
-        if i < len(in_shape):
-            gi.append(i)
-            pi *= in_shape[i]
+        if i < len(in_shape) and in_shape[i] == 1:
+            groups.append(([i], []))
             i += 1
-        if j < len(out_shape):
-            gj.append(j)
-            pj *= out_shape[j]
+            continue
+        if j < len(out_shape) and out_shape[j] == 1:
+            groups.append(([], [j]))
             j += 1
+            continue
+        if i >= len(in_shape) or j >= len(out_shape):
+            return None
+        gi, gj = [i], [j]
+        pi, pj = in_shape[i], out_shape[j]
+        i, j = i + 1, j + 1
         while pi != pj:
             if pi < pj and i < len(in_shape):
                 gi.append(i)
@@ -83,13 +90,6 @@ def reshape_groups(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> lis
                 j += 1
             else:
                 return None
-        # Trailing size-1 dims join the current group so that groups stay aligned.
-        while i < len(in_shape) and in_shape[i] == 1 and (j >= len(out_shape) or out_shape[j] != 1):
-            gi.append(i)
-            i += 1
-        while j < len(out_shape) and out_shape[j] == 1 and (i >= len(in_shape) or in_shape[i] != 1):
-            gj.append(j)
-            j += 1
         groups.append((gi, gj))
     return groups
 
