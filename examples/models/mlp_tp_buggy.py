@@ -55,9 +55,9 @@ def swiglu_double_psum(x, w_gate, w_up, w_down, *, mesh):
 
 def projection_gather_wrong_axis(x, w, *, mesh):
     def body(x, w):
-        batch, seq, d = x.shape
-        y = jax.nn.gelu(x.reshape(batch * seq, d) @ w)
-        y = lax.all_gather(y, TP, axis=0, tiled=True)  # BUG: gathers along tokens instead of features
+        batch, seq, _ = x.shape
+        y = jax.nn.gelu(x @ w)  # (batch, seq, d_ff / tp)
+        y = lax.all_gather(y, TP, axis=1, tiled=True)  # BUG: gathers along tokens instead of features
         return y.reshape(batch, seq, -1)
 
     # all_gather's result is the same on every shard, but the replication checker cannot
