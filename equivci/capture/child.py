@@ -59,13 +59,8 @@ def capture(request: dict) -> dict:
 
     manifest = load_manifest(Path(request["manifest"]))
     model = next(m for m in manifest.models if m.name == request["model"])
-    root = manifest.root
-    reference = entrypoints.load_function(model.reference, root)
-    distributed = entrypoints.load_function(model.distributed, root)
-    inputs_fn = entrypoints.load_function(model.inputs, root)
-    args = entrypoints.abstract_inputs(inputs_fn, model.inputs)
-    mesh = entrypoints.build_mesh(model)
-    bound = entrypoints.bind_distributed(distributed, mesh)
+    loaded = entrypoints.load_model(model, manifest.root)
+    reference, bound, args, mesh = loaded.reference, loaded.distributed, loaded.args, loaded.mesh
 
     t0 = time.perf_counter()
     try:

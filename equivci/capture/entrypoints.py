@@ -6,6 +6,8 @@ exception and the last frame of the user's own code, so the message points at th
 
 from __future__ import annotations
 
+import dataclasses
+
 import difflib
 import importlib
 import importlib.util
@@ -168,6 +170,24 @@ def bind_distributed(fn: Callable[..., Any], mesh) -> Callable[..., Any]:
     if "mesh" in params:
         return lambda *args: fn(*args, mesh=mesh)
     return fn
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+    """A model's entrypoints imported and bound to its mesh, with its abstract inputs."""
+
+    reference: Callable[..., Any]
+    distributed: Callable[..., Any]  # takes the positional inputs only
+    args: tuple
+    mesh: Any
+
+
+def load_model(model: ModelSpec, root: Path) -> LoadedModel:
+    reference = load_function(model.reference, root)
+    distributed = load_function(model.distributed, root)
+    args = abstract_inputs(load_function(model.inputs, root), model.inputs)
+    mesh = build_mesh(model)
+    return LoadedModel(reference, bind_distributed(distributed, mesh), args, mesh)
 
 
 def _leaf_text(leaf: Any) -> str:
