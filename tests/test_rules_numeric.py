@@ -736,3 +736,63 @@ def test_near_miss_is_not_proved(name: str) -> None:
     assert lhs.shape == rhs.shape
     assert differ(lhs, rhs), f"{name}: the near miss is numerically equal, pick another"
     assert not proves(lhs, rhs), f"{name}: proved equal although the values differ"
+
+
+# -- soundness fuzz: whatever the rules prove equal must be numerically equal ------------------
+def _random_pool(rng, b: B, size: int = 24) -> list[Term]:
+    pool = [b.param(0, (6, 4)), b.param(1, (6, 4)), b.param(2, (4, 6))]
+    cuts = [0, 2, 3, 4, 6]
+    while len(pool) < size:
+        kind = rng.choice(["slice", "slice", "concat", "unary", "binary", "dot", "reduce", "transpose"])
+        x = pool[int(rng.integers(len(pool)))]
+        if not x.shape:
+            continue
+        if kind == "slice":
+            d = int(rng.integers(len(x.shape)))
+            bounds = sorted({c for c in cuts if c <= x.shape[d]} | {x.shape[d]})
+            if len(bounds) < 2:
+                continue
+            lo, hi = sorted(int(v) for v in rng.choice(bounds, size=2, replace=False))
+            pool.append(b.sl(x, d, lo, hi))
+            continue
+        if kind == "unary":
+            pool.append(b.un("tanh", x))
+            continue
+        if kind == "transpose" and len(x.shape) == 2:
+            pool.append(b.transpose(x, [1, 0]))
+            continue
+        if kind == "reduce":
+            pool.append(b.reduce(str(rng.choice(list(L.REDUCER_OF))), x, [int(rng.integers(len(x.shape)))]))
+            continue
+        partners = [y for y in pool if len(y.shape) == len(x.shape)]
+        y = partners[int(rng.integers(len(partners)))]
+        if kind == "binary" and y.shape == x.shape:
+            pool.append(b.bi(str(rng.choice(["add", "maximum", "multiply"])), x, y))
+        elif kind == "concat":
+            d = int(rng.integers(len(x.shape)))
+            if all(x.shape[k] == y.shape[k] for k in range(len(x.shape)) if k != d):
+                pool.append(b.cat(x, y, d))
+        elif kind == "dot" and len(x.shape) == 2 and len(y.shape) == 2 and x.shape[1] == y.shape[0]:
+            pool.append(b.dot(x, y, [], [], [1], [0]))
+    return pool
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fuzz_proved_equalities_hold_numerically(seed: int) -> None:
+    rng = np.random.default_rng([7, seed])
+    b = B()
+    pool = _random_pool(rng, b, size=32)
+    egraph = EGraph()
+    loader = Loader(egraph)
+    exprs = [loader.expr(t) for t in pool]
+    loader.flush()
+    _run(egraph, 6)
+    params = {i: np.random.default_rng(seed).standard_normal(p.shape) for i, p in _params(*pool).items()}
+    vals = [evaluate(t, params) for t in pool]
+    checked = 0
+    for i in range(len(pool)):
+        for j in range(i + 1, len(pool)):
+            if pool[i].shape == pool[j].shape and pool[i] is not pool[j] and _equal(egraph, exprs[i], exprs[j]):
+                checked += 1
+                assert np.allclose(vals[i], vals[j]), f"proved but different: {pool[i]} == {pool[j]}"
+    print(f"{checked} proved equalities checked")
