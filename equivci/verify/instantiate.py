@@ -18,7 +18,6 @@ import numpy as np
 
 from equivci.hlo.collectives import UnsupportedGroups, parse_groups, parse_pairs
 from equivci.hlo.ir import Computation, Instruction, Module, Shape
-from equivci.hlo.parser import split_top
 from equivci.verify.terms import Term, TermTable, bcast_spec, reshape_spec
 
 UNARY = {
@@ -214,8 +213,6 @@ class Evaluator:
             if value is not None and np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
                 expanded = value.reshape([value.shape[dims.index(o)] if o in dims else 1 for o in range(len(shape.dims))]) if value.ndim else value
                 return self.const(np.broadcast_to(expanded, shape.dims), shape.dtype)
-            if args[0].op == "const" and args[0].shape == () and args[0] in self.values:
-                pass
             return self.mk("bcast", (bcast_spec(len(args[0].shape), shape.dims, dims),), args, shape)
         if op in ("reshape", "bitcast"):
             if args[0].shape == shape.dims:
