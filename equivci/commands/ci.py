@@ -1,0 +1,257 @@
+"""`equivci ci`: verify in GitHub Actions and report on the run and the pull request.
+
+Reads only the standard Actions environment (GITHUB_EVENT_PATH, GITHUB_EVENT_NAME, GITHUB_REPOSITORY,
+GITHUB_API_URL, GITHUB_TOKEN, GITHUB_STEP_SUMMARY, GITHUB_OUTPUT, RUNNER_TEMP), so it runs unchanged
+on github.com, GitHub Enterprise Server and against a stand-in server. Outside Actions it still
+verifies, prints the report and writes the report files.
+
+On a pull_request event: one sticky summary comment (edited in place on reruns), a review whose line
+comments sit on lines inside the PR diff, annotations, the job summary and the step outputs. With a
+read-only token (pull requests from forks) it falls back to annotations and the job summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from equivci.ci import publish
+from equivci.ci.diff import DiffLines
+from equivci.ci.event import ActionsContext, load_context
+from equivci.ci.github import (
+    GitHubClient,
+    GitHubError,
+    create_review,
+    pull_files,
+    review_comment_bodies,
+    upsert_comment,
+)
+from equivci.commands.verify import DebugOption, ManifestOption
+from equivci.errors import EquivciError
+from equivci.manifest import Manifest, load_manifest
+from equivci.pipeline import run_models, select_models
+from equivci.report import markdown, sarif
+from equivci.report.json_report import report_to_dict
+from equivci.report.text import RunProgress, write_text
+from equivci.results import Report
+
+READ_ONLY_NOTE = (
+    "The GitHub token cannot write to this pull request ({why}), as happens for pull requests from "
+    "forks: equivci reported through workflow annotations and the job summary only."
+)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_pipeline(
+    manifest: Manifest, models: list, *, changed_since: str | None, no_cache: bool, debug: bool
+) -> Report:
+    """run_models with the options this pipeline version supports (incremental mode and the memo
+    are added separately; until then every selected model is verified)."""
+    params = inspect.signature(run_models).parameters
+    kwargs: dict[str, Any] = {"debug": debug}
+    if changed_since and "changed_since" in params:
+        kwargs["changed_since"] = changed_since
+    if no_cache:
+        if "no_cache" in params:
+            kwargs["no_cache"] = True
+        elif "use_cache" in params:
+            kwargs["use_cache"] = False
+    with RunProgress(len(models)) as progress, contextlib.redirect_stdout(sys.stderr):
+        return run_models(manifest, models, progress, **kwargs)
+
+
+def _repo_paths(manifest: Manifest) -> tuple[Path, str]:
+    from equivci.pipeline import manifest_display_path
+
+    try:
+        from equivci.capture.run import repo_root_of
+
+        root = repo_root_of(manifest.root)
+    except Exception:  # noqa: BLE001 - any failure: fall back to the manifest folder
+        root = manifest.root
+    return root, manifest_display_path(manifest)
+
+
+def _default_report_dir(ctx: ActionsContext) -> Path:
+    if ctx.runner_temp is not None:
+        return ctx.runner_temp / "equivci-report"
+    return Path(".equivci/report")
+
+
+def write_report_files(report: Report, folder: Path, repo_root: Path, manifest_rel: str, link_base: str | None) -> dict[str, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {
+        "json": folder / "equivci.json",
+        "sarif": folder / "equivci.sarif",
+        "markdown": folder / "equivci.md",
+    }
+    files["json"].write_text(json.dumps(report_to_dict(report), indent=2) + "\n", encoding="utf-8")
+    files["sarif"].write_text(sarif.render(report, repo_root, manifest_rel), encoding="utf-8")
+    files["markdown"].write_text(markdown.render(report, repo_root, link_base=link_base), encoding="utf-8")
+    return {k: str(v) for k, v in files.items()}
+
+
+def pr_diff(ctx: ActionsContext, client: GitHubClient | None, repo_root: Path) -> DiffLines | None:
+    """Lines in the PR diff: from the local git history, else from the pulls/files API."""
+    from equivci.ci import diff
+
+    pr = ctx.pull_request
+    assert pr is not None
+    try:
+        return diff.from_git(repo_root, pr.base_sha, pr.head_sha)
+    except Exception as exc:  # noqa: BLE001 - missing commits (shallow clone), no git: use the API
+        _log(f"equivci: git diff {pr.base_sha[:12]}...{pr.head_sha[:12]} failed ({type(exc).__name__}); using the pull request files API")
+    if client is None or not ctx.repository:
+        return None
+    try:
+        return diff.from_pull_files(pull_files(client, ctx.repository, pr.number))
+    except GitHubError as exc:
+        _log(f"equivci: cannot list the pull request files: {exc}")
+        return None
+
+
+def publish_pull_request(ctx: ActionsContext, report: Report, repo_root: Path, client: GitHubClient | None) -> tuple[list[str], bool]:
+    """Review and sticky comment. Returns (notes for the job summary, whether GitHub was written to)."""
+    pr = ctx.pull_request
+    assert pr is not None
+    if client is None or not ctx.token:
+        return ["No GitHub token was given (GITHUB_TOKEN): equivci reported through workflow annotations and the job summary only."], False
+    if not ctx.repository:
+        return ["GITHUB_REPOSITORY is not set: equivci cannot comment on the pull request."], False
+    repo = ctx.repository
+    link_base = ctx.blob_url()
+    diff = pr_diff(ctx, client, repo_root)
+    notes: list[str] = []
+    if diff is None:
+        comments, outside = [], publish.ordered_findings(report)
+        notes.append("The pull request diff could not be read, so every finding is listed here instead of as a line comment.")
+    else:
+        comments, outside = publish.split_review(report, diff)
+
+    in_review = 0
+    if comments:
+        try:
+            existing = [c.get("body") or "" for c in review_comment_bodies(client, repo, pr.number)]
+            fresh = publish.new_review_comments(comments, existing)
+            if fresh:
+                create_review(
+                    client, repo, pr.number, pr.head_sha,
+                    publish.review_body(report, len(fresh)), [c.payload() for c in fresh],
+                )
+                _log(f"equivci: posted a review with {len(fresh)} line comment(s)")
+            else:
+                _log("equivci: every line comment was already posted by an earlier run")
+            in_review = len(comments)
+        except GitHubError as exc:
+            if exc.forbidden:
+                return [READ_ONLY_NOTE.format(why=f"HTTP 403: {exc.message}")], False
+            # 422: a line GitHub does not consider part of the diff. Keep every finding in the summary.
+            outside = publish.ordered_findings(report)
+            notes.append(f"GitHub refused the line comments ({exc.message}); every finding is listed here.")
+            _log(f"equivci: review not posted: {exc}")
+
+    body = publish.summary_comment(
+        report, outside, in_review=in_review, notes=notes, link_base=link_base, run_url=ctx.run_url
+    )
+    try:
+        action, comment = upsert_comment(client, repo, pr.number, publish.MARKER, body)
+    except GitHubError as exc:
+        if exc.forbidden:
+            return [READ_ONLY_NOTE.format(why=f"HTTP 403: {exc.message}")], False
+        _log(f"equivci: could not write the summary comment: {exc}")
+        return notes + [f"The summary comment could not be written ({exc})."], False
+    _log(f"equivci: {action} the summary comment {(comment or {}).get('html_url') or ''}".rstrip())
+    return notes, True
+
+
+def _append(path: Path | None, text: str) -> None:
+    if path is None:
+        return
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def _escape_annotation(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def ci(
+    manifest: ManifestOption = Path("equivci.yaml"),
+    model: Annotated[list[str], typer.Option("--model", help="Verify only this model (repeatable).")] = [],
+    tag: Annotated[list[str], typer.Option("--tag", help="Verify only models with this tag (repeatable).")] = [],
+    all_models: Annotated[
+        bool, typer.Option("--all", help="Verify every selected model, whatever the pull request changed.")
+    ] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Trust no memoized result: verify everything anew.")] = False,
+    changed_since: Annotated[
+        str | None,
+        typer.Option("--changed-since", help="Git ref whose changes select the models (default on a pull request: its base)."),
+    ] = None,
+    report_dir: Annotated[
+        Path | None,
+        typer.Option("--report-dir", help="Folder for equivci.json, equivci.sarif and equivci.md (default: $RUNNER_TEMP/equivci-report)."),
+    ] = None,
+    comment: Annotated[
+        bool, typer.Option("--comment/--no-comment", help="Comment and review on the pull request (when the token allows).")
+    ] = True,
+    debug: DebugOption = False,
+) -> None:
+    """Verify in GitHub Actions: PR comment and review, annotations, job summary, outputs, SARIF."""
+    ctx = load_context()
+    try:
+        loaded = load_manifest(manifest)
+        models = select_models(loaded, model, tag)
+    except EquivciError as err:
+        print(f"::error file={_escape_annotation(str(manifest))},title=equivci: manifest error::{_escape_annotation(str(err))}", flush=True)
+        _append(ctx.step_summary, f"### 🛑 equivci: manifest error\n\n{markdown.escape(str(err))}\n")
+        _append(ctx.output, publish.format_outputs({"status": "error"}))
+        raise
+
+    pr = ctx.pull_request
+    base = changed_since or (pr.base_sha if pr is not None and not all_models else None)
+    if base:
+        _log(f"equivci: pull request #{pr.number}: checking changes since {base[:12]}" if pr and not changed_since else f"equivci: checking changes since {base}")
+    report = run_pipeline(loaded, models, changed_since=base, no_cache=no_cache, debug=debug)
+
+    repo_root, manifest_rel = _repo_paths(loaded)
+    link_base = ctx.blob_url()
+    folder = report_dir or _default_report_dir(ctx)
+    files = write_report_files(report, folder, repo_root, manifest_rel, link_base)
+
+    notes: list[str] = []
+    if pr is not None and comment:
+        client = GitHubClient(ctx.api_url, ctx.token, log=_log) if ctx.token else None
+        notes, _wrote = publish_pull_request(ctx, report, repo_root, client)
+    elif ctx.in_actions and pr is None:
+        _log(f"equivci: {ctx.event_name} event: no pull request to comment on")
+
+    # The run log: the report, then annotations (workflow commands on stdout).
+    write_text(report, sys.stdout)
+    lines, dropped = publish.annotations(report)
+    for line in lines:
+        print(line)
+    if dropped:
+        print(f"equivci: {dropped} more finding(s) are not annotated (GitHub's per-step limit); see the job summary.")
+    for note in notes:
+        print(f"::warning title=equivci::{_escape_annotation(note)}")
+    sys.stdout.flush()
+
+    summary = markdown.render(report, repo_root, link_base=link_base)
+    if notes:
+        summary += "\n" + "\n".join(f"> {note}\n" for note in notes)
+    _append(ctx.step_summary, summary)
+    _append(ctx.output, publish.format_outputs(publish.outputs(report, sarif=files["sarif"], json=files["json"], markdown=files["markdown"], report_dir=str(folder))))
+    raise typer.Exit(report.exit_code())
+
+
+def register(app: typer.Typer) -> None:
+    app.command("ci")(ci)

@@ -1,0 +1,243 @@
+"""A real HTTP server on 127.0.0.1 standing in for the GitHub REST API, for tests.
+
+It records every request and implements the handful of endpoints equivci uses, with GitHub's
+behaviour where it matters:
+- issue comments: list (paginated with a Link header), create, edit;
+- pull request review comments: list; reviews: create, answered 422 *as a whole* when any comment's
+  line is not in the pull request's diff (new side, inside a hunk);
+- pull request files with their `patch`;
+- a read-only mode answering 403 "Resource not accessible by integration" to every write, like the
+  token GitHub gives to workflows of pull requests from forks;
+- injected failures (429, 5xx, rate-limit 403) served before the normal answer.
+
+The diff check is written independently of equivci.ci.diff on purpose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+
+@dataclasses.dataclass
+class Recorded:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclasses.dataclass
+class Injected:
+    status: int
+    headers: dict[str, str]
+    body: Any
+    method: str | None = None
+    path_contains: str | None = None
+
+
+def _patch_lines(patch: str) -> set[int]:
+    """New-side line numbers that appear in the patch's hunks (added or context)."""
+    lines: set[int] = set()
+    new = 0
+    for raw in patch.split("\n"):
+        m = re.match(r"@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@", raw)
+        if m:
+            new = int(m.group(1))
+        elif raw.startswith("-") or raw.startswith("\\"):
+            continue
+        elif new:
+            lines.add(new)
+            new += 1
+    return lines
+
+
+def pull_files_from_git(repo: Path, base: str, head: str) -> list[dict[str, Any]]:
+    """The pulls/{n}/files answer GitHub would give for base...head of a real repository."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
+    files = []
+    for row in git("diff", "--name-status", "--no-renames", f"{base}...{head}").splitlines():
+        status, name = row.split("\t", 1)
+        text = git("diff", "--no-color", "--no-renames", f"{base}...{head}", "--", name)
+        patch = text[text.index("@@"):] if "@@" in text else ""
+        files.append(
+            {
+                "filename": name,
+                "status": {"A": "added", "D": "removed", "M": "modified"}.get(status[0], "modified"),
+                "patch": patch.rstrip("\n"),
+            }
+        )
+    return files
+
+
+class FakeGitHub:
+    def __init__(self, repo: str = "octo/widgets", token: str = "ghs_fake_token_0123456789", per_page_cap: int = 100):
+        self.repo = repo
+        self.token = token
+        self.per_page_cap = per_page_cap
+        self.read_only = False
+        self.requests: list[Recorded] = []
+        self.issue_comments: dict[int, list[dict[str, Any]]] = {}
+        self.review_comments: dict[int, list[dict[str, Any]]] = {}
+        self.reviews: dict[int, list[dict[str, Any]]] = {}
+        self.files: dict[int, list[dict[str, Any]]] = {}
+        self.injected: list[Injected] = []
+        self._next_id = 1000
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+
+    # --- lifecycle ---
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def __enter__(self) -> FakeGitHub:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    # --- test helpers ---
+    def inject(self, status: int, body: Any = None, headers: dict[str, str] | None = None, *, method: str | None = None, path_contains: str | None = None, times: int = 1) -> None:
+        for _ in range(times):
+            self.injected.append(Injected(status, headers or {}, body if body is not None else {"message": "injected"}, method, path_contains))
+
+    def set_pull_files(self, number: int, files: list[dict[str, Any]]) -> None:
+        self.files[number] = files
+
+    def add_issue_comment(self, number: int, body: str, login: str = "someone") -> dict[str, Any]:
+        return self._new_comment(number, body, login)
+
+    def writes(self) -> list[Recorded]:
+        return [r for r in self.requests if r.method in ("POST", "PATCH", "PUT", "DELETE")]
+
+    def _new_comment(self, number: int, body: str, login: str) -> dict[str, Any]:
+        self._next_id += 1
+        comment = {
+            "id": self._next_id,
+            "body": body,
+            "user": {"login": login, "type": "Bot"},
+            "html_url": f"https://github.example/{self.repo}/pull/{number}#issuecomment-{self._next_id}",
+        }
+        self.issue_comments.setdefault(number, []).append(comment)
+        return comment
+
+    # --- HTTP ---
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:  # quiet
+                pass
+
+            def _serve(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                body = json.loads(raw) if raw else None
+                split = urllib.parse.urlsplit(self.path)
+                query = urllib.parse.parse_qs(split.query)
+                with fake._lock:
+                    fake.requests.append(
+                        Recorded(self.command, split.path, query, {k.lower(): v for k, v in self.headers.items()}, body)
+                    )
+                    status, headers, payload = fake._route(self.command, split.path, query, body, self.headers)
+                data = b"" if payload is None else json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _serve
+
+        return Handler
+
+    def _route(self, method: str, path: str, query: dict[str, list[str]], body: Any, headers: Any) -> tuple[int, dict[str, str], Any]:
+        for i, inj in enumerate(self.injected):
+            if (inj.method is None or inj.method == method) and (inj.path_contains is None or inj.path_contains in path):
+                del self.injected[i]
+                return inj.status, inj.headers, inj.body
+        if headers.get("Authorization") != f"Bearer {self.token}":
+            return 401, {}, {"message": "Bad credentials"}
+        if method != "GET" and self.read_only:
+            return 403, {}, {"message": "Resource not accessible by integration"}
+        prefix = f"/repos/{self.repo}"
+        if not path.startswith(prefix + "/"):
+            return 404, {}, {"message": "Not Found"}
+        rest = path[len(prefix):]
+        m = re.fullmatch(r"/issues/(\d+)/comments", rest)
+        if m:
+            number = int(m.group(1))
+            if method == "GET":
+                return self._page(self.issue_comments.get(number, []), path, query)
+            if method == "POST":
+                return 201, {}, self._new_comment(number, body["body"], "github-actions[bot]")
+        m = re.fullmatch(r"/issues/comments/(\d+)", rest)
+        if m and method == "PATCH":
+            cid = int(m.group(1))
+            for comments in self.issue_comments.values():
+                for c in comments:
+                    if c["id"] == cid:
+                        c["body"] = body["body"]
+                        return 200, {}, c
+            return 404, {}, {"message": "Not Found"}
+        m = re.fullmatch(r"/pulls/(\d+)/comments", rest)
+        if m and method == "GET":
+            return self._page(self.review_comments.get(int(m.group(1)), []), path, query)
+        m = re.fullmatch(r"/pulls/(\d+)/files", rest)
+        if m and method == "GET":
+            return self._page(self.files.get(int(m.group(1)), []), path, query)
+        m = re.fullmatch(r"/pulls/(\d+)/reviews", rest)
+        if m and method == "POST":
+            return self._create_review(int(m.group(1)), body)
+        return 404, {}, {"message": "Not Found", "documentation_url": "https://docs.github.com/rest"}
+
+    def _create_review(self, number: int, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
+        diff = {f["filename"]: _patch_lines(f.get("patch") or "") for f in self.files.get(number, [])}
+        comments = body.get("comments") or []
+        for c in comments:
+            if c.get("line") not in diff.get(c.get("path"), set()) or c.get("side", "RIGHT") != "RIGHT":
+                # GitHub rejects the whole review.
+                return 422, {}, {
+                    "message": "Unprocessable Entity",
+                    "errors": ["Pull request review thread line must be part of the diff"],
+                    "status": "422",
+                }
+        self._next_id += 1
+        review = {"id": self._next_id, "body": body.get("body"), "event": body.get("event"), "commit_id": body.get("commit_id")}
+        self.reviews.setdefault(number, []).append(review)
+        for c in comments:
+            self._next_id += 1
+            self.review_comments.setdefault(number, []).append(
+                {"id": self._next_id, "pull_request_review_id": review["id"], **c}
+            )
+        return 200, {}, review
+
+    def _page(self, items: list[Any], path: str, query: dict[str, list[str]]) -> tuple[int, dict[str, str], Any]:
+        per_page = min(int(query.get("per_page", ["30"])[0]), self.per_page_cap)
+        page = int(query.get("page", ["1"])[0])
+        chunk = items[(page - 1) * per_page: page * per_page]
+        headers = {}
+        if page * per_page < len(items):
+            q = urllib.parse.urlencode({"per_page": per_page, "page": page + 1})
+            headers["Link"] = f'<{self.url}{path}?{q}>; rel="next"'
+        return 200, headers, chunk
