@@ -296,12 +296,6 @@ def test_unbalanced_brackets():
         parse_module(text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: XLA prints /*index=5*/ comments inside tuple shapes and operand lists of 6+ elements "
-    "(any jit function with 6+ outputs, while/scan carries); parse_shape fails with "
-    "\"cannot parse shape '/*index=5*/f32[2]{0}'\" and operands would keep the comment prefix",
-)
 def test_index_comments_in_long_tuples():
     text = """HloModule jit_f, entry_computation_layout={(f32[2]{0}, f32[2]{0}, f32[2]{0}, f32[2]{0}, f32[2]{0}, /*index=5*/f32[2]{0})->f32[2]{0}}
 

@@ -93,6 +93,7 @@ def _scan_shape(text: str, pos: int) -> int:
     return m.end()
 
 
+_COMMENT = re.compile(r"/\*.*?\*/")
 _INSTR_HEAD = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*")
 _COMP_HEAD = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+)\s*(\(.*\)\s*->\s*.*)?\{\s*$")
 
@@ -206,7 +207,8 @@ def parse_module(text: str) -> Module:
     current: list[Instruction] | None = None
     comp_name, comp_entry = "", False
     for raw in lines:
-        line = raw.rstrip()
+        # XLA numbers long tuples and operand lists with /*index=N*/ comments.
+        line = _COMMENT.sub("", raw).rstrip()
         stripped = line.strip()
         if not stripped or stripped.startswith("//"):
             continue
