@@ -241,3 +241,153 @@ class FakeGitHub:
             q = urllib.parse.urlencode({"per_page": per_page, "page": page + 1})
             headers["Link"] = f'<{self.url}{path}?{q}>; rel="next"'
         return 200, headers, chunk
+
+
+# --- a real pull request: a git repository with base and head commits, and the Actions environment ---
+
+MLP_REFERENCE = '''\
+"""Single-device reference: a two-layer MLP and its abstract inputs."""
+
+import jax
+import jax.numpy as jnp
+
+
+def mlp(x, w1, w2):
+    return jnp.tanh(x @ w1) @ w2
+
+
+def inputs():
+    f32 = jnp.float32
+    return (
+        jax.ShapeDtypeStruct((8, 16), f32),
+        jax.ShapeDtypeStruct((16, 32), f32),
+        jax.ShapeDtypeStruct((32, 16), f32),
+    )
+'''
+
+MLP_TP = '''\
+"""Megatron tensor-parallel MLP: column-parallel w1, row-parallel w2, one psum."""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+
+def mlp(x, w1, w2, *, mesh):
+    def body(x, w1, w2):
+        h = jnp.tanh(x @ w1)
+        return jax.lax.psum(h @ w2, "tp")
+
+    return jax.shard_map(
+        body, mesh=mesh,
+        in_specs=(P(), P(None, "tp"), P("tp", None)),
+        out_specs=P(), check_vma=False,
+    )(x, w1, w2)
+'''
+
+PSUM_LINE = '        return jax.lax.psum(h @ w2, "tp")'
+NO_PSUM_LINE = "        return h @ w2  # the psum was dropped"
+
+MANIFEST = """\
+version: 1
+models:
+  - name: mlp-tp
+    reference: models/mlp.py:mlp
+    distributed: models/mlp_tp.py:mlp
+    inputs: models/mlp.py:inputs
+    mesh: {tp: 2}
+  - name: mlp-tp-edited
+    reference: models/mlp.py:mlp
+    distributed: models/mlp_tp_edited.py:mlp
+    inputs: models/mlp.py:inputs
+    mesh: {tp: 2}
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class PrRepo:
+    path: Path
+    base: str
+    head: str
+    edited: str = "models/mlp_tp_edited.py"  # the file the pull request changes
+    bug_line: int = MLP_TP.splitlines().index(PSUM_LINE) + 1
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def make_pr_repo(root: Path, *, buggy: bool = True) -> PrRepo:
+    """Base commit: two correct TP MLPs. Head commit (branch `feature`): mlp_tp_edited.py loses its
+    psum on one line (or, with buggy=False, only gets a harmless comment edit)."""
+    repo = root / "repo"
+    (repo / "models").mkdir(parents=True)
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "config", "user.email", "dev@example.invalid")
+    _git(repo, "config", "user.name", "dev")
+    _git(repo, "config", "commit.gpgsign", "false")
+    (repo / "equivci.yaml").write_text(MANIFEST)
+    (repo / "models" / "mlp.py").write_text(MLP_REFERENCE)
+    (repo / "models" / "mlp_tp.py").write_text(MLP_TP)
+    (repo / "models" / "mlp_tp_edited.py").write_text(MLP_TP)
+    (repo / ".gitignore").write_text(".equivci/\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "base: tensor-parallel MLPs")
+    base = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "checkout", "-q", "-b", "feature")
+    new_line = NO_PSUM_LINE if buggy else PSUM_LINE + "  # reduce the partial sums"
+    (repo / "models" / "mlp_tp_edited.py").write_text(MLP_TP.replace(PSUM_LINE, new_line))
+    _git(repo, "commit", "-q", "-am", "head: edit the TP MLP")
+    head = _git(repo, "rev-parse", "HEAD")
+    return PrRepo(repo, base, head)
+
+
+def write_pr_event(path: Path, repo_name: str, number: int, base: str, head: str, head_repo: str | None = None) -> Path:
+    event = {
+        "action": "synchronize",
+        "number": number,
+        "pull_request": {
+            "number": number,
+            "html_url": f"https://github.example/{repo_name}/pull/{number}",
+            "base": {"ref": "main", "sha": base, "repo": {"full_name": repo_name}},
+            "head": {"ref": "feature", "sha": head, "repo": {"full_name": head_repo or repo_name}},
+        },
+        "repository": {"full_name": repo_name},
+    }
+    path.write_text(json.dumps(event))
+    return path
+
+
+def actions_env(tmp: Path, fake: FakeGitHub, event_path: Path | None, *, event_name: str = "pull_request", token: str | None = None) -> dict[str, str]:
+    """The standard variables GitHub Actions sets for a step (files created empty, as the runner does)."""
+    summary, output = tmp / "step_summary.md", tmp / "github_output.txt"
+    summary.touch()
+    output.touch()
+    (tmp / "runner_temp").mkdir(exist_ok=True)
+    env = {
+        "GITHUB_ACTIONS": "true",
+        "CI": "true",
+        "GITHUB_EVENT_NAME": event_name,
+        "GITHUB_REPOSITORY": fake.repo,
+        "GITHUB_API_URL": fake.url,
+        "GITHUB_SERVER_URL": "https://github.example",
+        "GITHUB_RUN_ID": "4242",
+        "GITHUB_STEP_SUMMARY": str(summary),
+        "GITHUB_OUTPUT": str(output),
+        "RUNNER_TEMP": str(tmp / "runner_temp"),
+        "GITHUB_TOKEN": fake.token if token is None else token,
+    }
+    if event_path is not None:
+        env["GITHUB_EVENT_PATH"] = str(event_path)
+    return env
+
+
+GITHUB_VARS = (
+    "GITHUB_ACTIONS", "GITHUB_EVENT_NAME", "GITHUB_EVENT_PATH", "GITHUB_REPOSITORY", "GITHUB_API_URL",
+    "GITHUB_SERVER_URL", "GITHUB_RUN_ID", "GITHUB_STEP_SUMMARY", "GITHUB_OUTPUT", "RUNNER_TEMP", "GITHUB_TOKEN",
+    "GITHUB_SHA", "GITHUB_WORKSPACE", "INPUT_TOKEN",
+)
+
+
+def read_outputs(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)

@@ -136,26 +136,26 @@ def summary_comment(
 # --- workflow annotations -------------------------------------------------------------------------
 
 
-def _escape_data(text: str) -> str:
+def escape_data(text: str) -> str:
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
-def _escape_property(text: str) -> str:
-    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+def escape_property(text: str) -> str:
+    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
 def annotation(model: ModelResult, f: Finding) -> str:
     command = _COMMAND.get(f.severity, "warning")
     props = []
     if f.path is not None:
-        props.append(f"file={_escape_property(f.path)}")
+        props.append(f"file={escape_property(f.path)}")
         if f.line:
             props.append(f"line={f.line}")
     title = f"equivci: {model.name} is {model.status.value}"
     if f.layer:
         title += f" ({f.layer})"
-    props.append(f"title={_escape_property(title)}")
-    return f"::{command} {','.join(props)}::{_escape_data(f.message)}"
+    props.append(f"title={escape_property(title)}")
+    return f"::{command} {','.join(props)}::{escape_data(f.message)}"
 
 
 def annotations(report: Report, limit: int = ANNOTATION_LIMIT) -> tuple[list[str], int]:
@@ -174,8 +174,8 @@ def annotations(report: Report, limit: int = ANNOTATION_LIMIT) -> tuple[list[str
     for model in report.models:
         if model.status is not Status.VERIFIED and not model.findings and used["error"] < limit:
             used["error"] += 1
-            title = _escape_property(f"equivci: {model.name} is {model.status.value}")
-            lines.append(f"::error title={title}::{_escape_data(f'{model.name} is {model.status.value}')}")
+            title = escape_property(f"equivci: {model.name} is {model.status.value}")
+            lines.append(f"::error title={title}::{escape_data(f'{model.name} is {model.status.value}')}")
     return lines, dropped
 
 

@@ -180,10 +180,6 @@ def _append(path: Path | None, text: str) -> None:
         fh.write(text)
 
 
-def _escape_annotation(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
 def ci(
     manifest: ManifestOption = Path("equivci.yaml"),
     model: Annotated[list[str], typer.Option("--model", help="Verify only this model (repeatable).")] = [],
@@ -211,7 +207,9 @@ def ci(
         loaded = load_manifest(manifest)
         models = select_models(loaded, model, tag)
     except EquivciError as err:
-        print(f"::error file={_escape_annotation(str(manifest))},title=equivci: manifest error::{_escape_annotation(str(err))}", flush=True)
+        file = publish.escape_property(str(manifest))
+        title = publish.escape_property("equivci: manifest error")
+        print(f"::error file={file},title={title}::{publish.escape_data(str(err))}", flush=True)
         _append(ctx.step_summary, f"### 🛑 equivci: manifest error\n\n{markdown.escape(str(err))}\n")
         _append(ctx.output, publish.format_outputs({"status": "error"}))
         raise
@@ -242,7 +240,7 @@ def ci(
     if dropped:
         print(f"equivci: {dropped} more finding(s) are not annotated (GitHub's per-step limit); see the job summary.")
     for note in notes:
-        print(f"::warning title=equivci::{_escape_annotation(note)}")
+        print(f"::warning title=equivci::{publish.escape_data(note)}")
     sys.stdout.flush()
 
     summary = markdown.render(report, repo_root, link_base=link_base)
