@@ -1,7 +1,8 @@
 """Numeric oracle against the labelled zoo: every model of equivci.yaml, configs/buggy.yaml and
 configs/zoo.yaml is run (reference and distributed, fake CPU mesh, random inputs, 3 seeds) and
 must agree with its label: equivalent => equal on every seed; different => some seed differs
-beyond tolerance. Models of the same manifest and device count share one child process.
+beyond tolerance. Models of the same manifest share one child process; models tagged `slow`
+in their manifest run only with `-m slow`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ _results: dict[tuple, dict] = {}
 
 
 def _group_key(case: Case) -> tuple:
-    return (case.manifest_rel, case.model.num_devices, case.slow)
+    # One child per manifest: it starts with the largest device count among the models, and
+    # smaller meshes use the first devices. Slow models get their own child.
+    return (case.manifest_rel, case.slow)
 
 
 def _result(case: Case) -> NumericComparison | EquivciError:
@@ -53,6 +56,12 @@ def test_numeric_oracle_matches_label(case: Case):
 # --- static checks of the labels ------------------------------------------------------------------
 
 
+def test_all_manifests_and_labels_exist():
+    for rel, sidecar in MANIFESTS.items():
+        assert (REPO / rel).is_file(), rel
+        assert (REPO / sidecar).is_file(), sidecar
+
+
 def test_labels_are_well_formed():
     for case in ALL:
         assert case.verdict in ("equivalent", "different"), case.id
@@ -80,3 +89,65 @@ def test_every_label_names_a_model_and_every_bug_is_labelled():
             if re.search(r"#\s*BUG:", line):
                 ref = f"{path.relative_to(REPO)}:{i}"
                 assert ref in labelled, f"{ref} carries a `# BUG:` comment but no model is labelled with it"
+
+
+# --- the oracle itself, on small hand-made manifests ----------------------------------------------
+
+_ORACLE_MODELS = '''
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+
+def ints_ref(a):
+    return {"total": jnp.sum(a, axis=0), "double": 2 * a}
+
+
+def ints_dist(a, *, mesh):
+    def body(a):
+        return {"total": lax.psum(jnp.sum(a, axis=0), "x"), "double": 2 * a}
+    return jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs={"total": P(), "double": P("x")})(a)
+
+
+def ints_off_by_one(a, *, mesh):
+    out = ints_dist(a, mesh=mesh)
+    return {"total": out["total"], "double": out["double"].at[3, 1].add(1)}
+
+
+def ints_inputs():
+    return (jax.ShapeDtypeStruct((8, 4), jnp.int32),)
+
+
+def f32_ref(x):
+    return jnp.sum(x, axis=-1)
+
+
+def bf16_dist(x, *, mesh):
+    return jnp.sum(x, axis=-1).astype(jnp.bfloat16)
+
+
+def f32_inputs():
+    return (jax.ShapeDtypeStruct((4, 16), jnp.float32),)
+'''
+
+_ORACLE_MANIFEST = '''
+version: 1
+models:
+  - {name: ints-equal, reference: m.py:ints_ref, distributed: m.py:ints_dist, inputs: m.py:ints_inputs, mesh: {x: 2}}
+  - {name: ints-off, reference: m.py:ints_ref, distributed: m.py:ints_off_by_one, inputs: m.py:ints_inputs, mesh: {x: 2}}
+  - {name: dtype-change, reference: m.py:f32_ref, distributed: m.py:bf16_dist, inputs: m.py:f32_inputs, mesh: {x: 2}}
+'''
+
+
+def test_oracle_exact_ints_leaf_paths_and_structural_differences(tmp_path: Path):
+    (tmp_path / "m.py").write_text(_ORACLE_MODELS)
+    (tmp_path / "equivci.yaml").write_text(_ORACLE_MANIFEST)
+    res = compare_many_in_child(tmp_path / "equivci.yaml", ["ints-equal", "ints-off", "dtype-change", "nope"], seeds=(0, 1))
+    assert isinstance(res["ints-equal"], NumericComparison) and res["ints-equal"].equal
+    off = res["ints-off"]
+    assert not off.equal and off.worst_leaf == "['double']" and off.worst_index == (3, 1)
+    assert off.max_abs_diff == 1.0 and off.dist_value == off.ref_value + 1 and off.failing_seeds == (0, 1)
+    dtype = res["dtype-change"]
+    assert not dtype.equal and "dtype" in dtype.note
+    assert isinstance(res["nope"], EquivciError) and "nope" in str(res["nope"])

@@ -26,6 +26,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -417,7 +418,9 @@ def child_main(argv: Sequence[str] | None = None) -> int:
             status = 2
         else:
             try:
-                row = {"model": name, "comparison": _compare_model(model, manifest.root, opts.seeds).to_json()}
+                t0 = time.perf_counter()
+                comparison = _compare_model(model, manifest.root, opts.seeds)
+                row = {"model": name, "comparison": comparison.to_json(), "seconds": round(time.perf_counter() - t0, 3)}
             except EquivciError as exc:
                 row, status = {"model": name, "error": str(exc)}, 2
             except Exception as exc:  # noqa: BLE001 - one broken model must not hide the others
