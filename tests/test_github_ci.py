@@ -83,7 +83,7 @@ def test_pull_request_comment_review_annotations_summary_outputs(setup, fake, pr
     assert comment["body"].startswith(MARKER)
     assert "models/mlp.py:8" in comment["body"] and "reference op consumed nowhere" in comment["body"]
     assert "psum over 'tp' is missing" not in comment["body"]
-    assert "1 finding is posted as review comments" in comment["body"]
+    assert "1 finding is shown as review comments" in comment["body"]
 
     # a review whose single line comment sits on the defective line
     (review,) = fake.reviews[PR]

@@ -61,7 +61,7 @@ def test_rerun_skips_comments_already_posted():
 def test_summary_comment_has_marker_table_outside_findings_and_notes():
     comments, outside = publish.split_review(REPORT, DIFF)
     body = publish.summary_comment(
-        REPORT, outside, in_review=len(comments), notes=["read-only"], link_base="https://gh/o/r/blob/abc", run_url="https://gh/run/1"
+        REPORT, outside, in_review=sum(c.findings for c in comments), notes=["read-only"], link_base="https://gh/o/r/blob/abc", run_url="https://gh/run/1"
     )
     assert body.startswith(publish.MARKER + "\n")
     assert "| bad | ❌ mismatch |" in body
@@ -71,7 +71,8 @@ def test_summary_comment_has_marker_table_outside_findings_and_notes():
     assert "outside \\| the diff" in body
     assert "import failed:<br>ValueError, nope" in body
     assert "psum missing" not in body  # that one is a line comment
-    assert "2 findings are posted as review comments" in body
+    assert "3 findings are shown as review comments" in body
+    assert [c.findings for c in comments] == [2, 1]
     assert "> read-only" in body and "(https://gh/run/1)" in body
 
 

@@ -48,6 +48,7 @@ class ReviewComment:
     line: int
     body: str
     key: str
+    findings: int = 1  # findings gathered in this comment
 
     def payload(self) -> dict[str, object]:
         return {"path": self.path, "line": self.line, "side": "RIGHT", "body": self.body}
@@ -84,7 +85,7 @@ def split_review(
     comments = []
     for (_, path, line), items in grouped.items():
         key = hashlib.sha256("\0".join(finding_key(m, f) for m, f in items).encode()).hexdigest()[:16]
-        comments.append(ReviewComment(path=path, line=line, body=_review_body(items, key), key=key))
+        comments.append(ReviewComment(path=path, line=line, body=_review_body(items, key), key=key, findings=len(items)))
     return comments, outside
 
 
@@ -111,7 +112,9 @@ def summary_comment(
     link_base: str | None = None,
     run_url: str | None = None,
 ) -> str:
-    """The sticky comment: MARKER, status table, findings not shown as line comments, notes."""
+    """The sticky comment: MARKER, status table, findings not shown as line comments, notes.
+
+    `in_review` is the number of findings shown as review line comments instead."""
     lines = [MARKER, f"### {md.headline(report)}", ""]
     if report.models:
         lines += md.status_table(report)
@@ -124,7 +127,7 @@ def summary_comment(
         lines += [md.finding_line(m, f, link_base, with_model=True) for m, f in outside]
     if in_review:
         noun = "finding is" if in_review == 1 else "findings are"
-        lines += ["", f"{in_review} {noun} posted as review comments on the changed lines."]
+        lines += ["", f"{in_review} {noun} shown as review comments on the lines of this pull request."]
     for note in notes:
         lines += ["", f"> {note}"]
     if run_url:

@@ -150,7 +150,7 @@ def publish_pull_request(ctx: ActionsContext, report: Report, repo_root: Path, c
                 _log(f"equivci: posted a review with {len(fresh)} line comment(s)")
             else:
                 _log("equivci: every line comment was already posted by an earlier run")
-            in_review = len(comments)
+            in_review = sum(c.findings for c in comments)
         except GitHubError as exc:
             if exc.forbidden:
                 return [READ_ONLY_NOTE.format(why=f"HTTP 403: {exc.message}")], False
