@@ -105,6 +105,7 @@ def ints_ref(a):
 
 
 def ints_dist(a, *, mesh):
+    print('{"model": "ints-equal", "error": "user code printing to stdout must not confuse the parent"}')
     def body(a):
         return {"total": lax.psum(jnp.sum(a, axis=0), "x"), "double": 2 * a}
     return jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs={"total": P(), "double": P("x")})(a)

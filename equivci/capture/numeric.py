@@ -311,20 +311,33 @@ def compare(
 
     `distributed` may take a keyword `mesh`; it is bound here (as in capture).
     """
-    import jax
-
     from equivci.capture.entrypoints import bind_distributed
 
-    seeds = tuple(int(s) for s in seeds)
     bound = bind_distributed(distributed, mesh)
-    ref_fn = jax.jit(reference)
-    dist_fn = jax.jit(bound)
+    return _run_and_compare(reference, bound, args_abstract, mesh, tuple(int(s) for s in seeds))
+
+
+def _run_and_compare(reference, bound, args_abstract, mesh, seeds, ref_name="reference", dist_name="distributed"):
+    """jit both, run them on one random draw per seed (the distributed one under the mesh), compare."""
+    import jax
+
+    ref_fn, dist_fn = jax.jit(reference), jax.jit(bound)
     ref_outs, dist_outs = {}, {}
     for seed in seeds:
         args = random_inputs(args_abstract, seed)
-        ref_outs[seed] = jax.device_get(ref_fn(*args))
-        with jax.set_mesh(mesh):
-            dist_outs[seed] = jax.device_get(dist_fn(*args))
+        try:
+            ref_outs[seed] = jax.device_get(ref_fn(*args))
+        except EquivciError:
+            raise
+        except Exception as exc:
+            raise EquivciError(_run_failure("reference", ref_name, exc)) from exc
+        try:
+            with jax.set_mesh(mesh):
+                dist_outs[seed] = jax.device_get(dist_fn(*args))
+        except EquivciError:
+            raise
+        except Exception as exc:
+            raise EquivciError(_run_failure("distributed", dist_name, exc)) from exc
     return compare_outputs(ref_outs, dist_outs, seeds)
 
 
@@ -341,8 +354,6 @@ def _run_failure(side: str, spec: str, exc: BaseException) -> str:
 
 
 def _compare_model(model, root: Path, seeds: tuple[int, ...]) -> NumericComparison:
-    import jax
-
     from equivci.capture import entrypoints
 
     reference = entrypoints.load_function(model.reference, root)
@@ -351,24 +362,7 @@ def _compare_model(model, root: Path, seeds: tuple[int, ...]) -> NumericComparis
     args = entrypoints.abstract_inputs(inputs_fn, model.inputs)
     mesh = entrypoints.build_mesh(model)
     bound = entrypoints.bind_distributed(distributed, mesh)
-    ref_fn, dist_fn = jax.jit(reference), jax.jit(bound)
-    ref_outs, dist_outs = {}, {}
-    for seed in seeds:
-        concrete = random_inputs(args, seed)
-        try:
-            ref_outs[seed] = jax.device_get(ref_fn(*concrete))
-        except EquivciError:
-            raise
-        except Exception as exc:
-            raise EquivciError(_run_failure("reference", model.reference.spec, exc)) from exc
-        try:
-            with jax.set_mesh(mesh):
-                dist_outs[seed] = jax.device_get(dist_fn(*concrete))
-        except EquivciError:
-            raise
-        except Exception as exc:
-            raise EquivciError(_run_failure("distributed", model.distributed.spec, exc)) from exc
-    return compare_outputs(ref_outs, dist_outs, seeds)
+    return _run_and_compare(reference, bound, args, mesh, seeds, model.reference.spec, model.distributed.spec)
 
 
 def _without_device_count(flags: str) -> str:
@@ -409,6 +403,11 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.chdir(manifest.root)  # entrypoints.abstract_inputs reports paths relative to the cwd
+    # Our JSON lines own stdout; whatever the user's code prints goes to stderr.
+    sys.stdout.flush()
+    rows_out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
 
     status = 0
     for name in opts.model:
@@ -425,7 +424,7 @@ def child_main(argv: Sequence[str] | None = None) -> int:
                 row, status = {"model": name, "error": str(exc)}, 2
             except Exception as exc:  # noqa: BLE001 - one broken model must not hide the others
                 row, status = {"model": name, "error": _run_failure("model", name, exc)}, 2
-        print(json.dumps(row), flush=True)
+        print(json.dumps(row), file=rows_out, flush=True)
     return status
 
 
@@ -462,9 +461,12 @@ def compare_many_in_child(
     results: dict[str, NumericComparison | EquivciError] = {}
     for line in proc.stdout.splitlines():
         line = line.strip()
-        if not line.startswith("{"):
+        try:
+            row = json.loads(line)
+        except ValueError:
             continue
-        row = json.loads(line)
+        if not isinstance(row, dict) or "model" not in row:
+            continue
         if "comparison" in row:
             results[row["model"]] = NumericComparison.from_json(row["comparison"])
         else:
