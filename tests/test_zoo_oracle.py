@@ -65,6 +65,7 @@ def test_all_manifests_and_labels_exist():
 def test_labels_are_well_formed():
     for case in ALL:
         assert case.verdict in ("equivalent", "different"), case.id
+        assert case.pattern, f"{case.id}: no pattern in its expected.yaml label"
         if case.verdict == "equivalent":
             assert case.bug_line is None, f"{case.id}: an equivalent model has no bug line"
         else:
@@ -76,6 +77,16 @@ def test_labels_are_well_formed():
             assert dist_file is not None and dist_file.resolve() == (REPO / path).resolve(), (
                 f"{case.id}: the bug line {case.bug_line} is not in the distributed file {dist_file}"
             )
+
+
+def test_every_zoo_pattern_has_a_correct_and_a_buggy_variant():
+    verdicts: dict[str, set[str]] = {}
+    for case in ALL:
+        if case.manifest_rel == "configs/zoo.yaml":
+            verdicts.setdefault(case.pattern, set()).add(case.verdict)
+    assert len(verdicts) >= 14, sorted(verdicts)
+    for pattern, seen in verdicts.items():
+        assert seen == {"equivalent", "different"}, f"zoo pattern {pattern} has only {seen} variants"
 
 
 def test_every_label_names_a_model_and_every_bug_is_labelled():
