@@ -199,3 +199,13 @@ def test_manifest_error_is_annotated_and_exits_2(setup, capsys):
     assert code == 2
     assert out.startswith("::error file=missing.yaml,title=equivci%3A manifest error::")
     assert read_outputs(Path(env["GITHUB_OUTPUT"]))["status"] == "error"
+
+
+def test_pull_request_touching_no_model_creates_no_comment_but_updates_an_old_one(setup, fake, pr, monkeypatch, capsys):
+    monkeypatch.setattr(ci_command, "run_pipeline", lambda *a, **k: Report(models=()))
+    code, _, err = run_ci(capsys)
+    assert code == 0 and fake.writes() == [] and "no summary comment" in err
+    old = fake.add_issue_comment(PR, MARKER + "\nold failure", login="github-actions[bot]")
+    code, _, _ = run_ci(capsys)
+    assert code == 0 and len(fake.issue_comments[PR]) == 1
+    assert "nothing to verify" in old["body"]

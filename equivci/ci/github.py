@@ -245,11 +245,16 @@ def find_comment(client: GitHubClient, repo: str, number: int, marker: str) -> d
     return None
 
 
-def upsert_comment(client: GitHubClient, repo: str, number: int, marker: str, body: str) -> tuple[str, dict[str, Any]]:
-    """Edit the sticky comment in place, or create it the first time: ("updated" | "created", comment)."""
+def upsert_comment(
+    client: GitHubClient, repo: str, number: int, marker: str, body: str, *, create: bool = True
+) -> tuple[str, dict[str, Any] | None]:
+    """Edit the sticky comment in place, or create it the first time (unless `create` is false):
+    ("updated" | "created" | "skipped", comment)."""
     existing = find_comment(client, repo, number, marker)
     if existing is not None:
         return "updated", client.patch(f"/repos/{repo}/issues/comments/{existing['id']}", {"body": body})
+    if not create:
+        return "skipped", None
     return "created", client.post(f"/repos/{repo}/issues/{number}/comments", {"body": body})
 
 

@@ -163,12 +163,16 @@ def publish_pull_request(ctx: ActionsContext, report: Report, repo_root: Path, c
         report, outside, in_review=in_review, notes=notes, link_base=link_base, run_url=ctx.run_url
     )
     try:
-        action, comment = upsert_comment(client, repo, pr.number, publish.MARKER, body)
+        # A pull request that touches no model gets no new comment; an earlier one is still updated.
+        action, comment = upsert_comment(client, repo, pr.number, publish.MARKER, body, create=bool(report.models))
     except GitHubError as exc:
         if exc.forbidden:
             return [READ_ONLY_NOTE.format(why=f"HTTP 403: {exc.message}")], False
         _log(f"equivci: could not write the summary comment: {exc}")
         return notes + [f"The summary comment could not be written ({exc})."], False
+    if action == "skipped":
+        _log("equivci: no model is affected by this pull request; no summary comment")
+        return notes, False
     _log(f"equivci: {action} the summary comment {(comment or {}).get('html_url') or ''}".rstrip())
     return notes, True
 
