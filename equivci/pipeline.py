@@ -7,12 +7,15 @@ hide the verdicts of the other models.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
+from pathlib import Path
 from typing import Protocol
 
+from equivci import gitdiff
 from equivci.errors import EquivciError
 from equivci.manifest import Manifest, ModelSpec
-from equivci.results import Finding, ModelResult, Report, Status
+from equivci.results import Finding, LayerCounts, ModelResult, Report, Status
 
 
 class Progress(Protocol):
@@ -55,15 +58,20 @@ def _error_result(model: ModelSpec, path: str | None, message: str, seconds: flo
     return ModelResult(name=model.name, status=Status.ERROR, seconds=seconds, findings=(finding,))
 
 
-def run_model(manifest: Manifest, model: ModelSpec, debug: bool = False) -> ModelResult:
+def run_model(manifest: Manifest, model: ModelSpec, debug: bool = False, memo=None) -> ModelResult:
+    """Capture and verify one model. With a `memo` (equivci.memo.Memo), a result stored under the
+    model's content key is reused (the capture child stops before compiling) and a new one is stored."""
     # Imported here: the capture and verify stages are heavy and load only when a model runs.
     from equivci.capture.run import capture_model
-    from equivci.verify.engine import verify_model
 
     t0 = time.perf_counter()
     try:
-        captured = capture_model(model, manifest, debug=debug)
-        result = verify_model(model, manifest, captured)
+        if memo is None or "memo" not in inspect.signature(capture_model).parameters:  # (a stand-in capture)
+            from equivci.verify.engine import verify_model
+
+            result = verify_model(model, manifest, capture_model(model, manifest, debug=debug))
+        else:
+            result = _run_memoized(manifest, model, debug, memo)
     except EquivciError as err:
         return _error_result(model, manifest_display_path(manifest), str(err), time.perf_counter() - t0)
     except Exception as exc:
@@ -78,11 +86,121 @@ def run_model(manifest: Manifest, model: ModelSpec, debug: bool = False) -> Mode
     return dataclasses.replace(result, seconds=time.perf_counter() - t0)
 
 
-def run_models(manifest: Manifest, models: list[ModelSpec], progress: Progress, debug: bool = False) -> Report:
+def _entrypoint_files(manifest: Manifest, model: ModelSpec, repo_root: Path) -> set[str]:
+    """Repository-relative files of the model's entrypoints (FILE.py, or package.module under the manifest folder)."""
+    out = set()
+    for ep in (model.reference, model.distributed, model.inputs):
+        candidates = [Path(ep.file)] if ep.file is not None else []
+        if ep.module:
+            rel = Path(*ep.module.split("."))
+            candidates += [manifest.root / rel.with_suffix(".py"), manifest.root / rel / "__init__.py"]
+        for c in candidates:
+            if c.is_file():
+                try:
+                    out.add(c.resolve().relative_to(repo_root).as_posix())
+                except ValueError:
+                    pass
+                break
+    return out
+
+
+def _all_reused(result: ModelResult) -> ModelResult:
+    total = result.layers.total
+    return dataclasses.replace(result, layers=LayerCounts(total, result.layers.verified, total))
+
+
+def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo) -> ModelResult:
+    from equivci import memo as memo_mod
+    from equivci.capture.run import capture_model, repo_root_of
+
+    repo_root = repo_root_of(manifest.root)
+    request = {
+        "fingerprint": memo_mod.fingerprint(),
+        "repo_root": str(repo_root),
+        "cache_dir": str(memo.root) if memo.root is not None else None,
+        "known": memo.known_results(),
+    }
+    captured = capture_model(model, manifest, debug=debug, memo=request)
+    result = memo.result(captured.content_key, captured.loc_digest) if captured.cached else None
+    if captured.cached and result is None:  # the entry vanished or broke since the child looked
+        captured = capture_model(model, manifest, debug=debug, memo={**request, "cache_dir": None, "known": {}})
+    if result is not None:
+        result = _all_reused(result)
+    else:
+        from equivci.verify.engine import verify_model
+
+        result = verify_model(model, manifest, captured)
+        memo.put_result(captured.content_key, result, captured.loc_digest)
+    manifest_rel = manifest_display_path(manifest)
+    tracked = set(captured.sources) | _entrypoint_files(manifest, model, repo_root) | {manifest_rel}
+    memo.record_capture(manifest_rel, model.name, {
+        "key": captured.content_key,
+        "loc_digest": captured.loc_digest,
+        "fingerprint": memo_mod.fingerprint(),
+        "sources": sorted(captured.sources),
+        "digests": memo_mod.file_digests(repo_root, tracked),
+    })
+    return result
+
+
+def _reuse_unchanged(manifest: Manifest, model: ModelSpec, memo, changes, repo_root: Path) -> ModelResult | None:
+    """The model's last result, when nothing it depends on changed since REF and its files are
+    byte-for-byte those of its last capture (so the result is that of the current code)."""
+    from equivci import memo as memo_mod
+
+    manifest_rel = manifest_display_path(manifest)
+    record = memo.last_capture(manifest_rel, model.name)
+    if record is None or record.get("fingerprint") != memo_mod.fingerprint():
+        return None
+    files = gitdiff.model_files(_entrypoint_files(manifest, model, repo_root), record["sources"], manifest_rel)
+    if changes.touches(files):
+        return None
+    digests = record.get("digests") or {}
+    if not files <= set(digests) or memo_mod.file_digests(repo_root, digests) != digests:
+        return None
+    result = memo.result(record.get("key", ""), record.get("loc_digest"))
+    if result is None:
+        return None
+    return dataclasses.replace(_all_reused(result), reused=True)
+
+
+def run_models(
+    manifest: Manifest,
+    models: list[ModelSpec],
+    progress: Progress,
+    debug: bool = False,
+    changed_since: str | None = None,
+    no_cache: bool = False,
+    cache_dir: Path | None = None,
+    all_models: bool = False,
+) -> Report:
+    """Verify `models`. The memo (under `cache_dir`, default .equivci/cache at the repository root)
+    serves results whose content key is known; `no_cache` neither reads nor writes it (identical
+    models within the run are still verified once). `changed_since`: models whose recorded sources,
+    entrypoint files and manifest did not change since that git ref are reported from the memo
+    (`reused`) without being captured, unless `all_models`; findings on changed lines are marked."""
+    from equivci import memo as memo_mod
+
+    memo = memo_mod.Memo(None if no_cache else memo_mod.cache_dir_for(manifest, cache_dir))
+    changes = None
+    repo_root = None
+    if changed_since:
+        from equivci.capture.run import repo_root_of
+
+        repo_root = repo_root_of(manifest.root)
+        changes = gitdiff.changes_since(repo_root, changed_since)
     results = []
     for model in models:
         progress.started(model.name)
-        result = run_model(manifest, model, debug)
+        t0 = time.perf_counter()
+        result = None
+        if changes is not None and not all_models and not no_cache:
+            result = _reuse_unchanged(manifest, model, memo, changes, repo_root)
+            if result is not None:
+                result = dataclasses.replace(result, seconds=time.perf_counter() - t0)
+        if result is None:
+            result = run_model(manifest, model, debug, memo=memo)
+        result = gitdiff.mark_changed(result, changes)
         progress.finished(result)
         results.append(result)
     return Report(models=tuple(results))

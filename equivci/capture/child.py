@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -78,6 +79,11 @@ def capture(request: dict) -> dict:
     entrypoints.check_same_outputs(ref_lowered.out_info, dist_lowered.out_info, model.name)
 
     reference_hlo = ref_lowered.as_text(dialect="hlo", debug_info=True)
+    # Memo: the content key of both lowered programs; a known key ends the capture here, before
+    # the costly compile (a warm run costs about one lowering).
+    memo_fields = _memo_fields(request, model, args, dist_lowered, reference_hlo)
+    if memo_fields.get("cached"):
+        return {**memo_fields, "lowering_seconds": lowering_seconds}
     dump_dir = os.environ["EQUIVCI_DUMP_DIR"]
     try:
         compiled = dist_lowered.compile()
@@ -100,7 +106,60 @@ def capture(request: dict) -> dict:
         "inputs": _placements(in_leaves, in_shardings, device_order),
         "outputs": _placements(out_leaves, out_shardings, device_order),
         "lowering_seconds": lowering_seconds,
+        **memo_fields,
     }
+
+
+_DUMP_FLAG = re.compile(r"--xla_dump_\S*")
+
+
+def _memo_fields(request: dict, model, args, dist_lowered, reference_hlo: str) -> dict:
+    """content_key, loc_digest and sources of this capture, and whether the parent can serve the
+    result from its memo (`cached`). Empty when the parent asked for no memo."""
+    memo_request = request.get("memo")
+    if not memo_request:
+        return {}
+    import importlib.metadata
+
+    import jax
+    from jax.tree_util import keystr, tree_flatten_with_path
+
+    from equivci import memo
+
+    repo_root = memo_request["repo_root"]
+    distributed_lowered_hlo = dist_lowered.as_text(dialect="hlo", debug_info=True)
+
+    def leaves(tree) -> str:
+        return json.dumps([[keystr(p), list(map(int, x.shape)), str(x.dtype)] for p, x in tree_flatten_with_path(tree)[0]])
+
+    key = memo.key(
+        memo_request["fingerprint"],
+        jax.__version__,
+        importlib.metadata.version("jaxlib"),
+        json.dumps(list(map(list, model.mesh))),
+        _DUMP_FLAG.sub("", os.environ.get("XLA_FLAGS", "")),
+        leaves(args),
+        leaves(dist_lowered.out_info),
+        memo.canonical_hlo(reference_hlo),
+        memo.canonical_hlo(distributed_lowered_hlo),
+    )
+    texts = (reference_hlo, distributed_lowered_hlo)
+    loc_digest = memo.location_digest(texts, repo_root)
+    skip = [str(Path(memo.__file__).resolve().parent)]  # equivci itself is in the fingerprint
+    imported = [
+        f for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
+        if f and not any(f.startswith(p + os.sep) for p in skip)
+    ]
+    sources = [
+        s for s in memo.source_files(texts, repo_root, imported)
+        if not any(part in ("site-packages", "dist-packages") for part in Path(s).parts)
+        and not str(Path(repo_root, s).resolve()).startswith(skip[0] + os.sep)
+    ]
+    known = memo_request.get("known") or {}
+    cached = (key in known and known[key] in (None, loc_digest)) or (
+        memo_request.get("cache_dir") is not None and memo.Memo(Path(memo_request["cache_dir"])).usable(key, loc_digest)
+    )
+    return {"content_key": key, "loc_digest": loc_digest, "sources": sources, "cached": bool(cached)}
 
 
 def main(argv: list[str]) -> int:

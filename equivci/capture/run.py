@@ -47,10 +47,16 @@ def _leaves(rows: list[dict]) -> tuple[LeafPlacement, ...]:
     )
 
 
-def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False) -> CapturedModel:
+def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, memo: dict | None = None) -> CapturedModel:
+    """`memo`: {"fingerprint", "repo_root", "cache_dir" (or None), "known": {key: loc digest or None}}
+    asks the child for the content key and sources, and to stop before compiling when the key is
+    known (then the result has cached=True and no HLO)."""
     with tempfile.TemporaryDirectory(prefix="equivci-capture-") as tmp:
         request, result_path, dump_dir = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "dump")
-        request.write_text(json.dumps({"manifest": str(manifest.path), "model": model.name}))
+        fields = {"manifest": str(manifest.path), "model": model.name}
+        if memo is not None:
+            fields["memo"] = memo
+        request.write_text(json.dumps(fields))
         env = child_env(
             model.num_devices,
             f"--xla_dump_to={dump_dir} --xla_dump_hlo_pass_re=spmd-partitioning",
@@ -83,13 +89,18 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False) -> 
         if debug:
             message += "\n\n" + result.get("traceback", "")
         raise EquivciError(message)
+    cached = bool(result.get("cached"))
     return CapturedModel(
         name=model.name,
         mesh=model.mesh,
-        reference_hlo=result["reference_hlo"],
-        distributed_hlo=result["distributed_hlo"],
-        inputs=_leaves(result["inputs"]),
-        outputs=_leaves(result["outputs"]),
+        reference_hlo="" if cached else result["reference_hlo"],
+        distributed_hlo="" if cached else result["distributed_hlo"],
+        inputs=() if cached else _leaves(result["inputs"]),
+        outputs=() if cached else _leaves(result["outputs"]),
         repo_root=str(repo_root_of(manifest.root)),
         lowering_seconds=result["lowering_seconds"],
+        content_key=result.get("content_key", ""),
+        loc_digest=result.get("loc_digest", ""),
+        sources=tuple(result.get("sources", ())),
+        cached=cached,
     )

@@ -27,6 +27,14 @@ class CapturedModel:
     outputs: tuple[LeafPlacement, ...]  # distributed placements of the flattened outputs
     repo_root: str  # absolute; source paths in findings are relative to it
     lowering_seconds: float = 0.0
+    # Memo (set when the parent asked for it): content key of both lowered programs, digest of their
+    # source locations, repository-relative source files behind the ops (and repository modules
+    # imported). `cached`: the child stopped before compiling because the memo holds the result;
+    # the HLO texts and placements are then empty.
+    content_key: str = ""
+    loc_digest: str = ""
+    sources: tuple[str, ...] = ()
+    cached: bool = False
 
     @property
     def num_devices(self) -> int:

@@ -34,6 +34,24 @@ def verify(
     model: Annotated[list[str], typer.Option("--model", help="Verify only this model (repeatable).")] = [],
     tag: Annotated[list[str], typer.Option("--tag", help="Verify only models with this tag (repeatable).")] = [],
     output_format: Annotated[OutputFormat, typer.Option("--format", help="Report format on stdout.")] = OutputFormat.text,
+    changed_since: Annotated[
+        str | None,
+        typer.Option(
+            "--changed-since",
+            metavar="REF",
+            help="Verify only the models whose source files changed since this git ref; report the others from the cache.",
+        ),
+    ] = None,
+    all_models: Annotated[
+        bool, typer.Option("--all", help="Verify every selected model, even with --changed-since.")
+    ] = False,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Neither read nor write the cache: verify everything anew (nightly: --all --no-cache).")
+    ] = False,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option("--cache-dir", help="Cache folder (default: .equivci/cache at the repository root)."),
+    ] = None,
     debug: DebugOption = False,
 ) -> None:
     """Prove each selected distributed entrypoint equivalent to its reference."""
@@ -47,7 +65,10 @@ def verify(
         raise
     # stdout carries the report only; anything else printed during the run goes to stderr.
     with RunProgress(len(models)) as progress, contextlib.redirect_stdout(sys.stderr):
-        report = run_models(loaded, models, progress, debug=debug)
+        report = run_models(
+            loaded, models, progress, debug=debug,
+            changed_since=changed_since, no_cache=no_cache, cache_dir=cache_dir, all_models=all_models,
+        )
     if as_json:
         write_json(report, sys.stdout)
     else:
