@@ -559,6 +559,11 @@ def binary_bcast_lift_right(rng, b: B):
     return b.bi(op, small, b.sl(x, d, lo, hi)), b.sl(b.bi(op, full, x), d, lo, hi)
 
 
+def bcast_as_slice(rng, b: B):
+    x, y, op, d, lo, hi, small, full = _binary_bcast(rng, b)
+    return small, b.sl(full, d, lo, hi)
+
+
 # rule name -> (family ruleset, builder, preload_rhs)
 RULES = {
     "slices/compose": (L.slices, slice_compose, False),
@@ -593,6 +598,7 @@ RULES = {
     "layouts/bcast_push": (L.layouts, bcast_push, False),
     # Same for the shrink rule itself.
     "layouts/bcast_shrink": (L.layouts, bcast_shrink, True),
+    "layouts/bcast_as_slice": (L.layouts, bcast_as_slice, True),
     "layouts/transpose_lift": (L.layouts, transpose_lift, False),
     "layouts/transpose_push": (L.layouts, transpose_push, False),
     "layouts/reshape_lift": (L.layouts, reshape_lift, False),

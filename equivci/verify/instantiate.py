@@ -77,6 +77,7 @@ class Evaluator:
         self.table = table
         self.n = num_devices
         self.values: dict[Term, np.ndarray] = {}  # folded constant terms -> their value
+        self.arrays: list[tuple[Term, np.ndarray]] = []  # non-uniform constants, oldest first
         self.events: list[Event] = []
 
     # -- constants ---------------------------------------------------------------------------
@@ -89,10 +90,33 @@ class Evaluator:
                 return scalar
             term = self.table.make("bcast", (bcast_spec(0, value.shape, ()),), (scalar,), value.shape, dtype)
         else:
-            digest = hashlib.sha256(value.tobytes()).hexdigest()[:16]
-            term = self.table.make("const", (f"{digest}:{value.shape}",), (), value.shape, dtype)
+            term = self.window_of_known(value, dtype)
+            if term is None:
+                digest = hashlib.sha256(value.tobytes()).hexdigest()[:16]
+                term = self.table.make("const", (f"{digest}:{value.shape}",), (), value.shape, dtype)
+                self.arrays.append((term, value))
         self.values[term] = value
         return term
+
+    def window_of_known(self, value: np.ndarray, dtype: str) -> Term | None:
+        """A constant that is a window of an earlier constant along one dim, as that slice.
+
+        Device-local tables (RoPE angles at a shard's positions, a mask's rows) are windows of the
+        reference's tables; saying so relates them. Values are compared exactly.
+        """
+        for known, array in self.arrays:
+            if known.dtype != dtype or array.ndim != value.ndim or array.shape == value.shape:
+                continue
+            differing = [k for k in range(value.ndim) if array.shape[k] != value.shape[k]]
+            if len(differing) != 1 or array.shape[differing[0]] < value.shape[differing[0]]:
+                continue
+            k, width = differing[0], value.shape[differing[0]]
+            moved = np.moveaxis(array, k, 0)
+            target = np.moveaxis(value, k, 0)
+            for start in range(array.shape[k] - width + 1):
+                if np.array_equal(moved[start:start + width], target):
+                    return self.slice_term(known, k, start, start + width)
+        return None
 
     def folded(self, term: Term) -> np.ndarray | None:
         return self.values.get(term)
@@ -110,11 +134,16 @@ class Evaluator:
         if value is not None:
             index = [slice(None)] * len(x.shape)
             index[dim] = slice(start, stop)
-            return self.const(value[tuple(index)], x.dtype)
+            window = value[tuple(index)]
+            if window.size and np.all(window == window.flat[0]):
+                return self.const(window, x.dtype)
         if x.op == "slice" and x.attrs[0] == dim:  # compose, so slices stay one level deep per dim
             inner_start = x.attrs[1]
             return self.slice_term(x.args[0], dim, inner_start + start, inner_start + stop)
-        return self.table.make("slice", (dim, start, stop), (x,), tuple(shape), x.dtype)
+        term = self.table.make("slice", (dim, start, stop), (x,), tuple(shape), x.dtype)
+        if value is not None:
+            self.values[term] = window
+        return term
 
     def slice_nd(self, x: Term, ranges) -> Term:
         for dim, (start, stop) in enumerate(ranges):
@@ -142,7 +171,7 @@ class Evaluator:
         for inst in comp.instructions:
             if inst.opcode == "parameter":
                 continue
-            operands = [env[o] for o in inst.operands]
+            operands = [_lookup(env, o) for o in inst.operands]
             env[inst.name] = self.eval(inst, operands)
             self.events.append(Event(inst, env[inst.name]))
         return env[comp.root.name]
@@ -392,6 +421,16 @@ class Evaluator:
         raise Unsupported(op)
 
 
+def _lookup(env: dict[str, list], name: str) -> list:
+    """Operand values; newer XLA prints tuple elements as `name#k` instead of get-tuple-element."""
+    if name in env:
+        return env[name]
+    base, sep, index = name.rpartition("#")
+    if not sep or base not in env:
+        raise Unsupported(f"operand {name} is not defined before its use")
+    return [v[int(index)] for v in env[base]]
+
+
 def _target(attrs: dict[str, str]) -> str:
     return attrs.get("custom_call_target", "").strip('"')
 
@@ -422,7 +461,9 @@ def parse_literal(text: str, shape: Shape) -> np.ndarray | None:
 def _np_unary(op: str, v: np.ndarray):
     table = {"negate": np.negative, "abs": np.abs, "exponential": np.exp, "log": np.log, "sqrt": np.sqrt,
              "tanh": np.tanh, "not": lambda x: ~x if x.dtype != np.bool_ else np.logical_not(x),
-             "sign": np.sign, "floor": np.floor, "ceil": np.ceil}
+             "sign": np.sign, "floor": np.floor, "ceil": np.ceil, "cosine": np.cos, "sine": np.sin,
+             "rsqrt": lambda x: 1 / np.sqrt(x), "logistic": lambda x: 1 / (1 + np.exp(-x)),
+             "exponential-minus-one": np.expm1, "log-plus-one": np.log1p}
     return table[op](v) if op in table else None
 
 

@@ -225,6 +225,11 @@ layouts = ruleset(
         union(e).with_(T.bcast(spec, x.slice(k, a, b)))),
     rule(eq(e).to(T.bcast(spec, x).slice(o, a, b)), eq(spec2).to(bcast_shrink(spec, o, b - a))).then(
         union(e).with_(T.bcast(spec2, x))),
+    # A broadcast is constant along its new dims: where a slice of the same size exists, the
+    # narrow broadcast is that slice of the wider one (so ops mixing both lift like any slice).
+    rule(eq(e).to(T.bcast(spec, y)), eq(w).to(x.slice(d, a, b)), eq(b - a).to(bcast_new(spec, d)),
+         eq(n).to(dim(x, d)), eq(spec2).to(bcast_shrink(spec, d, n))).then(
+        union(e).with_(T.bcast(spec2, y).slice(d, a, b))),
     rule(eq(e).to(T.transpose(spec, x.slice(k, a, b))), eq(o).to(perm_out(spec, k))).then(
         union(e).with_(T.transpose(spec, x).slice(o, a, b))),
     rule(eq(e).to(T.transpose(spec, x).slice(o, a, b)), eq(k).to(perm_in(spec, o))).then(

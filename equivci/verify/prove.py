@@ -61,6 +61,7 @@ def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPla
 
     dist_eval = Evaluator(distributed, table, num_devices)
     dist_eval.values.update(ref_eval.values)
+    dist_eval.arrays.extend(ref_eval.arrays)
     dist_args = [[dist_eval.slice_nd(p, leaf.device_slices[dev]) for dev in range(num_devices)]
                  for p, leaf in zip(params, inputs)]
     dist_root = dist_eval.run(distributed.entry, dist_args)
