@@ -129,6 +129,18 @@ def canonical_hlo(text: str) -> str:
     return _NAME.sub(rename, body)
 
 
+_MLIR_FILE_LOC = re.compile(r'loc\("((?:[^"\\]|\\.)*)":\d+:\d+(?:\s+to\s+\d*:\d+)?\)')
+
+
+def canonical_mlir(text: str, repo_root: str | Path) -> str:
+    """StableHLO text printed with debug_info=True, without line and column numbers and with the
+    repository root made relative. Location names (op names with named scopes such as layers_3,
+    argument paths) and the structure of the location table stay: layers are split on them. A
+    comment that shifts lines leaves it unchanged; any change to an op changes it."""
+    root = str(Path(repo_root).resolve())
+    return _MLIR_FILE_LOC.sub(lambda m: f'loc("{m.group(1)}")', text).replace(root, "<repo>")
+
+
 def _file_names(text: str) -> list[str]:
     out, in_files = [], False
     for line in text.splitlines():
@@ -143,6 +155,7 @@ def _file_names(text: str) -> list[str]:
             _, _, rest = s.partition(" ")
             out.append(rest.strip().strip('"'))
     out += re.findall(r'source_file="((?:[^"\\]|\\.)*)"', text)
+    out += {m.group(1) for m in _MLIR_FILE_LOC.finditer(text)}
     return out
 
 
@@ -158,8 +171,8 @@ def _under(path: str, root: Path) -> str | None:
 
 
 def source_files(hlo_texts: Iterable[str], repo_root: str | Path, extra: Iterable[str] = ()) -> list[str]:
-    """Repository-relative files named in the FileNames tables (or inline source_file) of the HLO
-    texts, plus `extra` absolute paths (modules imported during capture), keeping files under the
+    """Repository-relative files named in the FileNames tables (or inline source_file) of HLO texts,
+    or in the file locations of StableHLO texts printed with debug_info, plus `extra` absolute paths (modules imported during capture), keeping files under the
     repository root only."""
     root = Path(repo_root).resolve()
     found: set[str] = set()

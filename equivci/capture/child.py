@@ -78,12 +78,12 @@ def capture(request: dict) -> dict:
     lowering_seconds = time.perf_counter() - t0
     entrypoints.check_same_outputs(ref_lowered.out_info, dist_lowered.out_info, model.name)
 
-    reference_hlo = ref_lowered.as_text(dialect="hlo", debug_info=True)
     # Memo: the content key of both lowered programs; a known key ends the capture here, before
-    # the costly compile (a warm run costs about one lowering).
-    memo_fields = _memo_fields(request, model, args, dist_lowered, reference_hlo)
+    # the HLO conversion and the costly compile (a warm run costs about one lowering).
+    memo_fields = _memo_fields(request, model, args, ref_lowered, dist_lowered)
     if memo_fields.get("cached"):
         return {**memo_fields, "lowering_seconds": lowering_seconds}
+    reference_hlo = ref_lowered.as_text(dialect="hlo", debug_info=True)
     dump_dir = os.environ["EQUIVCI_DUMP_DIR"]
     try:
         compiled = dist_lowered.compile()
@@ -113,7 +113,7 @@ def capture(request: dict) -> dict:
 _DUMP_FLAG = re.compile(r"--xla_dump_\S*")
 
 
-def _memo_fields(request: dict, model, args, dist_lowered, reference_hlo: str) -> dict:
+def _memo_fields(request: dict, model, args, ref_lowered, dist_lowered) -> dict:
     """content_key, loc_digest and sources of this capture, and whether the parent can serve the
     result from its memo (`cached`). Empty when the parent asked for no memo."""
     memo_request = request.get("memo")
@@ -127,7 +127,8 @@ def _memo_fields(request: dict, model, args, dist_lowered, reference_hlo: str) -
     from equivci import memo
 
     repo_root = memo_request["repo_root"]
-    distributed_lowered_hlo = dist_lowered.as_text(dialect="hlo", debug_info=True)
+    # StableHLO with locations: printing it costs a tenth of the HLO conversion.
+    texts = (ref_lowered.as_text(debug_info=True), dist_lowered.as_text(debug_info=True))
 
     def leaves(tree) -> str:
         return json.dumps([[keystr(p), list(map(int, x.shape)), str(x.dtype)] for p, x in tree_flatten_with_path(tree)[0]])
@@ -140,10 +141,8 @@ def _memo_fields(request: dict, model, args, dist_lowered, reference_hlo: str) -
         _DUMP_FLAG.sub("", os.environ.get("XLA_FLAGS", "")),
         leaves(args),
         leaves(dist_lowered.out_info),
-        memo.canonical_hlo(reference_hlo),
-        memo.canonical_hlo(distributed_lowered_hlo),
+        *(memo.canonical_mlir(t, repo_root) for t in texts),
     )
-    texts = (reference_hlo, distributed_lowered_hlo)
     loc_digest = memo.location_digest(texts, repo_root)
     skip = [str(Path(memo.__file__).resolve().parent)]  # equivci itself is in the fingerprint
     imported = [
