@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from egglog import EGraph, String, i64, set_
+from egglog import EGraph, String, i64, set_, union
 
 from equivci.verify import language as L
 from equivci.verify.language import T, TList
-from equivci.verify.terms import Term, reshape_lead_map
+from equivci.verify.terms import Term, reshape_spec, reshape_tables
 
 
 def _ints(text: str) -> list[int]:
@@ -68,8 +68,12 @@ class Loader:
             self._seed_bcast(at[0], len(t.args[0].shape))
             ex = T.bcast(at[0], args[0])
         elif op == "reshape":
-            self._seed_reshape(at[0], t.args[0].shape, t.shape)
+            self._seed_reshape(at[0])
             ex = T.reshape(at[0], args[0])
+            alternative = reshape_spec(t.args[0].shape, t.shape, singletons=True)
+            if alternative is not None and alternative != at[0]:
+                self._seed_reshape(alternative)
+                self.facts.append(union(ex).with_(T.reshape(alternative, args[0])))
         elif op == "transpose":
             self._seed_transpose(at[0])
             ex = T.transpose(at[0], args[0])
@@ -171,16 +175,14 @@ class Loader:
             self._table(L.perm_out, perm_text, k, o)
             self._table(L.perm_in, perm_text, o, k)
 
-    def _seed_reshape(self, spec: str, in_shape, out_shape) -> None:
+    def _seed_reshape(self, spec: str) -> None:
         if not self._once("reshape", spec):
             return
-        leads = reshape_lead_map(tuple(in_shape), tuple(out_shape))
-        lead_outs = {o for _, o, _, _ in leads}
+        leads, fixed = reshape_tables(spec)
         for k, o, pin, pout in leads:
             self._table(L.rs_lead_out, spec, k, o)
             self._table(L.rs_lead_in, spec, o, k)
             self._table(L.rs_in_tail, spec, k, pin)
             self._table(L.rs_out_tail, spec, k, pout)
-        for o, size in enumerate(out_shape):
-            if o not in lead_outs:
-                self._table(L.rs_fixed, spec, o, size)
+        for o, size in fixed:
+            self._table(L.rs_fixed, spec, o, size)

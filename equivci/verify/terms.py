@@ -58,24 +58,34 @@ def bcast_spec(operand_rank: int, out_shape: tuple[int, ...], dims: tuple[int, .
     return ",".join(parts)
 
 
-def reshape_groups(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[tuple[list[int], list[int]]] | None:
+def reshape_groups(in_shape: tuple[int, ...], out_shape: tuple[int, ...],
+                   singletons: bool = False) -> list[tuple[list[int], list[int]]] | None:
     """Partition both shapes into consecutive dim groups with equal element counts.
 
-    Size-1 dims form groups of their own (one side empty), so that a slice of a real dim is never
-    attributed to a size-1 dim next to it.
+    A size-1 dim is ambiguous: (8,) -> (1, 8) may add a unit dim before the 8, while
+    (8,) -> (1, 8) inside attention splits 8 into 1 local head of 8. `singletons=False` lets size-1
+    dims lead a group, `True` gives each its own group; the loader states both (they denote the
+    same reshape) so that either reading can meet the reference's reshape.
     """
     groups, i, j = [], 0, 0
     while i < len(in_shape) or j < len(out_shape):
-        if i < len(in_shape) and in_shape[i] == 1:
+        if singletons and i < len(in_shape) and in_shape[i] == 1:
             groups.append(([i], []))
             i += 1
             continue
-        if j < len(out_shape) and out_shape[j] == 1:
+        if singletons and j < len(out_shape) and out_shape[j] == 1:
             groups.append(([], [j]))
             j += 1
             continue
         if i >= len(in_shape) or j >= len(out_shape):
-            return None
+            rest_in, rest_out = list(range(i, len(in_shape))), list(range(j, len(out_shape)))
+            if any(in_shape[k] != 1 for k in rest_in) or any(out_shape[k] != 1 for k in rest_out):
+                return None
+            if not groups:
+                return [(rest_in, rest_out)]
+            groups[-1][0].extend(rest_in)
+            groups[-1][1].extend(rest_out)
+            break
         gi, gj = [i], [j]
         pi, pj = in_shape[i], out_shape[j]
         i, j = i + 1, j + 1
@@ -94,9 +104,9 @@ def reshape_groups(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> lis
     return groups
 
 
-def reshape_spec(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> str | None:
+def reshape_spec(in_shape: tuple[int, ...], out_shape: tuple[int, ...], singletons: bool = False) -> str | None:
     """Reshape attributes without the leading size of each group (it follows from the operand)."""
-    groups = reshape_groups(in_shape, out_shape)
+    groups = reshape_groups(in_shape, out_shape, singletons)
     if groups is None:
         return None
     parts = []
@@ -107,13 +117,21 @@ def reshape_spec(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> str |
     return ";".join(parts)
 
 
-def reshape_lead_map(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> list[tuple[int, int, int, int]]:
-    """For each group: (leading input dim, leading output dim, input tail product, output tail product)."""
-    out = []
-    for gi, gj in reshape_groups(in_shape, out_shape) or []:
-        if not gi or not gj:
-            continue
-        pin = math.prod(in_shape[k] for k in gi[1:])
-        pout = math.prod(out_shape[k] for k in gj[1:])
-        out.append((gi[0], gj[0], pin, pout))
-    return out
+def reshape_tables(spec: str) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int]]]:
+    """From a spec alone: per group (leading input dim, leading output dim, input tail product,
+    output tail product), and the sizes of the output dims that are not leading dims."""
+    leads, fixed, pos_in, pos_out = [], [], 0, 0
+    for part in spec.split(";"):
+        ins, outs = part.split(">")
+        n_in, in_tail = ins.split(":")
+        n_out, out_tail = outs.split(":")
+        n_in, n_out = int(n_in), int(n_out)
+        in_sizes = [int(v) for v in in_tail.split("x") if v]
+        out_sizes = [int(v) for v in out_tail.split("x") if v]
+        if n_in and n_out:
+            leads.append((pos_in, pos_out, math.prod(in_sizes), math.prod(out_sizes)))
+            fixed.extend((pos_out + 1 + k, size) for k, size in enumerate(out_sizes))
+        else:  # a group without input dims holds only size-1 output dims
+            fixed.extend((pos_out + k, 1) for k in range(n_out))
+        pos_in, pos_out = pos_in + n_in, pos_out + n_out
+    return leads, fixed
