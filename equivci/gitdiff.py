@@ -72,6 +72,8 @@ def changes_since(repo_root: str | Path, ref: str) -> Changes:
     lines = {path: fd.added for path, fd in parse_unified_diff(patch).files.items()}
     root = Path(repo.working_tree_dir)
     for rel in repo.untracked_files:
+        if rel.startswith(".equivci/"):  # equivci's own cache and reports
+            continue
         files.add(rel)
         try:
             n = len((root / rel).read_bytes().splitlines())

@@ -1,0 +1,116 @@
+"""The memo on its own: keys, canonical texts, the store (CACHEDIR.TAG, atomic writes, corrupt
+entries ignored and rebuilt, location-sensitive reuse). No JAX, no capture."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from equivci import memo
+from equivci.memo import Memo
+from equivci.results import Finding, LayerCounts, ModelResult, Status
+
+DATA = Path(__file__).parent / "data"
+
+VERIFIED = ModelResult("m", Status.VERIFIED, 1.5, LayerCounts(3, 3, 0))
+MISMATCH = ModelResult(
+    "m", Status.MISMATCH, 2.0, LayerCounts(1, 0, 0),
+    (Finding("models/tp.py", 12, "error", "layers_0", "missing psum", op="dot.3"),),
+)
+
+
+def test_key_is_length_prefixed_and_stable() -> None:
+    assert memo.key("ab", "c") != memo.key("a", "bc")
+    assert memo.key("x", b"y") == memo.key("x", "y")
+    assert len(memo.key()) == 64
+
+
+def test_fingerprint_covers_versions_and_is_cached() -> None:
+    assert memo.fingerprint() == memo.fingerprint()
+    assert len(memo.fingerprint()) == 64
+
+
+def test_canonical_hlo_ignores_locations_and_names_not_ops() -> None:
+    text = (DATA / "tp_mlp_distributed.hlo").read_text()
+    moved = text.replace('line=16 end_line=16', 'line=19 end_line=19').replace("stack_frame_id=8", "stack_frame_id=9")
+    renamed = text.replace("%dot_general.4", "%dot_general.77").replace("HloModule jit__lambda", "HloModule jit_other")
+    assert memo.canonical_hlo(moved) == memo.canonical_hlo(text)
+    assert memo.canonical_hlo(renamed) == memo.canonical_hlo(text)
+    changed = text.replace("tanh(%dot_general.4)", "exponential(%dot_general.4)")
+    assert changed != text and memo.canonical_hlo(changed) != memo.canonical_hlo(text)
+    assert "FileNames" not in memo.canonical_hlo(text) and "stack_frame_id" not in memo.canonical_hlo(text)
+
+
+def test_canonical_mlir_strips_lines_keeps_names(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    a = f'%0 = stablehlo.tanh %arg0 : tensor<8xf32> loc(#loc3)\n#loc1 = loc("{root}/m.py":12:8 to :20)\n#loc3 = loc("jit(f)/layers_0/tanh"(#loc1))\n'
+    b = a.replace(":12:8 to :20", ":14:8 to :20")
+    c = a.replace("layers_0", "layers_1")
+    assert memo.canonical_mlir(a, root) == memo.canonical_mlir(b, root)
+    assert memo.canonical_mlir(a, root) != memo.canonical_mlir(c, root)
+    assert memo.location_digest([a], root) != memo.location_digest([b], root)
+    assert memo.source_files([a], root) == ["m.py"]
+
+
+def test_source_files_keep_repository_files_only(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    text = f'FileNames\n1 "<frozen runpy>"\n2 "/usr/lib/python3/x.py"\n3 "{root}/pkg/a.py"\n\nFunctionNames\n1 "f"\n'
+    assert memo.source_files([text], root, extra=[str(root / "pkg" / "b.py"), "/elsewhere/c.py"]) == ["pkg/a.py", "pkg/b.py"]
+
+
+def test_store_roundtrip_writes_cachedir_tag_atomically(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    m = Memo(cache)
+    k = memo.key("content")
+    m.put_result(k, MISMATCH, loc_digest="L1")
+    assert (cache / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55")
+    assert not [p for p in cache.rglob("*.tmp")]
+    fresh = Memo(cache)  # a new run reads it from disk
+    assert fresh.result(k, "L1") == MISMATCH
+    assert fresh.known_results() == {k: "L1"}
+
+
+def test_findings_with_lines_need_the_same_locations(tmp_path: Path) -> None:
+    m = Memo(tmp_path / "cache")
+    m.put_result("a" * 64, MISMATCH, loc_digest="L1")
+    m.put_result("b" * 64, VERIFIED, loc_digest="L1")
+    assert Memo(tmp_path / "cache").result("a" * 64, "L2") is None  # lines may have moved: recompute
+    assert Memo(tmp_path / "cache").result("b" * 64, "L2") == VERIFIED  # no lines to get wrong
+
+
+def test_corrupt_entries_are_ignored_and_rebuilt(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    m = Memo(cache)
+    keys = [memo.key(str(i)) for i in range(5)]
+    for k in keys:
+        m.put_result(k, VERIFIED, "L")
+    paths = [m.path("results", k) for k in keys]
+    paths[0].write_bytes(b"\x00\xff garbage")
+    paths[1].write_text(paths[1].read_text()[:20])  # truncated
+    doc = json.loads(paths[2].read_text())
+    paths[3].write_text(json.dumps({**doc, "format": 999}))  # another format
+    paths[2].write_text(json.dumps({**doc, "key": keys[4]}))  # a file under the wrong name
+    doc4 = json.loads(paths[4].read_text())
+    doc4["payload"]["result"]["status"] = "bogus"
+    paths[4].write_text(json.dumps(doc4))
+    fresh = Memo(cache)
+    assert [fresh.result(k, "L") for k in keys] == [None] * 5
+    assert len(fresh.ignored) == 5
+    fresh.put_result(keys[0], VERIFIED, "L")
+    assert Memo(cache).result(keys[0], "L") == VERIFIED
+
+
+def test_no_cache_memo_writes_nothing_but_remembers_the_run(tmp_path: Path) -> None:
+    m = Memo(None)
+    m.put_result("c" * 64, VERIFIED, "L")
+    assert m.result("c" * 64, "L") == VERIFIED
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_last_capture_record(tmp_path: Path) -> None:
+    m = Memo(tmp_path / "cache")
+    assert m.last_capture("equivci.yaml", "mlp") is None
+    m.record_capture("equivci.yaml", "mlp", {"key": "k", "sources": ["a.py"]})
+    assert Memo(tmp_path / "cache").last_capture("equivci.yaml", "mlp")["sources"] == ["a.py"]
+    assert Memo(tmp_path / "cache").last_capture("other.yaml", "mlp") is None
