@@ -78,6 +78,7 @@ class Evaluator:
         self.n = num_devices
         self.values: dict[Term, np.ndarray] = {}  # folded constant terms -> their value
         self.arrays: list[tuple[Term, np.ndarray]] = []  # non-uniform constants, oldest first
+        self.equal_terms: list[list[Term]] = []  # groups of terms known equal by evaluation
         self.events: list[Event] = []
 
     # -- constants ---------------------------------------------------------------------------
@@ -113,9 +114,14 @@ class Evaluator:
             k, width = differing[0], value.shape[differing[0]]
             moved = np.moveaxis(array, k, 0)
             target = np.moveaxis(value, k, 0)
-            for start in range(array.shape[k] - width + 1):
-                if np.array_equal(moved[start:start + width], target):
-                    return self.slice_term(known, k, start, start + width)
+            windows = [self.slice_term(known, k, start, start + width)
+                       for start in range(array.shape[k] - width + 1)
+                       if np.array_equal(moved[start:start + width], target)]
+            if windows:
+                # A constant that repeats along k (a mask broadcast over heads) is every such window.
+                if len(windows) > 1:
+                    self.equal_terms.append(windows)
+                return windows[0]
         return None
 
     def folded(self, term: Term) -> np.ndarray | None:

@@ -79,8 +79,9 @@ def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Ev
     for (leaf, dim), ranges in by_key.items():
         if any(len(r) != 1 for r in ranges):
             continue
-        spans = [r[0] for r in ranges]
-        # Shards of one tensor follow the device order and tile a contiguous range.
+        spans = list(dict.fromkeys(r[0] for r in ranges))
+        # Shards of one tensor, in the order devices first hold them, tile a contiguous range
+        # (devices that differ only along another mesh axis hold the same shard).
         if any(prev[1] != cur[0] for prev, cur in zip(spans, spans[1:])):
             target = {(leaf, dim) + ranges[dev][0] for dev in range(len(ranges))}
             for event in events:

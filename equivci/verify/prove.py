@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from egglog import EGraph, eq
+from egglog import EGraph, eq, union
 
 from equivci.capture.types import LeafPlacement
 from equivci.hlo.ir import Module
@@ -14,7 +14,7 @@ from equivci.verify.instantiate import Evaluator, Event
 from equivci.verify.load import Loader
 from equivci.verify.terms import Term, TermTable
 
-MAX_ITERATIONS = 24
+MAX_ITERATIONS = 120
 
 
 @dataclasses.dataclass
@@ -92,6 +92,9 @@ def saturate(programs: Programs, extra_terms: list[Term] = (), iterations: int =
             loader.expr(t)
     for t in extra_terms:
         loader.expr(t)
+    for group in programs.evaluator.equal_terms:
+        first = loader.expr(group[0])
+        egraph.register(*[union(first).with_(loader.expr(t)) for t in group[1:]])
     loader.flush()
     _run(egraph, iterations)
     proved = []
