@@ -154,18 +154,31 @@ class Loader:
                 self._table(L.bcast_in, spec, o, int(part[1:]))
             else:
                 self._table(L.bcast_new, spec, o, int(part[1:]))
-        # Slicing a new dim of a broadcast is the broadcast to the smaller size: pair up the
-        # specs that differ only there (both must occur; rules never invent a spec).
+        # Slicing a new dim of a broadcast is the broadcast to the smaller size. Pair the specs
+        # that occur and differ only in new-dim sizes, through every intermediate spec, so that
+        # the rules can shrink one dim at a time (rules never invent a spec themselves).
         shape_key = tuple(p if p.startswith("i") else "n" for p in parts)
         peers = self._bcasts.setdefault(shape_key, set())
-        for other in peers:
-            oparts = other.split(",")
-            diff = [o for o in range(len(parts)) if parts[o] != oparts[o]]
-            if len(diff) == 1:
-                o = diff[0]
-                self.facts.append(set_(L.bcast_shrink(String(spec), i64(o), i64(int(oparts[o][1:])))).to(String(other)))
-                self.facts.append(set_(L.bcast_shrink(String(other), i64(o), i64(int(parts[o][1:])))).to(String(spec)))
+        for other in list(peers):
+            self._pair_bcasts(parts, other.split(","))
         peers.add(spec)
+
+    def _pair_bcasts(self, parts: list[str], oparts: list[str]) -> None:
+        diff = [o for o in range(len(parts)) if parts[o] != oparts[o]]
+        if len(diff) > 3:  # 2**len(diff) intermediate specs: keep the table small
+            return
+        for mask in range(1 << len(diff)):
+            here = list(parts)
+            for bit, o in enumerate(diff):
+                if mask >> bit & 1:
+                    here[o] = oparts[o]
+            for o in diff:
+                there = list(here)
+                there[o] = oparts[o] if here[o] == parts[o] else parts[o]
+                a, b = ",".join(here), ",".join(there)
+                self._seed_bcast(a, 0)
+                self._seed_bcast(b, 0)
+                self.facts.append(set_(L.bcast_shrink(String(a), i64(o), i64(int(there[o][1:])))).to(String(b)))
 
     def _seed_transpose(self, perm_text: str) -> None:
         if not self._once("transpose", perm_text):
