@@ -279,6 +279,18 @@ def binary_lift(rng, b: B):
     return b.bi(op, b.sl(x, d, lo, hi), b.sl(y, d, lo, hi)), b.sl(b.bi(op, x, y), d, lo, hi)
 
 
+def unary_reshape_lift(rng, b: B):
+    in_shape, out_shape = rand_reshape(rng)
+    x, op = b.param(0, in_shape), str(rng.choice(UNARY_OPS))
+    return b.un(op, b.reshape(x, out_shape)), b.reshape(b.un(op, x), out_shape)
+
+
+def binary_reshape_lift(rng, b: B):
+    in_shape, out_shape = rand_reshape(rng)
+    x, y, op = b.param(0, in_shape), b.param(1, in_shape), str(rng.choice(BINARY_OPS))
+    return b.bi(op, b.reshape(x, out_shape), b.reshape(y, out_shape)), b.reshape(b.bi(op, x, y), out_shape)
+
+
 def binary_push(rng, b: B):
     shape, d, lo, hi = _elementwise_setup(rng, b)
     x, y, op = b.param(0, shape), b.param(1, shape), str(rng.choice(BINARY_OPS))
@@ -573,6 +585,8 @@ RULES = {
     "elementwise/unary_push": (L.elementwise, unary_push, False),
     "elementwise/binary_lift": (L.elementwise, binary_lift, False),
     "elementwise/binary_push": (L.elementwise, binary_push, False),
+    "elementwise/unary_reshape_lift": (L.elementwise, unary_reshape_lift, False),
+    "elementwise/binary_reshape_lift": (L.elementwise, binary_reshape_lift, False),
     # The bcast_shrink table pairs two broadcast specs only when both occur: the rhs is loaded too.
     "elementwise/binary_bcast_lift_left": (L.elementwise, binary_bcast_lift_left, True),
     "elementwise/binary_bcast_lift_right": (L.elementwise, binary_bcast_lift_right, True),

@@ -167,6 +167,10 @@ elementwise = ruleset(
          eq(spec2).to(bcast_shrink(spec, d, n))).then(union(e).with_(T.binary(op, x, T.bcast(spec2, y)).slice(d, a, b))),
     rule(eq(e).to(T.binary(op, T.bcast(spec, y), x.slice(d, a, b))), eq(n).to(dim(x, d)),
          eq(spec2).to(bcast_shrink(spec, d, n))).then(union(e).with_(T.binary(op, T.bcast(spec2, y), x).slice(d, a, b))),
+    # Elementwise ops commute with reshapes: same spec and same output shape imply same input shape.
+    rule(eq(e).to(T.unary(op, T.reshape(spec, x)))).then(union(e).with_(T.reshape(spec, T.unary(op, x)))),
+    rule(eq(e).to(T.binary(op, T.reshape(spec, x), T.reshape(spec, y)))).then(
+        union(e).with_(T.reshape(spec, T.binary(op, x, y)))),
     rule(eq(e).to(T.ternary(op, x.slice(d, a, b), y.slice(d, a, b), z.slice(d, a, b))),
          eq(dim(x, d)).to(dim(y, d)), eq(dim(y, d)).to(dim(z, d))).then(
         union(e).with_(T.ternary(op, x, y, z).slice(d, a, b))),
