@@ -576,11 +576,21 @@ def bcast_as_slice(rng, b: B):
     return small, b.sl(full, d, lo, hi)
 
 
+def slice_rebase(rng, b: B):
+    """A slice re-based on a wider slice of the same value (the wider one exists in the graph)."""
+    shape, d, lo, hi = _elementwise_setup(rng, b)
+    x = b.param(0, shape)
+    c = int(rng.integers(0, lo + 1))
+    g = int(rng.integers(hi, shape[d] + 1))
+    return b.sl(x, d, lo, hi), b.sl(b.sl(x, d, c, g), d, lo - c, hi - c)
+
+
 # rule name -> (family ruleset, builder, preload_rhs)
 RULES = {
     "slices/compose": (L.slices, slice_compose, False),
     "slices/reorder": (L.slices, slice_reorder, False),
     "slices/full": (L.slices, slice_full, False),
+    "slices/rebase": (L.slices, slice_rebase, True),
     "elementwise/unary_lift": (L.elementwise, unary_lift, False),
     "elementwise/unary_push": (L.elementwise, unary_push, False),
     "elementwise/binary_lift": (L.elementwise, binary_lift, False),

@@ -151,6 +151,9 @@ slices = ruleset(
     rule(eq(e).to(x.slice(d, a, b).slice(d, c, g))).then(union(e).with_(x.slice(d, a + c, a + g))),
     rule(eq(e).to(x.slice(d, a, b).slice(d2, c, g)), d2 < d).then(union(e).with_(x.slice(d2, c, g).slice(d, a, b))),
     rule(eq(e).to(x.slice(d, a, b)), eq(a).to(i64(0)), eq(b).to(dim(x, d))).then(union(e).with_(x)),
+    # Re-base a slice on a wider slice of the same value (k from a fused qkv is a window of k).
+    rule(eq(e).to(x.slice(d, a, b)), eq(w).to(x.slice(d, c, g)), c <= a, b <= g, ne(w).to(e)).then(
+        union(e).with_(w.slice(d, a - c, b - c))),
 )
 
 # -- elementwise ops commute with slices ------------------------------------------------------
