@@ -169,3 +169,21 @@ def test_dump_unknown_model(project: Path, capsys) -> None:
     assert run(["dump", "--model", "gpt", "--out", "out"]) == 2
     assert "no model named 'gpt'" in capsys.readouterr().err
     assert not Path("out").exists()
+
+
+def test_verify_writes_sarif_and_markdown_documents(tmp_path):
+    """--format sarif|markdown go through the same run as text/json (real capture and proof)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    base = [sys.executable, "-m", "equivci", "verify", "--manifest", "configs/buggy.yaml", "--model",
+            "mlp-tp-missing-psum"]
+    sarif = subprocess.run(base + ["--format", "sarif"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert sarif.returncode == 1
+    doc = json.loads(sarif.stdout)
+    results = doc["runs"][0]["results"]
+    locations = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in results}
+    assert "examples/models/mlp_tp_buggy.py" in locations
+    md = subprocess.run(base + ["--format", "markdown"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert md.returncode == 1
+    assert "mlp-tp-missing-psum" in md.stdout and "mlp_tp_buggy.py" in md.stdout

@@ -21,6 +21,8 @@ from equivci.results import Report
 class OutputFormat(str, enum.Enum):
     text = "text"
     json = "json"
+    sarif = "sarif"
+    markdown = "markdown"
 
 
 ManifestOption = Annotated[
@@ -71,9 +73,21 @@ def verify(
         )
     if as_json:
         write_json(report, sys.stdout)
-    else:
+    elif output_format is OutputFormat.text:
         write_text(report, sys.stdout)
+    else:
+        sys.stdout.write(_render_document(output_format, report, loaded))
     raise typer.Exit(report.exit_code())
+
+
+def _render_document(output_format: OutputFormat, report: Report, manifest) -> str:
+    from equivci.capture.run import repo_root_of
+    from equivci.report import markdown, sarif
+
+    root = repo_root_of(manifest.root)
+    if output_format is OutputFormat.sarif:
+        return sarif.render(report, root, manifest.path.resolve().relative_to(root).as_posix())
+    return markdown.render(report, root)
 
 
 def register(app: typer.Typer) -> None:
