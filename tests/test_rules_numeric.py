@@ -585,6 +585,18 @@ def slice_rebase(rng, b: B):
     return b.sl(x, d, lo, hi), b.sl(b.sl(x, d, c, g), d, lo - c, hi - c)
 
 
+def concat_slice_straddle(rng, b: B):
+    """A slice across the seam of a concatenation is the concatenation of the two parts."""
+    shape, d, _, _ = _elementwise_setup(rng, b)
+    x = b.param(0, shape)
+    other = list(shape)
+    other[d] = int(rng.integers(1, 5))
+    y = b.param(1, other)
+    n = shape[d]
+    lo, hi = int(rng.integers(0, n)), int(rng.integers(n + 1, n + other[d] + 1))
+    return b.sl(b.cat(x, y, d), d, lo, hi), b.cat(b.sl(x, d, lo, n), b.sl(y, d, 0, hi - n), d)
+
+
 # rule name -> (family ruleset, builder, preload_rhs)
 RULES = {
     "slices/compose": (L.slices, slice_compose, False),
@@ -606,6 +618,7 @@ RULES = {
     "concats/slice_left": (L.concats, concat_slice_left, False),
     "concats/slice_right": (L.concats, concat_slice_right, False),
     "concats/slice_other_dim": (L.concats, concat_slice_other, False),
+    "concats/slice_straddle": (L.concats, concat_slice_straddle, False),
     "concats/lift": (L.concats, concat_lift, False),
     "dots/lhs_free_lift": (L.dots, dot_lhs_lift, False),
     "dots/rhs_free_lift": (L.dots, dot_rhs_lift, False),

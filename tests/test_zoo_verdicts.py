@@ -24,7 +24,6 @@ NOT_PROVEN_YET = {
     "vocab-embed-tp": "masked local lookup: gather and iota/compare masks have no rules",
     "vocab-xent-tp": "gather of the target logit and the masked pmax/psum of the log-sum-exp",
     "moe-ep": "top-k routing (sort/gather) and dispatch through one-hot reshapes",
-    "ring-matmul": "ring loop writes blocks with dynamic-update-slice at offsets from a while loop",
     "scan-decoder-tp": "while loops (lax.scan) are opaque: no loop-invariant reasoning yet",
     "train-step-dp-tp": "transpose-of-dot patterns in the backward pass (grad of x @ w) do not lift",
 }

@@ -187,6 +187,8 @@ concats = ruleset(
     rule(eq(e).to(T.concat(x, y, d).slice(d, a, b)), eq(n).to(dim(x, d)), b <= n).then(union(e).with_(x.slice(d, a, b))),
     rule(eq(e).to(T.concat(x, y, d).slice(d, a, b)), eq(n).to(dim(x, d)), a >= n).then(
         union(e).with_(y.slice(d, a - n, b - n))),
+    rule(eq(e).to(T.concat(x, y, d).slice(d, a, b)), eq(n).to(dim(x, d)), a < n, b > n).then(
+        union(e).with_(T.concat(x.slice(d, a, n), y.slice(d, 0, b - n), d))),
     rule(eq(e).to(T.concat(x, y, d).slice(k, a, b)), ne(k).to(d)).then(
         union(e).with_(T.concat(x.slice(k, a, b), y.slice(k, a, b), d))),
     rule(eq(e).to(T.concat(x.slice(k, a, b), y.slice(k, a, b), d)), ne(k).to(d), eq(dim(x, k)).to(dim(y, k))).then(
