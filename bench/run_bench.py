@@ -1,0 +1,163 @@
+"""Benchmark: equivci on Llama-style decoders with Megatron TP=8 (bench/llama_tp.py).
+
+For each configuration (8B-, 70B-, 405B-shaped; abstract shapes only) in a fresh temporary git
+repository, every figure from a fresh process running the real CLI:
+
+  bare    the JAX lowering of both programs alone (jax.jit(...).lower, in-process time), and the
+          wall time of a process that only imports jax and lowers both (same machine, same run)
+  cold    `equivci verify` with an empty cache
+  warm    the same again (no change): the capture child lowers, hashes, finds the key, stops
+  warm-cs `equivci verify --changed-since HEAD` with no change: no capture at all
+  1-line  one line of the LM-head code changed (h @ w_out -> einsum), `--changed-since HEAD`
+
+with wall time, peak RSS (the largest process of the run, via wait4) and ratios to the bare
+lowering. `--layers N,N,...` adds a sweep over the number of identical layers (8B-shaped).
+
+    python bench/run_bench.py                       # 8b, 70b, 405b
+    python bench/run_bench.py --configs 405b --timeout 1800
+    python bench/run_bench.py --configs 8b --layers 2,4,8,16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+EQUIVCI = [sys.executable, "-m", "equivci"]
+LM_HEAD_OLD = "    return h @ w_out  # logits"
+LM_HEAD_NEW = '    return jnp.einsum("bsd,dv->bsv", h, w_out)  # logits'
+
+MANIFEST = """version: 1
+models:
+  - name: llama-{cfg}
+    reference: models/llama_tp.py:forward_{cfg}
+    distributed: models/llama_tp.py:forward_{cfg}_tp
+    inputs: models/llama_tp.py:inputs_{cfg}
+    mesh: {{tp: 8}}
+"""
+
+BARE = """
+import sys, time
+t0 = time.perf_counter()
+sys.path.insert(0, {models!r})
+import jax, numpy as np
+from jax.sharding import AxisType, Mesh
+import llama_tp as L
+mesh = Mesh(np.array(jax.devices()[:8]).reshape(8), ("tp",), axis_types=(AxisType.Auto,))
+args = L.inputs_{cfg}()
+ref, dist = L.forward_{cfg}, L.forward_{cfg}_tp
+t1 = time.perf_counter()
+jax.jit(ref, keep_unused=True).lower(*args)
+with jax.set_mesh(mesh):
+    jax.jit(lambda *a: dist(*a, mesh=mesh), keep_unused=True).lower(*args)
+t2 = time.perf_counter()
+print(t2 - t1)
+"""
+
+
+def run_measured(cmd: list[str], cwd: Path, env: dict, timeout: float) -> dict:
+    """Wall time, peak RSS (max over the process and its descendants), exit code, stdout."""
+    t0 = time.perf_counter()
+    out_file = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out_file, stderr=subprocess.DEVNULL)
+    deadline = t0 + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() > deadline:
+            proc.kill()
+            pid, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = -9
+            break
+        time.sleep(0.02)
+    wall = time.perf_counter() - t0
+    out_file.seek(0)
+    stdout = out_file.read().decode()
+    code = os.waitstatus_to_exitcode(status) if proc.returncode != -9 else None
+    return {"seconds": wall, "rss_mb": usage.ru_maxrss / 1024, "exit": code, "stdout": stdout}
+
+
+def summary(doc_text: str) -> str:
+    try:
+        doc = json.loads(doc_text)
+        m = doc["models"][0]
+    except (ValueError, KeyError, IndexError):
+        return "no report"
+    layers = m["layers"]
+    return f"{m['status']}, layers {layers['verified']}/{layers['total']} verified, {layers['reused']} reused" + (
+        ", skipped (unchanged)" if m.get("reused") else "")
+
+
+def bench_config(cfg: str, timeout: float, layers: int | None = None) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix=f"equivci-bench-{cfg}-"))
+    repo = tmp / "repo"
+    (repo / "models").mkdir(parents=True)
+    shutil.copy(HERE / "llama_tp.py", repo / "models" / "llama_tp.py")
+    (repo / "equivci.yaml").write_text(MANIFEST.format(cfg=cfg))
+    (repo / ".gitignore").write_text(".equivci/\n")
+    git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@example.invalid"]
+    subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
+    subprocess.run([*git, "add", "."], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "model"], cwd=repo, check=True)
+
+    env = dict(os.environ, CI="true")
+    env.pop("EQUIVCI_CACHE_DIR", None)
+    if layers is not None:
+        env["EQUIVCI_BENCH_LAYERS"] = str(layers)
+    bare_env = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    bare_cmd = [sys.executable, "-c", BARE.format(models=str(repo / "models"), cfg=cfg)]
+    bare = run_measured(bare_cmd, repo, bare_env, timeout)
+    lower_s = float(bare["stdout"].strip().splitlines()[-1]) if bare["exit"] == 0 else float("nan")
+
+    verify = [*EQUIVCI, "verify", "--format", "json"]
+    rows = {"bare": {**bare, "lowering_s": lower_s}}
+    rows["cold"] = run_measured(verify, repo, env, timeout)
+    rows["warm"] = run_measured(verify, repo, env, timeout)
+    rows["warm-cs"] = run_measured([*verify, "--changed-since", "HEAD"], repo, env, timeout)
+    src = repo / "models" / "llama_tp.py"
+    text = src.read_text()
+    assert text.count(LM_HEAD_OLD) == 1, "the LM-head line to edit is not in bench/llama_tp.py"
+    src.write_text(text.replace(LM_HEAD_OLD, LM_HEAD_NEW))
+    rows["1-line"] = run_measured([*verify, "--changed-since", "HEAD"], repo, env, timeout)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return rows
+
+
+def print_rows(title: str, rows: dict) -> None:
+    lower = rows["bare"]["lowering_s"]
+    print(f"\n{title}: bare JAX lowering of both programs {lower:.2f} s "
+          f"(a process that only imports jax and lowers both: {rows['bare']['seconds']:.2f} s, {rows['bare']['rss_mb']:.0f} MB)")
+    print(f"  {'run':8} {'seconds':>8} {'x lower':>8} {'peak RSS':>10}  result")
+    for name in ("cold", "warm", "warm-cs", "1-line"):
+        r = rows[name]
+        result = summary(r["stdout"]) if r["exit"] is not None else "TIMEOUT"
+        print(f"  {name:8} {r['seconds']:8.2f} {r['seconds'] / lower:8.2f} {r['rss_mb']:8.0f} MB  {result}")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default="8b,70b,405b")
+    ap.add_argument("--layers", default="", help="comma-separated layer counts for an 8B-shaped sweep")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per equivci run")
+    args = ap.parse_args()
+    print(f"equivci benchmark: Llama-style decoder, Megatron TP=8 via shard_map; {os.cpu_count()} CPUs; "
+          f"python {sys.version.split()[0]}")
+    for cfg in filter(None, args.configs.split(",")):
+        print_rows(f"{cfg}-shaped", bench_config(cfg, args.timeout))
+    for n in filter(None, args.layers.split(",")):
+        print_rows(f"8b-shaped, {n} layers", bench_config("8b", args.timeout, layers=int(n)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
