@@ -10,11 +10,17 @@ order, the op that cut the slice is where the defect was made.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 from pathlib import Path
 
-from equivci.hlo.ir import Instruction
+import numpy as np
+from egglog import String, eq, i64, relation, rule, ruleset, vars_
+
+from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.verify.instantiate import Event
+from equivci.verify.language import T
 from equivci.verify.prove import Proof, add_terms, is_related
 from equivci.verify.terms import Term
 
@@ -97,7 +103,7 @@ def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Ev
 
 
 def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: dict[str, list[list[int]]],
-                 output_terms: set[int]) -> Defect | None:
+                 output_terms: set[int], reference_events: list[Event] | None = None) -> Defect | None:
     status: dict[int, str] = {}  # id(term) -> related | partial | unrelated
     constants = evaluator.values
     loader = proof.loader
@@ -143,9 +149,404 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
         slip = misplaced_slice(events, [list(e.values) for e in operand_events if e and _terms(e)])
         if slip is not None:
             return Defect(slip[0].inst, slip[1], context=event.inst)
+        partial_operand = any(e is not None and _terms(e) and status.get(id(_terms(e)[0])) == "partial"
+                              for e in operand_events)
+        if reference_events and not partial_operand:
+            devices = [dev for dev, t in enumerate(terms) if not is_related(proof, t, constants)]
+            traced = _Tracer(events, reference_events, proof, evaluator).explain(event, devices)
+            if traced is not None:
+                return traced
         return Defect(event.inst, f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a "
                                   "copy of any reference value, although its operands are")
     return None
+
+
+# -- following a wrong operand back to where it was made ------------------------------------------
+# `slice_of(x, r)`: x is a slice or a re-layout of the reference value r. Localization only: the
+# facts are seeded after a proof failed, so they never reach a verdict.
+slice_of = relation("slice_of", T, T)
+_x, _e, _r = vars_("_x _e _r", T)
+_d, _a, _b = vars_("_d _a _b", i64)
+(_spec,) = vars_("_spec", String)
+SLICE_OF_RULES = ruleset(
+    rule(slice_of(_x, _r), eq(_e).to(_x.slice(_d, _a, _b))).then(slice_of(_e, _r)),
+    rule(slice_of(_x, _r), eq(_e).to(T.reshape(_spec, _x))).then(slice_of(_e, _r)),
+    rule(slice_of(_x, _r), eq(_e).to(T.transpose(_spec, _x))).then(slice_of(_e, _r)),
+)
+CUTTERS = {"slice", "dynamic-slice"}
+_BINOPS = {"add": ast.Add, "subtract": ast.Sub, "multiply": ast.Mult, "divide": ast.Div, "power": ast.Pow,
+           "dot": ast.MatMult}
+_CALLS = {"dot": ("einsum", "matmul", "dot", "tensordot"), "reshape": ("reshape",), "broadcast": ("broadcast_to",)}
+
+
+def _loc(inst: Instruction) -> tuple[str, int] | None:
+    """The innermost frame of `inst` outside installed packages."""
+    for loc in inst.stack:
+        if "site-packages" in loc.file or loc.file.startswith("<") or "/equivci/" in loc.file.replace("\\", "/"):
+            continue
+        return loc.file, loc.line
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _repo_of(file: str) -> Path | None:
+    for parent in Path(file).resolve().parents:
+        if (parent / ".git").exists():
+            return parent
+    return None
+
+
+def _where(loc: tuple[str, int] | None) -> str:
+    if loc is None:
+        return "an unknown line"
+    root = _repo_of(loc[0])
+    path = Path(loc[0])
+    try:
+        shown = path.resolve().relative_to(root).as_posix() if root else path.name
+    except ValueError:
+        shown = path.name
+    return f"{shown}:{loc[1]}"
+
+
+@functools.lru_cache(maxsize=64)
+def _module_ast(file: str) -> ast.Module | None:
+    try:
+        return ast.parse(Path(file).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _statement(file: str, line: int) -> tuple[ast.stmt, list[ast.AST]] | None:
+    """The innermost simple statement spanning `line`, with its enclosing function chain."""
+    tree = _module_ast(file)
+    if tree is None:
+        return None
+    best, chain = None, []
+
+    def visit(node: ast.AST, funcs: list[ast.AST]) -> None:
+        nonlocal best, chain
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, ast.stmt) or not (child.lineno <= line <= (child.end_lineno or child.lineno)):
+                continue
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, funcs + [child])
+            elif hasattr(child, "body") and isinstance(getattr(child, "body"), list):
+                visit(child, funcs)
+            else:
+                best, chain = child, funcs
+
+    visit(tree, [])
+    return (best, chain) if best is not None else None
+
+
+def _operand_exprs(stmt: ast.stmt, opcode: str, count: int) -> list[ast.expr] | None:
+    """The source expressions of an op's operands, when the statement shows them unambiguously."""
+    binop = _BINOPS.get(opcode)
+    for node in ast.walk(stmt):
+        if binop and isinstance(node, ast.BinOp) and isinstance(node.op, binop) and count == 2:
+            return [node.left, node.right]
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name in _CALLS.get(opcode, ()):
+                args = [a for a in node.args if not isinstance(a, ast.Constant)]
+                if opcode == "reshape" and isinstance(node.func, ast.Attribute):
+                    return [node.func.value] + args
+                if len(args) == count:
+                    return args
+    return None
+
+
+def _operand_name(inst: Instruction, index: int) -> str | None:
+    loc = _loc(inst)
+    found = _statement(*loc) if loc else None
+    if found is None:
+        return None
+    exprs = _operand_exprs(found[0], inst.opcode, len(inst.operands))
+    if exprs is None or index >= len(exprs):
+        return None
+    text = ast.unparse(exprs[index])
+    return text if len(text) <= 40 else None
+
+
+def _python_origin(loc: tuple[str, int], exprs: list[ast.expr], op_lines: set[tuple[str, int]]):
+    """Where a name used in `exprs` was bound by plain Python (a line that emitted no op)."""
+    found = _statement(*loc)
+    if found is None:
+        return None
+    _, funcs = found
+    names = [n.id for expr in exprs for n in ast.walk(expr) if isinstance(n, ast.Name)]
+    for func in reversed(funcs):
+        for name in names:
+            binds = [node for node in ast.walk(func) if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+                     and node.lineno < loc[1] and any(isinstance(t, ast.Name) and t.id == name
+                                                       for tgt in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                                                       for t in ast.walk(tgt))]
+            if binds:
+                line = max(b.lineno for b in binds)
+                if (loc[0], line) not in op_lines:
+                    return name, line, func
+    return None
+
+
+class _Tracer:
+    def __init__(self, events: list[Event], reference_events: list[Event], proof: Proof, evaluator):
+        self.proof, self.evaluator = proof, evaluator
+        self.by_name = {e.inst.name: e for e in events}
+        self.ref_by_name = {e.inst.name: e for e in reference_events}
+        self.reference_events = reference_events
+        self.order = {e.inst.name: k for k, e in enumerate(events)}
+        self.ref_values = []
+        seen = set()
+        for e in reference_events:
+            v = e.values[0]
+            if isinstance(v, Term) and v in proof.loader.exprs and id(v) not in seen:
+                seen.add(id(v))
+                self.ref_values.append((e, v))
+        proof.egraph.register(*[slice_of(proof.loader.expr(v), proof.loader.expr(v)) for _, v in self.ref_values])
+        proof.egraph.run(SLICE_OF_RULES.saturate())
+        self.op_lines = {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]}
+        self.origin_of = {id(v): e for e, v in reversed(self.ref_values)}
+
+    # -- values ----------------------------------------------------------------------------
+    def value(self, event: Event, dev: int) -> Term | None:
+        v = event.values[dev] if dev < len(event.values) else event.values[0]
+        return v if isinstance(v, Term) else None
+
+    def is_slice_of(self, t: Term | None, r: Term | None) -> bool:
+        if t is None or r is None:
+            return False
+        if t is r:
+            return True
+        loader = self.proof.loader
+        if t not in loader.exprs or r not in loader.exprs:
+            return False
+        try:
+            self.proof.egraph.check(slice_of(loader.expr(t), loader.expr(r)))
+            return True
+        except Exception:  # egglog reports a failed check as an error
+            return False
+
+    def operands(self, event: Event, refs: bool = False) -> list[Event | None]:
+        table = self.ref_by_name if refs else self.by_name
+        return [table.get(name) for name in event.inst.operands]
+
+    def skip(self, event: Event, dev: int, refs: bool = False) -> Event:
+        """Skip ops that hand their operand on unchanged (copies, no-op converts and reshapes)."""
+        for _ in range(50):
+            ops = self.operands(event, refs)
+            mine = self.value(event, 0 if refs else dev)
+            nxt = next((o for o in ops if o is not None and self.value(o, 0 if refs else dev) is mine), None)
+            if nxt is None or mine is None:
+                return event
+            event = nxt
+        return event
+
+    def matches(self, d: Event | None, r: Event | None, dev: int) -> bool:
+        return d is None or r is None or self.is_slice_of(self.value(d, dev), self.value(r, 0))
+
+    # -- the walk ------------------------------------------------------------------------------
+    def counterpart(self, event: Event, dev: int) -> tuple[Event, list[int]] | None:
+        """The reference op `event` stands for, and the positions of its operands that do not match."""
+        loc = _loc(event.inst)
+        same = [r for r in self.reference_events if r.inst.opcode == event.inst.opcode
+                and len(r.inst.operands) == len(event.inst.operands)]
+        here = [r for r in same if loc is not None and _loc(r.inst) == loc]
+        best = None
+        for r in here or same:
+            ops, rops = self.operands(event), self.operands(r, refs=True)
+            bad = [k for k, (o, ro) in enumerate(zip(ops, rops)) if not self.matches(o, ro, dev)]
+            if not here and len(bad) == len(ops):
+                continue
+            if best is None or len(bad) < len(best[1]):
+                best = (r, bad)
+        return best
+
+    def descend(self, d: Event, r: Event, dev: int) -> tuple[list[Event], list[Event], str]:
+        """Follow a value that is not a slice of its reference counterpart to where that starts."""
+        path, rpath = [d], [r]
+        for _ in range(200):
+            d, r = self.skip(d, dev), self.skip(r, dev, refs=True)
+            path[-1], rpath[-1] = d, r
+            if d.inst.opcode != r.inst.opcode or len(d.inst.operands) != len(r.inst.operands):
+                return path, rpath, "diverge"
+            bad = [(o, ro) for o, ro in zip(self.operands(d), self.operands(r, refs=True))
+                   if not self.matches(o, ro, dev)]
+            if not bad:
+                return path, rpath, "own"
+            d, r = bad[0]
+            path.append(d)
+            rpath.append(r)
+        return path, rpath, "own"
+
+    def ancestors(self, event: Event, dev: int, limit: int = 400) -> list[Event]:
+        out, stack, seen = [], [event], set()
+        while stack and len(seen) < limit:
+            e = stack.pop()
+            if e.inst.name in seen:
+                continue
+            seen.add(e.inst.name)
+            out.append(e)
+            stack.extend(o for o in self.operands(e) if o is not None)
+        return out
+
+    def owner(self, t: Term, prefer: list[Event]) -> Event | None:
+        """The reference value `t` is a slice of: one of `prefer` if possible, else the latest."""
+        for r in prefer:
+            if r is not None and self.is_slice_of(t, self.value(r, 0)):
+                return r
+        for e, v in reversed(self.ref_values):
+            if v.op != "param" and self.is_slice_of(t, v):
+                return e
+        return None
+
+    def constant(self, t: Term | None):
+        if t is None:
+            return None
+        v = self.evaluator.values.get(t)
+        if v is None or v.size == 0 or not np.all(v == v.flat[0]):
+            return None
+        return v.flat[0].item()
+
+    # -- explanations ----------------------------------------------------------------------------
+    def explain(self, event: Event, devices: list[int]) -> Defect | None:
+        for dev in devices:
+            found = self.counterpart(event, dev)
+            if found is None:
+                continue
+            ref, bad = found
+            if bad:
+                defect = self.wrong_operand(event, ref, bad[0], dev)
+            else:
+                defect = self.fixed_window(event, ref, devices)
+            if defect is not None:
+                return defect
+        return None
+
+    def wrong_operand(self, event: Event, ref: Event, k: int, dev: int) -> Defect | None:
+        d_op, r_op = self.operands(event)[k], self.operands(ref, refs=True)[k]
+        here = _where(_loc(event.inst))
+        name = _operand_name(event.inst, k) or f"operand {k + 1}"
+        rname = _operand_name(ref.inst, k) or f"operand {k + 1}"
+        path, rpath, kind = self.descend(d_op, r_op, dev)
+        end, rend = path[-1], rpath[-1]
+        value = self.value(d_op, dev)
+        c_mine, c_ref = self.constant(self.value(end, dev)), self.constant(self.value(rend, 0))
+        if c_mine is not None and c_ref is not None:
+            lead = (f"`{name}` in the `{event.inst.opcode}` there is {c_mine:g} on device {dev}, where the "
+                    f"reference's `{ref.inst.opcode}` ({_where(_loc(ref.inst))}) uses {c_ref:g}")
+            return self.at_python_origin(event, k, lead, path) or Defect(event.inst, lead + ".")
+        if kind == "diverge":
+            others = [o for j, o in enumerate(self.operands(ref, refs=True)) if j != k]
+            own = self.owner(value, others) if value is not None else None
+            if own is not None and own is not r_op:
+                which = next((j for j, o in enumerate(self.operands(ref, refs=True)) if o is own), None)
+                own_name = (_operand_name(ref.inst, which) if which is not None else None) or f"`{own.inst.opcode}`"
+                what = f"is a slice of the reference's {own_name} ({_where(_loc(own.inst))})"
+            else:
+                what = "is not a slice of any reference value it should be"
+            lead = (f"`{name}`, which feeds the `{event.inst.opcode}` at {here}, {what} on device {dev}, but the "
+                    f"reference's `{ref.inst.opcode}` there uses {rname} ({_where(_loc(r_op.inst))})")
+            cutters = [a for a in self.ancestors(end, dev) if a.inst.opcode in CUTTERS
+                       and self.constant(self.value(a, dev)) is None and _loc(a.inst) is not None]
+            if cutters:
+                cut = max(cutters, key=lambda a: self.order.get(a.inst.name, -1))
+                window = _window(self.value(cut, dev))
+                shown = ", ".join(f"[{a}:{b}) along dim {d}" for d, a, b in window[1]) if window else ""
+                return Defect(cut.inst, f"this slice takes the wrong window ({shown} on device {dev}): {lead}.")
+            return Defect(end.inst, f"{lead}; the value is made here.")
+        lead = (f"so `{name}`, which feeds the `{event.inst.opcode}` at {here}, is not a slice of the reference's "
+                f"{rname} ({_where(_loc(r_op.inst))}) on device {dev}")
+        # The operands of `end` match the reference's, so its own attributes differ (a shape, a window).
+        d_shape, r_shape = self.value(end, dev), self.value(rend, 0)
+        shapes = ""
+        if d_shape is not None and r_shape is not None and d_shape.shape != r_shape.shape:
+            shapes = f": it gives shape {d_shape.shape} where the reference's gives {r_shape.shape}"
+        lead = f"the `{end.inst.opcode}` at {_where(_loc(end.inst))} differs from the reference's ({_where(_loc(rend.inst))}){shapes}, {lead}"
+        if end.inst.opcode == "reshape" and d_shape is not None and r_shape is not None \
+                and len(d_shape.shape) == len(r_shape.shape):
+            differ = [j for j, (m, n) in enumerate(zip(d_shape.shape, r_shape.shape)) if m != n]
+            refined = self.at_python_origin(end, None, lead, path, dims=differ)
+            if refined is not None:
+                return refined
+        if _loc(end.inst) is None:
+            return None
+        return Defect(end.inst, lead + ".")
+
+    def at_python_origin(self, event: Event, k: int | None, lead: str, path: list[Event],
+                         dims: list[int] | None = None) -> Defect | None:
+        """Point at the Python line that set a static value (a width, a head size) the op uses."""
+        loc = _loc(event.inst)
+        found = _statement(*loc) if loc else None
+        if found is None:
+            return None
+        exprs = _operand_exprs(found[0], event.inst.opcode, len(event.inst.operands))
+        if exprs is None:
+            return None
+        if dims is not None:  # reshape: the shape arguments of the differing dims
+            shape_args = exprs[1:]
+            if len(shape_args) == 1 and isinstance(shape_args[0], ast.Tuple):
+                shape_args = shape_args[0].elts
+            if not dims or any(j >= len(shape_args) for j in dims):
+                return None
+            chosen = [shape_args[j] for j in dims]
+        elif k is not None and k < len(exprs):
+            chosen = [exprs[k]]
+        else:
+            return None
+        origin = self.python_binding(loc, chosen)
+        if origin is None:
+            return None
+        name, line, func = origin
+        stack = (SourceLoc(loc[0], line, getattr(func, "name", "")),) + tuple(event.inst.stack)
+        inst = dataclasses.replace(event.inst, stack=stack)
+        return Defect(inst, f"`{name}` is set here and used at {_where(loc)}: {lead}.")
+
+    def python_binding(self, loc, exprs):
+        return _python_origin(loc, exprs, self.op_lines)
+
+    def fixed_window(self, event: Event, ref: Event, devices: list[int]) -> Defect | None:
+        """Operands that are slices of the right values, but one holds the same window on every device."""
+        ops = self.operands(event)
+        varying, fixed = [], []
+        for k, op in enumerate(ops):
+            if op is None:
+                continue
+            kinds = set()
+            for a in self.ancestors(op, 0):
+                windows = [_window(self.value(a, dev)) for dev in range(len(a.values))]
+                if any(w is None for w in windows) or not windows[0][1]:
+                    continue
+                kinds.add("fixed" if all(w == windows[0] for w in windows) else "varying")
+            if "varying" in kinds:
+                varying.append(k)
+            elif "fixed" in kinds:
+                fixed.append(k)
+        if not varying or not fixed:
+            return None
+        k = fixed[0]
+        slices = [a for a in self.ancestors(ops[k], 0) if (w := _window(self.value(a, 0))) is not None and w[1]
+                  and _loc(a.inst) is not None]
+        if not slices:
+            return None
+        first = min(slices, key=lambda a: self.order.get(a.inst.name, 1 << 30))
+        name = _operand_name(event.inst, k) or f"operand {k + 1}"
+        other = _operand_name(event.inst, varying[0]) or f"operand {varying[0] + 1}"
+        dims = ", ".join(f"[{a}:{b})" for _, a, b in _window(self.value(first, 0))[1])
+        return Defect(first.inst, f"this value takes the same window {dims} of the reference's on every device, so "
+                                  f"`{name}` in the `{event.inst.opcode}` at {_where(_loc(event.inst))} does not line "
+                                  f"up with `{other}`, whose window moves with the device: an offset by the device's "
+                                  "position (axis_index) is missing.")
+
+
+def _window(t: Term | None) -> tuple[Term, tuple] | None:
+    """A term as (base, ((dim, start, stop), ...)) through its outer slices."""
+    if t is None or not isinstance(t, Term):
+        return None
+    parts = []
+    while t.op == "slice":
+        parts.append(t.attrs)
+        t = t.args[0]
+    return t, tuple(sorted(parts))
 
 
 def source_of(inst: Instruction, repo_root: str) -> tuple[str | None, int | None]:
