@@ -29,11 +29,11 @@ NOT_PROVEN_YET = {
 }
 # buggy model -> where the finding lands instead of the defective line
 NOT_LOCALIZED_YET = {
-    "attention-tp-global-heads": "points at the scores einsum in common.py, not the head_dim line",
+    "attention-tp-global-heads": "localizes once engine.py passes reference_events to first_defect",
     "gqa-tp4-kv2-round-robin": "points at repeat_kv in common.py",
-    "fused-qkv-tp-wrong-k-offset": "points at the scores einsum; needs 'related to which reference value'",
-    "layernorm-tp-local-width": "points at the division by the width, one line later",
-    "rope-sp-no-offset": "points at the rotation in common.py, not the missing offset",
+    "fused-qkv-tp-wrong-k-offset": "localizes once engine.py passes reference_events to first_defect",
+    "layernorm-tp-local-width": "localizes once engine.py passes reference_events to first_defect",
+    "rope-sp-no-offset": "localizes once engine.py passes reference_events to first_defect",
     "moe-ep-no-return-all-to-all": "the routing before it is not proven",
     "ring-matmul-wrong-direction": "the loop is not proven",
     "scan-decoder-tp-fused-residual": "the loop is not proven",
