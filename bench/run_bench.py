@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -67,14 +68,15 @@ def run_measured(cmd: list[str], cwd: Path, env: dict, timeout: float) -> dict:
     """Wall time, peak RSS (max over the process and its descendants), exit code, stdout."""
     t0 = time.perf_counter()
     out_file = tempfile.TemporaryFile()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out_file, stderr=subprocess.DEVNULL)
+    # Own process group: a timeout stops the CLI and its capture and verify children together.
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out_file, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = t0 + timeout
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
         if time.perf_counter() > deadline:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             pid, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = -9
             break
@@ -121,6 +123,9 @@ def bench_config(cfg: str, timeout: float, layers: int | None = None) -> dict:
     verify = [*EQUIVCI, "verify", "--format", "json"]
     rows = {"bare": {**bare, "lowering_s": lower_s}}
     rows["cold"] = run_measured(verify, repo, env, timeout)
+    if rows["cold"]["exit"] is None:  # no result to reuse: warm runs would be cold runs again
+        shutil.rmtree(tmp, ignore_errors=True)
+        return rows
     rows["warm"] = run_measured(verify, repo, env, timeout)
     rows["warm-cs"] = run_measured([*verify, "--changed-since", "HEAD"], repo, env, timeout)
     src = repo / "models" / "llama_tp.py"
@@ -138,7 +143,10 @@ def print_rows(title: str, rows: dict) -> None:
           f"(a process that only imports jax and lowers both: {rows['bare']['seconds']:.2f} s, {rows['bare']['rss_mb']:.0f} MB)")
     print(f"  {'run':8} {'seconds':>8} {'x lower':>8} {'peak RSS':>10}  result")
     for name in ("cold", "warm", "warm-cs", "1-line"):
-        r = rows[name]
+        r = rows.get(name)
+        if r is None:
+            print(f"  {name:8} {'-':>8} {'-':>8} {'-':>10}  not run: the cold run did not finish, nothing to reuse")
+            continue
         result = summary(r["stdout"]) if r["exit"] is not None else "TIMEOUT"
         print(f"  {name:8} {r['seconds']:8.2f} {r['seconds'] / lower:8.2f} {r['rss_mb']:8.0f} MB  {result}")
     sys.stdout.flush()

@@ -104,9 +104,10 @@ def _entrypoint_files(manifest: Manifest, model: ModelSpec, repo_root: Path) -> 
     return out
 
 
-def _all_reused(result: ModelResult) -> ModelResult:
+def _all_reused(result: ModelResult, name: str) -> ModelResult:
+    """A stored result for model `name` (identical content may have been stored under another name)."""
     total = result.layers.total
-    return dataclasses.replace(result, layers=LayerCounts(total, result.layers.verified, total))
+    return dataclasses.replace(result, name=name, layers=LayerCounts(total, result.layers.verified, total))
 
 
 def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo) -> ModelResult:
@@ -125,7 +126,7 @@ def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo) -> Mo
     if captured.cached and result is None:  # the entry vanished or broke since the child looked
         captured = capture_model(model, manifest, debug=debug, memo={**request, "cache_dir": None, "known": {}})
     if result is not None:
-        result = _all_reused(result)
+        result = _all_reused(result, model.name)
     else:
         from equivci.verify.engine import verify_model
 
@@ -161,7 +162,7 @@ def _reuse_unchanged(manifest: Manifest, model: ModelSpec, memo, changes, repo_r
     result = memo.result(record.get("key", ""), record.get("loc_digest"))
     if result is None:
         return None
-    return dataclasses.replace(_all_reused(result), reused=True)
+    return dataclasses.replace(_all_reused(result, model.name), reused=True)
 
 
 def run_models(
