@@ -29,13 +29,9 @@ NOT_PROVEN_YET = {
 }
 # buggy model -> where the finding lands instead of the defective line
 NOT_LOCALIZED_YET = {
-    "attention-tp-global-heads": "localizes once engine.py passes reference_events to first_defect",
     "gqa-tp4-kv2-round-robin": "points at repeat_kv in common.py",
-    "fused-qkv-tp-wrong-k-offset": "localizes once engine.py passes reference_events to first_defect",
-    "layernorm-tp-local-width": "localizes once engine.py passes reference_events to first_defect",
-    "rope-sp-no-offset": "localizes once engine.py passes reference_events to first_defect",
     "moe-ep-no-return-all-to-all": "the routing before it is not proven",
-    "ring-matmul-wrong-direction": "the loop is not proven",
+    "ring-matmul-wrong-direction": "points at the block writes; the ring direction is in the ppermute pairs",
     "scan-decoder-tp-fused-residual": "the loop is not proven",
     "train-step-grad-psum": "the backward pass is not proven",
     "train-step-no-pcast": "the backward pass is not proven",

@@ -243,22 +243,11 @@ class Evaluator:
             fn = (lambda p, a, b: np.where(p, a, b)) if op == "select" else (lambda lo, x, hi: np.clip(x, lo, hi))
             return self.fold_or("ternary", (op,), args, shape, fn)
         if op == "broadcast":
-            dims = dims_attr(attrs.get("dimensions"))
-            value = self.folded(args[0])
-            if value is not None and np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
-                expanded = value.reshape([value.shape[dims.index(o)] if o in dims else 1 for o in range(len(shape.dims))]) if value.ndim else value
-                return self.const(np.broadcast_to(expanded, shape.dims), shape.dtype)
-            return self.mk("bcast", (bcast_spec(len(args[0].shape), shape.dims, dims),), args, shape)
+            return self.eval_broadcast(args[0], shape, dims_attr(attrs.get("dimensions")))
         if op in ("reshape", "bitcast"):
-            if args[0].shape == shape.dims:
-                return args[0]
-            value = self.folded(args[0])
-            if value is not None:
-                return self.const(value.reshape(shape.dims), shape.dtype)
-            spec = reshape_spec(args[0].shape, shape.dims)
-            if spec is None:
+            if reshape_spec(args[0].shape, shape.dims) is None:
                 return self.opaque(inst, args)
-            return self.mk("reshape", (spec,), args, shape)
+            return self.reshape_term(args[0], shape)
         if op == "transpose":
             perm = dims_attr(attrs.get("dimensions"))
             if perm == tuple(range(len(perm))):
@@ -296,6 +285,43 @@ class Evaluator:
         if op == "reduce":
             return self.reduce(inst, args)
         return self.opaque(inst, args)
+
+    def reshape_term(self, operand: Term, shape: Shape) -> Term:
+        if operand.op == "reshape":  # a reshape of a reshape is one reshape
+            operand = operand.args[0]
+        if operand.shape == shape.dims:
+            return operand
+        value = self.folded(operand)
+        if value is not None and (value.size <= 1 or np.all(value == value.flat[0])):
+            return self.const(value.reshape(shape.dims), shape.dtype)
+        # Tables stay symbolic (a device's table is a window of the reference's); the value is
+        # kept so that index arithmetic on it still folds.
+        term = self.mk("reshape", (reshape_spec(operand.shape, shape.dims),), [operand], shape)
+        if value is not None:
+            self.values[term] = value.reshape(shape.dims)
+        return term
+
+    def eval_broadcast(self, operand: Term, shape: Shape, dims: tuple[int, ...]) -> Term:
+        expanded = [i for i, o in enumerate(dims) if operand.shape[i] == 1 and shape.dims[o] != 1]
+        if expanded:
+            # HLO may stretch a size-1 operand dim; as terms that is: drop the dim, then broadcast
+            # along a new one (a spec must not mean two output shapes).
+            keep = [i for i in range(len(dims)) if i not in expanded]
+            squeezed = Shape(operand.dtype, tuple(operand.shape[i] for i in keep))
+            operand = self.reshape_term(operand, squeezed)
+            dims = tuple(dims[i] for i in keep)
+        if dims == tuple(range(len(shape.dims))) and operand.shape == shape.dims:
+            return operand
+        value = self.folded(operand)
+        if value is not None and value.ndim == 0:
+            return self.const(np.broadcast_to(value, shape.dims), shape.dtype)
+        # A broadcast table stays a broadcast (the reference's and a device's differ only in the
+        # sizes of new dims, which the rules relate); its value is kept for folding.
+        term = self.mk("bcast", (bcast_spec(len(operand.shape), shape.dims, dims),), [operand], shape)
+        if value is not None and np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
+            expanded = value.reshape([value.shape[dims.index(o)] if o in dims else 1 for o in range(len(shape.dims))])
+            self.values[term] = np.broadcast_to(expanded, shape.dims)
+        return term
 
     def fold_or(self, kind: str, attrs: tuple, args: list, shape: Shape, fn) -> Term:
         values = [self.folded(a) for a in args]

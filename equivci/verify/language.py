@@ -149,6 +149,8 @@ dims = ruleset(
 # -- slices: composition, canonical order, full slices ----------------------------------------
 slices = ruleset(
     rule(eq(e).to(x.slice(d, a, b).slice(d, c, g))).then(union(e).with_(x.slice(d, a + c, a + g))),
+    # Slices of different dims commute; the canonical order has the higher dim outside. (Keeping
+    # both orders lets push and lift rules multiply windows: a Llama layer stopped saturating.)
     rule(eq(e).to(x.slice(d, a, b).slice(d2, c, g)), d2 < d).then(union(e).with_(x.slice(d2, c, g).slice(d, a, b))),
     rule(eq(e).to(x.slice(d, a, b)), eq(a).to(i64(0)), eq(b).to(dim(x, d))).then(union(e).with_(x)),
     # Re-base a slice on a wider slice of the same value (k from a fused qkv is a window of k).

@@ -6,7 +6,7 @@ from egglog import EGraph, String, i64, set_, union
 
 from equivci.verify import language as L
 from equivci.verify.language import T, TList
-from equivci.verify.terms import Term, reshape_spec, reshape_tables
+from equivci.verify.terms import Term, bcast_form, compose_bcast, reshape_spec, reshape_tables
 
 
 def _ints(text: str) -> list[int]:
@@ -67,6 +67,11 @@ class Loader:
         elif op == "bcast":
             self._seed_bcast(at[0], len(t.args[0].shape))
             ex = T.bcast(at[0], args[0])
+            inner = bcast_form(t.args[0])
+            if inner is not None:  # a broadcast of a broadcast is one broadcast
+                spec = compose_bcast(inner[0], at[0])
+                self._seed_bcast(spec, len(inner[1].shape))
+                self.facts.append(union(ex).with_(T.bcast(spec, self.expr(inner[1]))))
         elif op == "reshape":
             self._seed_reshape(at[0])
             ex = T.reshape(at[0], args[0])
@@ -74,6 +79,10 @@ class Loader:
             if alternative is not None and alternative != at[0]:
                 self._seed_reshape(alternative)
                 self.facts.append(union(ex).with_(T.reshape(alternative, args[0])))
+            as_bcast = bcast_form(t)
+            if as_bcast is not None:  # inserting size-1 dims is also a broadcast (relates to wider ones)
+                self._seed_bcast(as_bcast[0], len(t.args[0].shape))
+                self.facts.append(union(ex).with_(T.bcast(as_bcast[0], args[0])))
         elif op == "transpose":
             self._seed_transpose(at[0])
             ex = T.transpose(at[0], args[0])

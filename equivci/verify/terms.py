@@ -135,3 +135,34 @@ def reshape_tables(spec: str) -> tuple[list[tuple[int, int, int, int]], list[tup
             fixed.extend((pos_out + k, 1) for k in range(n_out))
         pos_in, pos_out = pos_in + n_in, pos_out + n_out
     return leads, fixed
+
+
+def inserted_unit_dims(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> set[int] | None:
+    """The output positions of size-1 dims that a reshape only inserts, if that is all it does."""
+    inserted, i = set(), 0
+    for o, size in enumerate(out_shape):
+        if i < len(in_shape) and in_shape[i] == size:
+            i += 1
+        elif size == 1:
+            inserted.add(o)
+        else:
+            return None
+    return inserted if i == len(in_shape) and inserted else None
+
+
+def bcast_form(term: Term) -> tuple[str, Term] | None:
+    """`term` as a broadcast of a smaller term: a broadcast, or a reshape that only adds size-1 dims."""
+    if term.op == "bcast":
+        return term.attrs[0], term.args[0]
+    if term.op == "reshape":
+        unit = inserted_unit_dims(term.args[0].shape, term.shape)
+        if unit is not None:
+            kept = tuple(o for o in range(len(term.shape)) if o not in unit)
+            return bcast_spec(len(term.args[0].shape), term.shape, kept), term.args[0]
+    return None
+
+
+def compose_bcast(inner: str, outer: str) -> str:
+    """The spec of bcast(bcast(x, inner), outer) as one broadcast of x."""
+    inner_parts = inner.split(",") if inner else []
+    return ",".join(inner_parts[int(p[1:])] if p.startswith("i") else p for p in outer.split(",") if p)
