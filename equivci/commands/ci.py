@@ -13,11 +13,10 @@ read-only token (pull requests from forks) it falls back to annotations and the 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -54,19 +53,8 @@ def _log(message: str) -> None:
 def run_pipeline(
     manifest: Manifest, models: list, *, changed_since: str | None, no_cache: bool, debug: bool
 ) -> Report:
-    """run_models with the options this pipeline version supports (incremental mode and the memo
-    are added separately; until then every selected model is verified)."""
-    params = inspect.signature(run_models).parameters
-    kwargs: dict[str, Any] = {"debug": debug}
-    if changed_since and "changed_since" in params:
-        kwargs["changed_since"] = changed_since
-    if no_cache:
-        if "no_cache" in params:
-            kwargs["no_cache"] = True
-        elif "use_cache" in params:
-            kwargs["use_cache"] = False
     with RunProgress(len(models)) as progress, contextlib.redirect_stdout(sys.stderr):
-        return run_models(manifest, models, progress, **kwargs)
+        return run_models(manifest, models, progress, debug=debug, changed_since=changed_since, no_cache=no_cache)
 
 
 def _repo_paths(manifest: Manifest) -> tuple[Path, str]:

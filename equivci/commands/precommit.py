@@ -16,11 +16,13 @@ from typing import Annotated
 
 import typer
 
+from equivci import memo
 from equivci.commands.verify import DebugOption, ManifestOption
 from equivci.manifest import Entrypoint, Manifest, ModelSpec, load_manifest
 from equivci.pipeline import run_models, select_models
 from equivci.report.text import RunProgress
 from equivci.results import Report
+from equivci import memo
 
 
 def entrypoint_file(ep: Entrypoint, root: Path) -> Path | None:
@@ -36,18 +38,8 @@ def entrypoint_file(ep: Entrypoint, root: Path) -> Path | None:
 
 
 def recorded_sources(manifest: Manifest, model: ModelSpec) -> set[Path]:
-    """Source files recorded for the model's ops at its last capture, when the memo provides them."""
-    try:
-        from equivci import memo  # written separately; optional
-    except ImportError:
-        return set()
-    fn = getattr(memo, "recorded_sources", None)
-    if fn is None:
-        return set()
-    try:
-        return {Path(p).resolve() for p in fn(manifest, model)}
-    except Exception:  # noqa: BLE001 - a broken or missing memo must not break the hook
-        return set()
+    """Source files recorded for the model's ops at its last capture (none before the first)."""
+    return {Path(p).resolve() for p in memo.recorded_sources(manifest, model) or ()}
 
 
 def model_files(manifest: Manifest, model: ModelSpec) -> set[Path]:
