@@ -100,7 +100,8 @@ def test_documented_workflows():
     assert run["with"]["args"].split() == ["--all", "--no-cache"]
     upload = next(s for s in n_steps if str(s.get("uses", "")).startswith("actions/upload-artifact@"))
     assert upload["with"]["path"] == "${{ steps.equivci.outputs.report-dir }}"
-    assert any(str(s.get("uses", "")).startswith("actions/cache@") and s["with"]["path"] == ".equivci/cache" for s in n_steps)
+    # --no-cache neither reads nor writes the memo, so a cache step in the nightly would be dead weight.
+    assert not any(str(s.get("uses", "")).startswith("actions/cache@") for s in n_steps)
 
     hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     assert precommit["repos"][0]["hooks"][0]["id"] == hooks[0]["id"] == "equivci"
