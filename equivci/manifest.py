@@ -6,6 +6,7 @@ Every problem raises EquivciError with one paragraph: `FILE:LINE: KEY: what is w
 from __future__ import annotations
 
 import dataclasses
+import math
 import difflib
 import re
 from pathlib import Path
@@ -39,6 +40,10 @@ class Entrypoint:
         return self.spec.rpartition(":")[0]
 
 
+def mesh_size(mesh: tuple[tuple[str, int], ...]) -> int:
+    return math.prod(size for _, size in mesh)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -50,10 +55,7 @@ class ModelSpec:
 
     @property
     def num_devices(self) -> int:
-        n = 1
-        for _, size in self.mesh:
-            n *= size
-        return n
+        return mesh_size(self.mesh)
 
 
 @dataclasses.dataclass(frozen=True)

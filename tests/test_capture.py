@@ -14,7 +14,8 @@ from equivci.capture.run import capture_model
 from equivci.errors import EquivciError
 from equivci.hlo.collectives import parse_groups
 from equivci.hlo.parser import parse_module
-from equivci.manifest import load_manifest
+
+import model_package
 
 MODELS = textwrap.dedent(
     """\
@@ -67,18 +68,12 @@ MANIFEST = textwrap.dedent(
 
 
 def line_of(mark: str) -> int:
-    for number, line in enumerate(MODELS.splitlines(), start=1):
-        if f"# MARK:{mark}" in line:
-            return number
-    raise KeyError(mark)
+    return model_package.line_of(MODELS, mark)
 
 
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory):
-    root = tmp_path_factory.mktemp("capture_models")
-    (root / "mlp.py").write_text(MODELS)
-    (root / "equivci.yaml").write_text(MANIFEST)
-    return load_manifest(root / "equivci.yaml")
+    return model_package.write_package(tmp_path_factory.mktemp("capture_models"), "mlp.py", MODELS, MANIFEST)
 
 
 def _model(manifest, name):

@@ -14,10 +14,11 @@ import pytest
 from equivci.capture.run import capture_model
 from equivci.capture.types import LeafPlacement
 from equivci.hlo.parser import parse_module
-from equivci.manifest import load_manifest
 from equivci.results import Status
 from equivci.verify.engine import verify_model
 from equivci.verify.prove import build_programs, saturate
+
+import model_package
 
 DATA = Path(__file__).parent / "data"
 
@@ -195,18 +196,12 @@ MANIFEST = textwrap.dedent(
 
 
 def line_of(mark: str) -> int:
-    for number, line in enumerate(MODELS.splitlines(), start=1):
-        if f"# MARK:{mark}" in line:
-            return number
-    raise KeyError(mark)
+    return model_package.line_of(MODELS, mark)
 
 
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory):
-    root = tmp_path_factory.mktemp("verify_models")
-    (root / "mlp.py").write_text(MODELS)
-    (root / "equivci.yaml").write_text(MANIFEST)
-    return load_manifest(root / "equivci.yaml")
+    return model_package.write_package(tmp_path_factory.mktemp("verify_models"), "mlp.py", MODELS, MANIFEST)
 
 
 def _verify(manifest, name):

@@ -20,6 +20,8 @@ from equivci.manifest import load_manifest
 from equivci.verify.localize import first_defect, source_of
 from equivci.verify.prove import build_programs, saturate
 
+import model_package
+
 REPO = Path(__file__).resolve().parents[1]
 
 MODELS = textwrap.dedent(
@@ -86,18 +88,12 @@ MANIFEST = textwrap.dedent(
 
 
 def line_of(mark: str) -> int:
-    for number, line in enumerate(MODELS.splitlines(), start=1):
-        if f"# MARK:{mark}" in line:
-            return number
-    raise KeyError(mark)
+    return model_package.line_of(MODELS, mark)
 
 
 @pytest.fixture(scope="module")
 def tmp_manifest(tmp_path_factory):
-    root = tmp_path_factory.mktemp("localize_models")
-    (root / "models.py").write_text(MODELS)
-    (root / "equivci.yaml").write_text(MANIFEST)
-    return load_manifest(root / "equivci.yaml")
+    return model_package.write_package(tmp_path_factory.mktemp("localize_models"), "models.py", MODELS, MANIFEST)
 
 
 @pytest.fixture(scope="module")

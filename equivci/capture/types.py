@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from equivci.manifest import mesh_size
+
 
 @dataclasses.dataclass(frozen=True)
 class LeafPlacement:
@@ -38,7 +40,4 @@ class CapturedModel:
 
     @property
     def num_devices(self) -> int:
-        n = 1
-        for _, size in self.mesh:
-            n *= size
-        return n
+        return mesh_size(self.mesh)

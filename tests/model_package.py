@@ -1,0 +1,23 @@
+"""Tiny model packages written into a temp folder for tests: one module plus a v1 manifest.
+
+Lines of interest in the module source carry a `# MARK:name` comment; `line_of` finds them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from equivci.manifest import Manifest, load_manifest
+
+
+def line_of(source: str, mark: str) -> int:
+    for number, line in enumerate(source.splitlines(), start=1):
+        if f"# MARK:{mark}" in line:
+            return number
+    raise KeyError(mark)
+
+
+def write_package(root: Path, module: str, source: str, manifest: str) -> Manifest:
+    (root / module).write_text(source)
+    (root / "equivci.yaml").write_text(manifest)
+    return load_manifest(root / "equivci.yaml")
