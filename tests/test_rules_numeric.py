@@ -104,8 +104,9 @@ def fires(lhs: Term, rhs: Term, family, preload_rhs: bool = False) -> bool:
     egraph = EGraph()
     loader = Loader(egraph)
     a = loader.expr(lhs)
-    if preload_rhs:  # rules that read static tables seeded from the right-hand side
-        loader.expr(rhs)
+    if preload_rhs:  # rules that read static tables seeded from the right-hand side, or its terms
+        loader.expr(rhs)  # as reference values
+        egraph.register(*[L.reference(ex) for ex in loader.exprs.values()])
     loader.flush()
     egraph.run((L.dims.saturate() + family) * FAMILY_ITERATIONS)
     egraph.run(L.dims.saturate())

@@ -119,6 +119,7 @@ def rs_fixed(spec: StringLike, o: i64Like) -> i64: ...  # size of a non-leading 
 
 
 related = relation("related", T)  # equal to a slice of a reference value
+reference = relation("reference", T)  # a value the reference program computes (or its input)
 
 x, y, z, w, e, p, q = vars_("x y z w e p q", T)
 d, d2, a, b, c, g, n, m, o, k, j, s1, s2 = vars_("d d2 a b c g n m o k j s1 s2", i64)
@@ -153,8 +154,10 @@ slices = ruleset(
     # both orders lets push and lift rules multiply windows: a Llama layer stopped saturating.)
     rule(eq(e).to(x.slice(d, a, b).slice(d2, c, g)), d2 < d).then(union(e).with_(x.slice(d2, c, g).slice(d, a, b))),
     rule(eq(e).to(x.slice(d, a, b)), eq(a).to(i64(0)), eq(b).to(dim(x, d))).then(union(e).with_(x)),
-    # Re-base a slice on a wider slice of the same value (k from a fused qkv is a window of k).
-    rule(eq(e).to(x.slice(d, a, b)), eq(w).to(x.slice(d, c, g)), c <= a, b <= g, ne(w).to(e)).then(
+    # Re-base a slice on a wider slice of the same value that is a reference value (k from a fused
+    # qkv is a window of the reference's k). Only onto reference values: re-basing onto every wider
+    # slice multiplies the forms of each slice and, through the lifts, the terms of a layer.
+    rule(eq(e).to(x.slice(d, a, b)), eq(w).to(x.slice(d, c, g)), reference(w), c <= a, b <= g, ne(w).to(e)).then(
         union(e).with_(w.slice(d, a - c, b - c))),
 )
 

@@ -86,7 +86,7 @@ def saturate(programs: Programs, extra_terms: list[Term] = (), iterations: int =
     for event in programs.reference_events:
         reference_values.extend(_flatten(event.values[0]))
     for t in reference_values:
-        egraph.register(L.related(loader.expr(t)))
+        egraph.register(L.related(loader.expr(t)), L.reference(loader.expr(t)))
     for dev_out, dev_targets in zip(programs.device_outputs, programs.targets):
         for t in dev_out + dev_targets:
             loader.expr(t)
