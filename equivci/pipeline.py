@@ -67,9 +67,9 @@ def run_model(manifest: Manifest, model: ModelSpec, debug: bool = False, memo=No
     t0 = time.perf_counter()
     try:
         if memo is None or "memo" not in inspect.signature(capture_model).parameters:  # (a stand-in capture)
-            from equivci.verify.engine import verify_model
+            from equivci.verify.sandbox import verify_isolated
 
-            result = verify_model(model, manifest, capture_model(model, manifest, debug=debug))
+            result = verify_isolated(model, manifest, capture_model(model, manifest, debug=debug))
         else:
             result = _run_memoized(manifest, model, debug, memo)
     except EquivciError as err:
@@ -128,9 +128,9 @@ def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo) -> Mo
     if result is not None:
         result = _all_reused(result, model.name)
     else:
-        from equivci.verify.engine import verify_model
+        from equivci.verify.sandbox import verify_isolated
 
-        result = verify_model(model, manifest, captured)
+        result = verify_isolated(model, manifest, captured)
         memo.put_result(captured.content_key, result, captured.loc_digest)
     manifest_rel = manifest_display_path(manifest)
     tracked = set(captured.sources) | _entrypoint_files(manifest, model, repo_root) | {manifest_rel}

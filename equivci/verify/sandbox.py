@@ -1,0 +1,76 @@
+"""Run the verifier in a forked child with a memory cap and a time limit.
+
+Equality saturation can grow without bound on programs the rules do not fit; an out-of-memory
+abort would kill equivci itself and a runaway run would hang a CI job. The child answers with
+the ModelResult; a child that runs out of time or memory becomes `unproven` with the reason.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import resource
+import time
+import traceback
+
+from equivci.capture.types import CapturedModel
+from equivci.errors import EquivciError
+from equivci.manifest import Manifest, ModelSpec
+from equivci.results import Finding, LayerCounts, ModelResult, Status
+
+TIME_LIMIT_SECONDS = float(os.environ.get("EQUIVCI_VERIFY_TIMEOUT", 900))
+# Leave a quarter of the machine to everything else (the numeric oracle child, the CI runner).
+MEMORY_LIMIT_BYTES = int(os.environ.get("EQUIVCI_VERIFY_MEMORY", 0)) or int(
+    os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.75
+)
+
+
+def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+    from equivci.verify import engine
+
+    try:
+        conn.send(("ok", engine.verify_model(model, manifest, captured)))
+    except EquivciError as err:
+        conn.send(("user", str(err)))
+    except MemoryError:
+        conn.send(("memory", ""))
+    except BaseException as exc:  # reported to the parent, which decides (internal error or --debug)
+        conn.send(("internal", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        conn.close()
+
+
+def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedModel) -> ModelResult:
+    t0 = time.perf_counter()
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child, args=(send, model, manifest, captured), daemon=True)
+    child.start()
+    send.close()
+    answer = None
+    if receive.poll(TIME_LIMIT_SECONDS):
+        try:
+            answer = receive.recv()
+        except EOFError:  # the child died without answering (killed when over the memory cap)
+            answer = None
+    else:
+        child.kill()
+    child.join()
+    if answer is None and child.exitcode in (None, -9) and time.perf_counter() - t0 >= TIME_LIMIT_SECONDS:
+        return _unproven(model, t0, f"the proof search exceeded its time limit ({TIME_LIMIT_SECONDS:g} s, "
+                                    "EQUIVCI_VERIFY_TIMEOUT)")
+    if answer is None or answer[0] == "memory":
+        return _unproven(model, t0, f"the proof search ran out of memory or crashed (exit code {child.exitcode}; "
+                                    f"memory cap {MEMORY_LIMIT_BYTES / 2**30:.1f} GiB, EQUIVCI_VERIFY_MEMORY)")
+    kind, payload = answer
+    if kind == "ok":
+        return payload
+    if kind == "user":
+        raise EquivciError(payload)
+    raise RuntimeError(payload)
+
+
+def _unproven(model: ModelSpec, t0: float, reason: str) -> ModelResult:
+    finding = Finding(None, None, "error", None, f"not proven: {reason}; the rules do not fit this program yet")
+    return ModelResult(model.name, Status.UNPROVEN, time.perf_counter() - t0, LayerCounts(1, 0, 0), (finding,))

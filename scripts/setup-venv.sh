@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create .venv with a Python >= 3.12 (egglog 14 needs it) and install equivci with its test extra.
+# Used by the README's first command and by .ci/run. EQUIVCI_PYTHON=/path/to/python overrides the search.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+usable() { "$1" -c 'import sys; assert sys.version_info >= (3, 12)' >/dev/null 2>&1; }
+PY=${EQUIVCI_PYTHON:-}
+if [ -z "$PY" ]; then
+  for cand in python3.13 python3.12 python3 "$(pyenv root 2>/dev/null)"/versions/3.1[2-9]*/bin/python3; do
+    if usable "$cand"; then PY=$cand; break; fi
+  done
+fi
+[ -n "$PY" ] || { echo "setup: no Python >= 3.12 found; install one or set EQUIVCI_PYTHON" >&2; exit 2; }
+rm -rf .venv
+"$PY" -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q -e '.[test]'
+echo "setup: .venv ready ($(.venv/bin/python --version))"

@@ -1,0 +1,57 @@
+"""The verifier runs in a forked child: a runaway proof search becomes `unproven`, never a hang or a crash."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from equivci.capture.types import CapturedModel
+from equivci.errors import EquivciError
+from equivci.manifest import Entrypoint, Manifest, ModelSpec
+from equivci.results import LayerCounts, ModelResult, Status
+from equivci.verify import engine, sandbox
+
+EP = Entrypoint("m.py:f", "f")
+MODEL = ModelSpec("m", EP, EP, EP, (("tp", 2),))
+CAPTURED = CapturedModel("m", (("tp", 2),), "", "", (), (), "/")
+
+
+def manifest(tmp_path) -> Manifest:
+    return Manifest(tmp_path / "equivci.yaml", tmp_path, (MODEL,))
+
+
+def test_the_childs_result_comes_back(tmp_path, monkeypatch):
+    verified = ModelResult("m", Status.VERIFIED, 0.1, LayerCounts(1, 1, 0))
+    monkeypatch.setattr(engine, "verify_model", lambda *a: verified)
+    assert sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED) == verified
+
+
+def test_a_run_over_the_time_limit_is_unproven(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "TIME_LIMIT_SECONDS", 1.0)
+    monkeypatch.setattr(engine, "verify_model", lambda *a: time.sleep(60))
+    t0 = time.perf_counter()
+    result = sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED)
+    assert time.perf_counter() - t0 < 30
+    assert result.status is Status.UNPROVEN
+    assert "time limit" in result.findings[0].message
+
+
+def test_a_run_over_the_memory_cap_is_unproven(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "MEMORY_LIMIT_BYTES", 512 * 2**20)
+    monkeypatch.setattr(engine, "verify_model", lambda *a: bytearray(2 * 2**30))
+    result = sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED)
+    assert result.status is Status.UNPROVEN
+    assert "out of memory" in result.findings[0].message
+
+
+def test_user_errors_and_bugs_keep_their_kind(tmp_path, monkeypatch):
+    def user_error(*a):
+        raise EquivciError("fix the manifest")
+
+    monkeypatch.setattr(engine, "verify_model", user_error)
+    with pytest.raises(EquivciError, match="fix the manifest"):
+        sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED)
+    monkeypatch.setattr(engine, "verify_model", lambda *a: 1 / 0)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED)
