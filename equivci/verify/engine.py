@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 from equivci.capture.types import CapturedModel
@@ -46,6 +47,15 @@ def _finish(model, manifest, status, t0, findings, verified: bool) -> ModelResul
     return ModelResult(model.name, status, round(time.perf_counter() - t0, 3), layers, tuple(findings))
 
 
+_SCOPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+
+
+def layer_of(op_name: str) -> str | None:
+    """The user's outermost named scope in an op_name (`jit(f)/layers_3/dot_general` -> `layers_3`)."""
+    parts = [p for p in op_name.split("/")[:-1] if not p.startswith(("jit(", "pjit(", "shard_map"))]
+    return parts[0] if parts and _SCOPE.match(parts[0]) else None
+
+
 def _finding(defect: Defect, captured: CapturedModel) -> Finding:
     path, line = source_of(defect.inst, captured.repo_root)
     message = defect.message
@@ -53,7 +63,7 @@ def _finding(defect: Defect, captured: CapturedModel) -> Finding:
         cpath, cline = source_of(defect.context, captured.repo_root)
         where = f"{cpath}:{cline}" if cpath else defect.context.name
         message += f" (it is combined with the other operand at {where}, `{defect.context.opcode}`)"
-    return Finding(path, line, "error", None, message, op=defect.inst.name)
+    return Finding(path, line, "error", layer_of(defect.inst.op_name), message, op=defect.inst.name)
 
 
 def _output_finding(proof, captured: CapturedModel) -> Finding:
