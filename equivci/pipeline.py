@@ -7,7 +7,6 @@ hide the verdicts of the other models.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import time
 from pathlib import Path
 from typing import Protocol
@@ -66,7 +65,7 @@ def run_model(manifest: Manifest, model: ModelSpec, debug: bool = False, memo=No
 
     t0 = time.perf_counter()
     try:
-        if memo is None or "memo" not in inspect.signature(capture_model).parameters:  # (a stand-in capture)
+        if memo is None:
             from equivci.verify.sandbox import verify_isolated
 
             result = verify_isolated(model, manifest, capture_model(model, manifest, debug=debug))
@@ -78,7 +77,8 @@ def run_model(manifest: Manifest, model: ModelSpec, debug: bool = False, memo=No
         if debug:
             raise
         message = (
-            f"internal error while checking model '{model.name}': {type(exc).__name__}: {exc}. "
+            f"internal error while checking model '{model.name}': {getattr(exc, 'type_name', type(exc).__name__)}: "
+            f"{exc.args[0] if exc.args else exc}. "
             "This is a bug in equivci; rerun with --debug for the traceback and report it."
         )
         return _error_result(model, None, message, time.perf_counter() - t0)

@@ -53,12 +53,13 @@ def project(tmp_path: Path, monkeypatch) -> Path:
     (tmp_path / "equivci.yaml").write_text(MANIFEST)
     monkeypatch.chdir(tmp_path)
 
-    def capture_model(model, manifest, debug=False):
+    def capture_model(model, manifest, debug=False, memo=None):
         if model.name == "broken":
             raise EquivciError("importing m.py failed at m.py:1: ValueError: nope")
         leaf = LeafPlacement("[0]", (2,), "float32", (((0, 2),),) * model.num_devices)
         hlo = HLO.replace("SRC", str(tmp_path / "m.py"))
-        return CapturedModel(model.name, model.mesh, hlo, hlo, (leaf,), (leaf,), str(tmp_path))
+        return CapturedModel(model.name, model.mesh, hlo, hlo, (leaf,), (leaf,), str(tmp_path),
+                             content_key=f"stub-{model.name}")
 
     def verify_model(model, manifest, captured):
         status = Status.VERIFIED if model.name == "good" else Status.MISMATCH
@@ -84,9 +85,9 @@ def test_unknown_tag_exits_2(project: Path, capsys) -> None:
     assert "no model is tagged 'weekly'; the manifest uses fast, nightly" in capsys.readouterr().err
 
 
-def test_verified_model_exits_0(project: Path, capsys) -> None:
+def test_verified_model_exits_0(project: Path, capfd) -> None:
     assert run(["verify", "--model", "good"]) == 0
-    out, err = capsys.readouterr()
+    out, err = capfd.readouterr()
     assert out.splitlines()[0].startswith("good  verified")
     assert "equivci: [1/1] good: verified" in err and "stray print" in err
 
@@ -98,9 +99,9 @@ def test_mismatch_exits_1_and_tags_select(project: Path, capsys) -> None:
     assert out.splitlines()[-1].startswith("equivci: 2 models: 1 verified, 1 mismatch")
 
 
-def test_json_run_prints_one_document_and_capture_error_is_per_model(project: Path, capsys) -> None:
+def test_json_run_prints_one_document_and_capture_error_is_per_model(project: Path, capfd) -> None:
     assert run(["verify", "--format", "json"]) == 2
-    out, err = capsys.readouterr()
+    out, err = capfd.readouterr()
     doc = json.loads(out)
     assert [(m["name"], m["status"]) for m in doc["models"]] == [("good", "verified"), ("bad", "mismatch"), ("broken", "error")]
     broken = doc["models"][2]["findings"][0]

@@ -53,5 +53,6 @@ def test_user_errors_and_bugs_keep_their_kind(tmp_path, monkeypatch):
     with pytest.raises(EquivciError, match="fix the manifest"):
         sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED)
     monkeypatch.setattr(engine, "verify_model", lambda *a: 1 / 0)
-    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+    with pytest.raises(sandbox.VerifierCrash) as crash:
         sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED)
+    assert crash.value.type_name == "ZeroDivisionError" and "Traceback" in crash.value.child_traceback

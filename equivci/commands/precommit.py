@@ -22,7 +22,6 @@ from equivci.manifest import Entrypoint, Manifest, ModelSpec, load_manifest
 from equivci.pipeline import run_models, select_models
 from equivci.report.text import RunProgress
 from equivci.results import Report
-from equivci import memo
 
 
 def entrypoint_file(ep: Entrypoint, root: Path) -> Path | None:

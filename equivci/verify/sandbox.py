@@ -7,6 +7,7 @@ the ModelResult; a child that runs out of time or memory becomes `unproven` with
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import resource
@@ -25,9 +26,21 @@ MEMORY_LIMIT_BYTES = int(os.environ.get("EQUIVCI_VERIFY_MEMORY", 0)) or int(
 )
 
 
+class VerifierCrash(RuntimeError):
+    """An exception inside the verifier child, with its type name and traceback for --debug."""
+
+    def __init__(self, type_name: str, message: str, child_traceback: str):
+        super().__init__(message)
+        self.type_name = type_name
+        self.child_traceback = child_traceback
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n\nin the verifier process:\n{self.child_traceback}"
+
+
 def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
-    from equivci.verify import engine
+    engine = importlib.import_module("equivci.verify.engine")
 
     try:
         conn.send(("ok", engine.verify_model(model, manifest, captured)))
@@ -36,7 +49,7 @@ def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel) 
     except MemoryError:
         conn.send(("memory", ""))
     except BaseException as exc:  # reported to the parent, which decides (internal error or --debug)
-        conn.send(("internal", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        conn.send(("internal", (type(exc).__name__, str(exc), traceback.format_exc())))
     finally:
         conn.close()
 
@@ -68,7 +81,7 @@ def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedMode
         return payload
     if kind == "user":
         raise EquivciError(payload)
-    raise RuntimeError(payload)
+    raise VerifierCrash(*payload)
 
 
 def _unproven(model: ModelSpec, t0: float, reason: str) -> ModelResult:
