@@ -88,12 +88,6 @@ def model_files(entrypoint_files: Iterable[str], recorded: Iterable[str], manife
     return set(entrypoint_files) | set(recorded) | {manifest_rel}
 
 
-def affected(models: Mapping[str, set[str] | None], changes: Changes) -> set[str]:
-    """Names of the models whose files `changes` touches; a model whose files are unknown (None:
-    never captured) is always affected."""
-    return {name for name, files in models.items() if files is None or changes.touches(files)}
-
-
 def mark_changed(result: ModelResult, changes: Changes | None) -> ModelResult:
     """Flag the findings that sit on lines changed since REF (and only those)."""
     if changes is None or not result.findings:

@@ -90,45 +90,6 @@ def fingerprint() -> str:
     return _FINGERPRINT
 
 
-_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
-_LOC_ATTR = re.compile(r'\s*(?:stack_frame_id=\d+|source_file="(?:[^"\\]|\\.)*"|source_line=\d+|source_end_line=\d+|source_column=\d+|source_end_column=\d+)')
-_NAME = re.compile(r"%[\w.\-]+")
-_MLIR_LOC = re.compile(r"\s*loc\((?:[^()]|\([^()]*\))*\)")
-_MODULE_NAME = re.compile(r"^(HloModule\s+)[^\s,]+", re.M)
-
-
-def _strip_tables(text: str) -> list[str]:
-    out, in_table = [], False
-    for line in text.splitlines():
-        s = line.strip()
-        if s in _TABLES:
-            in_table = True
-            continue
-        if in_table:
-            if not s:
-                in_table = False
-            continue
-        out.append(line)
-    return out
-
-
-def canonical_hlo(text: str) -> str:
-    """HLO text without what does not change the computation: the stack-frame tables, per-op source
-    locations, the module name and SSA names (renumbered in order of first appearance). Op names
-    (metadata op_name, which carry named scopes such as layers_3) are kept: layers are split on them."""
-    lines = _strip_tables(text)
-    body = "\n".join(lines)
-    body = _MODULE_NAME.sub(r"\1m", body)
-    body = _LOC_ATTR.sub("", body)
-    body = _MLIR_LOC.sub("", body)
-    names: dict[str, str] = {}
-
-    def rename(m: re.Match) -> str:
-        return names.setdefault(m.group(0), f"%v{len(names)}")
-
-    return _NAME.sub(rename, body)
-
-
 _MLIR_FILE_LOC = re.compile(r'loc\("((?:[^"\\]|\\.)*)":\d+:\d+(?:\s+to\s+\d*:\d+)?\)')
 
 

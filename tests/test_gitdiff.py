@@ -76,12 +76,8 @@ def test_unknown_ref_and_no_repository(repo: Path, tmp_path: Path) -> None:
 def test_affected_models_and_changed_findings(repo: Path) -> None:
     (repo / "models" / "b.py").write_text("b changed\n")
     changes = gitdiff.changes_since(repo, "HEAD")
-    files = {
-        "uses-a": gitdiff.model_files({"models/a.py"}, [], "equivci.yaml"),
-        "uses-b": gitdiff.model_files({"models/a.py"}, ["models/b.py"], "equivci.yaml"),  # b.py recorded at capture
-        "never-captured": None,
-    }
-    assert gitdiff.affected(files, changes) == {"uses-b", "never-captured"}
+    assert not changes.touches(gitdiff.model_files({"models/a.py"}, [], "equivci.yaml"))
+    assert changes.touches(gitdiff.model_files({"models/a.py"}, ["models/b.py"], "equivci.yaml"))  # b.py recorded
     result = ModelResult("uses-b", Status.MISMATCH, 1.0, findings=(
         Finding("models/b.py", 1, "error", None, "here"),
         Finding("models/a.py", 1, "error", None, "not changed"),

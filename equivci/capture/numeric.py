@@ -4,10 +4,6 @@ This is the cross-check behind every `mismatch` counterexample and every verdict
 zoo. It is not a proof: equal outputs on a few random inputs only make equivalence likely,
 while a difference beyond the dtype's tolerance is a concrete counterexample.
 
-In-process API (jax already imported with enough devices):
-
-    compare(reference, distributed, args_abstract, mesh, seeds=(0, 1, 2)) -> NumericComparison
-
 Child entry (the parent never imports jax with the wrong device count):
 
     python -m equivci.capture.numeric --manifest PATH --model NAME [--model NAME2 ...] [--seeds 0,1,2]
@@ -28,7 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Sequence
 
 from equivci.errors import EquivciError
 
@@ -297,24 +293,6 @@ def compare_outputs(ref_outs: dict, dist_outs: dict, seeds: Sequence[int]) -> Nu
         ref_value=worst.ref, dist_value=worst.dist, seeds=seeds, equal=not failing,
         worst_seed=worst.seed, failing_seeds=tuple(failing),
     )
-
-
-def compare(
-    reference: Callable[..., Any],
-    distributed: Callable[..., Any],
-    args_abstract: Sequence[Any],
-    mesh,
-    seeds: Iterable[int] = DEFAULT_SEEDS,
-) -> NumericComparison:
-    """Run jit(reference) on one device and jit(distributed) under `with jax.set_mesh(mesh)`
-    on the same random inputs (one draw per seed) and compare every output leaf.
-
-    `distributed` may take a keyword `mesh`; it is bound here (as in capture).
-    """
-    from equivci.capture.entrypoints import bind_distributed
-
-    bound = bind_distributed(distributed, mesh)
-    return _run_and_compare(reference, bound, args_abstract, mesh, tuple(int(s) for s in seeds))
 
 
 def _run_and_compare(reference, bound, args_abstract, mesh, seeds, ref_name="reference", dist_name="distributed"):

@@ -28,9 +28,6 @@ class PullRequest:
     head_repo: str | None = None  # owner/name of the head repository (differs for forks)
     html_url: str | None = None
 
-    def is_fork(self, repository: str | None) -> bool:
-        return bool(self.head_repo and repository and self.head_repo != repository)
-
 
 @dataclasses.dataclass(frozen=True)
 class ActionsContext:

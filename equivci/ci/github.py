@@ -148,10 +148,6 @@ class GitHubClient:
     def __repr__(self) -> str:  # never shows the token
         return f"GitHubClient({self.api_url!r}, token={'***' if self._token else None})"
 
-    @property
-    def has_token(self) -> bool:
-        return self._token is not None
-
     def _redact(self, text: str) -> str:
         return text.replace(self._token, "***") if self._token else text
 

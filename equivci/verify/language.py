@@ -8,7 +8,7 @@ guards compare dimensions where a rule would otherwise build an ill-typed term.
 from __future__ import annotations
 
 from egglog import (
-    EGraph, Expr, String, StringLike, i64, i64Like, eq, function, ne, relation, rule, ruleset, set_, union, vars_,
+    Expr, String, StringLike, i64, i64Like, eq, function, ne, relation, rule, ruleset, set_, union, vars_,
 )
 
 
@@ -121,7 +121,7 @@ def rs_fixed(spec: StringLike, o: i64Like) -> i64: ...  # size of a non-leading 
 related = relation("related", T)  # equal to a slice of a reference value
 reference = relation("reference", T)  # a value the reference program computes (or its input)
 
-x, y, z, w, e, p, q = vars_("x y z w e p q", T)
+x, y, z, w, e = vars_("x y z w e", T)
 d, d2, a, b, c, g, n, m, o, k, j, s1, s2 = vars_("d d2 a b c g n m o k j s1 s2", i64)
 op, spec, spec2, key = vars_("op spec spec2 key", String)
 REDUCER_OF = {"add": "add", "maximum": "maximum", "minimum": "minimum"}
@@ -268,6 +268,3 @@ relations = ruleset(
 
 REWRITES = slices | elementwise | concats | dots | reductions | layouts
 
-
-def new_egraph() -> EGraph:
-    return EGraph()

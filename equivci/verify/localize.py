@@ -309,7 +309,6 @@ class _Tracer:
         proof.egraph.register(*[slice_of(proof.loader.expr(v), proof.loader.expr(v)) for _, v in self.ref_values])
         proof.egraph.run(SLICE_OF_RULES.saturate())
         self.op_lines = {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]}
-        self.origin_of = {id(v): e for e, v in reversed(self.ref_values)}
 
     # -- values ----------------------------------------------------------------------------
     def value(self, event: Event, dev: int) -> Term | None:
