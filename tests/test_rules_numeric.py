@@ -16,11 +16,11 @@ import math
 
 import numpy as np
 import pytest
-from egglog import EGraph, eq
+from egglog import EGraph
 
 from equivci.verify import language as L
 from equivci.verify.load import Loader
-from equivci.verify.prove import _run
+from equivci.verify.prove import _run, proved_equal
 from equivci.verify.terms import Term, TermTable, bcast_spec, reshape_spec, reshape_tables
 
 from term_numpy import evaluate, reshape_out_shape
@@ -91,14 +91,6 @@ class B:
 
 
 # -- proving and evaluating --------------------------------------------------------------------
-def _equal(egraph: EGraph, a, b) -> bool:
-    try:
-        egraph.check(eq(a).to(b))
-        return True
-    except Exception:  # egglog reports a failed check as an error
-        return False
-
-
 def fires(lhs: Term, rhs: Term, family, preload_rhs: bool = False) -> bool:
     """Load `lhs`, saturate dims + `family`, then ask whether `rhs` is in the same e-class."""
     egraph = EGraph()
@@ -112,7 +104,7 @@ def fires(lhs: Term, rhs: Term, family, preload_rhs: bool = False) -> bool:
     egraph.run(L.dims.saturate())
     b = loader.expr(rhs)
     loader.flush()
-    return _equal(egraph, a, b)
+    return proved_equal(egraph, a, b)
 
 
 def proves(lhs: Term, rhs: Term, iterations: int = FULL_ITERATIONS) -> bool:
@@ -122,7 +114,7 @@ def proves(lhs: Term, rhs: Term, iterations: int = FULL_ITERATIONS) -> bool:
     a, b = loader.expr(lhs), loader.expr(rhs)
     loader.flush()
     _run(egraph, iterations)
-    return _equal(egraph, a, b)
+    return proved_equal(egraph, a, b)
 
 
 def _params(*terms: Term) -> dict[int, Term]:
@@ -833,7 +825,7 @@ def test_fuzz_proved_equalities_hold_numerically(seed: int) -> None:
     checked = 0
     for i in range(len(pool)):
         for j in range(i + 1, len(pool)):
-            if pool[i].shape == pool[j].shape and pool[i] is not pool[j] and _equal(egraph, exprs[i], exprs[j]):
+            if pool[i].shape == pool[j].shape and pool[i] is not pool[j] and proved_equal(egraph, exprs[i], exprs[j]):
                 checked += 1
                 assert np.allclose(vals[i], vals[j]), f"proved but different: {pool[i]} == {pool[j]}"
     print(f"{checked} proved equalities checked")

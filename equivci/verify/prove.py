@@ -99,7 +99,7 @@ def saturate(programs: Programs, extra_terms: list[Term] = (), iterations: int =
     _run(egraph, iterations)
     proved = []
     for dev_out, dev_targets in zip(programs.device_outputs, programs.targets):
-        proved.append([_equal(egraph, loader.expr(o), loader.expr(t)) for o, t in zip(dev_out, dev_targets)])
+        proved.append([proved_equal(egraph, loader.expr(o), loader.expr(t)) for o, t in zip(dev_out, dev_targets)])
     return Proof(proved, egraph, loader, time.perf_counter() - t0)
 
 
@@ -131,7 +131,7 @@ def is_related(proof: Proof, term: Term, constants: dict) -> bool:
         return False
 
 
-def _equal(egraph: EGraph, a, b) -> bool:
+def proved_equal(egraph: EGraph, a, b) -> bool:
     try:
         egraph.check(eq(a).to(b))
         return True
