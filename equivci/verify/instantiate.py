@@ -11,6 +11,7 @@ Ops without a model become `opaque` terms: equal only to the same op on equal ar
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import re
 
@@ -58,16 +59,24 @@ def dims_attr(text: str | None) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"-?\d+", text))
 
 
-def fingerprint(comp: Computation, module: Module) -> str:
+def semantic_attrs(inst: Instruction, module: Module) -> dict[str, str]:
+    """The attributes that decide what `inst` computes: no metadata or shardings, and called
+    computations by a name-free digest."""
+    attrs = {k: v for k, v in inst.attrs.items() if k not in ("metadata", "frontend_attributes", "sharding")}
+    for key in ("to_apply", "body", "condition", "calls", "comparator"):
+        name = attrs.get(key, "").lstrip("%")
+        if name in module.computations:
+            attrs[key] = fingerprint(name, module)
+    return attrs
+
+
+@functools.lru_cache(maxsize=None)
+def fingerprint(name: str, module: Module) -> str:
     """A name-free digest of a computation, for opaque ops that call one (sort, while, scatter)."""
+    comp = module.computations[name]
     index = {inst.name: k for k, inst in enumerate(comp.instructions)}
-    rows = []
-    for inst in comp.instructions:
-        attrs = {k: v for k, v in inst.attrs.items() if k not in ("metadata", "frontend_attributes", "sharding")}
-        for key in ("to_apply", "body", "condition", "calls", "comparator"):
-            if key in attrs and attrs[key].lstrip("%") in module.computations:
-                attrs[key] = fingerprint(module.computations[attrs[key].lstrip("%")], module)
-        rows.append(f"{inst.opcode}|{inst.shape}|{[index.get(o, o) for o in inst.operands]}|{sorted(attrs.items())}|{inst.is_root}")
+    rows = [f"{inst.opcode}|{inst.shape}|{[index.get(o, o) for o in inst.operands]}|"
+            f"{sorted(semantic_attrs(inst, module).items())}|{inst.is_root}" for inst in comp.instructions]
     return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
 
 
@@ -231,7 +240,8 @@ class Evaluator:
         if op == "convert" or op == "bitcast-convert":
             if args[0].dtype == shape.dtype and op == "convert":
                 return args[0]
-            return self.fold_or("unary", (f"{op}",), args, shape, lambda v: v.astype(_NP_DTYPES[shape.dtype]) if op == "convert" and shape.dtype in _NP_DTYPES else None)
+            exact = op == "convert" and shape.dtype in _NP_DTYPES  # bitcasts are not folded
+            return self.fold_or("unary", (op,), args, shape, lambda v: v.astype(_NP_DTYPES[shape.dtype]) if exact else None)
         if op in UNARY:
             return self.fold_or("unary", (op,), args, shape, lambda v: _np_unary(op, v))
         if op in BINARY:
@@ -336,10 +346,7 @@ class Evaluator:
         return self.mk(kind, attrs, args, shape)
 
     def opaque(self, inst: Instruction, args: list) -> Term:
-        attrs = {k: v for k, v in inst.attrs.items() if k not in ("metadata", "frontend_attributes", "sharding")}
-        for key in ("to_apply", "body", "condition", "calls", "comparator"):
-            if key in attrs and attrs[key].lstrip("%") in self.module.computations:
-                attrs[key] = fingerprint(self.module.computations[attrs[key].lstrip("%")], self.module)
+        attrs = semantic_attrs(inst, self.module)
         if inst.opcode == "custom-call":
             attrs.pop("custom_call_has_side_effect", None)
         key = f"{inst.opcode}|{sorted(attrs.items())}|{inst.shape}"
