@@ -43,11 +43,8 @@ class Proof:
 
 
 def _flatten(value) -> list[Term]:
-    return [v for item in (value if isinstance(value, tuple) else (value,)) for v in _flatten_one(item)]
-
-
-def _flatten_one(value) -> list[Term]:
-    return _flatten(value) if isinstance(value, tuple) else [value]
+    """The leaves of a (nested) tuple of terms."""
+    return [leaf for item in value for leaf in _flatten(item)] if isinstance(value, tuple) else [value]
 
 
 def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPlacement, ...],
