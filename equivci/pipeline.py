@@ -130,7 +130,7 @@ def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo) -> Mo
     else:
         from equivci.verify.sandbox import verify_isolated
 
-        result = verify_isolated(model, manifest, captured)
+        result = verify_isolated(model, manifest, captured, memo)
         memo.put_result(captured.content_key, result, captured.loc_digest)
     manifest_rel = manifest_display_path(manifest)
     tracked = set(captured.sources) | _entrypoint_files(manifest, model, repo_root) | {manifest_rel}

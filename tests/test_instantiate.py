@@ -244,17 +244,3 @@ def test_dynamic_slice_start_is_clamped_like_xla():
     (event,) = [e for e in programs.distributed_events if e.inst.opcode == "dynamic-slice"]
     assert event.values[1] is programs.evaluator.slice_nd(programs.params[0], ((4, 8),))
     assert saturate(programs).all_proved
-
-
-@pytest.mark.parametrize("op_name, layer", [
-    ("jit(forward)/layers_3/dot_general", "layers_3"),
-    ("layers_0/bhqk,bkhd->bqhd/dot_general", "layers_0"),
-    ("lm_head/add", "lm_head"),
-    ("jit(silu)/exp", None),
-    ("dot_general", None),
-    ("_moe_ep.<locals>.body/reduce", None),
-])
-def test_findings_name_the_named_scope_as_their_layer(op_name, layer):
-    from equivci.verify.engine import layer_of
-
-    assert layer_of(op_name) == layer

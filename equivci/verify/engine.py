@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
-import re
 import time
 
 from equivci.capture.types import CapturedModel
 from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import HloParseError, parse_module
+from equivci.layers.segments import Layering, layer_of, leaves, split
 from equivci.manifest import Manifest, ModelSpec
+from equivci.memo import Memo
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.verify.instantiate import Unsupported
 from equivci.verify.localize import Defect, first_defect, source_of
+from equivci.verify.layered import prove_layers
 from equivci.verify.prove import build_programs, saturate
 
 # Run the numeric oracle only where random inputs are cheap to draw and run on a CPU.
 MAX_ORACLE_ELEMENTS = 1 << 22
 
 
-def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel) -> ModelResult:
+def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo: Memo | None = None) -> ModelResult:
+    """`memo` serves and stores layer proofs (kind "layers"); without one, identical layers are
+    still proved once within the model."""
     t0 = time.perf_counter()
     try:
         reference = parse_module(captured.reference_hlo)
@@ -26,44 +30,56 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel) 
         programs = build_programs(reference, distributed, captured.inputs, captured.outputs, captured.num_devices)
     except (HloParseError, Unsupported) as exc:
         finding = Finding(None, None, "error", None, f"equivci cannot model this program yet: {exc}")
-        return _finish(model, manifest, Status.UNPROVEN, t0, (finding,), verified=False)
+        return _finish(model, Status.UNPROVEN, t0, (finding,), LayerCounts(1, 0, 0))
+    layering = split(programs.reference_events, programs.distributed_events, programs.reference_outputs,
+                     programs.device_outputs, programs.targets)
+    layers = LayerCounts(1, 0, 0)
+    if layering is not None:
+        layered = prove_layers(programs, layering, memo if memo is not None else Memo(None))
+        outcomes = layered.layers
+        layers = LayerCounts(len(outcomes), sum(o.proved for o in outcomes), sum(o.reused for o in outcomes))
+        if layered.all_proved:
+            return _finish(model, Status.VERIFIED, t0, (), LayerCounts(layers.total, layers.total, layers.reused))
+    # The layers alone do not prove it (a relation between layers that is not a window, or a
+    # real defect): prove the whole program, which also gives the localization its e-graph.
     proof = saturate(programs)
     if proof.all_proved:
-        return _finish(model, manifest, Status.VERIFIED, t0, (), verified=True)
+        return _finish(model, Status.VERIFIED, t0, (), LayerCounts(layers.total, layers.total, layers.reused))
 
     outputs = {id(t) for dev in programs.device_outputs for t in dev}
     defect = first_defect(programs.distributed_events, proof, programs.evaluator, axis_groups(captured.mesh), outputs,
                           reference_events=programs.reference_events)
-    findings = [_finding(defect, captured)] if defect else [_output_finding(proof, captured)]
+    findings = [_finding(defect, captured, programs.distributed_events, layering)] if defect else [_output_finding(proof, captured)]
     counterexample = _counterexample(model, manifest, captured)
     if counterexample is not None:
-        findings.append(Finding(findings[0].path, findings[0].line, "error", None, counterexample))
-        return _finish(model, manifest, Status.MISMATCH, t0, tuple(findings), verified=False)
-    return _finish(model, manifest, Status.UNPROVEN, t0, tuple(findings), verified=False)
+        findings.append(Finding(findings[0].path, findings[0].line, "error", findings[0].layer, counterexample))
+        return _finish(model, Status.MISMATCH, t0, tuple(findings), layers)
+    return _finish(model, Status.UNPROVEN, t0, tuple(findings), layers)
 
 
-def _finish(model, manifest, status, t0, findings, verified: bool) -> ModelResult:
-    layers = LayerCounts(total=1, verified=1 if verified else 0, reused=0)
+def _finish(model, status, t0, findings, layers: LayerCounts) -> ModelResult:
     return ModelResult(model.name, status, round(time.perf_counter() - t0, 3), layers, tuple(findings))
 
 
-_SCOPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+def _layer_of_defect(defect: Defect, events: list, layering: Layering | None) -> str | None:
+    """The op's own scope, else (an op outside any scope) the layer its value was counted in."""
+    scope = layer_of(defect.inst.op_name)
+    if scope is not None or layering is None:
+        return scope
+    for event in events:
+        if event.inst is defect.inst:
+            return next((layering.label.get(v) for v in leaves(event.values[0])), None)
+    return None
 
 
-def layer_of(op_name: str) -> str | None:
-    """The user's outermost named scope in an op_name (`jit(f)/layers_3/dot_general` -> `layers_3`)."""
-    parts = [p for p in op_name.split("/")[:-1] if not p.startswith(("jit(", "pjit(", "shard_map"))]
-    return parts[0] if parts and _SCOPE.match(parts[0]) else None
-
-
-def _finding(defect: Defect, captured: CapturedModel) -> Finding:
+def _finding(defect: Defect, captured: CapturedModel, events: list, layering: Layering | None) -> Finding:
     path, line = source_of(defect.inst, captured.repo_root)
     message = defect.message
     if defect.context is not None:
         cpath, cline = source_of(defect.context, captured.repo_root)
         where = f"{cpath}:{cline}" if cpath else defect.context.name
         message += f" (it is combined with the other operand at {where}, `{defect.context.opcode}`)"
-    return Finding(path, line, "error", layer_of(defect.inst.op_name), message, op=defect.inst.name)
+    return Finding(path, line, "error", _layer_of_defect(defect, events, layering), message, op=defect.inst.name)
 
 
 def _output_finding(proof, captured: CapturedModel) -> Finding:

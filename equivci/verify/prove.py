@@ -74,29 +74,38 @@ def _short_dtype(dtype: str) -> str:
 
 
 def saturate(programs: Programs, extra_terms: list[Term] = (), iterations: int = MAX_ITERATIONS) -> Proof:
-    t0 = time.perf_counter()
-    egraph = EGraph()
-    loader = Loader(egraph)
-    for t in programs.reference_outputs:
-        loader.expr(t)
     reference_values = list(programs.params)
     for event in programs.reference_events:
         reference_values.extend(_flatten(event.values[0]))
+    pairs = [list(zip(dev_out, dev_targets)) for dev_out, dev_targets in zip(programs.device_outputs, programs.targets)]
+    return saturate_terms(programs.reference_outputs, reference_values, pairs, programs.evaluator.equal_terms,
+                          extra_terms, iterations)
+
+
+def saturate_terms(reference_outputs: list[Term], reference_values: list[Term], pairs: list[list[tuple[Term, Term]]],
+                   equal_groups: list[list[Term]], extra_terms: list[Term] = (),
+                   iterations: int = MAX_ITERATIONS) -> Proof:
+    """Saturate the terms of both programs; `pairs[d]` are (distributed output, target) to prove
+    equal, `reference_values` the terms that are values of the reference program."""
+    t0 = time.perf_counter()
+    egraph = EGraph()
+    loader = Loader(egraph)
+    for t in reference_outputs:
+        loader.expr(t)
     for t in reference_values:
         egraph.register(L.related(loader.expr(t)), L.reference(loader.expr(t)))
-    for dev_out, dev_targets in zip(programs.device_outputs, programs.targets):
-        for t in dev_out + dev_targets:
-            loader.expr(t)
+    for row in pairs:
+        for o, target in row:
+            loader.expr(o)
+            loader.expr(target)
     for t in extra_terms:
         loader.expr(t)
-    for group in programs.evaluator.equal_terms:
+    for group in equal_groups:
         first = loader.expr(group[0])
         egraph.register(*[union(first).with_(loader.expr(t)) for t in group[1:]])
     loader.flush()
     _run(egraph, iterations)
-    proved = []
-    for dev_out, dev_targets in zip(programs.device_outputs, programs.targets):
-        proved.append([proved_equal(egraph, loader.expr(o), loader.expr(t)) for o, t in zip(dev_out, dev_targets)])
+    proved = [[proved_equal(egraph, loader.expr(o), loader.expr(target)) for o, target in row] for row in pairs]
     return Proof(proved, egraph, loader, time.perf_counter() - t0)
 
 

@@ -38,12 +38,12 @@ class VerifierCrash(RuntimeError):
         return f"{super().__str__()}\n\nin the verifier process:\n{self.child_traceback}"
 
 
-def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel) -> None:
+def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
     engine = importlib.import_module("equivci.verify.engine")
 
     try:
-        conn.send(("ok", engine.verify_model(model, manifest, captured)))
+        conn.send(("ok", engine.verify_model(model, manifest, captured, memo)))
     except EquivciError as err:
         conn.send(("user", str(err)))
     except MemoryError:
@@ -54,11 +54,13 @@ def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel) 
         conn.close()
 
 
-def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedModel) -> ModelResult:
+def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo=None) -> ModelResult:
+    """verify_model in a child with a time and memory limit; layer proofs go through `memo`
+    (an equivci.memo.Memo; the child writes new ones to its folder)."""
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(send, model, manifest, captured), daemon=True)
+    child = ctx.Process(target=_child, args=(send, model, manifest, captured, memo), daemon=True)
     child.start()
     send.close()
     answer = None
