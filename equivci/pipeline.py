@@ -20,6 +20,8 @@ from equivci.results import Finding, LayerCounts, ModelResult, Report, Status
 class Progress(Protocol):
     def started(self, name: str) -> None: ...
 
+    def layer(self, name: str, done: int, total: int) -> None: ...
+
     def finished(self, result: ModelResult) -> None: ...
 
 
@@ -57,7 +59,7 @@ def _error_result(model: ModelSpec, path: str | None, message: str, seconds: flo
     return ModelResult(name=model.name, status=Status.ERROR, seconds=seconds, findings=(finding,))
 
 
-def run_model(manifest: Manifest, model: ModelSpec, debug: bool = False, memo=None) -> ModelResult:
+def run_model(manifest: Manifest, model: ModelSpec, debug: bool = False, memo=None, on_layer=None) -> ModelResult:
     """Capture and verify one model. With a `memo` (equivci.memo.Memo), a result stored under the
     model's content key is reused (the capture child stops before compiling) and a new one is stored."""
     # Imported here: the capture and verify stages are heavy and load only when a model runs.
@@ -68,9 +70,9 @@ def run_model(manifest: Manifest, model: ModelSpec, debug: bool = False, memo=No
         if memo is None:
             from equivci.verify.sandbox import verify_isolated
 
-            result = verify_isolated(model, manifest, capture_model(model, manifest, debug=debug))
+            result = verify_isolated(model, manifest, capture_model(model, manifest, debug=debug), on_layer=on_layer)
         else:
-            result = _run_memoized(manifest, model, debug, memo)
+            result = _run_memoized(manifest, model, debug, memo, on_layer)
     except EquivciError as err:
         return _error_result(model, manifest_display_path(manifest), str(err), time.perf_counter() - t0)
     except Exception as exc:
@@ -110,7 +112,7 @@ def _all_reused(result: ModelResult, name: str) -> ModelResult:
     return dataclasses.replace(result, name=name, layers=LayerCounts(total, result.layers.verified, total))
 
 
-def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo) -> ModelResult:
+def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo, on_layer=None) -> ModelResult:
     from equivci import memo as memo_mod
     from equivci.capture.run import capture_model, repo_root_of
 
@@ -130,7 +132,7 @@ def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo) -> Mo
     else:
         from equivci.verify.sandbox import verify_isolated
 
-        result = verify_isolated(model, manifest, captured, memo)
+        result = verify_isolated(model, manifest, captured, memo, on_layer)
         memo.put_result(captured.content_key, result, captured.loc_digest)
     manifest_rel = manifest_display_path(manifest)
     tracked = set(captured.sources) | _entrypoint_files(manifest, model, repo_root) | {manifest_rel}
@@ -200,7 +202,8 @@ def run_models(
             if result is not None:
                 result = dataclasses.replace(result, seconds=time.perf_counter() - t0)
         if result is None:
-            result = run_model(manifest, model, debug, memo=memo)
+            result = run_model(manifest, model, debug, memo=memo,
+                               on_layer=lambda done, total, name=model.name: progress.layer(name, done, total))
         result = gitdiff.mark_changed(result, changes)
         progress.finished(result)
         results.append(result)

@@ -79,6 +79,15 @@ def test_progress_plain_lines() -> None:
     ]
 
 
+def test_progress_plain_layer_lines_are_rate_limited() -> None:
+    out = io.StringIO()
+    with RunProgress(1, out) as progress:
+        progress.started("llama-405b")
+        for done in range(1, 128):
+            progress.layer("llama-405b", done, 127)  # fast layers: only the last one is worth a line
+    assert out.getvalue().splitlines() == ["equivci:   llama-405b: layers 127/127"]
+
+
 def test_progress_plain_under_ci_even_on_a_terminal(monkeypatch) -> None:
     monkeypatch.setenv("CI", "true")
 

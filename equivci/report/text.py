@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import TextIO
 
 from rich.console import Console
@@ -79,6 +80,10 @@ def write_text(report: Report, out: TextIO | None = None) -> None:
     console.print(summary_line(report))
 
 
+# In logs, a line about layers at most this often (a 126-layer model would print 126 lines).
+LAYER_LINE_SECONDS = 5.0
+
+
 class RunProgress:
     """Progress of a run on stderr: a rich bar on a terminal, `equivci: [i/n] name: status (s)` lines otherwise."""
 
@@ -88,6 +93,7 @@ class RunProgress:
         self.console = _console(out or sys.stderr)
         self._bar: Progress | None = None
         self._task = None
+        self._last_line = time.monotonic()
 
     def __enter__(self) -> RunProgress:
         if _interactive(self.console):
@@ -111,6 +117,13 @@ class RunProgress:
     def started(self, name: str) -> None:
         if self._bar is not None:
             self._bar.update(self._task, description=f"{name}: capturing and verifying")
+
+    def layer(self, name: str, done: int, total: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, description=f"{name}: layer {done}/{total}")
+        elif time.monotonic() - self._last_line >= LAYER_LINE_SECONDS or done == total:
+            self._last_line = time.monotonic()
+            self.console.print(f"equivci:   {name}: layers {done}/{total}")
 
     def finished(self, result: ModelResult) -> None:
         self.done += 1

@@ -13,16 +13,20 @@ from equivci.memo import Memo
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.verify.instantiate import Unsupported
 from equivci.verify.localize import Defect, first_defect, source_of
-from equivci.verify.layered import prove_layers
+from equivci.verify.layered import prefix_proof, prove_layers
 from equivci.verify.prove import build_programs, saturate
 
 # Run the numeric oracle only where random inputs are cheap to draw and run on a CPU.
 MAX_ORACLE_ELEMENTS = 1 << 22
+# Past this many terms, a model the layers do not prove is saturated only up to its first
+# unproved layer (the whole e-graph of a 100-layer model costs minutes).
+WHOLE_PROGRAM_TERMS = 20_000
 
 
-def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo: Memo | None = None) -> ModelResult:
+def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo: Memo | None = None,
+                 on_layer=None) -> ModelResult:
     """`memo` serves and stores layer proofs (kind "layers"); without one, identical layers are
-    still proved once within the model."""
+    still proved once within the model. `on_layer(done, total)` after each layer."""
     t0 = time.perf_counter()
     try:
         reference = parse_module(captured.reference_hlo)
@@ -35,14 +39,18 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
                      programs.device_outputs, programs.targets)
     layers = LayerCounts(1, 0, 0)
     if layering is not None:
-        layered = prove_layers(programs, layering, memo if memo is not None else Memo(None))
+        layered = prove_layers(programs, layering, memo if memo is not None else Memo(None), on_layer)
         outcomes = layered.layers
         layers = LayerCounts(len(outcomes), sum(o.proved for o in outcomes), sum(o.reused for o in outcomes))
         if layered.all_proved:
             return _finish(model, Status.VERIFIED, t0, (), LayerCounts(layers.total, layers.total, layers.reused))
     # The layers alone do not prove it (a relation between layers that is not a window, or a
-    # real defect): prove the whole program, which also gives the localization its e-graph.
-    proof = saturate(programs)
+    # real defect): prove the whole program, which also gives the localization its e-graph; on a
+    # big model only up to the first unproved layer, where the first defect is.
+    if layering is not None and len(programs.evaluator.table) > WHOLE_PROGRAM_TERMS:
+        proof = prefix_proof(programs, layering, layered.layers)
+    else:
+        proof = saturate(programs)
     if proof.all_proved:
         return _finish(model, Status.VERIFIED, t0, (), LayerCounts(layers.total, layers.total, layers.reused))
 

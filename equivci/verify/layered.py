@@ -19,7 +19,7 @@ import time
 from equivci import memo as memo_mod
 from equivci.layers.canonical import canonical_form
 from equivci.layers.segments import Layering, Segment, leaves
-from equivci.verify.prove import Programs, add_terms, proved_equal, saturate_terms
+from equivci.verify.prove import Programs, Proof, add_terms, proved_equal, saturate_terms
 from equivci.verify.terms import Term
 
 # Leaves standing for values that enter a layer are params numbered from here (the model's own
@@ -204,3 +204,26 @@ def _valid(payload, problem: _Problem) -> dict | None:
         except (TypeError, ValueError, IndexError):
             return None
     return payload
+
+
+def prefix_proof(programs: Programs, layering: Layering, outcomes: list[LayerOutcome]) -> Proof:
+    """The whole-program proof restricted to the layers up to the first unproved one: what the
+    localization needs on a model too big to saturate whole. Obligations outside it stay unproved."""
+    first_bad = next((i for i, o in enumerate(outcomes) if not o.proved), len(outcomes) - 1)
+    names = {s.name for s in layering.segments[: first_bad + 1]} | {None}
+
+    def inside(t: Term) -> bool:
+        return layering.label.get(t) in names
+
+    reference_values = list(programs.params) + [
+        v for e in programs.reference_events for v in leaves(e.values[0]) if inside(v)]
+    distributed_values = [v for e in programs.distributed_events for dv in e.values for v in leaves(dv) if inside(v)]
+    rows = [[(o, t) if inside(o) and inside(t) else None for o, t in zip(row, targets)]
+            for row, targets in zip(programs.device_outputs, programs.targets)]
+    proof = saturate_terms(reference_values, reference_values, [[p for p in row if p] for row in rows],
+                           programs.evaluator.equal_terms, distributed_values)
+    proved = []
+    for row, results in zip(rows, proof.proved):
+        answers = iter(results)
+        proved.append([next(answers) if p else False for p in row])
+    return dataclasses.replace(proof, proved=proved)

@@ -42,8 +42,11 @@ def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
     engine = importlib.import_module("equivci.verify.engine")
 
+    def layer_done(done: int, total: int) -> None:
+        conn.send(("layer", (done, total)))
+
     try:
-        conn.send(("ok", engine.verify_model(model, manifest, captured, memo)))
+        conn.send(("ok", engine.verify_model(model, manifest, captured, memo, layer_done)))
     except EquivciError as err:
         conn.send(("user", str(err)))
     except MemoryError:
@@ -54,22 +57,19 @@ def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         conn.close()
 
 
-def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo=None) -> ModelResult:
+def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo=None,
+                    on_layer=None) -> ModelResult:
     """verify_model in a child with a time and memory limit; layer proofs go through `memo`
-    (an equivci.memo.Memo; the child writes new ones to its folder)."""
+    (an equivci.memo.Memo; the child writes new ones to its folder); `on_layer(done, total)` as
+    the child proves layers."""
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child, args=(send, model, manifest, captured, memo), daemon=True)
     child.start()
     send.close()
-    answer = None
-    if receive.poll(TIME_LIMIT_SECONDS):
-        try:
-            answer = receive.recv()
-        except EOFError:  # the child died without answering (killed when over the memory cap)
-            answer = None
-    else:
+    answer = _answer(receive, t0 + TIME_LIMIT_SECONDS, on_layer)
+    if answer is None:
         child.kill()
     child.join()
     if answer is None and child.exitcode in (None, -9) and time.perf_counter() - t0 >= TIME_LIMIT_SECONDS:
@@ -84,6 +84,20 @@ def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedMode
     if kind == "user":
         raise EquivciError(payload)
     raise VerifierCrash(*payload)
+
+
+def _answer(receive, deadline: float, on_layer) -> tuple | None:
+    """The child's answer, passing its layer progress on; None if it died or ran out of time."""
+    while receive.poll(max(0.0, deadline - time.perf_counter())):
+        try:
+            kind, payload = receive.recv()
+        except EOFError:  # the child died without answering (killed when over the memory cap)
+            return None
+        if kind != "layer":
+            return kind, payload
+        if on_layer is not None:
+            on_layer(*payload)
+    return None
 
 
 def _unproven(model: ModelSpec, t0: float, reason: str) -> ModelResult:
