@@ -8,7 +8,7 @@ repository, every figure from a fresh process running the real CLI:
   cold    `equivci verify` with an empty cache
   warm    the same again (no change): the capture child lowers, hashes, finds the key, stops
   warm-cs `equivci verify --changed-since HEAD` with no change: no capture at all
-  1-line  one line of the LM-head code changed (h @ w_out -> einsum), `--changed-since HEAD`
+  1-line  one line of the LM-head code changed (logit soft-capping added), `--changed-since HEAD`
 
 with wall time, peak RSS (the largest process of the run, via wait4) and ratios to the bare
 lowering. `--layers N,N,...` adds a sweep over the number of identical layers (8B-shaped).
@@ -34,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 EQUIVCI = [sys.executable, "-m", "equivci"]
 LM_HEAD_OLD = "    return h @ w_out  # logits"
-LM_HEAD_NEW = '    return jnp.einsum("bsd,dv->bsv", h, w_out)  # logits'
+LM_HEAD_NEW = "    return 30.0 * jnp.tanh((h @ w_out) / 30.0)  # logits, soft-capped"
 
 MANIFEST = """version: 1
 models:
