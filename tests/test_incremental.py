@@ -67,14 +67,6 @@ def warm_template(tmp_path_factory) -> Path:
     return repo
 
 
-@pytest.fixture()
-def repo(warm_template: Path, tmp_path: Path, monkeypatch) -> Path:
-    monkeypatch.delenv(memo.ENV_CACHE_DIR, raising=False)
-    copy = tmp_path / "repo"
-    shutil.copytree(warm_template, copy, symlinks=True)
-    return copy
-
-
 def test_cold_run_fills_the_cache(repo: Path) -> None:
     cache = repo / ".equivci" / "cache"
     assert (cache / "CACHEDIR.TAG").is_file()

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from equivci import memo
 from equivci.cli import run
+from test_incremental import git
 
 STACK = Path(__file__).resolve().parent.parent / "examples" / "models" / "stack.py"
 MANIFEST = """\
@@ -42,18 +42,11 @@ def warm_template(tmp_path_factory) -> Path:
     shutil.copy(STACK, repo / "stack.py")
     (repo / "equivci.yaml").write_text(MANIFEST)
     (repo / ".gitignore").write_text(".equivci/\n")
-    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "stack"]):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=repo, check=True)
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "stack")
     assert run(["verify", "--manifest", str(repo / "equivci.yaml")]) == 0
     return repo
-
-
-@pytest.fixture()
-def repo(warm_template: Path, tmp_path: Path, monkeypatch) -> Path:
-    monkeypatch.delenv(memo.ENV_CACHE_DIR, raising=False)
-    copy = tmp_path / "repo"
-    shutil.copytree(warm_template, copy, symlinks=True)
-    return copy
 
 
 def edit_tensor_parallel_head(repo: Path, new: str) -> int:
