@@ -19,7 +19,7 @@ import numpy as np
 
 from equivci.hlo.collectives import UnsupportedGroups, parse_groups, parse_pairs
 from equivci.hlo.ir import Computation, Instruction, Module, Shape
-from equivci.verify.terms import Term, TermTable, bcast_spec, reshape_spec
+from equivci.verify.terms import Term, TermTable, bcast_spec, gather_map, reduce_pair_map, reshape_spec
 
 UNARY = {
     "abs", "ceil", "cos", "exp", "exponential", "exponential-minus-one", "floor", "log", "log-plus-one",
@@ -93,7 +93,7 @@ class Evaluator:
     # -- constants ---------------------------------------------------------------------------
     def const(self, value: np.ndarray, dtype: str) -> Term:
         value = np.asarray(value)
-        if value.size and np.all(value == value.flat[0]):
+        if _uniform(value):
             scalar = self.table.make("const", (repr(value.flat[0].item()),), (), (), dtype)
             self.values[scalar] = np.asarray(value.flat[0])
             if value.ndim == 0:
@@ -125,7 +125,7 @@ class Evaluator:
             target = np.moveaxis(value, k, 0)
             windows = [self.slice_term(known, k, start, start + width)
                        for start in range(array.shape[k] - width + 1)
-                       if np.array_equal(moved[start:start + width], target)]
+                       if np.array_equal(moved[start:start + width], target, equal_nan=True)]
             if windows:
                 # A constant that repeats along k (a mask broadcast over heads) is every such window.
                 if len(windows) > 1:
@@ -150,7 +150,7 @@ class Evaluator:
             index = [slice(None)] * len(x.shape)
             index[dim] = slice(start, stop)
             window = value[tuple(index)]
-            if window.size and np.all(window == window.flat[0]):
+            if _uniform(window):
                 return self.const(window, x.dtype)
         if x.op == "slice" and x.attrs[0] == dim:  # compose, so slices stay one level deep per dim
             inner_start = x.attrs[1]
@@ -294,6 +294,8 @@ class Evaluator:
             return self.dot(inst, args)
         if op == "reduce":
             return self.reduce(inst, args)
+        if op == "gather":
+            return self.gather(inst, args)
         return self.opaque(inst, args)
 
     def reshape_term(self, operand: Term, shape: Shape) -> Term:
@@ -302,7 +304,7 @@ class Evaluator:
         if operand.shape == shape.dims:
             return operand
         value = self.folded(operand)
-        if value is not None and (value.size <= 1 or np.all(value == value.flat[0])):
+        if value is not None and (value.size <= 1 or _uniform(value)):
             return self.const(value.reshape(shape.dims), shape.dtype)
         # Tables stay symbolic (a device's table is a window of the reference's); the value is
         # kept so that index arithmetic on it still folds.
@@ -384,6 +386,8 @@ class Evaluator:
 
     def reduce(self, inst: Instruction, args: list) -> Term:
         reducer = self.reducer(inst)
+        if len(args) == 4 and inst.shape.is_tuple:
+            return self.reduce_pair(inst, args)
         if reducer is None or len(args) != 2:
             return self.opaque(inst, args)
         x, init = args
@@ -393,6 +397,31 @@ class Evaluator:
         dims = dims_attr(inst.attrs.get("dimensions"))
         key = f"{len(x.shape)}:{','.join(map(str, sorted(dims)))}"
         return self.mk("reduce", (reducer, key), (x,), inst.shape)
+
+    def reduce_pair(self, inst: Instruction, args: list) -> tuple:
+        """A reduce of two operands at once (argmax, argmin): each output element depends only on
+        the operands at the same kept index, so it is an aligned map over the kept dims."""
+        x, y, *inits = args
+        init_values = [self.folded(i) for i in inits]
+        if any(v is None or v.ndim for v in init_values) or x.shape != y.shape:
+            return self.opaque(inst, args)
+        dims = dims_attr(inst.attrs.get("dimensions"))
+        aligned = reduce_pair_map(len(x.shape), dims)
+        op_key = (f"reduce2:{fingerprint(self.called(inst, 'to_apply').name, self.module)}:"
+                  f"{[v.item() for v in init_values]}:{len(x.shape)}:{sorted(dims)}")
+        return tuple(self.mk("aligned", (aligned.key(f"{op_key}:{k}"),), (x, y), element)
+                     for k, element in enumerate(inst.shape.elements))
+
+    def gather(self, inst: Instruction, args: list) -> Term:
+        """A gather is independent along its index dims (a batched gather also along the operand's
+        batching dims): an aligned map."""
+        x, idx = args
+        attrs = semantic_attrs(inst, self.module)
+        aligned = gather_map(attrs, len(x.shape), len(idx.shape), len(inst.shape.dims))
+        if aligned is None:
+            return self.opaque(inst, args)
+        op_key = "gather:" + ";".join(f"{k}={v}" for k, v in sorted(attrs.items()))
+        return self.mk("aligned", (aligned.key(op_key),), (x, idx), inst.shape)
 
     # -- collectives -------------------------------------------------------------------------
     def collective(self, inst: Instruction, ops: list[list]) -> list:
@@ -468,6 +497,11 @@ def _lookup(env: dict[str, list], name: str) -> list:
     if not sep or base not in env:
         raise Unsupported(f"operand {name} is not defined before its use")
     return [v[int(index)] for v in env[base]]
+
+
+def _uniform(value: np.ndarray) -> bool:
+    """All elements equal; NaN fills (a gather's out-of-range value) count as equal to each other."""
+    return bool(value.size) and np.array_equal(value, np.full_like(value, value.flat[0]), equal_nan=True)
 
 
 def _target(attrs: dict[str, str]) -> str:

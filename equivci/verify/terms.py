@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -166,3 +167,51 @@ def compose_bcast(inner: str, outer: str) -> str:
     """The spec of bcast(bcast(x, inner), outer) as one broadcast of x."""
     inner_parts = inner.split(",") if inner else []
     return ",".join(inner_parts[int(p[1:])] if p.startswith("i") else p for p in outer.split(",") if p)
+
+
+@dataclasses.dataclass(frozen=True)
+class AlignedMap:
+    """How a two-operand op that acts independently along some dims (a variadic reduce, a batched
+    gather) lays out its output: operand dim -> output dim for each aligned dim, and the sizes of
+    the output dims that follow from the op's attributes alone. Slicing both operands along dims
+    that map to the same output dim slices the output there (the `aligned` rules)."""
+
+    lhs: tuple[tuple[int, int], ...]  # (lhs dim, output dim)
+    rhs: tuple[tuple[int, int], ...]  # (rhs dim, output dim)
+    fixed: tuple[tuple[int, int], ...]  # (output dim, size)
+
+    def key(self, op_key: str) -> str:
+        """The op's egglog key: its shape-free attributes and these tables (the loader reads them back)."""
+        enc = lambda pairs: ",".join(f"{a}:{b}" for a, b in pairs)  # noqa: E731
+        return f"{op_key}|l={enc(self.lhs)}|r={enc(self.rhs)}|f={enc(self.fixed)}"
+
+    @staticmethod
+    def parse(key: str) -> "AlignedMap":
+        fields = dict(part.split("=", 1) for part in key.split("|")[-3:])
+        dec = lambda text: tuple(tuple(int(v) for v in p.split(":")) for p in text.split(",") if p)  # noqa: E731
+        return AlignedMap(dec(fields["l"]), dec(fields["r"]), dec(fields["f"]))
+
+
+def reduce_pair_map(rank: int, dims: tuple[int, ...]) -> AlignedMap:
+    """A reduce of two same-shaped operands over `dims`: every kept dim is aligned."""
+    table = tuple((k, o) for o, k in enumerate(k for k in range(rank) if k not in dims))
+    return AlignedMap(table, table, ())
+
+
+def gather_map(attrs: dict[str, str], operand_rank: int, indices_rank: int, out_rank: int) -> AlignedMap | None:
+    """A gather's tables: output rows along an index dim come from the index rows at that position
+    (and, for a batching dim, from the operand rows there too); window dims have fixed sizes."""
+    ints = lambda name: tuple(int(v) for v in re.findall(r"-?\d+", attrs.get(name, "")))  # noqa: E731
+    offset = set(ints("offset_dims"))
+    collapsed, op_batch, idx_batch = ints("collapsed_slice_dims"), ints("operand_batching_dims"), ints("start_indices_batching_dims")
+    sizes = ints("slice_sizes")
+    vector_dim = int(attrs.get("index_vector_dim", indices_rank))
+    batch_out = [o for o in range(out_rank) if o not in offset]
+    idx_dims = [j for j in range(indices_rank) if j != vector_dim]
+    window = [k for k in range(operand_rank) if k not in collapsed and k not in op_batch]
+    if len(batch_out) != len(idx_dims) or len(window) != len(offset) or len(sizes) != operand_rank:
+        return None
+    rhs = tuple(zip(idx_dims, batch_out))
+    out_of_idx = dict(rhs)
+    lhs = tuple((k, out_of_idx[j]) for k, j in zip(op_batch, idx_batch))
+    return AlignedMap(lhs, rhs, tuple((o, sizes[k]) for k, o in zip(window, sorted(offset))))
