@@ -32,6 +32,8 @@ BINARY = {
 }
 IDENTITY_CUSTOM_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "xla.sdy.GlobalToLocalShape",
                          "xla.sdy.LocalToGlobalShape", "xla.sdy.FuncResultSharding", "X64Combine", "LayoutConstraint"}
+# Ops whose elements are elements of their first operand.
+BOUND_PRESERVING = {"reshape", "bitcast", "broadcast", "slice", "dynamic-slice", "transpose", "copy", "convert"}
 REDUCERS = {"add": "add", "maximum": "maximum", "minimum": "minimum", "multiply": "multiply", "and": "and", "or": "or"}
 # Folding constants bigger than this would copy weights-sized arrays around: keep them symbolic.
 MAX_FOLD_ELEMENTS = 1 << 16
@@ -88,6 +90,7 @@ class Evaluator:
         self.values: dict[Term, np.ndarray] = {}  # folded constant terms -> their value
         self.arrays: list[tuple[Term, np.ndarray]] = []  # non-uniform constants, oldest first
         self.equal_terms: list[list[Term]] = []  # groups of terms known equal by evaluation
+        self.bounds: dict[Term, tuple[float, float]] = {}  # integer terms -> [lo, hi] of their elements
         self.events: list[Event] = []
 
     # -- constants ---------------------------------------------------------------------------
@@ -211,6 +214,14 @@ class Evaluator:
         return [self.local(inst, [o[d] for o in ops], d) for d in range(self.n)]
 
     def local(self, inst: Instruction, args: list, device: int):
+        result = self.local_value(inst, args, device)
+        if isinstance(result, Term) and inst.opcode in BOUND_PRESERVING and result not in self.bounds:
+            self.bound(result, *[a for a in args[:1] if isinstance(a, Term)])
+        if isinstance(result, Term) and inst.opcode == "select" and len(args) == 3 and result not in self.bounds:
+            self.bound(result, args[1], args[2])
+        return result
+
+    def local_value(self, inst: Instruction, args: list, device: int):
         op, shape, attrs = inst.opcode, inst.shape, inst.attrs
         if op == "constant":
             value = parse_literal(attrs["_literal"], shape)
@@ -247,8 +258,15 @@ class Evaluator:
         if op in BINARY:
             return self.fold_or("binary", (op,), args, shape, lambda a, b: _np_binary(op, a, b, shape.dtype))
         if op == "compare":
+            decided = self.decide(attrs["direction"], args[0], args[1], shape)
+            if decided is not None:
+                return decided
             name = f"compare-{attrs['direction']}:{args[0].dtype}"
             return self.fold_or("binary", (name,), args, shape, lambda a, b: _np_compare(attrs["direction"], a, b))
+        if op == "select":
+            chosen = self.select_by_constant(*args)
+            if chosen is not None:
+                return chosen
         if op in ("select", "clamp"):
             fn = (lambda p, a, b: np.where(p, a, b)) if op == "select" else (lambda lo, x, hi: np.clip(x, lo, hi))
             return self.fold_or("ternary", (op,), args, shape, fn)
@@ -335,6 +353,13 @@ class Evaluator:
             self.values[term] = np.broadcast_to(expanded, shape.dims)
         return term
 
+    def select_by_constant(self, p: Term, a: Term, b: Term) -> Term | None:
+        """select(p, a, b) with p the same constant everywhere is one of its branches."""
+        value = self.folded(p)
+        if value is None or not _uniform(value):
+            return None
+        return a if bool(value.flat[0]) else b
+
     def fold_or(self, kind: str, attrs: tuple, args: list, shape: Shape, fn) -> Term:
         values = [self.folded(a) for a in args]
         if all(v is not None for v in values) and np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
@@ -395,6 +420,9 @@ class Evaluator:
         if init_value is None or not _is_identity(reducer, init_value):
             return self.opaque(inst, args)
         dims = dims_attr(inst.attrs.get("dimensions"))
+        value = self.folded(x)
+        if value is not None and reducer in ("and", "or"):  # masks of range checks fold away
+            return self.const(np.all(value, axis=dims) if reducer == "and" else np.any(value, axis=dims), inst.shape.dtype)
         key = f"{len(x.shape)}:{','.join(map(str, sorted(dims)))}"
         return self.mk("reduce", (reducer, key), (x,), inst.shape)
 
@@ -409,8 +437,53 @@ class Evaluator:
         aligned = reduce_pair_map(len(x.shape), dims)
         op_key = (f"reduce2:{fingerprint(self.called(inst, 'to_apply').name, self.module)}:"
                   f"{[v.item() for v in init_values]}:{len(x.shape)}:{sorted(dims)}")
-        return tuple(self.mk("aligned", (aligned.key(f"{op_key}:{k}"),), (x, y), element)
-                     for k, element in enumerate(inst.shape.elements))
+        out = tuple(self.mk("aligned", (aligned.key(f"{op_key}:{k}"),), (x, y), element)
+                    for k, element in enumerate(inst.shape.elements))
+        for k, term in enumerate(out):
+            if self.picks_operand(inst, k):  # an argmax index is one of the operand's (or the init)
+                self.bound(term, (x, y)[k], inits[k])
+        return out
+
+    def picks_operand(self, inst: Instruction, k: int) -> bool:
+        """Whether output `k` of a two-operand reduce is always one of its two inputs: the reducer's
+        result k is a select between its parameters k and k + 2."""
+        comp = self.called(inst, "to_apply")
+        root = comp.root
+        by_name = {i.name: i for i in comp.instructions}
+        if root.opcode != "tuple" or k >= len(root.operands):
+            return False
+        chosen = by_name.get(root.operands[k])
+        if chosen is None or chosen.opcode != "select":
+            return False
+        numbers = {by_name[o].attrs.get("_number") for o in chosen.operands[1:] if o in by_name
+                   and by_name[o].opcode == "parameter"}
+        return numbers == {str(k), str(k + 2)}
+
+    # -- bounds of integer values (folds range checks such as a gather's index validation) ---------
+    def bounds_of(self, term: Term) -> tuple[float, float] | None:
+        value = self.folded(term)
+        if value is not None and value.size and term.dtype[0] in "su":
+            return float(value.min()), float(value.max())
+        return self.bounds.get(term)
+
+    def bound(self, term: Term, *sources: Term) -> None:
+        """`term`'s elements are elements of `sources`."""
+        found = [self.bounds_of(s) for s in sources]
+        if term.dtype[0] in "su" and self.folded(term) is None and all(b is not None for b in found):
+            self.bounds[term] = (min(b[0] for b in found), max(b[1] for b in found))
+
+    def decide(self, direction: str, a: Term, b: Term, shape: Shape) -> Term | None:
+        """A comparison that the bounds of its operands decide, as a constant."""
+        ra, rb = self.bounds_of(a), self.bounds_of(b)
+        if ra is None or rb is None:
+            return None
+        always = {"LT": ra[1] < rb[0], "LE": ra[1] <= rb[0], "GT": ra[0] > rb[1], "GE": ra[0] >= rb[1],
+                  "EQ": ra[0] == ra[1] == rb[0] == rb[1], "NE": ra[1] < rb[0] or ra[0] > rb[1]}
+        never = {"LT": ra[0] >= rb[1], "LE": ra[0] > rb[1], "GT": ra[1] <= rb[0], "GE": ra[1] < rb[0],
+                 "EQ": ra[1] < rb[0] or ra[0] > rb[1], "NE": ra[0] == ra[1] == rb[0] == rb[1]}
+        if direction not in always or not (always[direction] or never[direction]):
+            return None
+        return self.const(np.full(shape.dims, always[direction], dtype=np.bool_), shape.dtype)
 
     def gather(self, inst: Instruction, args: list) -> Term:
         """A gather is independent along its index dims (a batched gather also along the operand's
