@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 
 import numpy as np
 
@@ -284,20 +285,20 @@ def _eval_one(t: Term, args: list[np.ndarray], params: dict[int, np.ndarray]) ->
     if op == "aligned":
         op_key = at[0].split("|l=")[0]
         if op_key.startswith("gather:"):
-            return gather(args[0], args[1], op_key[len("gather:"):], t.shape)
+            return gather(args[0], args[1], op_key, t.shape)
         if op_key.startswith("argmax2:"):
             return argmax2(args[0], args[1], op_key)
         raise TermEvalError(f"aligned op {op_key} has no numpy model")
     raise TermEvalError(f"{op} terms have no numpy model (pass their value in `consts`)")
 
 
-def gather(x: np.ndarray, idx: np.ndarray, attrs_text: str, out_shape: tuple[int, ...]) -> np.ndarray:
-    """HLO gather, element by element (operand batching dims included)."""
-    attrs = dict(part.split("=", 1) for part in attrs_text.split(";"))
-    get = lambda name: _ints(attrs.get(name, "").strip("{}"))  # noqa: E731
-    offset, collapsed, start_map = get("offset_dims"), get("collapsed_slice_dims"), get("start_index_map")
-    op_batch, idx_batch, sizes = get("operand_batching_dims"), get("start_indices_batching_dims"), get("slice_sizes")
-    vector_dim = int(attrs.get("index_vector_dim", idx.ndim))
+def gather(x: np.ndarray, idx: np.ndarray, op_key: str, out_shape: tuple[int, ...]) -> np.ndarray:
+    """HLO gather, element by element (operand batching dims included); key: GatherDims.key()."""
+    fields = dict(part.split("=", 1) for part in op_key[len("gather:"):].split(";"))
+    get = lambda name: [int(v) for v in re.findall(r"-?\d+", fields[name])]  # noqa: E731
+    offset, collapsed, start_map = get("offset"), get("collapsed"), get("start_map")
+    op_batch, idx_batch, sizes = get("operand_batch"), get("indices_batch"), get("slice_sizes")
+    vector_dim = int(fields["vector_dim"])
     batch_out = [o for o in range(len(out_shape)) if o not in offset]
     idx_dims = [j for j in range(idx.ndim) if j != vector_dim]
     window = [k for k in range(x.ndim) if k not in collapsed and k not in op_batch]

@@ -21,7 +21,7 @@ from egglog import EGraph
 from equivci.verify import language as L
 from equivci.verify.load import Loader
 from equivci.verify.prove import _run, proved_equal
-from equivci.verify.terms import Term, TermTable, bcast_spec, gather_map, reduce_pair_map, reshape_spec, reshape_tables
+from equivci.verify.terms import GatherDims, Term, TermTable, bcast_spec, gather_map, reduce_pair_map, reshape_spec, reshape_tables
 
 from term_numpy import evaluate, reshape_out_shape
 
@@ -94,9 +94,10 @@ class B:
         return self.t.make("aligned", (key,), (x, y), shape, x.dtype if component == 0 else y.dtype)
 
     def gather(self, x: Term, idx: Term, attrs: dict[str, str], out_shape) -> Term:
-        aligned = gather_map(attrs, len(x.shape), len(idx.shape), len(out_shape))
+        dims = GatherDims.parse(attrs, len(idx.shape))
+        aligned = gather_map(dims, len(x.shape), len(idx.shape), len(out_shape))
         assert aligned is not None
-        key = aligned.key("gather:" + ";".join(f"{k}={v}" for k, v in sorted(attrs.items())))
+        key = aligned.key(dims.key())
         return self.t.make("aligned", (key,), (x, idx), tuple(out_shape), x.dtype)
 
     def transpose(self, x: Term, perm) -> Term:
@@ -619,6 +620,15 @@ def slice_rebase(rng, b: B):
     return b.sl(x, d, lo, hi), b.sl(b.sl(x, d, c, g), d, lo - c, hi - c)
 
 
+def _commute_existing(op: str):
+    def build(rng, b: B):
+        shape = rshape(rng, int(rng.integers(1, 4)))
+        dtype = "pred" if op in ("and", "or", "xor") else F32
+        x, y = b.param(0, shape, dtype), b.param(1, shape, dtype)
+        return b.bi(op, x, y), b.bi(op, y, x)
+    return build
+
+
 def concat_slice_straddle(rng, b: B):
     """A slice across the seam of a concatenation is the concatenation of the two parts."""
     shape, d, _, _ = _elementwise_setup(rng, b)
@@ -647,6 +657,8 @@ RULES = {
     "elementwise/binary_bcast_lift_left": (L.elementwise, binary_bcast_lift_left, True),
     "elementwise/binary_bcast_lift_right": (L.elementwise, binary_bcast_lift_right, True),
     "elementwise/ternary_lift": (L.elementwise, ternary_lift, False),
+    # The commuted term must exist already: the rhs is loaded too.
+    **{f"elementwise/commute_{op}": (L.elementwise, _commute_existing(op), True) for op in L.COMMUTATIVE},
     "elementwise/ternary_push": (L.elementwise, ternary_push, False),
     "concats/merge": (L.concats, concat_merge, False),
     "concats/slice_left": (L.concats, concat_slice_left, False),

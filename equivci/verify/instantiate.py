@@ -19,7 +19,7 @@ import numpy as np
 
 from equivci.hlo.collectives import UnsupportedGroups, parse_groups, parse_pairs
 from equivci.hlo.ir import Computation, Instruction, Module, Shape
-from equivci.verify.terms import Term, TermTable, bcast_spec, gather_map, reduce_pair_map, reshape_spec
+from equivci.verify.terms import GatherDims, Term, TermTable, bcast_spec, gather_map, reduce_pair_map, reshape_spec
 
 UNARY = {
     "abs", "ceil", "cos", "exp", "exponential", "exponential-minus-one", "floor", "log", "log-plus-one",
@@ -91,6 +91,7 @@ class Evaluator:
         self.arrays: list[tuple[Term, np.ndarray]] = []  # non-uniform constants, oldest first
         self.equal_terms: list[list[Term]] = []  # groups of terms known equal by evaluation
         self.bounds: dict[Term, tuple[float, float]] = {}  # integer terms -> [lo, hi] of their elements
+        self.window_sums: dict[Term, tuple] = {}  # opaque reduce-window sums -> (sizes, padding)
         self.events: list[Event] = []
 
     # -- constants ---------------------------------------------------------------------------
@@ -380,9 +381,63 @@ class Evaluator:
         flat = [a for arg in args for a in (arg if isinstance(arg, tuple) else (arg,))]
         shape = inst.shape if not inst.shape.is_tuple else Shape("tuple")
         term = self.mk("opaque", (key,), flat, shape)
+        if inst.opcode == "reduce-window":
+            self.note_window_sum(inst, args, term)
         if inst.shape.is_tuple:
             return tuple(self.mk("gte", (k,), (term,), e) for k, e in enumerate(inst.shape.elements))
         return term
+
+    def note_window_sum(self, inst: Instruction, args: list, term: Term) -> None:
+        """Remember a windowed sum (cumsum) with unit strides, so that `numeric` can compute it."""
+        init = self.folded(args[1]) if len(args) == 2 else None
+        window = inst.attrs.get("window", "")
+        fields = dict(f.split("=", 1) for f in window.strip("{}").split() if "=" in f)
+        if self.reducer(inst) != "add" or init is None or init.ndim or init.item() != 0 \
+                or set(fields) - {"size", "pad"}:
+            return
+        sizes = [int(v) for v in fields["size"].split("x")]
+        pads = [tuple(int(v) for v in p.split("_")) for p in fields["pad"].split("x")] if "pad" in fields \
+            else [(0, 0)] * len(sizes)
+        if len(sizes) == len(pads) == len(args[0].shape):
+            self.window_sums[term] = (sizes, pads)
+
+    def numeric(self, t: Term, args: list[np.ndarray]) -> np.ndarray | None:
+        """The value of `t` from its operands' values, for the ops index arithmetic uses."""
+        at = t.attrs
+        with np.errstate(all="ignore"):
+            if t.op == "bcast":
+                parts = at[0].split(",") if at[0] else []
+                dims = tuple(o for o, p in enumerate(parts) if p.startswith("i"))
+                order = [int(parts[o][1:]) for o in dims]
+                x = np.transpose(args[0], order) if order else args[0]
+                x = x.reshape([t.shape[o] if o in dims else 1 for o in range(len(t.shape))])
+                return np.broadcast_to(x, t.shape)
+            if t.op == "reshape":
+                return args[0].reshape(t.shape)
+            if t.op == "transpose":
+                return np.transpose(args[0], [int(v) for v in at[0].split(",")])
+            if t.op == "slice":
+                index = [slice(None)] * len(t.shape)
+                index[at[0]] = slice(at[1], at[2])
+                return args[0][tuple(index)]
+            if t.op == "concat":
+                return np.concatenate(args, axis=at[0])
+            if t.op == "unary" and at[0] == "convert" and t.dtype in _NP_DTYPES:
+                return args[0].astype(_NP_DTYPES[t.dtype])
+            if t.op == "unary":
+                return _np_unary(at[0], args[0])
+            if t.op == "binary" and at[0].startswith("compare-"):
+                return _np_compare(at[0][len("compare-"):].split(":")[0], *args)
+            if t.op == "binary":
+                return _np_binary(at[0], args[0], args[1], t.dtype)
+            if t.op == "ternary" and at[0] == "select":
+                return np.where(*args)
+            if t.op == "opaque" and t in self.window_sums:
+                sizes, pads = self.window_sums[t]
+                x = np.pad(args[0], pads)
+                view = np.lib.stride_tricks.sliding_window_view(x, sizes)
+                return view.sum(axis=tuple(range(-len(sizes), 0))).astype(args[0].dtype)
+        return None
 
     def update_slice(self, inst: Instruction, args: list) -> Term:
         x, update, *idx = args
@@ -487,14 +542,26 @@ class Evaluator:
 
     def gather(self, inst: Instruction, args: list) -> Term:
         """A gather is independent along its index dims (a batched gather also along the operand's
-        batching dims): an aligned map."""
+        batching dims): an aligned map. Unit index dims (take_along_axis keeps one) are reshaped
+        away first, so that gathers of the same rows meet whatever their index layout."""
         x, idx = args
         attrs = semantic_attrs(inst, self.module)
-        aligned = gather_map(attrs, len(x.shape), len(idx.shape), len(inst.shape.dims))
-        if aligned is None:
+        if attrs.get("indices_are_sorted", "false") != "false" or attrs.get("unique_indices", "false") != "false":
             return self.opaque(inst, args)
-        op_key = "gather:" + ";".join(f"{k}={v}" for k, v in sorted(attrs.items()))
-        return self.mk("aligned", (aligned.key(op_key),), (x, idx), inst.shape)
+        dims = GatherDims.parse(attrs, len(idx.shape))
+        dims, kept_idx, kept_out = dims.without_unit_index_dims(idx.shape, len(inst.shape.dims))
+        idx = self.reshape_term(idx, Shape(idx.dtype, tuple(idx.shape[j] for j in kept_idx)))
+        out = Shape(inst.shape.dtype, tuple(inst.shape.dims[o] for o in kept_out))
+        term = self.gather_term(x, idx, dims, out)
+        if term is None:
+            return self.opaque(inst, args)
+        return self.reshape_term(term, inst.shape)
+
+    def gather_term(self, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
+        aligned = gather_map(dims, len(x.shape), len(idx.shape), len(out.dims))
+        if aligned is None:
+            return None
+        return self.mk("aligned", (aligned.key(dims.key()),), (x, idx), out)
 
     # -- collectives -------------------------------------------------------------------------
     def collective(self, inst: Instruction, ops: list[list]) -> list:

@@ -134,6 +134,7 @@ x, y, z, w, e = vars_("x y z w e", T)
 d, d2, a, b, c, g, n, m, o, k, j, s1, s2 = vars_("d d2 a b c g n m o k j s1 s2", i64)
 op, spec, spec2, key = vars_("op spec spec2 key", String)
 REDUCER_OF = {"add": "add", "maximum": "maximum", "minimum": "minimum"}
+COMMUTATIVE = ("add", "multiply", "maximum", "minimum", "and", "or", "xor")
 
 # -- dimensions of terms created by rules ------------------------------------------------------
 dims = ruleset(
@@ -187,6 +188,9 @@ elementwise = ruleset(
          eq(spec2).to(bcast_shrink(spec, d, n))).then(union(e).with_(T.binary(op, x, T.bcast(spec2, y)).slice(d, a, b))),
     rule(eq(e).to(T.binary(op, T.bcast(spec, y), x.slice(d, a, b))), eq(n).to(dim(x, d)),
          eq(spec2).to(bcast_shrink(spec, d, n))).then(union(e).with_(T.binary(op, T.bcast(spec2, y), x).slice(d, a, b))),
+    # x op y is y op x for a commutative op: only between terms that both exist (one side wrote
+    # `gate * y`, the other `y * gate`), so the rule joins e-classes and never adds terms.
+    *[rule(eq(e).to(T.binary(c, x, y)), eq(w).to(T.binary(c, y, x))).then(union(e).with_(w)) for c in COMMUTATIVE],
     # Elementwise ops commute with reshapes: same spec and same output shape imply same input shape.
     rule(eq(e).to(T.unary(op, T.reshape(spec, x)))).then(union(e).with_(T.reshape(spec, T.unary(op, x)))),
     rule(eq(e).to(T.binary(op, T.reshape(spec, x), T.reshape(spec, y)))).then(
