@@ -60,6 +60,7 @@ class Routed:
     td: int  # token dim of `dense`
     ed: int | None  # expert dim of `dense`
     per_device: int  # tokens per device: device d's tokens are rows [d * per_device, ...) of `dense`
+    masks: tuple[Term, ...]  # the dispatch mask of each device: slot (d, e, c) is masks[d][:, e, c]
 
     def rest(self) -> list[int]:
         """Dims of `dense` that line up with the value's dims after the two row dims."""
@@ -189,7 +190,7 @@ class Router:
                 return
             m, x = v.args
             mask = self.mask(m, spec.lc[0])
-            if mask is None or spec.rc[0] != 0 or len(x.shape) < 1:
+            if mask is None or mask.t != spec.lc[0] or spec.rc[0] != 0:
                 return
             parts.append((dev, v, mask, x))
         xs = [x for _, _, _, x in parts]
@@ -197,6 +198,7 @@ class Router:
             return
         dense = self.ev.concat(xs, 0)  # every device's tokens, in device order
         tokens = xs[0].shape[0]
+        masks = tuple(mask.term for _, _, mask, _ in parts)
         for dev, v, mask, x in parts:
             free = [k for k in range(3) if k != mask.t]  # output row dims, in M's order
             grid = np.zeros((v.shape[0], v.shape[1], 3), dtype=np.int64)
@@ -204,7 +206,7 @@ class Router:
                 for b in range(v.shape[1]):
                     pos = {free[0]: a, free[1]: b}
                     grid[a, b] = (dev, pos[mask.e], pos[mask.c])
-            self.routed[v] = Routed(grid, None, dense, 0, None, tokens)
+            self.routed[v] = Routed(grid, None, dense, 0, None, tokens, masks)
             self.exempt.add(id(v))
 
     # -- routed values ---------------------------------------------------------------------------
@@ -251,7 +253,8 @@ class Router:
         ra, rb = self.info(a), self.info(b)
         if ra is not None and rb is not None:
             # elementwise on rows that hold the same slots of two dense terms of one layout
-            same_layout = (ra.td, ra.ed, ra.per_device, ra.dense.shape) == (rb.td, rb.ed, rb.per_device, rb.dense.shape)
+            same_layout = (ra.td, ra.ed, ra.per_device, ra.dense.shape, ra.masks) \
+                == (rb.td, rb.ed, rb.per_device, rb.dense.shape, rb.masks)
             if not same_layout or not np.array_equal(ra.slots, rb.slots) or not _same_ex(ra, rb):
                 return None
             dense = self.ev.table.make("binary", t.attrs, (ra.dense, rb.dense), ra.dense.shape, t.dtype)
@@ -294,7 +297,7 @@ class Router:
             ed = 0
         else:  # the stack's expert dim is a free dim of the weight
             ed = len(dense_free) + [k for k in range(len(weights.shape)) if k not in rc].index(p)
-        out = Routed(r.slots, experts.copy(), dense, td, ed, r.per_device)
+        out = Routed(r.slots, experts.copy(), dense, td, ed, r.per_device, r.masks)
         # The routed value's trailing dims must be the dense term's non-row dims in order.
         if [dense.shape[k] for k in out.rest()] != list(t.shape[2:]):
             return None
@@ -310,8 +313,8 @@ class Router:
         if mask is None:
             return
         r = self.info(back)
-        if r is None or r.ed is None or sorted(spec.rc) != [0, 1]:
-            return
+        if r is None or r.ed is None or sorted(spec.rc) != [0, 1] or r.masks[dev] is not m:
+            return  # the combine must undo this device's own dispatch
         # back's row dim k is contracted with M's dim lc[rc.index(k)]
         role = {spec.lc[spec.rc.index(k)]: k for k in (0, 1)}
         e_row, c_row = role.get(mask.e), role.get(mask.c)
@@ -379,7 +382,7 @@ def _stacked_slice(w: Term) -> tuple[Term, int, int] | None:
 
 
 def _same_dense(a: Routed, b: Routed) -> bool:
-    return a.dense is b.dense and a.td == b.td and a.ed == b.ed and a.per_device == b.per_device
+    return a.dense is b.dense and (a.td, a.ed, a.per_device, a.masks) == (b.td, b.ed, b.per_device, b.masks)
 
 
 def _same_ex(a: Routed, b: Routed) -> bool:
