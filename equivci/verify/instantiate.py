@@ -38,7 +38,7 @@ REDUCERS = {"add": "add", "maximum": "maximum", "minimum": "minimum", "multiply"
 # Folding constants bigger than this would copy weights-sized arrays around: keep them symbolic.
 MAX_FOLD_ELEMENTS = 1 << 16
 
-_NP_DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "s32": np.int32, "s64": np.int64,
+NP_DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "s32": np.int32, "s64": np.int64,
               "u32": np.uint32, "u64": np.uint64, "s8": np.int8, "u8": np.uint8, "s16": np.int16,
               "u16": np.uint16, "pred": np.bool_}
 
@@ -237,7 +237,7 @@ class Evaluator:
             dim = int(attrs["iota_dimension"])
             if np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
                 ar = np.arange(shape.dims[dim]).reshape([-1 if k == dim else 1 for k in range(len(shape.dims))])
-                return self.const(np.broadcast_to(ar, shape.dims).astype(_NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
+                return self.const(np.broadcast_to(ar, shape.dims).astype(NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
             return self.mk("iota", (dim,), (), shape)
         if op in ("copy", "opt-barrier") or (op == "custom-call" and _target(attrs) in IDENTITY_CUSTOM_CALLS):
             return args[0]
@@ -252,8 +252,8 @@ class Evaluator:
         if op == "convert" or op == "bitcast-convert":
             if args[0].dtype == shape.dtype and op == "convert":
                 return args[0]
-            exact = op == "convert" and shape.dtype in _NP_DTYPES  # bitcasts are not folded
-            return self.fold_or("unary", (op,), args, shape, lambda v: v.astype(_NP_DTYPES[shape.dtype]) if exact else None)
+            exact = op == "convert" and shape.dtype in NP_DTYPES  # bitcasts are not folded
+            return self.fold_or("unary", (op,), args, shape, lambda v: v.astype(NP_DTYPES[shape.dtype]) if exact else None)
         if op in UNARY:
             return self.fold_or("unary", (op,), args, shape, lambda v: _np_unary(op, v))
         if op in BINARY:
@@ -370,7 +370,7 @@ class Evaluator:
             except (TypeError, ValueError, KeyError):
                 result = None
             if result is not None:
-                return self.const(np.asarray(result).astype(_NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
+                return self.const(np.asarray(result).astype(NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
         return self.mk(kind, attrs, args, shape)
 
     def opaque(self, inst: Instruction, args: list) -> Term:
@@ -422,8 +422,8 @@ class Evaluator:
                 return args[0][tuple(index)]
             if t.op == "concat":
                 return np.concatenate(args, axis=at[0])
-            if t.op == "unary" and at[0] == "convert" and t.dtype in _NP_DTYPES:
-                return args[0].astype(_NP_DTYPES[t.dtype])
+            if t.op == "unary" and at[0] == "convert" and t.dtype in NP_DTYPES:
+                return args[0].astype(NP_DTYPES[t.dtype])
             if t.op == "unary":
                 return _np_unary(at[0], args[0])
             if t.op == "binary" and at[0].startswith("compare-"):
@@ -577,7 +577,7 @@ class Evaluator:
                 if d in source:
                     out.append(ops[0][source[d]])
                 else:
-                    out.append(self.const(np.zeros(inst.shape.dims, _NP_DTYPES.get(inst.shape.dtype, np.float32)), inst.shape.dtype))
+                    out.append(self.const(np.zeros(inst.shape.dims, NP_DTYPES.get(inst.shape.dtype, np.float32)), inst.shape.dtype))
             return out
         group_of = {d: g for g in groups for d in g}
         tuple_valued = isinstance(ops[0][0], tuple) or len(ops) > 1
@@ -658,7 +658,7 @@ def _is_identity(reducer: str, value: np.ndarray) -> bool:
 
 
 def parse_literal(text: str, shape: Shape) -> np.ndarray | None:
-    if shape.is_tuple or shape.dtype not in _NP_DTYPES or np.prod(shape.dims) > MAX_FOLD_ELEMENTS:
+    if shape.is_tuple or shape.dtype not in NP_DTYPES or np.prod(shape.dims) > MAX_FOLD_ELEMENTS:
         return None
     tokens = re.findall(r"-?inf|nan|true|false|-?[\d.]+(?:e[-+]?\d+)?", text.replace("{", " ").replace("}", " "))
     conv = {"true": 1, "false": 0, "inf": np.inf, "-inf": -np.inf, "nan": np.nan}
@@ -668,7 +668,7 @@ def parse_literal(text: str, shape: Shape) -> np.ndarray | None:
         return None
     if len(flat) != int(np.prod(shape.dims)):
         return None
-    return np.asarray(flat).astype(_NP_DTYPES[shape.dtype]).reshape(shape.dims)
+    return np.asarray(flat).astype(NP_DTYPES[shape.dtype]).reshape(shape.dims)
 
 
 def _np_unary(op: str, v: np.ndarray):

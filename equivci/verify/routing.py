@@ -34,6 +34,7 @@ import itertools
 import numpy as np
 
 from equivci.hlo.ir import Shape
+from equivci.verify.instantiate import NP_DTYPES
 from equivci.verify.terms import GatherDims, Term
 
 MAX_CASES = 1 << 12  # index vectors enumerated for the mask lemma
@@ -71,30 +72,27 @@ class Router:
     def __init__(self, evaluator, num_devices: int):
         self.ev = evaluator
         self.n = num_devices
-        self.masks: dict[Term, Mask | None] = {}
+        self.masks: dict[tuple[Term, int], Mask | None] = {}  # (term, token dim) -> the lemma's answer
+        self.dispatched: dict[Term, Mask] = {}  # masks that dispatched tokens
         self.routed: dict[Term, Routed | None] = {}
         self.facts: list[tuple[Term, Term]] = []
         self.exempt: set[int] = set()  # ids of mask and routed terms (fine for localization)
 
     # -- driver ------------------------------------------------------------------------------
     def run(self, events) -> None:
-        for event in events:
-            values = event.values
-            if not all(isinstance(v, Term) and v.op == "dot" for v in values) or len(values) != self.n:
-                continue
+        dots = [e.values for e in events if len(e.values) == self.n
+                and all(isinstance(v, Term) and v.op == "dot" for v in e.values)]
+        for values in dots:
             self.dispatch(values)
-        for event in events:
-            values = event.values
-            if all(isinstance(v, Term) and v.op == "dot" for v in values) and len(values) == self.n:
-                for dev, v in enumerate(values):
-                    self.combine(v, dev)
+        for values in dots:
+            for dev, v in enumerate(values):
+                self.combine(v, dev)
 
     # -- the mask lemma ----------------------------------------------------------------------
     def mask(self, m: Term, t: int) -> Mask | None:
-        if m in self.masks:
-            return self.masks[m]
-        self.masks[m] = found = self._mask(m, t)
-        return found
+        if (m, t) not in self.masks:
+            self.masks[(m, t)] = self._mask(m, t)
+        return self.masks[(m, t)]
 
     def _mask(self, m: Term, t: int) -> Mask | None:
         if len(m.shape) != 3:
@@ -110,21 +108,17 @@ class Router:
         if (hi - lo + 1) ** q.shape[0] > MAX_CASES:
             return None
         others = [k for k in range(3) if k != t]
-        roles = [(e, c) for e, c in (others, others[::-1])]
-        ok = {role: True for role in roles}
+        roles = [tuple(others), tuple(others[::-1])]  # which of the other dims is the expert's
         for case in itertools.product(range(lo, hi + 1), repeat=q.shape[0]):
-            value = np.asarray(case)
+            value = np.asarray(case, dtype=NP_DTYPES.get(q.dtype, np.int64))
             mv = self.evaluate(m, {q: value})
             if mv is None or not np.all((mv == 0) | (mv == 1)):
                 return None
-            for e, c in roles:
-                ok[(e, c)] = ok[(e, c)] and _one_slot_each(np.transpose(mv, (t, e, c)), value)
-        for e, c in roles:
-            if ok[(e, c)]:
-                mask = Mask(m, t, e, c, q)
-                self.exempt.update(id(s) for s in self.subterms(m, q))
-                return mask
-        return None
+            roles = [(e, c) for e, c in roles if _one_slot_each(np.transpose(mv, (t, e, c)), value)]
+            if not roles:
+                return None
+        self.exempt.update(id(s) for s in self.subterms(m, q))
+        return Mask(m, t, roles[0][0], roles[0][1], q)
 
     def free_leaves(self, m: Term) -> set[Term] | None:
         """The subterms `m` depends on that `evaluate` cannot compute (other than constants)."""
@@ -186,11 +180,11 @@ class Router:
         parts = []
         for dev, v in enumerate(values):
             spec = _dot_spec(v)
-            if spec is None or spec.lb or spec.lc.__len__() != 1:
+            if spec is None or spec.lb or len(spec.lc) != 1:
                 return
             m, x = v.args
             mask = self.mask(m, spec.lc[0])
-            if mask is None or mask.t != spec.lc[0] or spec.rc[0] != 0:
+            if mask is None or spec.rc[0] != 0:
                 return
             parts.append((dev, v, mask, x))
         xs = [x for _, _, _, x in parts]
@@ -199,6 +193,7 @@ class Router:
         dense = self.ev.concat(xs, 0)  # every device's tokens, in device order
         tokens = xs[0].shape[0]
         masks = tuple(mask.term for _, _, mask, _ in parts)
+        self.dispatched.update((mask.term, mask) for _, _, mask, _ in parts)
         for dev, v, mask, x in parts:
             free = [k for k in range(3) if k != mask.t]  # output row dims, in M's order
             grid = np.zeros((v.shape[0], v.shape[1], 3), dtype=np.int64)
@@ -309,7 +304,7 @@ class Router:
         if spec is None or spec.lb or len(spec.lc) != 2:
             return
         m, back = out.args
-        mask = self.masks.get(m)
+        mask = self.dispatched.get(m)
         if mask is None:
             return
         r = self.info(back)
