@@ -140,3 +140,24 @@ def test_mask_lemma():
     dropped[3] = 0  # token 3 has no slot (capacity overflow)
     assert not _one_slot_each(dropped, q)
     assert not _one_slot_each(m, np.array([1, 0, 1, 0]))  # slot's expert is not the index
+
+
+def test_numeric_ops_follow_the_term_semantics():
+    """Evaluator.numeric (which the mask lemma runs) against the numpy model of the terms."""
+    from equivci.hlo.ir import Module
+    from equivci.verify.instantiate import Evaluator
+    from equivci.verify.terms import TermTable, bcast_spec
+
+    from term_numpy import evaluate
+
+    table = TermTable()
+    ev = Evaluator(Module.__new__(Module), table, 1)
+    rng = np.random.default_rng(0)
+    x = table.make("param", (0,), (), (3, 4), "s32")
+    value = rng.integers(-5, 5, size=(3, 4)).astype(np.int32)
+    wide = table.make("bcast", (bcast_spec(2, (4, 2, 3), (2, 0)),), (x,), (4, 2, 3), "s32")  # transposing
+    cmp = table.make("binary", ("compare-GE:s32",), (wide, wide), (4, 2, 3), "pred")
+    conv = table.make("unary", ("convert",), (cmp,), (4, 2, 3), "f32")
+    for term in (wide, cmp, conv):
+        args = [evaluate(a, {0: value}) for a in term.args]
+        assert np.array_equal(ev.numeric(term, args), evaluate(term, {0: value}))
