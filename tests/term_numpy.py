@@ -16,6 +16,9 @@ loader and the rules read them:
 * reshape(spec): row-major reshape; the output shape is recomputed from the spec and the operand
   shape (group by group) and must equal the term's shape;
 * transpose(perm), HLO semantics: output dim o is operand dim perm[o].
+* aligned(key) of two operands: a batched HLO gather ("gather:<attrs>|tables") or, standing for any
+  two-operand reduce, "argmax2:<dims>:<component>" (the max of x over dims, or y where x is first
+  largest). The rules read only the tables at the end of the key.
 
 Shapes are checked at every node, so an ill-typed term (e.g. one a rule built wrongly) fails loudly.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 
 import numpy as np
 
@@ -278,4 +282,48 @@ def _eval_one(t: Term, args: list[np.ndarray], params: dict[int, np.ndarray]) ->
         if sorted(perm) != list(range(x.ndim)):
             raise TermEvalError(f"transpose {perm} on rank {x.ndim}")
         return np.transpose(x, perm)
+    if op == "aligned":
+        op_key = at[0].split("|l=")[0]
+        if op_key.startswith("gather:"):
+            return gather(args[0], args[1], op_key, t.shape)
+        if op_key.startswith("argmax2:"):
+            return argmax2(args[0], args[1], op_key)
+        raise TermEvalError(f"aligned op {op_key} has no numpy model")
     raise TermEvalError(f"{op} terms have no numpy model (pass their value in `consts`)")
+
+
+def gather(x: np.ndarray, idx: np.ndarray, op_key: str, out_shape: tuple[int, ...]) -> np.ndarray:
+    """HLO gather, element by element (operand batching dims included); key: GatherDims.key()."""
+    fields = dict(part.split("=", 1) for part in op_key[len("gather:"):].split(";"))
+    get = lambda name: [int(v) for v in re.findall(r"-?\d+", fields[name])]  # noqa: E731
+    offset, collapsed, start_map = get("offset"), get("collapsed"), get("start_map")
+    op_batch, idx_batch, sizes = get("operand_batch"), get("indices_batch"), get("slice_sizes")
+    vector_dim = int(fields["vector_dim"])
+    batch_out = [o for o in range(len(out_shape)) if o not in offset]
+    idx_dims = [j for j in range(idx.ndim) if j != vector_dim]
+    window = [k for k in range(x.ndim) if k not in collapsed and k not in op_batch]
+    out = np.zeros(out_shape, dtype=x.dtype)
+    for pos in np.ndindex(*out_shape):
+        at_idx = dict(zip(idx_dims, (pos[o] for o in batch_out)))
+        vec = [idx[tuple(at_idx[j] if j != vector_dim else v for j in range(idx.ndim))]
+               for v in range(len(start_map))] if vector_dim < idx.ndim else [idx[tuple(at_idx[j] for j in idx_dims)]]
+        start = [0] * x.ndim
+        for v, k in zip(vec, start_map):
+            start[k] = int(np.clip(int(v), 0, x.shape[k] - sizes[k]))
+        for k, j in zip(op_batch, idx_batch):
+            start[k] = at_idx[j]
+        for k, o in zip(window, sorted(offset)):
+            start[k] += pos[o]
+        out[pos] = x[tuple(start)]
+    return out
+
+
+def argmax2(x: np.ndarray, y: np.ndarray, op_key: str) -> np.ndarray:
+    _, dims_text, component = op_key.split(":")
+    dims = _ints(dims_text)
+    kept = [k for k in range(x.ndim) if k not in dims]
+    xs = np.transpose(x, kept + dims).reshape([x.shape[k] for k in kept] + [-1])
+    ys = np.transpose(y, kept + dims).reshape(xs.shape)
+    if component == "0":
+        return xs.max(axis=-1)
+    return np.take_along_axis(ys, xs.argmax(axis=-1)[..., None], axis=-1)[..., 0]

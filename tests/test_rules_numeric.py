@@ -21,7 +21,7 @@ from egglog import EGraph
 from equivci.verify import language as L
 from equivci.verify.load import Loader
 from equivci.verify.prove import _run, proved_equal
-from equivci.verify.terms import Term, TermTable, bcast_spec, reshape_spec, reshape_tables
+from equivci.verify.terms import GatherDims, Term, TermTable, bcast_spec, gather_map, reduce_pair_map, reshape_spec, reshape_tables
 
 from term_numpy import evaluate, reshape_out_shape
 
@@ -85,6 +85,20 @@ class B:
         shape = reshape_out_shape(x.shape, spec)
         assert shape == tuple(out_shape)
         return self.t.make("reshape", (spec,), (x,), shape, x.dtype)
+
+    def argmax2(self, x: Term, y: Term, dims, component: int) -> Term:
+        """A two-operand reduce (the numpy model: max of x, or y where x is largest)."""
+        aligned = reduce_pair_map(len(x.shape), tuple(dims))
+        shape = tuple(s for k, s in enumerate(x.shape) if k not in dims)
+        key = aligned.key(f"argmax2:{','.join(map(str, dims))}:{component}")
+        return self.t.make("aligned", (key,), (x, y), shape, x.dtype if component == 0 else y.dtype)
+
+    def gather(self, x: Term, idx: Term, attrs: dict[str, str], out_shape) -> Term:
+        dims = GatherDims.parse(attrs, len(idx.shape))
+        aligned = gather_map(dims, len(x.shape), len(idx.shape), len(out_shape))
+        assert aligned is not None
+        key = aligned.key(dims.key())
+        return self.t.make("aligned", (key,), (x, idx), tuple(out_shape), x.dtype)
 
     def transpose(self, x: Term, perm) -> Term:
         return self.t.make("transpose", (",".join(map(str, perm)),), (x,), tuple(x.shape[p] for p in perm), x.dtype)
@@ -444,6 +458,34 @@ def _reduce_merge(r: str):
     return build
 
 
+def aligned_reduce_lift(rng, b: B):
+    """A two-operand reduce (argmax) of slices along a kept dim is the slice of the reduce."""
+    x, dims, k = _reduce_setup(rng, b, kept=True)
+    y = b.param(1, x.shape)
+    o = [v for v in range(len(x.shape)) if v not in dims].index(k)
+    lo, hi = rrange(rng, x.shape[k], proper=True)
+    component = int(rng.integers(0, 2))
+    return (b.argmax2(b.sl(x, k, lo, hi), b.sl(y, k, lo, hi), dims, component),
+            b.sl(b.argmax2(x, y, dims, component), o, lo, hi))
+
+
+def aligned_gather_lift(rng, b: B):
+    """take_along_axis: a batched gather of rows [lo, hi) of operand and indices is the slice of the gather."""
+    batch, n, m, width = (int(v) for v in rng.integers(2, 7, size=4))
+    window = bool(rng.integers(0, 2))  # rows with a trailing window dim, as for (E, T, D) tensors
+    x = b.param(0, (batch, n, width) if window else (batch, n))
+    idx = b.param(1, (batch, m, 1), "s32")
+    attrs = {"offset_dims": "{2}" if window else "{}", "collapsed_slice_dims": "{1}", "start_index_map": "{1}",
+             "operand_batching_dims": "{0}", "start_indices_batching_dims": "{0}", "index_vector_dim": "2",
+             "slice_sizes": f"{{1,1,{width}}}" if window else "{1,1}"}
+    out = (batch, m, width) if window else (batch, m)
+    lo, hi = rrange(rng, batch, proper=True)
+    small = list(out)
+    small[0] = hi - lo
+    return (b.gather(b.sl(x, 0, lo, hi), b.sl(idx, 0, lo, hi), attrs, small),
+            b.sl(b.gather(x, idx, attrs, out), 0, lo, hi))
+
+
 def _bcast_setup(rng, b: B):
     x = b.param(0, rshape(rng, int(rng.integers(1, 3))))
     out_rank = len(x.shape) + int(rng.integers(1, 3))
@@ -578,6 +620,15 @@ def slice_rebase(rng, b: B):
     return b.sl(x, d, lo, hi), b.sl(b.sl(x, d, c, g), d, lo - c, hi - c)
 
 
+def _commute_existing(op: str):
+    def build(rng, b: B):
+        shape = rshape(rng, int(rng.integers(1, 4)))
+        dtype = "pred" if op in ("and", "or", "xor") else F32
+        x, y = b.param(0, shape, dtype), b.param(1, shape, dtype)
+        return b.bi(op, x, y), b.bi(op, y, x)
+    return build
+
+
 def concat_slice_straddle(rng, b: B):
     """A slice across the seam of a concatenation is the concatenation of the two parts."""
     shape, d, _, _ = _elementwise_setup(rng, b)
@@ -606,6 +657,8 @@ RULES = {
     "elementwise/binary_bcast_lift_left": (L.elementwise, binary_bcast_lift_left, True),
     "elementwise/binary_bcast_lift_right": (L.elementwise, binary_bcast_lift_right, True),
     "elementwise/ternary_lift": (L.elementwise, ternary_lift, False),
+    # The commuted term must exist already: the rhs is loaded too.
+    **{f"elementwise/commute_{op}": (L.elementwise, _commute_existing(op), True) for op in L.COMMUTATIVE},
     "elementwise/ternary_push": (L.elementwise, ternary_push, False),
     "concats/merge": (L.concats, concat_merge, False),
     "concats/slice_left": (L.concats, concat_slice_left, False),
@@ -624,6 +677,9 @@ RULES = {
     "reductions/merge_add": (L.reductions, _reduce_merge("add"), False),
     "reductions/merge_maximum": (L.reductions, _reduce_merge("maximum"), False),
     "reductions/merge_minimum": (L.reductions, _reduce_merge("minimum"), False),
+    # One rule, read from the tables of two kinds of ops.
+    "aligned/reduce_lift": (L.aligned, aligned_reduce_lift, False),
+    "aligned/gather_lift": (L.aligned, aligned_gather_lift, False),
     "layouts/bcast_lift": (L.layouts, bcast_lift, False),
     "layouts/bcast_push": (L.layouts, bcast_push, False),
     # Same for the shrink rule itself.
@@ -652,11 +708,13 @@ def test_rule_fires_and_is_an_identity(name: str, seed: int) -> None:
 def test_every_rule_of_the_language_is_covered() -> None:
     """A new rule in language.py must come with an instance here."""
     families = {"slices": L.slices, "elementwise": L.elementwise, "concats": L.concats, "dots": L.dots,
-                "reductions": L.reductions, "layouts": L.layouts}
+                "reductions": L.reductions, "aligned": L.aligned, "layouts": L.layouts}
     for fam, rs in families.items():
         n_rules = len(rs.__egg_ruleset__.rules)
         covered = sum(1 for name in RULES if name.split("/")[0] == fam)
-        # reductions: the merge rule is generated once per reducer and covered once per reducer.
+        # reductions: the merge rule is generated once per reducer and covered once per reducer;
+        # aligned: its one rule is covered for each kind of op that builds aligned terms.
+        covered = 1 if fam == "aligned" and covered else covered
         assert covered == n_rules, f"{fam}: {n_rules} rules in language.py, {covered} covered here"
 
 
@@ -757,6 +815,21 @@ def _near_misses():
     x = b.param(0, (5, 5))
     # the slice of a transpose taken on the operand's dim of the same index (perm not applied)
     cases["transpose_slice_wrong_dim"] = (b.sl(b.transpose(x, [1, 0]), 0, 1, 3), b.sl(x, 0, 1, 3))
+
+    b = B()
+    x, y = b.param(0, (6, 5)), b.param(1, (6, 5))
+    # argmax rows of x paired with another window of y, and a reduce over the sliced dim
+    cases["aligned_reduce_misaligned_windows"] = (b.argmax2(b.sl(x, 0, 0, 3), b.sl(y, 0, 3, 6), [1], 1),
+                                                  b.sl(b.argmax2(x, y, [1], 1), 0, 0, 3))
+    cases["aligned_reduce_sliced_reduced_dim"] = (b.argmax2(b.sl(x, 1, 0, 3), b.sl(y, 1, 0, 3), [1], 0),
+                                                  b.argmax2(x, y, [1], 0))
+    idx = b.param(2, (6, 4, 1), "s32")
+    attrs = {"offset_dims": "{}", "collapsed_slice_dims": "{1}", "start_index_map": "{1}",
+             "operand_batching_dims": "{0}", "start_indices_batching_dims": "{0}", "index_vector_dim": "2",
+             "slice_sizes": "{1,1}"}
+    # take_along_axis on rows [0, 3) of the operand with the indices of rows [3, 6)
+    cases["aligned_gather_misaligned_rows"] = (b.gather(b.sl(x, 0, 0, 3), b.sl(idx, 0, 3, 6), attrs, (3, 4)),
+                                               b.sl(b.gather(x, idx, attrs, (6, 4)), 0, 0, 3))
     return cases
 
 

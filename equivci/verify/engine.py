@@ -56,7 +56,7 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
 
     outputs = {id(t) for dev in programs.device_outputs for t in dev}
     defect = first_defect(programs.distributed_events, proof, programs.evaluator, axis_groups(captured.mesh), outputs,
-                          reference_events=programs.reference_events)
+                          reference_events=programs.reference_events, routed=programs.routed)
     findings = [_finding(defect, captured, programs.distributed_events, layering)] if defect else [_output_finding(proof, captured)]
     counterexample = _counterexample(model, manifest, captured)
     if counterexample is not None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from equivci.hlo.collectives import UnsupportedGroups, parse_groups, parse_pairs
 from equivci.hlo.ir import Computation, Instruction, Module, Shape
-from equivci.verify.terms import Term, TermTable, bcast_spec, reshape_spec
+from equivci.verify.terms import GatherDims, Term, TermTable, bcast_spec, gather_map, reduce_pair_map, reshape_spec
 
 UNARY = {
     "abs", "ceil", "cos", "exp", "exponential", "exponential-minus-one", "floor", "log", "log-plus-one",
@@ -32,11 +32,13 @@ BINARY = {
 }
 IDENTITY_CUSTOM_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "xla.sdy.GlobalToLocalShape",
                          "xla.sdy.LocalToGlobalShape", "xla.sdy.FuncResultSharding", "X64Combine", "LayoutConstraint"}
+# Ops whose elements are elements of their first operand.
+BOUND_PRESERVING = {"reshape", "bitcast", "broadcast", "slice", "dynamic-slice", "transpose", "copy", "convert"}
 REDUCERS = {"add": "add", "maximum": "maximum", "minimum": "minimum", "multiply": "multiply", "and": "and", "or": "or"}
 # Folding constants bigger than this would copy weights-sized arrays around: keep them symbolic.
 MAX_FOLD_ELEMENTS = 1 << 16
 
-_NP_DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "s32": np.int32, "s64": np.int64,
+NP_DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "s32": np.int32, "s64": np.int64,
               "u32": np.uint32, "u64": np.uint64, "s8": np.int8, "u8": np.uint8, "s16": np.int16,
               "u16": np.uint16, "pred": np.bool_}
 
@@ -88,12 +90,14 @@ class Evaluator:
         self.values: dict[Term, np.ndarray] = {}  # folded constant terms -> their value
         self.arrays: list[tuple[Term, np.ndarray]] = []  # non-uniform constants, oldest first
         self.equal_terms: list[list[Term]] = []  # groups of terms known equal by evaluation
+        self.bounds: dict[Term, tuple[float, float]] = {}  # integer terms -> [lo, hi] of their elements
+        self.window_sums: dict[Term, tuple] = {}  # opaque reduce-window sums -> (sizes, padding)
         self.events: list[Event] = []
 
     # -- constants ---------------------------------------------------------------------------
     def const(self, value: np.ndarray, dtype: str) -> Term:
         value = np.asarray(value)
-        if value.size and np.all(value == value.flat[0]):
+        if _uniform(value):
             scalar = self.table.make("const", (repr(value.flat[0].item()),), (), (), dtype)
             self.values[scalar] = np.asarray(value.flat[0])
             if value.ndim == 0:
@@ -125,7 +129,7 @@ class Evaluator:
             target = np.moveaxis(value, k, 0)
             windows = [self.slice_term(known, k, start, start + width)
                        for start in range(array.shape[k] - width + 1)
-                       if np.array_equal(moved[start:start + width], target)]
+                       if np.array_equal(moved[start:start + width], target, equal_nan=True)]
             if windows:
                 # A constant that repeats along k (a mask broadcast over heads) is every such window.
                 if len(windows) > 1:
@@ -150,7 +154,7 @@ class Evaluator:
             index = [slice(None)] * len(x.shape)
             index[dim] = slice(start, stop)
             window = value[tuple(index)]
-            if window.size and np.all(window == window.flat[0]):
+            if _uniform(window):
                 return self.const(window, x.dtype)
         if x.op == "slice" and x.attrs[0] == dim:  # compose, so slices stay one level deep per dim
             inner_start = x.attrs[1]
@@ -211,6 +215,14 @@ class Evaluator:
         return [self.local(inst, [o[d] for o in ops], d) for d in range(self.n)]
 
     def local(self, inst: Instruction, args: list, device: int):
+        result = self.local_value(inst, args, device)
+        if isinstance(result, Term) and inst.opcode in BOUND_PRESERVING and result not in self.bounds:
+            self.bound(result, *[a for a in args[:1] if isinstance(a, Term)])
+        if isinstance(result, Term) and inst.opcode == "select" and len(args) == 3 and result not in self.bounds:
+            self.bound(result, args[1], args[2])
+        return result
+
+    def local_value(self, inst: Instruction, args: list, device: int):
         op, shape, attrs = inst.opcode, inst.shape, inst.attrs
         if op == "constant":
             value = parse_literal(attrs["_literal"], shape)
@@ -225,7 +237,7 @@ class Evaluator:
             dim = int(attrs["iota_dimension"])
             if np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
                 ar = np.arange(shape.dims[dim]).reshape([-1 if k == dim else 1 for k in range(len(shape.dims))])
-                return self.const(np.broadcast_to(ar, shape.dims).astype(_NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
+                return self.const(np.broadcast_to(ar, shape.dims).astype(NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
             return self.mk("iota", (dim,), (), shape)
         if op in ("copy", "opt-barrier") or (op == "custom-call" and _target(attrs) in IDENTITY_CUSTOM_CALLS):
             return args[0]
@@ -240,15 +252,22 @@ class Evaluator:
         if op == "convert" or op == "bitcast-convert":
             if args[0].dtype == shape.dtype and op == "convert":
                 return args[0]
-            exact = op == "convert" and shape.dtype in _NP_DTYPES  # bitcasts are not folded
-            return self.fold_or("unary", (op,), args, shape, lambda v: v.astype(_NP_DTYPES[shape.dtype]) if exact else None)
+            exact = op == "convert" and shape.dtype in NP_DTYPES  # bitcasts are not folded
+            return self.fold_or("unary", (op,), args, shape, lambda v: v.astype(NP_DTYPES[shape.dtype]) if exact else None)
         if op in UNARY:
             return self.fold_or("unary", (op,), args, shape, lambda v: _np_unary(op, v))
         if op in BINARY:
             return self.fold_or("binary", (op,), args, shape, lambda a, b: _np_binary(op, a, b, shape.dtype))
         if op == "compare":
+            decided = self.decide(attrs["direction"], args[0], args[1], shape)
+            if decided is not None:
+                return decided
             name = f"compare-{attrs['direction']}:{args[0].dtype}"
             return self.fold_or("binary", (name,), args, shape, lambda a, b: _np_compare(attrs["direction"], a, b))
+        if op == "select":
+            chosen = self.select_by_constant(*args)
+            if chosen is not None:
+                return chosen
         if op in ("select", "clamp"):
             fn = (lambda p, a, b: np.where(p, a, b)) if op == "select" else (lambda lo, x, hi: np.clip(x, lo, hi))
             return self.fold_or("ternary", (op,), args, shape, fn)
@@ -294,6 +313,8 @@ class Evaluator:
             return self.dot(inst, args)
         if op == "reduce":
             return self.reduce(inst, args)
+        if op == "gather":
+            return self.gather(inst, args)
         return self.opaque(inst, args)
 
     def reshape_term(self, operand: Term, shape: Shape) -> Term:
@@ -302,7 +323,7 @@ class Evaluator:
         if operand.shape == shape.dims:
             return operand
         value = self.folded(operand)
-        if value is not None and (value.size <= 1 or np.all(value == value.flat[0])):
+        if value is not None and (value.size <= 1 or _uniform(value)):
             return self.const(value.reshape(shape.dims), shape.dtype)
         # Tables stay symbolic (a device's table is a window of the reference's); the value is
         # kept so that index arithmetic on it still folds.
@@ -333,6 +354,13 @@ class Evaluator:
             self.values[term] = np.broadcast_to(expanded, shape.dims)
         return term
 
+    def select_by_constant(self, p: Term, a: Term, b: Term) -> Term | None:
+        """select(p, a, b) with p the same constant everywhere is one of its branches."""
+        value = self.folded(p)
+        if value is None or not _uniform(value):
+            return None
+        return a if bool(value.flat[0]) else b
+
     def fold_or(self, kind: str, attrs: tuple, args: list, shape: Shape, fn) -> Term:
         values = [self.folded(a) for a in args]
         if all(v is not None for v in values) and np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
@@ -342,7 +370,7 @@ class Evaluator:
             except (TypeError, ValueError, KeyError):
                 result = None
             if result is not None:
-                return self.const(np.asarray(result).astype(_NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
+                return self.const(np.asarray(result).astype(NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
         return self.mk(kind, attrs, args, shape)
 
     def opaque(self, inst: Instruction, args: list) -> Term:
@@ -353,9 +381,63 @@ class Evaluator:
         flat = [a for arg in args for a in (arg if isinstance(arg, tuple) else (arg,))]
         shape = inst.shape if not inst.shape.is_tuple else Shape("tuple")
         term = self.mk("opaque", (key,), flat, shape)
+        if inst.opcode == "reduce-window":
+            self.note_window_sum(inst, args, term)
         if inst.shape.is_tuple:
             return tuple(self.mk("gte", (k,), (term,), e) for k, e in enumerate(inst.shape.elements))
         return term
+
+    def note_window_sum(self, inst: Instruction, args: list, term: Term) -> None:
+        """Remember a windowed sum (cumsum) with unit strides, so that `numeric` can compute it."""
+        init = self.folded(args[1]) if len(args) == 2 else None
+        window = inst.attrs.get("window", "")
+        fields = dict(f.split("=", 1) for f in window.strip("{}").split() if "=" in f)
+        if self.reducer(inst) != "add" or init is None or init.ndim or init.item() != 0 \
+                or set(fields) - {"size", "pad"}:
+            return
+        sizes = [int(v) for v in fields["size"].split("x")]
+        pads = [tuple(int(v) for v in p.split("_")) for p in fields["pad"].split("x")] if "pad" in fields \
+            else [(0, 0)] * len(sizes)
+        if len(sizes) == len(pads) == len(args[0].shape):
+            self.window_sums[term] = (sizes, pads)
+
+    def numeric(self, t: Term, args: list[np.ndarray]) -> np.ndarray | None:
+        """The value of `t` from its operands' values, for the ops index arithmetic uses."""
+        at = t.attrs
+        with np.errstate(all="ignore"):
+            if t.op == "bcast":
+                parts = at[0].split(",") if at[0] else []
+                dims = tuple(o for o, p in enumerate(parts) if p.startswith("i"))
+                order = [int(parts[o][1:]) for o in dims]
+                x = np.transpose(args[0], order) if order else args[0]
+                x = x.reshape([t.shape[o] if o in dims else 1 for o in range(len(t.shape))])
+                return np.broadcast_to(x, t.shape)
+            if t.op == "reshape":
+                return args[0].reshape(t.shape)
+            if t.op == "transpose":
+                return np.transpose(args[0], [int(v) for v in at[0].split(",")])
+            if t.op == "slice":
+                index = [slice(None)] * len(t.shape)
+                index[at[0]] = slice(at[1], at[2])
+                return args[0][tuple(index)]
+            if t.op == "concat":
+                return np.concatenate(args, axis=at[0])
+            if t.op == "unary" and at[0] == "convert" and t.dtype in NP_DTYPES:
+                return args[0].astype(NP_DTYPES[t.dtype])
+            if t.op == "unary":
+                return _np_unary(at[0], args[0])
+            if t.op == "binary" and at[0].startswith("compare-"):
+                return _np_compare(at[0][len("compare-"):].split(":")[0], *args)
+            if t.op == "binary":
+                return _np_binary(at[0], args[0], args[1], t.dtype)
+            if t.op == "ternary" and at[0] == "select":
+                return np.where(*args)
+            if t.op == "opaque" and t in self.window_sums:
+                sizes, pads = self.window_sums[t]
+                x = np.pad(args[0], pads)
+                view = np.lib.stride_tricks.sliding_window_view(x, sizes)
+                return view.sum(axis=tuple(range(-len(sizes), 0))).astype(args[0].dtype)
+        return None
 
     def update_slice(self, inst: Instruction, args: list) -> Term:
         x, update, *idx = args
@@ -384,6 +466,8 @@ class Evaluator:
 
     def reduce(self, inst: Instruction, args: list) -> Term:
         reducer = self.reducer(inst)
+        if len(args) == 4 and inst.shape.is_tuple:
+            return self.reduce_pair(inst, args)
         if reducer is None or len(args) != 2:
             return self.opaque(inst, args)
         x, init = args
@@ -391,8 +475,93 @@ class Evaluator:
         if init_value is None or not _is_identity(reducer, init_value):
             return self.opaque(inst, args)
         dims = dims_attr(inst.attrs.get("dimensions"))
+        value = self.folded(x)
+        if value is not None and reducer in ("and", "or"):  # masks of range checks fold away
+            return self.const(np.all(value, axis=dims) if reducer == "and" else np.any(value, axis=dims), inst.shape.dtype)
         key = f"{len(x.shape)}:{','.join(map(str, sorted(dims)))}"
         return self.mk("reduce", (reducer, key), (x,), inst.shape)
+
+    def reduce_pair(self, inst: Instruction, args: list) -> tuple:
+        """A reduce of two operands at once (argmax, argmin): each output element depends only on
+        the operands at the same kept index, so it is an aligned map over the kept dims."""
+        x, y, *inits = args
+        init_values = [self.folded(i) for i in inits]
+        if any(v is None or v.ndim for v in init_values) or x.shape != y.shape:
+            return self.opaque(inst, args)
+        dims = dims_attr(inst.attrs.get("dimensions"))
+        aligned = reduce_pair_map(len(x.shape), dims)
+        op_key = (f"reduce2:{fingerprint(self.called(inst, 'to_apply').name, self.module)}:"
+                  f"{[v.item() for v in init_values]}:{len(x.shape)}:{sorted(dims)}")
+        out = tuple(self.mk("aligned", (aligned.key(f"{op_key}:{k}"),), (x, y), element)
+                    for k, element in enumerate(inst.shape.elements))
+        for k, term in enumerate(out):
+            if self.picks_operand(inst, k):  # an argmax index is one of the operand's (or the init)
+                self.bound(term, (x, y)[k], inits[k])
+        return out
+
+    def picks_operand(self, inst: Instruction, k: int) -> bool:
+        """Whether output `k` of a two-operand reduce is always one of its two inputs: the reducer's
+        result k is a select between its parameters k and k + 2."""
+        comp = self.called(inst, "to_apply")
+        root = comp.root
+        by_name = {i.name: i for i in comp.instructions}
+        if root.opcode != "tuple" or k >= len(root.operands):
+            return False
+        chosen = by_name.get(root.operands[k])
+        if chosen is None or chosen.opcode != "select":
+            return False
+        numbers = {by_name[o].attrs.get("_number") for o in chosen.operands[1:] if o in by_name
+                   and by_name[o].opcode == "parameter"}
+        return numbers == {str(k), str(k + 2)}
+
+    # -- bounds of integer values (folds range checks such as a gather's index validation) ---------
+    def bounds_of(self, term: Term) -> tuple[float, float] | None:
+        value = self.folded(term)
+        if value is not None and value.size and term.dtype[0] in "su":
+            return float(value.min()), float(value.max())
+        return self.bounds.get(term)
+
+    def bound(self, term: Term, *sources: Term) -> None:
+        """`term`'s elements are elements of `sources`."""
+        found = [self.bounds_of(s) for s in sources]
+        if term.dtype[0] in "su" and self.folded(term) is None and all(b is not None for b in found):
+            self.bounds[term] = (min(b[0] for b in found), max(b[1] for b in found))
+
+    def decide(self, direction: str, a: Term, b: Term, shape: Shape) -> Term | None:
+        """A comparison that the bounds of its operands decide, as a constant."""
+        ra, rb = self.bounds_of(a), self.bounds_of(b)
+        if ra is None or rb is None:
+            return None
+        always = {"LT": ra[1] < rb[0], "LE": ra[1] <= rb[0], "GT": ra[0] > rb[1], "GE": ra[0] >= rb[1],
+                  "EQ": ra[0] == ra[1] == rb[0] == rb[1], "NE": ra[1] < rb[0] or ra[0] > rb[1]}
+        never = {"LT": ra[0] >= rb[1], "LE": ra[0] > rb[1], "GT": ra[1] <= rb[0], "GE": ra[1] < rb[0],
+                 "EQ": ra[1] < rb[0] or ra[0] > rb[1], "NE": ra[0] == ra[1] == rb[0] == rb[1]}
+        if direction not in always or not (always[direction] or never[direction]):
+            return None
+        return self.const(np.full(shape.dims, always[direction], dtype=np.bool_), shape.dtype)
+
+    def gather(self, inst: Instruction, args: list) -> Term:
+        """A gather is independent along its index dims (a batched gather also along the operand's
+        batching dims): an aligned map. Unit index dims (take_along_axis keeps one) are reshaped
+        away first, so that gathers of the same rows meet whatever their index layout."""
+        x, idx = args
+        attrs = semantic_attrs(inst, self.module)
+        if attrs.get("indices_are_sorted", "false") != "false" or attrs.get("unique_indices", "false") != "false":
+            return self.opaque(inst, args)
+        dims = GatherDims.parse(attrs, len(idx.shape))
+        dims, kept_idx, kept_out = dims.without_unit_index_dims(idx.shape, len(inst.shape.dims))
+        idx = self.reshape_term(idx, Shape(idx.dtype, tuple(idx.shape[j] for j in kept_idx)))
+        out = Shape(inst.shape.dtype, tuple(inst.shape.dims[o] for o in kept_out))
+        term = self.gather_term(x, idx, dims, out)
+        if term is None:
+            return self.opaque(inst, args)
+        return self.reshape_term(term, inst.shape)
+
+    def gather_term(self, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
+        aligned = gather_map(dims, len(x.shape), len(idx.shape), len(out.dims))
+        if aligned is None:
+            return None
+        return self.mk("aligned", (aligned.key(dims.key()),), (x, idx), out)
 
     # -- collectives -------------------------------------------------------------------------
     def collective(self, inst: Instruction, ops: list[list]) -> list:
@@ -408,7 +577,7 @@ class Evaluator:
                 if d in source:
                     out.append(ops[0][source[d]])
                 else:
-                    out.append(self.const(np.zeros(inst.shape.dims, _NP_DTYPES.get(inst.shape.dtype, np.float32)), inst.shape.dtype))
+                    out.append(self.const(np.zeros(inst.shape.dims, NP_DTYPES.get(inst.shape.dtype, np.float32)), inst.shape.dtype))
             return out
         group_of = {d: g for g in groups for d in g}
         tuple_valued = isinstance(ops[0][0], tuple) or len(ops) > 1
@@ -470,6 +639,11 @@ def _lookup(env: dict[str, list], name: str) -> list:
     return [v[int(index)] for v in env[base]]
 
 
+def _uniform(value: np.ndarray) -> bool:
+    """All elements equal; NaN fills (a gather's out-of-range value) count as equal to each other."""
+    return bool(value.size) and np.array_equal(value, np.full_like(value, value.flat[0]), equal_nan=True)
+
+
 def _target(attrs: dict[str, str]) -> str:
     return attrs.get("custom_call_target", "").strip('"')
 
@@ -484,7 +658,7 @@ def _is_identity(reducer: str, value: np.ndarray) -> bool:
 
 
 def parse_literal(text: str, shape: Shape) -> np.ndarray | None:
-    if shape.is_tuple or shape.dtype not in _NP_DTYPES or np.prod(shape.dims) > MAX_FOLD_ELEMENTS:
+    if shape.is_tuple or shape.dtype not in NP_DTYPES or np.prod(shape.dims) > MAX_FOLD_ELEMENTS:
         return None
     tokens = re.findall(r"-?inf|nan|true|false|-?[\d.]+(?:e[-+]?\d+)?", text.replace("{", " ").replace("}", " "))
     conv = {"true": 1, "false": 0, "inf": np.inf, "-inf": -np.inf, "nan": np.nan}
@@ -494,7 +668,7 @@ def parse_literal(text: str, shape: Shape) -> np.ndarray | None:
         return None
     if len(flat) != int(np.prod(shape.dims)):
         return None
-    return np.asarray(flat).astype(_NP_DTYPES[shape.dtype]).reshape(shape.dims)
+    return np.asarray(flat).astype(NP_DTYPES[shape.dtype]).reshape(shape.dims)
 
 
 def _np_unary(op: str, v: np.ndarray):

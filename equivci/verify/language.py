@@ -64,6 +64,9 @@ class T(Expr):
     def transpose(cls, perm: StringLike, x: T) -> T: ...
 
     @classmethod
+    def aligned(cls, key: StringLike, x: T, y: T) -> T: ...
+
+    @classmethod
     def opaque(cls, key: StringLike, args: TList) -> T: ...
 
     @classmethod
@@ -116,6 +119,12 @@ def rs_in_tail(spec: StringLike, k: i64Like) -> i64: ...  # element count of the
 def rs_out_tail(spec: StringLike, k: i64Like) -> i64: ...  # element count of the group's output dims after the lead
 @function
 def rs_fixed(spec: StringLike, o: i64Like) -> i64: ...  # size of a non-leading output dim
+@function
+def aligned_lhs(key: StringLike, k: i64Like) -> i64: ...  # aligned lhs dim -> output dim
+@function
+def aligned_rhs(key: StringLike, k: i64Like) -> i64: ...  # aligned rhs dim -> output dim
+@function
+def aligned_fixed(key: StringLike, o: i64Like) -> i64: ...  # size of an output dim set by the op's attributes
 
 
 related = relation("related", T)  # equal to a slice of a reference value
@@ -125,6 +134,7 @@ x, y, z, w, e = vars_("x y z w e", T)
 d, d2, a, b, c, g, n, m, o, k, j, s1, s2 = vars_("d d2 a b c g n m o k j s1 s2", i64)
 op, spec, spec2, key = vars_("op spec spec2 key", String)
 REDUCER_OF = {"add": "add", "maximum": "maximum", "minimum": "minimum"}
+COMMUTATIVE = ("add", "multiply", "maximum", "minimum", "and", "or", "xor")
 
 # -- dimensions of terms created by rules ------------------------------------------------------
 dims = ruleset(
@@ -145,6 +155,9 @@ dims = ruleset(
     rule(eq(e).to(T.reshape(spec, x)), eq(n).to(dim(x, k)), eq(o).to(rs_lead_out(spec, k)),
          eq(s1).to(rs_in_tail(spec, k)), eq(s2).to(rs_out_tail(spec, k))).then(set_(dim(e, o)).to(n * s1 / s2)),
     rule(eq(e).to(T.reshape(spec, x)), eq(n).to(rs_fixed(spec, o)), eq(m).to(dim(x, 0))).then(set_(dim(e, o)).to(n)),
+    rule(eq(e).to(T.aligned(key, x, y)), eq(n).to(dim(x, k)), eq(o).to(aligned_lhs(key, k))).then(set_(dim(e, o)).to(n)),
+    rule(eq(e).to(T.aligned(key, x, y)), eq(n).to(dim(y, k)), eq(o).to(aligned_rhs(key, k))).then(set_(dim(e, o)).to(n)),
+    rule(eq(e).to(T.aligned(key, x, y)), eq(n).to(aligned_fixed(key, o))).then(set_(dim(e, o)).to(n)),
 )
 
 # -- slices: composition, canonical order, full slices ----------------------------------------
@@ -175,6 +188,9 @@ elementwise = ruleset(
          eq(spec2).to(bcast_shrink(spec, d, n))).then(union(e).with_(T.binary(op, x, T.bcast(spec2, y)).slice(d, a, b))),
     rule(eq(e).to(T.binary(op, T.bcast(spec, y), x.slice(d, a, b))), eq(n).to(dim(x, d)),
          eq(spec2).to(bcast_shrink(spec, d, n))).then(union(e).with_(T.binary(op, T.bcast(spec2, y), x).slice(d, a, b))),
+    # x op y is y op x for a commutative op: only between terms that both exist (one side wrote
+    # `gate * y`, the other `y * gate`), so the rule joins e-classes and never adds terms.
+    *[rule(eq(e).to(T.binary(c, x, y)), eq(w).to(T.binary(c, y, x))).then(union(e).with_(w)) for c in COMMUTATIVE],
     # Elementwise ops commute with reshapes: same spec and same output shape imply same input shape.
     rule(eq(e).to(T.unary(op, T.reshape(spec, x)))).then(union(e).with_(T.reshape(spec, T.unary(op, x)))),
     rule(eq(e).to(T.binary(op, T.reshape(spec, x), T.reshape(spec, y)))).then(
@@ -231,6 +247,13 @@ reductions = ruleset(
     ],
 )
 
+# -- aligned maps (variadic reduces, batched gathers): slices of aligned dims pass through -------
+aligned = ruleset(
+    rule(eq(e).to(T.aligned(key, x.slice(k, a, b), y.slice(j, a, b))), eq(o).to(aligned_lhs(key, k)),
+         eq(o).to(aligned_rhs(key, j)), eq(dim(x, k)).to(dim(y, j))).then(
+        union(e).with_(T.aligned(key, x, y).slice(o, a, b))),
+)
+
 # -- layout ops: broadcast, transpose, reshape ------------------------------------------------
 layouts = ruleset(
     rule(eq(e).to(T.bcast(spec, x.slice(k, a, b))), eq(o).to(bcast_out(spec, k))).then(
@@ -266,5 +289,5 @@ relations = ruleset(
     rule(related(x), eq(e).to(T.transpose(spec, x))).then(related(e)),
 )
 
-REWRITES = slices | elementwise | concats | dots | reductions | layouts
+REWRITES = slices | elementwise | concats | dots | reductions | aligned | layouts
 

@@ -6,7 +6,7 @@ from egglog import EGraph, String, i64, set_, union
 
 from equivci.verify import language as L
 from equivci.verify.language import T, TList
-from equivci.verify.terms import Term, bcast_form, compose_bcast, reshape_spec, reshape_tables
+from equivci.verify.terms import AlignedMap, Term, bcast_form, compose_bcast, reshape_spec, reshape_tables
 
 
 def _ints(text: str) -> list[int]:
@@ -88,6 +88,10 @@ class Loader:
             ex = T.transpose(at[0], args[0])
         elif op == "gte":
             ex = T.gte(at[0], args[0])
+        elif op == "aligned":
+            key = f"{at[0]}>{t.dtype}"
+            self._seed_aligned(key, at[0])
+            ex = T.aligned(key, args[0], args[1])
         elif op == "opaque":
             lst = TList.nil()
             for arg in reversed(args):
@@ -188,6 +192,17 @@ class Loader:
                 self._seed_bcast(a, 0)
                 self._seed_bcast(b, 0)
                 self.facts.append(set_(L.bcast_shrink(String(a), i64(o), i64(int(there[o][1:])))).to(String(b)))
+
+    def _seed_aligned(self, key: str, spec: str) -> None:
+        if not self._once("aligned", key):
+            return
+        tables = AlignedMap.parse(spec)
+        for k, o in tables.lhs:
+            self._table(L.aligned_lhs, key, k, o)
+        for k, o in tables.rhs:
+            self._table(L.aligned_rhs, key, k, o)
+        for o, size in tables.fixed:
+            self._table(L.aligned_fixed, key, o, size)
 
     def _seed_transpose(self, perm_text: str) -> None:
         if not self._once("transpose", perm_text):

@@ -103,7 +103,10 @@ def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Ev
 
 
 def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: dict[str, list[list[int]]],
-                 output_terms: set[int], reference_events: list[Event] | None = None) -> Defect | None:
+                 output_terms: set[int], reference_events: list[Event] | None = None,
+                 routed: set[int] = frozenset()) -> Defect | None:
+    """`routed`: ids of dispatch masks and routed values (equivci/verify/routing.py), which are
+    related to the reference only through the combine that undoes the dispatch."""
     status: dict[int, str] = {}  # id(term) -> related | partial | unrelated
     constants = evaluator.values
     loader = proof.loader
@@ -112,7 +115,7 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
         key = id(values[0])
         if key in status:
             return status[key]
-        if all(is_related(proof, t, constants) for t in values):
+        if all(id(t) in routed or is_related(proof, t, constants) for t in values):
             result = "related"
         else:
             result = "unrelated"
@@ -151,6 +154,11 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
             return Defect(slip[0].inst, slip[1], context=event.inst)
         partial_operand = any(e is not None and _terms(e) and status.get(id(_terms(e)[0])) == "partial"
                               for e in operand_events)
+        if any(e is not None and _terms(e) and all(id(t) in routed for t in _terms(e)) for e in operand_events):
+            return Defect(event.inst, f"this `{event.inst.opcode}` uses rows routed to the experts, but on some device "
+                                      "they are not that device's own tokens, each in its dispatch slot with its "
+                                      "expert's output: the rows must be sent back to their tokens' devices (the "
+                                      "return all_to_all) before they are combined")
         if reference_events and not partial_operand:
             devices = [dev for dev, t in enumerate(terms) if not is_related(proof, t, constants)]
             try:

@@ -12,6 +12,7 @@ from equivci.hlo.ir import Module
 from equivci.verify import language as L
 from equivci.verify.instantiate import Evaluator, Event
 from equivci.verify.load import Loader
+from equivci.verify.routing import Router
 from equivci.verify.terms import Term, TermTable
 
 MAX_ITERATIONS = 120
@@ -28,6 +29,7 @@ class Programs:
     reference_events: list[Event]
     distributed_events: list[Event]
     evaluator: Evaluator
+    routed: set[int] = dataclasses.field(default_factory=set)  # ids of dispatch masks and routed values
 
 
 @dataclasses.dataclass
@@ -65,7 +67,11 @@ def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPla
     device_outputs = [_flatten(dist_root[dev]) for dev in range(num_devices)]
     targets = [[dist_eval.slice_nd(r, leaf.device_slices[dev]) for r, leaf in zip(reference_outputs, outputs)]
                for dev in range(num_devices)]
-    return Programs(params, reference_outputs, device_outputs, targets, ref_eval.events, dist_eval.events, dist_eval)
+    router = Router(dist_eval, num_devices)
+    router.run(dist_eval.events)
+    dist_eval.equal_terms.extend([a, b] for a, b in router.facts)
+    return Programs(params, reference_outputs, device_outputs, targets, ref_eval.events, dist_eval.events, dist_eval,
+                    router.exempt)
 
 
 def _short_dtype(dtype: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -166,3 +167,85 @@ def compose_bcast(inner: str, outer: str) -> str:
     """The spec of bcast(bcast(x, inner), outer) as one broadcast of x."""
     inner_parts = inner.split(",") if inner else []
     return ",".join(inner_parts[int(p[1:])] if p.startswith("i") else p for p in outer.split(",") if p)
+
+
+@dataclasses.dataclass(frozen=True)
+class AlignedMap:
+    """How a two-operand op that acts independently along some dims (a variadic reduce, a batched
+    gather) lays out its output: operand dim -> output dim for each aligned dim, and the sizes of
+    the output dims that follow from the op's attributes alone. Slicing both operands along dims
+    that map to the same output dim slices the output there (the `aligned` rules)."""
+
+    lhs: tuple[tuple[int, int], ...]  # (lhs dim, output dim)
+    rhs: tuple[tuple[int, int], ...]  # (rhs dim, output dim)
+    fixed: tuple[tuple[int, int], ...]  # (output dim, size)
+
+    def key(self, op_key: str) -> str:
+        """The op's egglog key: its shape-free attributes and these tables (the loader reads them back)."""
+        enc = lambda pairs: ",".join(f"{a}:{b}" for a, b in pairs)  # noqa: E731
+        return f"{op_key}|l={enc(self.lhs)}|r={enc(self.rhs)}|f={enc(self.fixed)}"
+
+    @staticmethod
+    def parse(key: str) -> "AlignedMap":
+        fields = dict(part.split("=", 1) for part in key.split("|")[-3:])
+        dec = lambda text: tuple(tuple(int(v) for v in p.split(":")) for p in text.split(",") if p)  # noqa: E731
+        return AlignedMap(dec(fields["l"]), dec(fields["r"]), dec(fields["f"]))
+
+
+def reduce_pair_map(rank: int, dims: tuple[int, ...]) -> AlignedMap:
+    """A reduce of two same-shaped operands over `dims`: every kept dim is aligned."""
+    table = tuple((k, o) for o, k in enumerate(k for k in range(rank) if k not in dims))
+    return AlignedMap(table, table, ())
+
+
+@dataclasses.dataclass(frozen=True)
+class GatherDims:
+    """The dimension numbers of an HLO gather."""
+
+    offset: tuple[int, ...]
+    collapsed: tuple[int, ...]
+    start_map: tuple[int, ...]
+    operand_batch: tuple[int, ...]
+    indices_batch: tuple[int, ...]
+    vector_dim: int
+    slice_sizes: tuple[int, ...]
+
+    @staticmethod
+    def parse(attrs: dict[str, str], indices_rank: int) -> "GatherDims":
+        ints = lambda name: tuple(int(v) for v in re.findall(r"-?\d+", attrs.get(name, "")))  # noqa: E731
+        return GatherDims(ints("offset_dims"), ints("collapsed_slice_dims"), ints("start_index_map"),
+                          ints("operand_batching_dims"), ints("start_indices_batching_dims"),
+                          int(attrs.get("index_vector_dim", indices_rank)), ints("slice_sizes"))
+
+    def key(self) -> str:
+        return "gather:" + ";".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
+
+    def without_unit_index_dims(self, indices_shape: tuple[int, ...], out_rank: int) -> tuple["GatherDims", list[int], list[int]]:
+        """The same gather without size-1 index dims that are neither batching dims nor the index
+        vector (take_along_axis keeps one): (dims, kept index dims, kept output dims)."""
+        idx_dims = [j for j in range(len(indices_shape)) if j != self.vector_dim]
+        batch_out = [o for o in range(out_rank) if o not in self.offset]
+        drop_idx = {j for j in idx_dims if indices_shape[j] == 1 and j not in self.indices_batch}
+        drop_out = {o for j, o in zip(idx_dims, batch_out) if j in drop_idx}
+        kept_idx = [j for j in range(len(indices_shape)) if j not in drop_idx]
+        kept_out = [o for o in range(out_rank) if o not in drop_out]
+        renum = lambda dims, kept: tuple(kept.index(v) for v in dims)  # noqa: E731
+        vector = kept_idx.index(self.vector_dim) if self.vector_dim in kept_idx else len(kept_idx)
+        dims = dataclasses.replace(self, offset=renum(self.offset, kept_out),
+                                   indices_batch=renum(self.indices_batch, kept_idx), vector_dim=vector)
+        return dims, kept_idx, kept_out
+
+
+def gather_map(g: GatherDims, operand_rank: int, indices_rank: int, out_rank: int) -> AlignedMap | None:
+    """A gather's tables: output rows along an index dim come from the index rows at that position
+    (and, for a batching dim, from the operand rows there too); window dims have fixed sizes."""
+    offset = set(g.offset)
+    batch_out = [o for o in range(out_rank) if o not in offset]
+    idx_dims = [j for j in range(indices_rank) if j != g.vector_dim]
+    window = [k for k in range(operand_rank) if k not in g.collapsed and k not in g.operand_batch]
+    if len(batch_out) != len(idx_dims) or len(window) != len(offset) or len(g.slice_sizes) != operand_rank:
+        return None
+    rhs = tuple(zip(idx_dims, batch_out))
+    out_of_idx = dict(rhs)
+    lhs = tuple((k, out_of_idx[j]) for k, j in zip(g.operand_batch, g.indices_batch))
+    return AlignedMap(lhs, rhs, tuple((o, g.slice_sizes[k]) for k, o in zip(window, sorted(offset))))
