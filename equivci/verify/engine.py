@@ -6,12 +6,12 @@ import re
 import time
 
 from equivci.capture.types import CapturedModel
-from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import HloParseError, parse_module
 from equivci.manifest import Manifest, ModelSpec
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.verify.instantiate import Unsupported
-from equivci.verify.localize import Defect, first_defect, source_of
+from equivci.verify.localize import Defect, source_of
+from equivci.verify.loops import defect_with_loops
 from equivci.verify.prove import build_programs, saturate
 
 # Run the numeric oracle only where random inputs are cheap to draw and run on a CPU.
@@ -31,9 +31,7 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel) 
     if proof.all_proved:
         return _finish(model, manifest, Status.VERIFIED, t0, (), verified=True)
 
-    outputs = {id(t) for dev in programs.device_outputs for t in dev}
-    defect = first_defect(programs.distributed_events, proof, programs.evaluator, axis_groups(captured.mesh), outputs,
-                          reference_events=programs.reference_events)
+    defect = defect_with_loops(programs, proof, captured.mesh)
     findings = [_finding(defect, captured)] if defect else [_output_finding(proof, captured)]
     counterexample = _counterexample(model, manifest, captured)
     if counterexample is not None:

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import hashlib
 import re
+from typing import Protocol
 
 import numpy as np
 
@@ -80,6 +81,20 @@ def fingerprint(name: str, module: Module) -> str:
     return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
 
 
+@dataclasses.dataclass
+class Loop:
+    """One evaluated `while`: its state before the first iteration and after the last, per device."""
+
+    inst: Instruction
+    init: list  # per device: tuple of Terms
+    out: list  # per device: tuple of Terms
+
+
+class LoopHandler(Protocol):
+    def evaluate(self, evaluator: "Evaluator", inst: Instruction, init: list) -> list | None:
+        """The per-device results of a `while`, or None to leave it opaque."""
+
+
 class Evaluator:
     def __init__(self, module: Module, table: TermTable, num_devices: int):
         self.module = module
@@ -89,6 +104,16 @@ class Evaluator:
         self.arrays: list[tuple[Term, np.ndarray]] = []  # non-uniform constants, oldest first
         self.equal_terms: list[list[Term]] = []  # groups of terms known equal by evaluation
         self.events: list[Event] = []
+        self.loops: list[Loop] = []
+        self.loop_handler: LoopHandler | None = None
+        # (term, target) pairs a proof must also show equal: what a loop handler assumed.
+        self.obligations: list[tuple[Term, Term]] = []
+
+    def child(self, module: Module, num_devices: int) -> "Evaluator":
+        """An evaluator with its own events that shares what is known about constants."""
+        sub = Evaluator(module, self.table, num_devices)
+        sub.values, sub.arrays, sub.equal_terms = self.values, self.arrays, self.equal_terms
+        return sub
 
     # -- constants ---------------------------------------------------------------------------
     def const(self, value: np.ndarray, dtype: str) -> Term:
@@ -208,7 +233,16 @@ class Evaluator:
             return self.collective(inst, ops)
         if op == "call":
             return self.run(self.called(inst, "to_apply"), ops)
+        if op == "while":
+            return self.loop(inst, ops[0])
         return [self.local(inst, [o[d] for o in ops], d) for d in range(self.n)]
+
+    def loop(self, inst: Instruction, init: list) -> list:
+        out = self.loop_handler.evaluate(self, inst, init) if self.loop_handler is not None else None
+        if out is None:
+            out = [self.opaque(inst, [init[d]]) for d in range(self.n)]
+        self.loops.append(Loop(inst, init, out))
+        return out
 
     def local(self, inst: Instruction, args: list, device: int):
         op, shape, attrs = inst.opcode, inst.shape, inst.attrs
@@ -274,13 +308,18 @@ class Evaluator:
         if op == "dynamic-slice":
             sizes = dims_attr(attrs.get("dynamic_slice_sizes"))
             starts = [self.folded(a) for a in args[1:]]
-            if any(s is None for s in starts):
+            symbolic = [dim for dim, s in enumerate(starts) if s is None]
+            if len(symbolic) > 1:
                 return self.opaque(inst, args)
             x = args[0]
             ranges = []
             for dim, (s, size) in enumerate(zip(starts, sizes)):
-                start = int(np.clip(int(s), 0, x.shape[dim] - size))  # HLO clamps start indices
+                start = 0 if s is None else int(np.clip(int(s), 0, x.shape[dim] - size))  # HLO clamps starts
                 ranges.append((start, start + size))
+            if symbolic:
+                dim = symbolic[0]
+                x = self.dynamic_window(x, dim, args[1 + dim], sizes[dim])
+                ranges[dim] = (0, sizes[dim])
             return self.slice_nd(x, ranges)
         if op == "dynamic-update-slice":
             return self.update_slice(inst, args)
@@ -331,6 +370,24 @@ class Evaluator:
         if value is not None and np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
             expanded = value.reshape([value.shape[dims.index(o)] if o in dims else 1 for o in range(len(shape.dims))])
             self.values[term] = np.broadcast_to(expanded, shape.dims)
+        return term
+
+    def dynamic_window(self, x: Term, dim: int, start: Term, size: int) -> Term:
+        """`size` elements of `x` along `dim` from a start known only as a term (a loop counter).
+
+        Static slices of other dims are moved outside (the clamped start depends only on the size
+        of `dim`), so a device's window of a stacked weight picks the same layer as the reference's
+        whole stack: dyn(slice(w, 2, a, b), i) = slice(dyn(w, i), 2, a, b).
+        """
+        outer = []
+        while x.op == "slice" and x.attrs[0] != dim:
+            outer.append(x.attrs)
+            x = x.args[0]
+        shape = list(x.shape)
+        shape[dim] = size
+        term = self.mk("opaque", (f"dynamic-slice dim={dim} size={size}",), (x, start), Shape(x.dtype, tuple(shape)))
+        for d, a, b in reversed(outer):
+            term = self.slice_term(term, d, a, b)
         return term
 
     def fold_or(self, kind: str, attrs: tuple, args: list, shape: Shape, fn) -> Term:

@@ -28,6 +28,9 @@ class Programs:
     reference_events: list[Event]
     distributed_events: list[Event]
     evaluator: Evaluator
+    # (term, target) pairs that must be proved equal too: the state relations loops assumed.
+    obligations: list[tuple[Term, Term]] = dataclasses.field(default_factory=list)
+    loops: list = dataclasses.field(default_factory=list)  # loops.LoopAttempt, in program order
 
 
 @dataclasses.dataclass
@@ -36,10 +39,11 @@ class Proof:
     egraph: EGraph
     loader: Loader
     seconds: float
+    obligations: list[bool] = dataclasses.field(default_factory=list)
 
     @property
     def all_proved(self) -> bool:
-        return all(all(row) for row in self.proved)
+        return all(all(row) for row in self.proved) and all(self.obligations)
 
 
 def _flatten(value) -> list[Term]:
@@ -59,13 +63,18 @@ def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPla
     dist_eval = Evaluator(distributed, table, num_devices)
     dist_eval.values.update(ref_eval.values)
     dist_eval.arrays.extend(ref_eval.arrays)
+    # loops proves loop bodies with `saturate`: imported here, where both modules are complete.
+    from equivci.verify.loops import LoopMatcher
+    matcher = LoopMatcher(reference, ref_eval.loops)
+    dist_eval.loop_handler = matcher
     dist_args = [[dist_eval.slice_nd(p, leaf.device_slices[dev]) for dev in range(num_devices)]
                  for p, leaf in zip(params, inputs)]
     dist_root = dist_eval.run(distributed.entry, dist_args)
     device_outputs = [_flatten(dist_root[dev]) for dev in range(num_devices)]
     targets = [[dist_eval.slice_nd(r, leaf.device_slices[dev]) for r, leaf in zip(reference_outputs, outputs)]
                for dev in range(num_devices)]
-    return Programs(params, reference_outputs, device_outputs, targets, ref_eval.events, dist_eval.events, dist_eval)
+    return Programs(params, reference_outputs, device_outputs, targets, ref_eval.events, dist_eval.events, dist_eval,
+                    dist_eval.obligations, matcher.attempts)
 
 
 def _short_dtype(dtype: str) -> str:
@@ -87,6 +96,9 @@ def saturate(programs: Programs, extra_terms: list[Term] = (), iterations: int =
     for dev_out, dev_targets in zip(programs.device_outputs, programs.targets):
         for t in dev_out + dev_targets:
             loader.expr(t)
+    for pair in programs.obligations:
+        for t in pair:
+            loader.expr(t)
     for t in extra_terms:
         loader.expr(t)
     for group in programs.evaluator.equal_terms:
@@ -97,7 +109,8 @@ def saturate(programs: Programs, extra_terms: list[Term] = (), iterations: int =
     proved = []
     for dev_out, dev_targets in zip(programs.device_outputs, programs.targets):
         proved.append([proved_equal(egraph, loader.expr(o), loader.expr(t)) for o, t in zip(dev_out, dev_targets)])
-    return Proof(proved, egraph, loader, time.perf_counter() - t0)
+    obligations = [proved_equal(egraph, loader.expr(a), loader.expr(b)) for a, b in programs.obligations]
+    return Proof(proved, egraph, loader, time.perf_counter() - t0, obligations)
 
 
 def _run(egraph: EGraph, iterations: int) -> None:
