@@ -200,6 +200,8 @@ def _flat_state(inst: Instruction, init: list) -> bool:
 def defect_with_loops(programs: Programs, proof: Proof, mesh: dict[str, int]) -> Defect | None:
     """The first defect in program order, looking inside a loop whose step was not proved."""
     outputs = {id(t) for dev in programs.device_outputs for t in dev}
+    # A loop's initial state is an output too: its proof needs it related (a partial sum is not).
+    outputs |= {id(pair[0]) for pair, ok in zip(programs.obligations, proof.obligations) if not ok}
     found = first_defect(programs.distributed_events, proof, programs.evaluator, axis_groups(mesh), outputs,
                          reference_events=programs.reference_events)
     failed = next((a for a in programs.loops if not a.proved), None)
@@ -213,9 +215,14 @@ def defect_with_loops(programs: Programs, proof: Proof, mesh: dict[str, int]) ->
 def _inside(attempt: LoopAttempt, mesh: dict[str, int]) -> Defect:
     if attempt.proof is None:
         return Defect(attempt.inst, f"this loop is not verified: {attempt.reason}")
-    return defect_with_loops(attempt.step, attempt.proof, mesh) or Defect(
-        attempt.inst, "this loop's body could not be shown to keep every state element the same slice of the "
-                      "reference loop's state from one iteration to the next (the loop invariant)")
+    found = defect_with_loops(attempt.step, attempt.proof, mesh)
+    if found is None:
+        return Defect(attempt.inst, "this loop's body could not be shown to keep every state element the same slice "
+                                    "of the reference loop's state from one iteration to the next (the loop invariant)")
+    if found.inst.name in {e.inst.name for e in attempt.step.distributed_events}:
+        found = dataclasses.replace(found, message=found.message + " (in a loop body, checked once for every "
+                                                                   "iteration of the loop)")
+    return found
 
 
 def _position(programs: Programs, defect: Defect) -> int:
