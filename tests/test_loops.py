@@ -83,6 +83,50 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=SPECS, out_specs=P())(x, w1, w2)
 
 
+    def _ys_step(reduce, after=False):
+        def step(x, w):
+            h = jnp.tanh(x @ w[0])
+            new = x + reduce(h @ w[1])
+            return new, (new if after else x, h)
+
+        return step
+
+
+    def ys(x, w1, w2):
+        return lax.scan(_ys_step(lambda t: t), x, (w1, w2))
+
+
+    def _ys_tp(x, w1, w2, mesh, after):
+        body = lambda x, w1, w2: lax.scan(_ys_step(lambda t: lax.psum(t, TP), after), x, (w1, w2))
+        out_specs = (P(), (P(), P(None, None, TP)))
+        return jax.shard_map(body, mesh=mesh, in_specs=SPECS, out_specs=out_specs)(x, w1, w2)
+
+
+    def ys_tp(x, w1, w2, *, mesh):
+        return _ys_tp(x, w1, w2, mesh, after=False)
+
+
+    def ys_tp_after(x, w1, w2, *, mesh):
+        return _ys_tp(x, w1, w2, mesh, after=True)
+
+
+    def nested(x, w1, w2):
+        def step(x, w):
+            x = x + jnp.tanh(x @ w[0]) @ w[1]
+            return lax.fori_loop(0, 2, lambda i, x: jnp.tanh(x), x), None
+
+        return lax.scan(step, x, (w1, w2))[0]
+
+
+    def nested_tp(x, w1, w2, *, mesh):
+        def step(x, w):
+            x = x + lax.psum(jnp.tanh(x @ w[0]) @ w[1], TP)
+            return lax.fori_loop(0, 2, lambda i, x: jnp.tanh(x), x), None
+
+        body = lambda x, w1, w2: lax.scan(step, x, (w1, w2))[0]
+        return jax.shard_map(body, mesh=mesh, in_specs=SPECS, out_specs=P())(x, w1, w2)
+
+
     def carry_inputs():
         return (jax.ShapeDtypeStruct((B, D), jnp.float32),)
 
@@ -101,6 +145,15 @@ MODELS = textwrap.dedent(
             shift = lambda i, x: jnp.tanh(x) * 2.0 + lax.axis_index(TP).astype(x.dtype)  # MARK:offset
             return lax.fori_loop(0, 3, shift, x)
 
+        return jax.shard_map(body, mesh=mesh, in_specs=P(TP), out_specs=P(TP))(x)
+
+
+    def seq(x):
+        return lax.fori_loop(0, 3, lambda i, x: jnp.tanh(x) * 2.0, jnp.sin(x))
+
+
+    def seq_sharded(x, *, mesh):
+        body = lambda x: lax.fori_loop(0, 3, lambda i, x: jnp.tanh(x) * 2.0, jnp.sin(x))
         return jax.shard_map(body, mesh=mesh, in_specs=P(TP), out_specs=P(TP))(x)
 
 
@@ -139,6 +192,10 @@ MANIFEST = textwrap.dedent(
       - {name: carry, reference: m.py:carry, distributed: m.py:carry_sharded, inputs: m.py:carry_inputs, mesh: {tp: 2}}
       - {name: offset, reference: m.py:carry, distributed: m.py:carry_sharded_offset, inputs: m.py:carry_inputs,
          mesh: {tp: 2}}
+      - {name: ys, reference: m.py:ys, distributed: m.py:ys_tp, inputs: m.py:inputs, mesh: {tp: 2}}
+      - {name: ysafter, reference: m.py:ys, distributed: m.py:ys_tp_after, inputs: m.py:inputs, mesh: {tp: 2}}
+      - {name: nested, reference: m.py:nested, distributed: m.py:nested_tp, inputs: m.py:inputs, mesh: {tp: 2}}
+      - {name: seq, reference: m.py:seq, distributed: m.py:seq_sharded, inputs: m.py:carry_inputs, mesh: {tp: 2}}
       - {name: pre, reference: m.py:pre, distributed: m.py:pre_tp, inputs: m.py:pre_inputs, mesh: {tp: 2}}
       - {name: prenopsum, reference: m.py:pre, distributed: m.py:pre_tp_nopsum, inputs: m.py:pre_inputs,
          mesh: {tp: 2}}
@@ -167,7 +224,7 @@ def _programs(manifest, name):
                           c.num_devices)
 
 
-@pytest.mark.parametrize("name", ["tp", "carry", "pre"])
+@pytest.mark.parametrize("name", ["tp", "carry", "pre", "ys", "nested", "seq"])
 def test_loops_that_keep_the_relation_verify(manifest, name):
     result = _verify(manifest, name)
     assert result.status is Status.VERIFIED, result.findings
@@ -206,7 +263,21 @@ def test_a_wrong_initial_state_is_not_verified_although_the_body_is(manifest):
     assert "psum" in result.findings[0].message  # the partial sum that enters the loop
 
 
-@pytest.mark.parametrize("name", ["nopsum", "reversed", "short", "offset"])
+def test_per_iteration_outputs_and_sharded_carries_relate_as_blocks(manifest):
+    (ys_loop,) = _programs(manifest, "ys").loops
+    # the column-sharded stack of per-layer h starts as zeros: its block follows the weights' columns
+    zeros = [r for r in ys_loop.step.device_outputs[0] if r.shape == (3, 4, 4)]
+    assert zeros and ys_loop.proved
+    seq = _programs(manifest, "seq")
+    (seq_loop,) = seq.loops
+    # sin of the device's rows enters the loop: its rows are found from the slice inside it, and
+    # that it is that block of the reference's initial carry is left to the proof
+    carries = [t for dev in seq_loop.init for t in dev if t.shape == (2, 8)]
+    assert seq_loop.proved and len(carries) == 2 and all(t.op == "unary" for t in carries)
+    assert len(seq.obligations) == 2 and saturate(seq).all_proved
+
+
+@pytest.mark.parametrize("name", ["nopsum", "reversed", "short", "offset", "ysafter"])
 def test_a_body_that_breaks_the_relation_is_not_verified(manifest, name):
     programs = _programs(manifest, name)
     assert not saturate(programs).all_proved

@@ -373,22 +373,10 @@ class Evaluator:
         return term
 
     def dynamic_window(self, x: Term, dim: int, start: Term, size: int) -> Term:
-        """`size` elements of `x` along `dim` from a start known only as a term (a loop counter).
-
-        Static slices of other dims are moved outside (the clamped start depends only on the size
-        of `dim`), so a device's window of a stacked weight picks the same layer as the reference's
-        whole stack: dyn(slice(w, 2, a, b), i) = slice(dyn(w, i), 2, a, b).
-        """
-        outer = []
-        while x.op == "slice" and x.attrs[0] != dim:
-            outer.append(x.attrs)
-            x = x.args[0]
+        """`size` elements of `x` along `dim` from a start known only as a term (a loop counter)."""
         shape = list(x.shape)
         shape[dim] = size
-        term = self.mk("opaque", (f"dynamic-slice dim={dim} size={size}",), (x, start), Shape(x.dtype, tuple(shape)))
-        for d, a, b in reversed(outer):
-            term = self.slice_term(term, d, a, b)
-        return term
+        return self.mk("dslice", (dim, size), (x, start), Shape(x.dtype, tuple(shape)))
 
     def fold_or(self, kind: str, attrs: tuple, args: list, shape: Shape, fn) -> Term:
         values = [self.folded(a) for a in args]
@@ -417,8 +405,16 @@ class Evaluator:
     def update_slice(self, inst: Instruction, args: list) -> Term:
         x, update, *idx = args
         starts = [self.folded(a) for a in idx]
-        if any(s is None for s in starts):
-            return self.opaque(inst, args)
+        symbolic = [d for d, s in enumerate(starts) if s is None]
+        if symbolic:
+            # One start known only as a term, the update whole along every other dim (a scan
+            # writing its per-iteration output): the other starts clamp to 0.
+            dim = symbolic[0]
+            if len(symbolic) > 1 or any(update.shape[d] != x.shape[d] for d in range(len(x.shape)) if d != dim):
+                return self.opaque(inst, args)
+            if update.shape == x.shape:
+                return update
+            return self.mk("dupdate", (dim,), (x, update, idx[dim]), Shape(x.dtype, x.shape))
         starts = [int(np.clip(int(s), 0, n - u)) for s, n, u in zip(starts, x.shape, update.shape)]
         differing = [d for d in range(len(x.shape)) if update.shape[d] != x.shape[d]]
         if not differing:

@@ -88,6 +88,10 @@ class Loader:
             ex = T.transpose(at[0], args[0])
         elif op == "gte":
             ex = T.gte(at[0], args[0])
+        elif op == "dslice":
+            ex = T.dslice(at[0], at[1], args[0], args[1])
+        elif op == "dupdate":
+            ex = T.dupdate(at[0], args[0], args[1], args[2])
         elif op == "opaque":
             lst = TList.nil()
             for arg in reversed(args):

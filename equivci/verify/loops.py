@@ -87,29 +87,97 @@ def window_within(value: Term, ref: Term) -> Window | None:
 def infer_relations(ref_init: tuple[Term, ...], dist_init: list[tuple[Term, ...]]) -> list[StateRelation] | None:
     """A relation for every distributed state element, or None.
 
-    A distributed element that is a window of a reference element by construction (a slice of
-    the same input) relates to it; otherwise one of the same shape is taken as equal. The choice
-    is only a candidate: the base and step proofs decide whether it holds.
+    Candidates, best first: a window of a reference element by construction (a slice of the same
+    input); a reference element of the same shape, taken as equal; a block of a larger reference
+    element, at the offsets of a slice inside the initial value or of another element's block
+    of the same sizes (a zero-initialised buffer sharded like the weights). A candidate is only
+    a guess: the base and step proofs decide whether it holds.
     """
+    columns = [[dev[j] for dev in dist_init] for j in range(len(dist_init[0]))]
+    constructed = [_windowed(ref_init, values) for values in columns]
+    offsets = _block_offsets([r for found in constructed for r in found], ref_init)
     relations: list[StateRelation] = []
-    for j in range(len(dist_init[0])):
-        values = [dev[j] for dev in dist_init]
-        windowed, equal = [], []
-        for k, ref in enumerate(ref_init):
-            if ref.dtype != values[0].dtype or len(ref.shape) != len(values[0].shape):
-                continue
-            windows = [window_within(v, ref) for v in values]
-            if all(w is not None for w in windows):
-                windowed.append(StateRelation(k, tuple(windows), True))
-            elif all(v.shape == ref.shape for v in values):
-                equal.append(StateRelation(k, tuple(tuple((0, n) for n in ref.shape) for _ in values), False))
-        used = {r.ref_index for r in relations}
-        candidates = windowed or equal
+    for j, values in enumerate(columns):
+        candidates = constructed[j] or _equal(ref_init, values) or _blocks(ref_init, values, offsets)
         if not candidates:
             return None
+        used = {r.ref_index for r in relations}
         # Ties (two replicated stacks of one shape): an unused element, then the same position.
         relations.append(min(candidates, key=lambda r: (r.ref_index in used, r.ref_index != j, r.ref_index)))
     return relations
+
+
+def _comparable(ref: Term, values: list[Term]) -> bool:
+    return all(v.dtype == ref.dtype and len(v.shape) == len(ref.shape) for v in values)
+
+
+def _windowed(ref_init: tuple[Term, ...], values: list[Term]) -> list[StateRelation]:
+    found = []
+    for k, ref in enumerate(ref_init):
+        windows = [window_within(v, ref) for v in values] if _comparable(ref, values) else [None]
+        if all(w is not None for w in windows):
+            found.append(StateRelation(k, tuple(windows), True))
+    return found
+
+
+def _equal(ref_init: tuple[Term, ...], values: list[Term]) -> list[StateRelation]:
+    return [StateRelation(k, tuple(_full(ref) for _ in values), False) for k, ref in enumerate(ref_init)
+            if _comparable(ref, values) and all(v.shape == ref.shape for v in values)]
+
+
+def _full(term: Term) -> Window:
+    return tuple((0, n) for n in term.shape)
+
+
+def _block_offsets(relations: list[StateRelation], ref_init: tuple[Term, ...]) -> dict[tuple[int, int], tuple[int, ...]]:
+    """(reference size, block size) -> each device's block start, from windows known by construction."""
+    offsets: dict[tuple[int, int], tuple[int, ...]] = {}
+    for r in relations:
+        for dim, size in enumerate(ref_init[r.ref_index].shape):
+            starts = tuple(w[dim][0] for w in r.windows)
+            width = r.windows[0][dim][1] - starts[0]
+            if width < size and len(set(starts)) > 1:
+                offsets.setdefault((size, width), starts)
+    return offsets
+
+
+def _blocks(ref_init: tuple[Term, ...], values: list[Term],
+            offsets: dict[tuple[int, int], tuple[int, ...]]) -> list[StateRelation]:
+    found = []
+    shape = values[0].shape
+    for k, ref in enumerate(ref_init):
+        if not _comparable(ref, values) or any(v.shape != shape for v in values) \
+                or any(m > n for m, n in zip(shape, ref.shape)) or shape == ref.shape:
+            continue
+        per_dim = []
+        for dim, (width, size) in enumerate(zip(shape, ref.shape)):
+            starts = (0,) * len(values) if width == size else \
+                _slice_starts(values, dim, size, width) or offsets.get((size, width))
+            per_dim.append(starts)
+        if all(s is not None for s in per_dim):
+            windows = tuple(tuple((s[dev], s[dev] + width) for s, width in zip(per_dim, shape))
+                            for dev in range(len(values)))
+            found.append(StateRelation(k, windows, False))
+    return found
+
+
+def _slice_starts(values: list[Term], dim: int, size: int, width: int, limit: int = 200) -> tuple[int, ...] | None:
+    """Each device's start of the outermost slice inside its value that cuts `width` of `size` along `dim`."""
+    starts = []
+    for value in values:
+        queue, seen, start = [value], set(), None
+        while queue and len(seen) < limit and start is None:
+            t = queue.pop(0)
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            if t.op == "slice" and t.attrs[0] == dim and t.attrs[2] - t.attrs[1] == width and t.args[0].shape[dim] == size:
+                start = t.attrs[1]
+            queue.extend(t.args)
+        if start is None:
+            return None
+        starts.append(start)
+    return tuple(starts)
 
 
 class LoopMatcher:
