@@ -157,6 +157,29 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=P(TP), out_specs=P(TP))(x)
 
 
+    def pair_inputs():
+        return (jax.ShapeDtypeStruct((B, D), jnp.float32), jax.ShapeDtypeStruct((B, D), jnp.float32))
+
+
+    def _pair(x, y):
+        a, b = lax.fori_loop(0, 3, lambda i, c: (jnp.tanh(c[0]), c[1] * 2.0), (x, y))
+        return a - b
+
+
+    def pair(x, y):
+        return _pair(x, y)
+
+
+    def pair_swapped(x, y, *, mesh):
+        return jax.shard_map(lambda x, y: _pair(y, x), mesh=mesh, in_specs=(P(), P()), out_specs=P())(x, y)
+
+
+    def unrolled(x):
+        for _ in range(3):
+            x = jnp.tanh(x) * 2.0
+        return x
+
+
     def pre_inputs():
         f = jnp.float32
         return (jax.ShapeDtypeStruct((B, D), f), jax.ShapeDtypeStruct((D, D), f))
@@ -196,6 +219,10 @@ MANIFEST = textwrap.dedent(
       - {name: ysafter, reference: m.py:ys, distributed: m.py:ys_tp_after, inputs: m.py:inputs, mesh: {tp: 2}}
       - {name: nested, reference: m.py:nested, distributed: m.py:nested_tp, inputs: m.py:inputs, mesh: {tp: 2}}
       - {name: seq, reference: m.py:seq, distributed: m.py:seq_sharded, inputs: m.py:carry_inputs, mesh: {tp: 2}}
+      - {name: swapped, reference: m.py:pair, distributed: m.py:pair_swapped, inputs: m.py:pair_inputs,
+         mesh: {tp: 2}}
+      - {name: unrolled, reference: m.py:unrolled, distributed: m.py:carry_sharded, inputs: m.py:carry_inputs,
+         mesh: {tp: 2}}
       - {name: pre, reference: m.py:pre, distributed: m.py:pre_tp, inputs: m.py:pre_inputs, mesh: {tp: 2}}
       - {name: prenopsum, reference: m.py:pre, distributed: m.py:pre_tp_nopsum, inputs: m.py:pre_inputs,
          mesh: {tp: 2}}
@@ -277,7 +304,7 @@ def test_per_iteration_outputs_and_sharded_carries_relate_as_blocks(manifest):
     assert len(seq.obligations) == 2 and saturate(seq).all_proved
 
 
-@pytest.mark.parametrize("name", ["nopsum", "reversed", "short", "offset", "ysafter"])
+@pytest.mark.parametrize("name", ["nopsum", "reversed", "short", "offset", "ysafter", "swapped"])
 def test_a_body_that_breaks_the_relation_is_not_verified(manifest, name):
     programs = _programs(manifest, name)
     assert not saturate(programs).all_proved
@@ -292,6 +319,13 @@ def test_findings_point_inside_the_body(manifest, name, mark):
     result = _verify(manifest, name)
     lines = {(f.path, f.line) for f in result.findings}
     assert ("m.py", model_package.line_of(MODELS, mark)) in lines, result.findings
+
+
+def test_a_loop_without_a_reference_loop_stays_opaque(manifest):
+    # the reference unrolls the loop: equivalent, but nothing to prove the body against
+    result = _verify(manifest, "unrolled")
+    assert result.status is Status.UNPROVEN
+    assert "no reference loop" in result.findings[0].message
 
 
 def test_relations_are_windows_by_construction_or_equal_shapes():

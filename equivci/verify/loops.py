@@ -274,7 +274,7 @@ def defect_with_loops(programs: Programs, proof: Proof, mesh: dict[str, int]) ->
                          reference_events=programs.reference_events)
     failed = next((a for a in programs.loops if not a.proved), None)
     if failed is not None and (found is None or _position(programs, found) > failed.position):
-        return _inside(failed, mesh) or found
+        return _inside(failed, mesh)
     if found is None:
         return _unproved_initial_state(programs, proof)
     return found
