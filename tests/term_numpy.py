@@ -15,10 +15,12 @@ loader and the rules read them:
 * bcast(spec), spec = comma list over output dims, "i<k>" = operand dim k, "n<size>" = new dim;
 * reshape(spec): row-major reshape; the output shape is recomputed from the spec and the operand
   shape (group by group) and must equal the term's shape;
-* transpose(perm), HLO semantics: output dim o is operand dim perm[o].
+* transpose(perm), HLO semantics: output dim o is operand dim perm[o];
 * aligned(key) of two operands: a batched HLO gather ("gather:<attrs>|tables") or, standing for any
   two-operand reduce, "argmax2:<dims>:<component>" (the max of x over dims, or y where x is first
   largest). The rules read only the tables at the end of the key.
+* dslice(dim, size) of (x, start) and dupdate(dim) of (x, update, start): HLO dynamic-slice and
+  dynamic-update-slice along `dim` at an integer scalar start, clamped into range as in HLO.
 
 Shapes are checked at every node, so an ill-typed term (e.g. one a rule built wrongly) fails loudly.
 """
@@ -289,6 +291,20 @@ def _eval_one(t: Term, args: list[np.ndarray], params: dict[int, np.ndarray]) ->
         if op_key.startswith("argmax2:"):
             return argmax2(args[0], args[1], op_key)
         raise TermEvalError(f"aligned op {op_key} has no numpy model")
+    if op in ("dslice", "dupdate"):
+        dim = at[0]
+        x, start = args[0], args[-1]
+        width = at[1] if op == "dslice" else args[1].shape[dim]
+        if start.shape != () or start.dtype.kind not in "iu" or width > x.shape[dim]:
+            raise TermEvalError(f"{op}{at}: start {start.dtype}{start.shape}, width {width} of {x.shape}")
+        begin = int(np.clip(int(start), 0, x.shape[dim] - width))  # HLO clamps the start
+        index = [slice(None)] * x.ndim
+        index[dim] = slice(begin, begin + width)
+        if op == "dslice":
+            return x[tuple(index)]
+        out = np.array(x, copy=True)
+        out[tuple(index)] = args[1]
+        return out
     raise TermEvalError(f"{op} terms have no numpy model (pass their value in `consts`)")
 
 

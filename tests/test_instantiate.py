@@ -244,3 +244,32 @@ def test_dynamic_slice_start_is_clamped_like_xla():
     (event,) = [e for e in programs.distributed_events if e.inst.opcode == "dynamic-slice"]
     assert event.values[1] is programs.evaluator.slice_nd(programs.params[0], ((4, 8),))
     assert saturate(programs).all_proved
+
+
+DYNAMIC_REF = """HloModule jit_reference
+
+ENTRY main.1 {
+  w.1 = f32[3,8]{1,0} parameter(0)
+  i.1 = s32[] parameter(1)
+  zero.1 = s32[] constant(0)
+  row.1 = f32[1,8]{1,0} dynamic-slice(w.1, i.1, zero.1), dynamic_slice_sizes={1,8}
+  all.1 = f32[3,8]{1,0} dynamic-slice(w.1, i.1, zero.1), dynamic_slice_sizes={3,8}
+  put.1 = f32[3,8]{1,0} dynamic-update-slice(w.1, row.1, i.1, zero.1)
+  ROOT out.1 = (f32[1,8]{1,0}, f32[3,8]{1,0}, f32[3,8]{1,0}) tuple(row.1, all.1, put.1)
+}
+"""
+
+
+def test_a_start_known_only_as_a_term_gives_dynamic_terms():
+    leaves = (LeafPlacement("[0]", (3, 8), "float32", (((0, 3), (0, 8)),)),
+              LeafPlacement("[1]", (), "int32", ((),)))
+    outs = (LeafPlacement("[0]", (1, 8), "float32", (((0, 1), (0, 8)),)),
+            LeafPlacement("[1]", (3, 8), "float32", (((0, 3), (0, 8)),)),
+            LeafPlacement("[2]", (3, 8), "float32", (((0, 3), (0, 8)),)))
+    programs = build_programs(parse_module(DYNAMIC_REF), parse_module(DYNAMIC_REF), leaves, outs, 1)
+    row, whole, put = programs.reference_outputs
+    w, i = programs.params
+    assert (row.op, row.attrs, row.args) == ("dslice", (0, 1), (w, i))
+    assert whole is w  # a window as long as the dim: the start clamps to 0
+    assert (put.op, put.attrs, put.args) == ("dupdate", (0,), (w, row, i))
+    assert saturate(programs).all_proved

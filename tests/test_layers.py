@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
     ("jit(step)/transpose(jvp(layers_1))/dot_general", None),
     ("jit(step)/jvp(f)/layers_1/mul", "layers_1"),
     ("jit(silu)/exp", None),
+    ("jit(f)/while/body/dot_general", None),
+    ("jit(f)/while/body/layers/mlp/add", "layers"),
     ("dot_general", None),
     ("_moe_ep.<locals>.body/reduce", None),
 ])

@@ -150,6 +150,8 @@ def values(lhs: Term, rhs: Term, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
     for index, p in sorted(_params(lhs, rhs).items()):
         if p.dtype == "pred":
             params[index] = rng.random(p.shape) < 0.5
+        elif p.dtype[0] in "su":  # indices, some out of range (clamped) or negative
+            params[index] = rng.integers(-2, 9, p.shape).astype(np.int32)
         else:
             params[index] = rng.standard_normal(p.shape)
     return evaluate(lhs, params), evaluate(rhs, params)
@@ -641,6 +643,28 @@ def concat_slice_straddle(rng, b: B):
     return b.sl(b.cat(x, y, d), d, lo, hi), b.cat(b.sl(x, d, lo, n), b.sl(y, d, 0, hi - n), d)
 
 
+def _dynamic_setup(rng, b: B):
+    """A rank-3 operand, its dynamic dim, another dim with a proper window on it, and a counter."""
+    shape = rshape(rng, 3)
+    d, k = (int(v) for v in rng.choice(3, size=2, replace=False))
+    lo, hi = rrange(rng, shape[k], proper=True)
+    return b.param(0, shape), d, k, lo, hi, b.param(1, (), "s32")
+
+
+def dslice_lift(rng, b: B):
+    x, d, k, lo, hi, i = _dynamic_setup(rng, b)
+    n = int(rng.integers(1, x.shape[d] + 1))
+    dyn = lambda t: b.t.make("dslice", (d, n), (t, i), tuple(n if j == d else s for j, s in enumerate(t.shape)), F32)  # noqa: E731
+    return dyn(b.sl(x, k, lo, hi)), b.sl(dyn(x), k, lo, hi)
+
+
+def dupdate_lift(rng, b: B):
+    x, d, k, lo, hi, i = _dynamic_setup(rng, b)
+    u = b.param(2, tuple(int(rng.integers(1, x.shape[d] + 1)) if j == d else s for j, s in enumerate(x.shape)))
+    upd = lambda t, v: b.t.make("dupdate", (d,), (t, v, i), t.shape, F32)  # noqa: E731
+    return upd(b.sl(x, k, lo, hi), b.sl(u, k, lo, hi)), b.sl(upd(x, u), k, lo, hi)
+
+
 # rule name -> (family ruleset, builder, preload_rhs)
 RULES = {
     "slices/compose": (L.slices, slice_compose, False),
@@ -689,6 +713,8 @@ RULES = {
     "layouts/transpose_push": (L.layouts, transpose_push, False),
     "layouts/reshape_lift": (L.layouts, reshape_lift, False),
     "layouts/reshape_push": (L.layouts, reshape_push, False),
+    "dynamic/dslice_lift": (L.dynamic, dslice_lift, False),
+    "dynamic/dupdate_lift": (L.dynamic, dupdate_lift, False),
 }
 
 
@@ -708,7 +734,7 @@ def test_rule_fires_and_is_an_identity(name: str, seed: int) -> None:
 def test_every_rule_of_the_language_is_covered() -> None:
     """A new rule in language.py must come with an instance here."""
     families = {"slices": L.slices, "elementwise": L.elementwise, "concats": L.concats, "dots": L.dots,
-                "reductions": L.reductions, "aligned": L.aligned, "layouts": L.layouts}
+                "reductions": L.reductions, "aligned": L.aligned, "layouts": L.layouts, "dynamic": L.dynamic}
     for fam, rs in families.items():
         n_rules = len(rs.__egg_ruleset__.rules)
         covered = sum(1 for name in RULES if name.split("/")[0] == fam)
@@ -830,6 +856,14 @@ def _near_misses():
     # take_along_axis on rows [0, 3) of the operand with the indices of rows [3, 6)
     cases["aligned_gather_misaligned_rows"] = (b.gather(b.sl(x, 0, 0, 3), b.sl(idx, 0, 3, 6), attrs, (3, 4)),
                                                b.sl(b.gather(x, idx, attrs, (6, 4)), 0, 0, 3))
+    x, i = b.param(0, (6, 4)), b.param(1, (), "s32")
+    dyn = lambda t: b.t.make("dslice", (0, 2), (t, i), (2,) + t.shape[1:], F32)  # noqa: E731
+    # a window of the dynamic dim itself moves the start: not the same rows as the whole's
+    cases["dslice_window_of_dynamic_dim"] = (dyn(b.sl(x, 0, 2, 6)), dyn(x))
+    u = b.param(2, (2, 4))
+    upd = lambda t, v: b.t.make("dupdate", (0,), (t, v, i), t.shape, F32)  # noqa: E731
+    # a device's buffer window updated with another window of the update
+    cases["dupdate_other_window"] = (upd(b.sl(x, 1, 0, 2), b.sl(u, 1, 2, 4)), b.sl(upd(x, u), 1, 0, 2))
     return cases
 
 

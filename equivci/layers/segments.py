@@ -20,6 +20,7 @@ from equivci.verify.terms import Term
 
 # Transformation wrappers JAX puts around scopes in op names; they are not layers.
 _WRAPPERS = ("jit(", "pjit(", "shard_map", "jvp(", "transpose(", "vmap(", "checkpoint", "remat", "custom_")
+_CONTROL_FLOW = {"while", "body", "cond"}  # lax.scan / fori_loop / cond scopes
 _SCOPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 _NUMBERED = re.compile(r"\d+$")
 
@@ -28,7 +29,7 @@ def layer_of(op_name: str) -> str | None:
     """The layer an op belongs to: the user's scope path down to the first numbered scope
     (`jit(f)/Model/layers_3/mlp/dot_general` -> `Model/layers_3`), else the outermost scope
     (`lm_head/add` -> `lm_head`); None outside any named scope."""
-    parts = [p for p in op_name.split("/")[:-1] if not p.startswith(_WRAPPERS)]
+    parts = [p for p in op_name.split("/")[:-1] if not p.startswith(_WRAPPERS) and p not in _CONTROL_FLOW]
     scopes = list(itertools.takewhile(_SCOPE.match, parts))
     for k, part in enumerate(scopes):
         if _NUMBERED.search(part):

@@ -5,15 +5,15 @@ from __future__ import annotations
 import time
 
 from equivci.capture.types import CapturedModel
-from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import HloParseError, parse_module
 from equivci.layers.segments import Layering, layer_of, leaves, split
 from equivci.manifest import Manifest, ModelSpec
 from equivci.memo import Memo
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.verify.instantiate import Unsupported
-from equivci.verify.localize import Defect, first_defect, source_of
 from equivci.verify.layered import prefix_proof, prove_layers
+from equivci.verify.localize import Defect, source_of
+from equivci.verify.loops import defect_with_loops
 from equivci.verify.prove import build_programs, saturate
 
 # Run the numeric oracle only where random inputs are cheap to draw and run on a CPU.
@@ -35,8 +35,10 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
     except (HloParseError, Unsupported) as exc:
         finding = Finding(None, None, "error", None, f"equivci cannot model this program yet: {exc}")
         return _finish(model, Status.UNPROVEN, t0, (finding,), LayerCounts(1, 0, 0))
-    layering = split(programs.reference_events, programs.distributed_events, programs.reference_outputs,
-                     programs.device_outputs, programs.targets)
+    # The layer proofs do not carry the initial-state obligations of loops: such models are proved whole.
+    layering = None if programs.obligations else split(
+        programs.reference_events, programs.distributed_events, programs.reference_outputs,
+        programs.device_outputs, programs.targets)
     layers = LayerCounts(1, 0, 0)
     if layering is not None:
         layered = prove_layers(programs, layering, memo if memo is not None else Memo(None), on_layer)
@@ -54,9 +56,7 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
     if proof.all_proved:
         return _finish(model, Status.VERIFIED, t0, (), LayerCounts(layers.total, layers.total, layers.reused))
 
-    outputs = {id(t) for dev in programs.device_outputs for t in dev}
-    defect = first_defect(programs.distributed_events, proof, programs.evaluator, axis_groups(captured.mesh), outputs,
-                          reference_events=programs.reference_events, routed=programs.routed)
+    defect = defect_with_loops(programs, proof, captured.mesh)
     findings = [_finding(defect, captured, programs.distributed_events, layering)] if defect else [_output_finding(proof, captured)]
     counterexample = _counterexample(model, manifest, captured)
     if counterexample is not None:

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import hashlib
 import re
+from typing import Protocol
 
 import numpy as np
 
@@ -82,6 +83,20 @@ def fingerprint(name: str, module: Module) -> str:
     return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
 
 
+@dataclasses.dataclass
+class Loop:
+    """One evaluated `while`: its state before the first iteration and after the last, per device."""
+
+    inst: Instruction
+    init: list  # per device: tuple of Terms
+    out: list  # per device: tuple of Terms
+
+
+class LoopHandler(Protocol):
+    def evaluate(self, evaluator: "Evaluator", inst: Instruction, init: list) -> list | None:
+        """The per-device results of a `while`, or None to leave it opaque."""
+
+
 class Evaluator:
     def __init__(self, module: Module, table: TermTable, num_devices: int):
         self.module = module
@@ -93,6 +108,16 @@ class Evaluator:
         self.bounds: dict[Term, tuple[float, float]] = {}  # integer terms -> [lo, hi] of their elements
         self.window_sums: dict[Term, tuple] = {}  # opaque reduce-window sums -> (sizes, padding)
         self.events: list[Event] = []
+        self.loops: list[Loop] = []
+        self.loop_handler: LoopHandler | None = None
+        # (term, target) pairs a proof must also show equal: what a loop handler assumed.
+        self.obligations: list[tuple[Term, Term]] = []
+
+    def child(self, module: Module, num_devices: int) -> "Evaluator":
+        """An evaluator with its own events that shares what is known about constants."""
+        sub = Evaluator(module, self.table, num_devices)
+        sub.values, sub.arrays, sub.equal_terms = self.values, self.arrays, self.equal_terms
+        return sub
 
     # -- constants ---------------------------------------------------------------------------
     def const(self, value: np.ndarray, dtype: str) -> Term:
@@ -212,7 +237,16 @@ class Evaluator:
             return self.collective(inst, ops)
         if op == "call":
             return self.run(self.called(inst, "to_apply"), ops)
+        if op == "while":
+            return self.loop(inst, ops[0])
         return [self.local(inst, [o[d] for o in ops], d) for d in range(self.n)]
+
+    def loop(self, inst: Instruction, init: list) -> list:
+        out = self.loop_handler.evaluate(self, inst, init) if self.loop_handler is not None else None
+        if out is None:
+            out = [self.opaque(inst, [init[d]]) for d in range(self.n)]
+        self.loops.append(Loop(inst, init, out))
+        return out
 
     def local(self, inst: Instruction, args: list, device: int):
         result = self.local_value(inst, args, device)
@@ -293,13 +327,18 @@ class Evaluator:
         if op == "dynamic-slice":
             sizes = dims_attr(attrs.get("dynamic_slice_sizes"))
             starts = [self.folded(a) for a in args[1:]]
-            if any(s is None for s in starts):
+            symbolic = [dim for dim, s in enumerate(starts) if s is None]
+            if len(symbolic) > 1:
                 return self.opaque(inst, args)
             x = args[0]
             ranges = []
             for dim, (s, size) in enumerate(zip(starts, sizes)):
-                start = int(np.clip(int(s), 0, x.shape[dim] - size))  # HLO clamps start indices
+                start = 0 if s is None else int(np.clip(int(s), 0, x.shape[dim] - size))  # HLO clamps starts
                 ranges.append((start, start + size))
+            if symbolic:
+                dim = symbolic[0]
+                x = self.dynamic_window(x, dim, args[1 + dim], sizes[dim])
+                ranges[dim] = (0, sizes[dim])
             return self.slice_nd(x, ranges)
         if op == "dynamic-update-slice":
             return self.update_slice(inst, args)
@@ -360,6 +399,14 @@ class Evaluator:
         if value is None or not _uniform(value):
             return None
         return a if bool(value.flat[0]) else b
+
+    def dynamic_window(self, x: Term, dim: int, start: Term, size: int) -> Term:
+        """`size` elements of `x` along `dim` from a start known only as a term (a loop counter)."""
+        if size == x.shape[dim]:  # the start clamps to 0
+            return x
+        shape = list(x.shape)
+        shape[dim] = size
+        return self.mk("dslice", (dim, size), (x, start), Shape(x.dtype, tuple(shape)))
 
     def fold_or(self, kind: str, attrs: tuple, args: list, shape: Shape, fn) -> Term:
         values = [self.folded(a) for a in args]
@@ -442,8 +489,16 @@ class Evaluator:
     def update_slice(self, inst: Instruction, args: list) -> Term:
         x, update, *idx = args
         starts = [self.folded(a) for a in idx]
-        if any(s is None for s in starts):
-            return self.opaque(inst, args)
+        symbolic = [d for d, s in enumerate(starts) if s is None]
+        if symbolic:
+            # One start known only as a term, the update whole along every other dim (a scan
+            # writing its per-iteration output): the other starts clamp to 0.
+            dim = symbolic[0]
+            if len(symbolic) > 1 or any(update.shape[d] != x.shape[d] for d in range(len(x.shape)) if d != dim):
+                return self.opaque(inst, args)
+            if update.shape == x.shape:
+                return update
+            return self.mk("dupdate", (dim,), (x, update, idx[dim]), Shape(x.dtype, x.shape))
         starts = [int(np.clip(int(s), 0, n - u)) for s, n, u in zip(starts, x.shape, update.shape)]
         differing = [d for d in range(len(x.shape)) if update.shape[d] != x.shape[d]]
         if not differing:

@@ -72,6 +72,14 @@ class T(Expr):
     @classmethod
     def gte(cls, index: i64Like, x: T) -> T: ...
 
+    # HLO dynamic-slice / dynamic-update-slice along one dim from a start known only as a term (a
+    # loop counter), whole along the other dims; the start is clamped as in HLO.
+    @classmethod
+    def dslice(cls, dim: i64Like, size: i64Like, x: T, start: T) -> T: ...
+
+    @classmethod
+    def dupdate(cls, dim: i64Like, x: T, update: T, start: T) -> T: ...
+
 
 @function
 def dim(x: T, k: i64Like) -> i64: ...
@@ -158,6 +166,9 @@ dims = ruleset(
     rule(eq(e).to(T.aligned(key, x, y)), eq(n).to(dim(x, k)), eq(o).to(aligned_lhs(key, k))).then(set_(dim(e, o)).to(n)),
     rule(eq(e).to(T.aligned(key, x, y)), eq(n).to(dim(y, k)), eq(o).to(aligned_rhs(key, k))).then(set_(dim(e, o)).to(n)),
     rule(eq(e).to(T.aligned(key, x, y)), eq(n).to(aligned_fixed(key, o))).then(set_(dim(e, o)).to(n)),
+    rule(eq(e).to(T.dslice(d, n, x, y))).then(set_(dim(e, d)).to(n)),
+    rule(eq(e).to(T.dslice(d, n, x, y)), eq(m).to(dim(x, k)), ne(k).to(d)).then(set_(dim(e, k)).to(m)),
+    rule(eq(e).to(T.dupdate(d, x, y, z)), eq(n).to(dim(x, k))).then(set_(dim(e, k)).to(n)),
 )
 
 # -- slices: composition, canonical order, full slices ----------------------------------------
@@ -281,6 +292,16 @@ layouts = ruleset(
         union(e).with_(T.reshape(spec, x.slice(k, a * s2 / s1, b * s2 / s1)))),
 )
 
+# -- dynamic slices and updates: slices of the other dims pass through (the clamped start depends
+# only on the sizes along the dynamic dim), so a device's window of a stacked weight or of a
+# per-layer output buffer is the window of the reference's at the same counter ---------------
+dynamic = ruleset(
+    rule(eq(e).to(T.dslice(d, n, x.slice(k, a, b), y)), ne(k).to(d)).then(
+        union(e).with_(T.dslice(d, n, x, y).slice(k, a, b))),
+    rule(eq(e).to(T.dupdate(d, x.slice(k, a, b), y.slice(k, a, b), z)), ne(k).to(d), eq(dim(x, k)).to(dim(y, k))).then(
+        union(e).with_(T.dupdate(d, x, y, z).slice(k, a, b))),
+)
+
 # `related` is for localization only (never for a verdict): a value is related when it is a slice,
 # or a pure re-layout (reshape, transpose) of one, of some reference value.
 relations = ruleset(
@@ -289,5 +310,5 @@ relations = ruleset(
     rule(related(x), eq(e).to(T.transpose(spec, x))).then(related(e)),
 )
 
-REWRITES = slices | elementwise | concats | dots | reductions | aligned | layouts
+REWRITES = slices | elementwise | concats | dots | reductions | aligned | layouts | dynamic
 

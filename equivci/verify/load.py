@@ -92,6 +92,10 @@ class Loader:
             key = f"{at[0]}>{t.dtype}"
             self._seed_aligned(key, at[0])
             ex = T.aligned(key, args[0], args[1])
+        elif op == "dslice":
+            ex = T.dslice(at[0], at[1], args[0], args[1])
+        elif op == "dupdate":
+            ex = T.dupdate(at[0], args[0], args[1], args[2])
         elif op == "opaque":
             lst = TList.nil()
             for arg in reversed(args):

@@ -30,6 +30,9 @@ class Programs:
     distributed_events: list[Event]
     evaluator: Evaluator
     routed: set[int] = dataclasses.field(default_factory=set)  # ids of dispatch masks and routed values
+    # (term, target) pairs that must be proved equal too: the state relations loops assumed.
+    obligations: list[tuple[Term, Term]] = dataclasses.field(default_factory=list)
+    loops: list = dataclasses.field(default_factory=list)  # loops.LoopAttempt, in program order
 
 
 @dataclasses.dataclass
@@ -38,10 +41,11 @@ class Proof:
     egraph: EGraph
     loader: Loader
     seconds: float
+    obligations: list[bool] = dataclasses.field(default_factory=list)
 
     @property
     def all_proved(self) -> bool:
-        return all(all(row) for row in self.proved)
+        return all(all(row) for row in self.proved) and all(self.obligations)
 
 
 def _flatten(value) -> list[Term]:
@@ -61,6 +65,10 @@ def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPla
     dist_eval = Evaluator(distributed, table, num_devices)
     dist_eval.values.update(ref_eval.values)
     dist_eval.arrays.extend(ref_eval.arrays)
+    # loops proves loop bodies with `saturate`: imported here, where both modules are complete.
+    from equivci.verify.loops import LoopMatcher
+    matcher = LoopMatcher(reference, ref_eval.loops)
+    dist_eval.loop_handler = matcher
     dist_args = [[dist_eval.slice_nd(p, leaf.device_slices[dev]) for dev in range(num_devices)]
                  for p, leaf in zip(params, inputs)]
     dist_root = dist_eval.run(distributed.entry, dist_args)
@@ -71,7 +79,7 @@ def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPla
     router.run(dist_eval.events)
     dist_eval.equal_terms.extend([a, b] for a, b in router.facts)
     return Programs(params, reference_outputs, device_outputs, targets, ref_eval.events, dist_eval.events, dist_eval,
-                    router.exempt)
+                    router.exempt, dist_eval.obligations, matcher.attempts)
 
 
 def _short_dtype(dtype: str) -> str:
@@ -85,14 +93,15 @@ def saturate(programs: Programs, extra_terms: list[Term] = (), iterations: int =
         reference_values.extend(_flatten(event.values[0]))
     pairs = [list(zip(dev_out, dev_targets)) for dev_out, dev_targets in zip(programs.device_outputs, programs.targets)]
     return saturate_terms(programs.reference_outputs, reference_values, pairs, programs.evaluator.equal_terms,
-                          extra_terms, iterations)
+                          extra_terms, programs.obligations, iterations)
 
 
 def saturate_terms(reference_outputs: list[Term], reference_values: list[Term], pairs: list[list[tuple[Term, Term]]],
                    equal_groups: list[list[Term]], extra_terms: list[Term] = (),
-                   iterations: int = MAX_ITERATIONS) -> Proof:
+                   obligations: list[tuple[Term, Term]] = (), iterations: int = MAX_ITERATIONS) -> Proof:
     """Saturate the terms of both programs; `pairs[d]` are (distributed output, target) to prove
-    equal, `reference_values` the terms that are values of the reference program."""
+    equal, `reference_values` the terms that are values of the reference program, `obligations`
+    more (term, target) pairs the proof needs (the initial states loops assumed)."""
     t0 = time.perf_counter()
     egraph = EGraph()
     loader = Loader(egraph)
@@ -104,6 +113,9 @@ def saturate_terms(reference_outputs: list[Term], reference_values: list[Term], 
         for o, target in row:
             loader.expr(o)
             loader.expr(target)
+    for pair in obligations:
+        for t in pair:
+            loader.expr(t)
     for t in extra_terms:
         loader.expr(t)
     for group in equal_groups:
@@ -112,7 +124,8 @@ def saturate_terms(reference_outputs: list[Term], reference_values: list[Term], 
     loader.flush()
     _run(egraph, iterations)
     proved = [[proved_equal(egraph, loader.expr(o), loader.expr(target)) for o, target in row] for row in pairs]
-    return Proof(proved, egraph, loader, time.perf_counter() - t0)
+    held = [proved_equal(egraph, loader.expr(a), loader.expr(b)) for a, b in obligations]
+    return Proof(proved, egraph, loader, time.perf_counter() - t0, held)
 
 
 def _run(egraph: EGraph, iterations: int) -> None:
