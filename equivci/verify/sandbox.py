@@ -40,12 +40,12 @@ class VerifierCrash(RuntimeError):
 
 def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
-    engine = importlib.import_module("equivci.verify.engine")
 
     def layer_done(done: int, total: int) -> None:
         conn.send(("layer", (done, total)))
 
     try:
+        engine = importlib.import_module("equivci.verify.engine")  # inside: a broken install is reported too
         conn.send(("ok", engine.verify_model(model, manifest, captured, memo, layer_done)))
     except EquivciError as err:
         conn.send(("user", str(err)))
