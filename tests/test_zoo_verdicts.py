@@ -25,7 +25,6 @@ NOT_PROVEN_YET = {
     "vocab-xent-tp": "gather of the target logit and the masked pmax/psum of the log-sum-exp",
     "moe-ep": "top-k routing (sort/gather) and dispatch through one-hot reshapes",
     "scan-decoder-tp": "while loops (lax.scan) are opaque: no loop-invariant reasoning yet",
-    "train-step-dp-tp": "transpose-of-dot patterns in the backward pass (grad of x @ w) do not lift",
 }
 # buggy model -> where the finding lands instead of the defective line
 NOT_LOCALIZED_YET = {
@@ -33,8 +32,6 @@ NOT_LOCALIZED_YET = {
     "moe-ep-no-return-all-to-all": "the routing before it is not proven",
     "ring-matmul-wrong-direction": "points at the block writes; the ring direction is in the ppermute pairs",
     "scan-decoder-tp-fused-residual": "the loop is not proven",
-    "train-step-grad-psum": "the backward pass is not proven",
-    "train-step-no-pcast": "the backward pass is not proven",
 }
 
 

@@ -501,16 +501,26 @@ class Evaluator:
             out.append(tuple(results) if tuple_valued and n_vals > 1 else results[0])
         return out
 
+    def combine(self, reducer: str, members: list[Term]) -> Term:
+        """The elementwise reduction of the members, in group order."""
+        inner = [m.args[0] for m in members if m.op == "reshape"]
+        if len(inner) == len(members) > 1 and len({t.shape for t in inner}) == 1:
+            # Reshaped alike (keepdims after a local reduction): reduce, then reshape once, so that
+            # the reshape meets the reference's and a reshape of it composes away.
+            return self.reshape_term(self.combine(reducer, inner), Shape(members[0].dtype, members[0].shape))
+        acc = members[0]
+        for m in members[1:]:
+            acc = self.fold_or("binary", (reducer,), [acc, m], Shape(acc.dtype, acc.shape),
+                               lambda a, b: _np_binary(reducer, a, b, acc.dtype))
+        return acc
+
     def collective_value(self, inst: Instruction, members: list[Term], pos: int, shape: Shape) -> Term:
         op = inst.opcode
         if op in ("all-reduce", "reduce-scatter"):
             reducer = self.reducer(inst)
             if reducer is None:
                 raise Unsupported(f"the reduction of {op} {inst.name} is not a single add/max/min/multiply")
-            acc = members[0]
-            for m in members[1:]:
-                acc = self.fold_or("binary", (reducer,), [acc, m], Shape(acc.dtype, acc.shape),
-                                   lambda a, b: _np_binary(reducer, a, b, acc.dtype))
+            acc = self.combine(reducer, members)
             if op == "all-reduce":
                 return acc
             dim = dims_attr(inst.attrs.get("dimensions"))[0]
