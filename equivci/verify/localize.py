@@ -204,8 +204,7 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
             continue
         sums_by_axis = axis_sums(evaluator, terms, groups_by_axis)
         add_terms(proof, [t for sums in sums_by_axis.values() for t in sums])
-        partial_axes = [axis for axis, sums in sums_by_axis.items()
-                        if all(is_related(proof, t, constants) for t in sums) or scaling.factor(sums) is not None]
+        partial_axes = [axis for axis, sums in sums_by_axis.items() if all(is_related(proof, t, constants) for t in sums)]
         if partial_axes:
             status[id(terms[0])] = "partial"
             partial_axis[id(terms[0])] = partial_axes[0]
@@ -213,14 +212,20 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
                 return Defect(event.inst, f"this value is a partial sum over mesh axis '{partial_axes[0]}' but it is "
                                           "returned as the full value: a psum (all-reduce) over that axis is missing")
             continue
-        factor = scaling.factor(terms)
-        if factor is not None:
+        # Multiples of related values and of partial sums are deferred: a later reduction may
+        # divide the factor out (a per-shard mean before its pmean).
+        scaled_axes = [axis for axis, sums in sums_by_axis.items() if scaling.factor(sums) is not None]
+        factor = scaling.factor(terms) if not scaled_axes else None
+        if scaled_axes:
+            status[id(terms[0])], partial_axis[id(terms[0])] = "partial", scaled_axes[0]
+        elif factor is not None:
             status[id(terms[0])], factors[id(terms[0])] = "scaled", factor
+        if scaled_axes or factor is not None:
             first_scaled = first_scaled or (event, terms)
             if id(terms[0]) not in output_terms:
                 continue
         # A multiple that never turns back into the reference value: the sum that made it, or else
-        # the first op that scaled a value as the plain rules would have said.
+        # the first deferred op, as the plain rules would have said.
         found = scaled_sum(event)
         if found is not None:
             return found
