@@ -7,8 +7,10 @@ The saved-sample tests run in-process (no child); the verify_model tests capture
 from __future__ import annotations
 
 import textwrap
+from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from equivci.capture.run import capture_model
@@ -273,3 +275,75 @@ def test_a_start_known_only_as_a_term_gives_dynamic_terms():
     assert whole is w  # a window as long as the dim: the start clamps to 0
     assert (put.op, put.attrs, put.args) == ("dupdate", (0,), (w, row, i))
     assert saturate(programs).all_proved
+
+
+# -- constant scalar factors pulled out of terms (Evaluator.factored) ---------------------------
+def _scale_setup():
+    from equivci.hlo.ir import Shape
+    from equivci.verify.instantiate import Evaluator
+    from equivci.verify.terms import TermTable
+
+    ev = Evaluator(None, TermTable(), 1)
+    x = ev.table.make("param", (0,), (), (4, 6), "f32")
+    y = ev.table.make("param", (1,), (), (4, 6), "f32")
+    w = ev.table.make("param", (2,), (), (6, 3), "f32")
+    c = lambda v, shape=(4, 6): ev.const(np.full(shape, v, np.float32), "f32")  # noqa: E731
+    return ev, Shape, x, y, w, c
+
+
+def _cases():
+    """(plain term, its factored form) for every way a factor is pulled out."""
+    ev, Shape, x, y, w, c = _scale_setup()
+    s46, s64 = Shape("f32", (4, 6)), Shape("f32", (6, 4))
+    half, quarter = ev.scaled(x, Fraction(1, 2)), ev.scaled(y, Fraction(1, 4))
+    dot_spec = ("||1|0|2|2|f32,f32",)
+    cases = {
+        "multiply_const_left": ("binary", ("multiply",), [c(0.25), half], s46),
+        "multiply_const_right": ("binary", ("multiply",), [half, c(3.0)], s46),
+        "multiply_scaled": ("binary", ("multiply",), [half, quarter], s46),
+        "divide_by_const": ("binary", ("divide",), [half, c(4.0)], s46),
+        "divide_scaled": ("binary", ("divide",), [half, y], s46),
+        "add_same_factor": ("binary", ("add",), [half, ev.scaled(y, Fraction(1, 2))], s46),
+        "subtract_same_factor": ("binary", ("subtract",), [half, ev.scaled(y, Fraction(1, 2))], s46),
+        "dot": ("dot", dot_spec, [half, ev.scaled(w, Fraction(8))], Shape("f32", (4, 3))),
+        "transpose": ("transpose", ("1,0",), [half], s64),
+        "reduce_add": ("reduce", ("add", "2:1"), [half], Shape("f32", (4,))),
+        "concat": ("concat", (0,), [half, ev.scaled(y, Fraction(1, 2))], Shape("f32", (8, 6))),
+    }
+    out = {}
+    for name, (kind, attrs, args, shape) in cases.items():
+        factored = ev.factored(kind, attrs, args, shape)
+        assert factored is not None, name
+        out[name] = (ev.mk(kind, attrs, args, shape), factored)
+    out["slice"] = (ev.table.make("slice", (1, 2, 5), (half,), (4, 3), "f32"), ev.slice_term(half, 1, 2, 5))
+    out["reshape"] = (ev.table.make("reshape", ("2:6>1:",), (half,), (24,), "f32"),
+                      ev.reshape_term(half, Shape("f32", (24,))))
+    return ev, out
+
+
+@pytest.mark.parametrize("name", list(_cases()[1]))
+def test_pulled_out_factor_is_an_identity(name):
+    from term_numpy import evaluate
+
+    ev, cases = _cases()
+    plain, factored = cases[name]
+    assert factored is not plain and ev.scale_of(factored)[0] != 1  # the factor is in front
+    rng = np.random.default_rng(0)
+    params = {0: rng.standard_normal((4, 6)), 1: rng.standard_normal((4, 6)), 2: rng.standard_normal((6, 3))}
+    np.testing.assert_allclose(evaluate(factored, params, ev.values), evaluate(plain, params, ev.values), rtol=1e-6)
+
+
+def test_factors_are_only_pulled_out_where_that_is_exact_and_linear():
+    ev, Shape, x, y, w, c = _scale_setup()
+    s46 = Shape("f32", (4, 6))
+    tenth = ev.scaled(x, Fraction(0.1))
+    assert tenth is None  # 0.1 is not a float32 number
+    tenth = ev.fold_or("binary", ("multiply",), [x, c(0.1)], s46, None)
+    assert ev.scale_of(tenth)[0] == Fraction(float(np.float32(0.1)))
+    # float32(0.1) squared is not a float32 number: the product stays as it is.
+    assert ev.factored("binary", ("multiply",), [tenth, c(0.1)], s46) is None
+    half = ev.scaled(x, Fraction(1, 2))
+    assert ev.factored("binary", ("add",), [half, ev.scaled(y, Fraction(1, 4))], s46) is None
+    assert ev.factored("binary", ("maximum",), [half, ev.scaled(y, Fraction(1, 2))], s46) is None
+    assert ev.factored("reduce", ("maximum", "2:1"), [half], Shape("f32", (4,))) is None
+    assert ev.factored("binary", ("divide",), [y, half], s46) is None

@@ -544,6 +544,12 @@ def transpose_lift(rng, b: B):
     return b.transpose(b.sl(x, k, lo, hi), perm), b.sl(b.transpose(x, perm), o, lo, hi)
 
 
+def binary_transpose_lift(rng, b: B):
+    x, perm, *_ = _transpose_setup(rng, b)
+    y, op = b.param(1, x.shape), str(rng.choice(BINARY_OPS))
+    return b.bi(op, b.transpose(x, perm), b.transpose(y, perm)), b.transpose(b.bi(op, x, y), perm)
+
+
 def transpose_push(rng, b: B):
     x, perm, k, o, lo, hi = _transpose_setup(rng, b)
     return b.sl(b.transpose(x, perm), o, lo, hi), b.transpose(b.sl(x, k, lo, hi), perm)
@@ -711,6 +717,7 @@ RULES = {
     "layouts/bcast_as_slice": (L.layouts, bcast_as_slice, True),
     "layouts/transpose_lift": (L.layouts, transpose_lift, False),
     "layouts/transpose_push": (L.layouts, transpose_push, False),
+    "layouts/binary_transpose_lift": (L.layouts, binary_transpose_lift, False),
     "layouts/reshape_lift": (L.layouts, reshape_lift, False),
     "layouts/reshape_push": (L.layouts, reshape_push, False),
     "dynamic/dslice_lift": (L.dynamic, dslice_lift, False),

@@ -23,14 +23,11 @@ NOT_PROVEN_YET = {
     "gqa-tp4-kv2-replicated": "jnp.repeat of KV heads: broadcast+reshape interleaving is not related to slices",
     "vocab-embed-tp": "masked local lookup: gather and iota/compare masks have no rules",
     "vocab-xent-tp": "gather of the target logit and the masked pmax/psum of the log-sum-exp",
-    "train-step-dp-tp": "transpose-of-dot patterns in the backward pass (grad of x @ w) do not lift",
 }
 # buggy model -> where the finding lands instead of the defective line
 NOT_LOCALIZED_YET = {
     "gqa-tp4-kv2-round-robin": "points at repeat_kv in common.py",
     "ring-matmul-wrong-direction": "points at the block writes; the ring direction is in the ppermute pairs",
-    "train-step-grad-psum": "the backward pass is not proven",
-    "train-step-no-pcast": "the backward pass is not proven",
 }
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import hashlib
 import re
+from fractions import Fraction
 from typing import Protocol
 
 import numpy as np
@@ -36,6 +37,8 @@ IDENTITY_CUSTOM_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullSha
 # Ops whose elements are elements of their first operand.
 BOUND_PRESERVING = {"reshape", "bitcast", "broadcast", "slice", "dynamic-slice", "transpose", "copy", "convert"}
 REDUCERS = {"add": "add", "maximum": "maximum", "minimum": "minimum", "multiply": "multiply", "and": "and", "or": "or"}
+# Float dtypes whose constants numpy holds exactly: constant scalar factors are pulled out of these.
+SCALABLE = {"f16", "f32", "f64"}
 # Folding constants bigger than this would copy weights-sized arrays around: keep them symbolic.
 MAX_FOLD_ELEMENTS = 1 << 16
 
@@ -165,6 +168,63 @@ class Evaluator:
     def folded(self, term: Term) -> np.ndarray | None:
         return self.values.get(term)
 
+    # -- constant scalar factors ------------------------------------------------------------
+    # A term times a constant scalar is kept as `multiply(base, broadcast(c))` with the factor
+    # pulled out of dots, sums, slices and layout ops, and products of factors folded (exactly, as
+    # rationals). Programs that scale at different places (a data-parallel mean: 1/64 on a shard,
+    # then a halving pmean, against the reference's 1/128) then build the same term.
+    def uniform(self, t: Term) -> Fraction | None:
+        """The value of a constant whose elements are all one finite number."""
+        value = self.folded(t)
+        if value is None or value.size == 0 or not np.all(value == value.flat[0]) or not np.isfinite(value.flat[0]):
+            return None
+        return Fraction(float(value.flat[0]))
+
+    def scale_of(self, t: Term) -> tuple[Fraction, Term]:
+        """`t` as factor * base (factor 1 when there is none)."""
+        if t.op == "binary" and t.attrs == ("multiply",) and t.dtype in SCALABLE and self.folded(t.args[0]) is None:
+            factor = self.uniform(t.args[1])
+            if factor is not None:
+                return factor, t.args[0]
+        return Fraction(1), t
+
+    def scaled(self, base: Term, factor: Fraction) -> Term | None:
+        """factor * base; None when the factor is not exactly a number of base's dtype."""
+        if factor == 1:
+            return base
+        if base.dtype not in SCALABLE:
+            return None
+        scalar = np.asarray(float(factor), dtype=NP_DTYPES[base.dtype])
+        if Fraction(float(scalar)) != factor:
+            return None
+        return self.table.make("binary", ("multiply",), (base, self.const(np.broadcast_to(scalar, base.shape), base.dtype)),
+                               base.shape, base.dtype)
+
+    def factored(self, kind: str, attrs: tuple, args: list[Term], shape: Shape) -> Term | None:
+        """The op with its operands' constant factors pulled in front, if any (else None)."""
+        if shape.dtype not in SCALABLE or any(isinstance(a, tuple) or a.dtype != shape.dtype for a in args):
+            return None
+        op = attrs[0] if kind in ("binary", "reduce") else kind
+        scales = [self.scale_of(a) for a in args]
+        factors, bases = [f for f, _ in scales], [b for _, b in scales]
+        if op == "multiply":
+            for k in (0, 1):  # a constant operand joins the other's factor
+                value = self.uniform(args[k])
+                if value is not None:
+                    return self.scaled(bases[1 - k], value * factors[1 - k])
+            return self.scaled(self.mk(kind, attrs, bases, shape), factors[0] * factors[1]) if factors != [1, 1] else None
+        if op == "divide":
+            value = self.uniform(args[1])
+            if value:
+                return self.scaled(bases[0], factors[0] / value)
+            return self.scaled(self.mk(kind, attrs, [bases[0], args[1]], shape), factors[0]) if factors[0] != 1 else None
+        if op == "dot" and factors != [1, 1]:
+            return self.scaled(self.mk(kind, attrs, bases, shape), factors[0] * factors[1])
+        linear = op in ("add", "subtract") or kind in ("concat", "transpose") or (kind == "reduce" and op == "add")
+        if linear and factors[0] != 1 and all(f == factors[0] for f in factors):
+            return self.scaled(self.mk(kind, attrs, bases, shape), factors[0])
+        return None
+
     # -- term constructors -------------------------------------------------------------------
     def mk(self, op: str, attrs: tuple, args: tuple, shape: Shape) -> Term:
         return self.table.make(op, attrs, tuple(args), shape.dims, shape.dtype)
@@ -181,6 +241,9 @@ class Evaluator:
             window = value[tuple(index)]
             if _uniform(window):
                 return self.const(window, x.dtype)
+        factor, base = self.scale_of(x)
+        if factor != 1 and (term := self.scaled(self.slice_term(base, dim, start, stop), factor)) is not None:
+            return term
         if x.op == "slice" and x.attrs[0] == dim:  # compose, so slices stay one level deep per dim
             inner_start = x.attrs[1]
             return self.slice_term(x.args[0], dim, inner_start + start, inner_start + stop)
@@ -199,11 +262,13 @@ class Evaluator:
         for p in parts[1:]:
             shape = list(acc.shape)
             shape[dim] += p.shape[dim]
-            acc = self.table.make("concat", (dim,), (acc, p), tuple(shape), acc.dtype)
+            pair = (dim,), [acc, p], Shape(acc.dtype, tuple(shape))
+            acc = self.factored("concat", *pair) or self.mk("concat", *pair)
         return acc
 
     def binary(self, op: str, a: Term, b: Term, dtype: str | None = None) -> Term:
-        return self.table.make("binary", (op,), (a, b), a.shape, dtype or a.dtype)
+        shape = Shape(dtype or a.dtype, a.shape)
+        return self.factored("binary", (op,), [a, b], shape) or self.mk("binary", (op,), [a, b], shape)
 
     # -- evaluation --------------------------------------------------------------------------
     def run(self, comp: Computation, args: list[list]) -> list:
@@ -318,7 +383,8 @@ class Evaluator:
             value = self.folded(args[0])
             if value is not None:
                 return self.const(value.transpose(perm), shape.dtype)
-            return self.mk("transpose", (",".join(map(str, perm)),), args, shape)
+            attrs = (",".join(map(str, perm)),)
+            return self.factored("transpose", attrs, args, shape) or self.mk("transpose", attrs, args, shape)
         if op == "slice":
             ranges = re.findall(r"\[(-?\d+):(-?\d+)(?::(\d+))?\]", attrs["slice"])
             if any(step not in ("", "1") for _, _, step in ranges):
@@ -364,6 +430,9 @@ class Evaluator:
         value = self.folded(operand)
         if value is not None and (value.size <= 1 or _uniform(value)):
             return self.const(value.reshape(shape.dims), shape.dtype)
+        factor, base = self.scale_of(operand)
+        if factor != 1 and (term := self.scaled(self.reshape_term(base, shape), factor)) is not None:
+            return term
         # Tables stay symbolic (a device's table is a window of the reference's); the value is
         # kept so that index arithmetic on it still folds.
         term = self.mk("reshape", (reshape_spec(operand.shape, shape.dims),), [operand], shape)
@@ -418,7 +487,7 @@ class Evaluator:
                 result = None
             if result is not None:
                 return self.const(np.asarray(result).astype(NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
-        return self.mk(kind, attrs, args, shape)
+        return self.factored(kind, attrs, args, shape) or self.mk(kind, attrs, args, shape)
 
     def opaque(self, inst: Instruction, args: list) -> Term:
         attrs = semantic_attrs(inst, self.module)
@@ -517,7 +586,7 @@ class Evaluator:
         lc, rc = dims_attr(a.get("lhs_contracting_dims")), dims_attr(a.get("rhs_contracting_dims"))
         lhs, rhs = args
         spec = f"{','.join(map(str, lb))}|{','.join(map(str, rb))}|{','.join(map(str, lc))}|{','.join(map(str, rc))}|{len(lhs.shape)}|{len(rhs.shape)}|{lhs.dtype},{rhs.dtype}"
-        return self.mk("dot", (spec,), args, inst.shape)
+        return self.factored("dot", (spec,), args, inst.shape) or self.mk("dot", (spec,), args, inst.shape)
 
     def reduce(self, inst: Instruction, args: list) -> Term:
         reducer = self.reducer(inst)
@@ -534,7 +603,7 @@ class Evaluator:
         if value is not None and reducer in ("and", "or"):  # masks of range checks fold away
             return self.const(np.all(value, axis=dims) if reducer == "and" else np.any(value, axis=dims), inst.shape.dtype)
         key = f"{len(x.shape)}:{','.join(map(str, sorted(dims)))}"
-        return self.mk("reduce", (reducer, key), (x,), inst.shape)
+        return self.factored("reduce", (reducer, key), [x], inst.shape) or self.mk("reduce", (reducer, key), (x,), inst.shape)
 
     def reduce_pair(self, inst: Instruction, args: list) -> tuple:
         """A reduce of two operands at once (argmax, argmin): each output element depends only on
@@ -656,16 +725,26 @@ class Evaluator:
             out.append(tuple(results) if tuple_valued and n_vals > 1 else results[0])
         return out
 
+    def combine(self, reducer: str, members: list[Term]) -> Term:
+        """The elementwise reduction of the members, in group order."""
+        inner = [m.args[0] for m in members if m.op == "reshape"]
+        if len(inner) == len(members) > 1 and len({t.shape for t in inner}) == 1:
+            # Reshaped alike (keepdims after a local reduction): reduce, then reshape once, so that
+            # the reshape meets the reference's and a reshape of it composes away.
+            return self.reshape_term(self.combine(reducer, inner), Shape(members[0].dtype, members[0].shape))
+        acc = members[0]
+        for m in members[1:]:
+            acc = self.fold_or("binary", (reducer,), [acc, m], Shape(acc.dtype, acc.shape),
+                               lambda a, b: _np_binary(reducer, a, b, acc.dtype))
+        return acc
+
     def collective_value(self, inst: Instruction, members: list[Term], pos: int, shape: Shape) -> Term:
         op = inst.opcode
         if op in ("all-reduce", "reduce-scatter"):
             reducer = self.reducer(inst)
             if reducer is None:
                 raise Unsupported(f"the reduction of {op} {inst.name} is not a single add/max/min/multiply")
-            acc = members[0]
-            for m in members[1:]:
-                acc = self.fold_or("binary", (reducer,), [acc, m], Shape(acc.dtype, acc.shape),
-                                   lambda a, b: _np_binary(reducer, a, b, acc.dtype))
+            acc = self.combine(reducer, members)
             if op == "all-reduce":
                 return acc
             dim = dims_attr(inst.attrs.get("dimensions"))[0]

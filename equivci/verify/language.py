@@ -282,6 +282,10 @@ layouts = ruleset(
         union(e).with_(T.transpose(spec, x).slice(o, a, b))),
     rule(eq(e).to(T.transpose(spec, x).slice(o, a, b)), eq(k).to(perm_in(spec, o))).then(
         union(e).with_(T.transpose(spec, x.slice(k, a, b)))),
+    # Partial results transposed on each device are summed after the transpose (the gradient of
+    # x @ w): the sum of transposes is the transpose of the sum, where the split dot merges.
+    rule(eq(e).to(T.binary(op, T.transpose(spec, x), T.transpose(spec, y)))).then(
+        union(e).with_(T.transpose(spec, T.binary(op, x, y)))),
     rule(eq(e).to(T.reshape(spec, x.slice(k, a, b))), eq(o).to(rs_lead_out(spec, k)),
          eq(s1).to(rs_in_tail(spec, k)), eq(s2).to(rs_out_tail(spec, k)),
          eq((a * s1) % s2).to(i64(0)), eq((b * s1) % s2).to(i64(0))).then(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -102,14 +103,42 @@ def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Ev
     return None
 
 
+class _Scaling:
+    """Values that are a constant multiple of a related value, such as a gradient averaged over a
+    shard's own rows before a pmean: legitimate on the way, wrong where a sum keeps the factor."""
+
+    def __init__(self, proof: Proof, evaluator, reference_events: list[Event] | None):
+        self.proof, self.evaluator = proof, evaluator
+        values = [v for e in reference_events or () for v in e.values if isinstance(v, Term)]
+        self.factors = ({evaluator.scale_of(v)[0] for v in values} | {Fraction(1)}) - {0}
+
+    def factor(self, terms: list[Term]) -> Fraction | None:
+        """k != 1 such that every term is k times a slice of a reference value, if there is one."""
+        candidates = []
+        for t in terms:
+            own, base = self.evaluator.scale_of(t)
+            rescaled = [(own / f, self.evaluator.scaled(base, f)) for f in self.factors]
+            candidates.append([(k, c) for k, c in rescaled if c is not None and c is not t])
+        add_terms(self.proof, [c for options in candidates for _, c in options])
+        common = None
+        for options in candidates:
+            ks = {k for k, c in options if is_related(self.proof, c, self.evaluator.values)}
+            common = ks if common is None else common & ks
+        common = (common or set()) - {1}
+        return min(common) if common else None
+
+
 def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: dict[str, list[list[int]]],
                  output_terms: set[int], reference_events: list[Event] | None = None,
                  routed: set[int] = frozenset()) -> Defect | None:
     """`routed`: ids of dispatch masks and routed values (equivci/verify/routing.py), which are
     related to the reference only through the combine that undoes the dispatch."""
-    status: dict[int, str] = {}  # id(term) -> related | partial | unrelated
+    status: dict[int, str] = {}  # id(term) -> related | partial | scaled | unrelated
+    factors: dict[int, Fraction] = {}  # scaled values -> their factor
+    partial_axis: dict[int, str] = {}
     constants = evaluator.values
     loader = proof.loader
+    scaling = _Scaling(proof, evaluator, reference_events)
 
     def classify(values: list[Term]) -> str:
         key = id(values[0])
@@ -124,25 +153,9 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
 
     defined: dict[int, Event] = {}
     by_name = {event.inst.name: event for event in events}
-    for event in events:
-        terms = _terms(event)
-        if terms is None or id(terms[0]) in defined:
-            continue
-        defined[id(terms[0])] = event
-        if event.inst.opcode in TRIVIAL_OPS or terms[0] not in loader.exprs:
-            continue
-        if classify(terms) == "related":
-            continue
-        sums_by_axis = axis_sums(evaluator, terms, groups_by_axis)
-        add_terms(proof, [t for sums in sums_by_axis.values() for t in sums])
-        partial_axes = [axis for axis, sums in sums_by_axis.items()
-                        if all(is_related(proof, t, constants) for t in sums)]
-        if partial_axes:
-            status[id(terms[0])] = "partial"
-            if id(terms[0]) in output_terms:
-                return Defect(event.inst, f"this value is a partial sum over mesh axis '{partial_axes[0]}' but it is "
-                                          "returned as the full value: a psum (all-reduce) over that axis is missing")
-            continue
+
+    def explain(event: Event, terms: list[Term]) -> Defect:
+        """Why `event`, unrelated although its operands are related or partial, is the defect."""
         operand_events = [by_name.get(name) for name in event.inst.operands]
         if event.inst.opcode == "all-reduce" and operand_events and operand_events[0] is not None \
                 and status.get(id(_terms(operand_events[0])[0])) == "related":
@@ -169,6 +182,112 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
                 return traced
         return Defect(event.inst, f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a "
                                   "copy of any reference value, although its operands are")
+
+    def scaled_sum(event: Event) -> Defect | None:
+        """The reduction that completed a sum into a multiple of the reference value which reaches `event`."""
+        stack, seen = [event], set()
+        while stack:
+            e = stack.pop()
+            if e.inst.name in seen:
+                continue
+            seen.add(e.inst.name)
+            for op in (by_name.get(name) for name in e.inst.operands):
+                key = id(_terms(op)[0]) if op is not None and _terms(op) else None
+                if status.get(key) == "partial" and e.inst.opcode in REDUCTIONS and id(_terms(e)[0]) in factors:
+                    return _scaled_reduction(e, factors[id(_terms(e)[0])], partial_axis[key])
+                if status.get(key) == "scaled":
+                    stack.append(op)
+        return None
+
+    add_terms(proof, _unloaded(events, loader.exprs, constants))
+    first_scaled: tuple[Event, list[Term]] | None = None
+    for event in events:
+        terms = _terms(event)
+        if terms is None or id(terms[0]) in defined:
+            continue
+        defined[id(terms[0])] = event
+        if event.inst.opcode in TRIVIAL_OPS or terms[0] not in loader.exprs:
+            continue
+        if classify(terms) == "related":
+            continue
+        sums_by_axis = axis_sums(evaluator, terms, groups_by_axis)
+        add_terms(proof, [t for sums in sums_by_axis.values() for t in sums])
+        partial_axes = [axis for axis, sums in sums_by_axis.items() if all(is_related(proof, t, constants) for t in sums)]
+        if partial_axes:
+            status[id(terms[0])] = "partial"
+            partial_axis[id(terms[0])] = partial_axes[0]
+            if id(terms[0]) in output_terms:
+                return Defect(event.inst, f"this value is a partial sum over mesh axis '{partial_axes[0]}' but it is "
+                                          "returned as the full value: a psum (all-reduce) over that axis is missing")
+            continue
+        # Multiples of related values and of partial sums are deferred: a later reduction may
+        # divide the factor out (a per-shard mean before its pmean).
+        scaled_axes = [axis for axis, sums in sums_by_axis.items() if scaling.factor(sums) is not None]
+        factor = scaling.factor(terms) if not scaled_axes else None
+        if scaled_axes:
+            status[id(terms[0])], partial_axis[id(terms[0])] = "partial", scaled_axes[0]
+        elif factor is not None:
+            status[id(terms[0])], factors[id(terms[0])] = "scaled", factor
+        if scaled_axes or factor is not None:
+            first_scaled = first_scaled or (event, terms)
+            if id(terms[0]) not in output_terms:
+                continue
+        # A multiple that never turns back into the reference value: the sum that made it, or else
+        # the first deferred op, as the plain rules would have said.
+        found = scaled_sum(event)
+        if found is not None:
+            return found
+        return explain(*(first_scaled or (event, terms)))
+    return explain(*first_scaled) if first_scaled else None
+
+
+def _unloaded(events: list[Event], loaded, constants) -> list[Term]:
+    """Event values built on loaded terms and constants but not loaded themselves: a value scaled
+    on its way (a per-shard mean) reaches the outputs only through its unscaled base, yet must be
+    classified."""
+    new: dict[Term, None] = {}
+    for event in events:
+        for t in _terms(event) or ():
+            if t not in loaded and t not in new and t not in constants and t.args \
+                    and all(a in loaded or a in new or a in constants for a in t.args):
+                new[t] = None
+    return list(new)
+
+
+REDUCTIONS = {"all-reduce", "reduce-scatter"}
+_GRAD_CALLS = {"grad", "value_and_grad", "vjp"}
+
+
+def _scaled_reduction(event: Event, factor: Fraction, axis: str) -> Defect:
+    """A sum over `axis` that gives `factor` times the reference value."""
+    times = f"{float(factor):g} x the reference value"
+    grad_call = _grad_call_frame(event.inst) if "transpose(" in event.inst.op_name else None
+    if grad_call is None:
+        return Defect(event.inst, f"this all-reduce completes the sum over mesh axis '{axis}' as {times}, and the "
+                                  "factor is never divided out: the per-device terms are summed where the reference "
+                                  "averages (pmean, or divide by the axis size), or the value was summed before")
+    # Autodiff made this reduction (the transpose of using a value that is the same on every
+    # device of the axis): the user's line is the grad call, not the forward op JAX attributes it to.
+    inst = dataclasses.replace(event.inst, stack=event.inst.stack[grad_call:])
+    return Defect(inst, f"the gradient computed here is already summed over mesh axis '{axis}' by autodiff, because "
+                        "the differentiated inputs are invariant over that axis, and comes out as "
+                        f"{times}: the factor is never divided out (lax.pcast(..., to='varying') gives per-device "
+                        "gradients to average)")
+
+
+def _grad_call_frame(inst: Instruction) -> int | None:
+    """The index of the innermost frame of `inst` whose statement calls jax.grad or a relative."""
+    for k, loc in enumerate(inst.stack):
+        if "site-packages" in loc.file or loc.file.startswith("<") or loc.file.startswith(_PACKAGE):
+            continue
+        found = _statement(loc.file, loc.line)
+        if found is None:
+            continue
+        for node in ast.walk(found[0]):
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name in _GRAD_CALLS:
+                    return k
     return None
 
 
