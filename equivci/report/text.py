@@ -44,7 +44,7 @@ def _model_lines(m: ModelResult) -> list[Text]:
     head.append("  ")
     head.append(m.status.value, style=STATUS_STYLE[m.status])
     head.append(f"  {m.seconds:.1f} s")
-    if m.layers.total:
+    if m.layers.total > 1:  # a model without named layers is one layer: nothing to say
         head.append(f"  layers {m.layers.verified}/{m.layers.total} verified, {m.layers.reused} reused", style="dim")
     if m.reused:
         head.append("  (unchanged, from cache)", style="dim")
