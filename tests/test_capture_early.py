@@ -143,3 +143,17 @@ def test_single_device_mesh_falls_back_to_full_compile(manifest):
     assert not captured.partitioned_early
     for leaf in captured.inputs:
         assert leaf.device_slices == (tuple((0, n) for n in leaf.shape),)
+
+
+def test_length_delimited_field_skips_other_wire_types():
+    message = (
+        b"\x10\x96\x01"  # field 2, varint 150
+        + b"\x1d\x01\x02\x03\x04"  # field 3, fixed32
+        + b"\x21" + bytes(8)  # field 4, fixed64
+        + b"\x2a\x02hi"  # field 5, bytes
+        + b"\x0a\x03abc"  # field 1, bytes
+    )
+    assert partitioned._length_delimited_field(message, 1) == b"abc"
+    assert partitioned._length_delimited_field(message, 6) is None
+    assert partitioned._length_delimited_field(b"\x0a\x05ab", 1) is None  # truncated
+    assert partitioned._length_delimited_field(b"\x0b", 1) is None  # group wire types are not expected
