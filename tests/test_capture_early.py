@@ -7,6 +7,9 @@ full compile and `compiled.input_shardings` / `output_shardings`. Both must agre
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -145,15 +148,61 @@ def test_single_device_mesh_falls_back_to_full_compile(manifest):
         assert leaf.device_slices == (tuple((0, n) for n in leaf.shape),)
 
 
-def test_length_delimited_field_skips_other_wire_types():
+def test_length_delimited_fields_skip_other_wire_types():
     message = (
         b"\x10\x96\x01"  # field 2, varint 150
         + b"\x1d\x01\x02\x03\x04"  # field 3, fixed32
         + b"\x21" + bytes(8)  # field 4, fixed64
-        + b"\x2a\x02hi"  # field 5, bytes
-        + b"\x0a\x03abc"  # field 1, bytes
+        + b"\x0a\x02hi"  # field 1, bytes
+        + b"\x0a\x03abc"  # field 1 again (repeated)
     )
-    assert partitioned._length_delimited_field(message, 1) == b"abc"
-    assert partitioned._length_delimited_field(message, 6) is None
-    assert partitioned._length_delimited_field(b"\x0a\x05ab", 1) is None  # truncated
-    assert partitioned._length_delimited_field(b"\x0b", 1) is None  # group wire types are not expected
+    assert partitioned._length_delimited_fields(message) == {1: [b"hi", b"abc"]}
+    assert partitioned._length_delimited_fields(b"\x0a\x05ab") is None  # truncated
+    assert partitioned._length_delimited_fields(b"\x0b") is None  # group wire types are not expected
+
+
+RECORDS_SCRIPT = textwrap.dedent(
+    """\
+    import glob, os, sys
+    from pathlib import Path
+    from equivci.capture import partitioned
+    dump = sys.argv[1]
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=8 --xla_dump_to={dump} {partitioned.DUMP_FLAGS}"
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import AxisType, Mesh, PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"), axis_types=(AxisType.Auto,) * 2)
+
+    def f(x, w1, w2):
+        w1 = jax.lax.with_sharding_constraint(w1, P(None, "tp"))
+        w2 = jax.lax.with_sharding_constraint(w2, P("tp", "dp"))
+        h = jnp.tanh(x @ w1)
+        y = jax.lax.with_sharding_constraint(h @ w2, P("dp", "tp"))
+        return y, jax.lax.with_sharding_constraint(h, P(None, ("dp", "tp"))), x.sum()
+
+    shape = jax.ShapeDtypeStruct((8, 16), jnp.float32), jax.ShapeDtypeStruct((16, 16), jnp.float32)
+    with jax.set_mesh(mesh):
+        lowered = jax.jit(f).lower(shape[0], shape[1], shape[1])
+    executable = lowered.compile()._executable.xla_executable
+    stem = Path(glob.glob(f"{dump}/*after_spmd-partitioning*.txt")[0]).name[: -len(".txt")]
+    records = partitioned._read_dump(Path(dump), stem)
+    devices = lowered._lowering._device_list
+    for xla, ours in [
+        (executable.get_parameter_shardings(), partitioned.shardings_for_leaves(records.parameter_shardings, 3, devices, one_for_all=False)),
+        (executable.get_output_shardings(), partitioned.shardings_for_leaves(records.output_shardings, 3, devices, one_for_all=True)),
+    ]:
+        assert [s.SerializeToString() for s in xla] == [s._hlo_sharding.to_proto().SerializeToString() for s in ours], (xla, ours)
+    print("same")
+    """
+)
+
+
+def test_dump_records_are_the_executables_shardings(tmp_path):
+    """Byte for byte, the shardings read from the dump are the ones the compiled executable
+    reports (replicated, one axis, two axes, partially replicated, a tuple of outputs)."""
+    script = tmp_path / "records.py"
+    script.write_text(RECORDS_SCRIPT)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "dump")], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "same"
