@@ -3,8 +3,8 @@
 equivci needs two things from compiling the distributed program: the `after_spmd-partitioning`
 dump (the per-device program) and the entry shardings XLA records on the module (the placements;
 `compiled.input_shardings` / `output_shardings` are made from them). Both exist long before the
-CPU backend finishes optimizing and generating code (a 405B-shaped Llama: partitioned after about
-a third of the compile). So the compile runs in a daemon thread while the capture waits for the
+CPU backend finishes optimizing and generating code (a 405B-shaped Llama at TP=8 is partitioned
+about a fifth of the way into its compile). So the compile runs in a daemon thread while the capture waits for the
 dump files to be closed (inotify on Linux), reads the shardings from the dumped module proto (the
 same `spmd_parameters_shardings` / `spmd_output_sharding` the executable reports) and carries on;
 the child process exits without waiting for the rest of the compile.
