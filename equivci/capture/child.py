@@ -222,5 +222,6 @@ if __name__ == "__main__":
     code = main(sys.argv[1:])
     sys.stdout.flush()
     sys.stderr.flush()
-    # Not sys.exit: a compile abandoned after partitioning would be joined at interpreter exit.
+    # Not sys.exit: interpreter teardown (jax's exit handlers, the backend's destruction) would run
+    # under a compile still going on in its thread after the capture took what it needed.
     os._exit(code)
