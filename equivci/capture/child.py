@@ -141,11 +141,11 @@ def _dump_placements(spmd: partitioned.SpmdDump, lowered, in_leaves, out_leaves,
         return None
     # The executable's device list: XLA's device ids in the shardings are positions in it.
     device_list = getattr(getattr(lowered, "_lowering", None), "_device_list", None)
-    ins = partitioned.shardings_for_leaves(spmd.parameter_shardings, len(in_leaves), device_list, one_for_all=False)
-    outs = partitioned.shardings_for_leaves(spmd.output_shardings, len(out_leaves), device_list, one_for_all=True)
-    if ins is None or outs is None:
-        return None
     try:
+        ins = partitioned.shardings_for_leaves(spmd.parameter_shardings, len(in_leaves), device_list, one_for_all=False)
+        outs = partitioned.shardings_for_leaves(spmd.output_shardings, len(out_leaves), device_list, one_for_all=True)
+        if ins is None or outs is None:
+            return None
         return _placements(in_leaves, ins, device_order), _placements(out_leaves, outs, device_order)
     except Exception:  # e.g. a sharding of another rank than its leaf: the compiled executable decides
         return None

@@ -106,13 +106,13 @@ def watch(folder: Path) -> _Inotify | None:
     folder.mkdir(parents=True, exist_ok=True)
     try:
         return _Inotify(folder)
-    except (AttributeError, OSError):  # not Linux, or out of watches
+    except (AttributeError, OSError, TypeError):  # not Linux, or out of watches
         return None
 
 
 def wait_for_spmd_dump(watcher: _Inotify, folder: Path, job: BackgroundCompile) -> SpmdDump | None:
-    """Wait until the after-partitioning text and proto are both closed; None if the compile ends
-    (or fails) first, or if the proto does not give one sharding per entry parameter."""
+    """Wait until the after-partitioning text and proto are both closed and read them; None if
+    the compile ends (or fails) first or the proto lacks the partitioner's records."""
     closed: set[str] = set()
     try:
         while job.alive():
@@ -151,8 +151,11 @@ def _read_dump(folder: Path, stem: str) -> SpmdDump | None:
         op.ParseFromString(data)
         return op
 
-    params = tuple(op_sharding(data) for data in module.get(_MODULE_PARAMETER_SHARDINGS, ()))
-    output = op_sharding(module[_MODULE_OUTPUT_SHARDING][0])
+    try:
+        params = tuple(op_sharding(data) for data in module.get(_MODULE_PARAMETER_SHARDINGS, ()))
+        output = op_sharding(module[_MODULE_OUTPUT_SHARDING][0])
+    except Exception:  # not an OpSharding after all: let the full compile answer
+        return None
     outputs = tuple(output.tuple_shardings) if output.type == xla_client.OpSharding.Type.TUPLE else (output,)
     return SpmdDump(Path(folder, stem + ".txt").read_text(), params, outputs)
 
