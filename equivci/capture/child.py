@@ -16,6 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
+from equivci.capture import partitioned
 from equivci.errors import EquivciError
 
 
@@ -83,31 +84,71 @@ def capture(request: dict) -> dict:
     memo_fields = _memo_fields(request, model, args, ref_lowered, dist_lowered)
     if memo_fields.get("cached"):
         return {**memo_fields, "lowering_seconds": lowering_seconds}
+    dump_dir = Path(os.environ["EQUIVCI_DUMP_DIR"])
+    # The compile runs in the background from here: the reference HLO conversion overlaps it, and
+    # the capture stops waiting as soon as the partitioned module is dumped.
+    watcher = partitioned.watch(dump_dir)
+    job = partitioned.BackgroundCompile(dist_lowered)
+    job.start()
     reference_hlo = ref_lowered.as_text(dialect="hlo", debug_info=True)
-    dump_dir = os.environ["EQUIVCI_DUMP_DIR"]
+    spmd = partitioned.wait_for_spmd_dump(watcher, dump_dir, job) if watcher else None
+
+    device_order = list(mesh.devices.flat)
+    in_leaves = [(keystr(p), leaf) for p, leaf in tree_flatten_with_path(args)[0]]
+    out_leaves = [(keystr(p), leaf) for p, leaf in tree_flatten_with_path(dist_lowered.out_info)[0]]
+    placements = _dump_placements(spmd, dist_lowered, in_leaves, out_leaves, device_order) if spmd else None
+    partitioned_early = placements is not None
+    if partitioned_early:
+        distributed_hlo = spmd.text
+    else:
+        compiled = _full_compile(job, model)
+        distributed_hlo = _spmd_dump(str(dump_dir)) or dist_lowered.as_text(dialect="hlo", debug_info=True)
+        placements = (
+            _placements(in_leaves, jax.tree_util.tree_leaves(compiled.input_shardings[0]), device_order),
+            _placements(out_leaves, jax.tree_util.tree_leaves(compiled.output_shardings), device_order),
+        )
+    return {
+        "reference_hlo": reference_hlo,
+        "distributed_hlo": distributed_hlo,
+        "inputs": placements[0],
+        "outputs": placements[1],
+        "lowering_seconds": lowering_seconds,
+        "partitioned_early": partitioned_early,
+        **memo_fields,
+    }
+
+
+def _full_compile(job: partitioned.BackgroundCompile, model):
     try:
-        compiled = dist_lowered.compile()
+        return job.result()
     except Exception as exc:
         raise EquivciError(
             f"XLA could not partition the distributed entrypoint {model.distributed.spec} of model "
             f"'{model.name}' for mesh {dict(model.mesh)}: {type(exc).__name__}: {str(exc).splitlines()[0]}. "
             "Check that the shardings and collectives match the mesh axes."
         ) from exc
-    distributed_hlo = _spmd_dump(dump_dir) or dist_lowered.as_text(dialect="hlo", debug_info=True)
 
-    device_order = list(mesh.devices.flat)
-    in_leaves = [(keystr(p), leaf) for p, leaf in tree_flatten_with_path(args)[0]]
-    out_leaves = [(keystr(p), leaf) for p, leaf in tree_flatten_with_path(dist_lowered.out_info)[0]]
-    in_shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0])
-    out_shardings = jax.tree_util.tree_leaves(compiled.output_shardings)
-    return {
-        "reference_hlo": reference_hlo,
-        "distributed_hlo": distributed_hlo,
-        "inputs": _placements(in_leaves, in_shardings, device_order),
-        "outputs": _placements(out_leaves, out_shardings, device_order),
-        "lowering_seconds": lowering_seconds,
-        **memo_fields,
-    }
+
+def _dump_placements(spmd: partitioned.SpmdDump, lowered, in_leaves, out_leaves, device_order) -> tuple | None:
+    """Input and output placements from the partitioned module's sharding records, through the
+    shardings jax makes of them for `compiled.input_shardings` / `output_shardings`. None (so the
+    full compile decides) where jax would make them differently (extended dtypes such as PRNG
+    keys get logical shardings), the lowering hides its device list, or the records do not fit
+    the leaves."""
+    import jax
+
+    if any(jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended) for _, leaf in in_leaves + out_leaves):
+        return None
+    # The executable's device list: XLA's device ids in the shardings are positions in it.
+    device_list = getattr(getattr(lowered, "_lowering", None), "_device_list", None)
+    try:
+        ins = partitioned.shardings_for_leaves(spmd.parameter_shardings, len(in_leaves), device_list, one_for_all=False)
+        outs = partitioned.shardings_for_leaves(spmd.output_shardings, len(out_leaves), device_list, one_for_all=True)
+        if ins is None or outs is None:
+            return None
+        return _placements(in_leaves, ins, device_order), _placements(out_leaves, outs, device_order)
+    except Exception:  # e.g. a sharding of another rank than its leaf: the compiled executable decides
+        return None
 
 
 _DUMP_FLAG = re.compile(r"--xla_dump_\S*")
@@ -178,4 +219,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not sys.exit: interpreter teardown (jax's exit handlers, the backend's destruction) would run
+    # under a compile still going on in its thread after the capture took what it needed.
+    os._exit(code)

@@ -9,6 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from equivci.capture import partitioned
 from equivci.capture.types import CapturedModel, LeafPlacement
 from equivci.errors import EquivciError
 from equivci.manifest import Manifest, ModelSpec
@@ -59,7 +60,7 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, mem
         request.write_text(json.dumps(fields))
         env = child_env(
             model.num_devices,
-            f"--xla_dump_to={dump_dir} --xla_dump_hlo_pass_re=spmd-partitioning",
+            f"--xla_dump_to={dump_dir} {partitioned.DUMP_FLAGS}",
         )
         env["EQUIVCI_DUMP_DIR"] = str(dump_dir)
         try:
@@ -103,4 +104,5 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, mem
         loc_digest=result.get("loc_digest", ""),
         sources=tuple(result.get("sources", ())),
         cached=cached,
+        partitioned_early=bool(result.get("partitioned_early")),
     )

@@ -37,6 +37,9 @@ class CapturedModel:
     loc_digest: str = ""
     sources: tuple[str, ...] = ()
     cached: bool = False
+    # The child took the distributed program and placements from the SPMD-partitioning dump and
+    # did not wait for the rest of XLA's compile (see capture/partitioned.py).
+    partitioned_early: bool = False
 
     @property
     def num_devices(self) -> int:
