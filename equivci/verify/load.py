@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from egglog import EGraph, String, i64, set_, union
+import contextlib
+
+from egglog import EGraph, String, i64, let, set_, union
+from egglog.declarations import LetRefDecl, TypedExprDecl
+from egglog.egraph import to_runtime_expr
+from egglog.runtime import RuntimeExpr
 
 from equivci.verify import language as L
 from equivci.verify.language import T, TList
@@ -21,6 +26,7 @@ class Loader:
         self._seeded_specs: set[tuple[str, str]] = set()
         self._bcasts: dict[tuple, set[str]] = {}
         self._count = 0
+        self._bulk = False
 
     def expr(self, term: Term) -> T:
         """The e-graph expression for `term`, loading it and its arguments on first use."""
@@ -104,10 +110,29 @@ class Loader:
         else:
             raise ValueError(f"unknown term op {op}")
         self._count += 1
-        ex = self.egraph.let(f"t{self._count}", ex)
+        ex = self._bind(f"t{self._count}", ex)
         for k, size in enumerate(t.shape):
             self.facts.append(set_(L.dim(ex, k)).to(i64(size)))
         return ex
+
+    def _bind(self, name: str, ex: T) -> T:
+        if not self._bulk:
+            return self.egraph.let(name, ex)
+        # EGraph.let registers at once, one egglog call (~1-2 ms) per term: in bulk, the let is
+        # queued with the facts and a reference to its name is built the way EGraph.let builds it.
+        self.facts.append(let(name, ex))
+        runtime = to_runtime_expr(ex)
+        return RuntimeExpr.__from_values__(runtime.__egg_decls__, TypedExprDecl(runtime.__egg_typed_expr__.tp, LetRefDecl(name)))
+
+    @contextlib.contextmanager
+    def bulk(self):
+        """Load many terms with one egglog call at the end (flushes on exit)."""
+        self._bulk = True
+        try:
+            yield self
+        finally:
+            self._bulk = False
+            self.flush()
 
     def flush(self) -> None:
         if self.facts:

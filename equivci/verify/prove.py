@@ -105,23 +105,25 @@ def saturate_terms(reference_outputs: list[Term], reference_values: list[Term], 
     t0 = time.perf_counter()
     egraph = EGraph()
     loader = Loader(egraph)
-    for t in reference_outputs:
-        loader.expr(t)
-    for t in reference_values:
-        egraph.register(L.related(loader.expr(t)), L.reference(loader.expr(t)))
-    for row in pairs:
-        for o, target in row:
-            loader.expr(o)
-            loader.expr(target)
-    for pair in obligations:
-        for t in pair:
+    with loader.bulk():
+        for t in reference_outputs:
             loader.expr(t)
-    for t in extra_terms:
-        loader.expr(t)
-    for group in equal_groups:
-        first = loader.expr(group[0])
-        egraph.register(*[union(first).with_(loader.expr(t)) for t in group[1:]])
-    loader.flush()
+        facts = []
+        for t in reference_values:
+            facts += [L.related(loader.expr(t)), L.reference(loader.expr(t))]
+        for row in pairs:
+            for o, target in row:
+                loader.expr(o)
+                loader.expr(target)
+        for pair in obligations:
+            for t in pair:
+                loader.expr(t)
+        for t in extra_terms:
+            loader.expr(t)
+        for group in equal_groups:
+            first = loader.expr(group[0])
+            facts += [union(first).with_(loader.expr(t)) for t in group[1:]]
+        loader.facts += facts
     _run(egraph, iterations)
     proved = [[proved_equal(egraph, loader.expr(o), loader.expr(target)) for o, target in row] for row in pairs]
     held = [proved_equal(egraph, loader.expr(a), loader.expr(b)) for a, b in obligations]
@@ -138,9 +140,9 @@ def add_terms(proof: Proof, terms: list[Term], iterations: int = MAX_ITERATIONS)
     new = [t for t in terms if t not in proof.loader.exprs]
     if not new:
         return
-    for t in new:
-        proof.loader.expr(t)
-    proof.loader.flush()
+    with proof.loader.bulk():
+        for t in new:
+            proof.loader.expr(t)
     _run(proof.egraph, iterations)
 
 
