@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 from equivci.hlo.ir import Computation, Instruction, Module, Shape, SourceLoc
@@ -15,35 +16,35 @@ class HloParseError(ValueError):
 
 def split_top(text: str, sep: str = ",") -> list[str]:
     """Split on `sep` outside brackets and quotes."""
-    parts, depth, cur, quote = [], 0, [], False
-    i = 0
-    while i < len(text):
+    # Visits only the characters that matter (a 405B-shaped module has millions of characters).
+    parts, depth, quote, start, skip = [], 0, False, 0, -1
+    for m in _special(sep).finditer(text):
+        i = m.start()
+        if i == skip:  # the character after a backslash inside quotes
+            continue
         ch = text[i]
         if quote:
-            cur.append(ch)
-            if ch == "\\" and i + 1 < len(text):
-                cur.append(text[i + 1])
-                i += 1
+            if ch == "\\":
+                skip = i + 1
             elif ch == '"':
                 quote = False
         elif ch == '"':
             quote = True
-            cur.append(ch)
         elif ch in "{[(":
             depth += 1
-            cur.append(ch)
         elif ch in "}])":
             depth -= 1
-            cur.append(ch)
         elif ch == sep and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-        i += 1
-    if "".join(cur).strip():
-        parts.append("".join(cur).strip())
+            parts.append(text[start:i].strip())
+            start = i + 1
+    if text[start:].strip():
+        parts.append(text[start:].strip())
     return parts
+
+
+@functools.lru_cache(maxsize=None)
+def _special(sep: str) -> re.Pattern:
+    return re.compile(r'["\\{}\[\]()' + re.escape(sep) + "]")
 
 
 def _balanced_end(text: str, start: int) -> int:
