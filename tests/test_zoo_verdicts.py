@@ -31,7 +31,6 @@ NOT_PROVEN_YET = {
 NOT_LOCALIZED_YET = {
     "gqa-tp4-kv2-round-robin": "points at repeat_kv in common.py",
     "moe-ep-no-return-all-to-all": "the routing before it is not proven",
-    "ring-matmul-wrong-direction": "points at the block writes; the ring direction is in the ppermute pairs",
     "scan-decoder-tp-fused-residual": "the loop is not proven",
     "train-step-grad-psum": "the backward pass is not proven",
     "train-step-no-pcast": "the backward pass is not proven",

@@ -36,15 +36,16 @@ class Proof:
     egraph: EGraph
     loader: Loader
     seconds: float
+    targets: list[list[Term]] = dataclasses.field(default_factory=list)  # [device][leaf], as in Programs
 
     @property
     def all_proved(self) -> bool:
         return all(all(row) for row in self.proved)
 
 
-def _flatten(value) -> list[Term]:
+def flatten(value) -> list[Term]:
     """The leaves of a (nested) tuple of terms."""
-    return [leaf for item in value for leaf in _flatten(item)] if isinstance(value, tuple) else [value]
+    return [leaf for item in value for leaf in flatten(item)] if isinstance(value, tuple) else [value]
 
 
 def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPlacement, ...],
@@ -54,7 +55,7 @@ def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPla
 
     ref_eval = Evaluator(reference, table, 1)
     ref_root = ref_eval.run(reference.entry, [[p] for p in params])[0]
-    reference_outputs = _flatten(ref_root)
+    reference_outputs = flatten(ref_root)
 
     dist_eval = Evaluator(distributed, table, num_devices)
     dist_eval.values.update(ref_eval.values)
@@ -62,7 +63,7 @@ def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPla
     dist_args = [[dist_eval.slice_nd(p, leaf.device_slices[dev]) for dev in range(num_devices)]
                  for p, leaf in zip(params, inputs)]
     dist_root = dist_eval.run(distributed.entry, dist_args)
-    device_outputs = [_flatten(dist_root[dev]) for dev in range(num_devices)]
+    device_outputs = [flatten(dist_root[dev]) for dev in range(num_devices)]
     targets = [[dist_eval.slice_nd(r, leaf.device_slices[dev]) for r, leaf in zip(reference_outputs, outputs)]
                for dev in range(num_devices)]
     return Programs(params, reference_outputs, device_outputs, targets, ref_eval.events, dist_eval.events, dist_eval)
@@ -81,7 +82,7 @@ def saturate(programs: Programs, extra_terms: list[Term] = (), iterations: int =
         loader.expr(t)
     reference_values = list(programs.params)
     for event in programs.reference_events:
-        reference_values.extend(_flatten(event.values[0]))
+        reference_values.extend(flatten(event.values[0]))
     for t in reference_values:
         egraph.register(L.related(loader.expr(t)), L.reference(loader.expr(t)))
     for dev_out, dev_targets in zip(programs.device_outputs, programs.targets):
@@ -97,7 +98,7 @@ def saturate(programs: Programs, extra_terms: list[Term] = (), iterations: int =
     proved = []
     for dev_out, dev_targets in zip(programs.device_outputs, programs.targets):
         proved.append([proved_equal(egraph, loader.expr(o), loader.expr(t)) for o, t in zip(dev_out, dev_targets)])
-    return Proof(proved, egraph, loader, time.perf_counter() - t0)
+    return Proof(proved, egraph, loader, time.perf_counter() - t0, programs.targets)
 
 
 def _run(egraph: EGraph, iterations: int) -> None:
