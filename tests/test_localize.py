@@ -72,6 +72,24 @@ MODELS = textwrap.dedent(
             return x * lax.rsqrt(ms + 1e-6)
 
         return jax.shard_map(body, mesh=mesh, in_specs=(P(None, TP),), out_specs=P(None, TP))(x)
+
+
+    def roll_inputs():
+        return (jax.ShapeDtypeStruct((16, 8), jnp.float32),)
+
+
+    def roll(x):
+        return jnp.roll(x, 4, axis=0)
+
+
+    def roll_ring_left(x, *, mesh):
+        n = mesh.shape[TP]
+        pairs = [(j, (j - 1) % n) for j in range(n)]  # MARK:pairs
+
+        def body(x):
+            return lax.ppermute(x, TP, pairs)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None),), out_specs=P(TP, None))(x)
     """
 )
 
@@ -83,6 +101,8 @@ MANIFEST = textwrap.dedent(
          inputs: models.py:inputs, mesh: {tp: 2}}
       - {name: rms, reference: models.py:rms, distributed: models.py:rms_tp_local_width,
          inputs: models.py:norm_inputs, mesh: {tp: 2}}
+      - {name: roll, reference: models.py:roll, distributed: models.py:roll_ring_left,
+         inputs: models.py:roll_inputs, mesh: {tp: 4}}
     """
 )
 
@@ -167,3 +187,17 @@ def test_fresh_program_local_width(tmp_manifest):
     where, message, _ = localize(tmp_manifest, "rms")
     assert where.endswith(f"models.py:{line_of('width')}")
     assert "`n`" in message and "16" in message
+
+
+def test_ring_the_wrong_way_points_at_the_pairs(zoo_manifest):
+    # The first unrelated op is a block write; sent the other way round the ring, every output is
+    # proved, so the finding is the permutation, at the caller's line that writes it.
+    where, message, _ = localize(zoo_manifest, "ring-matmul-wrong-direction")
+    assert where == "examples/zoo/ring.py:49"
+    assert "collective-permute" in message and "j-1 mod 4" in message and "j+1 mod 4" in message
+
+
+def test_fresh_program_ring_pairs_bound_to_a_name(tmp_manifest):
+    where, message, _ = localize(tmp_manifest, "roll")
+    assert where.endswith(f"models.py:{line_of('pairs')}")
+    assert "the other way" in message

@@ -115,12 +115,25 @@ class Evaluator:
         self.loop_handler: LoopHandler | None = None
         # (term, target) pairs a proof must also show equal: what a loop handler assumed.
         self.obligations: list[tuple[Term, Term]] = []
+        self.entry_args: list[list] | None = None  # per-device entry arguments, for re-runs
+        # collective-permute name -> the source/target pairs to use instead (localization's what-ifs)
+        self.pairs_override: dict[str, list[tuple[int, int]]] = {}
 
     def child(self, module: Module, num_devices: int) -> "Evaluator":
         """An evaluator with its own events that shares what is known about constants."""
         sub = Evaluator(module, self.table, num_devices)
         sub.values, sub.arrays, sub.equal_terms = self.values, self.arrays, self.equal_terms
         return sub
+
+    def variant(self, pairs_override: dict[str, list[tuple[int, int]]]) -> list[list[Term]]:
+        """The per-device entry results with some collective-permutes' pairs replaced.
+
+        The same term table and constants are shared, so unchanged parts give the same terms.
+        """
+        other = Evaluator(self.module, self.table, self.n)
+        other.values, other.arrays = self.values, self.arrays
+        other.pairs_override = pairs_override
+        return other.run(self.module.entry, self.entry_args)
 
     # -- constants ---------------------------------------------------------------------------
     def const(self, value: np.ndarray, dtype: str) -> Term:
@@ -274,6 +287,8 @@ class Evaluator:
     def run(self, comp: Computation, args: list[list]) -> list:
         """Evaluate `comp` on per-device argument lists; returns the per-device root values."""
         env: dict[str, list] = {}
+        if comp is self.module.entry:
+            self.entry_args = args
         params = {int(p.attrs["_number"]): p.name for p in comp.parameters()}
         for k, name in params.items():
             env[name] = args[k]
@@ -694,7 +709,7 @@ class Evaluator:
         except UnsupportedGroups as exc:
             raise Unsupported(f"replica groups {exc} of {inst.opcode} {inst.name}") from exc
         if inst.opcode == "collective-permute":
-            pairs = parse_pairs(inst.attrs.get("source_target_pairs", ""))
+            pairs = self.pairs_override.get(inst.name) or parse_pairs(inst.attrs.get("source_target_pairs", ""))
             source = {t: s for s, t in pairs}
             out = []
             for d in range(self.n):

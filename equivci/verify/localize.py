@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 from egglog import String, eq, i64, relation, rule, ruleset, vars_
 
+from equivci.hlo.collectives import parse_pairs
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.verify.instantiate import Event
 from equivci.verify.language import T
-from equivci.verify.prove import Proof, add_terms, is_related
+from equivci.verify.prove import Proof, add_terms, flatten, is_related, proved_equal
 from equivci.verify.terms import Term
 
 TRIVIAL_OPS = {"parameter", "copy", "tuple", "get-tuple-element", "call", "opt-barrier", "custom-call", "bitcast",
@@ -128,6 +129,86 @@ class _Scaling:
         return min(common) if common else None
 
 
+# -- a permutation that sends values the wrong way -----------------------------------------------
+# Each what-if re-evaluates the program and saturates again: bounded, and tried only when the
+# program has collective-permutes.
+MAX_PERMUTE_TRIES = 4
+
+
+def alternative_pairs(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Other ways to send along the same devices: reversed first, then the other powers of a cycle."""
+    out = [sorted((t, s) for s, t in pairs)]
+    step = dict(pairs)
+    if len(step) == len(pairs) and set(step) == set(step.values()):  # a permutation: its powers shift further
+        mapped = dict(step)
+        for _ in range(len(step)):
+            mapped = {s: step[t] for s, t in mapped.items()}
+            out.append(sorted(mapped.items()))
+    own = sorted(pairs)
+    unique = []
+    for cand in out:
+        if cand != own and cand not in unique and any(s != t for s, t in cand):
+            unique.append(cand)
+    return unique
+
+
+def _describe_pairs(pairs: list[tuple[int, int]], n: int) -> str:
+    shown = "{" + ", ".join(f"{s}->{t}" for s, t in pairs) + "}"
+    shifts = {(t - s) % n for s, t in pairs}
+    if len(shifts) == 1:
+        k = shifts.pop()
+        k = k - n if k > n // 2 else k
+        return f"{shown} (device j sends to j{k:+d} mod {n})"
+    return shown
+
+
+def wrong_permutation(events: list[Event], proof: Proof, evaluator, first: Event | None) -> Defect | None:
+    """A collective-permute whose pairs, sent another way, make every output the reference's."""
+    if not proof.targets or evaluator.entry_args is None:
+        return None
+    groups: dict[tuple, dict[str, Instruction]] = {}
+    for event in events:
+        if event.inst.opcode == "collective-permute":
+            key = (_loc(event.inst), event.inst.attrs.get("source_target_pairs", ""))
+            groups.setdefault(key, {})[event.inst.name] = event.inst
+    tries = 0
+    for (_, text), insts in groups.items():
+        pairs = parse_pairs(text)
+        for candidate in alternative_pairs(pairs):
+            if tries == MAX_PERMUTE_TRIES:
+                return None
+            tries += 1
+            try:
+                outputs = [flatten(root) for root in evaluator.variant({name: candidate for name in insts})]
+            except Exception:  # a what-if the evaluator cannot model is no evidence either way
+                continue
+            add_terms(proof, [t for dev in outputs for t in dev])
+            if all(proved_equal(proof.egraph, proof.loader.expr(o), proof.loader.expr(t))
+                   for dev_out, dev_targets in zip(outputs, proof.targets) for o, t in zip(dev_out, dev_targets)):
+                inst = next(iter(insts.values()))
+                how = ("as if they came the other way" if candidate == sorted((t, s) for s, t in pairs)
+                       else "as if they came from other devices")
+                message = (f"this collective-permute sends along {_describe_pairs(pairs, evaluator.n)}, but sent "
+                           f"along {_describe_pairs(candidate, evaluator.n)} every output would equal its part of "
+                           f"the reference: the received values are used {how}")
+                if first is not None:
+                    message += (f" (the first value not related to the reference is the `{first.inst.opcode}` at "
+                                f"{_where(_loc(first.inst))})")
+                return Defect(_at_pairs_origin(inst, events), message)
+    return None
+
+
+def _at_pairs_origin(inst: Instruction, events: list[Event]) -> Instruction:
+    """`inst` with the line that writes its permutation in front of its stack, when it can be found."""
+    loc = _loc(inst)
+    found = _statement(*loc) if loc else None
+    expr = _perm_expr(found[0]) if found else None
+    origin = _expr_origin(loc[0], loc[1], expr, events) if expr is not None else None
+    if origin is None:
+        return inst
+    return dataclasses.replace(inst, stack=(SourceLoc(*origin),) + tuple(inst.stack))
+
+
 def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: dict[str, list[list[int]]],
                  output_terms: set[int], reference_events: list[Event] | None = None,
                  routed: set[int] = frozenset()) -> Defect | None:
@@ -162,6 +243,9 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
             return Defect(event.inst, "this all-reduce sums a value that is already the full reference value on every "
                                       "device, which multiplies it by the group size: the value was reduced before; "
                                       "remove one of the two reductions")
+        wrong_way = wrong_permutation(events, proof, evaluator, event)
+        if wrong_way is not None:
+            return wrong_way
         slip = misplaced_slice(events, [list(e.values) for e in operand_events if e and _terms(e)])
         if slip is not None:
             return Defect(slip[0].inst, slip[1], context=event.inst)
@@ -238,7 +322,11 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
         if found is not None:
             return found
         return explain(*(first_scaled or (event, terms)))
-    return explain(*first_scaled) if first_scaled else None
+    if first_scaled:
+        return explain(*first_scaled)
+    # Every value is related, yet an output is not its part of the reference: values may have
+    # been sent to the wrong devices.
+    return wrong_permutation(events, proof, evaluator, None)
 
 
 def _unloaded(events: list[Event], loaded, constants) -> list[Term]:
@@ -370,6 +458,10 @@ def _statement(file: str, line: int) -> tuple[ast.stmt, list[ast.AST]] | None:
     return (best, chain) if best is not None else None
 
 
+def _callee(call: ast.Call) -> str:
+    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+
+
 def _operand_exprs(stmt: ast.stmt, opcode: str, count: int) -> list[ast.expr] | None:
     """The source expressions of an op's operands, when the statement shows them unambiguously."""
     binop = _BINOPS.get(opcode)
@@ -377,8 +469,7 @@ def _operand_exprs(stmt: ast.stmt, opcode: str, count: int) -> list[ast.expr] | 
         if binop and isinstance(node, ast.BinOp) and isinstance(node.op, binop) and count == 2:
             return [node.left, node.right]
         if isinstance(node, ast.Call):
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if name in _CALLS.get(opcode, ()):
+            if _callee(node) in _CALLS.get(opcode, ()):
                 args = [a for a in node.args if not isinstance(a, ast.Constant)]
                 if opcode == "reshape" and isinstance(node.func, ast.Attribute):
                     return [node.func.value] + args
@@ -399,6 +490,74 @@ def _operand_name(inst: Instruction, index: int) -> str | None:
     return text if len(text) <= 40 else None
 
 
+_PERM_ARGS = {"ppermute": 2, "pshuffle": 2}  # call -> position of its permutation argument
+
+
+def _perm_expr(stmt: ast.stmt) -> ast.expr | None:
+    """The permutation argument of the ppermute call in `stmt`."""
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Call) and _callee(node) in _PERM_ARGS:
+            keyword = next((k.value for k in node.keywords if k.arg == "perm"), None)
+            if keyword is not None:
+                return keyword
+            if len(node.args) > _PERM_ARGS[_callee(node)]:
+                return node.args[_PERM_ARGS[_callee(node)]]
+    return None
+
+
+def _expr_origin(file: str, line: int, expr: ast.expr, events: list[Event], depth: int = 3):
+    """(file, line, function) where the pure-Python value of `expr` is written.
+
+    A literal, comprehension or lambda is written where it stands; a name (or a call of one) leads
+    to its assignment or, for a parameter, to the argument at a call site recorded in the op stacks.
+    """
+    target = expr.func if isinstance(expr, ast.Call) else expr
+    if not isinstance(target, ast.Name) or depth == 0:
+        return file, expr.lineno, ""
+    found = _statement(file, line)
+    if found is None:
+        return None
+    for func in reversed(found[1]):
+        assigned = _assigned_at(func, target.id, line)
+        if assigned is not None:
+            return file, assigned, func.name
+        if target.id in _parameters(func):
+            site = _call_argument(file, func, target.id, events)
+            if site is None:
+                return None
+            cfile, arg = site
+            return _expr_origin(cfile, arg.lineno, arg, events, depth - 1)
+    return None
+
+
+def _parameters(func: ast.AST) -> list[str]:
+    args = func.args
+    return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+
+
+def _call_argument(file: str, func: ast.AST, name: str, events: list[Event]) -> tuple[str, ast.expr] | None:
+    """The argument passed for parameter `name` of `func` at a call site seen in the op stacks."""
+    positional = [a.arg for a in func.args.posonlyargs + func.args.args]
+    callers = set()
+    for event in events:
+        stack = event.inst.stack
+        for inner, outer in zip(stack, stack[1:]):
+            if inner.file == file and inner.function.split(".")[-1] == func.name \
+                    and func.lineno <= inner.line <= (func.end_lineno or func.lineno):
+                callers.add((outer.file, outer.line))
+    for cfile, cline in sorted(callers):
+        found = _statement(cfile, cline)
+        calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and _callee(n) == func.name] if found else []
+        for call in calls:
+            keyword = next((k.value for k in call.keywords if k.arg == name), None)
+            if keyword is not None:
+                return cfile, keyword
+            k = positional.index(name) if name in positional else len(call.args)
+            if k < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[:k + 1]):
+                return cfile, call.args[k]
+    return None
+
+
 def _python_origin(loc: tuple[str, int], exprs: list[ast.expr], op_lines: set[tuple[str, int]]):
     """Where a name used in `exprs` was bound by plain Python (a line that emitted no op)."""
     found = _statement(*loc)
@@ -408,15 +567,19 @@ def _python_origin(loc: tuple[str, int], exprs: list[ast.expr], op_lines: set[tu
     names = [n.id for expr in exprs for n in ast.walk(expr) if isinstance(n, ast.Name)]
     for func in reversed(funcs):
         for name in names:
-            binds = [node for node in ast.walk(func) if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
-                     and node.lineno < loc[1] and any(isinstance(t, ast.Name) and t.id == name
-                                                       for tgt in (node.targets if isinstance(node, ast.Assign) else [node.target])
-                                                       for t in ast.walk(tgt))]
-            if binds:
-                line = max(b.lineno for b in binds)
-                if (loc[0], line) not in op_lines:
-                    return name, line, func
+            line = _assigned_at(func, name, loc[1])
+            if line is not None and (loc[0], line) not in op_lines:
+                return name, line, func
     return None
+
+
+def _assigned_at(scope: ast.AST, name: str, before: int) -> int | None:
+    """The last line before `before` that assigns `name` inside `scope`."""
+    lines = [node.lineno for node in ast.walk(scope) if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+             and node.lineno < before and any(isinstance(t, ast.Name) and t.id == name
+                                               for tgt in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                                               for t in ast.walk(tgt))]
+    return max(lines) if lines else None
 
 
 class _Tracer:

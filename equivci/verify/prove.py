@@ -42,15 +42,16 @@ class Proof:
     loader: Loader
     seconds: float
     obligations: list[bool] = dataclasses.field(default_factory=list)
+    targets: list[list[Term]] = dataclasses.field(default_factory=list)  # [device][leaf], as in Programs
 
     @property
     def all_proved(self) -> bool:
         return all(all(row) for row in self.proved) and all(self.obligations)
 
 
-def _flatten(value) -> list[Term]:
+def flatten(value) -> list[Term]:
     """The leaves of a (nested) tuple of terms."""
-    return [leaf for item in value for leaf in _flatten(item)] if isinstance(value, tuple) else [value]
+    return [leaf for item in value for leaf in flatten(item)] if isinstance(value, tuple) else [value]
 
 
 def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPlacement, ...],
@@ -60,7 +61,7 @@ def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPla
 
     ref_eval = Evaluator(reference, table, 1)
     ref_root = ref_eval.run(reference.entry, [[p] for p in params])[0]
-    reference_outputs = _flatten(ref_root)
+    reference_outputs = flatten(ref_root)
 
     dist_eval = Evaluator(distributed, table, num_devices)
     dist_eval.values.update(ref_eval.values)
@@ -72,7 +73,7 @@ def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPla
     dist_args = [[dist_eval.slice_nd(p, leaf.device_slices[dev]) for dev in range(num_devices)]
                  for p, leaf in zip(params, inputs)]
     dist_root = dist_eval.run(distributed.entry, dist_args)
-    device_outputs = [_flatten(dist_root[dev]) for dev in range(num_devices)]
+    device_outputs = [flatten(dist_root[dev]) for dev in range(num_devices)]
     targets = [[dist_eval.slice_nd(r, leaf.device_slices[dev]) for r, leaf in zip(reference_outputs, outputs)]
                for dev in range(num_devices)]
     router = Router(dist_eval, num_devices)
@@ -90,7 +91,7 @@ def _short_dtype(dtype: str) -> str:
 def saturate(programs: Programs, extra_terms: list[Term] = (), iterations: int = MAX_ITERATIONS) -> Proof:
     reference_values = list(programs.params)
     for event in programs.reference_events:
-        reference_values.extend(_flatten(event.values[0]))
+        reference_values.extend(flatten(event.values[0]))
     pairs = [list(zip(dev_out, dev_targets)) for dev_out, dev_targets in zip(programs.device_outputs, programs.targets)]
     return saturate_terms(programs.reference_outputs, reference_values, pairs, programs.evaluator.equal_terms,
                           extra_terms, programs.obligations, iterations)
@@ -127,7 +128,8 @@ def saturate_terms(reference_outputs: list[Term], reference_values: list[Term], 
     _run(egraph, iterations)
     proved = [[proved_equal(egraph, loader.expr(o), loader.expr(target)) for o, target in row] for row in pairs]
     held = [proved_equal(egraph, loader.expr(a), loader.expr(b)) for a, b in obligations]
-    return Proof(proved, egraph, loader, time.perf_counter() - t0, held)
+    targets = [[target for _, target in row] for row in pairs]
+    return Proof(proved, egraph, loader, time.perf_counter() - t0, held, targets)
 
 
 def _run(egraph: EGraph, iterations: int) -> None:
