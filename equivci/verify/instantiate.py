@@ -239,6 +239,11 @@ class Evaluator:
         return None
 
     # -- term constructors -------------------------------------------------------------------
+    def normal(self, kind: str, attrs: tuple, args, shape: Shape) -> Term:
+        """The term in the normal form every evaluated op gets (constant factors in front), so a
+        term built elsewhere (routing.py's dense terms) meets the reference's own."""
+        return self.factored(kind, attrs, list(args), shape) or self.mk(kind, attrs, args, shape)
+
     def mk(self, op: str, attrs: tuple, args: tuple, shape: Shape) -> Term:
         return self.table.make(op, attrs, tuple(args), shape.dims, shape.dtype)
 
@@ -502,7 +507,7 @@ class Evaluator:
                 result = None
             if result is not None:
                 return self.const(np.asarray(result).astype(NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
-        return self.factored(kind, attrs, args, shape) or self.mk(kind, attrs, args, shape)
+        return self.normal(kind, attrs, args, shape)
 
     def opaque(self, inst: Instruction, args: list) -> Term:
         attrs = semantic_attrs(inst, self.module)

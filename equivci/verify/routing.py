@@ -236,7 +236,7 @@ class Router:
             r = self.info(t.args[0])
             if r is None:
                 return None
-            return dataclasses.replace(r, dense=self.ev.table.make("unary", t.attrs, (r.dense,), r.dense.shape, t.dtype))
+            return dataclasses.replace(r, dense=self.ev.normal("unary", t.attrs, (r.dense,), Shape(t.dtype, r.dense.shape)))
         if t.op == "binary":
             return self.binary(t)
         if t.op == "dot":
@@ -252,7 +252,7 @@ class Router:
                 == (rb.td, rb.ed, rb.per_device, rb.dense.shape, rb.masks)
             if not same_layout or not np.array_equal(ra.slots, rb.slots) or not _same_ex(ra, rb):
                 return None
-            dense = self.ev.table.make("binary", t.attrs, (ra.dense, rb.dense), ra.dense.shape, t.dtype)
+            dense = self.ev.normal("binary", t.attrs, (ra.dense, rb.dense), Shape(t.dtype, ra.dense.shape))
             return dataclasses.replace(ra, dense=dense)
         # one operand routed, the other the same scalar everywhere
         r, other, routed_left = (ra, b, True) if ra is not None else (rb, a, False)
@@ -261,7 +261,7 @@ class Router:
             return None
         wide = self.ev.const(np.full(r.dense.shape, value.flat[0], dtype=value.dtype), other.dtype)
         args = (r.dense, wide) if routed_left else (wide, r.dense)
-        return dataclasses.replace(r, dense=self.ev.table.make("binary", t.attrs, args, r.dense.shape, t.dtype))
+        return dataclasses.replace(r, dense=self.ev.normal("binary", t.attrs, args, Shape(t.dtype, r.dense.shape)))
 
     def expert_dot(self, t: Term) -> Routed | None:
         """dot(V, W): V routed (rows first, not contracted), W the weights of one expert."""
@@ -359,7 +359,7 @@ def _make_dot(ev, x: Term, y: Term, lb, rb, lc, rc, dtype: str) -> Term:
     spec = f"{j(lb)}|{j(rb)}|{j(lc)}|{j(rc)}|{len(x.shape)}|{len(y.shape)}|{x.dtype},{y.dtype}"
     out = [x.shape[i] for i in lb] + [x.shape[i] for i in range(len(x.shape)) if i not in lb and i not in lc] \
         + [y.shape[i] for i in range(len(y.shape)) if i not in rb and i not in rc]
-    return ev.table.make("dot", (spec,), (x, y), tuple(out), dtype)
+    return ev.normal("dot", (spec,), (x, y), Shape(dtype, tuple(out)))
 
 
 def _stacked_slice(w: Term) -> tuple[Term, int, int] | None:
