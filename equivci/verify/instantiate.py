@@ -705,7 +705,11 @@ class Evaluator:
         aligned = gather_map(dims, len(x.shape), len(idx.shape), len(out.dims))
         if aligned is None:
             return None
-        return self.mk("aligned", (aligned.key(dims.key()),), (x, idx), out)
+        key = (aligned.key(dims.key()),)
+        factor, base = self.scale_of(x)  # rows picked from a scaled value are the scaled rows
+        if factor != 1 and (term := self.scaled(self.mk("aligned", key, (base, idx), out), factor)) is not None:
+            return term
+        return self.mk("aligned", key, (x, idx), out)
 
     # -- collectives -------------------------------------------------------------------------
     def collective(self, inst: Instruction, ops: list[list]) -> list:

@@ -214,6 +214,7 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
                  routed: set[int] = frozenset()) -> Defect | None:
     """`routed`: ids of dispatch masks and routed values (equivci/verify/routing.py), which are
     related to the reference only through the combine that undoes the dispatch."""
+    routed = set(routed)
     status: dict[int, str] = {}  # id(term) -> related | partial | scaled | unrelated
     factors: dict[int, Fraction] = {}  # scaled values -> their factor
     partial_axis: dict[int, str] = {}
@@ -292,6 +293,9 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
         defined[id(terms[0])] = event
         if event.inst.opcode in TRIVIAL_OPS or terms[0] not in loader.exprs:
             continue
+        if event.inst.opcode in LAYOUT_OPS and _all_routed(event, by_name, routed):
+            routed.update(id(t) for t in terms)  # the same routed rows (or mask entries), laid out anew
+            continue
         if classify(terms) == "related":
             continue
         sums_by_axis = axis_sums(evaluator, terms, groups_by_axis)
@@ -327,6 +331,15 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
     # Every value is related, yet an output is not its part of the reference: values may have
     # been sent to the wrong devices.
     return wrong_permutation(events, proof, evaluator, None)
+
+
+LAYOUT_OPS = {"reshape", "broadcast", "transpose", "convert"}
+
+
+def _all_routed(event: Event, by_name: dict[str, Event], routed: set[int]) -> bool:
+    operands = [by_name.get(name) for name in event.inst.operands]
+    return bool(operands) and all(e is not None and _terms(e) and all(id(t) in routed for t in _terms(e))
+                                  for e in operands)
 
 
 def _unloaded(events: list[Event], loaded, constants) -> list[Term]:

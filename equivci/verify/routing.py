@@ -80,13 +80,19 @@ class Router:
 
     # -- driver ------------------------------------------------------------------------------
     def run(self, events) -> None:
+        # a dot whose operand carries a constant factor is built as factor * dot (Evaluator.factored)
         dots = [e.values for e in events if len(e.values) == self.n
-                and all(isinstance(v, Term) and v.op == "dot" for v in e.values)]
+                and all(isinstance(v, Term) and self.ev.scale_of(v)[1].op == "dot" for v in e.values)]
         for values in dots:
             self.dispatch(values)
         for values in dots:
             for dev, v in enumerate(values):
                 self.combine(v, dev)
+        # Routed values that are scaled (a gelu's 0.5) are values of the program too: exempt them.
+        for event in events:
+            for v in event.values:
+                if isinstance(v, Term) and self.routed.get(self.ev.scale_of(v)[1]) is not None:
+                    self.info(v)
 
     # -- the mask lemma ----------------------------------------------------------------------
     def mask(self, m: Term, t: int) -> Mask | None:
@@ -300,10 +306,11 @@ class Router:
 
     # -- combine: out = dot(M, back) -------------------------------------------------------------
     def combine(self, out: Term, dev: int) -> None:
-        spec = _dot_spec(out)
+        product = self.ev.scale_of(out)[1]
+        spec = _dot_spec(product)
         if spec is None or spec.lb or len(spec.lc) != 2:
             return
-        m, back = out.args
+        m, back = product.args
         mask = self.dispatched.get(m)
         if mask is None:
             return
@@ -331,7 +338,7 @@ class Router:
                           slice_sizes=tuple(1 if k in (r.td, r.ed) else s for k, s in enumerate(r.dense.shape)))
         picked = self.ev.gather_term(rows, idx, dims, Shape(out.dtype, out.shape))
         if picked is not None:
-            self.facts.append((out, picked))
+            self.facts.append((product, picked))
             self.exempt.add(id(out))
 
 
