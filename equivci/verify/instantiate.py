@@ -21,6 +21,7 @@ import numpy as np
 
 from equivci.hlo.collectives import UnsupportedGroups, parse_groups, parse_pairs
 from equivci.hlo.ir import Computation, Instruction, Module, Shape
+from equivci.verify import masks
 from equivci.verify.terms import GatherDims, Term, TermTable, bcast_spec, gather_map, reduce_pair_map, reshape_spec
 
 UNARY = {
@@ -110,6 +111,8 @@ class Evaluator:
         self.equal_terms: list[list[Term]] = []  # groups of terms known equal by evaluation
         self.bounds: dict[Term, tuple[float, float]] = {}  # integer terms -> [lo, hi] of their elements
         self.window_sums: dict[Term, tuple] = {}  # opaque reduce-window sums -> (sizes, padding)
+        self.masked_rows: dict[Term, masks.MaskedRows] = {}  # window lookups -> the full table's rows
+        self.index_uses: list[tuple[Term, int]] = []  # (gather index, size of the dim it indexes)
         self.events: list[Event] = []
         self.loops: list[Loop] = []
         self.loop_handler: LoopHandler | None = None
@@ -122,7 +125,7 @@ class Evaluator:
     def child(self, module: Module, num_devices: int) -> "Evaluator":
         """An evaluator with its own events that shares what is known about constants."""
         sub = Evaluator(module, self.table, num_devices)
-        sub.values, sub.arrays, sub.equal_terms = self.values, self.arrays, self.equal_terms
+        sub.values, sub.arrays, sub.equal_terms, sub.bounds = self.values, self.arrays, self.equal_terms, self.bounds
         return sub
 
     def variant(self, pairs_override: dict[str, list[tuple[int, int]]]) -> list[list[Term]]:
@@ -131,7 +134,7 @@ class Evaluator:
         The same term table and constants are shared, so unchanged parts give the same terms.
         """
         other = Evaluator(self.module, self.table, self.n)
-        other.values, other.arrays = self.values, self.arrays
+        other.values, other.arrays, other.bounds = self.values, self.arrays, self.bounds
         other.pairs_override = pairs_override
         return other.run(self.module.entry, self.entry_args)
 
@@ -338,7 +341,7 @@ class Evaluator:
         if isinstance(result, Term) and inst.opcode in BOUND_PRESERVING and result not in self.bounds:
             self.bound(result, *[a for a in args[:1] if isinstance(a, Term)])
         if isinstance(result, Term) and inst.opcode == "select" and len(args) == 3 and result not in self.bounds:
-            self.bound(result, args[1], args[2])
+            self.bound_select(result, *args)
         return result
 
     def local_value(self, inst: Instruction, args: list, device: int):
@@ -671,6 +674,36 @@ class Evaluator:
         if term.dtype[0] in "su" and self.folded(term) is None and all(b is not None for b in found):
             self.bounds[term] = (min(b[0] for b in found), max(b[1] for b in found))
 
+    def bound_select(self, term: Term, p: Term, a: Term, b: Term) -> None:
+        """select(p, a, b)'s elements are b's, or a's where p holds: a range test of a's own ids
+        narrows a (where(ids in [lo, hi), ids - lo, 0) is in [0, hi - lo))."""
+        chosen, other = masks.bounds_under_mask(self, p, a) or self.bounds_of(a), self.bounds_of(b)
+        if term.dtype[0] in "su" and self.folded(term) is None and chosen is not None and other is not None:
+            self.bounds[term] = (min(chosen[0], other[0]), max(chosen[1], other[1]))
+
+    def index_domains(self) -> dict[Term, tuple[float, float]]:
+        """The entry parameters this program uses as gather indices (as they are, or with negative
+        ones wrapped, as numpy indexing does), each with the valid indices [0, size - 1]."""
+        domains: dict[Term, tuple[float, float]] = {}
+        for idx, size in self.index_uses:
+            p = self.unwrapped_index(idx, size)
+            if p.op == "param" and p.dtype[0] in "su":
+                lo, hi = domains.get(p, (0.0, float("inf")))
+                domains[p] = (lo, min(hi, float(size - 1)))
+        return domains
+
+    def unwrapped_index(self, idx: Term, size: int) -> Term:
+        """`idx` without reshapes and without the wrap select(i < 0, i + size, i) of negative indices."""
+        while idx.op == "reshape":
+            idx = idx.args[0]
+        if idx.op == "ternary" and idx.attrs == ("select",):
+            test, wrapped, i = idx.args
+            if test.op == "binary" and test.attrs[0].startswith("compare-LT") and test.args[0] is i \
+                    and masks.scalar_int(self, test.args[1]) == 0 and wrapped.op == "binary" \
+                    and wrapped.attrs == ("add",) and wrapped.args[0] is i and masks.scalar_int(self, wrapped.args[1]) == size:
+                return self.unwrapped_index(i, size)
+        return idx
+
     def decide(self, direction: str, a: Term, b: Term, shape: Shape) -> Term | None:
         """A comparison that the bounds of its operands decide, as a constant."""
         ra, rb = self.bounds_of(a), self.bounds_of(b)
@@ -696,9 +729,14 @@ class Evaluator:
         dims, kept_idx, kept_out = dims.without_unit_index_dims(idx.shape, len(inst.shape.dims))
         idx = self.reshape_term(idx, Shape(idx.dtype, tuple(idx.shape[j] for j in kept_idx)))
         out = Shape(inst.shape.dtype, tuple(inst.shape.dims[o] for o in kept_out))
+        if len(dims.start_map) == 1:
+            self.index_uses.append((idx, x.shape[dims.start_map[0]]))
         term = self.gather_term(x, idx, dims, out)
         if term is None:
             return self.opaque(inst, args)
+        lookup = masks.masked_lookup(self, x, idx, dims, out)
+        if lookup is not None:
+            self.masked_rows[term] = lookup
         return self.reshape_term(term, inst.shape)
 
     def gather_term(self, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
@@ -756,6 +794,9 @@ class Evaluator:
             # Reshaped alike (keepdims after a local reduction): reduce, then reshape once, so that
             # the reshape meets the reference's and a reshape of it composes away.
             return self.reshape_term(self.combine(reducer, inner), Shape(members[0].dtype, members[0].shape))
+        tiled = masks.tiled_lookup(self, members) if reducer == "add" else masks.tiled_reduce(self, reducer, members)
+        if tiled is not None:
+            return tiled
         acc = members[0]
         for m in members[1:]:
             acc = self.fold_or("binary", (reducer,), [acc, m], Shape(acc.dtype, acc.shape),

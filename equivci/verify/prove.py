@@ -61,9 +61,18 @@ def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPla
 
     ref_eval = Evaluator(reference, table, 1)
     ref_root = ref_eval.run(reference.entry, [[p] for p in params])[0]
+    # Integer inputs the reference uses as indices are taken to be valid indices, [0, size): the
+    # programs are compared on the inputs the reference is written for (the numeric oracle draws
+    # them there too). Known before evaluation, the bounds fold the reference's own range checks.
+    domains = ref_eval.index_domains()
+    if domains:
+        ref_eval = Evaluator(reference, table, 1)
+        ref_eval.bounds.update(domains)
+        ref_root = ref_eval.run(reference.entry, [[p] for p in params])[0]
     reference_outputs = flatten(ref_root)
 
     dist_eval = Evaluator(distributed, table, num_devices)
+    dist_eval.bounds.update(domains)
     dist_eval.values.update(ref_eval.values)
     dist_eval.arrays.extend(ref_eval.arrays)
     # loops proves loop bodies with `saturate`: imported here, where both modules are complete.
