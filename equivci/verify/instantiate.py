@@ -376,6 +376,8 @@ class Evaluator:
                 return args[0]
             exact = op == "convert" and shape.dtype in NP_DTYPES  # bitcasts are not folded
             return self.fold_or("unary", (op,), args, shape, lambda v: v.astype(NP_DTYPES[shape.dtype]) if exact else None)
+        if (plain := self.without_guard(op, args)) is not None:
+            return plain
         if op in UNARY:
             return self.fold_or("unary", (op,), args, shape, lambda v: _np_unary(op, v))
         if op in BINARY:
@@ -484,6 +486,22 @@ class Evaluator:
             expanded = value.reshape([value.shape[dims.index(o)] if o in dims else 1 for o in range(len(shape.dims))])
             self.values[term] = np.broadcast_to(expanded, shape.dims)
         return term
+
+    def without_guard(self, op: str, args: list) -> Term | None:
+        """The operand of an op that cannot change it (logsumexp's guards): max(x, -inf),
+        min(x, inf), abs(x) of a non-negative x; and select(is_finite(x), x, c), which is x over
+        the reals (the identities every rule is checked against)."""
+        if op in ("maximum", "minimum"):
+            neutral = -np.inf if op == "maximum" else np.inf
+            for k in (0, 1):
+                value = self.folded(args[k])
+                if value is not None and value.size and np.all(value == neutral) and args[1 - k].shape == args[k].shape:
+                    return args[1 - k]
+        if op == "abs" and _nonnegative(args[0]):
+            return args[0]
+        if op == "select" and args[0].op == "unary" and args[0].attrs == ("is-finite",) and args[0].args[0] is args[1]:
+            return args[1]
+        return None
 
     def select_by_constant(self, p: Term, a: Term, b: Term) -> Term | None:
         """select(p, a, b) with p the same constant everywhere is one of its branches."""
@@ -836,6 +854,16 @@ def _lookup(env: dict[str, list], name: str) -> list:
     if not sep or base not in env:
         raise Unsupported(f"operand {name} is not defined before its use")
     return [v[int(index)] for v in env[base]]
+
+
+def _nonnegative(t: Term) -> bool:
+    """Whether every element of `t` is >= 0 (or NaN) by its form: exponentials, and sums,
+    products and layout changes of such."""
+    if t.op == "unary" and t.attrs[0] in ("exponential", "abs"):
+        return True
+    if (t.op == "binary" and t.attrs[0] in ("add", "multiply", "maximum")) or (t.op == "reduce" and t.attrs[0] in ("add", "multiply")):
+        return all(_nonnegative(a) for a in t.args)  # (an empty reduce-max would be -inf)
+    return t.op in ("reshape", "bcast", "slice", "transpose", "concat") and all(_nonnegative(a) for a in t.args)
 
 
 def _uniform(value: np.ndarray) -> bool:
