@@ -45,7 +45,8 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         outcomes = layered.layers
         layers = LayerCounts(len(outcomes), sum(o.proved for o in outcomes), sum(o.reused for o in outcomes))
         if layered.all_proved:
-            return _finish(model, Status.VERIFIED, t0, (), LayerCounts(layers.total, layers.total, layers.reused))
+            return _finish(model, Status.VERIFIED, t0, _assumptions(programs, captured),
+                           LayerCounts(layers.total, layers.total, layers.reused))
     # The layers alone do not prove it (a relation between layers that is not a window, or a
     # real defect): prove the whole program, which also gives the localization its e-graph; on a
     # big model only up to the first unproved layer, where the first defect is.
@@ -54,7 +55,8 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
     else:
         proof = saturate(programs)
     if proof.all_proved:
-        return _finish(model, Status.VERIFIED, t0, (), LayerCounts(layers.total, layers.total, layers.reused))
+        return _finish(model, Status.VERIFIED, t0, _assumptions(programs, captured),
+                       LayerCounts(layers.total, layers.total, layers.reused))
 
     defect = defect_with_loops(programs, proof, captured.mesh)
     findings = [_finding(defect, captured, programs.distributed_events, layering)] if defect else [_output_finding(proof, captured)]
@@ -63,6 +65,18 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         findings.append(Finding(findings[0].path, findings[0].line, "error", findings[0].layer, counterexample))
         return _finish(model, Status.MISMATCH, t0, tuple(findings), layers)
     return _finish(model, Status.UNPROVEN, t0, tuple(findings), layers)
+
+
+def _assumptions(programs, captured: CapturedModel) -> tuple[Finding, ...]:
+    """Notes on what a proof took for granted: integer inputs the reference indexes with are valid
+    indices (outside [0, size) the programs may differ: numpy wraps negative ids, JAX clamps)."""
+    notes = []
+    for k, ((lo, hi), site) in sorted(programs.assumed.items()):
+        path, line = next((loc for loc in (source_of(i, captured.repo_root) for i in site) if loc[0]), (None, None))
+        leaf = captured.inputs[k].path or f"#{k}"
+        notes.append(Finding(path, line, "note", None, f"proved for input {leaf} in [{int(lo)}, {int(hi)}]: "
+                             "the reference uses it as an index here, and other values are taken not to occur"))
+    return tuple(notes)
 
 
 def _finish(model, status, t0, findings, layers: LayerCounts) -> ModelResult:

@@ -112,7 +112,9 @@ class Evaluator:
         self.bounds: dict[Term, tuple[float, float]] = {}  # integer terms -> [lo, hi] of their elements
         self.window_sums: dict[Term, tuple] = {}  # opaque reduce-window sums -> (sizes, padding)
         self.masked_rows: dict[Term, masks.MaskedRows] = {}  # window lookups -> the full table's rows
-        self.index_uses: list[tuple[Term, int]] = []  # (gather index, size of the dim it indexes)
+        # (gather index, size of the dim it indexes, the gather and the calls it is in, innermost first)
+        self.index_uses: list[tuple[Term, int, tuple[Instruction, ...]]] = []
+        self.calls: list[Instruction] = []  # the calls being evaluated, outermost first
         self.events: list[Event] = []
         self.loops: list[Loop] = []
         self.loop_handler: LoopHandler | None = None
@@ -324,7 +326,11 @@ class Evaluator:
         if op in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"):
             return self.collective(inst, ops)
         if op == "call":
-            return self.run(self.called(inst, "to_apply"), ops)
+            self.calls.append(inst)
+            try:
+                return self.run(self.called(inst, "to_apply"), ops)
+            finally:
+                self.calls.pop()
         if op == "while":
             return self.loop(inst, ops[0])
         return [self.local(inst, [o[d] for o in ops], d) for d in range(self.n)]
@@ -699,15 +705,15 @@ class Evaluator:
         if term.dtype[0] in "su" and self.folded(term) is None and chosen is not None and other is not None:
             self.bounds[term] = (min(chosen[0], other[0]), max(chosen[1], other[1]))
 
-    def index_domains(self) -> dict[Term, tuple[float, float]]:
+    def index_domains(self) -> dict[Term, tuple[tuple[float, float], tuple[Instruction, ...]]]:
         """The entry parameters this program uses as gather indices (as they are, or with negative
-        ones wrapped, as numpy indexing does), each with the valid indices [0, size - 1]."""
-        domains: dict[Term, tuple[float, float]] = {}
-        for idx, size in self.index_uses:
+        ones wrapped, as numpy indexing does), each with the valid indices [0, size - 1] (the
+        smallest such range) and the gather that gives it (with its calls)."""
+        domains: dict[Term, tuple[tuple[float, float], tuple[Instruction, ...]]] = {}
+        for idx, size, inst in self.index_uses:
             p = self.unwrapped_index(idx, size)
-            if p.op == "param" and p.dtype[0] in "su":
-                lo, hi = domains.get(p, (0.0, float("inf")))
-                domains[p] = (lo, min(hi, float(size - 1)))
+            if p.op == "param" and p.dtype[0] in "su" and (p not in domains or size - 1 < domains[p][0][1]):
+                domains[p] = ((0.0, float(size - 1)), inst)
         return domains
 
     def unwrapped_index(self, idx: Term, size: int) -> Term:
@@ -748,7 +754,7 @@ class Evaluator:
         idx = self.reshape_term(idx, Shape(idx.dtype, tuple(idx.shape[j] for j in kept_idx)))
         out = Shape(inst.shape.dtype, tuple(inst.shape.dims[o] for o in kept_out))
         if len(dims.start_map) == 1:
-            self.index_uses.append((idx, x.shape[dims.start_map[0]]))
+            self.index_uses.append((idx, x.shape[dims.start_map[0]], (inst, *reversed(self.calls))))
         term = self.gather_term(x, idx, dims, out)
         if term is None:
             return self.opaque(inst, args)

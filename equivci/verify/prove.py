@@ -33,6 +33,8 @@ class Programs:
     # (term, target) pairs that must be proved equal too: the state relations loops assumed.
     obligations: list[tuple[Term, Term]] = dataclasses.field(default_factory=list)
     loops: list = dataclasses.field(default_factory=list)  # loops.LoopAttempt, in program order
+    # input index -> (its assumed [lo, hi], the reference gather that makes it an index and the calls it is in)
+    assumed: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -65,14 +67,15 @@ def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPla
     # programs are compared on the inputs the reference is written for (the numeric oracle draws
     # them there too). Known before evaluation, the bounds fold the reference's own range checks.
     domains = ref_eval.index_domains()
+    bounds = {p: b for p, (b, _) in domains.items()}
     if domains:
         ref_eval = Evaluator(reference, table, 1)
-        ref_eval.bounds.update(domains)
+        ref_eval.bounds.update(bounds)
         ref_root = ref_eval.run(reference.entry, [[p] for p in params])[0]
     reference_outputs = flatten(ref_root)
 
     dist_eval = Evaluator(distributed, table, num_devices)
-    dist_eval.bounds.update(domains)
+    dist_eval.bounds.update(bounds)
     dist_eval.values.update(ref_eval.values)
     dist_eval.arrays.extend(ref_eval.arrays)
     # loops proves loop bodies with `saturate`: imported here, where both modules are complete.
@@ -89,7 +92,8 @@ def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPla
     router.run(dist_eval.events)
     dist_eval.equal_terms.extend([a, b] for a, b in router.facts)
     return Programs(params, reference_outputs, device_outputs, targets, ref_eval.events, dist_eval.events, dist_eval,
-                    router.exempt, dist_eval.obligations, matcher.attempts)
+                    router.exempt, dist_eval.obligations, matcher.attempts,
+                    {p.attrs[0]: domain for p, domain in domains.items()})
 
 
 def _short_dtype(dtype: str) -> str:
