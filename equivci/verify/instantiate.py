@@ -127,7 +127,7 @@ class Evaluator:
     def child(self, module: Module, num_devices: int) -> "Evaluator":
         """An evaluator with its own events that shares what is known about constants."""
         sub = Evaluator(module, self.table, num_devices)
-        sub.values, sub.arrays, sub.equal_terms, sub.bounds = self.values, self.arrays, self.equal_terms, self.bounds
+        sub.values, sub.arrays, sub.equal_terms = self.values, self.arrays, self.equal_terms
         return sub
 
     def variant(self, pairs_override: dict[str, list[tuple[int, int]]]) -> list[list[Term]]:
