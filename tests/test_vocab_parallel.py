@@ -235,3 +235,22 @@ def test_tiles_needs_every_value_exactly_once():
     assert not tiles([(0, 9), (8, 16)], 0, 16)  # 8 is in two
     assert tiles([(0, 9), (8, 16)], 0, 16, overlap=True)
     assert not tiles([(0, 8)], 0, 16)
+
+
+def test_a_mask_narrows_only_its_own_ids_and_never_past_the_dtype():
+    from equivci.verify.masks import bounds_under_mask
+
+    ev = Evaluator(None, TermTable(), 1)
+    ids = ev.table.make("param", (0,), (), (6,), "s32")
+    other = ev.table.make("param", (1,), (), (6,), "s32")
+    c = lambda v: ev.const(np.full((6,), v, np.int32), "s32")  # noqa: E731
+    test = lambda x, lo, hi: ev.normal("binary", ("and",), [  # noqa: E731
+        ev.normal("binary", ("compare-GE:s32",), [x, c(lo)], Shape("pred", (6,))),
+        ev.normal("binary", ("compare-LT:s32",), [x, c(hi)], Shape("pred", (6,)))], Shape("pred", (6,)))
+    shifted = ev.normal("binary", ("subtract",), [ids, c(8)], Shape("s32", (6,)))
+    assert bounds_under_mask(ev, test(ids, 8, 16), shifted) == (0, 7)
+    assert bounds_under_mask(ev, test(other, 8, 16), shifted) is None  # a test of other ids says nothing
+    below = ev.normal("binary", ("compare-LT:s32",), [ids, c(16)], Shape("pred", (6,)))
+    assert bounds_under_mask(ev, below, shifted) is None  # ids - 8 may wrap around below
+    ev.bounds[ids] = (0.0, 31.0)
+    assert bounds_under_mask(ev, below, shifted) == (-8, 7)

@@ -116,7 +116,11 @@ def bounds_under_mask(ev: "Evaluator", p: Term, a: Term) -> tuple[float, float] 
         return None
     if w.hi <= w.lo:  # the test never holds: `a` is never chosen
         return None
-    return float(w.lo - shift), float(w.hi - 1 - shift)
+    lo, hi = w.lo - shift, w.hi - 1 - shift
+    limits = np.iinfo({"s": "int", "u": "uint"}[a.dtype[0]] + a.dtype[1:])
+    if not (limits.min <= lo and hi <= limits.max):  # x - c could wrap around: no bounds
+        return None
+    return float(lo), float(hi)
 
 
 def laid_out_window(ev: "Evaluator", m: Term) -> tuple[Window, np.ndarray] | None:
