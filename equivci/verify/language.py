@@ -133,6 +133,11 @@ def aligned_lhs(key: StringLike, k: i64Like) -> i64: ...  # aligned lhs dim -> o
 def aligned_rhs(key: StringLike, k: i64Like) -> i64: ...  # aligned rhs dim -> output dim
 @function
 def aligned_fixed(key: StringLike, o: i64Like) -> i64: ...  # size of an output dim set by the op's attributes
+@function
+def repeat_dim(reshape: StringLike, bcast: StringLike) -> i64: ...  # reshape(bcast(y)) repeats y along this dim
+@function
+def repeat_count(reshape: StringLike, bcast: StringLike) -> i64: ...  # ... this many times (terms.repeat_form)
+repeat_window = relation("repeat_window", i64, i64, i64)  # (n, width, c): 0 <= c <= n - width, for repeat counts n
 
 
 related = relation("related", T)  # equal to a slice of a reference value
@@ -140,7 +145,7 @@ reference = relation("reference", T)  # a value the reference program computes (
 
 x, y, z, w, e = vars_("x y z w e", T)
 d, d2, a, b, c, g, n, m, o, k, j, s1, s2 = vars_("d d2 a b c g n m o k j s1 s2", i64)
-op, spec, spec2, key = vars_("op spec spec2 key", String)
+op, spec, spec2, spec3, key = vars_("op spec spec2 spec3 key", String)
 REDUCER_OF = {"add": "add", "maximum": "maximum", "minimum": "minimum"}
 COMMUTATIVE = ("add", "multiply", "maximum", "minimum", "and", "or", "xor")
 
@@ -296,6 +301,20 @@ layouts = ruleset(
         union(e).with_(T.reshape(spec, x.slice(k, a * s2 / s1, b * s2 / s1)))),
 )
 
+# -- repeats (jnp.repeat: reshape(bcast(y)) with each index of y along d repeated n times in a row)
+# A window inside one group of a repeat is one element of y along d, repeated: it is any window of
+# the same width inside the same group of a reference repeat of y with another count (a shard's
+# KV head repeated for its query heads is the reference's KV heads repeated for all of them, at
+# the shard's query heads). Only repeat forms fire (an unguarded reshape/bcast match blew up the
+# e-graph) and only onto reference values; each match adds one window per offset c in the group.
+repeats = ruleset(
+    rule(eq(e).to(T.reshape(spec, T.bcast(spec2, y)).slice(d, a, b)), eq(d).to(repeat_dim(spec, spec2)),
+         eq(n).to(repeat_count(spec, spec2)), eq(a / n).to((b - 1) / n),
+         eq(x).to(T.reshape(spec3, T.bcast(key, y))), reference(x), eq(d).to(repeat_dim(spec3, key)),
+         eq(m).to(repeat_count(spec3, key)), ne(m).to(n), eq(k).to(b - a), repeat_window(m, k, c)).then(
+        union(e).with_(x.slice(d, (a / n) * m + c, (a / n) * m + c + k))),
+)
+
 # -- dynamic slices and updates: slices of the other dims pass through (the clamped start depends
 # only on the sizes along the dynamic dim), so a device's window of a stacked weight or of a
 # per-layer output buffer is the window of the reference's at the same counter ---------------
@@ -314,5 +333,5 @@ relations = ruleset(
     rule(related(x), eq(e).to(T.transpose(spec, x))).then(related(e)),
 )
 
-REWRITES = slices | elementwise | concats | dots | reductions | aligned | layouts | dynamic
+REWRITES = slices | elementwise | concats | dots | reductions | aligned | layouts | repeats | dynamic
 
