@@ -537,6 +537,15 @@ def bcast_shrink(rng, b: B):
     return b.sl(b.bcast(x, out, dims), o, lo, hi), b.bcast(x, small, dims)
 
 
+def bcast_onto_reference(rng, b: B):
+    """A broadcast to fewer rows along a new dim is the leading window of the wider one."""
+    x, out, dims = _bcast_setup(rng, b)
+    o = int(rng.choice([v for v in range(len(out)) if v not in dims]))
+    small = list(out)
+    small[o] = int(rng.integers(1, out[o]))
+    return b.bcast(x, small, dims), b.sl(b.bcast(x, out, dims), o, 0, small[o])
+
+
 def _transpose_setup(rng, b: B):
     rank = int(rng.integers(2, 4))
     x = b.param(0, rshape(rng, rank))
@@ -737,6 +746,8 @@ RULES = {
     # Same for the shrink rule itself.
     "layouts/bcast_shrink": (L.layouts, bcast_shrink, True),
     "layouts/bcast_as_slice": (L.layouts, bcast_as_slice, True),
+    # The wider broadcast is a reference value and pairs the specs: the rhs is loaded too.
+    "layouts/bcast_onto_reference": (L.layouts, bcast_onto_reference, True),
     "layouts/transpose_lift": (L.layouts, transpose_lift, False),
     "layouts/transpose_push": (L.layouts, transpose_push, False),
     "layouts/binary_transpose_lift": (L.layouts, binary_transpose_lift, False),

@@ -25,7 +25,6 @@ NOT_PROVEN_YET = {
 }
 # buggy model -> where the finding lands instead of the defective line
 NOT_LOCALIZED_YET = {
-    "gqa-tp4-kv2-round-robin": "points at repeat_kv in common.py",
 }
 
 

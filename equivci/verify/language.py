@@ -283,6 +283,10 @@ layouts = ruleset(
     rule(eq(e).to(T.bcast(spec, y)), eq(w).to(x.slice(d, a, b)), eq(b - a).to(bcast_new(spec, d)),
          eq(n).to(dim(x, d)), eq(spec2).to(bcast_shrink(spec, d, n))).then(
         union(e).with_(T.bcast(spec2, y).slice(d, a, b))),
+    # A broadcast to a smaller size along a new dim than the reference's broadcast of the same value
+    # is its leading window (a shard repeating its KV head fewer times than the reference does).
+    rule(eq(e).to(T.bcast(spec, y)), eq(x).to(T.bcast(spec2, y)), reference(x), eq(spec).to(bcast_shrink(spec2, o, k)),
+         eq(n).to(bcast_new(spec2, o)), k < n).then(union(e).with_(x.slice(o, 0, k))),
     rule(eq(e).to(T.transpose(spec, x.slice(k, a, b))), eq(o).to(perm_out(spec, k))).then(
         union(e).with_(T.transpose(spec, x).slice(o, a, b))),
     rule(eq(e).to(T.transpose(spec, x).slice(o, a, b)), eq(k).to(perm_in(spec, o))).then(
