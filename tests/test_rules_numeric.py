@@ -623,6 +623,15 @@ def repeat_shift(rng, b: B):
             b.sl(b.repeat(y, d, m), d, g * m + c, g * m + c + width))
 
 
+def repeat_one_row(rng, b: B):
+    """One element of y along d is a width-1 window in its group of a repeat of y."""
+    y = b.param(0, rshape(rng, int(rng.integers(1, 4))))
+    d = int(rng.integers(len(y.shape)))
+    m, g = int(rng.integers(2, 6)), int(rng.integers(y.shape[d]))
+    c = int(rng.integers(m))
+    return b.sl(y, d, g, g + 1), b.sl(b.repeat(y, d, m), d, g * m + c, g * m + c + 1)
+
+
 def _binary_bcast(rng, b: B):
     """x sliced along d, combined with a broadcast whose dim d is new (e.g. a bias, a mask row)."""
     shape, d, lo, hi = _elementwise_setup(rng, b)
@@ -755,6 +764,7 @@ RULES = {
     "layouts/reshape_push": (L.layouts, reshape_push, False),
     # The rhs's repeat is a reference value and seeds the repeat tables: it is loaded too.
     "repeats/shift": (L.repeats, repeat_shift, True),
+    "repeats/one_row": (L.repeats, repeat_one_row, True),
     "dynamic/dslice_lift": (L.dynamic, dslice_lift, False),
     "dynamic/dupdate_lift": (L.dynamic, dupdate_lift, False),
 }
@@ -837,20 +847,24 @@ def test_reshape_of_a_size_one_shard() -> None:
     assert proves(device, target)
 
 
-def test_gqa_shard_repeating_its_kv_head_is_the_reference_at_its_query_heads() -> None:
-    """8 query heads on 2 KV heads at tp=4: shard i projects KV head i // 2 with its columns of wk,
-    repeats it for its 2 query heads, and attends: that is the reference's attention (every KV
-    head repeated 4 times) at query heads 2i, 2i + 1."""
+@pytest.mark.parametrize("tp", [4, 8])
+def test_gqa_shard_repeating_its_kv_head_is_the_reference_at_its_query_heads(tp: int) -> None:
+    """8 query heads on 2 KV heads: shard i projects KV head (i * per) // 4 with its columns of wk,
+    repeats it for its per = 8 / tp query heads (tp=8: one, no repeat), and attends: that is the
+    reference's attention (every KV head repeated 4 times) at query heads per * i ... per * i + per - 1."""
     b = B()
     x, wq, wk = b.param(0, (3, 4)), b.param(1, (4, 8 * 2)), b.param(2, (4, 2 * 2))
     spec = ([1], [1], [2], [2])  # per head: batch over heads, contract over the head dim
     heads = lambda t, h: b.reshape(t, (3, h, 2))  # noqa: E731
     k_rep = b.repeat(heads(b.dot(x, wk, [], [], [1], [0]), 2), 1, 4)
     reference = b.dot(heads(b.dot(x, wq, [], [], [1], [0]), 8), k_rep, *spec)
-    for i in range(4):
-        q = heads(b.dot(x, b.sl(wq, 1, 4 * i, 4 * i + 4), [], [], [1], [0]), 2)
-        k = heads(b.dot(x, b.sl(wk, 1, 2 * (i // 2), 2 * (i // 2) + 2), [], [], [1], [0]), 1)
-        device, target = b.dot(q, b.repeat(k, 1, 2), *spec), b.sl(reference, 0, 2 * i, 2 * i + 2)
+    per = 8 // tp
+    for i in range(tp):
+        q = heads(b.dot(x, b.sl(wq, 1, 2 * per * i, 2 * per * (i + 1)), [], [], [1], [0]), per)
+        g = per * i // 4
+        k = heads(b.dot(x, b.sl(wk, 1, 2 * g, 2 * g + 2), [], [], [1], [0]), 1)
+        device = b.dot(q, b.repeat(k, 1, per) if per > 1 else k, *spec)
+        target = b.sl(reference, 0, per * i, per * (i + 1))
         assert agree(device, target)
         assert proves(device, target, references=(k_rep,)), f"shard {i}"
 
@@ -876,6 +890,8 @@ def _near_misses():
     cases["repeat_window_across_groups"] = (b.sl(rep2, 1, 1, 3), b.sl(rep4, 1, 2, 4), rep4)
     # KV head 1 repeated where the reference repeats KV head 0 (gqa-tp4-kv2-round-robin, shard 1)
     cases["repeat_window_other_group"] = (b.sl(rep2, 1, 2, 4), b.sl(rep4, 1, 2, 4), rep4)
+    # two elements of y are two groups, not one
+    cases["repeat_two_rows_are_not_one_group"] = (b.sl(y, 1, 0, 2), b.sl(rep4, 1, 0, 2), rep4)
     tile = b.reshape(b.bcast(y, (3, 4, 2, 5), [0, 2, 3]), (3, 8, 5))
     cases["tile_is_not_a_repeat"] = (b.sl(tile, 1, 0, 2), b.sl(rep4, 1, 0, 2), rep4)
 

@@ -873,7 +873,6 @@ class _Tracer:
                                   f"up with `{other}`, whose window moves with the device: an offset by the device's "
                                   "position (axis_index) is missing.")
 
-
     def misaligned_window(self, event: Event) -> Defect | None:
         """Operands that are slices of the right values, but one's window moves back along a mesh
         axis (a round-robin pick of a replicated weight's part): it pairs with other devices' parts."""
