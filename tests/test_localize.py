@@ -57,6 +57,31 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(TP, None)), out_specs=P())(x, w, wo)
 
 
+    def gated_tp_rotated_inline(x, w, wo, *, mesh):
+        n, cols = mesh.shape[TP], H // mesh.shape[TP]
+
+        def body(x, w, wo):
+            i = lax.axis_index(TP)
+            w_a = lax.dynamic_slice_in_dim(w, i * cols, cols, axis=1)
+            w_b = lax.dynamic_slice_in_dim(w, H + ((i + 1) % n) * cols, cols, axis=1)  # MARK:rotated
+            return lax.psum(((x @ w_a) * (x @ w_b)) @ lax.dynamic_slice_in_dim(wo, i * cols, cols, axis=0), TP)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P()), out_specs=P())(x, w, wo)
+
+
+    def gated_tp_rotated_named(x, w, wo, *, mesh):
+        n, cols = mesh.shape[TP], H // mesh.shape[TP]
+
+        def body(x, w, wo):
+            i = lax.axis_index(TP)
+            j = (i + 1) % n  # MARK:index
+            w_a = lax.dynamic_slice_in_dim(w, i * cols, cols, axis=1)
+            w_b = lax.dynamic_slice_in_dim(w, H + j * cols, cols, axis=1)
+            return lax.psum(((x @ w_a) * (x @ w_b)) @ lax.dynamic_slice_in_dim(wo, i * cols, cols, axis=0), TP)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P()), out_specs=P())(x, w, wo)
+
+
     def norm_inputs():
         return (jax.ShapeDtypeStruct((4, 16), jnp.float32),)
 
@@ -99,6 +124,10 @@ MANIFEST = textwrap.dedent(
     models:
       - {name: gated, reference: models.py:gated, distributed: models.py:gated_tp_wrong_offset,
          inputs: models.py:inputs, mesh: {tp: 2}}
+      - {name: rotated-inline, reference: models.py:gated, distributed: models.py:gated_tp_rotated_inline,
+         inputs: models.py:inputs, mesh: {tp: 4}}
+      - {name: rotated-named, reference: models.py:gated, distributed: models.py:gated_tp_rotated_named,
+         inputs: models.py:inputs, mesh: {tp: 4}}
       - {name: rms, reference: models.py:rms, distributed: models.py:rms_tp_local_width,
          inputs: models.py:norm_inputs, mesh: {tp: 2}}
       - {name: roll, reference: models.py:roll, distributed: models.py:roll_ring_left,
@@ -181,6 +210,27 @@ def test_fresh_program_wrong_offset(tmp_manifest):
     where, message, _ = localize(tmp_manifest, "gated")
     assert where.endswith(f"models.py:{line_of('offset')}")
     assert "wrong window" in message and "`x @ w_b`" in message and "reference's a" in message and "uses b" in message
+
+
+def test_round_robin_kv_head_points_at_the_index_that_picks_it(zoo_manifest):
+    # Every operand of the scores is a slice of the right reference value, but shard 1's KV head
+    # window comes back to KV head 0's on shard 2: the map from device to KV head is the defect.
+    where, message, _ = localize(zoo_manifest, "gqa-tp4-kv2-round-robin")
+    assert where == "examples/zoo/gqa.py:86"
+    assert "`kv_head`" in message and "moves back" in message and "gqa.py:87" in message
+
+
+def test_fresh_program_window_moving_back_points_at_the_slice(tmp_manifest):
+    # The start is computed in the slice call itself from the device index: the slice is the line.
+    where, message, _ = localize(tmp_manifest, "rotated-inline")
+    assert where.endswith(f"models.py:{line_of('rotated')}")
+    assert "moves back" in message and "[16:20)" in message
+
+
+def test_fresh_program_window_moving_back_points_at_the_named_index(tmp_manifest):
+    where, message, _ = localize(tmp_manifest, "rotated-named")
+    assert where.endswith(f"models.py:{line_of('index')}")
+    assert "`j`" in message and "moves back" in message
 
 
 def test_fresh_program_local_width(tmp_manifest):

@@ -21,7 +21,9 @@ from egglog import EGraph
 from equivci.verify import language as L
 from equivci.verify.load import Loader
 from equivci.verify.prove import _run, proved_equal
-from equivci.verify.terms import GatherDims, Term, TermTable, bcast_spec, gather_map, reduce_pair_map, reshape_spec, reshape_tables
+from equivci.verify.terms import (
+    GatherDims, Term, TermTable, bcast_spec, gather_map, reduce_pair_map, repeat_form, reshape_spec, reshape_tables,
+)
 
 from term_numpy import evaluate, reshape_out_shape
 
@@ -86,6 +88,13 @@ class B:
         assert shape == tuple(out_shape)
         return self.t.make("reshape", (spec,), (x,), shape, x.dtype)
 
+    def repeat(self, x: Term, d: int, n: int) -> Term:
+        """jnp.repeat(x, n, axis=d) as it lowers: a new dim of size n after d, merged into d."""
+        wide = x.shape[:d + 1] + (n,) + x.shape[d + 1:]
+        dims = [k if k <= d else k + 1 for k in range(len(x.shape))]
+        merged = x.shape[:d] + (x.shape[d] * n,) + x.shape[d + 1:]
+        return self.reshape(self.bcast(x, wide, dims), merged)
+
     def argmax2(self, x: Term, y: Term, dims, component: int) -> Term:
         """A two-operand reduce (the numpy model: max of x, or y where x is largest)."""
         aligned = reduce_pair_map(len(x.shape), tuple(dims))
@@ -121,11 +130,12 @@ def fires(lhs: Term, rhs: Term, family, preload_rhs: bool = False) -> bool:
     return proved_equal(egraph, a, b)
 
 
-def proves(lhs: Term, rhs: Term, iterations: int = FULL_ITERATIONS) -> bool:
-    """Load both sides and run every rewrite the way prove.py does."""
+def proves(lhs: Term, rhs: Term, iterations: int = FULL_ITERATIONS, references: tuple[Term, ...] = ()) -> bool:
+    """Load both sides and run every rewrite the way prove.py does (`references`: reference values)."""
     egraph = EGraph()
     loader = Loader(egraph)
     a, b = loader.expr(lhs), loader.expr(rhs)
+    loader.facts += [L.reference(loader.expr(t)) for t in references]
     loader.flush()
     _run(egraph, iterations)
     return proved_equal(egraph, a, b)
@@ -527,6 +537,15 @@ def bcast_shrink(rng, b: B):
     return b.sl(b.bcast(x, out, dims), o, lo, hi), b.bcast(x, small, dims)
 
 
+def bcast_onto_reference(rng, b: B):
+    """A broadcast to fewer rows along a new dim is the leading window of the wider one."""
+    x, out, dims = _bcast_setup(rng, b)
+    o = int(rng.choice([v for v in range(len(out)) if v not in dims]))
+    small = list(out)
+    small[o] = int(rng.integers(1, out[o]))
+    return b.bcast(x, small, dims), b.sl(b.bcast(x, out, dims), o, 0, small[o])
+
+
 def _transpose_setup(rng, b: B):
     rank = int(rng.integers(2, 4))
     x = b.param(0, rshape(rng, rank))
@@ -590,6 +609,27 @@ def reshape_lift(rng, b: B):
 def reshape_push(rng, b: B):
     x, out_shape, small_out, k, o, (ai, bi), (ao, bo) = _reshape_setup(rng, b)
     return b.sl(b.reshape(x, out_shape), o, ao, bo), b.reshape(b.sl(x, k, ai, bi), small_out)
+
+
+def repeat_shift(rng, b: B):
+    """A window inside one group of a repeat is a window in the same group of another repeat."""
+    y = b.param(0, rshape(rng, int(rng.integers(1, 4))))
+    d = int(rng.integers(len(y.shape)))
+    n, m = (int(v) for v in rng.choice(np.arange(2, 6), size=2, replace=False))
+    width = int(rng.integers(1, min(n, m) + 1))
+    g = int(rng.integers(y.shape[d]))
+    a, c = int(rng.integers(n - width + 1)), int(rng.integers(m - width + 1))
+    return (b.sl(b.repeat(y, d, n), d, g * n + a, g * n + a + width),
+            b.sl(b.repeat(y, d, m), d, g * m + c, g * m + c + width))
+
+
+def repeat_one_row(rng, b: B):
+    """One element of y along d is a width-1 window in its group of a repeat of y."""
+    y = b.param(0, rshape(rng, int(rng.integers(1, 4))))
+    d = int(rng.integers(len(y.shape)))
+    m, g = int(rng.integers(2, 6)), int(rng.integers(y.shape[d]))
+    c = int(rng.integers(m))
+    return b.sl(y, d, g, g + 1), b.sl(b.repeat(y, d, m), d, g * m + c, g * m + c + 1)
 
 
 def _binary_bcast(rng, b: B):
@@ -715,11 +755,16 @@ RULES = {
     # Same for the shrink rule itself.
     "layouts/bcast_shrink": (L.layouts, bcast_shrink, True),
     "layouts/bcast_as_slice": (L.layouts, bcast_as_slice, True),
+    # The wider broadcast is a reference value and pairs the specs: the rhs is loaded too.
+    "layouts/bcast_onto_reference": (L.layouts, bcast_onto_reference, True),
     "layouts/transpose_lift": (L.layouts, transpose_lift, False),
     "layouts/transpose_push": (L.layouts, transpose_push, False),
     "layouts/binary_transpose_lift": (L.layouts, binary_transpose_lift, False),
     "layouts/reshape_lift": (L.layouts, reshape_lift, False),
     "layouts/reshape_push": (L.layouts, reshape_push, False),
+    # The rhs's repeat is a reference value and seeds the repeat tables: it is loaded too.
+    "repeats/shift": (L.repeats, repeat_shift, True),
+    "repeats/one_row": (L.repeats, repeat_one_row, True),
     "dynamic/dslice_lift": (L.dynamic, dslice_lift, False),
     "dynamic/dupdate_lift": (L.dynamic, dupdate_lift, False),
 }
@@ -741,7 +786,8 @@ def test_rule_fires_and_is_an_identity(name: str, seed: int) -> None:
 def test_every_rule_of_the_language_is_covered() -> None:
     """A new rule in language.py must come with an instance here."""
     families = {"slices": L.slices, "elementwise": L.elementwise, "concats": L.concats, "dots": L.dots,
-                "reductions": L.reductions, "aligned": L.aligned, "layouts": L.layouts, "dynamic": L.dynamic}
+                "reductions": L.reductions, "aligned": L.aligned, "layouts": L.layouts, "repeats": L.repeats,
+                "dynamic": L.dynamic}
     for fam, rs in families.items():
         n_rules = len(rs.__egg_ruleset__.rules)
         covered = sum(1 for name in RULES if name.split("/")[0] == fam)
@@ -801,9 +847,53 @@ def test_reshape_of_a_size_one_shard() -> None:
     assert proves(device, target)
 
 
+@pytest.mark.parametrize("tp", [4, 8])
+def test_gqa_shard_repeating_its_kv_head_is_the_reference_at_its_query_heads(tp: int) -> None:
+    """8 query heads on 2 KV heads: shard i projects KV head (i * per) // 4 with its columns of wk,
+    repeats it for its per = 8 / tp query heads (tp=8: one, no repeat), and attends: that is the
+    reference's attention (every KV head repeated 4 times) at query heads per * i ... per * i + per - 1."""
+    b = B()
+    x, wq, wk = b.param(0, (3, 4)), b.param(1, (4, 8 * 2)), b.param(2, (4, 2 * 2))
+    spec = ([1], [1], [2], [2])  # per head: batch over heads, contract over the head dim
+    heads = lambda t, h: b.reshape(t, (3, h, 2))  # noqa: E731
+    k_rep = b.repeat(heads(b.dot(x, wk, [], [], [1], [0]), 2), 1, 4)
+    reference = b.dot(heads(b.dot(x, wq, [], [], [1], [0]), 8), k_rep, *spec)
+    per = 8 // tp
+    for i in range(tp):
+        q = heads(b.dot(x, b.sl(wq, 1, 2 * per * i, 2 * per * (i + 1)), [], [], [1], [0]), per)
+        g = per * i // 4
+        k = heads(b.dot(x, b.sl(wk, 1, 2 * g, 2 * g + 2), [], [], [1], [0]), 1)
+        device = b.dot(q, b.repeat(k, 1, per) if per > 1 else k, *spec)
+        target = b.sl(reference, 0, per * i, per * (i + 1))
+        assert agree(device, target)
+        assert proves(device, target, references=(k_rep,)), f"shard {i}"
+
+
+def test_repeat_form_is_read_from_the_specs() -> None:
+    b = B()
+    y = b.param(0, (3, 2, 5))
+    rep = b.repeat(y, 1, 4)
+    assert repeat_form(rep.attrs[0], rep.args[0].attrs[0]) == (1, 4)
+    # jnp.tile's layout (the new dim before the repeated one): index p is y's p % n, not p // n
+    tile = b.reshape(b.bcast(y, (3, 4, 2, 5), [0, 2, 3]), (3, 8, 5))
+    assert repeat_form(tile.attrs[0], tile.args[0].attrs[0]) is None
+
+
 # -- near misses: must NOT be proved ------------------------------------------------------------
 def _near_misses():
     cases = {}
+
+    b = B()
+    y = b.param(0, (3, 2, 5))
+    rep2, rep4 = b.repeat(y, 1, 2), b.repeat(y, 1, 4)
+    # a window across two groups holds two KV heads, a window in one group of rep4 only one
+    cases["repeat_window_across_groups"] = (b.sl(rep2, 1, 1, 3), b.sl(rep4, 1, 2, 4), rep4)
+    # KV head 1 repeated where the reference repeats KV head 0 (gqa-tp4-kv2-round-robin, shard 1)
+    cases["repeat_window_other_group"] = (b.sl(rep2, 1, 2, 4), b.sl(rep4, 1, 2, 4), rep4)
+    # two elements of y are two groups, not one
+    cases["repeat_two_rows_are_not_one_group"] = (b.sl(y, 1, 0, 2), b.sl(rep4, 1, 0, 2), rep4)
+    tile = b.reshape(b.bcast(y, (3, 4, 2, 5), [0, 2, 3]), (3, 8, 5))
+    cases["tile_is_not_a_repeat"] = (b.sl(tile, 1, 0, 2), b.sl(rep4, 1, 0, 2), rep4)
 
     b = B()
     x, y = b.param(0, (3, 8)), b.param(1, (8, 5))
@@ -879,10 +969,10 @@ NEAR_MISSES = _near_misses()
 
 @pytest.mark.parametrize("name", list(NEAR_MISSES))
 def test_near_miss_is_not_proved(name: str) -> None:
-    lhs, rhs = NEAR_MISSES[name]
+    lhs, rhs, *references = NEAR_MISSES[name]  # then the terms that are reference values
     assert lhs.shape == rhs.shape
     assert differ(lhs, rhs), f"{name}: the near miss is numerically equal, pick another"
-    assert not proves(lhs, rhs), f"{name}: proved equal although the values differ"
+    assert not proves(lhs, rhs, references=tuple(references)), f"{name}: proved equal although the values differ"
 
 
 # -- soundness fuzz: whatever the rules prove equal must be numerically equal ------------------

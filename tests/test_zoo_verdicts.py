@@ -19,13 +19,9 @@ from zoo_cases import REPO, cases
 ZOO = [c for c in cases() if c.manifest_rel == "configs/zoo.yaml"]
 
 # correct model -> the relation or rule it lacks
-NOT_PROVEN_YET = {
-    "gqa-tp4-kv2-replicated": "jnp.repeat of KV heads: broadcast+reshape interleaving is not related to slices",
-}
+NOT_PROVEN_YET: dict[str, str] = {}
 # buggy model -> where the finding lands instead of the defective line
-NOT_LOCALIZED_YET = {
-    "gqa-tp4-kv2-round-robin": "points at repeat_kv in common.py",
-}
+NOT_LOCALIZED_YET: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")

@@ -133,6 +133,11 @@ def aligned_lhs(key: StringLike, k: i64Like) -> i64: ...  # aligned lhs dim -> o
 def aligned_rhs(key: StringLike, k: i64Like) -> i64: ...  # aligned rhs dim -> output dim
 @function
 def aligned_fixed(key: StringLike, o: i64Like) -> i64: ...  # size of an output dim set by the op's attributes
+@function
+def repeat_dim(reshape: StringLike, bcast: StringLike) -> i64: ...  # reshape(bcast(y)) repeats y along this dim
+@function
+def repeat_count(reshape: StringLike, bcast: StringLike) -> i64: ...  # ... this many times (terms.repeat_form)
+repeat_window = relation("repeat_window", i64, i64, i64)  # (n, width, c): 0 <= c <= n - width, for repeat counts n
 
 
 related = relation("related", T)  # equal to a slice of a reference value
@@ -140,7 +145,7 @@ reference = relation("reference", T)  # a value the reference program computes (
 
 x, y, z, w, e = vars_("x y z w e", T)
 d, d2, a, b, c, g, n, m, o, k, j, s1, s2 = vars_("d d2 a b c g n m o k j s1 s2", i64)
-op, spec, spec2, key = vars_("op spec spec2 key", String)
+op, spec, spec2, spec3, key = vars_("op spec spec2 spec3 key", String)
 REDUCER_OF = {"add": "add", "maximum": "maximum", "minimum": "minimum"}
 COMMUTATIVE = ("add", "multiply", "maximum", "minimum", "and", "or", "xor")
 
@@ -278,6 +283,10 @@ layouts = ruleset(
     rule(eq(e).to(T.bcast(spec, y)), eq(w).to(x.slice(d, a, b)), eq(b - a).to(bcast_new(spec, d)),
          eq(n).to(dim(x, d)), eq(spec2).to(bcast_shrink(spec, d, n))).then(
         union(e).with_(T.bcast(spec2, y).slice(d, a, b))),
+    # A broadcast to a smaller size along a new dim than the reference's broadcast of the same value
+    # is its leading window (a shard repeating its KV head fewer times than the reference does).
+    rule(eq(e).to(T.bcast(spec, y)), eq(x).to(T.bcast(spec2, y)), reference(x), eq(spec).to(bcast_shrink(spec2, o, k)),
+         eq(n).to(bcast_new(spec2, o)), k < n).then(union(e).with_(x.slice(o, 0, k))),
     rule(eq(e).to(T.transpose(spec, x.slice(k, a, b))), eq(o).to(perm_out(spec, k))).then(
         union(e).with_(T.transpose(spec, x).slice(o, a, b))),
     rule(eq(e).to(T.transpose(spec, x).slice(o, a, b)), eq(k).to(perm_in(spec, o))).then(
@@ -294,6 +303,24 @@ layouts = ruleset(
          eq(s1).to(rs_in_tail(spec, k)), eq(s2).to(rs_out_tail(spec, k)),
          eq((a * s2) % s1).to(i64(0)), eq((b * s2) % s1).to(i64(0))).then(
         union(e).with_(T.reshape(spec, x.slice(k, a * s2 / s1, b * s2 / s1)))),
+)
+
+# -- repeats (jnp.repeat: reshape(bcast(y)) with each index of y along d repeated n times in a row)
+# A window inside one group of a repeat is one element of y along d, repeated: it is any window of
+# the same width inside the same group of a reference repeat of y with another count (a shard's
+# KV head repeated for its query heads is the reference's KV heads repeated for all of them, at
+# the shard's query heads). One element of y along d is such a window too (a shard with one query
+# head does not repeat its KV head). The rules match only repeat forms (tables seeded from Python)
+# and only reference values as targets; each match adds one window per offset c in the group.
+repeats = ruleset(
+    rule(eq(e).to(T.reshape(spec, T.bcast(spec2, y)).slice(d, a, b)), eq(d).to(repeat_dim(spec, spec2)),
+         eq(n).to(repeat_count(spec, spec2)), eq(a / n).to((b - 1) / n),
+         eq(x).to(T.reshape(spec3, T.bcast(key, y))), reference(x), eq(d).to(repeat_dim(spec3, key)),
+         eq(m).to(repeat_count(spec3, key)), ne(m).to(n), eq(k).to(b - a), repeat_window(m, k, c)).then(
+        union(e).with_(x.slice(d, (a / n) * m + c, (a / n) * m + c + k))),
+    rule(eq(e).to(y.slice(d, a, b)), eq(b).to(a + 1), eq(x).to(T.reshape(spec, T.bcast(spec2, y))), reference(x),
+         eq(d).to(repeat_dim(spec, spec2)), eq(m).to(repeat_count(spec, spec2)), repeat_window(m, i64(1), c)).then(
+        union(e).with_(x.slice(d, a * m + c, a * m + c + 1))),
 )
 
 # -- dynamic slices and updates: slices of the other dims pass through (the clamped start depends
@@ -314,5 +341,5 @@ relations = ruleset(
     rule(related(x), eq(e).to(T.transpose(spec, x))).then(related(e)),
 )
 
-REWRITES = slices | elementwise | concats | dots | reductions | aligned | layouts | dynamic
+REWRITES = slices | elementwise | concats | dots | reductions | aligned | layouts | repeats | dynamic
 

@@ -11,7 +11,7 @@ from egglog.runtime import RuntimeExpr
 
 from equivci.verify import language as L
 from equivci.verify.language import T, TList
-from equivci.verify.terms import AlignedMap, Term, bcast_form, compose_bcast, reshape_spec, reshape_tables
+from equivci.verify.terms import AlignedMap, Term, bcast_form, compose_bcast, repeat_form, reshape_spec, reshape_tables
 
 
 def _ints(text: str) -> list[int]:
@@ -85,6 +85,8 @@ class Loader:
             if alternative is not None and alternative != at[0]:
                 self._seed_reshape(alternative)
                 self.facts.append(union(ex).with_(T.reshape(alternative, args[0])))
+            if t.args[0].op == "bcast":
+                self._seed_repeat(at[0], t.args[0].attrs[0])
             as_bcast = bcast_form(t)
             if as_bcast is not None:  # inserting size-1 dims is also a broadcast (relates to wider ones)
                 self._seed_bcast(as_bcast[0], len(t.args[0].shape))
@@ -221,6 +223,19 @@ class Loader:
                 self._seed_bcast(a, 0)
                 self._seed_bcast(b, 0)
                 self.facts.append(set_(L.bcast_shrink(String(a), i64(o), i64(int(there[o][1:])))).to(String(b)))
+
+    def _seed_repeat(self, reshape: str, bcast: str) -> None:
+        """The repeat tables of reshape(bcast(y)) when it is a jnp.repeat (the `repeats` rules fire
+        only on these), and the windows inside a group of its count."""
+        form = repeat_form(reshape, bcast)
+        if form is None or not self._once("repeat", f"{reshape}/{bcast}"):
+            return
+        d, n = form
+        self.facts.append(set_(L.repeat_dim(String(reshape), String(bcast))).to(i64(d)))
+        self.facts.append(set_(L.repeat_count(String(reshape), String(bcast))).to(i64(n)))
+        if self._once("repeat_window", str(n)):
+            self.facts += [L.repeat_window(i64(n), i64(width), i64(c))
+                           for width in range(1, n + 1) for c in range(n - width + 1)]
 
     def _seed_aligned(self, key: str, spec: str) -> None:
         if not self._once("aligned", key):

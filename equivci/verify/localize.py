@@ -75,32 +75,60 @@ def param_slices(term: Term, limit: int = 400) -> set[tuple[int, int, int, int]]
     return found
 
 
-def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Event, str] | None:
-    """The op that cut a slice whose offsets across devices are out of device order."""
+def input_windows(operands: list[list[Term]]) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """(input leaf, dim) -> the window of it each device's operands hold, where each holds one."""
     if not operands or any(len(op) != len(operands[0]) for op in operands):
-        return None
+        return {}
     per_device = [set().union(*(param_slices(op[dev]) for op in operands)) for dev in range(len(operands[0]))]
     by_key: dict[tuple[int, int], list[list[tuple[int, int]]]] = {}
     for dev, slices in enumerate(per_device):
         for leaf, dim, start, stop in slices:
             by_key.setdefault((leaf, dim), [[] for _ in per_device])[dev].append((start, stop))
-    for (leaf, dim), ranges in by_key.items():
-        if any(len(r) != 1 for r in ranges):
-            continue
-        spans = list(dict.fromkeys(r[0] for r in ranges))
+    return {key: [r[0] for r in ranges] for key, ranges in by_key.items() if all(len(r) == 1 for r in ranges)}
+
+
+def cutter(events: list[Event], leaf: int, dim: int, ranges: list[tuple[int, int]]) -> Event | None:
+    """The op that cut these windows of input `leaf` along `dim`."""
+    target = {(leaf, dim) + r for r in ranges}
+    for event in events:
+        terms = _terms(event)
+        if terms and any(t.op == "slice" and t.args[0].op == "param"
+                         and (t.args[0].attrs[0], t.attrs[0], t.attrs[1], t.attrs[2]) in target for t in terms):
+            return event
+    return None
+
+
+def _shown(ranges: list[tuple[int, int]]) -> str:
+    return ", ".join(f"[{a}:{b})" for a, b in ranges)
+
+
+def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Event, str] | None:
+    """The op that cut a slice whose offsets across devices are out of device order."""
+    for (leaf, dim), ranges in input_windows(operands).items():
+        spans = list(dict.fromkeys(ranges))
         # Shards of one tensor, in the order devices first hold them, tile a contiguous range
         # (devices that differ only along another mesh axis hold the same shard).
         if any(prev[1] != cur[0] for prev, cur in zip(spans, spans[1:])):
-            target = {(leaf, dim) + ranges[dev][0] for dev in range(len(ranges))}
-            for event in events:
-                terms = _terms(event)
-                if terms and any(t.op == "slice" and t.args[0].op == "param"
-                                 and (t.args[0].attrs[0], t.attrs[0], t.attrs[1], t.attrs[2]) in target for t in terms):
-                    shown = ", ".join(f"[{a}:{b})" for (a, b), in ranges)
-                    return event, (f"this slice of input #{leaf} along dim {dim} takes {shown} on devices "
-                                   f"0..{len(ranges) - 1}: these are not consecutive shards in device "
-                                   "order (overlapping, out of order or with gaps), so the devices do not hold the "
-                                   "parts the other operand expects")
+            event = cutter(events, leaf, dim, ranges)
+            if event is not None:
+                return event, (f"this slice of input #{leaf} along dim {dim} takes {_shown(ranges)} on devices "
+                               f"0..{len(ranges) - 1}: these are not consecutive shards in device "
+                               "order (overlapping, out of order or with gaps), so the devices do not hold the "
+                               "parts the other operand expects")
+    return None
+
+
+def window_goes_back(ranges: list[tuple[int, int]], groups_by_axis: dict[str, list[list[int]]]):
+    """(axis, device, next device) where the window moves back along a mesh axis, if it does.
+
+    Block layouts (a shard per device, or one per run of consecutive devices) only move forward
+    along every axis; a window that comes back (round-robin) pairs with other devices' parts.
+    """
+    for axis, groups in groups_by_axis.items():
+        for group in groups:
+            for a, b in zip(group, group[1:]):
+                if ranges[b][0] < ranges[a][0]:
+                    return axis, a, b
     return None
 
 
@@ -260,7 +288,7 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
         if reference_events and not partial_operand:
             devices = [dev for dev, t in enumerate(terms) if not is_related(proof, t, constants)]
             try:
-                traced = _Tracer(events, reference_events, proof, evaluator).explain(event, devices)
+                traced = _Tracer(events, reference_events, proof, evaluator, groups_by_axis).explain(event, devices)
             except Exception:  # a heuristic: never let it cost the finding the plain rule gives
                 traced = None
             if traced is not None:
@@ -596,8 +624,10 @@ def _assigned_at(scope: ast.AST, name: str, before: int) -> int | None:
 
 
 class _Tracer:
-    def __init__(self, events: list[Event], reference_events: list[Event], proof: Proof, evaluator):
-        self.proof, self.evaluator = proof, evaluator
+    def __init__(self, events: list[Event], reference_events: list[Event], proof: Proof, evaluator,
+                 groups_by_axis: dict[str, list[list[int]]]):
+        self.proof, self.evaluator, self.groups_by_axis = proof, evaluator, groups_by_axis
+        self.events = events
         self.by_name = {e.inst.name: e for e in events}
         self.ref_by_name = {e.inst.name: e for e in reference_events}
         self.reference_events = reference_events
@@ -723,7 +753,7 @@ class _Tracer:
             if bad:
                 defect = self.wrong_operand(event, ref, bad[0], dev)
             else:
-                defect = self.fixed_window(event, ref, devices)
+                defect = self.fixed_window(event, ref, devices) or self.misaligned_window(event)
             if defect is not None:
                 return defect
         return None
@@ -842,6 +872,50 @@ class _Tracer:
                                   f"`{name}` in the `{event.inst.opcode}` at {_where(_loc(event.inst))} does not line "
                                   f"up with `{other}`, whose window moves with the device: an offset by the device's "
                                   "position (axis_index) is missing.")
+
+    def misaligned_window(self, event: Event) -> Defect | None:
+        """Operands that are slices of the right values, but one's window moves back along a mesh
+        axis (a round-robin pick of a replicated weight's part): it pairs with other devices' parts."""
+        for k, op in enumerate(self.operands(event)):
+            if op is None or _terms(op) is None:
+                continue
+            for (leaf, dim), ranges in input_windows([list(op.values)]).items():
+                back = window_goes_back(ranges, self.groups_by_axis)
+                cut = cutter(self.events, leaf, dim, ranges) if back else None
+                if cut is None or _loc(cut.inst) is None:
+                    continue
+                axis, a, b = back
+                name = _operand_name(event.inst, k) or f"operand {k + 1}"
+                lead = (f"this slice of input #{leaf} along dim {dim} takes {_shown(ranges)} on devices "
+                        f"0..{len(ranges) - 1}: along mesh axis '{axis}' the window moves back (device {b} takes "
+                        f"[{ranges[b][0]}:{ranges[b][1]}) after device {a}'s [{ranges[a][0]}:{ranges[a][1]})), so "
+                        f"`{name}` in the `{event.inst.opcode}` at {_where(_loc(event.inst))} is a part of the "
+                        "reference's that does not line up with the other operands' parts")
+                return self.at_index_origin(cut, lead) or Defect(cut.inst, lead + ".")
+        return None
+
+    def at_index_origin(self, cut: Event, lead: str) -> Defect | None:
+        """Point at the Python line that computes the device-dependent index a dynamic slice starts
+        at (`kv_head = i % n` used as `kv_head * HEAD_DIM`): where the device-to-part map is written."""
+        loc = _loc(cut.inst)
+        found = _statement(*loc)
+        calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "dynamic_slice" in _callee(n)] if found else []
+        if len(calls) != 1 or len(calls[0].args) < 2:
+            return None
+        names = [n.id for n in ast.walk(calls[0].args[1]) if isinstance(n, ast.Name)]
+        for func in reversed(found[1]):
+            for name in names:
+                line = _assigned_at(func, name, loc[1])
+                bound = _statement(loc[0], line) if line is not None else None
+                value = getattr(bound[0], "value", None) if bound else None
+                # computed on the device (it emitted ops), from more than the device index itself
+                if value is None or (loc[0], line) not in self.op_lines or \
+                        (isinstance(value, ast.Call) and _callee(value) == "axis_index"):
+                    continue
+                stack = (SourceLoc(loc[0], line, func.name),) + tuple(cut.inst.stack)
+                return Defect(dataclasses.replace(cut.inst, stack=stack),
+                              f"`{name}` is computed here and gives the start of the slice at {_where(loc)}: {lead}.")
+        return None
 
 
 def _window(t: Term | None) -> tuple[Term, tuple] | None:

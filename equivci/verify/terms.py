@@ -163,6 +163,25 @@ def bcast_form(term: Term) -> tuple[str, Term] | None:
     return None
 
 
+def repeat_form(reshape: str, bcast: str) -> tuple[int, int] | None:
+    """(d, n) when reshape(reshape, bcast(bcast, y)) is jnp.repeat(y, n, axis=d): the broadcast
+    inserts one new dim of size n right after dim d and keeps the others in order, and the reshape
+    merges dims d and d + 1 and keeps the others. Output index p along d is then y's index p // n.
+    Read from the specs alone, so it holds whatever the operand's sizes."""
+    parts = bcast.split(",") if bcast else []
+    new = [o for o, p in enumerate(parts) if p.startswith("n")]
+    if len(new) != 1 or new[0] == 0:
+        return None
+    p = new[0]
+    n = int(parts[p][1:])
+    if n < 2 or parts != [f"i{o}" for o in range(p)] + [f"n{n}"] + [f"i{o}" for o in range(p, len(parts) - 1)]:
+        return None
+    groups = reshape.split(";")
+    expected = ["1:>1:"] * (len(parts) - 1)
+    expected[p - 1] = f"2:{n}>1:"
+    return (p - 1, n) if groups == expected else None
+
+
 def compose_bcast(inner: str, outer: str) -> str:
     """The spec of bcast(bcast(x, inner), outer) as one broadcast of x."""
     inner_parts = inner.split(",") if inner else []
