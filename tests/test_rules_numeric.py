@@ -654,6 +654,32 @@ def binary_bcast_lift_right(rng, b: B):
     return b.bi(op, small, b.sl(x, d, lo, hi)), b.sl(b.bi(op, full, x), d, lo, hi)
 
 
+def _binary_bcast_nested(rng, b: B):
+    """x sliced along d (a new dim of the broadcast) under a slice of another dim d2 (RoPE's half
+    of each head of a device's heads), combined with a broadcast of that narrow shape."""
+    shape = rshape(rng, int(rng.integers(2, 4)))
+    d, d2 = (int(v) for v in rng.choice(len(shape), size=2, replace=False))
+    (lo, hi), (c, g) = rrange(rng, shape[d], proper=True), rrange(rng, shape[d2], proper=True)
+    x, op = b.param(0, shape), str(rng.choice(BINARY_OPS))
+    others = [v for v in range(len(shape)) if v != d]
+    dims = sorted(int(v) for v in rng.choice(others, size=int(rng.integers(0, len(others) + 1)), replace=False))
+    wide = [g - c if v == d2 else n for v, n in enumerate(shape)]
+    narrow = [hi - lo if v == d else n for v, n in enumerate(wide)]
+    y = b.param(1, [wide[v] for v in dims])
+    inner = b.sl(b.sl(x, d, lo, hi), d2, c, g)
+    return op, inner, b.bcast(y, narrow, dims), b.sl(x, d2, c, g), b.bcast(y, wide, dims), d, lo, hi
+
+
+def binary_bcast_lift_nested_left(rng, b: B):
+    op, inner, small, x2, full, d, lo, hi = _binary_bcast_nested(rng, b)
+    return b.bi(op, inner, small), b.sl(b.bi(op, x2, full), d, lo, hi)
+
+
+def binary_bcast_lift_nested_right(rng, b: B):
+    op, inner, small, x2, full, d, lo, hi = _binary_bcast_nested(rng, b)
+    return b.bi(op, small, inner), b.sl(b.bi(op, full, x2), d, lo, hi)
+
+
 def bcast_as_slice(rng, b: B):
     x, y, op, d, lo, hi, small, full = _binary_bcast(rng, b)
     return small, b.sl(full, d, lo, hi)
@@ -719,13 +745,16 @@ RULES = {
     "slices/rebase": (L.slices, slice_rebase, True),
     "elementwise/unary_lift": (L.elementwise, unary_lift, False),
     "elementwise/unary_push": (L.elementwise, unary_push, False),
-    "elementwise/binary_lift": (L.elementwise, binary_lift, False),
+    # Lifts onto an existing term only (the reference's): the rhs is loaded too.
+    "elementwise/binary_lift": (L.elementwise, binary_lift, True),
     "elementwise/binary_push": (L.elementwise, binary_push, False),
     "elementwise/unary_reshape_lift": (L.elementwise, unary_reshape_lift, False),
     "elementwise/binary_reshape_lift": (L.elementwise, binary_reshape_lift, False),
     # The bcast_shrink table pairs two broadcast specs only when both occur: the rhs is loaded too.
     "elementwise/binary_bcast_lift_left": (L.elementwise, binary_bcast_lift_left, True),
     "elementwise/binary_bcast_lift_right": (L.elementwise, binary_bcast_lift_right, True),
+    "elementwise/binary_bcast_lift_nested_left": (L.elementwise, binary_bcast_lift_nested_left, True),
+    "elementwise/binary_bcast_lift_nested_right": (L.elementwise, binary_bcast_lift_nested_right, True),
     "elementwise/ternary_lift": (L.elementwise, ternary_lift, False),
     # The commuted term must exist already: the rhs is loaded too.
     **{f"elementwise/commute_{op}": (L.elementwise, _commute_existing(op), True) for op in L.COMMUTATIVE},
@@ -754,6 +783,7 @@ RULES = {
     "layouts/bcast_push": (L.layouts, bcast_push, False),
     # Same for the shrink rule itself.
     "layouts/bcast_shrink": (L.layouts, bcast_shrink, True),
+    # And the wider broadcast must be a reference value.
     "layouts/bcast_as_slice": (L.layouts, bcast_as_slice, True),
     # The wider broadcast is a reference value and pairs the specs: the rhs is loaded too.
     "layouts/bcast_onto_reference": (L.layouts, bcast_onto_reference, True),
@@ -961,6 +991,15 @@ def _near_misses():
     upd = lambda t, v: b.t.make("dupdate", (0,), (t, v, i), t.shape, F32)  # noqa: E731
     # a device's buffer window updated with another window of the update
     cases["dupdate_other_window"] = (upd(b.sl(x, 1, 0, 2), b.sl(u, 1, 2, 4)), b.sl(upd(x, u), 1, 0, 2))
+
+    b = B()
+    x, y = b.param(0, (4, 6)), b.param(1, (3,))
+    # RoPE on a device's heads [0, 2): its half [0, 3) of each head times the table, against the
+    # reference's product at the other heads, or at the other half of each head
+    rope = lambda lo, hi: b.bi("multiply", b.sl(b.sl(x, 0, 0, 2), 1, lo, hi), b.bcast(y, (2, 3), [1]))  # noqa: E731
+    whole = lambda lo, hi: b.bi("multiply", b.sl(x, 1, lo, hi), b.bcast(y, (4, 3), [1]))  # noqa: E731
+    cases["bcast_nested_other_heads"] = (rope(0, 3), b.sl(whole(0, 3), 0, 2, 4), whole(0, 3))
+    cases["bcast_nested_other_half"] = (rope(0, 3), b.sl(whole(3, 6), 0, 0, 2), whole(3, 6))
     return cases
 
 

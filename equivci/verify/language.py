@@ -194,8 +194,8 @@ slices = ruleset(
 elementwise = ruleset(
     rule(eq(e).to(T.unary(op, x.slice(d, a, b)))).then(union(e).with_(T.unary(op, x).slice(d, a, b))),
     rule(eq(e).to(T.unary(op, x).slice(d, a, b))).then(union(e).with_(T.unary(op, x.slice(d, a, b)))),
-    rule(eq(e).to(T.binary(op, x.slice(d, a, b), y.slice(d, a, b))), eq(dim(x, d)).to(dim(y, d))).then(
-        union(e).with_(T.binary(op, x, y).slice(d, a, b))),
+    rule(eq(e).to(T.binary(op, x.slice(d, a, b), y.slice(d, a, b))), eq(dim(x, d)).to(dim(y, d)),
+         eq(z).to(T.binary(op, x, y))).then(union(e).with_(z.slice(d, a, b))),
     rule(eq(e).to(T.binary(op, x, y).slice(d, a, b))).then(
         union(e).with_(T.binary(op, x.slice(d, a, b), y.slice(d, a, b)))),
     # A broadcast along a new dim is the same at every offset of that dim: it is the slice of the
@@ -204,6 +204,14 @@ elementwise = ruleset(
          eq(spec2).to(bcast_shrink(spec, d, n))).then(union(e).with_(T.binary(op, x, T.bcast(spec2, y)).slice(d, a, b))),
     rule(eq(e).to(T.binary(op, T.bcast(spec, y), x.slice(d, a, b))), eq(n).to(dim(x, d)),
          eq(spec2).to(bcast_shrink(spec, d, n))).then(union(e).with_(T.binary(op, T.bcast(spec2, y), x).slice(d, a, b))),
+    # The same under a slice of another dim: canonical slice order buries the window along the
+    # broadcast's new dim (a device's heads) beneath a window of a later dim (RoPE's half of each head).
+    rule(eq(e).to(T.binary(op, x.slice(d, a, b).slice(d2, c, g), T.bcast(spec, y))), ne(d2).to(d), eq(n).to(dim(x, d)),
+         eq(spec2).to(bcast_shrink(spec, d, n))).then(
+        union(e).with_(T.binary(op, x.slice(d2, c, g), T.bcast(spec2, y)).slice(d, a, b))),
+    rule(eq(e).to(T.binary(op, T.bcast(spec, y), x.slice(d, a, b).slice(d2, c, g))), ne(d2).to(d), eq(n).to(dim(x, d)),
+         eq(spec2).to(bcast_shrink(spec, d, n))).then(
+        union(e).with_(T.binary(op, T.bcast(spec2, y), x.slice(d2, c, g)).slice(d, a, b))),
     # x op y is y op x for a commutative op: only between terms that both exist (one side wrote
     # `gate * y`, the other `y * gate`), so the rule joins e-classes and never adds terms.
     *[rule(eq(e).to(T.binary(c, x, y)), eq(w).to(T.binary(c, y, x))).then(union(e).with_(w)) for c in COMMUTATIVE],
@@ -280,9 +288,13 @@ layouts = ruleset(
         union(e).with_(T.bcast(spec2, x))),
     # A broadcast is constant along its new dims: where a slice of the same size exists, the
     # narrow broadcast is that slice of the wider one (so ops mixing both lift like any slice).
+    # Only onto a wider broadcast the reference computes (a mask or table over all heads): a
+    # device's own broadcasts along a size-1 dim (one KV head) would otherwise get a copy at every
+    # offset of every width-1 slice, and the lifts multiply the copies (a GQA layer with RoPE ran
+    # out of memory).
     rule(eq(e).to(T.bcast(spec, y)), eq(w).to(x.slice(d, a, b)), eq(b - a).to(bcast_new(spec, d)),
-         eq(n).to(dim(x, d)), eq(spec2).to(bcast_shrink(spec, d, n))).then(
-        union(e).with_(T.bcast(spec2, y).slice(d, a, b))),
+         eq(n).to(dim(x, d)), eq(spec2).to(bcast_shrink(spec, d, n)), eq(z).to(T.bcast(spec2, y)), reference(z)).then(
+        union(e).with_(z.slice(d, a, b))),
     # A broadcast to a smaller size along a new dim than the reference's broadcast of the same value
     # is its leading window (a shard repeating its KV head fewer times than the reference does).
     rule(eq(e).to(T.bcast(spec, y)), eq(x).to(T.bcast(spec2, y)), reference(x), eq(spec).to(bcast_shrink(spec2, o, k)),
