@@ -75,6 +75,22 @@ def test_split_orders_layers_and_keeps_shared_values_global():
     assert layering.segments[1].obligations == [(0, 0)]
 
 
+def test_a_constant_computed_once_by_the_first_layer_is_global():
+    """XLA computes a mask broadcast once, in the first layer that uses it, and the distributed
+    program's later layers read it there: it must not become a value passed between layers
+    (it has no reference value to be related to), but a definition every layer carries."""
+    t = TermTable()
+    x, w0, w1 = (t.make("param", (k,), (), (4,), "f32") for k in range(3))
+    mask = t.make("bcast", ("n4",), (t.make("const", ("-1e30",), (), (), "f32"),), (4,), "f32")
+    h1 = t.make("binary", ("maximum",), (_chain(t, x, w0), mask), (4,), "f32")
+    h2 = t.make("binary", ("maximum",), (_chain(t, h1, w1), mask), (4,), "f32")
+    events = [_event("layers_0", mask), _event("layers_0", h1), _event("layers_1", h2)]
+    layering = split(events, [], [h2], [[h2]], [[h2]])
+    assert layering.label[mask] is None
+    assert layering.segments[0].reference_outputs == [h1]
+    assert layering.segments[0].distributed_outputs == []
+
+
 def test_split_gives_up_on_layers_that_depend_on_each_other():
     t = TermTable()
     x = t.make("param", (0,), (), (4,), "f32")

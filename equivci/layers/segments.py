@@ -4,7 +4,8 @@ A term belongs to the layer of the op that produced it (`layers_3`, `layer.3`, `
 `lm_head` in the op's name). Ops outside any scope inherit the latest layer of their operands, so
 the bookkeeping ops XLA and JAX put between a layer's ops stay in it; terms that depend on the
 inputs only (weight reshapes, RoPE tables, masks) are *global*: every layer that uses them
-carries their definition along, which keeps identical layers identical.
+carries their definition along, which keeps identical layers identical. So are constants that
+XLA computes once for all layers (a mask broadcast hoisted into the first layer that uses it).
 
 A segment's outputs are its terms used by a later segment, and the model outputs it produces.
 """
@@ -93,6 +94,7 @@ def label_terms(events_per_side: list[list], roots: Iterable[Term]) -> tuple[dic
                     for v in leaves(device_value):
                         producers.setdefault(v, set()).add(scope)
     label: dict[Term, str | None] = {}
+    closed: dict[Term, bool] = {}  # no input below: a constant, whichever layer computes it
 
     def latest(terms) -> str | None:
         names = [label[a] for a in terms if label[a] is not None]
@@ -101,7 +103,8 @@ def label_terms(events_per_side: list[list], roots: Iterable[Term]) -> tuple[dic
     def settle(value: Term, scope: str | None) -> None:
         for t in postorder([value], label.__contains__):
             inherited = latest(t.args)
-            if scope is None or (inherited is None and (t is not value or len(producers.get(t, ())) > 1)):
+            closed[t] = t.op != "param" and all(closed[a] for a in t.args)
+            if scope is None or closed[t] or (inherited is None and (t is not value or len(producers.get(t, ())) > 1)):
                 label[t] = inherited
             else:  # the op's value and the intermediate terms its evaluation built (an all-gather's partial concats)
                 label[t] = scope
