@@ -97,12 +97,12 @@ def prove_layers(programs: Programs, layering: Layering, memo: memo_mod.Memo, pr
     relations: dict[Term, tuple[Term, Window]] = {}
     entry_leaves: dict[Term, Term] = {}
     proved = [[False] * len(row) for row in programs.device_outputs]
-    reference_values = list(programs.params) + [v for e in programs.reference_events for v in leaves(e.values[0])]
+    known = _Known.of(programs)
     outcomes = []
     for n, segment in enumerate(layering.segments):
         t0 = time.perf_counter()
         abstraction = _Abstraction(programs, layering, segment.name, relations, entry_leaves)
-        problem = _Problem.of(segment, programs, abstraction, reference_values)
+        problem = _Problem.of(segment, programs, abstraction, known)
         key = memo_mod.key(memo_mod.fingerprint(), "layer", problem.form.digest)
         stored = _valid(memo.get("layers", key), problem)
         result = stored or _prove(problem, programs)
@@ -122,6 +122,32 @@ def prove_layers(programs: Programs, layering: Layering, memo: memo_mod.Memo, pr
 
 
 @dataclasses.dataclass
+class _Known:
+    """The model's reference values and groups of terms known equal, indexed by term: each layer
+    looks up the terms it reaches (a scan of the whole model per layer is quadratic in the layers)."""
+
+    reference: set[Term]
+    groups: list[list[Term]]
+    groups_of: dict[Term, list[int]]  # a group's first term -> the group's index
+
+    @classmethod
+    def of(cls, programs: Programs) -> "_Known":
+        reference = set(programs.params) | {v for e in programs.reference_events for v in leaves(e.values[0])}
+        groups = programs.evaluator.equal_terms
+        groups_of: dict[Term, list[int]] = {}
+        for i, group in enumerate(groups):
+            groups_of.setdefault(group[0], []).append(i)
+        return cls(reference, groups, groups_of)
+
+    def marked(self, seen: dict[Term, Term]) -> list[Term]:
+        return [mapped for t, mapped in seen.items() if t in self.reference]
+
+    def groups_in(self, seen: dict[Term, Term]) -> list[list[Term]]:
+        found = sorted(i for t in seen for i in self.groups_of.get(t, ()))
+        return [[seen[t] for t in self.groups[i]] for i in found if all(t in seen for t in self.groups[i])]
+
+
+@dataclasses.dataclass
 class _Problem:
     """A layer's proof obligations over its abstracted terms."""
 
@@ -133,14 +159,12 @@ class _Problem:
     form: object
 
     @classmethod
-    def of(cls, segment: Segment, programs: Programs, abstraction: _Abstraction, reference_values: list[Term]):
+    def of(cls, segment: Segment, programs: Programs, abstraction: _Abstraction, known: _Known):
         reference_outputs = [abstraction(t) for t in segment.reference_outputs]
         distributed_outputs = [abstraction(t) for t in segment.distributed_outputs]
         pairs = [(abstraction(programs.device_outputs[d][k]), abstraction(programs.targets[d][k]))
                  for d, k in segment.obligations]
-        seen = abstraction.map
-        marked = [seen[v] for v in reference_values if v in seen]
-        groups = [[seen[t] for t in g] for g in programs.evaluator.equal_terms if all(t in seen for t in g)]
+        marked, groups = known.marked(abstraction.map), known.groups_in(abstraction.map)
         roots = reference_outputs + distributed_outputs + [t for pair in pairs for t in pair]
         return cls(reference_outputs, distributed_outputs, pairs, marked, groups, canonical_form(roots, marked, groups))
 
