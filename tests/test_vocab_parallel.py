@@ -254,3 +254,20 @@ def test_a_mask_narrows_only_its_own_ids_and_never_past_the_dtype():
     assert bounds_under_mask(ev, below, shifted) is None  # ids - 8 may wrap around below
     ev.bounds[ids] = (0.0, 31.0)
     assert bounds_under_mask(ev, below, shifted) == (-8, 7)
+
+
+def test_bounds_pass_a_convert_only_where_the_new_dtype_holds_them():
+    """ids.astype(int8) wraps at 128: bounds [0, 128] kept across it once folded `>= 0` to true and
+    verified a masked lookup that drops id 128 (found by bench/mutants.py)."""
+    ev = Evaluator(None, TermTable(), 1)
+    ids = ev.table.make("param", (0,), (), (6,), "s32")
+    ev.bounds[ids] = (0.0, 128.0)
+    narrow = lambda dtype: ev.table.make("unary", (f"convert:{dtype}",), (ids,), (6,), dtype)  # noqa: E731
+    for dtype, kept in (("s8", False), ("u8", True), ("s16", True), ("s64", True)):
+        t = narrow(dtype)
+        ev.bound(t, ids)
+        assert (t in ev.bounds) is kept, dtype
+    ev.bounds[ids] = (-1.0, 5.0)
+    t = narrow("u32")
+    ev.bound(t, ids)
+    assert t not in ev.bounds  # -1 wraps to 2**32 - 1

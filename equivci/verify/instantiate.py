@@ -695,15 +695,25 @@ class Evaluator:
     def bound(self, term: Term, *sources: Term) -> None:
         """`term`'s elements are elements of `sources`."""
         found = [self.bounds_of(s) for s in sources]
-        if term.dtype[0] in "su" and self.folded(term) is None and all(b is not None for b in found):
-            self.bounds[term] = (min(b[0] for b in found), max(b[1] for b in found))
+        if all(b is not None for b in found):
+            self._set_bounds(term, min(b[0] for b in found), max(b[1] for b in found))
 
     def bound_select(self, term: Term, p: Term, a: Term, b: Term) -> None:
         """select(p, a, b)'s elements are b's, or a's where p holds: a range test of a's own ids
         narrows a (where(ids in [lo, hi), ids - lo, 0) is in [0, hi - lo))."""
         chosen, other = masks.bounds_under_mask(self, p, a) or self.bounds_of(a), self.bounds_of(b)
-        if term.dtype[0] in "su" and self.folded(term) is None and chosen is not None and other is not None:
-            self.bounds[term] = (min(chosen[0], other[0]), max(chosen[1], other[1]))
+        if chosen is not None and other is not None:
+            self._set_bounds(term, min(chosen[0], other[0]), max(chosen[1], other[1]))
+
+    def _set_bounds(self, term: Term, lo: float, hi: float) -> None:
+        # Only where term's own dtype holds [lo, hi]: a narrowing convert (ids.astype(int8)) wraps
+        # the values past its range, and bounds kept across it folded a `>= 0` test away (unsound).
+        np_dtype = NP_DTYPES.get(term.dtype)
+        if term.dtype[0] not in "su" or np_dtype is None or self.folded(term) is not None:
+            return
+        info = np.iinfo(np_dtype)
+        if info.min <= lo and hi <= info.max:
+            self.bounds[term] = (lo, hi)
 
     def index_domains(self) -> dict[Term, tuple[tuple[float, float], tuple[Instruction, ...]]]:
         """The entry parameters this program uses as gather indices (as they are, or with negative
