@@ -18,6 +18,7 @@ from pathlib import Path
 
 from equivci.capture import partitioned
 from equivci.errors import EquivciError
+from equivci.timings import Laps
 
 
 def _trace_failure(side: str, entry, exc: Exception) -> str:
@@ -52,10 +53,11 @@ def _spmd_dump(dump_dir: str) -> str | None:
     return Path(jit_files[-1]).read_text()
 
 
-def capture(request: dict) -> dict:
+def capture(request: dict, laps: Laps) -> dict:
     import jax
     from jax.tree_util import keystr, tree_flatten_with_path
 
+    laps.lap("import jax")
     from equivci.capture import entrypoints
     from equivci.manifest import load_manifest
 
@@ -63,27 +65,29 @@ def capture(request: dict) -> dict:
     model = next(m for m in manifest.models if m.name == request["model"])
     loaded = entrypoints.load_model(model, manifest.root)
     reference, bound, args, mesh = loaded.reference, loaded.distributed, loaded.args, loaded.mesh
+    laps.lap("load entrypoints")
 
-    t0 = time.perf_counter()
     try:
         ref_lowered = jax.jit(reference, keep_unused=True).lower(*args)
     except EquivciError:
         raise
     except Exception as exc:  # the user's reference failed to trace
         raise EquivciError(_trace_failure("reference", model.reference, exc)) from exc
+    laps.lap("lower reference")
     try:
         with jax.set_mesh(mesh):
             dist_lowered = jax.jit(bound, keep_unused=True).lower(*args)
     except Exception as exc:
         raise EquivciError(_trace_failure("distributed", model.distributed, exc)) from exc
-    lowering_seconds = time.perf_counter() - t0
+    laps.lap("lower distributed")
     entrypoints.check_same_outputs(ref_lowered.out_info, dist_lowered.out_info, model.name)
 
     # Memo: the content key of both lowered programs; a known key ends the capture here, before
     # the HLO conversion and the costly compile (a warm run costs about one lowering).
     memo_fields = _memo_fields(request, model, args, ref_lowered, dist_lowered)
+    laps.lap("content key")
     if memo_fields.get("cached"):
-        return {**memo_fields, "lowering_seconds": lowering_seconds}
+        return memo_fields
     dump_dir = Path(os.environ["EQUIVCI_DUMP_DIR"])
     # The compile runs in the background from here: the reference HLO conversion overlaps it, and
     # the capture stops waiting as soon as the partitioned module is dumped.
@@ -91,7 +95,9 @@ def capture(request: dict) -> dict:
     job = partitioned.BackgroundCompile(dist_lowered)
     job.start()
     reference_hlo = ref_lowered.as_text(dialect="hlo", debug_info=True)
+    laps.lap("reference HLO")
     spmd = partitioned.wait_for_spmd_dump(watcher, dump_dir, job) if watcher else None
+    laps.lap("SPMD partitioning")
 
     device_order = list(mesh.devices.flat)
     in_leaves = [(keystr(p), leaf) for p, leaf in tree_flatten_with_path(args)[0]]
@@ -100,6 +106,7 @@ def capture(request: dict) -> dict:
     partitioned_early = placements is not None
     if partitioned_early:
         distributed_hlo = spmd.text
+        laps.lap("placements")
     else:
         compiled = _full_compile(job, model)
         distributed_hlo = _spmd_dump(str(dump_dir)) or dist_lowered.as_text(dialect="hlo", debug_info=True)
@@ -107,12 +114,12 @@ def capture(request: dict) -> dict:
             _placements(in_leaves, jax.tree_util.tree_leaves(compiled.input_shardings[0]), device_order),
             _placements(out_leaves, jax.tree_util.tree_leaves(compiled.output_shardings), device_order),
         )
+        laps.lap("full compile, placements")
     return {
         "reference_hlo": reference_hlo,
         "distributed_hlo": distributed_hlo,
         "inputs": placements[0],
         "outputs": placements[1],
-        "lowering_seconds": lowering_seconds,
         "partitioned_early": partitioned_early,
         **memo_fields,
     }
@@ -205,8 +212,11 @@ def _memo_fields(request: dict, model, args, ref_lowered, dist_lowered) -> dict:
 def main(argv: list[str]) -> int:
     request_path, result_path = argv
     request = json.loads(Path(request_path).read_text())
+    laps = Laps()
+    # From the parent's spawn to here: the interpreter's start and equivci's imports.
+    laps.rows.append(("start-up", max(0.0, time.time() - request.get("spawned_at", time.time()))))
     try:
-        result = capture(request)
+        result = {**capture(request, laps), "timings": laps.rows}
     except EquivciError as err:
         result = {"error": str(err), "traceback": traceback.format_exc()}
     except Exception as exc:  # anything else is still reported as a capture error, with details for --debug

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from equivci.capture import partitioned
@@ -57,12 +58,13 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, mem
         fields = {"manifest": str(manifest.path), "model": model.name}
         if memo is not None:
             fields["memo"] = memo
-        request.write_text(json.dumps(fields))
         env = child_env(
             model.num_devices,
             f"--xla_dump_to={dump_dir} {partitioned.DUMP_FLAGS}",
         )
         env["EQUIVCI_DUMP_DIR"] = str(dump_dir)
+        fields["spawned_at"] = time.time()
+        request.write_text(json.dumps(fields))
         try:
             proc = subprocess.run(
                 [sys.executable, "-m", "equivci.capture.child", str(request), str(result_path)],
@@ -99,7 +101,7 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, mem
         inputs=() if cached else _leaves(result["inputs"]),
         outputs=() if cached else _leaves(result["outputs"]),
         repo_root=str(repo_root_of(manifest.root)),
-        lowering_seconds=result["lowering_seconds"],
+        timings=tuple((str(stage), float(seconds)) for stage, seconds in result.get("timings", ())),
         content_key=result.get("content_key", ""),
         loc_digest=result.get("loc_digest", ""),
         sources=tuple(result.get("sources", ())),

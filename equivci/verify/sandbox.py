@@ -7,6 +7,7 @@ the ModelResult; a child that runs out of time or memory becomes `unproven` with
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import multiprocessing
 import os
@@ -45,8 +46,11 @@ def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         conn.send(("layer", (done, total)))
 
     try:
+        t0 = time.perf_counter()
         engine = importlib.import_module("equivci.verify.engine")  # inside: a broken install is reported too
-        conn.send(("ok", engine.verify_model(model, manifest, captured, memo, layer_done)))
+        imported = (("import the verifier", time.perf_counter() - t0),)
+        result = engine.verify_model(model, manifest, captured, memo, layer_done)
+        conn.send(("ok", dataclasses.replace(result, timings=imported + result.timings)))
     except EquivciError as err:
         conn.send(("user", str(err)))
     except MemoryError:
