@@ -19,13 +19,11 @@ CAPTURE_TIMEOUT_SECONDS = 900
 
 
 def repo_root_of(folder: Path) -> Path:
-    """The git work tree containing `folder`, or `folder` itself outside git."""
-    import git
-
-    try:
-        return Path(git.Repo(folder, search_parent_directories=True).working_tree_dir).resolve()
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        return folder.resolve()
+    """The git work tree containing `folder`: the nearest folder with a `.git` entry (the folder
+    of a repository, a linked work tree or a submodule), or `folder` itself outside git. A plain
+    walk, as git does it: importing GitPython would start a `git` process on every run."""
+    start = folder.resolve()
+    return next((p for p in (start, *start.parents) if (p / ".git").exists()), start)
 
 
 def child_env(num_devices: int, extra_flags: str = "") -> dict[str, str]:
