@@ -98,11 +98,12 @@ def prove_layers(programs: Programs, layering: Layering, memo: memo_mod.Memo, pr
     entry_leaves: dict[Term, Term] = {}
     proved = [[False] * len(row) for row in programs.device_outputs]
     reference_values = list(programs.params) + [v for e in programs.reference_events for v in leaves(e.values[0])]
+    index = _ModelIndex(reference_values, programs.evaluator.equal_terms)
     outcomes = []
     for n, segment in enumerate(layering.segments):
         t0 = time.perf_counter()
         abstraction = _Abstraction(programs, layering, segment.name, relations, entry_leaves)
-        problem = _Problem.of(segment, programs, abstraction, reference_values)
+        problem = _Problem.of(segment, programs, abstraction, index)
         key = memo_mod.key(memo_mod.fingerprint(), "layer", problem.form.digest)
         stored = _valid(memo.get("layers", key), problem)
         result = stored or _prove(problem, programs)
@@ -121,6 +122,39 @@ def prove_layers(programs: Programs, layering: Layering, memo: memo_mod.Memo, pr
     return LayeredProof(proved, outcomes)
 
 
+class _ModelIndex:
+    """The model's reference values and groups of equal terms, found from a layer's own terms.
+
+    A layer scanning the whole model's lists cost time in proportion to the model: with the
+    layers, quadratic (a tenth of a second per layer at 126 layers)."""
+
+    def __init__(self, reference_values: list[Term], equal_terms: list[list[Term]]):
+        self.reference_values = reference_values
+        self.positions: dict[Term, list[int]] = {}
+        for i, v in enumerate(reference_values):
+            self.positions.setdefault(v, []).append(i)
+        self.equal_terms = equal_terms  # appended to while terms are made: indexed as it grows
+        self._groups_of: dict[Term, list[int]] = {}
+        self._empty: list[int] = []
+        self._indexed = 0
+
+    def reference_values_among(self, terms) -> list[Term]:
+        """The reference values in `terms`, in order and with repeats, as in the model's list."""
+        return [self.reference_values[i] for i in sorted(i for t in terms for i in self.positions.get(t, ()))]
+
+    def groups_among(self, terms) -> list[list[Term]]:
+        """The groups all of whose terms are in `terms`, in the model's order."""
+        for j in range(self._indexed, len(self.equal_terms)):
+            group = self.equal_terms[j]
+            for t in group:
+                self._groups_of.setdefault(t, []).append(j)
+            if not group:
+                self._empty.append(j)
+        self._indexed = len(self.equal_terms)
+        found = {j for t in terms for j in self._groups_of.get(t, ())}
+        return [self.equal_terms[j] for j in sorted(found.union(self._empty)) if all(t in terms for t in self.equal_terms[j])]
+
+
 @dataclasses.dataclass
 class _Problem:
     """A layer's proof obligations over its abstracted terms."""
@@ -133,14 +167,14 @@ class _Problem:
     form: object
 
     @classmethod
-    def of(cls, segment: Segment, programs: Programs, abstraction: _Abstraction, reference_values: list[Term]):
+    def of(cls, segment: Segment, programs: Programs, abstraction: _Abstraction, index: _ModelIndex):
         reference_outputs = [abstraction(t) for t in segment.reference_outputs]
         distributed_outputs = [abstraction(t) for t in segment.distributed_outputs]
         pairs = [(abstraction(programs.device_outputs[d][k]), abstraction(programs.targets[d][k]))
                  for d, k in segment.obligations]
         seen = abstraction.map
-        marked = [seen[v] for v in reference_values if v in seen]
-        groups = [[seen[t] for t in g] for g in programs.evaluator.equal_terms if all(t in seen for t in g)]
+        marked = [seen[v] for v in index.reference_values_among(seen)]
+        groups = [[seen[t] for t in g] for g in index.groups_among(seen)]
         roots = reference_outputs + distributed_outputs + [t for pair in pairs for t in pair]
         return cls(reference_outputs, distributed_outputs, pairs, marked, groups, canonical_form(roots, marked, groups))
 
