@@ -53,7 +53,7 @@ def project(tmp_path: Path, monkeypatch) -> Path:
     (tmp_path / "equivci.yaml").write_text(MANIFEST)
     monkeypatch.chdir(tmp_path)
 
-    def capture_model(model, manifest, debug=False, memo=None):
+    def capture_model(model, manifest, debug=False, memo=None, on_compile=None):
         if model.name == "broken":
             raise EquivciError("importing m.py failed at m.py:1: ValueError: nope")
         leaf = LeafPlacement("[0]", (2,), "float32", (((0, 2),),) * model.num_devices)

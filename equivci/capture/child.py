@@ -106,6 +106,8 @@ def capture(request: dict, laps: Laps) -> dict:
         laps.lap("content key")
         if memo_fields["cached"]:
             return memo_fields
+    if "compiling_fd" in request:  # the result will be verified: the parent prepares for it meanwhile
+        os.write(request["compiling_fd"], b"compiling\n")
     reference_hlo = ref_lowered.as_text(dialect="hlo", debug_info=True)
     laps.lap("reference HLO")
     spmd = partitioned.wait_for_spmd_dump(watcher, dump_dir, job) if watcher else None
