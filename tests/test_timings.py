@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from equivci.timings import Laps, write
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "models"
@@ -82,3 +84,22 @@ def test_timings_of_a_cold_and_a_warm_run(tmp_path: Path) -> None:
     assert doc["models"][0]["layers"]["reused"] == doc["models"][0]["layers"]["total"]
     assert f"{model}/capture/content key" in warm
     assert not any(stage.startswith((f"{model}/verify", f"{model}/capture/SPMD")) for stage in warm)
+
+
+def test_the_benchmark_reads_the_table_back() -> None:
+    """bench/run_bench.py breaks each run down by stage from this table: the two stay in step."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_bench", Path(__file__).resolve().parents[1] / "bench" / "run_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = [("start-up (imports, arguments)", 0.25), ("models", 3.0), ("models/m", 2.9),
+            ("models/m/capture", 2.0), ("models/m/capture/import jax", 0.5), ("models/m/capture/lower reference", 0.3),
+            ("models/m/capture/lower distributed", 0.4), ("models/m/verify", 0.9),
+            ("models/m/verify/prove layers (3 proved, 30 reused)", 0.6), ("total", 3.3)]
+    out = io.StringIO()
+    write(rows, out)
+    parsed = bench.parse_timings("equivci: [1/1] m: verified (2.9 s)\n" + out.getvalue())
+    assert parsed == dict(rows)
+    columns = bench.stage_columns(parsed)
+    assert [columns[c] for c in ("start-up", "jax", "lower", "layers")] == pytest.approx([0.25, 0.5, 0.7, 0.6])
