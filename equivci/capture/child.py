@@ -211,8 +211,11 @@ class _MemoKeys:
             leaves(dist_lowered.out_info),
         )
         self.store = memo.Memo(Path(memo_request["cache_dir"])) if memo_request.get("cache_dir") else None
-        self.programs = memo.key("programs", *self.common, self.repo_root, *map(_bytecode, self.lowered))
-        self.stored = self.store.program_keys(self.programs) if self.store is not None else None
+        try:
+            self.programs = memo.key("programs", *self.common, self.repo_root, *map(_bytecode, self.lowered))
+        except Exception:  # noqa: BLE001 - a shortcut only: without it the texts give the keys
+            self.programs = None
+        self.stored = self.store.program_keys(self.programs) if self.store is not None and self.programs else None
         self.texts: dict[int, str] = {}
 
     def print_distributed(self) -> None:
@@ -231,7 +234,7 @@ class _MemoKeys:
                 "loc_digest": memo.location_digest(texts, self.repo_root),
                 "files": memo.named_files(texts),
             }
-            if self.store is not None:
+            if self.store is not None and self.programs:
                 self.store.put_program_keys(self.programs, **keys)
         key, loc_digest = keys["content_key"], keys["loc_digest"]
         skip = str(Path(memo.__file__).resolve().parent)  # equivci itself is in the fingerprint
