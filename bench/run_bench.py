@@ -146,7 +146,7 @@ def stage_columns(stages: dict[str, float]) -> dict[str, float]:
     for column, names in STAGES.items():
         total = 0.0
         for path, seconds in stages.items():
-            # Per-model rows are "models/<model>/<stage>"; "prove layers (N proved, M reused)" by prefix.
+            # Per-model rows are "models/<model>/<stage>"; "prove layers (N new, M reused)" by prefix.
             stage = path.split("/", 2)[2] if path.startswith("models/") and path.count("/") >= 2 else path
             if any(stage == n or (n == "verify/prove layers" and stage.startswith(n)) for n in names):
                 total += seconds

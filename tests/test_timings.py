@@ -96,7 +96,7 @@ def test_the_benchmark_reads_the_table_back() -> None:
     rows = [("start-up (imports, arguments)", 0.25), ("models", 3.0), ("models/m", 2.9),
             ("models/m/capture", 2.0), ("models/m/capture/import jax", 0.5), ("models/m/capture/lower reference", 0.3),
             ("models/m/capture/lower distributed", 0.4), ("models/m/verify", 0.9),
-            ("models/m/verify/prove layers (3 proved, 30 reused)", 0.6), ("total", 3.3)]
+            ("models/m/verify/prove layers (3 new, 30 reused)", 0.6), ("total", 3.3)]
     out = io.StringIO()
     write(rows, out)
     parsed = bench.parse_timings("equivci: [1/1] m: verified (2.9 s)\n" + out.getvalue())

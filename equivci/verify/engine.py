@@ -49,7 +49,7 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         layered = prove_layers(programs, layering, memo if memo is not None else Memo(None), on_layer)
         outcomes = layered.layers
         layers = LayerCounts(len(outcomes), sum(o.proved for o in outcomes), sum(o.reused for o in outcomes))
-        laps.lap(f"prove layers ({layers.total - layers.reused} proved, {layers.reused} reused)")
+        laps.lap(f"prove layers ({layers.total - layers.reused} new, {layers.reused} reused)")
         if layered.all_proved:
             return _finish(model, Status.VERIFIED, t0, _assumptions(programs, captured),
                            LayerCounts(layers.total, layers.total, layers.reused), laps)
