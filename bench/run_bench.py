@@ -13,7 +13,8 @@ repository, every figure from a fresh process running the real CLI:
 with wall time, peak RSS (the largest process of the run, via wait4), ratios to both bare
 figures, and where the time went, stage by stage (from `equivci verify --timings`).
 `--repeat N` takes the best of N for the runs that can be repeated as they are (bare, warm,
-warm-cs): on a machine shared with other work the minimum is the steadier figure.
+warm-cs), run in rounds so that other work on the machine weighs on them alike: there, the
+minimum is the steadier figure.
 `--layers N,N,...` adds a sweep over the number of identical layers (8B-shaped).
 
     python bench/run_bench.py                       # 8b, 70b, 405b
@@ -95,15 +96,10 @@ def run_measured(cmd: list[str], cwd: Path, env: dict, timeout: float) -> dict:
             "stages": parse_timings(err_file.read().decode(errors="replace"))}
 
 
-def best_of(n: int, run) -> dict:
-    """The fastest of n runs (all of them when one fails), with the largest peak RSS seen."""
-    rows = []
-    for _ in range(n):
-        rows.append(run())
-        if rows[-1]["exit"] is None:
-            break
-    best = min(rows, key=lambda r: r["seconds"])
-    return {**best, "rss_mb": max(r["rss_mb"] for r in rows), "runs": len(rows)}
+def best_of(runs: list[dict]) -> dict:
+    """The fastest of the runs, with the largest peak RSS seen."""
+    best = min(runs, key=lambda r: r["seconds"])
+    return {**best, "rss_mb": max(r["rss_mb"] for r in runs), "runs": len(runs)}
 
 
 def parse_timings(stderr: str) -> dict[str, float]:
@@ -183,18 +179,21 @@ def bench_config(cfg: str, timeout: float, layers: int | None = None, repeat: in
         env["EQUIVCI_BENCH_LAYERS"] = str(layers)
     bare_env = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     bare_cmd = [sys.executable, "-c", BARE.format(models=str(repo / "models"), cfg=cfg)]
-    bare_runs = [run_measured(bare_cmd, repo, bare_env, timeout) for _ in range(repeat)]
-    lowering = [float(r["stdout"].strip().splitlines()[-1]) for r in bare_runs if r["exit"] == 0]
-    bare = min(bare_runs, key=lambda r: r["seconds"])
-
     verify = [*EQUIVCI, "verify", "--format", "json", "--timings"]
-    rows = {"bare": {**bare, "lowering_s": min(lowering, default=float("nan"))}}
-    rows["cold"] = run_measured(verify, repo, env, timeout)
-    if rows["cold"]["exit"] is None:  # no result to reuse: warm runs would be cold runs again
+    cold = run_measured(verify, repo, env, timeout)
+    # Rounds of bare, warm and warm-cs: whatever else loads the machine weighs on all three alike.
+    runs: dict[str, list[dict]] = {"bare": [], "warm": [], "warm-cs": []}
+    for _ in range(repeat):
+        runs["bare"].append(run_measured(bare_cmd, repo, bare_env, timeout))
+        if cold["exit"] is not None:  # else no result to reuse: warm runs would be cold runs again
+            runs["warm"].append(run_measured(verify, repo, env, timeout))
+            runs["warm-cs"].append(run_measured([*verify, "--changed-since", "HEAD"], repo, env, timeout))
+    lowering = [float(r["stdout"].strip().splitlines()[-1]) for r in runs["bare"] if r["exit"] == 0]
+    rows = {"bare": {**best_of(runs["bare"]), "lowering_s": min(lowering, default=float("nan"))}, "cold": cold}
+    if cold["exit"] is None:
         shutil.rmtree(tmp, ignore_errors=True)
         return rows
-    rows["warm"] = best_of(repeat, lambda: run_measured(verify, repo, env, timeout))
-    rows["warm-cs"] = best_of(repeat, lambda: run_measured([*verify, "--changed-since", "HEAD"], repo, env, timeout))
+    rows["warm"], rows["warm-cs"] = best_of(runs["warm"]), best_of(runs["warm-cs"])
     src = repo / "models" / "llama_tp.py"
     text = src.read_text()
     assert text.count(LM_HEAD_OLD) == 1, "the LM-head line to edit is not in bench/llama_tp.py"
