@@ -10,12 +10,16 @@ repository, every figure from a fresh process running the real CLI:
   warm-cs `equivci verify --changed-since HEAD` with no change: no capture at all
   1-line  one line of the LM-head code changed (logit soft-capping added), `--changed-since HEAD`
 
-with wall time, peak RSS (the largest process of the run, via wait4) and ratios to the bare
-lowering. `--layers N,N,...` adds a sweep over the number of identical layers (8B-shaped).
+with wall time, peak RSS (the largest process of the run, via wait4), ratios to both bare
+figures, and where the time went, stage by stage (from `equivci verify --timings`).
+`--repeat N` takes the best of N for the runs that can be repeated as they are (bare, warm,
+warm-cs), run in rounds so that other work on the machine weighs on them alike: there, the
+minimum is the steadier figure.
+`--layers N,N,...` adds a sweep over the number of identical layers (8B-shaped).
 
     python bench/run_bench.py                       # 8b, 70b, 405b
     python bench/run_bench.py --configs 405b --timeout 1800
-    python bench/run_bench.py --configs 8b --layers 2,4,8,16
+    python bench/run_bench.py --configs 8b --layers 2,4,8,16 --repeat 3
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -65,11 +70,12 @@ print(t2 - t1)
 
 
 def run_measured(cmd: list[str], cwd: Path, env: dict, timeout: float) -> dict:
-    """Wall time, peak RSS (max over the process and its descendants), exit code, stdout."""
+    """Wall time, peak RSS (max over the process and its descendants), exit code, stdout, and
+    the stage timings printed on stderr (by --timings)."""
     t0 = time.perf_counter()
-    out_file = tempfile.TemporaryFile()
+    out_file, err_file = tempfile.TemporaryFile(), tempfile.TemporaryFile()
     # Own process group: a timeout stops the CLI and its capture and verify children together.
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out_file, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out_file, stderr=err_file, start_new_session=True)
     deadline = t0 + timeout
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -83,9 +89,65 @@ def run_measured(cmd: list[str], cwd: Path, env: dict, timeout: float) -> dict:
         time.sleep(0.02)
     wall = time.perf_counter() - t0
     out_file.seek(0)
+    err_file.seek(0)
     stdout = out_file.read().decode()
     code = os.waitstatus_to_exitcode(status) if proc.returncode != -9 else None
-    return {"seconds": wall, "rss_mb": usage.ru_maxrss / 1024, "exit": code, "stdout": stdout}
+    return {"seconds": wall, "rss_mb": usage.ru_maxrss / 1024, "exit": code, "stdout": stdout,
+            "stages": parse_timings(err_file.read().decode(errors="replace"))}
+
+
+def best_of(runs: list[dict]) -> dict:
+    """The fastest of the runs, with the largest peak RSS seen."""
+    best = min(runs, key=lambda r: r["seconds"])
+    return {**best, "rss_mb": max(r["rss_mb"] for r in runs), "runs": len(runs)}
+
+
+def parse_timings(stderr: str) -> dict[str, float]:
+    """`equivci verify --timings`' table as {"stage/part/...": seconds}."""
+    marker = "equivci: timings (wall seconds)\n"
+    if marker not in stderr:
+        return {}
+    rows, path = {}, []
+    for line in stderr[stderr.index(marker) + len(marker):].splitlines():
+        m = re.fullmatch(r"  ( *)(.+?) +(\d+\.\d+)", line)
+        if not m:
+            break
+        depth = len(m.group(1)) // 2
+        path[depth:] = [m.group(2)]
+        rows["/".join(path)] = float(m.group(3))
+    return rows
+
+
+# Columns of the stage table: a stage of one model (capture/..., verify/...) or of the run.
+STAGES = {
+    "start-up": ("start-up (imports, arguments)",),
+    "jax": ("capture/import jax",),
+    "lower": ("capture/lower reference", "capture/lower distributed"),
+    "key": ("capture/content key",),
+    "compile": ("capture/reference HLO", "capture/SPMD partitioning", "capture/placements",
+                "capture/full compile, placements"),
+    "cap.rest": ("capture/start-up", "capture/load entrypoints", "capture/other (process start and exit, transfer)"),
+    "parse": ("verify/parse HLO",),
+    "build": ("verify/build programs",),
+    "split": ("verify/split layers",),
+    "layers": ("verify/prove layers",),
+    "whole": ("verify/prove whole program", "verify/prove up to the first unproved layer"),
+    "localize": ("verify/localize", "verify/counterexample"),
+    "ver.rest": ("verify/import the verifier", "verify/other (process start and exit, transfer)"),
+}
+
+
+def stage_columns(stages: dict[str, float]) -> dict[str, float]:
+    out = {}
+    for column, names in STAGES.items():
+        total = 0.0
+        for path, seconds in stages.items():
+            # Per-model rows are "models/<model>/<stage>"; "prove layers (N new, M reused)" by prefix.
+            stage = path.split("/", 2)[2] if path.startswith("models/") and path.count("/") >= 2 else path
+            if any(stage == n or (n == "verify/prove layers" and stage.startswith(n)) for n in names):
+                total += seconds
+        out[column] = total
+    return out
 
 
 def summary(doc_text: str) -> str:
@@ -99,7 +161,7 @@ def summary(doc_text: str) -> str:
         ", skipped (unchanged)" if m.get("reused") else "")
 
 
-def bench_config(cfg: str, timeout: float, layers: int | None = None) -> dict:
+def bench_config(cfg: str, timeout: float, layers: int | None = None, repeat: int = 1) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"equivci-bench-{cfg}-"))
     repo = tmp / "repo"
     (repo / "models").mkdir(parents=True)
@@ -117,17 +179,21 @@ def bench_config(cfg: str, timeout: float, layers: int | None = None) -> dict:
         env["EQUIVCI_BENCH_LAYERS"] = str(layers)
     bare_env = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
     bare_cmd = [sys.executable, "-c", BARE.format(models=str(repo / "models"), cfg=cfg)]
-    bare = run_measured(bare_cmd, repo, bare_env, timeout)
-    lower_s = float(bare["stdout"].strip().splitlines()[-1]) if bare["exit"] == 0 else float("nan")
-
-    verify = [*EQUIVCI, "verify", "--format", "json"]
-    rows = {"bare": {**bare, "lowering_s": lower_s}}
-    rows["cold"] = run_measured(verify, repo, env, timeout)
-    if rows["cold"]["exit"] is None:  # no result to reuse: warm runs would be cold runs again
+    verify = [*EQUIVCI, "verify", "--format", "json", "--timings"]
+    cold = run_measured(verify, repo, env, timeout)
+    # Rounds of bare, warm and warm-cs: whatever else loads the machine weighs on all three alike.
+    runs: dict[str, list[dict]] = {"bare": [], "warm": [], "warm-cs": []}
+    for _ in range(repeat):
+        runs["bare"].append(run_measured(bare_cmd, repo, bare_env, timeout))
+        if cold["exit"] is not None:  # else no result to reuse: warm runs would be cold runs again
+            runs["warm"].append(run_measured(verify, repo, env, timeout))
+            runs["warm-cs"].append(run_measured([*verify, "--changed-since", "HEAD"], repo, env, timeout))
+    lowering = [float(r["stdout"].strip().splitlines()[-1]) for r in runs["bare"] if r["exit"] == 0]
+    rows = {"bare": {**best_of(runs["bare"]), "lowering_s": min(lowering, default=float("nan"))}, "cold": cold}
+    if cold["exit"] is None:
         shutil.rmtree(tmp, ignore_errors=True)
         return rows
-    rows["warm"] = run_measured(verify, repo, env, timeout)
-    rows["warm-cs"] = run_measured([*verify, "--changed-since", "HEAD"], repo, env, timeout)
+    rows["warm"], rows["warm-cs"] = best_of(runs["warm"]), best_of(runs["warm-cs"])
     src = repo / "models" / "llama_tp.py"
     text = src.read_text()
     assert text.count(LM_HEAD_OLD) == 1, "the LM-head line to edit is not in bench/llama_tp.py"
@@ -138,17 +204,29 @@ def bench_config(cfg: str, timeout: float, layers: int | None = None) -> dict:
 
 
 def print_rows(title: str, rows: dict) -> None:
-    lower = rows["bare"]["lowering_s"]
-    print(f"\n{title}: bare JAX lowering of both programs {lower:.2f} s "
-          f"(a process that only imports jax and lowers both: {rows['bare']['seconds']:.2f} s, {rows['bare']['rss_mb']:.0f} MB)")
-    print(f"  {'run':8} {'seconds':>8} {'x lower':>8} {'peak RSS':>10}  result")
+    lower, bare = rows["bare"]["lowering_s"], rows["bare"]["seconds"]
+    print(f"\n{title}: bare JAX lowering of both programs {lower:.2f} s in-process; "
+          f"{bare:.2f} s for a process that only imports jax and lowers both ({rows['bare']['rss_mb']:.0f} MB)")
+    print(f"  {'run':8} {'seconds':>8} {'x lower':>8} {'x bare':>7} {'peak RSS':>10}  result")
     for name in ("cold", "warm", "warm-cs", "1-line"):
         r = rows.get(name)
         if r is None:
-            print(f"  {name:8} {'-':>8} {'-':>8} {'-':>10}  not run: the cold run did not finish, nothing to reuse")
+            print(f"  {name:8} {'-':>8} {'-':>8} {'-':>7} {'-':>10}  not run: the cold run did not finish, nothing to reuse")
             continue
         result = summary(r["stdout"]) if r["exit"] is not None else "TIMEOUT"
-        print(f"  {name:8} {r['seconds']:8.2f} {r['seconds'] / lower:8.2f} {r['rss_mb']:8.0f} MB  {result}")
+        if r.get("runs", 1) > 1:
+            result += f" (best of {r['runs']})"
+        print(f"  {name:8} {r['seconds']:8.2f} {r['seconds'] / lower:8.2f} {r['seconds'] / bare:7.2f} "
+              f"{r['rss_mb']:8.0f} MB  {result}")
+    runs = [(name, stage_columns(rows[name]["stages"])) for name in ("cold", "warm", "warm-cs", "1-line")
+            if rows.get(name, {}).get("stages")]
+    if runs:
+        print("  where the time went (seconds, `equivci verify --timings`; cap.rest: the capture child's start-up,\n"
+              "  loading the entrypoints, its exit and answer; compile: HLO of the reference, XLA up to the SPMD\n"
+              "  partitioner, placements; ver.rest: the verifier child's fork, imports left to it, its answer):")
+        print("  " + f"{'run':8}" + "".join(f"{c:>9}" for c in STAGES))
+        for name, columns in runs:
+            print("  " + f"{name:8}" + "".join(f"{columns[c]:9.2f}" for c in STAGES))
     sys.stdout.flush()
 
 
@@ -157,13 +235,14 @@ def main() -> int:
     ap.add_argument("--configs", default="8b,70b,405b")
     ap.add_argument("--layers", default="", help="comma-separated layer counts for an 8B-shaped sweep")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per equivci run")
+    ap.add_argument("--repeat", type=int, default=1, help="best of N for the bare, warm and warm-cs runs")
     args = ap.parse_args()
     print(f"equivci benchmark: Llama-style decoder, Megatron TP=8 via shard_map; {os.cpu_count()} CPUs; "
           f"python {sys.version.split()[0]}")
     for cfg in filter(None, args.configs.split(",")):
-        print_rows(f"{cfg}-shaped", bench_config(cfg, args.timeout))
+        print_rows(f"{cfg}-shaped", bench_config(cfg, args.timeout, repeat=args.repeat))
     for n in filter(None, args.layers.split(",")):
-        print_rows(f"8b-shaped, {n} layers", bench_config("8b", args.timeout, layers=int(n)))
+        print_rows(f"8b-shaped, {n} layers", bench_config("8b", args.timeout, layers=int(n), repeat=args.repeat))
     return 0
 
 

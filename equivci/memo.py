@@ -6,6 +6,8 @@ Layout under the cache folder (default `.equivci/cache` at the repository root):
     CACHEDIR.TAG                      marks the folder as a cache (backup tools skip it)
     v1/results/ab/abcdef....json      one entry per content key: a result and what it was computed from
     v1/models/0123....json            the last capture of one (manifest, model): its key and sources
+    v1/programs/cd/cdef....json       a pair of lowered programs (hash of their MLIR bytecode) -> their
+                                      content key, location digest and the files their locations name
 
 Keys are content hashes (`key(*parts)`), never names: the canonical text of both programs (HLO with
 SSA names, source locations and stack-frame tables stripped), the mesh, the argument leaves, the XLA
@@ -19,6 +21,10 @@ Every file is written atomically (a temporary file in the same folder, then os.r
 that cannot be read, does not parse, has another format number or a different key inside is
 ignored (and rebuilt by the next write). The layer-level cache uses the same store with another
 `kind` and keys built by `key()` from the layer's canonical text and input relations.
+
+The "programs" entries only save work: the bytecode is a lossless serialization of the modules
+(locations included), so equal bytecode means equal printed texts and hence the same content key
+and location digest; the entry is written by the capture that computed those from the texts.
 """
 
 from __future__ import annotations
@@ -102,51 +108,55 @@ def canonical_mlir(text: str, repo_root: str | Path) -> str:
     return _MLIR_FILE_LOC.sub(lambda m: f'loc("{m.group(1)}")', text).replace(root, "<repo>")
 
 
-def _file_names(text: str) -> list[str]:
-    out, in_files = [], False
-    for line in text.splitlines():
-        s = line.strip()
-        if s == "FileNames":
-            in_files = True
-            continue
-        if in_files:
-            if not s:
-                in_files = False
+def named_files(texts: Iterable[str]) -> list[str]:
+    """The file names in the FileNames tables (or inline source_file) of HLO texts and in the file
+    locations of StableHLO texts printed with debug_info, as printed (absolute, unresolved)."""
+    out: set[str] = set()
+    for text in texts:
+        in_files = False
+        for line in text.splitlines():
+            s = line.strip()
+            if s == "FileNames":
+                in_files = True
                 continue
-            _, _, rest = s.partition(" ")
-            out.append(rest.strip().strip('"'))
-    out += re.findall(r'source_file="((?:[^"\\]|\\.)*)"', text)
-    out += {m.group(1) for m in _MLIR_FILE_LOC.finditer(text)}
-    return out
+            if in_files:
+                if not s:
+                    in_files = False
+                    continue
+                _, _, rest = s.partition(" ")
+                out.add(rest.strip().strip('"'))
+        out.update(re.findall(r'source_file="((?:[^"\\]|\\.)*)"', text))
+        out.update(m.group(1) for m in _MLIR_FILE_LOC.finditer(text))
+    return sorted(out)
 
 
-def _under(path: str, root: Path) -> str | None:
-    try:
-        p = Path(path)
-        if not p.is_absolute():
-            return None
-        rel = p.resolve().relative_to(root)
-    except (ValueError, OSError):
-        return None
-    return rel.as_posix()
+def repository_files(paths: Iterable[str], repo_root: str | Path) -> list[str]:
+    """The repository-relative files among absolute `paths` (symbolic links resolved), less the
+    cache folder."""
+    prefix = os.path.join(Path(repo_root).resolve(), "")
+    # Resolving each path costs a tenth of a second over the ~600 modules a capture imports;
+    # their folders are few, so each folder is resolved once (and a file that is a link whole).
+    folders: dict[str, str] = {}
+    found = set()
+    for path in paths:
+        if not os.path.isabs(path):
+            continue
+        if os.path.islink(path):
+            real = os.path.realpath(path)
+        else:
+            folder, name = os.path.split(path)
+            if folder not in folders:
+                folders[folder] = os.path.realpath(folder)
+            real = os.path.join(folders[folder], name)
+        if real.startswith(prefix):
+            found.add(real[len(prefix):].replace(os.sep, "/"))
+    return sorted(f for f in found if not f.startswith(".equivci/"))
 
 
 def source_files(hlo_texts: Iterable[str], repo_root: str | Path, extra: Iterable[str] = ()) -> list[str]:
-    """Repository-relative files named in the FileNames tables (or inline source_file) of HLO texts,
-    or in the file locations of StableHLO texts printed with debug_info, plus `extra` absolute paths (modules imported during capture), keeping files under the
-    repository root only."""
-    root = Path(repo_root).resolve()
-    found: set[str] = set()
-    for text in hlo_texts:
-        for name in _file_names(text):
-            rel = _under(name, root)
-            if rel is not None:
-                found.add(rel)
-    for name in extra:
-        rel = _under(name, root)
-        if rel is not None:
-            found.add(rel)
-    return sorted(f for f in found if not f.startswith(".equivci/"))
+    """Repository-relative files named in HLO or StableHLO texts (see named_files), plus `extra`
+    absolute paths (modules imported during capture), keeping files under the repository root only."""
+    return repository_files([*named_files(hlo_texts), *extra], repo_root)
 
 
 def location_digest(hlo_texts: Iterable[str], repo_root: str | Path) -> str:
@@ -305,6 +315,21 @@ class Memo:
 
     def put_result(self, k: str, result: ModelResult, loc_digest: str) -> None:
         self.put("results", k, {"result": result_to_json(result), "loc_digest": loc_digest})
+
+    # the keys of a pair of lowered programs (see the module docstring)
+    def program_keys(self, k: str) -> dict[str, Any] | None:
+        payload = self.get("programs", k)
+        if payload is None:
+            return None
+        files = payload.get("files") if isinstance(payload, dict) else None
+        if not (isinstance(files, list) and all(isinstance(v, str) for v in
+                                                [payload.get("content_key"), payload.get("loc_digest"), *files])):
+            self.ignored.append(self.path("programs", k) if self.root else Path(k))
+            return None
+        return payload
+
+    def put_program_keys(self, k: str, content_key: str, loc_digest: str, files: list[str]) -> None:
+        self.put("programs", k, {"content_key": content_key, "loc_digest": loc_digest, "files": files})
 
     # the last capture of a model (for --changed-since and pre-commit)
     @staticmethod

@@ -7,6 +7,7 @@ hide the verdicts of the other models.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import time
 from pathlib import Path
 from typing import Protocol
@@ -15,6 +16,7 @@ from equivci import gitdiff
 from equivci.errors import EquivciError
 from equivci.manifest import Manifest, ModelSpec
 from equivci.results import Finding, LayerCounts, ModelResult, Report, Status
+from equivci.timings import Laps
 
 
 class Progress(Protocol):
@@ -62,17 +64,14 @@ def _error_result(model: ModelSpec, path: str | None, message: str, seconds: flo
 def run_model(manifest: Manifest, model: ModelSpec, debug: bool = False, memo=None, on_layer=None) -> ModelResult:
     """Capture and verify one model. With a `memo` (equivci.memo.Memo), a result stored under the
     model's content key is reused (the capture child stops before compiling) and a new one is stored."""
-    # Imported here: the capture and verify stages are heavy and load only when a model runs.
-    from equivci.capture.run import capture_model
-
     t0 = time.perf_counter()
+    laps = Laps(t0)
     try:
         if memo is None:
-            from equivci.verify.sandbox import verify_isolated
-
-            result = verify_isolated(model, manifest, capture_model(model, manifest, debug=debug), on_layer=on_layer)
+            captured = _capture(model, manifest, laps, debug=debug)
+            result = _verify(model, manifest, captured, laps, on_layer=on_layer)
         else:
-            result = _run_memoized(manifest, model, debug, memo, on_layer)
+            result = _run_memoized(manifest, model, debug, memo, laps, on_layer)
     except EquivciError as err:
         return _error_result(model, manifest_display_path(manifest), str(err), time.perf_counter() - t0)
     except Exception as exc:
@@ -85,7 +84,37 @@ def run_model(manifest: Manifest, model: ModelSpec, debug: bool = False, memo=No
         )
         return _error_result(model, None, message, time.perf_counter() - t0)
     # Wall time of the whole model (capture included), which is what the user waits for.
-    return dataclasses.replace(result, seconds=time.perf_counter() - t0)
+    return dataclasses.replace(result, seconds=time.perf_counter() - t0, timings=tuple(laps.rows))
+
+
+def _capture(model: ModelSpec, manifest: Manifest, laps: Laps, **kwargs):
+    from equivci.capture.run import capture_model
+
+    imported = []
+
+    def prepare_verifier() -> None:
+        # Importing the verifier (egglog, the rules) takes most of a second; done here while the
+        # child compiles, the verifier child forked next inherits it. On failure that child
+        # imports it again and reports the error as the model's result.
+        t0 = time.perf_counter()
+        try:
+            importlib.import_module("equivci.verify.engine")
+        except Exception:  # noqa: BLE001 - reported by the verifier child
+            return
+        imported.append(("(meanwhile, in this process: import the verifier)", time.perf_counter() - t0))
+
+    captured = capture_model(model, manifest, on_compile=prepare_verifier, **kwargs)
+    laps.lap("capture", captured.timings)
+    laps.rows.extend((f"capture/{stage}", seconds) for stage, seconds in imported)  # overlapped: not a lap
+    return captured
+
+
+def _verify(model: ModelSpec, manifest: Manifest, captured, laps: Laps, memo=None, on_layer=None) -> ModelResult:
+    from equivci.verify.sandbox import verify_isolated
+
+    result = verify_isolated(model, manifest, captured, memo, on_layer)
+    laps.lap("verify", result.timings)
+    return result
 
 
 def _entrypoint_files(manifest: Manifest, model: ModelSpec, repo_root: Path) -> set[str]:
@@ -112,9 +141,9 @@ def _all_reused(result: ModelResult, name: str) -> ModelResult:
     return dataclasses.replace(result, name=name, layers=LayerCounts(total, result.layers.verified, total))
 
 
-def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo, on_layer=None) -> ModelResult:
+def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo, laps: Laps, on_layer=None) -> ModelResult:
     from equivci import memo as memo_mod
-    from equivci.capture.run import capture_model, repo_root_of
+    from equivci.capture.run import repo_root_of
 
     repo_root = repo_root_of(manifest.root)
     request = {
@@ -123,16 +152,16 @@ def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo, on_la
         "cache_dir": str(memo.root) if memo.root is not None else None,
         "known": memo.known_results(),
     }
-    captured = capture_model(model, manifest, debug=debug, memo=request)
+    laps.lap("memo: request (repository, fingerprint)")
+    captured = _capture(model, manifest, laps, debug=debug, memo=request)
     result = memo.result(captured.content_key, captured.loc_digest) if captured.cached else None
+    laps.lap("memo: lookup")
     if captured.cached and result is None:  # the entry vanished or broke since the child looked
-        captured = capture_model(model, manifest, debug=debug, memo={**request, "cache_dir": None, "known": {}})
+        captured = _capture(model, manifest, laps, debug=debug, memo={**request, "cache_dir": None, "known": {}})
     if result is not None:
         result = _all_reused(result, model.name)
     else:
-        from equivci.verify.sandbox import verify_isolated
-
-        result = verify_isolated(model, manifest, captured, memo, on_layer)
+        result = _verify(model, manifest, captured, laps, memo, on_layer)
         memo.put_result(captured.content_key, result, captured.loc_digest)
     manifest_rel = manifest_display_path(manifest)
     tracked = set(captured.sources) | _entrypoint_files(manifest, model, repo_root) | {manifest_rel}
@@ -143,6 +172,7 @@ def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo, on_la
         "sources": sorted(captured.sources),
         "digests": memo_mod.file_digests(repo_root, tracked),
     })
+    laps.lap("memo: record")
     return result
 
 
@@ -200,7 +230,8 @@ def run_models(
         if changes is not None and not all_models and not no_cache:
             result = _reuse_unchanged(manifest, model, memo, changes, repo_root)
             if result is not None:
-                result = dataclasses.replace(result, seconds=time.perf_counter() - t0)
+                seconds = time.perf_counter() - t0
+                result = dataclasses.replace(result, seconds=seconds, timings=(("unchanged since REF: from the memo", seconds),))
         if result is None:
             result = run_model(manifest, model, debug, memo=memo,
                                on_layer=lambda done, total, name=model.name: progress.layer(name, done, total))

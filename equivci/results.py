@@ -48,6 +48,8 @@ class ModelResult:
     layers: LayerCounts = LayerCounts()
     findings: tuple[Finding, ...] = ()
     reused: bool = False  # whole model skipped by --changed-since and reported from the memo
+    # (stage, seconds) of this model's run, for --timings (see equivci.timings); never stored.
+    timings: tuple[tuple[str, float], ...] = dataclasses.field(default=(), compare=False)
 
 
 @dataclasses.dataclass(frozen=True)

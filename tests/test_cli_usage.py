@@ -53,7 +53,7 @@ def project(tmp_path: Path, monkeypatch) -> Path:
     (tmp_path / "equivci.yaml").write_text(MANIFEST)
     monkeypatch.chdir(tmp_path)
 
-    def capture_model(model, manifest, debug=False, memo=None):
+    def capture_model(model, manifest, debug=False, memo=None, on_compile=None):
         if model.name == "broken":
             raise EquivciError("importing m.py failed at m.py:1: ValueError: nope")
         leaf = LeafPlacement("[0]", (2,), "float32", (((0, 2),),) * model.num_devices)
@@ -188,3 +188,47 @@ def test_verify_writes_sarif_and_markdown_documents(tmp_path):
     md = subprocess.run(base + ["--format", "markdown"], cwd=root, capture_output=True, text=True, timeout=300)
     assert md.returncode == 1
     assert "mlp-tp-missing-psum" in md.stdout and "mlp_tp_buggy.py" in md.stdout
+
+
+def test_a_command_imports_only_its_own_modules_and_help_lists_all() -> None:
+    """`equivci verify` starts without the GitHub client and GitPython (a `git` process at import);
+    help after it still lists every command, in their order."""
+    import subprocess
+
+    probe = (
+        "import sys\n"
+        "from equivci.cli import run\n"
+        "run(['verify', '--help'])\n"
+        "from equivci.capture.run import repo_root_of; repo_root_of(__import__('pathlib').Path('.'))\n"
+        "print('LOADED', sorted(m for m in ('git', 'equivci.ci.github', 'equivci.commands.ci') if m in sys.modules))\n"
+        "run(['--help'])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "LOADED []" in proc.stdout
+    root_help = proc.stdout[proc.stdout.index("LOADED"):]
+    positions = [root_help.index(f" {name} ") for name in ("verify", "dump", "ci", "precommit")]
+    assert positions == sorted(positions)
+
+
+def test_repo_root_is_the_nearest_folder_with_a_git_entry(tmp_path: Path) -> None:
+    import subprocess
+
+    from equivci.capture.run import repo_root_of
+
+    main = tmp_path / "main"
+    (main / "models" / "deep").mkdir(parents=True)
+    assert repo_root_of(main / "models") == (main / "models").resolve()  # outside git: the folder itself
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run([*git, "init", "-q"], cwd=main, check=True)
+    (main / "models" / "deep" / "m.py").write_text("")
+    subprocess.run([*git, "add", "."], cwd=main, check=True)
+    subprocess.run([*git, "commit", "-qm", "m"], cwd=main, check=True)
+    assert repo_root_of(main / "models" / "deep") == main.resolve()
+    # A linked work tree has a `.git` file, and is its own root.
+    subprocess.run([*git, "worktree", "add", "-q", str(tmp_path / "wt")], cwd=main, check=True)
+    assert (tmp_path / "wt" / ".git").is_file()
+    assert repo_root_of(tmp_path / "wt" / "models") == (tmp_path / "wt").resolve()
+    # Through a symbolic link, the real folder.
+    (tmp_path / "link").symlink_to(main / "models")
+    assert repo_root_of(tmp_path / "link") == main.resolve()

@@ -270,6 +270,30 @@ def test_stack_frame_without_parent():
     assert _inst(m, "x.1").stack == ()
 
 
+def test_shared_frames_give_the_same_stacks_in_any_order():
+    """Stacks are kept per frame: an instruction whose frame is the parent of one seen before
+    gets the same stack as when it comes first; in a cyclic table a stack ends where it closes."""
+    head = FRAMES[: FRAMES.index("ENTRY main.3 {") + len("ENTRY main.3 {")]
+    body = """
+  a.1 = f32[4]{0} parameter(0), metadata={op_name="x"}
+  b.1 = f32[4]{0} tanh(a.1), metadata={op_name="f/b" stack_frame_id=%d}
+  ROOT c.1 = f32[4]{0} negate(b.1), metadata={op_name="f/c" stack_frame_id=%d}
+}
+"""
+    mlp, forward, main, run = (SourceLoc("/repo/models/layers.py", 12, "mlp"), SourceLoc("/repo/models/model.py", 30, "forward"),
+                               SourceLoc("/repo/models/model.py", 50, "main"), SourceLoc("/usr/lib/python3.12/runpy.py", 88, "run"))
+    first, second = parse_module(head + body % (4, 3)), parse_module(head + body % (3, 4))
+    assert _inst(first, "b.1").stack == _inst(second, "c.1").stack == (mlp, forward, main)
+    assert _inst(first, "c.1").stack == _inst(second, "b.1").stack == (forward, main)
+    # Frame 3's parent becomes frame 5, whose parent is frame 3 (parent ids are printed one up).
+    cyclic = head.replace("3 {file_location_id=3 parent_frame_id=3}", "3 {file_location_id=3 parent_frame_id=6}")
+    cyclic = cyclic.replace("4 {file_location_id=4 parent_frame_id=4}\n",
+                            "4 {file_location_id=4 parent_frame_id=4}\n5 {file_location_id=1 parent_frame_id=4}\n")
+    for frames, expected in (((4, 5), ((mlp, forward, run), (run, forward))), ((5, 4), ((run, forward), (mlp, forward, run)))):
+        m = parse_module(cyclic + body % frames)
+        assert (_inst(m, "b.1").stack, _inst(m, "c.1").stack) == expected
+
+
 # --------------------------------------------------------------------------- errors
 
 def test_no_entry_is_an_error():

@@ -98,6 +98,40 @@ def test_comment_only_edit_reverifies_nothing(repo: Path, capsys) -> None:
         assert m["layers"]["reused"] == m["layers"]["total"]
 
 
+def program_entries(repo: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text())["payload"] for p in (repo / ".equivci" / "cache").glob("v1/programs/*/*.json")}
+
+
+def record_keys(repo: Path) -> dict[str, str]:
+    manifest = load_manifest(repo / "equivci.yaml")
+    store = memo.Memo(repo / ".equivci" / "cache")
+    return {m.name: store.last_capture("equivci.yaml", m.name)["key"] for m in manifest.models}
+
+
+def test_program_keys_are_those_of_the_texts_and_change_with_any_byte(repo: Path, capsys) -> None:
+    """A rerun takes the content key from the "programs" entry of its bytecode; the entry holds
+    what the printed texts give (recomputed here after deleting the entries), and a program that
+    differs in a single location (a line number) is a new entry, found through its text."""
+    keys = record_keys(repo)
+    verify(repo, capsys)  # the copy's path is in its locations: entries of its own
+    assert record_keys(repo) == keys
+    stored = {k: e for k, e in program_entries(repo).items() if any(str(repo) in f for f in e["files"])}
+    assert sorted(e["content_key"] for e in stored.values()) == sorted(keys.values())
+    shutil.rmtree(repo / ".equivci" / "cache" / "v1" / "programs")
+    code, models = verify(repo, capsys)
+    assert code == 0 and all(m["layers"]["reused"] == m["layers"]["total"] for m in models.values())
+    assert program_entries(repo) == stored and record_keys(repo) == keys
+
+    tp = repo / "models" / "mlp_tp.py"
+    tp.write_text("# a comment that moves every line down\n" + tp.read_text())
+    code, models = verify(repo, capsys)
+    assert code == 0 and all(m["layers"]["reused"] == m["layers"]["total"] for m in models.values())
+    moved = program_entries(repo)
+    assert len(moved) == 2 * len(stored) and record_keys(repo) == keys  # new entries, the same content keys
+    assert moved.items() >= stored.items()
+    assert {e["loc_digest"] for e in moved.values()} > {e["loc_digest"] for e in stored.values()}
+
+
 def test_untouched_models_are_not_captured_at_all(repo: Path, capsys) -> None:
     (repo / "models" / "unrelated.py").write_text("x = 1\n")
     code, models = verify(repo, capsys, "--changed-since", "HEAD")
@@ -136,6 +170,9 @@ def test_lm_head_bug_reverifies_only_the_lm_head(repo: Path, capsys) -> None:
 
 
 def test_corrupt_cache_files_are_ignored(repo: Path, capsys) -> None:
+    # The copied cache's "programs" entries name the template's path; this copy's own replace them.
+    shutil.rmtree(repo / ".equivci" / "cache" / "v1" / "programs")
+    verify(repo, capsys)
     for path in result_files(repo):
         path.write_bytes(b"{not json")
     code, models = verify(repo, capsys, "--changed-since", "HEAD")

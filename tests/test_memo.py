@@ -103,3 +103,33 @@ def test_last_capture_record(tmp_path: Path) -> None:
     m.record_capture("equivci.yaml", "mlp", {"key": "k", "sources": ["a.py"]})
     assert Memo(tmp_path / "cache").last_capture("equivci.yaml", "mlp")["sources"] == ["a.py"]
     assert Memo(tmp_path / "cache").last_capture("other.yaml", "mlp") is None
+
+
+def test_repository_files_resolve_linked_folders_and_files(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "a.py").write_text("")
+    (root / "pkg" / "b.py").write_text("")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "c.py").write_text("")
+    (tmp_path / "alias").symlink_to(root / "pkg")  # a linked folder into the repository
+    (tmp_path / "outside" / "d.py").symlink_to(root / "pkg" / "b.py")  # a linked file
+    (root / "link.py").symlink_to(tmp_path / "outside" / "c.py")  # a file in the repository linking out
+    paths = [str(tmp_path / "alias" / "a.py"), str(tmp_path / "outside" / "d.py"), str(tmp_path / "outside" / "c.py"),
+             str(root / "link.py"), str(root / "pkg" / ".." / "pkg" / "a.py"), "relative.py", "<frozen runpy>",
+             str(root / ".equivci" / "cache" / "x.py")]
+    assert memo.repository_files(paths, root) == ["pkg/a.py", "pkg/b.py"]
+    assert memo.repository_files(paths, tmp_path / "alias" / "..") == ["pkg/a.py", "pkg/b.py"]  # the root is resolved too
+
+
+def test_program_keys_roundtrip_and_malformed_entries_are_ignored(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    m = Memo(cache)
+    m.put_program_keys("p" * 64, "c" * 64, "L", ["/repo/m.py"])
+    assert Memo(cache).program_keys("p" * 64) == {"content_key": "c" * 64, "loc_digest": "L", "files": ["/repo/m.py"]}
+    assert Memo(cache).program_keys("q" * 64) is None
+    for bad in ({"content_key": 1, "loc_digest": "L", "files": []}, {"content_key": "c", "loc_digest": "L"},
+                {"content_key": "c", "loc_digest": "L", "files": [3]}, ["not", "a", "dict"]):
+        m.put("programs", "r" * 64, bad)
+        fresh = Memo(cache)
+        assert fresh.program_keys("r" * 64) is None and fresh.ignored == [fresh.path("programs", "r" * 64)]

@@ -56,3 +56,41 @@ def test_user_errors_and_bugs_keep_their_kind(tmp_path, monkeypatch):
     with pytest.raises(sandbox.VerifierCrash) as crash:
         sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED)
     assert crash.value.type_name == "ZeroDivisionError" and "Traceback" in crash.value.child_traceback
+
+
+class _FreedMarker:
+    """Writes a file when freed."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __del__(self):
+        self.path.write_text("freed")
+
+
+def test_the_answer_goes_before_the_verifiers_data_is_freed(tmp_path, monkeypatch):
+    """The child answers as verify_model returns and ends there: its data is left to the exit,
+    never freed object by object first; with no monitoring tool id free, it answers after the
+    return, as a plain call would."""
+    import sys
+
+    verified = ModelResult("m", Status.VERIFIED, 0.1, LayerCounts(1, 1, 0))
+    marker = tmp_path / "freed"
+
+    def verify_model(*a):
+        data = _FreedMarker(marker)  # noqa: F841 - the verifier's working data
+        return verified
+
+    monkeypatch.setattr(engine, "verify_model", verify_model)
+    assert sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED) == verified
+    assert not marker.exists()
+    taken = []
+    try:
+        for tool in (3, 4):  # held by other tools: the forked child inherits that
+            sys.monitoring.use_tool_id(tool, "test")
+            taken.append(tool)
+        assert sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED) == verified
+        assert marker.read_text() == "freed"
+    finally:
+        for tool in taken:
+            sys.monitoring.free_tool_id(tool)

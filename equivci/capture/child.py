@@ -8,6 +8,7 @@ only moment the fake device count can be chosen.
 from __future__ import annotations
 
 import glob
+import io
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from equivci.capture import partitioned
 from equivci.errors import EquivciError
+from equivci.timings import Laps
 
 
 def _trace_failure(side: str, entry, exc: Exception) -> str:
@@ -52,10 +54,11 @@ def _spmd_dump(dump_dir: str) -> str | None:
     return Path(jit_files[-1]).read_text()
 
 
-def capture(request: dict) -> dict:
+def capture(request: dict, laps: Laps) -> dict:
     import jax
     from jax.tree_util import keystr, tree_flatten_with_path
 
+    laps.lap("import jax")
     from equivci.capture import entrypoints
     from equivci.manifest import load_manifest
 
@@ -63,35 +66,52 @@ def capture(request: dict) -> dict:
     model = next(m for m in manifest.models if m.name == request["model"])
     loaded = entrypoints.load_model(model, manifest.root)
     reference, bound, args, mesh = loaded.reference, loaded.distributed, loaded.args, loaded.mesh
+    laps.lap("load entrypoints")
 
-    t0 = time.perf_counter()
     try:
         ref_lowered = jax.jit(reference, keep_unused=True).lower(*args)
     except EquivciError:
         raise
     except Exception as exc:  # the user's reference failed to trace
         raise EquivciError(_trace_failure("reference", model.reference, exc)) from exc
+    laps.lap("lower reference")
     try:
         with jax.set_mesh(mesh):
             dist_lowered = jax.jit(bound, keep_unused=True).lower(*args)
     except Exception as exc:
         raise EquivciError(_trace_failure("distributed", model.distributed, exc)) from exc
-    lowering_seconds = time.perf_counter() - t0
+    laps.lap("lower distributed")
     entrypoints.check_same_outputs(ref_lowered.out_info, dist_lowered.out_info, model.name)
 
     # Memo: the content key of both lowered programs; a known key ends the capture here, before
     # the HLO conversion and the costly compile (a warm run costs about one lowering).
-    memo_fields = _memo_fields(request, model, args, ref_lowered, dist_lowered)
-    if memo_fields.get("cached"):
-        return {**memo_fields, "lowering_seconds": lowering_seconds}
+    keys = _MemoKeys(request["memo"], model, args, ref_lowered, dist_lowered) if request.get("memo") else None
+    memo_fields = {}
+    if keys is not None and keys.stored:
+        memo_fields = keys.fields()
+        laps.lap("content key")
+        if memo_fields["cached"]:
+            return memo_fields
     dump_dir = Path(os.environ["EQUIVCI_DUMP_DIR"])
-    # The compile runs in the background from here: the reference HLO conversion overlaps it, and
-    # the capture stops waiting as soon as the partitioned module is dumped.
+    # The compile runs in the background from here: the content key (when the memo did not know
+    # these programs), then the reference HLO conversion overlap it, and the capture stops waiting
+    # as soon as the partitioned module is dumped.
+    if keys is not None and not keys.stored:
+        keys.print_distributed()
     watcher = partitioned.watch(dump_dir)
     job = partitioned.BackgroundCompile(dist_lowered)
     job.start()
+    if keys is not None and not keys.stored:
+        memo_fields = keys.fields()
+        laps.lap("content key")
+        if memo_fields["cached"]:
+            return memo_fields
+    if "compiling_fd" in request:  # the result will be verified: the parent prepares for it meanwhile
+        os.write(request["compiling_fd"], b"compiling\n")
     reference_hlo = ref_lowered.as_text(dialect="hlo", debug_info=True)
+    laps.lap("reference HLO")
     spmd = partitioned.wait_for_spmd_dump(watcher, dump_dir, job) if watcher else None
+    laps.lap("SPMD partitioning")
 
     device_order = list(mesh.devices.flat)
     in_leaves = [(keystr(p), leaf) for p, leaf in tree_flatten_with_path(args)[0]]
@@ -100,6 +120,7 @@ def capture(request: dict) -> dict:
     partitioned_early = placements is not None
     if partitioned_early:
         distributed_hlo = spmd.text
+        laps.lap("placements")
     else:
         compiled = _full_compile(job, model)
         distributed_hlo = _spmd_dump(str(dump_dir)) or dist_lowered.as_text(dialect="hlo", debug_info=True)
@@ -107,12 +128,12 @@ def capture(request: dict) -> dict:
             _placements(in_leaves, jax.tree_util.tree_leaves(compiled.input_shardings[0]), device_order),
             _placements(out_leaves, jax.tree_util.tree_leaves(compiled.output_shardings), device_order),
         )
+        laps.lap("full compile, placements")
     return {
         "reference_hlo": reference_hlo,
         "distributed_hlo": distributed_hlo,
         "inputs": placements[0],
         "outputs": placements[1],
-        "lowering_seconds": lowering_seconds,
         "partitioned_early": partitioned_early,
         **memo_fields,
     }
@@ -154,59 +175,98 @@ def _dump_placements(spmd: partitioned.SpmdDump, lowered, in_leaves, out_leaves,
 _DUMP_FLAG = re.compile(r"--xla_dump_\S*")
 
 
-def _memo_fields(request: dict, model, args, ref_lowered, dist_lowered) -> dict:
-    """content_key, loc_digest and sources of this capture, and whether the parent can serve the
-    result from its memo (`cached`). Empty when the parent asked for no memo."""
-    memo_request = request.get("memo")
-    if not memo_request:
-        return {}
-    import importlib.metadata
+class _MemoKeys:
+    """The memo's view of one capture: the content key of both lowered programs (canonical
+    StableHLO text: no line numbers, repository root made relative), the digest of their source
+    locations, the files behind their ops, and whether the parent's memo holds the result.
 
-    import jax
-    from jax.tree_util import keystr, tree_flatten_with_path
+    Printing both programs with their locations costs 0.4 s at 405B shapes, canonicalizing and
+    scanning the texts another 0.1 s; writing them as MLIR bytecode costs 0.03 s. So the keys are
+    computed from the texts once per pair of programs and kept in the memo ("programs") under a
+    hash of the bytecode and everything else the keys depend on; a rerun of unchanged code finds
+    them without printing anything."""
 
-    from equivci import memo
+    def __init__(self, memo_request: dict, model, args, ref_lowered, dist_lowered) -> None:
+        import importlib.metadata
 
-    repo_root = memo_request["repo_root"]
-    # StableHLO with locations: printing it costs a tenth of the HLO conversion.
-    texts = (ref_lowered.as_text(debug_info=True), dist_lowered.as_text(debug_info=True))
+        import jax
+        from jax.tree_util import keystr, tree_flatten_with_path
 
-    def leaves(tree) -> str:
-        return json.dumps([[keystr(p), list(map(int, x.shape)), str(x.dtype)] for p, x in tree_flatten_with_path(tree)[0]])
+        from equivci import memo
 
-    key = memo.key(
-        memo_request["fingerprint"],
-        jax.__version__,
-        importlib.metadata.version("jaxlib"),
-        json.dumps(list(map(list, model.mesh))),
-        _DUMP_FLAG.sub("", os.environ.get("XLA_FLAGS", "")),
-        leaves(args),
-        leaves(dist_lowered.out_info),
-        *(memo.canonical_mlir(t, repo_root) for t in texts),
-    )
-    loc_digest = memo.location_digest(texts, repo_root)
-    skip = [str(Path(memo.__file__).resolve().parent)]  # equivci itself is in the fingerprint
-    imported = [
-        f for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
-        if f and not any(f.startswith(p + os.sep) for p in skip)
-    ]
-    sources = [
-        s for s in memo.source_files(texts, repo_root, imported)
-        if not any(part in ("site-packages", "dist-packages") for part in Path(s).parts)
-        and not str(Path(repo_root, s).resolve()).startswith(skip[0] + os.sep)
-    ]
-    known = memo_request.get("known") or {}
-    cached = (key in known and known[key] in (None, loc_digest)) or (
-        memo_request.get("cache_dir") is not None and memo.Memo(Path(memo_request["cache_dir"])).usable(key, loc_digest)
-    )
-    return {"content_key": key, "loc_digest": loc_digest, "sources": sources, "cached": bool(cached)}
+        def leaves(tree) -> str:
+            return json.dumps([[keystr(p), list(map(int, x.shape)), str(x.dtype)] for p, x in tree_flatten_with_path(tree)[0]])
+
+        self.memo = memo
+        self.request = memo_request
+        self.repo_root = memo_request["repo_root"]
+        self.lowered = (ref_lowered, dist_lowered)
+        self.common = (
+            memo_request["fingerprint"],
+            jax.__version__,
+            importlib.metadata.version("jaxlib"),
+            json.dumps(list(map(list, model.mesh))),
+            _DUMP_FLAG.sub("", os.environ.get("XLA_FLAGS", "")),
+            leaves(args),
+            leaves(dist_lowered.out_info),
+        )
+        self.store = memo.Memo(Path(memo_request["cache_dir"])) if memo_request.get("cache_dir") else None
+        try:
+            self.programs = memo.key("programs", *self.common, self.repo_root, *map(_bytecode, self.lowered))
+        except Exception:  # noqa: BLE001 - a shortcut only: without it the texts give the keys
+            self.programs = None
+        self.stored = self.store.program_keys(self.programs) if self.store is not None and self.programs else None
+        self.texts: dict[int, str] = {}
+
+    def print_distributed(self) -> None:
+        """Its text, before the compile starts: the compile then has the module to itself."""
+        self.texts[1] = self.lowered[1].as_text(debug_info=True)
+
+    def fields(self) -> dict:
+        """content_key, loc_digest, sources and `cached` (computed from the texts, and stored for
+        the next run, where the memo did not know these programs)."""
+        memo = self.memo
+        keys = self.stored
+        if keys is None:
+            texts = [self.texts.get(i) or lowered.as_text(debug_info=True) for i, lowered in enumerate(self.lowered)]
+            keys = {
+                "content_key": memo.key(*self.common, *(memo.canonical_mlir(t, self.repo_root) for t in texts)),
+                "loc_digest": memo.location_digest(texts, self.repo_root),
+                "files": memo.named_files(texts),
+            }
+            if self.store is not None and self.programs:
+                self.store.put_program_keys(self.programs, **keys)
+        key, loc_digest = keys["content_key"], keys["loc_digest"]
+        skip = str(Path(memo.__file__).resolve().parent)  # equivci itself is in the fingerprint
+        imported = [
+            f for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
+            if f and not f.startswith(skip + os.sep)
+        ]
+        sources = [
+            s for s in memo.repository_files(keys["files"] + imported, self.repo_root)
+            if not any(part in ("site-packages", "dist-packages") for part in Path(s).parts)
+            and not str(Path(self.repo_root, s).resolve()).startswith(skip + os.sep)
+        ]
+        known = self.request.get("known") or {}
+        cached = (key in known and known[key] in (None, loc_digest)) or (
+            self.store is not None and self.store.usable(key, loc_digest))
+        return {"content_key": key, "loc_digest": loc_digest, "sources": sources, "cached": bool(cached)}
+
+
+def _bytecode(lowered) -> bytes:
+    buffer = io.BytesIO()
+    lowered.compiler_ir("stablehlo").operation.write_bytecode(file=buffer)
+    return buffer.getvalue()
 
 
 def main(argv: list[str]) -> int:
     request_path, result_path = argv
     request = json.loads(Path(request_path).read_text())
+    laps = Laps()
+    # From the parent's spawn to here: the interpreter's start and equivci's imports.
+    laps.rows.append(("start-up", max(0.0, time.time() - request.get("spawned_at", time.time()))))
     try:
-        result = capture(request)
+        result = {**capture(request, laps), "timings": laps.rows}
     except EquivciError as err:
         result = {"error": str(err), "traceback": traceback.format_exc()}
     except Exception as exc:  # anything else is still reported as a capture error, with details for --debug

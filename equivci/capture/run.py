@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from equivci.capture import partitioned
@@ -18,13 +21,11 @@ CAPTURE_TIMEOUT_SECONDS = 900
 
 
 def repo_root_of(folder: Path) -> Path:
-    """The git work tree containing `folder`, or `folder` itself outside git."""
-    import git
-
-    try:
-        return Path(git.Repo(folder, search_parent_directories=True).working_tree_dir).resolve()
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        return folder.resolve()
+    """The git work tree containing `folder`: the nearest folder with a `.git` entry (the folder
+    of a repository, a linked work tree or a submodule), or `folder` itself outside git. A plain
+    walk, as git does it: importing GitPython would start a `git` process on every run."""
+    start = folder.resolve()
+    return next((p for p in (start, *start.parents) if (p / ".git").exists()), start)
 
 
 def child_env(num_devices: int, extra_flags: str = "") -> dict[str, str]:
@@ -48,38 +49,56 @@ def _leaves(rows: list[dict]) -> tuple[LeafPlacement, ...]:
     )
 
 
-def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, memo: dict | None = None) -> CapturedModel:
+def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, memo: dict | None = None,
+                  on_compile: Callable[[], None] | None = None) -> CapturedModel:
     """`memo`: {"fingerprint", "repo_root", "cache_dir" (or None), "known": {key: loc digest or None}}
     asks the child for the content key and sources, and to stop before compiling when the key is
-    known (then the result has cached=True and no HLO)."""
+    known (then the result has cached=True and no HLO). `on_compile()` runs here while the child
+    compiles (the result will have to be verified): work the parent can do meanwhile."""
     with tempfile.TemporaryDirectory(prefix="equivci-capture-") as tmp:
         request, result_path, dump_dir = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "dump")
         fields = {"manifest": str(manifest.path), "model": model.name}
         if memo is not None:
             fields["memo"] = memo
-        request.write_text(json.dumps(fields))
         env = child_env(
             model.num_devices,
             f"--xla_dump_to={dump_dir} {partitioned.DUMP_FLAGS}",
         )
         env["EQUIVCI_DUMP_DIR"] = str(dump_dir)
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "equivci.capture.child", str(request), str(result_path)],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=CAPTURE_TIMEOUT_SECONDS,
-                cwd=manifest.root,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise EquivciError(
-                f"capturing model '{model.name}' took longer than {CAPTURE_TIMEOUT_SECONDS} s and was stopped; "
-                "check that inputs() returns jax.ShapeDtypeStruct leaves (no real arrays) and that the "
-                "entrypoints do no work at import time."
-            ) from exc
+        compiling, compiling_w = os.pipe()
+        fields["compiling_fd"] = compiling_w
+        fields["spawned_at"] = time.time()
+        request.write_text(json.dumps(fields))
+        deadline = time.monotonic() + CAPTURE_TIMEOUT_SECONDS
+        # Output to files, not pipes: nothing the user's code prints can fill a pipe and stall
+        # the child while this process waits for the compile signal.
+        with open(Path(tmp, "out"), "wb") as out, open(Path(tmp, "err"), "w+b") as err:
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "equivci.capture.child", str(request), str(result_path)],
+                    env=env, stdout=out, stderr=err, cwd=manifest.root, pass_fds=(compiling_w,),
+                )
+            finally:
+                os.close(compiling_w)
+            try:
+                # A line when the compile starts; end of file when the child exits without one.
+                if select.select([compiling], [], [], CAPTURE_TIMEOUT_SECONDS)[0] and os.read(compiling, 64) and on_compile:
+                    on_compile()
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired as exc:
+                proc.kill()
+                proc.wait()
+                raise EquivciError(
+                    f"capturing model '{model.name}' took longer than {CAPTURE_TIMEOUT_SECONDS} s and was stopped; "
+                    "check that inputs() returns jax.ShapeDtypeStruct leaves (no real arrays) and that the "
+                    "entrypoints do no work at import time."
+                ) from exc
+            finally:
+                os.close(compiling)
+            err.seek(0)
+            stderr = err.read().decode(errors="replace")
         if not result_path.exists():
-            tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+            tail = "\n".join(stderr.strip().splitlines()[-5:])
             raise EquivciError(
                 f"the capture process for model '{model.name}' died (exit code {proc.returncode}) before "
                 f"reporting; its last output was:\n{tail}"
@@ -99,7 +118,7 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, mem
         inputs=() if cached else _leaves(result["inputs"]),
         outputs=() if cached else _leaves(result["outputs"]),
         repo_root=str(repo_root_of(manifest.root)),
-        lowering_seconds=result["lowering_seconds"],
+        timings=tuple((str(stage), float(seconds)) for stage, seconds in result.get("timings", ())),
         content_key=result.get("content_key", ""),
         loc_digest=result.get("loc_digest", ""),
         sources=tuple(result.get("sources", ())),

@@ -28,7 +28,6 @@ class CapturedModel:
     inputs: tuple[LeafPlacement, ...]  # distributed placements of the flattened inputs
     outputs: tuple[LeafPlacement, ...]  # distributed placements of the flattened outputs
     repo_root: str  # absolute; source paths in findings are relative to it
-    lowering_seconds: float = 0.0
     # Memo (set when the parent asked for it): content key of both lowered programs, digest of their
     # source locations, repository-relative source files behind the ops (and repository modules
     # imported). `cached`: the child stopped before compiling because the memo holds the result;
@@ -40,6 +39,8 @@ class CapturedModel:
     # The child took the distributed program and placements from the SPMD-partitioning dump and
     # did not wait for the rest of XLA's compile (see capture/partitioned.py).
     partitioned_early: bool = False
+    # (stage, seconds) of the capture, for --timings (see equivci.timings).
+    timings: tuple[tuple[str, float], ...] = ()
 
     @property
     def num_devices(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +17,8 @@ from equivci.pipeline import run_models, select_models
 from equivci.report.json_report import write_json
 from equivci.report.text import RunProgress, write_text
 from equivci.results import Report
+from equivci.timings import Laps
+from equivci.timings import write as write_timings
 
 
 class OutputFormat(str, enum.Enum):
@@ -29,9 +32,13 @@ ManifestOption = Annotated[
     Path, typer.Option("--manifest", help="Manifest file; entrypoint paths are relative to its folder.")
 ]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors (yours and equivci's).")]
+TimingsOption = Annotated[
+    bool, typer.Option("--timings", help="Print on stderr where the time went, stage by stage (capture, memo, verify).")
+]
 
 
 def verify(
+    ctx: typer.Context,
     manifest: ManifestOption = Path("equivci.yaml"),
     model: Annotated[list[str], typer.Option("--model", help="Verify only this model (repeatable).")] = [],
     tag: Annotated[list[str], typer.Option("--tag", help="Verify only models with this tag (repeatable).")] = [],
@@ -55,8 +62,12 @@ def verify(
         typer.Option("--cache-dir", help="Cache folder (default: .equivci/cache at the repository root)."),
     ] = None,
     debug: DebugOption = False,
+    timings: TimingsOption = False,
 ) -> None:
     """Prove each selected distributed entrypoint equivalent to its reference."""
+    started = ctx.obj["started"]
+    laps = Laps(started)
+    laps.lap("start-up (imports, arguments)")
     as_json = output_format is OutputFormat.json
     try:
         loaded = load_manifest(manifest)
@@ -71,13 +82,23 @@ def verify(
             loaded, models, progress, debug=debug,
             changed_since=changed_since, no_cache=no_cache, cache_dir=cache_dir, all_models=all_models,
         )
+    laps.lap("models", [row for result in report.models for row in _model_rows(result)], rest="other (manifest)")
     if as_json:
         write_json(report, sys.stdout)
     elif output_format is OutputFormat.text:
         write_text(report, sys.stdout)
     else:
         sys.stdout.write(_render_document(output_format, report, loaded))
+    sys.stdout.flush()
+    laps.lap("report")
+    if timings:
+        laps.rows.append(("total", time.perf_counter() - started))
+        write_timings(laps.rows, sys.stderr)
     raise typer.Exit(report.exit_code())
+
+
+def _model_rows(result) -> list:
+    return [(result.name, result.seconds)] + [(f"{result.name}/{stage}", s) for stage, s in result.timings]
 
 
 def _render_document(output_format: OutputFormat, report: Report, manifest) -> str:

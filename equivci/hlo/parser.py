@@ -84,11 +84,15 @@ def parse_shape(text: str) -> Shape:
     return Shape(m.group(1), dims)
 
 
+_SHAPE_AT = re.compile(r"[a-z][a-z0-9]*\[[0-9,\s]*\](\{[^}]*\})?")
+_OPCODE = re.compile(r"([\w\-]+)\(")
+
+
 def _scan_shape(text: str, pos: int) -> int:
     """End index of the shape starting at text[pos]."""
     if text[pos] == "(":
         return _balanced_end(text, pos)
-    m = re.compile(r"[a-z][a-z0-9]*\[[0-9,\s]*\](\{[^}]*\})?").match(text, pos)
+    m = _SHAPE_AT.match(text, pos)
     if not m:
         raise HloParseError(f"expected a shape at: {text[pos:pos + 60]!r}")
     return m.end()
@@ -117,17 +121,25 @@ class _Tables:
         self.functions: dict[int, str] = {}
         self.locations: dict[int, tuple[int, int, int]] = {}  # id -> (file id, function id, line)
         self.frames: dict[int, tuple[int, int]] = {}  # id -> (location id, parent frame id)
+        # Stacks by frame id: the instructions of a big module share a few thousand frames, and
+        # walking each instruction's stack anew was half of parsing.
+        self._stacks: dict[int, tuple[SourceLoc, ...]] = {}
 
     def stack(self, frame_id: int) -> tuple[SourceLoc, ...]:
-        out, seen = [], set()
-        while frame_id in self.frames and frame_id not in seen:
+        chain, seen = [], set()
+        while frame_id in self.frames and frame_id not in seen and frame_id not in self._stacks:
             seen.add(frame_id)
-            loc_id, parent = self.frames[frame_id]
-            file_id, fn_id, line = self.locations.get(loc_id, (0, 0, 0))
-            out.append(SourceLoc(self.files.get(file_id, "?"), line, self.functions.get(fn_id, "")))
+            chain.append(frame_id)
             # Printed parent ids are off by one: 1 names no parent, k + 1 names frame k.
-            frame_id = parent - 1
-        return tuple(out)
+            frame_id = self.frames[frame_id][1] - 1
+        cycle = frame_id in seen
+        out = () if cycle else self._stacks.get(frame_id, ())
+        for frame in reversed(chain):
+            file_id, fn_id, line = self.locations.get(self.frames[frame][0], (0, 0, 0))
+            out = (SourceLoc(self.files.get(file_id, "?"), line, self.functions.get(fn_id, "")),) + out
+            if not cycle:  # on a cycle a frame's stack depends on where the walk began
+                self._stacks[frame] = out
+        return out
 
 
 _TABLE_NAMES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
@@ -162,7 +174,7 @@ def _parse_instruction(line: str, tables: _Tables) -> Instruction:
     shape_end = _scan_shape(line, pos)
     shape = parse_shape(line[pos:shape_end])
     rest = line[shape_end:].lstrip()
-    om = re.match(r"([\w\-]+)\(", rest)
+    om = _OPCODE.match(rest)
     if not om:
         raise HloParseError(f"cannot parse opcode in: {line.strip()[:120]!r}")
     opcode = om.group(1)
@@ -209,7 +221,7 @@ def parse_module(text: str) -> Module:
     comp_name, comp_entry = "", False
     for raw in lines:
         # XLA numbers long tuples and operand lists with /*index=N*/ comments.
-        line = _COMMENT.sub("", raw).rstrip()
+        line = (_COMMENT.sub("", raw) if "/*" in raw else raw).rstrip()
         stripped = line.strip()
         if not stripped or stripped.startswith("//"):
             continue

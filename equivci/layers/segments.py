@@ -13,6 +13,7 @@ A segment's outputs are its terms used by a later segment, and the model outputs
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import re
 from collections.abc import Iterable, Iterator
@@ -26,6 +27,7 @@ _SCOPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 _NUMBERED = re.compile(r"\d+$")
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked for every op's value of both programs: names repeat
 def layer_of(op_name: str) -> str | None:
     """The layer an op belongs to: the user's scope path down to the first numbered scope
     (`jit(f)/Model/layers_3/mlp/dot_general` -> `Model/layers_3`), else the outermost scope

@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 from equivci.results import ModelResult, Report, Status
 
@@ -97,6 +99,9 @@ class RunProgress:
 
     def __enter__(self) -> RunProgress:
         if _interactive(self.console):
+            # Imported here: logs and pipes (CI) have no live bar.
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
             self._bar = Progress(
                 TextColumn("[bold]equivci[/]"),
                 BarColumn(),

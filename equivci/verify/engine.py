@@ -10,6 +10,7 @@ from equivci.layers.segments import Layering, layer_of, leaves, split
 from equivci.manifest import Manifest, ModelSpec
 from equivci.memo import Memo
 from equivci.results import Finding, LayerCounts, ModelResult, Status
+from equivci.timings import Laps
 from equivci.verify.instantiate import Unsupported
 from equivci.verify.layered import prefix_proof, prove_layers
 from equivci.verify.localize import Defect, source_of
@@ -28,43 +29,52 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
     """`memo` serves and stores layer proofs (kind "layers"); without one, identical layers are
     still proved once within the model. `on_layer(done, total)` after each layer."""
     t0 = time.perf_counter()
+    laps = Laps(t0)
     try:
         reference = parse_module(captured.reference_hlo)
         distributed = parse_module(captured.distributed_hlo)
+        laps.lap("parse HLO")
         programs = build_programs(reference, distributed, captured.inputs, captured.outputs, captured.num_devices)
+        laps.lap("build programs")
     except (HloParseError, Unsupported) as exc:
         finding = Finding(None, None, "error", None, f"equivci cannot model this program yet: {exc}")
-        return _finish(model, Status.UNPROVEN, t0, (finding,), LayerCounts(1, 0, 0))
+        return _finish(model, Status.UNPROVEN, t0, (finding,), LayerCounts(1, 0, 0), laps)
     # The layer proofs do not carry the initial-state obligations of loops: such models are proved whole.
     layering = None if programs.obligations else split(
         programs.reference_events, programs.distributed_events, programs.reference_outputs,
         programs.device_outputs, programs.targets)
+    laps.lap("split layers")
     layers = LayerCounts(1, 0, 0)
     if layering is not None:
         layered = prove_layers(programs, layering, memo if memo is not None else Memo(None), on_layer)
         outcomes = layered.layers
         layers = LayerCounts(len(outcomes), sum(o.proved for o in outcomes), sum(o.reused for o in outcomes))
+        laps.lap(f"prove layers ({layers.total - layers.reused} new, {layers.reused} reused)")
         if layered.all_proved:
             return _finish(model, Status.VERIFIED, t0, _assumptions(programs, captured),
-                           LayerCounts(layers.total, layers.total, layers.reused))
+                           LayerCounts(layers.total, layers.total, layers.reused), laps)
     # The layers alone do not prove it (a relation between layers that is not a window, or a
     # real defect): prove the whole program, which also gives the localization its e-graph; on a
     # big model only up to the first unproved layer, where the first defect is.
     if layering is not None and len(programs.evaluator.table) > WHOLE_PROGRAM_TERMS:
         proof = prefix_proof(programs, layering, layered.layers)
+        laps.lap("prove up to the first unproved layer")
     else:
         proof = saturate(programs)
+        laps.lap("prove whole program")
     if proof.all_proved:
         return _finish(model, Status.VERIFIED, t0, _assumptions(programs, captured),
-                       LayerCounts(layers.total, layers.total, layers.reused))
+                       LayerCounts(layers.total, layers.total, layers.reused), laps)
 
     defect = defect_with_loops(programs, proof, captured.mesh)
     findings = [_finding(defect, captured, programs.distributed_events, layering)] if defect else [_output_finding(proof, captured)]
+    laps.lap("localize")
     counterexample = _counterexample(model, manifest, captured)
+    laps.lap("counterexample")
     if counterexample is not None:
         findings.append(Finding(findings[0].path, findings[0].line, "error", findings[0].layer, counterexample))
-        return _finish(model, Status.MISMATCH, t0, tuple(findings), layers)
-    return _finish(model, Status.UNPROVEN, t0, tuple(findings), layers)
+        return _finish(model, Status.MISMATCH, t0, tuple(findings), layers, laps)
+    return _finish(model, Status.UNPROVEN, t0, tuple(findings), layers, laps)
 
 
 def _assumptions(programs, captured: CapturedModel) -> tuple[Finding, ...]:
@@ -79,8 +89,9 @@ def _assumptions(programs, captured: CapturedModel) -> tuple[Finding, ...]:
     return tuple(notes)
 
 
-def _finish(model, status, t0, findings, layers: LayerCounts) -> ModelResult:
-    return ModelResult(model.name, status, round(time.perf_counter() - t0, 3), layers, tuple(findings))
+def _finish(model, status, t0, findings, layers: LayerCounts, laps: Laps) -> ModelResult:
+    return ModelResult(model.name, status, round(time.perf_counter() - t0, 3), layers, tuple(findings),
+                       timings=tuple(laps.rows))
 
 
 def _layer_of_defect(defect: Defect, events: list, layering: Layering | None) -> str | None:

@@ -97,12 +97,13 @@ def prove_layers(programs: Programs, layering: Layering, memo: memo_mod.Memo, pr
     relations: dict[Term, tuple[Term, Window]] = {}
     entry_leaves: dict[Term, Term] = {}
     proved = [[False] * len(row) for row in programs.device_outputs]
-    known = _Known.of(programs)
+    reference_values = list(programs.params) + [v for e in programs.reference_events for v in leaves(e.values[0])]
+    index = _ModelIndex(reference_values, programs.evaluator.equal_terms)
     outcomes = []
     for n, segment in enumerate(layering.segments):
         t0 = time.perf_counter()
         abstraction = _Abstraction(programs, layering, segment.name, relations, entry_leaves)
-        problem = _Problem.of(segment, programs, abstraction, known)
+        problem = _Problem.of(segment, programs, abstraction, index)
         key = memo_mod.key(memo_mod.fingerprint(), "layer", problem.form.digest)
         stored = _valid(memo.get("layers", key), problem)
         result = stored or _prove(problem, programs)
@@ -121,30 +122,37 @@ def prove_layers(programs: Programs, layering: Layering, memo: memo_mod.Memo, pr
     return LayeredProof(proved, outcomes)
 
 
-@dataclasses.dataclass
-class _Known:
-    """The model's reference values and groups of terms known equal, indexed by term: each layer
-    looks up the terms it reaches (a scan of the whole model per layer is quadratic in the layers)."""
+class _ModelIndex:
+    """The model's reference values and groups of equal terms, found from a layer's own terms.
 
-    reference: set[Term]
-    groups: list[list[Term]]
-    groups_of: dict[Term, list[int]]  # a group's first term -> the group's index
+    A layer scanning the whole model's lists (18k reference values at 405B shapes) costs time in
+    proportion to the model, so the layers together cost time quadratic in their number."""
 
-    @classmethod
-    def of(cls, programs: Programs) -> "_Known":
-        reference = set(programs.params) | {v for e in programs.reference_events for v in leaves(e.values[0])}
-        groups = programs.evaluator.equal_terms
-        groups_of: dict[Term, list[int]] = {}
-        for i, group in enumerate(groups):
-            groups_of.setdefault(group[0], []).append(i)
-        return cls(reference, groups, groups_of)
+    def __init__(self, reference_values: list[Term], equal_terms: list[list[Term]]):
+        self.reference_values = reference_values
+        self.positions: dict[Term, list[int]] = {}
+        for i, v in enumerate(reference_values):
+            self.positions.setdefault(v, []).append(i)
+        self.equal_terms = equal_terms  # appended to while terms are made: indexed as it grows
+        self._groups_of: dict[Term, list[int]] = {}
+        self._empty: list[int] = []
+        self._indexed = 0
 
-    def marked(self, seen: dict[Term, Term]) -> list[Term]:
-        return [mapped for t, mapped in seen.items() if t in self.reference]
+    def reference_values_among(self, terms) -> list[Term]:
+        """The reference values in `terms`, in order and with repeats, as in the model's list."""
+        return [self.reference_values[i] for i in sorted(i for t in terms for i in self.positions.get(t, ()))]
 
-    def groups_in(self, seen: dict[Term, Term]) -> list[list[Term]]:
-        found = sorted(i for t in seen for i in self.groups_of.get(t, ()))
-        return [[seen[t] for t in self.groups[i]] for i in found if all(t in seen for t in self.groups[i])]
+    def groups_among(self, terms) -> list[list[Term]]:
+        """The groups all of whose terms are in `terms`, in the model's order."""
+        for j in range(self._indexed, len(self.equal_terms)):
+            group = self.equal_terms[j]
+            for t in group:
+                self._groups_of.setdefault(t, []).append(j)
+            if not group:
+                self._empty.append(j)
+        self._indexed = len(self.equal_terms)
+        found = {j for t in terms for j in self._groups_of.get(t, ())}
+        return [self.equal_terms[j] for j in sorted(found.union(self._empty)) if all(t in terms for t in self.equal_terms[j])]
 
 
 @dataclasses.dataclass
@@ -159,12 +167,14 @@ class _Problem:
     form: object
 
     @classmethod
-    def of(cls, segment: Segment, programs: Programs, abstraction: _Abstraction, known: _Known):
+    def of(cls, segment: Segment, programs: Programs, abstraction: _Abstraction, index: _ModelIndex):
         reference_outputs = [abstraction(t) for t in segment.reference_outputs]
         distributed_outputs = [abstraction(t) for t in segment.distributed_outputs]
         pairs = [(abstraction(programs.device_outputs[d][k]), abstraction(programs.targets[d][k]))
                  for d, k in segment.obligations]
-        marked, groups = known.marked(abstraction.map), known.groups_in(abstraction.map)
+        seen = abstraction.map
+        marked = [seen[v] for v in index.reference_values_among(seen)]
+        groups = [[seen[t] for t in g] for g in index.groups_among(seen)]
         roots = reference_outputs + distributed_outputs + [t for pair in pairs for t in pair]
         return cls(reference_outputs, distributed_outputs, pairs, marked, groups, canonical_form(roots, marked, groups))
 
