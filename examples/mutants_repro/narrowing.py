@@ -1,13 +1,13 @@
-"""UNSOUND: equivci verifies programs that differ on valid inputs (found by the mutation sweep's
-probes, bench/mutants.py).
+"""Regression reproducer of an unsound verdict (found by the mutation sweep's probes,
+bench/mutants.py; fixed in equivci/verify/instantiate.py, Evaluator._set_bounds).
 
 The reference indexes with `ids`, so equivci assumes ids in [0, size) (the documented index
-assumption) and gives `ids` those bounds. A `convert` keeps its operand's bounds
-(BOUND_PRESERVING in equivci/verify/instantiate.py), also when it narrows: ids.astype(int8) is
-bounded [0, 128] though it wraps to -128 at ids = 128. The compare `>= 0` is then folded to
-true, the mask disappears, and the masked lookup is "proved" equal to the plain one. It is not:
-ids = 128 is a valid index of the 129-row table, and the distributed program returns 0 there.
-check.py runs both programs on such ids.
+assumption) and gives `ids` those bounds. A `convert` used to keep its operand's bounds also when
+it narrows: ids.astype(int8) was bounded [0, 128] though it wraps to -128 at ids = 128. The compare
+`>= 0` was then folded to true, the mask disappeared, and the masked lookup was "proved" equal to
+the plain one. It is not: ids = 128 is a valid index of the 129-row table, and the distributed
+program returns 0 there. Both models must come out `unproven` (the numeric oracle never draws such
+ids, so no counterexample); check.py runs both programs on such ids and shows they differ.
 """
 
 import jax
