@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -35,6 +34,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from equivci import timings
 
 HERE = Path(__file__).resolve().parent
 EQUIVCI = [sys.executable, "-m", "equivci"]
@@ -93,29 +94,13 @@ def run_measured(cmd: list[str], cwd: Path, env: dict, timeout: float) -> dict:
     stdout = out_file.read().decode()
     code = os.waitstatus_to_exitcode(status) if proc.returncode != -9 else None
     return {"seconds": wall, "rss_mb": usage.ru_maxrss / 1024, "exit": code, "stdout": stdout,
-            "stages": parse_timings(err_file.read().decode(errors="replace"))}
+            "stages": timings.read(err_file.read().decode(errors="replace"))}
 
 
 def best_of(runs: list[dict]) -> dict:
     """The fastest of the runs, with the largest peak RSS seen."""
     best = min(runs, key=lambda r: r["seconds"])
     return {**best, "rss_mb": max(r["rss_mb"] for r in runs), "runs": len(runs)}
-
-
-def parse_timings(stderr: str) -> dict[str, float]:
-    """`equivci verify --timings`' table as {"stage/part/...": seconds}."""
-    marker = "equivci: timings (wall seconds)\n"
-    if marker not in stderr:
-        return {}
-    rows, path = {}, []
-    for line in stderr[stderr.index(marker) + len(marker):].splitlines():
-        m = re.fullmatch(r"  ( *)(.+?) +(\d+\.\d+)", line)
-        if not m:
-            break
-        depth = len(m.group(1)) // 2
-        path[depth:] = [m.group(2)]
-        rows["/".join(path)] = float(m.group(3))
-    return rows
 
 
 # Columns of the stage table: a stage of one model (capture/..., verify/...) or of the run.

@@ -153,12 +153,6 @@ def repository_files(paths: Iterable[str], repo_root: str | Path) -> list[str]:
     return sorted(f for f in found if not f.startswith(".equivci/"))
 
 
-def source_files(hlo_texts: Iterable[str], repo_root: str | Path, extra: Iterable[str] = ()) -> list[str]:
-    """Repository-relative files named in HLO or StableHLO texts (see named_files), plus `extra`
-    absolute paths (modules imported during capture), keeping files under the repository root only."""
-    return repository_files([*named_files(hlo_texts), *extra], repo_root)
-
-
 def location_digest(hlo_texts: Iterable[str], repo_root: str | Path) -> str:
     """A digest of where every op comes from (the full texts, repository root made relative)."""
     root = str(Path(repo_root).resolve())

@@ -8,12 +8,15 @@ rows back with their answers; the CLI prints them on stderr, one block per run.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
 from typing import TextIO
 
 Row = tuple[str, float]
 CHILD_REST = "other (process start and exit, transfer)"
+HEADER = "equivci: timings (wall seconds)"
+ROW = re.compile(r"  ( *)(.+?) +(\d+\.\d{3})")  # a line of the table: indent, stage, seconds
 
 
 class Laps:
@@ -42,7 +45,22 @@ def write(rows: Iterable[Row], out: TextIO) -> None:
     """The rows as a table with each part indented under its stage, in the order measured."""
     lines = [("  " * stage.count("/") + stage.rsplit("/", 1)[-1], seconds) for stage, seconds in rows]
     width = max((len(name) for name, _ in lines), default=0)
-    out.write("equivci: timings (wall seconds)\n")
+    out.write(HEADER + "\n")
     for name, seconds in lines:
         out.write(f"  {name:<{width}}  {seconds:7.3f}\n")
     out.flush()
+
+
+def read(text: str) -> dict[str, float]:
+    """The table `write` printed into `text` (stderr of a run), as {"stage/part/...": seconds}."""
+    if HEADER not in text:
+        return {}
+    rows, path = {}, []
+    for line in text[text.index(HEADER) + len(HEADER):].splitlines()[1:]:
+        m = ROW.fullmatch(line)
+        if not m:
+            break
+        depth = len(m.group(1)) // 2
+        path[depth:] = [m.group(2)]
+        rows["/".join(path)] = float(m.group(3))
+    return rows

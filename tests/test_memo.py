@@ -38,14 +38,15 @@ def test_canonical_mlir_strips_lines_keeps_names(tmp_path: Path) -> None:
     assert memo.canonical_mlir(a, root) == memo.canonical_mlir(b, root)
     assert memo.canonical_mlir(a, root) != memo.canonical_mlir(c, root)
     assert memo.location_digest([a], root) != memo.location_digest([b], root)
-    assert memo.source_files([a], root) == ["m.py"]
+    assert memo.repository_files(memo.named_files([a]), root) == ["m.py"]
 
 
 def test_source_files_keep_repository_files_only(tmp_path: Path) -> None:
     root = tmp_path / "repo"
     (root / "pkg").mkdir(parents=True)
     text = f'FileNames\n1 "<frozen runpy>"\n2 "/usr/lib/python3/x.py"\n3 "{root}/pkg/a.py"\n\nFunctionNames\n1 "f"\n'
-    assert memo.source_files([text], root, extra=[str(root / "pkg" / "b.py"), "/elsewhere/c.py"]) == ["pkg/a.py", "pkg/b.py"]
+    extra = [str(root / "pkg" / "b.py"), "/elsewhere/c.py"]
+    assert memo.repository_files([*memo.named_files([text]), *extra], root) == ["pkg/a.py", "pkg/b.py"]
 
 
 def test_store_roundtrip_writes_cachedir_tag_atomically(tmp_path: Path) -> None:

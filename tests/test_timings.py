@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from equivci.timings import Laps, write
+from equivci.timings import HEADER, ROW, Laps, read, write
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "models"
 MANIFEST = """\
@@ -52,15 +52,10 @@ def _verify(repo: Path, *args: str) -> tuple[dict, dict[str, float]]:
                           cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)  # the report alone on stdout
-    block = proc.stderr[proc.stderr.index("equivci: timings (wall seconds)"):].splitlines()[1:]
-    rows, path = {}, []
+    block = proc.stderr[proc.stderr.index(HEADER):].splitlines()[1:]
     for line in block:
-        m = re.fullmatch(r"  ( *)(.+?) +(\d+\.\d{3})", line)
-        assert m, line
-        depth = len(m.group(1)) // 2
-        path[depth:] = [m.group(2)]
-        rows["/".join(path)] = float(m.group(3))
-    return doc, rows
+        assert ROW.fullmatch(line), line
+    return doc, read(proc.stderr)
 
 
 def test_timings_of_a_cold_and_a_warm_run(tmp_path: Path) -> None:
@@ -99,7 +94,7 @@ def test_the_benchmark_reads_the_table_back() -> None:
             ("models/m/verify/prove layers (3 new, 30 reused)", 0.6), ("total", 3.3)]
     out = io.StringIO()
     write(rows, out)
-    parsed = bench.parse_timings("equivci: [1/1] m: verified (2.9 s)\n" + out.getvalue())
+    parsed = read("equivci: [1/1] m: verified (2.9 s)\n" + out.getvalue())
     assert parsed == dict(rows)
     columns = bench.stage_columns(parsed)
     assert [columns[c] for c in ("start-up", "jax", "lower", "layers")] == pytest.approx([0.25, 0.5, 0.7, 0.6])
