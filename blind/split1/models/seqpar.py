@@ -49,7 +49,7 @@ def block(p: BlockParams, x):
 
 
 def block_inputs():
-    f = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+    f = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
     return (BlockParams(ln1=f(D), wq=f(D, H, HD), wk=f(D, H, HD), wv=f(D, H, HD),
                         wo=f(H, HD, D), ln2=f(D), w1=f(D, FF), w2=f(FF, D)),
             f(B, S, D))
