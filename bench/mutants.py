@@ -6,7 +6,7 @@ sidecars, via tests/zoo_cases.py), the distributed function is mutated with Pyth
 mesh axis, a changed `axis=`/`tiled=`, a slice start moved, `axis_index` replaced by 0, a
 reversed ppermute ring, a PartitionSpec entry moved, ...). Module-level helpers the distributed
 function calls are cloned first (`_layer` -> `_layer__dist`), so a mutant never touches the
-reference. Each mutant goes to the numeric oracle (equivci/capture/numeric.py, random inputs on
+reference. Each mutant goes to the numeric oracle (equivci/capture/oracle.py, random inputs on
 the fake mesh, several seeds) and, if it runs, to `equivci verify --no-cache --format json`.
 
     python bench/mutants.py                                  # full sweep
@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO / "tests"))  # zoo_cases: the labelled models and th
 
 import yaml  # noqa: E402
 
-from equivci.capture.numeric import NumericComparison, compare_many_in_child  # noqa: E402
+from equivci.capture.oracle import NumericComparison, compare_many_in_child  # noqa: E402
 from equivci.errors import EquivciError  # noqa: E402
 from zoo_cases import MANIFESTS, Case, cases  # noqa: E402
 

@@ -18,7 +18,7 @@ from equivci.capture.types import LeafPlacement
 from equivci.hlo.parser import parse_module
 from equivci.results import Status
 from equivci.verify.engine import verify_model
-from equivci.verify.prove import build_programs, saturate
+from equivci.prove.saturate import build_programs, saturate
 
 import model_package
 
@@ -280,8 +280,8 @@ def test_a_start_known_only_as_a_term_gives_dynamic_terms():
 # -- constant scalar factors pulled out of terms (Evaluator.factored) ---------------------------
 def _scale_setup():
     from equivci.hlo.ir import Shape
-    from equivci.verify.instantiate import Evaluator
-    from equivci.verify.terms import TermTable
+    from equivci.translate.evaluator import Evaluator
+    from equivci.terms.ir import TermTable
 
     ev = Evaluator(None, TermTable(), 1)
     x = ev.table.make("param", (0,), (), (4, 6), "f32")
@@ -323,7 +323,7 @@ def _cases():
 
 @pytest.mark.parametrize("name", list(_cases()[1]))
 def test_pulled_out_factor_is_an_identity(name):
-    from term_numpy import evaluate
+    from equivci.terms.semantics import evaluate
 
     ev, cases = _cases()
     plain, factored = cases[name]

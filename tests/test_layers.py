@@ -18,9 +18,9 @@ from equivci.layers.segments import layer_of, split
 from equivci.manifest import load_manifest
 from equivci.results import Status
 from equivci.verify.engine import verify_model
-from equivci.verify.instantiate import Event
-from equivci.verify.layered import _windows
-from equivci.verify.terms import TermTable
+from equivci.translate.evaluator import Event
+from equivci.prove.layered import _windows
+from equivci.terms.ir import TermTable
 
 import model_package
 

@@ -17,8 +17,8 @@ from equivci.capture.run import capture_model
 from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import parse_module
 from equivci.manifest import load_manifest
-from equivci.verify.localize import first_defect, source_of
-from equivci.verify.prove import build_programs, saturate
+from equivci.diagnose.localize import first_defect, source_of
+from equivci.prove.saturate import build_programs, saturate
 
 import model_package
 

@@ -1,4 +1,4 @@
-"""Loops verified once, as invariants (equivci/verify/loops.py).
+"""Loops verified once, as invariants (equivci/prove/loops.py).
 
 Small scans over stacked layer weights and fori_loops with a sharded carry, captured from real JAX:
 correct ones verify, and a body that does not keep the relation between the two loop states (a
@@ -15,9 +15,9 @@ from equivci.capture.run import capture_model
 from equivci.hlo.parser import parse_module
 from equivci.results import Status
 from equivci.verify.engine import verify_model
-from equivci.verify.loops import StateRelation, infer_relations, window_within
-from equivci.verify.prove import build_programs, saturate
-from equivci.verify.terms import TermTable
+from equivci.prove.loops import StateRelation, infer_relations, window_within
+from equivci.prove.saturate import build_programs, saturate
+from equivci.terms.ir import TermTable
 
 import model_package
 

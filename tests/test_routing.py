@@ -1,4 +1,4 @@
-"""Expert-parallel routing (equivci/verify/routing.py): the mask lemma, and near misses of the
+"""Expert-parallel routing (equivci/translate/routing.py): the mask lemma, and near misses of the
 dispatch/combine pattern that must not verify. The end-to-end correct case is also in the zoo
 (moe-ep); here the mesh is smaller and the defects target each check of the proof."""
 
@@ -12,7 +12,7 @@ import pytest
 from equivci.capture.run import capture_model
 from equivci.results import Status
 from equivci.verify.engine import verify_model
-from equivci.verify.routing import _one_slot_each
+from equivci.translate.routing import _one_slot_each
 
 import model_package
 
@@ -145,10 +145,10 @@ def test_mask_lemma():
 def test_numeric_ops_follow_the_term_semantics():
     """Evaluator.numeric (which the mask lemma runs) against the numpy model of the terms."""
     from equivci.hlo.ir import Module
-    from equivci.verify.instantiate import Evaluator
-    from equivci.verify.terms import TermTable, bcast_spec
+    from equivci.translate.evaluator import Evaluator
+    from equivci.terms.ir import TermTable, bcast_spec
 
-    from term_numpy import evaluate
+    from equivci.terms.semantics import evaluate
 
     table = TermTable()
     ev = Evaluator(Module.__new__(Module), table, 1)

@@ -1,9 +1,9 @@
-"""Every rewrite rule of equivci/verify/language.py, checked on concrete instances.
+"""Every rewrite rule of equivci/terms/language.py, checked on concrete instances.
 
 For each rule we build an instance of its left-hand side as terms (random shapes, dims and
 offsets from a seeded RNG), load only that left-hand side, run the dims ruleset together with the
 rule's family, then load the right-hand side and check that egglog proved the two equal (the
-rule fires and builds exactly its right-hand side). Independently, tests/term_numpy.py evaluates
+rule fires and builds exactly its right-hand side). Independently, equivci/terms/semantics.py evaluates
 both sides on random arrays and they must agree: the rule is an identity over the reals.
 
 The near-miss negatives load both sides, run all of REWRITES, and must stay unproved (and their
@@ -18,14 +18,14 @@ import numpy as np
 import pytest
 from egglog import EGraph
 
-from equivci.verify import language as L
-from equivci.verify.load import Loader
-from equivci.verify.prove import _run, proved_equal
-from equivci.verify.terms import (
+from equivci.terms import language as L
+from equivci.terms.load import Loader
+from equivci.prove.saturate import _run, proved_equal
+from equivci.terms.ir import (
     GatherDims, Term, TermTable, bcast_spec, gather_map, reduce_pair_map, repeat_form, reshape_spec, reshape_tables,
 )
 
-from term_numpy import evaluate, reshape_out_shape
+from equivci.terms.semantics import evaluate, reshape_out_shape
 
 SEEDS = range(4)
 FAMILY_ITERATIONS = 4
@@ -35,7 +35,7 @@ F32 = "f32"
 
 # -- building terms ----------------------------------------------------------------------------
 class B:
-    """Term constructors that compute shapes the way equivci/verify/instantiate.py does."""
+    """Term constructors that compute shapes the way equivci/translate/evaluator.py does."""
 
     def __init__(self) -> None:
         self.t = TermTable()

@@ -1,4 +1,4 @@
-"""Vocabulary parallelism (equivci/verify/masks.py): window lookups under range masks, their psum
+"""Vocabulary parallelism (equivci/translate/masks.py): window lookups under range masks, their psum
 over windows that tile the vocabulary, pmax over windows of a reduced dim, and logsumexp's guards.
 
 The end-to-end models are also in the zoo (vocab-embed-tp, vocab-xent-tp); here the mesh is
@@ -18,13 +18,13 @@ from equivci.hlo.ir import Shape
 from equivci.hlo.parser import parse_module
 from equivci.results import Status
 from equivci.verify.engine import verify_model
-from equivci.verify.instantiate import Evaluator
-from equivci.verify.masks import tiles
-from equivci.verify.prove import build_programs
-from equivci.verify.terms import TermTable
+from equivci.translate.evaluator import Evaluator
+from equivci.translate.masks import tiles
+from equivci.prove.saturate import build_programs
+from equivci.terms.ir import TermTable
 
 import model_package
-from term_numpy import evaluate
+from equivci.terms.semantics import evaluate
 
 MODELS = textwrap.dedent(
     """\
@@ -238,7 +238,7 @@ def test_tiles_needs_every_value_exactly_once():
 
 
 def test_a_mask_narrows_only_its_own_ids_and_never_past_the_dtype():
-    from equivci.verify.masks import bounds_under_mask
+    from equivci.translate.masks import bounds_under_mask
 
     ev = Evaluator(None, TermTable(), 1)
     ids = ev.table.make("param", (0,), (), (6,), "s32")

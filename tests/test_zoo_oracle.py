@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from equivci.capture.numeric import NumericComparison, compare_many_in_child
+from equivci.capture.oracle import NumericComparison, compare_many_in_child
 from equivci.errors import EquivciError
 from zoo_cases import MANIFESTS, REPO, Case, cases, load_expected
 

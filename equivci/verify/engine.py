@@ -11,11 +11,11 @@ from equivci.manifest import Manifest, ModelSpec
 from equivci.memo import Memo
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
-from equivci.verify.instantiate import Unsupported
-from equivci.verify.layered import prefix_proof, prove_layers
-from equivci.verify.localize import Defect, source_of
-from equivci.verify.loops import defect_with_loops
-from equivci.verify.prove import build_programs, saturate
+from equivci.translate.evaluator import Unsupported
+from equivci.prove.layered import prefix_proof, prove_layers
+from equivci.diagnose.localize import Defect, source_of
+from equivci.prove.loops import defect_with_loops
+from equivci.prove.saturate import build_programs, saturate
 
 # Run the numeric oracle only where random inputs are cheap to draw and run on a CPU.
 MAX_ORACLE_ELEMENTS = 1 << 22
@@ -130,7 +130,7 @@ def _counterexample(model: ModelSpec, manifest: Manifest, captured: CapturedMode
     if total > MAX_ORACLE_ELEMENTS:
         return None
     try:
-        from equivci.capture.numeric import compare_in_child
+        from equivci.capture.oracle import compare_in_child
     except ImportError:
         return None
     result = compare_in_child(manifest.path, model.name)

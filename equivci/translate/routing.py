@@ -34,8 +34,8 @@ import itertools
 import numpy as np
 
 from equivci.hlo.ir import Shape
-from equivci.verify.instantiate import NP_DTYPES
-from equivci.verify.terms import GatherDims, Term
+from equivci.translate.evaluator import NP_DTYPES
+from equivci.terms.ir import GatherDims, Term
 
 MAX_CASES = 1 << 12  # index vectors enumerated for the mask lemma
 

@@ -24,10 +24,10 @@ import dataclasses
 
 from equivci.hlo.collectives import axis_groups
 from equivci.hlo.ir import Instruction, Module
-from equivci.verify.instantiate import Evaluator, Loop
-from equivci.verify.localize import Defect, first_defect
-from equivci.verify.prove import Programs, Proof, saturate
-from equivci.verify.terms import Term
+from equivci.translate.evaluator import Evaluator, Loop
+from equivci.diagnose.localize import Defect, first_defect
+from equivci.prove.saturate import Programs, Proof, saturate
+from equivci.terms.ir import Term
 
 Window = tuple[tuple[int, int], ...]  # (start, stop) per dim
 

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from equivci.hlo.ir import Shape
-from equivci.verify.terms import GatherDims, Term
+from equivci.terms.ir import GatherDims, Term
 
 if TYPE_CHECKING:
-    from equivci.verify.instantiate import Evaluator
+    from equivci.translate.evaluator import Evaluator
 
 # compare direction -> (which end of the window it gives, offset to a half-open [lo, hi))
 ENDS = {"GE": ("lo", 0), "GT": ("lo", 1), "LT": ("hi", 0), "LE": ("hi", 1)}

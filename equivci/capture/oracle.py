@@ -6,7 +6,7 @@ while a difference beyond the dtype's tolerance is a concrete counterexample.
 
 Child entry (the parent never imports jax with the wrong device count):
 
-    python -m equivci.capture.numeric --manifest PATH --model NAME [--model NAME2 ...] [--seeds 0,1,2]
+    python -m equivci.capture.oracle --manifest PATH --model NAME [--model NAME2 ...] [--seeds 0,1,2]
 
 prints one JSON line per model on stdout: `{"model": NAME, "comparison": {...}}` or
 `{"model": NAME, "error": "..."}`. Parent side: `compare_in_child` (one model) and
@@ -358,14 +358,14 @@ def _parse_seeds(text: str) -> tuple[int, ...]:
 
 
 def child_main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m equivci.capture.numeric", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m equivci.capture.oracle", description=__doc__.split("\n")[0])
     parser.add_argument("--manifest", required=True, type=Path)
     parser.add_argument("--model", action="append", required=True, help="repeatable")
     parser.add_argument("--seeds", type=_parse_seeds, default=DEFAULT_SEEDS)
     opts = parser.parse_args(argv)
 
     if "jax" in sys.modules:
-        raise RuntimeError("equivci.capture.numeric child: jax was imported before the device count was set")
+        raise RuntimeError("equivci.capture.oracle child: jax was imported before the device count was set")
     from equivci.manifest import load_manifest  # yaml only; does not import jax
 
     try:
@@ -420,7 +420,7 @@ def compare_many_in_child(
     names = list(model_names)
     if not names:
         return {}
-    cmd = [sys.executable, "-m", "equivci.capture.numeric", "--manifest", str(Path(manifest_path).absolute()),
+    cmd = [sys.executable, "-m", "equivci.capture.oracle", "--manifest", str(Path(manifest_path).absolute()),
            "--seeds", ",".join(str(int(s)) for s in seeds)]
     for name in names:
         cmd += ["--model", name]

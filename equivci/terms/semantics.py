@@ -1,9 +1,9 @@
-"""A numpy interpreter for `equivci.verify.terms.Term`: the reference semantics the rules are checked against.
+"""A numpy interpreter for `equivci.terms.ir.Term`: the reference semantics the rules are checked against.
 
 `evaluate(term, params, consts)` computes the value of `term` given the values of the reference
 inputs (`params`: param index -> array) and, optionally, of constant / opaque terms (`consts`:
 Term -> array; the evaluator keeps these in `Evaluator.values`). Every op follows the HLO op it is
-built from in equivci/verify/instantiate.py, and the attributes are decoded exactly the way the
+built from in equivci/translate/evaluator.py, and the attributes are decoded exactly the way the
 loader and the rules read them:
 
 * slice(dim, start, stop), concat(dim) of two operands;
@@ -33,7 +33,7 @@ import re
 
 import numpy as np
 
-from equivci.verify.terms import Term
+from equivci.terms.ir import Term
 
 
 class TermEvalError(Exception):

@@ -21,10 +21,10 @@ from egglog import String, eq, i64, relation, rule, ruleset, vars_
 
 from equivci.hlo.collectives import parse_pairs
 from equivci.hlo.ir import Instruction, SourceLoc
-from equivci.verify.instantiate import Event
-from equivci.verify.language import T
-from equivci.verify.prove import Proof, add_terms, flatten, is_related, proved_equal
-from equivci.verify.terms import Term
+from equivci.translate.evaluator import Event
+from equivci.terms.language import T
+from equivci.prove.saturate import Proof, add_terms, flatten, is_related, proved_equal
+from equivci.terms.ir import Term
 
 TRIVIAL_OPS = {"parameter", "copy", "tuple", "get-tuple-element", "call", "opt-barrier", "custom-call", "bitcast",
                "constant", "partition-id", "replica-id", "iota"}
@@ -240,7 +240,7 @@ def _at_pairs_origin(inst: Instruction, events: list[Event]) -> Instruction:
 def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: dict[str, list[list[int]]],
                  output_terms: set[int], reference_events: list[Event] | None = None,
                  routed: set[int] = frozenset()) -> Defect | None:
-    """`routed`: ids of dispatch masks and routed values (equivci/verify/routing.py), which are
+    """`routed`: ids of dispatch masks and routed values (equivci/translate/routing.py), which are
     related to the reference only through the combine that undoes the dispatch."""
     routed = set(routed)
     status: dict[int, str] = {}  # id(term) -> related | partial | scaled | unrelated

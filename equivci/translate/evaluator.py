@@ -21,8 +21,8 @@ import numpy as np
 
 from equivci.hlo.collectives import UnsupportedGroups, parse_groups, parse_pairs
 from equivci.hlo.ir import Computation, Instruction, Module, Shape
-from equivci.verify import masks
-from equivci.verify.terms import GatherDims, Term, TermTable, bcast_spec, gather_map, reduce_pair_map, reshape_spec
+from equivci.translate import masks
+from equivci.terms.ir import GatherDims, Term, TermTable, bcast_spec, gather_map, reduce_pair_map, reshape_spec
 
 UNARY = {
     "abs", "ceil", "cos", "exp", "exponential", "exponential-minus-one", "floor", "log", "log-plus-one",

@@ -19,8 +19,8 @@ import time
 from equivci import memo as memo_mod
 from equivci.layers.canonical import canonical_form
 from equivci.layers.segments import Layering, Segment, leaves
-from equivci.verify.prove import Programs, Proof, add_terms, proved_equal, saturate_terms
-from equivci.verify.terms import Term
+from equivci.prove.saturate import Programs, Proof, add_terms, proved_equal, saturate_terms
+from equivci.terms.ir import Term
 
 # Leaves standing for values that enter a layer are params numbered from here (the model's own
 # inputs are numbered from 0), so they can never be confused with an input.

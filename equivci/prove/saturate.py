@@ -9,11 +9,11 @@ from egglog import EGraph, eq, union
 
 from equivci.capture.types import LeafPlacement
 from equivci.hlo.ir import Module
-from equivci.verify import language as L
-from equivci.verify.instantiate import Evaluator, Event
-from equivci.verify.load import Loader
-from equivci.verify.routing import Router
-from equivci.verify.terms import Term, TermTable
+from equivci.terms import language as L
+from equivci.translate.evaluator import Evaluator, Event
+from equivci.terms.load import Loader
+from equivci.translate.routing import Router
+from equivci.terms.ir import Term, TermTable
 
 MAX_ITERATIONS = 120
 
@@ -79,7 +79,7 @@ def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPla
     dist_eval.values.update(ref_eval.values)
     dist_eval.arrays.extend(ref_eval.arrays)
     # loops proves loop bodies with `saturate`: imported here, where both modules are complete.
-    from equivci.verify.loops import LoopMatcher
+    from equivci.prove.loops import LoopMatcher
     matcher = LoopMatcher(reference, ref_eval.loops)
     dist_eval.loop_handler = matcher
     dist_args = [[dist_eval.slice_nd(p, leaf.device_slices[dev]) for dev in range(num_devices)]

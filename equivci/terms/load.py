@@ -9,9 +9,9 @@ from egglog.declarations import LetRefDecl, TypedExprDecl
 from egglog.egraph import to_runtime_expr
 from egglog.runtime import RuntimeExpr
 
-from equivci.verify import language as L
-from equivci.verify.language import T, TList
-from equivci.verify.terms import AlignedMap, Term, bcast_form, compose_bcast, repeat_form, reshape_spec, reshape_tables
+from equivci.terms import language as L
+from equivci.terms.language import T, TList
+from equivci.terms.ir import AlignedMap, Term, bcast_form, compose_bcast, repeat_form, reshape_spec, reshape_tables
 
 
 def _ints(text: str) -> list[int]:
