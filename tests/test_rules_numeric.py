@@ -18,14 +18,12 @@ import numpy as np
 import pytest
 from egglog import EGraph
 
-from equivci.terms import language as L
-from equivci.terms.load import Loader
 from equivci.prove.saturate import _run, proved_equal
-from equivci.terms.ir import (
-    GatherDims, Term, TermTable, bcast_spec, gather_map, reduce_pair_map, repeat_form, reshape_spec, reshape_tables,
-)
-
+from equivci.terms import language as L
+from equivci.terms.ir import Term, TermTable, gather_map, reduce_pair_map
+from equivci.terms.load import Loader
 from equivci.terms.semantics import evaluate, reshape_out_shape
+from equivci.terms.spec import GatherDims, ReshapeSpec, bcast_spec, repeat_form, reshape_spec
 
 SEEDS = range(4)
 FAMILY_ITERATIONS = 4
@@ -585,7 +583,7 @@ def _reshape_setup(rng, b: B):
         in_shape, out_shape = rand_reshape(rng)
         spec = reshape_spec(in_shape, out_shape)
         assert spec is not None
-        leads = reshape_tables(spec)[0]
+        leads = ReshapeSpec.parse(spec).tables()[0]
         k, o, pin, pout = leads[int(rng.integers(len(leads)))]
         # Slice bounds on the input lead dim must be multiples of `step` for the divisibility guards.
         step = pout // math.gcd(pin, pout)

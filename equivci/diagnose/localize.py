@@ -21,10 +21,11 @@ from egglog import String, eq, i64, relation, rule, ruleset, vars_
 
 from equivci.hlo.collectives import parse_pairs
 from equivci.hlo.ir import Instruction, SourceLoc
-from equivci.translate.evaluator import Event
-from equivci.terms.language import T
-from equivci.prove.saturate import Proof, add_terms, flatten, is_related, proved_equal
+from equivci.prove.saturate import Proof, add_terms, is_related, proved_equal
 from equivci.terms.ir import Term
+from equivci.terms.language import T
+from equivci.translate.evaluator import Event
+from equivci.translate.programs import flatten
 
 TRIVIAL_OPS = {"parameter", "copy", "tuple", "get-tuple-element", "call", "opt-barrier", "custom-call", "bitcast",
                "constant", "partition-id", "replica-id", "iota"}

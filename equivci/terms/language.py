@@ -8,7 +8,20 @@ guards compare dimensions where a rule would otherwise build an ill-typed term.
 from __future__ import annotations
 
 from egglog import (
-    Expr, String, StringLike, i64, i64Like, eq, function, ne, relation, rule, ruleset, set_, union, vars_,
+    Expr,
+    String,
+    StringLike,
+    eq,
+    function,
+    i64,
+    i64Like,
+    ne,
+    relation,
+    rule,
+    ruleset,
+    set_,
+    union,
+    vars_,
 )
 
 

@@ -90,7 +90,7 @@ def _at_return(function, callback) -> None:
 def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo=None,
                     on_layer=None) -> ModelResult:
     """verify_model in a child with a time and memory limit; layer proofs go through `memo`
-    (an equivci.memo.Memo; the child writes new ones to its folder); `on_layer(done, total)` as
+    (an equivci.cache.Memo; the child writes new ones to its folder); `on_layer(done, total)` as
     the child proves layers."""
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("fork")
