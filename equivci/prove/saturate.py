@@ -10,6 +10,7 @@ from egglog import EGraph, eq, union
 from equivci.terms import language as L
 from equivci.terms.ir import Term
 from equivci.terms.load import Loader
+from equivci.terms.rules import DIMS, RELATIONS, REWRITES
 from equivci.translate.programs import Programs, flatten
 
 MAX_ITERATIONS = 120
@@ -74,8 +75,8 @@ def saturate_terms(reference_outputs: list[Term], reference_values: list[Term], 
 
 
 def _run(egraph: EGraph, iterations: int) -> None:
-    egraph.run((L.dims.saturate() + L.relations.saturate() + L.REWRITES) * iterations)
-    egraph.run(L.dims.saturate() + L.relations.saturate())
+    egraph.run((DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate() + REWRITES) * iterations)
+    egraph.run(DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate())
 
 
 def add_terms(proof: Proof, terms: list[Term], iterations: int = MAX_ITERATIONS) -> None:
