@@ -53,7 +53,6 @@ CACHEDIR_TAG = (
     "# For information about cache directory tags, see https://bford.info/cachedir/\n"
 )
 DEFAULT_CACHE_DIR = Path(".equivci") / "cache"
-ENV_CACHE_DIR = "EQUIVCI_CACHE_DIR"
 
 
 # --- keys -------------------------------------------------------------------------------------------

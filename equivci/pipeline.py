@@ -18,6 +18,7 @@ from equivci.capture.run import capture_model
 from equivci.capture.types import CapturedModel
 from equivci.errors import EquivciError
 from equivci.manifest import Manifest, ModelSpec
+from equivci.options import Options
 from equivci.results import Finding, LayerCounts, ModelResult, Report, Status
 from equivci.timings import Laps
 from equivci.verify.sandbox import verify_isolated
@@ -98,9 +99,9 @@ def _capture(model: ModelSpec, manifest: Manifest, laps: Laps, **kwargs) -> Capt
     return captured
 
 
-def _verify(model: ModelSpec, manifest: Manifest, captured: CapturedModel, laps: Laps, memo: Memo,
+def _verify(workspace: Workspace, model: ModelSpec, captured: CapturedModel, laps: Laps, memo: Memo,
             on_layer=None) -> ModelResult:
-    result = verify_isolated(model, manifest, captured, memo, on_layer)
+    result = verify_isolated(model, workspace.manifest, captured, memo, on_layer, workspace.options)
     laps.lap("verify", result.timings)
     return result
 
@@ -147,7 +148,7 @@ def _run_memoized(workspace: Workspace, model: ModelSpec, debug: bool, memo: Mem
     if result is not None:
         result = _all_reused(result, model.name)
     else:
-        result = _verify(model, manifest, captured, laps, memo, on_layer)
+        result = _verify(workspace, model, captured, laps, memo, on_layer)
         memo.put_result(captured.content_key, result, captured.loc_digest)
     manifest_rel = workspace.manifest_rel
     tracked = set(captured.sources) | _entrypoint_files(manifest, model, repo_root) | {manifest_rel}
@@ -197,7 +198,7 @@ def run_models(
     models within the run are still verified once). `changed_since`: models whose recorded sources,
     entrypoint files and manifest did not change since that git ref are reported from the memo
     (`reused`) without being captured, unless `all_models`; findings on changed lines are marked."""
-    workspace = Workspace.of(manifest)
+    workspace = Workspace.of(manifest, Options.from_env())
     memo = Memo(None if no_cache else workspace.cache_dir(cache_dir))
     changes = gitdiff.changes_since(workspace.repo_root, changed_since) if changed_since else None
     results = []
