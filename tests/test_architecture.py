@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("equivci.pipeline",),
     ("equivci.report",),
     ("equivci.ci",),
-    ("equivci.commands", "equivci.cli", "equivci.__main__"),
+    ("equivci.commands", "equivci.cli", "equivci.__main__", "equivci.testing"),
 ]
 
 # Known exceptions, each with the change that removes it.
