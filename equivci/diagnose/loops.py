@@ -12,7 +12,7 @@ from equivci.prove.saturate import Proof
 from equivci.translate.programs import Programs
 
 
-def defect_with_loops(programs: Programs, proof: Proof, mesh: dict[str, int]) -> Defect | None:
+def defect_with_loops(programs: Programs, proof: Proof, mesh: tuple[tuple[str, int], ...]) -> Defect | None:
     """The first defect in program order, looking inside a loop whose step was not proved."""
     outputs = {id(t) for dev in programs.device_outputs for t in dev}
     # A loop's initial state is an output too: its proof needs it related (a partial sum is not).
@@ -28,8 +28,8 @@ def defect_with_loops(programs: Programs, proof: Proof, mesh: dict[str, int]) ->
     return found
 
 
-def _inside(attempt: LoopAttempt, mesh: dict[str, int]) -> Defect:
-    if attempt.proof is None:
+def _inside(attempt: LoopAttempt, mesh: tuple[tuple[str, int], ...]) -> Defect:
+    if attempt.proof is None or attempt.step is None:  # set together, by LoopMatcher
         return Defect(attempt.inst, f"this loop is not verified: {attempt.reason}")
     found = defect_with_loops(attempt.step, attempt.proof, mesh)
     if found is None:

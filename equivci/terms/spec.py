@@ -130,7 +130,9 @@ class ReshapeSpec:
     def tables(self) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int]]]:
         """Per group (leading input dim, leading output dim, input tail product, output tail
         product), and the sizes of the output dims that are not leading dims."""
-        leads, fixed, pos_in, pos_out = [], [], 0, 0
+        leads: list[tuple[int, int, int, int]] = []
+        fixed: list[tuple[int, int]] = []
+        pos_in = pos_out = 0
         for g in self.groups:
             if g.n_in and g.n_out:
                 leads.append((pos_in, pos_out, math.prod(g.in_tail), math.prod(g.out_tail)))
@@ -183,7 +185,8 @@ def reshape_groups(in_shape: tuple[int, ...], out_shape: tuple[int, ...],
     dims lead a group, `True` gives each its own group; the loader states both (they denote the
     same reshape) so that either reading can meet the reference's reshape.
     """
-    groups, i, j = [], 0, 0
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
     while i < len(in_shape) or j < len(out_shape):
         if singletons and i < len(in_shape) and in_shape[i] == 1:
             groups.append(([i], []))
@@ -271,7 +274,10 @@ class AlignedMap:
     @staticmethod
     def parse(key: str) -> "AlignedMap":
         fields = dict(part.split("=", 1) for part in key.split("|")[-3:])
-        dec = lambda text: tuple(tuple(int(v) for v in p.split(":")) for p in text.split(",") if p)  # noqa: E731
+        def dec(text: str) -> tuple[tuple[int, int], ...]:
+            pairs = (p.split(":") for p in text.split(",") if p)
+            return tuple((int(a), int(b)) for a, b in pairs)
+
         return AlignedMap(dec(fields["l"]), dec(fields["r"]), dec(fields["f"]))
 
 
