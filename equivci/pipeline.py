@@ -14,7 +14,7 @@ from typing import Protocol
 
 from equivci import gitdiff
 from equivci.cache import Memo, file_digests, fingerprint
-from equivci.capture.run import capture_model
+from equivci.capture import run as capture_run
 from equivci.capture.types import CapturedModel
 from equivci.errors import EquivciError
 from equivci.manifest import Manifest, ModelSpec
@@ -93,7 +93,7 @@ def _capture(model: ModelSpec, manifest: Manifest, laps: Laps, **kwargs) -> Capt
             return
         imported.append(("(meanwhile, in this process: import the verifier)", time.perf_counter() - t0))
 
-    captured = capture_model(model, manifest, on_compile=prepare_verifier, **kwargs)
+    captured = capture_run.capture_model(model, manifest, on_compile=prepare_verifier, **kwargs)
     laps.lap("capture", captured.timings)
     laps.rows.extend((f"capture/{stage}", seconds) for stage, seconds in imported)  # overlapped: not a lap
     return captured

@@ -14,7 +14,7 @@ from equivci import cache, memo
 from equivci.cli import run
 from equivci.manifest import load_manifest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "models"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "models"
 LM_HEAD_LINE = 58  # models/mlp_tp.py: the all_gather that re-assembles the vocab-parallel logits
 MANIFEST = """\
 version: 1

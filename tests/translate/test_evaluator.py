@@ -22,7 +22,7 @@ from equivci.prove.saturate import saturate
 from equivci.results import Status
 from equivci.verify.engine import verify_model
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 # The placements capture reported for the saved TP MLP sample (mesh {tp: 2}).
 TP_INPUTS = (

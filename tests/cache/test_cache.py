@@ -10,7 +10,7 @@ from equivci import cache
 from equivci.cache import Memo
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 VERIFIED = ModelResult("m", Status.VERIFIED, 1.5, LayerCounts(3, 3, 0))
 MISMATCH = ModelResult(

@@ -14,7 +14,7 @@ from test_incremental import git
 from equivci import cache
 from equivci.cli import run
 
-STACK = Path(__file__).resolve().parent.parent / "examples" / "models" / "stack.py"
+STACK = Path(__file__).resolve().parents[2] / "examples" / "models" / "stack.py"
 MANIFEST = """\
 version: 1
 models:

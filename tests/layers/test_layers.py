@@ -23,7 +23,7 @@ from equivci.terms.ir import TermTable
 from equivci.translate.evaluator import Event
 from equivci.verify.engine import verify_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("op_name, layer", [

@@ -22,7 +22,7 @@ from equivci.manifest import load_manifest
 from equivci.prove.programs import build_programs
 from equivci.prove.saturate import saturate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 MODELS = textwrap.dedent(
     """
