@@ -138,7 +138,8 @@ def _counterexample(model: ModelSpec, manifest: Manifest, captured: CapturedMode
         return None
     index = ",".join(map(str, result.worst_index))
     return (f"counterexample: on random inputs output {result.worst_leaf}[{index}] is {result.dist_value:.6g} "
-            f"distributed vs {result.ref_value:.6g} reference (largest difference {result.max_abs_diff:.3g})")
+            f"distributed vs {result.ref_value:.6g} reference ({result.figures()}; largest difference "
+            f"{result.max_abs_diff:.3g})")
 
 
 def _size(shape) -> int:
