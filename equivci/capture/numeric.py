@@ -397,13 +397,14 @@ def _compare_model(model, root: Path, seeds: tuple[int, ...]) -> NumericComparis
 
     reference = entrypoints.load_function(model.reference, root)
     distributed = entrypoints.load_function(model.distributed, root)
-    inputs_fn = entrypoints.load_function(model.inputs, root)
-    args = entrypoints.abstract_inputs(inputs_fn, model.inputs)
+    inputs = model.oracle.inputs or model.inputs
+    args = entrypoints.abstract_inputs(entrypoints.load_function(inputs, root), inputs)
     mesh = entrypoints.build_mesh(model)
     bound = entrypoints.bind_distributed(distributed, mesh)
     ranges = index_ranges(reference, tuple(args))
+    tolerance = Tolerance(model.oracle.rtol or 0.0, model.oracle.atol or 0.0) if model.oracle.tolerance_set else None
     return _run_and_compare(reference, bound, args, mesh, seeds, model.reference.spec, model.distributed.spec,
-                            index_ranges=ranges)
+                            tolerance=tolerance, index_ranges=ranges)
 
 
 def _without_device_count(flags: str) -> str:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
+from equivci.capture.numeric import compare_in_child
 from equivci.capture.types import CapturedModel
+from equivci.errors import EquivciError
 from equivci.hlo.parser import HloParseError, parse_module
 from equivci.layers.segments import Layering, layer_of, leaves, split
 from equivci.manifest import Manifest, ModelSpec
@@ -69,12 +71,10 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
     defect = defect_with_loops(programs, proof, captured.mesh)
     findings = [_finding(defect, captured, programs.distributed_events, layering)] if defect else [_output_finding(proof, captured)]
     laps.lap("localize")
-    counterexample = _counterexample(model, manifest, captured)
+    numeric, differs = _counterexample(model, manifest, captured)
     laps.lap("counterexample")
-    if counterexample is not None:
-        findings.append(Finding(findings[0].path, findings[0].line, "error", findings[0].layer, counterexample))
-        return _finish(model, Status.MISMATCH, t0, tuple(findings), layers, laps)
-    return _finish(model, Status.UNPROVEN, t0, tuple(findings), layers, laps)
+    findings.append(Finding(findings[0].path, findings[0].line, "error" if differs else "note", findings[0].layer, numeric))
+    return _finish(model, Status.MISMATCH if differs else Status.UNPROVEN, t0, tuple(findings), layers, laps)
 
 
 def _assumptions(programs, captured: CapturedModel) -> tuple[Finding, ...]:
@@ -125,21 +125,25 @@ def _output_finding(proof, captured: CapturedModel) -> Finding:
                    "(out_specs / out_shardings) may not match what the devices hold")
 
 
-def _counterexample(model: ModelSpec, manifest: Manifest, captured: CapturedModel) -> str | None:
+def _counterexample(model: ModelSpec, manifest: Manifest, captured: CapturedModel) -> tuple[str, bool]:
+    """What the numeric oracle says, and whether it is a counterexample (then the model is a
+    mismatch); otherwise why it did not run or that the outputs agree up to rounding."""
     total = sum(_size(leaf.shape) for leaf in captured.inputs)
-    if total > MAX_ORACLE_ELEMENTS:
-        return None
+    if total > MAX_ORACLE_ELEMENTS and model.oracle.inputs is None:
+        return (f"the numeric check did not run: the inputs have {total:,} elements, more than the "
+                f"{MAX_ORACLE_ELEMENTS:,} it runs on a CPU; give it smaller inputs the entrypoints accept with "
+                "`oracle: {inputs: FILE.py:FUNC}` in the manifest", False)
     try:
-        from equivci.capture.numeric import compare_in_child
-    except ImportError:
-        return None
-    result = compare_in_child(manifest.path, model.name)
-    if result is None or result.equal:
-        return None
+        result = compare_in_child(manifest.path, model.name)
+    except EquivciError as exc:
+        return f"the numeric check could not run: {exc}", False
+    if result.equal:
+        return (f"numeric check: the outputs agree on random inputs up to rounding ({result.describe()}); "
+                "the difference may be in what equivci can prove rather than in the program", False)
     index = ",".join(map(str, result.worst_index))
     return (f"counterexample: on random inputs output {result.worst_leaf}[{index}] is {result.dist_value:.6g} "
             f"distributed vs {result.ref_value:.6g} reference ({result.figures()}; largest difference "
-            f"{result.max_abs_diff:.3g})")
+            f"{result.max_abs_diff:.3g})", True)
 
 
 def _size(shape) -> int:
