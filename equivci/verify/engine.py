@@ -138,8 +138,9 @@ def _counterexample(model: ModelSpec, manifest: Manifest, captured: CapturedMode
     except EquivciError as exc:
         return f"the numeric check could not run: {exc}", False
     if result.equal:
-        return (f"numeric check: the outputs agree on random inputs up to rounding ({result.describe()}); "
-                "the difference may be in what equivci can prove rather than in the program", False)
+        return (f"numeric check: the outputs agree on {len(result.seeds)} random inputs (largest difference "
+                f"{result.max_abs_diff:.3g}, within what rounding explains); that is evidence, not a proof: "
+                "review the op above", False)
     index = ",".join(map(str, result.worst_index))
     return (f"counterexample: on random inputs output {result.worst_leaf}[{index}] is {result.dist_value:.6g} "
             f"distributed vs {result.ref_value:.6g} reference ({result.figures()}; largest difference "
