@@ -265,7 +265,7 @@ def _compare_leaf(ref, dist, tol: Tolerance, floor=None):
         scale = max(1.0, float(finite_ref.max())) if finite_ref.size else 1.0
         allowed = tol.atol * scale + tol.rtol * np.where(np.isfinite(r), np.abs(r), 0.0)
         if floor is not None:
-            allowed = allowed + NOISE_MARGIN * np.where(np.isfinite(floor), floor, np.inf)
+            allowed = allowed + NOISE_MARGIN * floor
         if not np.any(allowed):
             score = np.where(diff > 0, np.inf, 0.0)
         else:
@@ -287,24 +287,22 @@ def _structural(seeds, note: str, leaf: str = "") -> NumericComparison:
     )
 
 
-def rounding_floor(ref, shadow, bound: float):
-    """How far rounding alone may move each element of one output leaf: the largest move of the
-    shadow reference anywhere in the leaf (a flipped rounding lands on any element in the other
-    program) plus the bound left over at the output, relative to each element."""
+def rounding_floor(ref, shadow) -> float:
+    """How far rounding alone may move any element of one output leaf: the largest move of the
+    shadow reference anywhere in the leaf (a flipped rounding lands on other elements in the other
+    program)."""
     import numpy as np
 
-    r = np.asarray(ref).astype(np.float64)
-    moved = np.abs(np.asarray(shadow).astype(np.float64) - r)
+    moved = np.abs(np.asarray(shadow).astype(np.float64) - np.asarray(ref).astype(np.float64))
     moved = moved[np.isfinite(moved)]
-    return (float(moved.max()) if moved.size else 0.0) + bound * np.where(np.isfinite(r), np.abs(r), 0.0)
+    return float(moved.max()) if moved.size else 0.0
 
 
 def compare_outputs(ref_outs: dict, dist_outs: dict, seeds: Sequence[int], shadow_outs: dict | None = None,
-                    bounds: Sequence[float] = (), tolerance: Tolerance | None = None) -> NumericComparison:
+                    tolerance: Tolerance | None = None) -> NumericComparison:
     """Compare {seed: output pytree} of both programs (concrete arrays). `shadow_outs` (same
-    form) are the reference's outputs with its roundings moved as re-association may move them,
-    with `bounds` the relative bound left per output leaf (see rounding.py); `tolerance`
-    replaces the per-dtype one (the manifest's `oracle` key)."""
+    form) are the reference's outputs with its roundings moved as re-association may move them
+    (see rounding.py); `tolerance` replaces the per-dtype one (the manifest's `oracle` key)."""
     import jax
     import numpy as np
     from jax.tree_util import keystr
@@ -320,8 +318,7 @@ def compare_outputs(ref_outs: dict, dist_outs: dict, seeds: Sequence[int], shado
             return _structural(seeds, f"the outputs have different structures: reference {ref_tree}, distributed {dist_tree}")
         seed_ok = True
         shadow_leaves = jax.tree_util.tree_leaves(shadow_outs[seed]) if shadow_outs else [None] * len(ref_leaves)
-        leaf_bounds = list(bounds) or [0.0] * len(ref_leaves)
-        for (path, r), (_, d), sh, b in zip(ref_leaves, dist_leaves, shadow_leaves, leaf_bounds):
+        for (path, r), (_, d), sh in zip(ref_leaves, dist_leaves, shadow_leaves):
             name = keystr(path)
             r_shape, d_shape = tuple(np.shape(r)), tuple(np.shape(d))
             if r_shape != d_shape:
@@ -329,7 +326,7 @@ def compare_outputs(ref_outs: dict, dist_outs: dict, seeds: Sequence[int], shado
             r_dtype, d_dtype = np.asarray(r).dtype, np.asarray(d).dtype
             if r_dtype != d_dtype:
                 return _structural(seeds, f"output{name} has dtype {r_dtype} in the reference but {d_dtype} in the distributed program", name)
-            floor = None if sh is None else rounding_floor(r, sh, b)
+            floor = None if sh is None else rounding_floor(r, sh)
             leaf_abs, leaf_rel, score, allowed, ok = _compare_leaf(r, d, tolerance or tolerance_for(r_dtype), floor)
             max_abs, max_rel = max(max_abs, leaf_abs), max(max_rel, leaf_rel)
             seed_ok &= ok
@@ -376,7 +373,7 @@ def _run_and_compare(reference, bound, args_abstract, mesh, seeds, ref_name="ref
             raise EquivciError(_run_failure("distributed", dist_name, exc)) from exc
     if shadow is None:
         return compare_outputs(ref_outs, dist_outs, seeds, tolerance=tolerance)
-    comparison = compare_outputs(ref_outs, dist_outs, seeds, shadow_outs, shadow.output_bounds)
+    comparison = compare_outputs(ref_outs, dist_outs, seeds, shadow_outs)
     return dataclasses.replace(comparison, precision=shadow.narrowest, rounding_points=shadow.rounding_points)
 
 

@@ -8,6 +8,8 @@ re-associated sums, each buggy one by a real defect.
   bf16-native training code does; the reference's own matmul rounds its bf16 result too.
 - attention: heads split over the mesh, scores in bfloat16, softmax in float32 cast back.
 - jit_block: the same norm + MLP sharded by jit and sharding constraints alone.
+- deep: 16 residual blocks of the norm + MLP; the floor must not grow with depth, so a dropped
+  final norm is still a difference.
 """
 
 import jax
@@ -143,3 +145,33 @@ def jit_block(x, g, w1, w2, head, *, mesh):
     w1, w2 = put(w1, None, "tp"), put(w2, "tp", None)
     h = put(_mm(jax.nn.gelu(put(_mm(_rms(x, g), w1), None, "tp")), w2), None, None) + x
     return _mm(_rms(h, g), head)
+
+
+# --- a deep residual stack: the floor must not grow with depth -------------------------------------------
+
+LAYERS = 16
+
+
+def _deep(x, g, w1, w2, head, final_norm, reduce=lambda v: v):
+    for _ in range(LAYERS):
+        x = x + reduce(_mm(jax.nn.silu(_mm(_rms(x, g), w1)), w2))
+    return _mm(_rms(x, g) if final_norm else x, head)
+
+
+def deep(x, g, w1, w2, head):
+    return _deep(x, g, w1, w2, head, final_norm=True)
+
+
+def _deep_tp(final_norm):
+    def dist(x, g, w1, w2, head, *, mesh):
+        def body(x, g, w1, w2, head):
+            return _deep(x, g, w1, w2, head, final_norm, reduce=lambda v: lax.psum(v, "tp"))
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(None, "tp"), P("tp", None), P()),
+                             out_specs=P())(x, g, w1, w2, head)
+
+    return dist
+
+
+deep_tp = _deep_tp(final_norm=True)
+deep_tp_no_final_norm = _deep_tp(final_norm=False)  # BUG: the final norm before the head is dropped
