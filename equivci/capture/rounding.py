@@ -23,7 +23,14 @@ float32 logits, and why an output-dtype tolerance calls it a counterexample.
   and every element may round either way: sharded code sums partial results rounded to that type.
 Rounding of values that no accumulation has touched (an input cast to bf16) is identical in both
 programs and is not perturbed, so a program that rounds where the reference does not (an
-all-reduce in bf16 of f32 partial sums) still differs by more than the floor.
+all-reduce in bf16 of f32 partial sums) still differs by more than the floor. After a rounding that
+may flip, the value may differ by one unit of the narrow type, and that is its bound from there on.
+
+Discrete decisions (comparisons, argmax, top_k, sort, float-to-int) cannot be moved a little: a
+correct program whose router logits differ in the last place may pick another expert. The shadow
+reports whether any decision on a value with a bound was within that bound of a tie; on such a
+seed a difference is not a counterexample (the oracle says so), since rounding could explain it.
+Decisions inside loop bodies are not checked.
 
 The floor of an output is the largest |shadow - reference| over the leaf; the re-association left
 at a wide output itself is what its dtype's tolerance allows. Loop bodies (scan, while, cond) are
@@ -50,7 +57,7 @@ _ACCUMULATIONS = {"dot_general", "reduce_sum", "cumsum", "conv_general_dilated",
 class Shadow:
     """The shadow program (same arguments and output tree as the reference)."""
 
-    run: Callable[..., Any]
+    run: Callable[..., Any]  # -> (outputs, whether a discrete decision was within rounding of a tie)
     rounding_points: int  # narrowing rounds of computed values, and narrow accumulations
     narrowest: str  # the narrowest float type the reference computes in
 
@@ -66,9 +73,13 @@ def shadow_reference(reference: Callable, args_abstract: tuple) -> Shadow:
                    *jax.tree_util.tree_leaves(args_abstract))
 
     def run(*args):
+        import jax.numpy as jnp
+
         leaves = jax.tree_util.tree_leaves(args)
-        outs, _ = _Interpreter(_Stats()).run(closed, leaves, [0.0] * len(leaves))
-        return jax.tree_util.tree_unflatten(out_tree, outs)
+        interpreter = _Interpreter(_Stats())
+        outs, _ = interpreter.run(closed, leaves, [0.0] * len(leaves))
+        tie = jnp.any(jnp.stack(interpreter.ties)) if interpreter.ties else jnp.asarray(False)
+        return jax.tree_util.tree_unflatten(out_tree, outs), tie
 
     return Shadow(jax.jit(run), stats.points, stats.narrowest_name())
 
@@ -107,6 +118,7 @@ class _Interpreter:
 
     def __init__(self, stats: _Stats):
         self.stats = stats
+        self.ties: list = []  # traced booleans: a decision on a value with a bound was near a tie
 
     def run(self, closed, args: list, bounds: list[float]) -> tuple[list, list[float]]:
         jaxpr = closed.jaxpr
@@ -144,6 +156,8 @@ class _Interpreter:
             return self.convert(eqn, vals[0], bounds[0])
         if name in _ACCUMULATIONS:
             return self.accumulate(eqn, vals, bounds)
+        if max(bounds, default=0.0) > 0 and name in _DECISIONS:
+            self.ties.append(_DECISIONS[name](eqn, vals, max(bounds)))
         outs = _bind(eqn, vals)
         if not any(_eps(v.aval.dtype) for v in eqn.outvars):
             return outs, [0.0] * len(outs)
@@ -154,10 +168,12 @@ class _Interpreter:
 
         src, dst = eqn.invars[0].aval.dtype, eqn.params["new_dtype"]
         src_eps, dst_eps = _eps(src), _eps(dst)
+        if src_eps is not None and dst_eps is None and b > 0:  # float -> int truncates
+            self.ties.append(_near_integer(jnp.asarray(x), b))
         if src_eps is None or dst_eps is None or dst_eps <= src_eps or b == 0.0:
             return _bind(eqn, [x]), [0.0 if dst_eps is None else b]
         self.stats.points += 1
-        return [_round_either_way(jnp.asarray(x), dst, b)], [0.0]
+        return [_round_either_way(jnp.asarray(x), dst, b)], [dst_eps]
 
     def accumulate(self, eqn, vals: list, bounds: list[float]) -> tuple[list, list[float]]:
         import jax.numpy as jnp
@@ -177,7 +193,7 @@ class _Interpreter:
             params["preferred_element_type"] = jnp.float32
         out = eqn.primitive.bind(*wide, **params)
         self.stats.points += 1
-        return [_round_either_way(out, out_dtype, 1.0)], [0.0]
+        return [_round_either_way(out, out_dtype, 1.0)], [float(_eps(out_dtype) or 0.0)]
 
     def higher_order(self, eqn, vals: list, bounds: list[float]) -> tuple[list, list[float]]:
         """scan / while / cond: rewrite each body with every float input at the largest bound."""
@@ -222,6 +238,48 @@ def _round_either_way(x, dtype, bound: float):
     else:
         threshold = bound
     return jnp.where(distance <= threshold, other, near)
+
+
+def _within(gap, scale, bound: float):
+    import jax.numpy as jnp
+
+    return jnp.any(jnp.abs(gap) <= bound * jnp.abs(scale))
+
+
+def _compare_tie(eqn, vals: list, bound: float):
+    import jax.numpy as jnp
+
+    a, c = (jnp.asarray(v).astype(jnp.float32) for v in vals[:2])
+    return _within(a - c, jnp.maximum(jnp.abs(a), jnp.abs(c)), bound)
+
+
+def _sorted_gaps(x, axis: int, count: int | None, bound: float):
+    """Neighbouring values along `axis` (the largest `count`, or all) within `bound` of each other."""
+    import jax.numpy as jnp
+
+    ordered = -jnp.sort(-jnp.moveaxis(jnp.asarray(x).astype(jnp.float32), axis, -1), axis=-1)
+    if count is not None:
+        ordered = ordered[..., : count + 1]
+    if ordered.shape[-1] < 2:
+        return jnp.asarray(False)
+    return _within(ordered[..., :-1] - ordered[..., 1:], ordered[..., :-1], bound)
+
+
+def _near_integer(x, bound: float):
+    import jax.numpy as jnp
+
+    wide = x.astype(jnp.float32)
+    return _within(wide - jnp.round(wide), jnp.maximum(jnp.abs(wide), 1.0), bound)
+
+
+_DECISIONS: dict[str, Callable[..., Any]] = {
+    **{op: _compare_tie for op in ("gt", "lt", "ge", "le", "eq", "ne")},
+    "argmax": lambda eqn, vals, b: _sorted_gaps(vals[0], eqn.params["axes"][0], 1, b),
+    "argmin": lambda eqn, vals, b: _sorted_gaps(-vals[0], eqn.params["axes"][0], 1, b),
+    "top_k": lambda eqn, vals, b: _sorted_gaps(vals[0], eqn.params.get("axis", -1), eqn.params["k"], b),
+    "sort": lambda eqn, vals, b: _sorted_gaps(vals[0], eqn.params["dimension"], None, b),
+    **{op: lambda eqn, vals, b: _near_integer(vals[0], b) for op in ("floor", "ceil", "round", "sign")},
+}
 
 
 def _terms(eqn) -> int:
