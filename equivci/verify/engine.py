@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import time
 
-from equivci.capture.numeric import compare_in_child
+from equivci.cache import Memo
+from equivci.capture.oracle import compare_in_child
 from equivci.capture.types import CapturedModel
+from equivci.diagnose.localize import Defect, source_of
+from equivci.diagnose.loops import defect_with_loops
 from equivci.errors import EquivciError
 from equivci.hlo.parser import HloParseError, parse_module
 from equivci.layers.segments import Layering, layer_of, leaves, split
 from equivci.manifest import Manifest, ModelSpec
-from equivci.memo import Memo
+from equivci.prove.layered import prefix_proof, prove_layers
+from equivci.prove.programs import build_programs
+from equivci.prove.saturate import saturate
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
-from equivci.verify.instantiate import Unsupported
-from equivci.verify.layered import prefix_proof, prove_layers
-from equivci.verify.localize import Defect, source_of
-from equivci.verify.loops import defect_with_loops
-from equivci.verify.prove import build_programs, saturate
+from equivci.translate.evaluator import Unsupported
 
 # Run the numeric oracle only where random inputs are cheap to draw and run on a CPU.
 MAX_ORACLE_ELEMENTS = 1 << 22
