@@ -21,7 +21,8 @@ MAX_DEVICES = 64  # fake CPU devices per capture child; more makes capture impra
 
 TOP_KEYS = ("version", "models")
 REQUIRED_MODEL_KEYS = ("name", "reference", "distributed", "inputs", "mesh")
-MODEL_KEYS = REQUIRED_MODEL_KEYS + ("tags",)
+MODEL_KEYS = REQUIRED_MODEL_KEYS + ("tags", "oracle")
+ORACLE_KEYS = ("rtol", "atol", "inputs")
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -40,6 +41,24 @@ class Entrypoint:
         return self.spec.rpartition(":")[0]
 
 
+@dataclasses.dataclass(frozen=True)
+class OracleSpec:
+    """The numeric oracle's settings for one model (the manifest's `oracle:` key).
+
+    rtol / atol: a tolerance set by hand, replacing the one derived from the reference's own
+    roundings (atol relative to the output's magnitude, as for the built-in tolerances).
+    inputs: a zero-argument function returning smaller inputs for the oracle alone, for models
+    too large to run on random inputs (the entrypoints must accept them)."""
+
+    rtol: float | None = None
+    atol: float | None = None
+    inputs: Entrypoint | None = None
+
+    @property
+    def tolerance_set(self) -> bool:
+        return self.rtol is not None or self.atol is not None
+
+
 def mesh_size(mesh: tuple[tuple[str, int], ...]) -> int:
     return math.prod(size for _, size in mesh)
 
@@ -52,6 +71,7 @@ class ModelSpec:
     inputs: Entrypoint
     mesh: tuple[tuple[str, int], ...]
     tags: tuple[str, ...] = ()
+    oracle: OracleSpec = OracleSpec()
 
     @property
     def num_devices(self) -> int:
@@ -173,6 +193,28 @@ _HELP = {
 }
 
 
+def _oracle(ctx: _Ctx, model: _Map, prefix: str) -> OracleSpec:
+    node = model.get("oracle")
+    if node is None:
+        return OracleSpec()
+    where, line = f"{prefix}.oracle", model.key_lines.get("oracle")
+    if not isinstance(node, dict):
+        ctx.fail(where, line, f"expected a mapping, got {_describe(node)}",
+                 "write e.g. `oracle: {rtol: 1e-2, atol: 1e-3}` or `oracle: {inputs: models/llama.py:small_inputs}`")
+    _check_keys(ctx, node, where, ORACLE_KEYS, ())
+    bounds: dict[str, float] = {}
+    for key in ("rtol", "atol"):
+        value = node.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
+            ctx.fail(f"{where}.{key}", node.key_lines.get(key), f"expected a non-negative number, got {_describe(value)}",
+                     f"write e.g. `{key}: 1e-3`")
+        bounds[key] = float(value)
+    inputs = _entrypoint(ctx, node, "inputs", where) if "inputs" in node else None
+    return OracleSpec(rtol=bounds.get("rtol"), atol=bounds.get("atol"), inputs=inputs)
+
+
 def _entrypoint(ctx: _Ctx, model: _Map, key: str, prefix: str) -> Entrypoint:
     where, line = f"{prefix}.{key}", model.key_lines.get(key)
     spec = model[key]
@@ -264,6 +306,7 @@ def _model(ctx: _Ctx, node: Any, index: int, line: int) -> ModelSpec:
         inputs=_entrypoint(ctx, node, "inputs", prefix),
         mesh=_mesh(ctx, node, prefix),
         tags=_tags(ctx, node, prefix),
+        oracle=_oracle(ctx, node, prefix),
     )
 
 

@@ -209,6 +209,8 @@ class _MemoKeys:
             _DUMP_FLAG.sub("", os.environ.get("XLA_FLAGS", "")),
             leaves(args),
             leaves(dist_lowered.out_info),
+            # The oracle's settings decide between `mismatch` and `unproven`.
+            json.dumps([model.oracle.rtol, model.oracle.atol, model.oracle.inputs and model.oracle.inputs.spec]),
         )
         self.store = memo.Memo(Path(memo_request["cache_dir"])) if memo_request.get("cache_dir") else None
         try:

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from equivci.capture import rounding
+from equivci.capture.index_ranges import index_ranges
 from equivci.errors import EquivciError
 
 DEFAULT_SEEDS = (0, 1, 2)
@@ -35,6 +37,11 @@ NUMERIC_TIMEOUT_SECONDS = 300
 # input, so that an integer used as an index into any axis of any input is in bounds; capped.
 INT_RANGE_DEFAULT = 8
 INT_RANGE_MAX = 64
+
+# How many times the rounding floor (rounding.py) a difference may reach before it is a
+# counterexample: the floor is one draw of the moves re-association can make, and moves of
+# other elements, with other signs, can add up to a few times more.
+NOISE_MARGIN = 4.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +93,18 @@ class NumericComparison:
     worst_seed: int | None = None
     failing_seeds: tuple[int, ...] = ()
     note: str = ""
+    # At the worst element: how far rounding can move it (the dtype's tolerance plus
+    # NOISE_MARGIN times the rounding floor of rounding.py) and its difference over that (> 1:
+    # beyond what rounding explains). With the narrowest float type the reference computes in
+    # and how many of its rounding points the floor moved.
+    noise_floor: float = 0.0
+    ratio: float = 0.0
+    precision: str = ""
+    rounding_points: int = 0
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
-        for key in ("max_abs_diff", "max_rel_diff", "ref_value", "dist_value"):
+        for key in ("max_abs_diff", "max_rel_diff", "ref_value", "dist_value", "noise_floor", "ratio"):
             d[key] = _json_float(d[key])
         d["worst_index"] = list(self.worst_index)
         d["seeds"] = list(self.seeds)
@@ -110,6 +125,10 @@ class NumericComparison:
             worst_seed=d.get("worst_seed"),
             failing_seeds=tuple(d.get("failing_seeds", ())),
             note=d.get("note", ""),
+            noise_floor=_from_json_float(d.get("noise_floor")) or 0.0,
+            ratio=_from_json_float(d.get("ratio")) or 0.0,
+            precision=d.get("precision", ""),
+            rounding_points=int(d.get("rounding_points", 0)),
         )
 
     def describe(self) -> str:
@@ -118,11 +137,19 @@ class NumericComparison:
             return self.note
         where = f"output{self.worst_leaf}[{', '.join(map(str, self.worst_index))}]"
         if self.equal:
-            return f"equal on seeds {list(self.seeds)} (max |diff| {self.max_abs_diff:.3g})"
+            tie = f"; {self.note}" if self.note else ""
+            return f"equal on seeds {list(self.seeds)} (max |diff| {self.max_abs_diff:.3g}){tie}"
         return (
             f"{where} differs on seed {self.worst_seed}: reference {self.ref_value:.6g}, "
-            f"distributed {self.dist_value:.6g} (|diff| {abs(self.dist_value - self.ref_value):.3g})"
+            f"distributed {self.dist_value:.6g} ({self.figures()})"
         )
+
+    def figures(self) -> str:
+        """The difference at the worst element against what rounding explains there."""
+        diff = abs((self.dist_value or 0.0) - (self.ref_value or 0.0))
+        computed = f"; the reference computes in {self.precision}" if self.precision else ""
+        return (f"|diff| {diff:.3g}, rounding explains up to {self.noise_floor:.3g}{computed}: "
+                f"{self.ratio:.3g}x that")
 
 
 def _json_float(x: float | None) -> Any:
@@ -160,8 +187,10 @@ def int_range(args_abstract: Sequence[Any]) -> int:
     return min(min(dims), INT_RANGE_MAX) if dims else INT_RANGE_DEFAULT
 
 
-def random_inputs(args_abstract: Sequence[Any], seed: int) -> tuple:
-    """Concrete arguments for one seed: normal floats, small non-negative ints, fair booleans."""
+def random_inputs(args_abstract: Sequence[Any], seed: int, ranges: dict[int, int] | None = None) -> tuple:
+    """Concrete arguments for one seed: normal floats, fair booleans, integers in [0, n) with n
+    from `ranges` (flat leaf index -> how many places the reference indexes with it, see
+    index_ranges.py) or else small and non-negative."""
     import jax
     import jax.numpy as jnp
 
@@ -176,7 +205,8 @@ def random_inputs(args_abstract: Sequence[Any], seed: int) -> tuple:
             value = jax.random.bernoulli(k, 0.5, shape)
         elif jnp.issubdtype(dtype, jnp.integer):
             info = jnp.iinfo(dtype)
-            value = jax.random.randint(k, shape, 0, min(high, int(info.max)), dtype=jnp.int32).astype(dtype)
+            top = min((ranges or {}).get(i, high), int(info.max))
+            value = jax.random.randint(k, shape, 0, top, dtype=jnp.int32).astype(dtype)
         elif jnp.issubdtype(dtype, jnp.complexfloating):
             kr, ki = jax.random.split(k)
             value = (jax.random.normal(kr, shape) + 1j * jax.random.normal(ki, shape)).astype(dtype)
@@ -199,6 +229,7 @@ class _Worst:
     ref: float | None = None
     dist: float | None = None
     seed: int | None = None
+    floor: float = 0.0
 
 
 def _is_inexact(dtype) -> bool:
@@ -216,8 +247,10 @@ def _scalar(x) -> float:
     return float(x.astype(np.float64))
 
 
-def _compare_leaf(ref, dist, tol: Tolerance):
-    """Return (max_abs, max_rel, score array, within-tolerance flag) for one output leaf."""
+def _compare_leaf(ref, dist, tol: Tolerance, floor=None):
+    """Return (max_abs, max_rel, score array, allowance array, within-tolerance flag) for one
+    output leaf. `floor`: the absolute amount rounding alone may move each element (rounding.py),
+    allowed NOISE_MARGIN times on top of the dtype's tolerance."""
     import jax.numpy as jnp
     import numpy as np
 
@@ -232,17 +265,19 @@ def _compare_leaf(ref, dist, tol: Tolerance):
         finite_ref = np.abs(r[np.isfinite(r)])
         scale = max(1.0, float(finite_ref.max())) if finite_ref.size else 1.0
         allowed = tol.atol * scale + tol.rtol * np.where(np.isfinite(r), np.abs(r), 0.0)
-        if tol.rtol == 0 and tol.atol == 0:
+        if floor is not None:
+            allowed = allowed + NOISE_MARGIN * floor
+        if not np.any(allowed):
             score = np.where(diff > 0, np.inf, 0.0)
         else:
-            score = diff / allowed
+            score = np.where(diff == 0, 0.0, diff / np.where(allowed > 0, allowed, np.inf))
         # Relative to |ref|, floored at the leaf's magnitude times the dtype's epsilon so that
         # an exact zero in the reference does not make the ratio infinite.
         eps = float(jnp.finfo(np.asarray(ref).dtype).eps) if _is_inexact(np.asarray(ref).dtype) else 1.0
         rel = diff / np.maximum(np.where(np.isfinite(r), np.abs(r), 0.0), eps * scale)
     max_abs = float(diff.max()) if diff.size else 0.0
     max_rel = float(np.where(diff == 0, 0.0, rel).max()) if diff.size else 0.0
-    return max_abs, max_rel, score, bool(np.all(score <= 1.0))
+    return max_abs, max_rel, score, allowed, bool(np.all(score <= 1.0))
 
 
 def _structural(seeds, note: str, leaf: str = "") -> NumericComparison:
@@ -253,8 +288,22 @@ def _structural(seeds, note: str, leaf: str = "") -> NumericComparison:
     )
 
 
-def compare_outputs(ref_outs: dict, dist_outs: dict, seeds: Sequence[int]) -> NumericComparison:
-    """Compare {seed: output pytree} of both programs (concrete arrays)."""
+def rounding_floor(ref, shadow) -> float:
+    """How far rounding alone may move any element of one output leaf: the largest move of the
+    shadow reference anywhere in the leaf (a flipped rounding lands on other elements in the other
+    program)."""
+    import numpy as np
+
+    moved = np.abs(np.asarray(shadow).astype(np.float64) - np.asarray(ref).astype(np.float64))
+    moved = moved[np.isfinite(moved)]
+    return float(moved.max()) if moved.size else 0.0
+
+
+def compare_outputs(ref_outs: dict, dist_outs: dict, seeds: Sequence[int], shadow_outs: dict | None = None,
+                    tolerance: Tolerance | None = None) -> NumericComparison:
+    """Compare {seed: output pytree} of both programs (concrete arrays). `shadow_outs` (same
+    form) are the reference's outputs with its roundings moved as re-association may move them
+    (see rounding.py); `tolerance` replaces the per-dtype one (the manifest's `oracle` key)."""
     import jax
     import numpy as np
     from jax.tree_util import keystr
@@ -269,7 +318,8 @@ def compare_outputs(ref_outs: dict, dist_outs: dict, seeds: Sequence[int]) -> Nu
         if ref_tree != dist_tree:
             return _structural(seeds, f"the outputs have different structures: reference {ref_tree}, distributed {dist_tree}")
         seed_ok = True
-        for (path, r), (_, d) in zip(ref_leaves, dist_leaves):
+        shadow_leaves = jax.tree_util.tree_leaves(shadow_outs[seed]) if shadow_outs else [None] * len(ref_leaves)
+        for (path, r), (_, d), sh in zip(ref_leaves, dist_leaves, shadow_leaves):
             name = keystr(path)
             r_shape, d_shape = tuple(np.shape(r)), tuple(np.shape(d))
             if r_shape != d_shape:
@@ -277,7 +327,8 @@ def compare_outputs(ref_outs: dict, dist_outs: dict, seeds: Sequence[int]) -> Nu
             r_dtype, d_dtype = np.asarray(r).dtype, np.asarray(d).dtype
             if r_dtype != d_dtype:
                 return _structural(seeds, f"output{name} has dtype {r_dtype} in the reference but {d_dtype} in the distributed program", name)
-            leaf_abs, leaf_rel, score, ok = _compare_leaf(r, d, tolerance_for(r_dtype))
+            floor = None if sh is None else rounding_floor(r, sh)
+            leaf_abs, leaf_rel, score, allowed, ok = _compare_leaf(r, d, tolerance or tolerance_for(r_dtype), floor)
             max_abs, max_rel = max(max_abs, leaf_abs), max(max_rel, leaf_rel)
             seed_ok &= ok
             if score.size:
@@ -285,26 +336,34 @@ def compare_outputs(ref_outs: dict, dist_outs: dict, seeds: Sequence[int]) -> Nu
                 s = float(score.reshape(-1)[flat])
                 if s > worst.score:
                     index = tuple(int(i) for i in np.unravel_index(flat, r_shape)) if r_shape else ()
-                    worst = _Worst(s, name, index, _scalar(np.asarray(r)[index]), _scalar(np.asarray(d)[index]), seed)
+                    at = float(np.broadcast_to(allowed, r_shape)[index])
+                    worst = _Worst(s, name, index, _scalar(np.asarray(r)[index]), _scalar(np.asarray(d)[index]), seed, at)
         if not seed_ok:
             failing.append(seed)
     return NumericComparison(
         max_abs_diff=max_abs, max_rel_diff=max_rel, worst_leaf=worst.leaf, worst_index=worst.index,
         ref_value=worst.ref, dist_value=worst.dist, seeds=seeds, equal=not failing,
-        worst_seed=worst.seed, failing_seeds=tuple(failing),
+        worst_seed=worst.seed, failing_seeds=tuple(failing), noise_floor=worst.floor, ratio=max(worst.score, 0.0),
     )
 
 
-def _run_and_compare(reference, bound, args_abstract, mesh, seeds, ref_name="reference", dist_name="distributed"):
+def _run_and_compare(reference, bound, args_abstract, mesh, seeds, ref_name="reference", dist_name="distributed",
+                     tolerance: Tolerance | None = None, index_ranges: dict[int, int] | None = None):
     """jit both, run them on one random draw per seed (the distributed one under the mesh), compare."""
     import jax
 
     ref_fn, dist_fn = jax.jit(reference), jax.jit(bound)
-    ref_outs, dist_outs = {}, {}
+    shadow = None if tolerance else rounding.shadow_reference(reference, tuple(args_abstract))
+    ref_outs, dist_outs, shadow_outs = {}, {}, {}
+    near_ties: list[int] = []
     for seed in seeds:
-        args = random_inputs(args_abstract, seed)
+        args = random_inputs(args_abstract, seed, index_ranges)
         try:
             ref_outs[seed] = jax.device_get(ref_fn(*args))
+            if shadow:
+                shadow_outs[seed], tie = jax.device_get(shadow.run(*args))
+                if tie:
+                    near_ties.append(seed)
         except EquivciError:
             raise
         except Exception as exc:
@@ -316,7 +375,23 @@ def _run_and_compare(reference, bound, args_abstract, mesh, seeds, ref_name="ref
             raise
         except Exception as exc:
             raise EquivciError(_run_failure("distributed", dist_name, exc)) from exc
-    return compare_outputs(ref_outs, dist_outs, seeds)
+    if shadow is None:
+        return compare_outputs(ref_outs, dist_outs, seeds, tolerance=tolerance)
+    comparison = compare_outputs(ref_outs, dist_outs, seeds, shadow_outs)
+    comparison = dataclasses.replace(comparison, precision=shadow.narrowest, rounding_points=shadow.rounding_points)
+    return without_near_ties(comparison, near_ties)
+
+
+def without_near_ties(comparison: NumericComparison, near_ties: Sequence[int]) -> NumericComparison:
+    """A seed on which a discrete decision of the reference was within rounding of a tie is no
+    counterexample: rounding alone could have made the other program decide otherwise."""
+    excused = [s for s in comparison.failing_seeds if s in near_ties]
+    if not excused:
+        return comparison
+    failing = tuple(s for s in comparison.failing_seeds if s not in near_ties)
+    note = (f"on seed{'s' if len(excused) > 1 else ''} {', '.join(map(str, excused))} a comparison, argmax, top_k or "
+            "sort of the reference was within rounding of a tie, so the difference there is not a counterexample")
+    return dataclasses.replace(comparison, failing_seeds=failing, equal=not failing, note=note)
 
 
 # --- child process ---------------------------------------------------------------------------------
@@ -336,11 +411,14 @@ def _compare_model(model, root: Path, seeds: tuple[int, ...]) -> NumericComparis
 
     reference = entrypoints.load_function(model.reference, root)
     distributed = entrypoints.load_function(model.distributed, root)
-    inputs_fn = entrypoints.load_function(model.inputs, root)
-    args = entrypoints.abstract_inputs(inputs_fn, model.inputs)
+    inputs = model.oracle.inputs or model.inputs
+    args = entrypoints.abstract_inputs(entrypoints.load_function(inputs, root), inputs)
     mesh = entrypoints.build_mesh(model)
     bound = entrypoints.bind_distributed(distributed, mesh)
-    return _run_and_compare(reference, bound, args, mesh, seeds, model.reference.spec, model.distributed.spec)
+    ranges = index_ranges(reference, tuple(args))
+    tolerance = Tolerance(model.oracle.rtol or 0.0, model.oracle.atol or 0.0) if model.oracle.tolerance_set else None
+    return _run_and_compare(reference, bound, args, mesh, seeds, model.reference.spec, model.distributed.spec,
+                            tolerance=tolerance, index_ranges=ranges)
 
 
 def _without_device_count(flags: str) -> str:
@@ -377,7 +455,10 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     by_name = {m.name: m for m in manifest.models}
     devices = max([by_name[n].num_devices for n in opts.model if n in by_name] or [1])
     flags = _without_device_count(os.environ.get("XLA_FLAGS", ""))
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+    # Both programs round exactly where their code says: XLA may otherwise keep a value wider than
+    # its type inside a fusion in one program and not in the other.
+    os.environ["XLA_FLAGS"] = (f"{flags} --xla_force_host_platform_device_count={devices} "
+                               "--xla_allow_excess_precision=false").strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.chdir(manifest.root)  # entrypoints.abstract_inputs reports paths relative to the cwd

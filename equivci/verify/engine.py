@@ -9,6 +9,7 @@ from equivci.capture.oracle import compare_in_child
 from equivci.capture.types import CapturedModel
 from equivci.diagnose.localize import Defect, source_of
 from equivci.diagnose.loops import defect_with_loops
+from equivci.errors import EquivciError
 from equivci.hlo.parser import HloParseError, parse_module
 from equivci.layers.segments import Layering, layer_of, leaves, split
 from equivci.manifest import Manifest, ModelSpec
@@ -71,12 +72,10 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
     defect = defect_with_loops(programs, proof, captured.mesh)
     findings = [_finding(defect, captured, programs.distributed_events, layering)] if defect else [_output_finding(proof, captured)]
     laps.lap("localize")
-    counterexample = _counterexample(model, manifest, captured)
+    numeric, differs = _counterexample(model, manifest, captured)
     laps.lap("counterexample")
-    if counterexample is not None:
-        findings.append(Finding(findings[0].path, findings[0].line, "error", findings[0].layer, counterexample))
-        return _finish(model, Status.MISMATCH, t0, tuple(findings), layers, laps)
-    return _finish(model, Status.UNPROVEN, t0, tuple(findings), layers, laps)
+    findings.append(Finding(findings[0].path, findings[0].line, "error" if differs else "note", findings[0].layer, numeric))
+    return _finish(model, Status.MISMATCH if differs else Status.UNPROVEN, t0, tuple(findings), layers, laps)
 
 
 def _assumptions(programs, captured: CapturedModel) -> tuple[Finding, ...]:
@@ -127,16 +126,26 @@ def _output_finding(proof, captured: CapturedModel) -> Finding:
                    "(out_specs / out_shardings) may not match what the devices hold")
 
 
-def _counterexample(model: ModelSpec, manifest: Manifest, captured: CapturedModel) -> str | None:
+def _counterexample(model: ModelSpec, manifest: Manifest, captured: CapturedModel) -> tuple[str, bool]:
+    """What the numeric oracle says, and whether it is a counterexample (then the model is a
+    mismatch); otherwise why it did not run or that the outputs agree up to rounding."""
     total = sum(_size(leaf.shape) for leaf in captured.inputs)
-    if total > MAX_ORACLE_ELEMENTS:
-        return None
-    result = compare_in_child(manifest.path, model.name)
-    if result is None or result.equal:
-        return None
+    if total > MAX_ORACLE_ELEMENTS and model.oracle.inputs is None:
+        return (f"the numeric check did not run: the inputs have {total:,} elements, more than the "
+                f"{MAX_ORACLE_ELEMENTS:,} it runs on a CPU; give it smaller inputs the entrypoints accept with "
+                "`oracle: {inputs: FILE.py:FUNC}` in the manifest", False)
+    try:
+        result = compare_in_child(manifest.path, model.name)
+    except EquivciError as exc:
+        return f"the numeric check could not run: {exc}", False
+    if result.equal:
+        return (f"numeric check: the outputs agree on {len(result.seeds)} random inputs (largest difference "
+                f"{result.max_abs_diff:.3g}, within what rounding explains); that is evidence, not a proof: "
+                "review the op above", False)
     index = ",".join(map(str, result.worst_index))
     return (f"counterexample: on random inputs output {result.worst_leaf}[{index}] is {result.dist_value:.6g} "
-            f"distributed vs {result.ref_value:.6g} reference (largest difference {result.max_abs_diff:.3g})")
+            f"distributed vs {result.ref_value:.6g} reference ({result.figures()}; largest difference "
+            f"{result.max_abs_diff:.3g})", True)
 
 
 def _size(shape) -> int:
