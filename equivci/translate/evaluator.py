@@ -35,6 +35,7 @@ from equivci.terms.spec import (
     transpose_text,
 )
 from equivci.translate import masks
+from equivci.translate.constants import ConstantPool
 
 UNARY = {
     "abs", "ceil", "cos", "exp", "exponential", "exponential-minus-one", "floor", "log", "log-plus-one",
@@ -119,7 +120,7 @@ class Evaluator:
         self.table = table
         self.n = num_devices
         self.values: dict[Term, np.ndarray] = {}  # folded constant terms -> their value
-        self.arrays: list[tuple[Term, np.ndarray]] = []  # non-uniform constants, oldest first
+        self.constants = ConstantPool()  # non-uniform constants, by content and as windows
         self.equal_terms: list[list[Term]] = []  # groups of terms known equal by evaluation
         self.bounds: dict[Term, tuple[float, float]] = {}  # integer terms -> [lo, hi] of their elements
         self.window_sums: dict[Term, tuple] = {}  # opaque reduce-window sums -> (sizes, padding)
@@ -139,7 +140,7 @@ class Evaluator:
     def child(self, module: Module, num_devices: int) -> "Evaluator":
         """An evaluator with its own events that shares what is known about constants."""
         sub = Evaluator(module, self.table, num_devices)
-        sub.values, sub.arrays, sub.equal_terms = self.values, self.arrays, self.equal_terms
+        sub.values, sub.constants, sub.equal_terms = self.values, self.constants, self.equal_terms
         return sub
 
     def variant(self, pairs_override: dict[str, list[tuple[int, int]]]) -> list[list[Term]]:
@@ -148,7 +149,7 @@ class Evaluator:
         The same term table and constants are shared, so unchanged parts give the same terms.
         """
         other = Evaluator(self.module, self.table, self.n)
-        other.values, other.arrays, other.bounds = self.values, self.arrays, self.bounds
+        other.values, other.constants, other.bounds = self.values, self.constants, self.bounds
         other.pairs_override = pairs_override
         return other.run(self.module.entry, self.entry_args)
 
@@ -161,39 +162,22 @@ class Evaluator:
             if value.ndim == 0:
                 return scalar
             term = self.table.make("bcast", (bcast_spec(0, value.shape, ()),), (scalar,), value.shape, dtype)
-        else:
-            term = self.window_of_known(value, dtype)
-            if term is None:
+        elif (term := self.constants.seen(value, dtype)) is None:
+            windows = self.constants.windows(value, dtype)
+            if windows:
+                # Device-local tables (RoPE angles at a shard's positions, a mask's rows) are windows
+                # of the reference's tables; saying so relates them. One that repeats along the dim
+                # (a mask broadcast over heads) is every such window.
+                slices = [self.slice_term(w.source, w.dim, w.start, w.start + value.shape[w.dim]) for w in windows]
+                if len(slices) > 1:
+                    self.equal_terms.append(slices)
+                term = slices[0]
+            else:
                 digest = hashlib.sha256(value.tobytes()).hexdigest()[:16]
                 term = self.table.make("const", (f"{digest}:{value.shape}",), (), value.shape, dtype)
-                self.arrays.append((term, value))
+            self.constants.add(term, value, dtype, source=not windows)
         self.values[term] = value
         return term
-
-    def window_of_known(self, value: np.ndarray, dtype: str) -> Term | None:
-        """A constant that is a window of an earlier constant along one dim, as that slice.
-
-        Device-local tables (RoPE angles at a shard's positions, a mask's rows) are windows of the
-        reference's tables; saying so relates them. Values are compared exactly.
-        """
-        for known, array in self.arrays:
-            if known.dtype != dtype or array.ndim != value.ndim or array.shape == value.shape:
-                continue
-            differing = [k for k in range(value.ndim) if array.shape[k] != value.shape[k]]
-            if len(differing) != 1 or array.shape[differing[0]] < value.shape[differing[0]]:
-                continue
-            k, width = differing[0], value.shape[differing[0]]
-            moved = np.moveaxis(array, k, 0)
-            target = np.moveaxis(value, k, 0)
-            windows = [self.slice_term(known, k, start, start + width)
-                       for start in range(array.shape[k] - width + 1)
-                       if np.array_equal(moved[start:start + width], target, equal_nan=True)]
-            if windows:
-                # A constant that repeats along k (a mask broadcast over heads) is every such window.
-                if len(windows) > 1:
-                    self.equal_terms.append(windows)
-                return windows[0]
-        return None
 
     def folded(self, term: Term) -> np.ndarray | None:
         return self.values.get(term)

@@ -65,7 +65,7 @@ def translate(reference: Module, distributed: Module, inputs: tuple[LeafPlacemen
     dist_eval = Evaluator(distributed, table, num_devices)
     dist_eval.bounds.update(bounds)
     dist_eval.values.update(ref_eval.values)
-    dist_eval.arrays.extend(ref_eval.arrays)
+    dist_eval.constants.extend(ref_eval.constants)
     matcher = loops(reference, ref_eval.loops)
     dist_eval.loop_handler = matcher
     dist_args = [[dist_eval.slice_nd(p, leaf.device_slices[dev]) for dev in range(num_devices)]
