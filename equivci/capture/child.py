@@ -54,6 +54,30 @@ def _spmd_dump(dump_dir: str) -> str | None:
     return Path(jit_files[-1]).read_text()
 
 
+class FilesRead:
+    """Every file opened for reading from here on (an audit hook on `open`, which the built-in
+    open, io, pathlib and os.open all raise): configs, tokenizer files and data read while the
+    entrypoints are imported and traced. They decide reuse like the imported modules do, since a
+    changed config changes the programs without changing any source file.
+
+    Installed after jax is imported, so jax's own thousands of opens cost nothing. Files opened by
+    native code (C fopen) are not seen."""
+
+    def __init__(self) -> None:
+        self.paths: set[str] = set()
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple) -> None:
+        if event != "open":
+            return
+        path, mode, flags = args
+        if isinstance(path, int) or path is None:
+            return
+        reading = ("r" in mode or "+" in mode) if isinstance(mode, str) else (flags & os.O_ACCMODE) != os.O_WRONLY
+        if reading:
+            self.paths.add(os.path.abspath(os.fsdecode(path)))
+
+
 def capture(request: dict, laps: Laps) -> dict:
     import jax
     from jax.tree_util import keystr, tree_flatten_with_path
@@ -63,6 +87,7 @@ def capture(request: dict, laps: Laps) -> dict:
     from equivci.manifest import load_manifest
 
     manifest = load_manifest(Path(request["manifest"]))
+    read = FilesRead()  # from here: what the user's code reads
     model = next(m for m in manifest.models if m.name == request["model"])
     loaded = entrypoints.load_model(model, manifest.root)
     reference, bound, args, mesh = loaded.reference, loaded.distributed, loaded.args, loaded.mesh
@@ -85,7 +110,7 @@ def capture(request: dict, laps: Laps) -> dict:
 
     # Memo: the content key of both lowered programs; a known key ends the capture here, before
     # the HLO conversion and the costly compile (a warm run costs about one lowering).
-    keys = _MemoKeys(request["memo"], model, args, ref_lowered, dist_lowered) if request.get("memo") else None
+    keys = _MemoKeys(request["memo"], model, args, ref_lowered, dist_lowered, read) if request.get("memo") else None
     memo_fields = {}
     if keys is not None and keys.stored:
         memo_fields = keys.fields()
@@ -186,7 +211,7 @@ class _MemoKeys:
     hash of the bytecode and everything else the keys depend on; a rerun of unchanged code finds
     them without printing anything."""
 
-    def __init__(self, memo_request: dict, model, args, ref_lowered, dist_lowered) -> None:
+    def __init__(self, memo_request: dict, model, args, ref_lowered, dist_lowered, read: FilesRead) -> None:
         import importlib.metadata
 
         import jax
@@ -201,6 +226,7 @@ class _MemoKeys:
         self.request = memo_request
         self.repo_root = memo_request["repo_root"]
         self.lowered = (ref_lowered, dist_lowered)
+        self.read = read
         self.common = (
             memo_request["fingerprint"],
             jax.__version__,
@@ -243,9 +269,10 @@ class _MemoKeys:
             if f and not f.startswith(skip + os.sep)
         ]
         sources = [
-            s for s in memo.repository_files(keys["files"] + imported, self.repo_root)
-            if not any(part in ("site-packages", "dist-packages") for part in Path(s).parts)
+            s for s in memo.repository_files(keys["files"] + imported + sorted(self.read.paths), self.repo_root)
+            if not any(part in ("site-packages", "dist-packages", "__pycache__", ".git") for part in Path(s).parts)
             and not str(Path(self.repo_root, s).resolve()).startswith(skip + os.sep)
+            and os.path.isfile(os.path.join(self.repo_root, s))
         ]
         known = self.request.get("known") or {}
         cached = (key in known and known[key] in (None, loc_digest)) or (
