@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from equivci import gitdiff
+from equivci import git
 from equivci.errors import EquivciError
 from equivci.manifest import Manifest, ModelSpec
 from equivci.results import Finding, LayerCounts, ModelResult, Report, Status
@@ -185,7 +185,7 @@ def _reuse_unchanged(manifest: Manifest, model: ModelSpec, memo, changes, repo_r
     record = memo.last_capture(manifest_rel, model.name)
     if record is None or record.get("fingerprint") != memo_mod.fingerprint():
         return None
-    files = gitdiff.model_files(_entrypoint_files(manifest, model, repo_root), record["sources"], manifest_rel)
+    files = git.model_files(_entrypoint_files(manifest, model, repo_root), record["sources"], manifest_rel)
     if changes.touches(files):
         return None
     digests = record.get("digests") or {}
@@ -221,7 +221,7 @@ def run_models(
         from equivci.capture.run import repo_root_of
 
         repo_root = repo_root_of(manifest.root)
-        changes = gitdiff.changes_since(repo_root, changed_since)
+        changes = git.changes_since(repo_root, changed_since)
     results = []
     for model in models:
         progress.started(model.name)
@@ -235,7 +235,7 @@ def run_models(
         if result is None:
             result = run_model(manifest, model, debug, memo=memo,
                                on_layer=lambda done, total, name=model.name: progress.layer(name, done, total))
-        result = gitdiff.mark_changed(result, changes)
+        result = git.mark_changed(result, changes)
         progress.finished(result)
         results.append(result)
     return Report(models=tuple(results))
