@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from equivci.ci import publish
-from equivci.ci.diff import DiffLines, FileDiff
+from equivci.git import DiffLines, FileDiff
 from equivci.results import Finding, LayerCounts, ModelResult, Report, Status
 
 

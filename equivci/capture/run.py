@@ -15,17 +15,13 @@ from pathlib import Path
 from equivci.capture import partitioned
 from equivci.capture.types import CapturedModel, LeafPlacement
 from equivci.errors import EquivciError
+from equivci.git import repo_root
 from equivci.manifest import Manifest, ModelSpec
 
 CAPTURE_TIMEOUT_SECONDS = 900
 
-
-def repo_root_of(folder: Path) -> Path:
-    """The git work tree containing `folder`: the nearest folder with a `.git` entry (the folder
-    of a repository, a linked work tree or a submodule), or `folder` itself outside git. A plain
-    walk, as git does it: importing GitPython would start a `git` process on every run."""
-    start = folder.resolve()
-    return next((p for p in (start, *start.parents) if (p / ".git").exists()), start)
+# pipeline.py, memo.py and the tests still import the root finder under its old name from here.
+repo_root_of = repo_root
 
 
 def child_env(num_devices: int, extra_flags: str = "") -> dict[str, str]:
@@ -117,7 +113,7 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, mem
         distributed_hlo="" if cached else result["distributed_hlo"],
         inputs=() if cached else _leaves(result["inputs"]),
         outputs=() if cached else _leaves(result["outputs"]),
-        repo_root=str(repo_root_of(manifest.root)),
+        repo_root=str(repo_root(manifest.root)),
         timings=tuple((str(stage), float(seconds)) for stage, seconds in result.get("timings", ())),
         content_key=result.get("content_key", ""),
         loc_digest=result.get("loc_digest", ""),

@@ -14,7 +14,7 @@ import dataclasses
 import hashlib
 from collections.abc import Iterable
 
-from equivci.ci.diff import DiffLines
+from equivci.git import DiffLines
 from equivci.report import markdown as md
 from equivci.results import SEVERITY_ORDER, Finding, ModelResult, Report, Status
 

@@ -21,7 +21,6 @@ from typing import Annotated
 import typer
 
 from equivci.ci import publish
-from equivci.ci.diff import DiffLines
 from equivci.ci.event import ActionsContext, load_context
 from equivci.ci.github import (
     GitHubClient,
@@ -33,6 +32,7 @@ from equivci.ci.github import (
 )
 from equivci.commands.verify import DebugOption, ManifestOption
 from equivci.errors import EquivciError
+from equivci.git import DiffLines, from_pull_files, pr_diff_lines, repo_root
 from equivci.manifest import Manifest, load_manifest
 from equivci.pipeline import run_models, select_models
 from equivci.report import markdown, sarif
@@ -60,13 +60,7 @@ def run_pipeline(
 def _repo_paths(manifest: Manifest) -> tuple[Path, str]:
     from equivci.pipeline import manifest_display_path
 
-    try:
-        from equivci.capture.run import repo_root_of
-
-        root = repo_root_of(manifest.root)
-    except Exception:  # noqa: BLE001 - any failure: fall back to the manifest folder
-        root = manifest.root
-    return root, manifest_display_path(manifest)
+    return repo_root(manifest.root), manifest_display_path(manifest)
 
 
 def _default_report_dir(ctx: ActionsContext) -> Path:
@@ -90,18 +84,16 @@ def write_report_files(report: Report, folder: Path, repo_root: Path, manifest_r
 
 def pr_diff(ctx: ActionsContext, client: GitHubClient | None, repo_root: Path) -> DiffLines | None:
     """Lines in the PR diff: from the local git history, else from the pulls/files API."""
-    from equivci.ci import diff
-
     pr = ctx.pull_request
     assert pr is not None
-    try:
-        return diff.from_git(repo_root, pr.base_sha, pr.head_sha)
-    except Exception as exc:  # noqa: BLE001 - missing commits (shallow clone), no git: use the API
-        _log(f"equivci: git diff {pr.base_sha[:12]}...{pr.head_sha[:12]} failed ({type(exc).__name__}); using the pull request files API")
+    lines = pr_diff_lines(repo_root, pr.base_sha, pr.head_sha, log=_log)
+    if lines is not None:
+        return lines
+    _log(f"equivci: git cannot diff {pr.base_sha[:12]}...{pr.head_sha[:12]} here; using the pull request files API")
     if client is None or not ctx.repository:
         return None
     try:
-        return diff.from_pull_files(pull_files(client, ctx.repository, pr.number))
+        return from_pull_files(pull_files(client, ctx.repository, pr.number))
     except GitHubError as exc:
         _log(f"equivci: cannot list the pull request files: {exc}")
         return None

@@ -102,10 +102,10 @@ def _model_rows(result) -> list:
 
 
 def _render_document(output_format: OutputFormat, report: Report, manifest) -> str:
-    from equivci.capture.run import repo_root_of
+    from equivci.git import repo_root
     from equivci.report import markdown, sarif
 
-    root = repo_root_of(manifest.root)
+    root = repo_root(manifest.root)
     if output_format is OutputFormat.sarif:
         return sarif.render(report, root, manifest.path.resolve().relative_to(root).as_posix())
     return markdown.render(report, root)
