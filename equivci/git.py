@@ -191,17 +191,25 @@ class _Git:
         self.root = Path(self.repo.working_tree_dir or root)
 
     def run(self, *args: str, timeout: float | None = None) -> str:
-        kwargs: dict[str, Any] = {"kill_after_timeout": timeout} if timeout else {}
-        return self.repo.git.execute(
-            ["git", "-c", "core.quotepath=off", "-c", "color.ui=false", *args],
-            # A fetch must fail, not wait for a password; messages in English.
-            env={"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0"}, strip_newline_in_stdout=False, **kwargs,
-        )
+        out = self.try_run(*args, timeout=timeout)
+        if out is None:
+            raise EquivciError(
+                f"{self.purpose}: `git {' '.join(args)}` failed in {self.root}: {self.failure}; "
+                "check the repository with that command."
+            )
+        return out
 
     def try_run(self, *args: str, timeout: float | None = None) -> str | None:
+        kwargs: dict[str, Any] = {"kill_after_timeout": timeout} if timeout else {}
         try:
-            return self.run(*args, timeout=timeout)
-        except self._git.GitCommandError:
+            return self.repo.git.execute(
+                ["git", "-c", "core.quotepath=off", "-c", "color.ui=false", *args],
+                # A fetch must fail, not wait for a password; messages in English.
+                env={"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0"}, strip_newline_in_stdout=False, **kwargs,
+            )
+        except self._git.CommandError as exc:  # a failing command, or no git binary at all
+            lines = str(getattr(exc, "stderr", "") or exc).strip().strip("'").splitlines()
+            self.failure = (lines[-1] if lines else type(exc).__name__).strip()
             return None
 
     def commit(self, ref: str) -> str | None:

@@ -72,16 +72,16 @@ def verify(
     try:
         loaded = load_manifest(manifest)
         models = select_models(loaded, model, tag)
+        # stdout carries the report only; anything else printed during the run goes to stderr.
+        with RunProgress(len(models)) as progress, contextlib.redirect_stdout(sys.stderr):
+            report = run_models(
+                loaded, models, progress, debug=debug,
+                changed_since=changed_since, no_cache=no_cache, cache_dir=cache_dir, all_models=all_models,
+            )
     except EquivciError as err:
         if as_json:  # consumers of --format json always get a document to parse
             write_json(Report(models=()), sys.stdout, error=str(err))
         raise
-    # stdout carries the report only; anything else printed during the run goes to stderr.
-    with RunProgress(len(models)) as progress, contextlib.redirect_stdout(sys.stderr):
-        report = run_models(
-            loaded, models, progress, debug=debug,
-            changed_since=changed_since, no_cache=no_cache, cache_dir=cache_dir, all_models=all_models,
-        )
     laps.lap("models", [row for result in report.models for row in _model_rows(result)], rest="other (manifest)")
     if as_json:
         write_json(report, sys.stdout)
