@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 import time
 import traceback
@@ -69,8 +70,10 @@ def run(argv: list[str] | None = None, started: float | None = None) -> int:
     """Run the CLI and return its exit code (2 for usage, manifest and capture errors). `started`:
     the time.perf_counter() the run counts from (default: now)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    _register_commands(args)
+    stopped: list[str] = []
+    restore = _on_sigterm(stopped)
     try:
+        _register_commands(args)
         app(args=args, prog_name="equivci", obj={"started": time.perf_counter() if started is None else started})
     except SystemExit as exc:  # standalone click always ends this way, help and usage errors included
         if exc.code is None or isinstance(exc.code, int):
@@ -82,7 +85,37 @@ def run(argv: list[str] | None = None, started: float | None = None) -> int:
             traceback.print_exc()
         print(f"equivci: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Every `with`/`finally` on the way has run: capture children stopped, temporary folders gone.
+        signame = stopped[0] if stopped else "SIGINT"
+        print(f"equivci: stopped by {signame}; no verdict.", file=sys.stderr)
+        return 128 + signal.Signals[signame].value
+    except Exception as exc:  # a bug in equivci: one paragraph unless --debug
+        if "--debug" in args:
+            raise
+        print(
+            f"equivci: internal error: {type(exc).__name__}: {exc}. This is a bug in equivci; rerun with "
+            "--debug for the traceback and report it.", file=sys.stderr,
+        )
+        return 2
+    finally:
+        restore()
     return 0
+
+
+def _on_sigterm(stopped: list[str]):
+    """SIGTERM (a cancelled CI job, `kill`) unwinds like Ctrl-C, so cleanups run; returns what
+    puts the previous handler back."""
+
+    def handler(signum: int, _frame) -> None:
+        stopped.append(signal.Signals(signum).name)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        return lambda: None
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def main() -> None:

@@ -21,7 +21,8 @@ MAX_DEVICES = 64  # fake CPU devices per capture child; more makes capture impra
 
 TOP_KEYS = ("version", "models")
 REQUIRED_MODEL_KEYS = ("name", "reference", "distributed", "inputs", "mesh")
-MODEL_KEYS = REQUIRED_MODEL_KEYS + ("tags",)
+MODEL_KEYS = REQUIRED_MODEL_KEYS + ("tags", "capture_timeout")
+DEFAULT_CAPTURE_TIMEOUT = 900.0  # seconds for importing, tracing and partitioning one model
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -52,6 +53,7 @@ class ModelSpec:
     inputs: Entrypoint
     mesh: tuple[tuple[str, int], ...]
     tags: tuple[str, ...] = ()
+    capture_timeout: float = DEFAULT_CAPTURE_TIMEOUT  # seconds; `capture_timeout:` or --capture-timeout
 
     @property
     def num_devices(self) -> int:
@@ -243,6 +245,17 @@ def _tags(ctx: _Ctx, model: _Map, prefix: str) -> tuple[str, ...]:
     return tuple(tags)
 
 
+def _capture_timeout(ctx: _Ctx, model: _Map, prefix: str) -> float:
+    value = model.get("capture_timeout", DEFAULT_CAPTURE_TIMEOUT)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        ctx.fail(
+            f"{prefix}.capture_timeout", model.key_lines.get("capture_timeout"),
+            f"expected a positive number of seconds, got {_describe(value)}",
+            f"write e.g. `capture_timeout: 1800` (the default is {DEFAULT_CAPTURE_TIMEOUT:g})",
+        )
+    return float(value)
+
+
 def _model(ctx: _Ctx, node: Any, index: int, line: int) -> ModelSpec:
     prefix = f"models[{index}]"
     if not isinstance(node, dict):
@@ -264,6 +277,7 @@ def _model(ctx: _Ctx, node: Any, index: int, line: int) -> ModelSpec:
         inputs=_entrypoint(ctx, node, "inputs", prefix),
         mesh=_mesh(ctx, node, prefix),
         tags=_tags(ctx, node, prefix),
+        capture_timeout=_capture_timeout(ctx, node, prefix),
     )
 
 

@@ -259,6 +259,10 @@ def review_comment_bodies(client: GitHubClient, repo: str, number: int) -> list[
     return list(client.paginate(f"/repos/{repo}/pulls/{number}/comments"))
 
 
+def edit_review_comment(client: GitHubClient, repo: str, comment_id: int, body: str) -> dict[str, Any]:
+    return client.patch(f"/repos/{repo}/pulls/comments/{comment_id}", {"body": body})
+
+
 def pull_files(client: GitHubClient, repo: str, number: int) -> list[dict[str, Any]]:
     return list(client.paginate(f"/repos/{repo}/pulls/{number}/files"))
 

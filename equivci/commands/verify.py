@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import sys
 import time
@@ -12,7 +13,7 @@ from typing import Annotated
 import typer
 
 from equivci.errors import EquivciError
-from equivci.manifest import load_manifest
+from equivci.manifest import ModelSpec, load_manifest
 from equivci.pipeline import run_models, select_models
 from equivci.report.json_report import write_json
 from equivci.report.text import RunProgress, write_text
@@ -32,6 +33,14 @@ ManifestOption = Annotated[
     Path, typer.Option("--manifest", help="Manifest file; entrypoint paths are relative to its folder.")
 ]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors (yours and equivci's).")]
+CaptureTimeoutOption = Annotated[
+    float | None,
+    typer.Option(
+        "--capture-timeout", metavar="SECONDS", min=1,
+        help="Stop importing, tracing and partitioning a model after this long (default: the model's "
+        "capture_timeout in the manifest, else 900).",
+    ),
+]
 TimingsOption = Annotated[
     bool, typer.Option("--timings", help="Print on stderr where the time went, stage by stage (capture, memo, verify).")
 ]
@@ -61,6 +70,7 @@ def verify(
         Path | None,
         typer.Option("--cache-dir", help="Cache folder (default: .equivci/cache at the repository root)."),
     ] = None,
+    capture_timeout: CaptureTimeoutOption = None,
     debug: DebugOption = False,
     timings: TimingsOption = False,
 ) -> None:
@@ -71,7 +81,7 @@ def verify(
     as_json = output_format is OutputFormat.json
     try:
         loaded = load_manifest(manifest)
-        models = select_models(loaded, model, tag)
+        models = with_capture_timeout(select_models(loaded, model, tag), capture_timeout)
         # stdout carries the report only; anything else printed during the run goes to stderr.
         with RunProgress(len(models)) as progress, contextlib.redirect_stdout(sys.stderr):
             report = run_models(
@@ -95,6 +105,11 @@ def verify(
         laps.rows.append(("total", time.perf_counter() - started))
         write_timings(laps.rows, sys.stderr)
     raise typer.Exit(report.exit_code())
+
+
+def with_capture_timeout(models: list[ModelSpec], seconds: float | None) -> list[ModelSpec]:
+    """--capture-timeout overrides each model's `capture_timeout`."""
+    return models if seconds is None else [dataclasses.replace(m, capture_timeout=seconds) for m in models]
 
 
 def _model_rows(result) -> list:
