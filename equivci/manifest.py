@@ -293,6 +293,11 @@ def _read_yaml(ctx: _Ctx, path: Path) -> Any:
         raise EquivciError(f"{ctx.display}: cannot read the manifest ({exc}); check the path and its permissions.") from None
     try:
         return yaml.load(text, Loader=_Loader)
+    except RecursionError:
+        raise EquivciError(
+            f"{ctx.display}: nested too deeply to read (hundreds of levels of lists or mappings); a manifest "
+            "needs three levels: `models:`, each model's keys, and `mesh:` or `tags:`."
+        ) from None
     except _DuplicateKey as dup:
         ctx.fail(str(dup.key), dup.line, "key written twice (YAML would silently keep the last one)", "remove one of them")
     except yaml.MarkedYAMLError as exc:

@@ -296,6 +296,16 @@ def main(argv: list[str]) -> int:
         result = {**capture(request, laps), "timings": laps.rows}
     except EquivciError as err:
         result = {"error": str(err), "traceback": traceback.format_exc()}
+    except SystemExit as exc:  # the user's code called sys.exit() (or exit()) while loading or tracing
+        from equivci.capture.entrypoints import where_in_user_code
+
+        result = {
+            "error": f"capturing model '{request['model']}' stopped: the model's code called "
+                     f"sys.exit({exc.code!r}){where_in_user_code(exc, Path.cwd())}. "
+                     "Entrypoints and inputs() must return values; move command-line handling under "
+                     "`if __name__ == \"__main__\":`.",
+            "traceback": traceback.format_exc(),
+        }
     except Exception as exc:  # anything else is still reported as a capture error, with details for --debug
         result = {
             "error": f"capturing model '{request['model']}' failed: {type(exc).__name__}: {exc}",

@@ -31,6 +31,7 @@ from equivci.ci.github import (
     review_comment_bodies,
     upsert_comment,
 )
+from equivci.commands.folders import require_folder
 from equivci.commands.verify import CaptureTimeoutOption, DebugOption, ManifestOption, with_capture_timeout
 from equivci.errors import EquivciError
 from equivci.git import DiffLines, from_pull_files, pr_diff_lines, repo_root
@@ -86,16 +87,6 @@ def write_report_files(report: Report, folder: Path, repo_root: Path, manifest_r
         _log(f"equivci: warning: cannot write the report files to {folder} ({exc.strerror or exc}); the run's verdict is unchanged.")
         return {}
     return {k: str(path) for k, (path, _) in files.items()}
-
-
-def check_report_dir(folder: Path) -> None:
-    """Before the run: a --report-dir that can never be a folder is a usage error, not a late surprise."""
-    blocker = next((p for p in (folder, *folder.parents) if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
-        raise EquivciError(
-            f"--report-dir {folder}: {blocker} is a file, not a folder; pass a folder (it is created if needed), "
-            "or leave the option out for $RUNNER_TEMP/equivci-report."
-        )
 
 
 def pr_diff(ctx: ActionsContext, client: GitHubClient | None, repo_root: Path) -> DiffLines | None:
@@ -225,7 +216,7 @@ def ci(
     ctx = load_context()
     folder = report_dir or _default_report_dir(ctx)
     try:
-        check_report_dir(folder)
+        require_folder("--report-dir", folder, ", or leave the option out for $RUNNER_TEMP/equivci-report")
         loaded = load_manifest(manifest)
         models = with_capture_timeout(select_models(loaded, model, tag), capture_timeout)
     except EquivciError as err:
