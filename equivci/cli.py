@@ -70,12 +70,14 @@ def run(argv: list[str] | None = None, started: float | None = None) -> int:
     """Run the CLI and return its exit code (2 for usage, manifest and capture errors). `started`:
     the time.perf_counter() the run counts from (default: now)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    stopped: list[str] = []
-    restore = _on_sigterm(stopped)
+    stopped: list[signal.Signals] = []
+    restore = _on_signals(stopped)
     try:
         _register_commands(args)
         app(args=args, prog_name="equivci", obj={"started": time.perf_counter() if started is None else started})
     except SystemExit as exc:  # standalone click always ends this way, help and usage errors included
+        if stopped:  # Typer turns the KeyboardInterrupt of a signal into an exit
+            return _stopped(stopped[0])
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0
         print(exc.code, file=sys.stderr)
@@ -86,10 +88,7 @@ def run(argv: list[str] | None = None, started: float | None = None) -> int:
         print(f"equivci: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        # Every `with`/`finally` on the way has run: capture children stopped, temporary folders gone.
-        signame = stopped[0] if stopped else "SIGINT"
-        print(f"equivci: stopped by {signame}; no verdict.", file=sys.stderr)
-        return 128 + signal.Signals[signame].value
+        return _stopped(stopped[0] if stopped else signal.SIGINT)
     except Exception as exc:  # a bug in equivci: one paragraph unless --debug
         if "--debug" in args:
             raise
@@ -103,19 +102,29 @@ def run(argv: list[str] | None = None, started: float | None = None) -> int:
     return 0
 
 
-def _on_sigterm(stopped: list[str]):
-    """SIGTERM (a cancelled CI job, `kill`) unwinds like Ctrl-C, so cleanups run; returns what
-    puts the previous handler back."""
+def _stopped(signum: signal.Signals) -> int:
+    # Every `with` and `finally` on the way has run: capture children stopped, temporary folders gone.
+    print(f"equivci: stopped by {signum.name}; no verdict.", file=sys.stderr)
+    return 128 + signum.value
+
+
+def _on_signals(stopped: list[signal.Signals]):
+    """SIGINT and SIGTERM (a cancelled CI job, `kill`) unwind as a KeyboardInterrupt, so cleanups
+    run, and are remembered; returns what puts the previous handlers back."""
 
     def handler(signum: int, _frame) -> None:
-        stopped.append(signal.Signals(signum).name)
+        stopped.append(signal.Signals(signum))
         raise KeyboardInterrupt
 
+    previous = {}
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) in (signal.SIG_IGN, None):  # e.g. SIGINT of a background job
+                continue
+            previous[signum] = signal.signal(signum, handler)
     except ValueError:  # not the main thread: leave signals alone
-        return lambda: None
-    return lambda: signal.signal(signal.SIGTERM, previous)
+        pass
+    return lambda: [signal.signal(signum, old) for signum, old in previous.items()]
 
 
 def main() -> None:
