@@ -64,11 +64,11 @@ def pull_files_from_git(repo: Path, base: str, head: str) -> list[dict[str, Any]
     """The pulls/{n}/files answer GitHub would give for base...head of a real repository."""
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+        return subprocess.run(["git", "-c", "core.quotepath=off", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
 
     files = []
-    for row in git("diff", "--name-status", "--no-renames", f"{base}...{head}").splitlines():
-        status, name = row.split("\t", 1)
+    fields = [f for f in git("diff", "--name-status", "-z", "--no-renames", f"{base}...{head}").split("\0") if f]
+    for status, name in zip(fields[::2], fields[1::2]):
         text = git("diff", "--no-color", "--no-renames", f"{base}...{head}", "--", name)
         patch = text[text.index("@@"):] if "@@" in text else ""
         files.append(
