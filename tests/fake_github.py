@@ -3,7 +3,7 @@
 It records every request and implements the handful of endpoints equivci uses, with GitHub's
 behaviour where it matters:
 - issue comments: list (paginated with a Link header), create, edit;
-- pull request review comments: list; reviews: create, answered 422 *as a whole* when any comment's
+- pull request review comments: list, edit; reviews: create, answered 422 *as a whole* when any comment's
   line is not in the pull request's diff (new side, inside a hunk);
 - pull request files with their `patch`;
 - a read-only mode answering 403 "Resource not accessible by integration" to every write, like the
@@ -195,6 +195,15 @@ class FakeGitHub:
         if m and method == "PATCH":
             cid = int(m.group(1))
             for comments in self.issue_comments.values():
+                for c in comments:
+                    if c["id"] == cid:
+                        c["body"] = body["body"]
+                        return 200, {}, c
+            return 404, {}, {"message": "Not Found"}
+        m = re.fullmatch(r"/pulls/comments/(\d+)", rest)
+        if m and method == "PATCH":
+            cid = int(m.group(1))
+            for comments in self.review_comments.values():
                 for c in comments:
                     if c["id"] == cid:
                         c["body"] = body["body"]
