@@ -40,8 +40,18 @@ class VerifierCrash(RuntimeError):
         return f"{super().__str__()}\n\nin the verifier process:\n{self.child_traceback}"
 
 
+def memory_cap() -> tuple[int, str]:
+    """The child's address-space cap and what set it: EQUIVCI_VERIFY_MEMORY (default ¾ of RAM), or
+    a lower `ulimit -v` equivci itself runs under, which no child may exceed."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and soft < MEMORY_LIMIT_BYTES:
+        return soft, f"the `ulimit -v` (RLIMIT_AS) equivci runs under, below EQUIVCI_VERIFY_MEMORY's {MEMORY_LIMIT_BYTES / 2**30:.1f} GiB"
+    return MEMORY_LIMIT_BYTES, "EQUIVCI_VERIFY_MEMORY"
+
+
 def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo) -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+    cap, _ = memory_cap()
+    resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
     def layer_done(done: int, total: int) -> None:
         conn.send(("layer", (done, total)))
@@ -106,8 +116,9 @@ def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedMode
         return _unproven(model, t0, f"the proof search exceeded its time limit ({TIME_LIMIT_SECONDS:g} s, "
                                     "EQUIVCI_VERIFY_TIMEOUT)")
     if answer is None or answer[0] == "memory":
+        cap, source = memory_cap()
         return _unproven(model, t0, f"the proof search ran out of memory or crashed (exit code {child.exitcode}; "
-                                    f"memory cap {MEMORY_LIMIT_BYTES / 2**30:.1f} GiB, EQUIVCI_VERIFY_MEMORY)")
+                                    f"memory cap {cap / 2**30:.1f} GiB, {source})")
     kind, payload = answer
     if kind == "ok":
         return payload
