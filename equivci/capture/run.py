@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -58,6 +59,14 @@ def _how(returncode: int | None) -> str:
         hint = ", which is what the kernel does when memory runs out" if name == "SIGKILL" else ""
         return f"killed by {name}{hint}"
     return f"exit code {returncode}"
+
+
+def _address_space_hint() -> str:
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return ""
+    return (f" equivci runs under a `ulimit -v` (RLIMIT_AS) of {soft / 2**30:.1f} GiB, which the capture inherits; "
+            "JAX and XLA reserve more address space than they use, so raise or remove that limit.")
 
 
 def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, memo: dict | None = None,
@@ -117,11 +126,13 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, mem
             said = f"its last output was:\n{tail}" if tail else "it printed nothing on stderr"
             raise EquivciError(
                 f"the capture process for model '{model.name}' ended ({_how(proc.returncode)}) before "
-                f"reporting; {said}. Run `equivci dump --model {model.name} --debug` to see it fail."
+                f"reporting; {said}.{_address_space_hint()} Run `equivci dump --model {model.name} --debug` to see it fail."
             )
         result = json.loads(result_path.read_text())
     if "error" in result:
         message = result["error"]
+        if any(sign in message for sign in ("MemoryError", "bad_alloc", "pthread_create", "Cannot allocate memory", "Resource temporarily unavailable")):
+            message += _address_space_hint()
         if debug:
             message += "\n\n" + result.get("traceback", "")
         raise EquivciError(message)
