@@ -10,6 +10,7 @@ import math
 import difflib
 import re
 from pathlib import Path
+from collections.abc import Hashable
 from typing import Any, NoReturn
 
 import yaml
@@ -102,6 +103,10 @@ def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _Map:
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
+        if not isinstance(key, Hashable) or isinstance(key, (list, dict)):
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping", node.start_mark, f"found {_describe(key)} as a key", key_node.start_mark
+            )
         if key in result.key_lines:
             raise _DuplicateKey(key, line)
         result.key_lines[key] = line
@@ -308,7 +313,7 @@ def _read_yaml(ctx: _Ctx, path: Path) -> Any:
             f"{where}: not valid YAML: {problem}; fix the syntax (check indentation, colons and quotes)."
         ) from None
     except yaml.YAMLError as exc:
-        raise EquivciError(f"{ctx.display}: not valid YAML: {exc}; fix the syntax.") from None
+        raise EquivciError(f"{ctx.display}: not valid YAML: {' '.join(str(exc).split())}; fix the syntax.") from None
 
 
 def load_manifest(path: Path) -> Manifest:
