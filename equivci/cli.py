@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 import time
@@ -73,6 +74,7 @@ def run(argv: list[str] | None = None, started: float | None = None) -> int:
     stopped: list[signal.Signals] = []
     restore = _on_signals(stopped)
     try:
+        _check_environment()
         _register_commands(args)
         app(args=args, prog_name="equivci", obj={"started": time.perf_counter() if started is None else started})
     except SystemExit as exc:  # standalone click always ends this way, help and usage errors included
@@ -100,6 +102,26 @@ def run(argv: list[str] | None = None, started: float | None = None) -> int:
     finally:
         restore()
     return 0
+
+
+# Environment variables read as numbers deep inside a run: a bad value is a usage error up front.
+NUMERIC_ENVIRONMENT = {
+    "EQUIVCI_VERIFY_TIMEOUT": (float, "a number of seconds for each proof search, e.g. 900"),
+    "EQUIVCI_VERIFY_MEMORY": (int, "a whole number of bytes the proof search may use, e.g. 8000000000"),
+}
+
+
+def _check_environment() -> None:
+    for name, (kind, meaning) in NUMERIC_ENVIRONMENT.items():
+        value = os.environ.get(name)
+        if not value:
+            continue
+        try:
+            ok = 0 < kind(value) < float("inf")
+        except ValueError:
+            ok = False
+        if not ok:
+            raise EquivciError(f"{name}={value!r} is not valid; set it to {meaning}, or unset it.")
 
 
 def _stopped(signum: signal.Signals) -> int:

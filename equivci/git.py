@@ -246,6 +246,11 @@ class _Git:
         return None
 
 
+# Whatever the user's git configuration says (diff.external, color.diff, diff.noprefix,
+# diff.mnemonicPrefix, diff.renames): the output parse_unified_diff reads.
+_DIFF_OPTIONS = ("--no-ext-diff", "--no-color", "--no-textconv", "--find-renames", "--src-prefix=a/", "--dst-prefix=b/")
+
+
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -287,13 +292,13 @@ def changes_since(root: str | Path, ref: str, log=_log) -> Changes:
             f"commit that exists locally (or fetch it first). {FETCH_DEPTH_HINT}"
         )
     files: set[str] = set()
-    fields = [f for f in g.run("diff", "--name-status", "-z", "--find-renames", "--no-ext-diff", commit, "--").split("\0") if f]
+    fields = [f for f in g.run("diff", *_DIFF_OPTIONS, "--name-status", "-z", commit, "--").split("\0") if f]
     i = 0
     while i < len(fields):
         count = 2 if fields[i][:1] in ("R", "C") else 1
         files.update(fields[i + 1 : i + 1 + count])
         i += 1 + count
-    patch = g.run("diff", "--no-ext-diff", "--unified=0", "--find-renames", commit, "--")
+    patch = g.run("diff", *_DIFF_OPTIONS, "--unified=0", commit, "--")
     lines = {path: fd.added for path, fd in parse_unified_diff(patch).files.items()}
     for rel in g.run("ls-files", "-z", "--others", "--exclude-standard").split("\0"):
         if not rel or rel.startswith(".equivci/"):  # equivci's own cache and reports
@@ -330,7 +335,7 @@ def pr_diff_lines(root: str | Path, base: str, head: str, log=_log) -> DiffLines
         g = _Git(root, "the pull request diff")
     except EquivciError:
         return None
-    args = ("diff", "--no-ext-diff", "--unified=3", "--find-renames", f"{base}...{head}", "--")
+    args = ("diff", *_DIFF_OPTIONS, "--unified=3", f"{base}...{head}", "--")
     text = g.try_run(*args)
     if text is None:
         for sha in (base, head):

@@ -287,6 +287,8 @@ def _model(ctx: _Ctx, node: Any, index: int, line: int) -> ModelSpec:
 
 
 def _read_yaml(ctx: _Ctx, path: Path) -> Any:
+    if path.exists() and not path.is_file():  # a folder, or a FIFO whose read would wait forever
+        raise EquivciError(f"{ctx.display}: not a file; pass the manifest file itself with --manifest PATH.")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
