@@ -311,12 +311,19 @@ def main(argv: list[str]) -> int:
             "error": f"capturing model '{request['model']}' failed: {type(exc).__name__}: {exc}",
             "traceback": traceback.format_exc(),
         }
-    Path(result_path).write_text(json.dumps(result))
+    # Whole or not at all: a full disk must not leave half an answer for the parent to read.
+    partial = Path(result_path + ".partial")
+    partial.write_text(json.dumps(result))
+    os.replace(partial, result_path)
     return 0
 
 
 if __name__ == "__main__":
-    code = main(sys.argv[1:])
+    try:
+        code = main(sys.argv[1:])
+    except BaseException as exc:  # the answer could not be written (a full disk): one line for the parent
+        print(f"equivci capture: cannot report: {type(exc).__name__}: {exc}", file=sys.stderr)
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     # Not sys.exit: interpreter teardown (jax's exit handlers, the backend's destruction) would run

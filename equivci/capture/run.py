@@ -128,7 +128,13 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, mem
                 f"the capture process for model '{model.name}' ended ({_how(proc.returncode)}) before "
                 f"reporting; {said}.{_address_space_hint()} Run `equivci dump --model {model.name} --debug` to see it fail."
             )
-        result = json.loads(result_path.read_text())
+        try:
+            result = json.loads(result_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise EquivciError(
+                f"the capture process for model '{model.name}' left an answer that cannot be read ({exc}); "
+                f"check the free space of the temporary folder {Path(tmp).parent}."
+            ) from None
     if "error" in result:
         message = result["error"]
         if any(sign in message for sign in ("MemoryError", "bad_alloc", "pthread_create", "Cannot allocate memory", "Resource temporarily unavailable")):
