@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import codecs
-
 import functools
 import re
 
