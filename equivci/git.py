@@ -149,7 +149,7 @@ def parse_unified_diff(text: str) -> DiffLines:
         if raw.startswith("+++ ") and not chunk:
             # git ends the name with a tab when it holds a space, so a patch tool can tell where it ends.
             target = unquote(raw[4:].removesuffix("\t"))
-            path = None if target == "/dev/null" else (target[2:] if target.startswith("b/") else target)
+            path = None if target == "/dev/null" else (target.removeprefix("b/"))
             continue
         if raw.startswith("@@") or chunk:
             chunk.append(raw)

@@ -6,11 +6,11 @@ Every problem raises EquivciError with one paragraph: `FILE:LINE: KEY: what is w
 from __future__ import annotations
 
 import dataclasses
-import math
 import difflib
+import math
 import re
-from pathlib import Path
 from collections.abc import Hashable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml

@@ -321,7 +321,7 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     try:
         code = main(sys.argv[1:])
-    except BaseException as exc:  # the answer could not be written (a full disk): one line for the parent
+    except BaseException as exc:  # noqa: BLE001 - the answer could not be written (a full disk): one line for the parent
         print(f"equivci capture: cannot report: {type(exc).__name__}: {exc}", file=sys.stderr)
         code = 1
     sys.stdout.flush()

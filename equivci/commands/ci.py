@@ -26,13 +26,18 @@ from equivci.ci.github import (
     GitHubClient,
     GitHubError,
     create_review,
-    pull_files,
     edit_review_comment,
+    pull_files,
     review_comment_bodies,
     upsert_comment,
 )
 from equivci.commands.folders import require_folder
-from equivci.commands.verify import CaptureTimeoutOption, DebugOption, ManifestOption, with_capture_timeout
+from equivci.commands.verify import (
+    CaptureTimeoutOption,
+    DebugOption,
+    ManifestOption,
+    with_capture_timeout,
+)
 from equivci.errors import EquivciError
 from equivci.git import DiffLines, from_pull_files, pr_diff_lines, repo_root
 from equivci.manifest import Manifest, load_manifest

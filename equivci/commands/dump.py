@@ -11,8 +11,8 @@ from typing import Annotated, Any
 import typer
 
 from equivci.capture.types import CapturedModel
-from equivci.commands.verify import DebugOption, ManifestOption
 from equivci.commands.folders import require_folder
+from equivci.commands.verify import DebugOption, ManifestOption
 from equivci.errors import EquivciError
 from equivci.manifest import load_manifest
 from equivci.pipeline import select_models

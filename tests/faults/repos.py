@@ -61,7 +61,7 @@ def equivci(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeo
     full = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "RUNNER_", "EQUIVCI_"))}
     full.update(env or {})
     proc = subprocess.run([sys.executable, "-m", "equivci", *args], cwd=cwd, env=full, capture_output=True,
-                          text=True, timeout=timeout, **kwargs)
+                          text=True, timeout=timeout, check=False, **kwargs)
     return Run(proc.returncode, proc.stdout, proc.stderr)
 
 

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from repos import TRACEBACK
 
 from equivci.cli import run
-from repos import TRACEBACK
 
 GOOD_MODEL = """\
   - name: mlp-tp
@@ -109,9 +109,9 @@ CASES: list[tuple[str, str | bytes, str]] = [
     ("yaml-bad-indent", "version: 1\n models: []\n", "not valid YAML"),
     ("yaml-python-tag", "version: 1\nmodels: !!python/object/apply:os.system ['touch pwned']\n", "not valid YAML"),
     ("yaml-unknown-tag", "version: 1\nmodels: !custom []\n", "not valid YAML"),
-    ("yaml-alias-bomb", "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
-     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
-     "version: 1\nmodels: [*d, *d, *d, *d, *d, *d, *d, *d, *d]\n", "unknown key"),
+    ("yaml-alias-bomb", ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                         "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+                         "version: 1\nmodels: [*d, *d, *d, *d, *d, *d, *d, *d, *d]\n"), "unknown key"),
     ("yaml-undefined-alias", "version: 1\nmodels: *nothing\n", "not valid YAML"),
     ("yaml-two-documents", "version: 1\nmodels: []\n---\nversion: 1\n", "not valid YAML"),
     ("yaml-merge-key-non-map", "version: 1\nmodels:\n  - <<: 3\n", "not valid YAML"),

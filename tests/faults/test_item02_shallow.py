@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from fake_github import FakeGitHub, actions_env, write_pr_event
-
 from repos import equivci, git, make_repo
 
 

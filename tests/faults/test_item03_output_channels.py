@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from fake_github import FakeGitHub, actions_env
-
 from repos import equivci, make_repo, snapshot
 
 

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from repos import MANIFEST, equivci, make_repo, snapshot
 
 

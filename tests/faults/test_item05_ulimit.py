@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from repos import TRACEBACK, make_repo
 
 
@@ -17,7 +16,8 @@ def under_ulimit(nbytes: int, args: list[str], cwd: Path) -> subprocess.Complete
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))  # soft and hard, as `ulimit -v` sets them
 
-    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600, preexec_fn=limit)
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+                          check=False, preexec_fn=limit)
 
 
 @pytest.fixture(scope="module")

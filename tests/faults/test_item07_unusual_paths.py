@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fake_github import MLP_TP, NO_PSUM_LINE, PSUM_LINE, FakeGitHub, actions_env, pull_files_from_git, write_pr_event
+from fake_github import (
+    MLP_TP,
+    NO_PSUM_LINE,
+    PSUM_LINE,
+    FakeGitHub,
+    actions_env,
+    pull_files_from_git,
+    write_pr_event,
+)
+from repos import MANIFEST, equivci, git, make_repo
 
 from equivci import git as gitmod
-from repos import MANIFEST, equivci, git, make_repo
 
 ODD = "models/tp ü.py"
 ODD_MANIFEST = MANIFEST.replace("models/mlp_tp.py:mlp", f"'{ODD}:mlp'")

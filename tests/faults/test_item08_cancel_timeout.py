@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from repos import MANIFEST, TRACEBACK, make_repo
 
 SLOW = '''\

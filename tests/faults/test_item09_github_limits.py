@@ -4,11 +4,18 @@ category, and line comments of an earlier run on lines that are now fixed."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from fake_github import GITHUB_VARS, FakeGitHub, actions_env, make_pr_repo, pull_files_from_git, read_outputs, write_pr_event
+from fake_github import (
+    GITHUB_VARS,
+    FakeGitHub,
+    actions_env,
+    make_pr_repo,
+    pull_files_from_git,
+    read_outputs,
+    write_pr_event,
+)
 
 import equivci.commands.ci as ci_command
 from equivci.ci import publish
@@ -55,7 +62,7 @@ def ci(capsys) -> tuple[int, str]:
 
 
 def test_annotations_worst_first_within_limits_then_a_notice(github, capsys):
-    fake, reports, _ = github
+    _, reports, _ = github
     reports.append(flood(30, width=20))
     code, out = ci(capsys)
     assert code == 1
@@ -78,7 +85,7 @@ def test_summary_and_comment_truncate_with_a_pointer(github, capsys):
     code, _ = ci(capsys)
     assert code == 1
     summary = (tmp / "step_summary.md").read_bytes()
-    assert len(summary) <= publish.SUMMARY_LIMIT and "cut at GitHub's job summary size limit".encode() in summary
+    assert len(summary) <= publish.SUMMARY_LIMIT and b"cut at GitHub's job summary size limit" in summary
     report_md = Path(read_outputs(tmp / "github_output.txt")["markdown"]).read_text()
     assert len(report_md.encode()) > publish.SUMMARY_LIMIT and report_md.encode()[:1000] == summary[:1000]
     (comment,) = fake.issue_comments[PR]

@@ -22,7 +22,7 @@ def command_options() -> dict[str, set[str]]:
 
 def test_command_table_names_real_options_only() -> None:
     options = command_options()
-    rows = re.findall(r"^\| `equivci (\w+) ([^`]*)` \|", README, flags=re.M)
+    rows = re.findall(r"^\| `equivci (\w+) ([^`]*)` \|", README, flags=re.MULTILINE)
     assert {name for name, _ in rows} == set(options)
     for name, usage in rows:
         named = set(re.findall(r"--[a-z][a-z-]*", usage))
