@@ -191,21 +191,12 @@ class FakeGitHub:
                 return self._page(self.issue_comments.get(number, []), path, query)
             if method == "POST":
                 return 201, {}, self._new_comment(number, body["body"], "github-actions[bot]")
-        m = re.fullmatch(r"/issues/comments/(\d+)", rest)
+        m = re.fullmatch(r"/(issues|pulls)/comments/(\d+)", rest)
         if m and method == "PATCH":
-            cid = int(m.group(1))
-            for comments in self.issue_comments.values():
+            kind = self.issue_comments if m.group(1) == "issues" else self.review_comments
+            for comments in kind.values():
                 for c in comments:
-                    if c["id"] == cid:
-                        c["body"] = body["body"]
-                        return 200, {}, c
-            return 404, {}, {"message": "Not Found"}
-        m = re.fullmatch(r"/pulls/comments/(\d+)", rest)
-        if m and method == "PATCH":
-            cid = int(m.group(1))
-            for comments in self.review_comments.values():
-                for c in comments:
-                    if c["id"] == cid:
+                    if c["id"] == int(m.group(2)):
                         c["body"] = body["body"]
                         return 200, {}, c
             return 404, {}, {"message": "Not Found"}

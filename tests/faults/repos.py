@@ -13,15 +13,15 @@ from fake_github import MLP_REFERENCE, MLP_TP
 
 TRACEBACK = "Traceback (most recent call last)"
 
-MANIFEST = """\
-version: 1
-models:
-  - name: mlp-tp
-    reference: models/mlp.py:mlp
-    distributed: models/mlp_tp.py:mlp
-    inputs: models/mlp.py:inputs
-    mesh: {tp: 2}
-"""
+
+
+def model_entry(name: str, distributed: str = "models/mlp_tp.py:mlp", inputs: str = "models/mlp.py:inputs") -> str:
+    """One model of a manifest's list, against the reference MLP on a tp=2 mesh."""
+    return (f"  - name: {name}\n    reference: models/mlp.py:mlp\n    distributed: {distributed}\n"
+            f"    inputs: {inputs}\n    mesh: {{tp: 2}}\n")
+
+
+MANIFEST = "version: 1\nmodels:\n" + model_entry("mlp-tp")
 
 
 def git(repo: Path, *args: str) -> str:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from repos import MANIFEST, equivci, make_repo, snapshot
+from repos import MANIFEST, equivci, make_repo, model_entry, snapshot
 
 
 @pytest.fixture(scope="module")
@@ -29,23 +29,9 @@ def at_trace_no_code(x, w1, w2, *, mesh):
 def inputs_exit():
     exit("bye")
 '''
-    extra = """\
-  - name: exits-while-tracing
-    reference: models/mlp.py:mlp
-    distributed: models/exits.py:at_trace
-    inputs: models/mlp.py:inputs
-    mesh: {tp: 2}
-  - name: exits-bare
-    reference: models/mlp.py:mlp
-    distributed: models/exits.py:at_trace_no_code
-    inputs: models/mlp.py:inputs
-    mesh: {tp: 2}
-  - name: exits-in-inputs
-    reference: models/mlp.py:mlp
-    distributed: models/mlp_tp.py:mlp
-    inputs: models/exits.py:inputs_exit
-    mesh: {tp: 2}
-"""
+    extra = (model_entry("exits-while-tracing", distributed="models/exits.py:at_trace")
+             + model_entry("exits-bare", distributed="models/exits.py:at_trace_no_code")
+             + model_entry("exits-in-inputs", inputs="models/exits.py:inputs_exit"))
     return make_repo(tmp_path_factory.mktemp("item4") / "repo", {"models/exits.py": exits}, MANIFEST + extra)
 
 

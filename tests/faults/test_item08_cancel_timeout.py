@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from repos import MANIFEST, TRACEBACK, make_repo
+from repos import MANIFEST, TRACEBACK, make_repo, model_entry
 
 SLOW = '''\
 import time
@@ -21,13 +21,7 @@ import time
 def forward(x, w1, w2, *, mesh):
     time.sleep(120)  # stands for a capture that takes too long
 '''
-SLOW_MODEL = """\
-  - name: slow
-    reference: models/mlp.py:mlp
-    distributed: models/slow.py:forward
-    inputs: models/mlp.py:inputs
-    mesh: {tp: 2}
-"""
+SLOW_MODEL = model_entry("slow", distributed="models/slow.py:forward")
 
 
 @pytest.fixture(scope="module")
