@@ -220,9 +220,9 @@ def ci(
     """Verify in GitHub Actions: PR comment and review, annotations, job summary, outputs, SARIF."""
     ctx = load_context()
     folder = report_dir or _default_report_dir(ctx)
+    if report_dir is not None:  # the default folder is an output channel: trouble there is a warning
+        require_folder("--report-dir", report_dir, ", or leave the option out for $RUNNER_TEMP/equivci-report")
     try:
-        if report_dir is not None:  # the default folder is an output channel: trouble there is a warning
-            require_folder("--report-dir", report_dir, ", or leave the option out for $RUNNER_TEMP/equivci-report")
         loaded = load_manifest(manifest)
         models = with_capture_timeout(select_models(loaded, model, tag), capture_timeout)
     except EquivciError as err:
