@@ -230,14 +230,16 @@ class _Git:
         if not remotes:
             return None
         remote = "origin" if "origin" in remotes else remotes[0]
+        shallow = self.shallow()
         attempts: list[tuple[str, ...]] = []
         if re.fullmatch(r"[0-9a-fA-F]{40}|[0-9a-fA-F]{64}", ref):
-            attempts.append(("fetch", "--quiet", "--no-tags", "--depth=1", remote, ref))
-        if self.shallow():
+            # --depth only where the clone is shallow already: a complete history stays complete.
+            attempts.append(("fetch", "--quiet", "--no-tags", *(["--depth=1"] if shallow else []), remote, ref))
+        if shallow:
             attempts += [("fetch", "--quiet", "--no-tags", "--deepen=50", remote),
                          ("fetch", "--quiet", "--no-tags", "--unshallow", remote)]
         for args in attempts:
-            log(f"equivci: {ref} is not in this clone; running `git {' '.join(args[:-1])} {args[-1]}`")
+            log(f"equivci: {ref} is not in this clone; running `git {' '.join(args)}`")
             if self.try_run(*args, timeout=FETCH_TIMEOUT_SECONDS) is None:
                 continue
             commit = self.commit(ref)
