@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from equivci import gitdiff
+from equivci import git
 from equivci.cache import Memo, file_digests, fingerprint
 from equivci.capture import run as capture_run
 from equivci.capture.types import CapturedModel
@@ -170,8 +170,7 @@ def _reuse_unchanged(workspace: Workspace, model: ModelSpec, memo: Memo, changes
     record = memo.last_capture(manifest_rel, model.name)
     if record is None or record.get("fingerprint") != fingerprint():
         return None
-    files = gitdiff.model_files(_entrypoint_files(workspace.manifest, model, repo_root), record["sources"],
-                                manifest_rel)
+    files = git.model_files(_entrypoint_files(workspace.manifest, model, repo_root), record["sources"], manifest_rel)
     if changes.touches(files):
         return None
     digests = record.get("digests") or {}
@@ -200,7 +199,7 @@ def run_models(
     (`reused`) without being captured, unless `all_models`; findings on changed lines are marked."""
     workspace = Workspace.of(manifest, Options.from_env())
     memo = Memo(None if no_cache else workspace.cache_dir(cache_dir))
-    changes = gitdiff.changes_since(workspace.repo_root, changed_since) if changed_since else None
+    changes = git.changes_since(workspace.repo_root, changed_since) if changed_since else None
     results = []
     for model in models:
         progress.started(model.name)
@@ -214,7 +213,7 @@ def run_models(
         if result is None:
             result = run_model(workspace, model, memo, debug,
                                on_layer=lambda done, total, name=model.name: progress.layer(name, done, total))
-        result = gitdiff.mark_changed(result, changes)
+        result = git.mark_changed(result, changes)
         progress.finished(result)
         results.append(result)
     return Report(models=tuple(results))

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from equivci.cache import DEFAULT_CACHE_DIR
-from equivci.capture.run import repo_root_of
+from equivci.git import repo_root
 from equivci.manifest import Manifest
 from equivci.options import Options
 
@@ -22,7 +22,7 @@ class Workspace:
 
     @classmethod
     def of(cls, manifest: Manifest, options: Options | None = None) -> Workspace:
-        root = repo_root_of(manifest.root)
+        root = repo_root(manifest.root)
         try:
             rel = str(manifest.path.relative_to(root))
         except ValueError:

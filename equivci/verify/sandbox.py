@@ -35,8 +35,18 @@ class VerifierCrash(RuntimeError):
         return f"{super().__str__()}\n\nin the verifier process:\n{self.child_traceback}"
 
 
+def memory_cap(wanted: int) -> tuple[int, str]:
+    """The child's address-space cap and what set it: EQUIVCI_VERIFY_MEMORY (`wanted`, default ¾ of
+    RAM), or a lower `ulimit -v` equivci itself runs under, which no child may exceed."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        return soft, f"the `ulimit -v` (RLIMIT_AS) equivci runs under, below EQUIVCI_VERIFY_MEMORY's {wanted / 2**30:.1f} GiB"
+    return wanted, "EQUIVCI_VERIFY_MEMORY"
+
+
 def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo, memory_bytes: int) -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    cap, _ = memory_cap(memory_bytes)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
     def layer_done(done: int, total: int) -> None:
         conn.send(("layer", (done, total)))
@@ -103,8 +113,9 @@ def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedMode
     if answer is None and child.exitcode in (None, -9) and time.perf_counter() - t0 >= limit:
         return _unproven(model, t0, f"the proof search exceeded its time limit ({limit:g} s, EQUIVCI_VERIFY_TIMEOUT)")
     if answer is None or answer[0] == "memory":
+        cap, source = memory_cap(options.verify_memory_bytes)
         return _unproven(model, t0, f"the proof search ran out of memory or crashed (exit code {child.exitcode}; "
-                                    f"memory cap {options.verify_memory_bytes / 2**30:.1f} GiB, EQUIVCI_VERIFY_MEMORY)")
+                                    f"memory cap {cap / 2**30:.1f} GiB, {source})")
     kind, payload = answer
     if kind == "ok":
         return payload

@@ -1,4 +1,4 @@
-"""--changed-since on real temporary git repositories: changed files and lines since a ref."""
+"""equivci.git on real temporary git repositories: changed files and lines since a ref."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from equivci import gitdiff
+from equivci import git as gitmod
 from equivci.errors import EquivciError
 from equivci.results import Finding, ModelResult, Status
 
@@ -50,7 +50,7 @@ def test_committed_staged_unstaged_untracked_and_renamed(repo: Path) -> None:
     (repo / ".equivci" / "cache").mkdir(parents=True)
     (repo / ".equivci" / "cache" / "CACHEDIR.TAG").write_text("tag\n")
 
-    changes = gitdiff.changes_since(repo, "base")
+    changes = gitmod.changes_since(repo, "base")
     assert changes.files == {"models/a.py", "models/old.py", "models/new.py", "models/c.py"}
     assert changes.lines["models/a.py"] == {3, 7, 10}
     assert changes.lines["models/c.py"] == {1, 2}
@@ -60,28 +60,28 @@ def test_committed_staged_unstaged_untracked_and_renamed(repo: Path) -> None:
 
 
 def test_nothing_changed(repo: Path) -> None:
-    changes = gitdiff.changes_since(repo, "HEAD")
+    changes = gitmod.changes_since(repo, "HEAD")
     assert changes.files == frozenset() and not changes.touches(["models/a.py", "equivci.yaml"])
 
 
 def test_unknown_ref_and_no_repository(repo: Path, tmp_path: Path) -> None:
     with pytest.raises(EquivciError, match="does not know this revision"):
-        gitdiff.changes_since(repo, "no-such-branch")
+        gitmod.changes_since(repo, "no-such-branch")
     outside = tmp_path / "plain"
     outside.mkdir()
     with pytest.raises(EquivciError, match="needs a git repository"):
-        gitdiff.changes_since(outside, "HEAD")
+        gitmod.changes_since(outside, "HEAD")
 
 
 def test_affected_models_and_changed_findings(repo: Path) -> None:
     (repo / "models" / "b.py").write_text("b changed\n")
-    changes = gitdiff.changes_since(repo, "HEAD")
-    assert not changes.touches(gitdiff.model_files({"models/a.py"}, [], "equivci.yaml"))
-    assert changes.touches(gitdiff.model_files({"models/a.py"}, ["models/b.py"], "equivci.yaml"))  # b.py recorded
+    changes = gitmod.changes_since(repo, "HEAD")
+    assert not changes.touches(gitmod.model_files({"models/a.py"}, [], "equivci.yaml"))
+    assert changes.touches(gitmod.model_files({"models/a.py"}, ["models/b.py"], "equivci.yaml"))  # b.py recorded
     result = ModelResult("uses-b", Status.MISMATCH, 1.0, findings=(
         Finding("models/b.py", 1, "error", None, "here"),
         Finding("models/a.py", 1, "error", None, "not changed"),
     ))
-    marked = gitdiff.mark_changed(result, changes)
+    marked = gitmod.mark_changed(result, changes)
     assert [f.changed for f in marked.findings] == [True, False]
-    assert gitdiff.mark_changed(result, None) is result
+    assert gitmod.mark_changed(result, None) is result
