@@ -142,7 +142,7 @@ def _all_reused(result: ModelResult, name: str) -> ModelResult:
 
 
 def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo, laps: Laps, on_layer=None) -> ModelResult:
-    from equivci import memo as memo_mod
+    from equivci import cache as memo_mod
     from equivci.capture.run import repo_root_of
 
     repo_root = repo_root_of(manifest.root)
@@ -179,7 +179,7 @@ def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo, laps:
 def _reuse_unchanged(manifest: Manifest, model: ModelSpec, memo, changes, repo_root: Path) -> ModelResult | None:
     """The model's last result, when nothing it depends on changed since REF and its files are
     byte-for-byte those of its last capture (so the result is that of the current code)."""
-    from equivci import memo as memo_mod
+    from equivci import cache as memo_mod
 
     manifest_rel = manifest_display_path(manifest)
     record = memo.last_capture(manifest_rel, model.name)
@@ -212,7 +212,7 @@ def run_models(
     models within the run are still verified once). `changed_since`: models whose recorded sources,
     entrypoint files and manifest did not change since that git ref are reported from the memo
     (`reused`) without being captured, unless `all_models`; findings on changed lines are marked."""
-    from equivci import memo as memo_mod
+    from equivci import cache as memo_mod
 
     memo = memo_mod.Memo(None if no_cache else memo_mod.cache_dir_for(manifest, cache_dir))
     changes = None

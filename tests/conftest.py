@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from equivci import memo
+from equivci import cache as memo
 
 
 @pytest.fixture()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from equivci import memo
+from equivci import cache as memo
 from equivci.cli import run
 from equivci.manifest import load_manifest
 

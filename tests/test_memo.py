@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from equivci import memo
-from equivci.memo import Memo
+from equivci import cache as memo
+from equivci.cache import Memo
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 
 DATA = Path(__file__).parent / "data"

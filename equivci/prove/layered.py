@@ -16,7 +16,7 @@ import dataclasses
 import itertools
 import time
 
-from equivci import memo as memo_mod
+from equivci import cache as memo_mod
 from equivci.layers.canonical import canonical_form
 from equivci.layers.segments import Layering, Segment, leaves
 from equivci.prove.saturate import Programs, Proof, add_terms, proved_equal, saturate_terms

@@ -8,7 +8,7 @@ from equivci.capture.types import CapturedModel
 from equivci.hlo.parser import HloParseError, parse_module
 from equivci.layers.segments import Layering, layer_of, leaves, split
 from equivci.manifest import Manifest, ModelSpec
-from equivci.memo import Memo
+from equivci.cache import Memo
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
 from equivci.translate.evaluator import Unsupported
