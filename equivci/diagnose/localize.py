@@ -20,6 +20,7 @@ import numpy as np
 from egglog import String, eq, i64, relation, rule, ruleset, vars_
 
 from equivci.hlo.collectives import parse_pairs
+from equivci.diagnose.missing import MissingWork, MissingWorkFinder, source_text
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.translate.evaluator import Event
 from equivci.terms.language import T
@@ -35,6 +36,7 @@ class Defect:
     inst: Instruction
     message: str
     context: Instruction | None = None
+    work: MissingWork | None = None  # the reference work the distributed program lacks, when that is the defect
 
 
 def _terms(event: Event) -> list[Term] | None:
@@ -745,6 +747,9 @@ class _Tracer:
 
     # -- explanations ----------------------------------------------------------------------------
     def explain(self, event: Event, devices: list[int]) -> Defect | None:
+        missing = self.missing_work(event, devices[0]) if devices else None
+        if missing is not None:
+            return missing
         for dev in devices:
             found = self.counterpart(event, dev)
             if found is None:
@@ -757,6 +762,29 @@ class _Tracer:
             if defect is not None:
                 return defect
         return None
+
+    def missing_work(self, event: Event, dev: int) -> Defect | None:
+        """The reference computes an operand further than the distributed program does."""
+        found = MissingWorkFinder(self).find(event, dev)
+        if found is None:
+            return None
+        owner = found.owner
+        held = (f"input #{self.value(owner, 0).attrs[0]}" if owner.inst.opcode == "parameter"
+                else f"the reference's `{owner.inst.opcode}` ({_where(_loc(owner.inst))})")
+        applies = f"the reference applies {found.what} here: {_where((found.anchor.file, found.anchor.line))}"
+        snippet = source_text(found.anchor) if found.anchor.file else ""
+        applies += f" (`{snippet}`)" if snippet else ""
+        consumer = f"`{found.consumer.inst.opcode}` ({_where(_loc(found.consumer.inst))})"
+        if found.at_producer:
+            made = self.skip(self.operands(event)[found.operand], dev)
+            if _loc(made.inst) is not None:
+                return Defect(made.inst, f"this value is {held}, which the reference passes through {found.what} "
+                                         f"before its {consumer}, and the distributed program does not: {applies}.",
+                              work=found)
+        name = _operand_name(event.inst, found.operand) or f"operand {found.operand + 1}"
+        return Defect(event.inst, f"`{name}` goes into this `{event.inst.opcode}` as {held}, without the "
+                                  f"{found.what} the reference applies to it before its {consumer}: {applies}.",
+                      work=found)
 
     def wrong_operand(self, event: Event, ref: Event, k: int, dev: int) -> Defect | None:
         d_op, r_op = self.operands(event)[k], self.operands(ref, refs=True)[k]
