@@ -37,6 +37,8 @@ class Defect:
     message: str
     context: Instruction | None = None
     work: MissingWork | None = None  # the reference work the distributed program lacks, when that is the defect
+    frontier: Instruction | None = None  # the first unrelated op, which led to `inst`
+    alternative: tuple[Instruction, str] | None = None  # an equally supported place, and what to say there
 
 
 def _terms(event: Event) -> list[Term] | None:
@@ -267,6 +269,9 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
     by_name = {event.inst.name: event for event in events}
 
     def explain(event: Event, terms: list[Term]) -> Defect:
+        return dataclasses.replace(explain_at(event, terms), frontier=event.inst)
+
+    def explain_at(event: Event, terms: list[Term]) -> Defect:
         """Why `event`, unrelated although its operands are related or partial, is the defect."""
         operand_events = [by_name.get(name) for name in event.inst.operands]
         if event.inst.opcode == "all-reduce" and operand_events and operand_events[0] is not None \
@@ -775,16 +780,18 @@ class _Tracer:
         snippet = source_text(found.anchor) if found.anchor.file else ""
         applies += f" (`{snippet}`)" if snippet else ""
         consumer = f"`{found.consumer.inst.opcode}` ({_where(_loc(found.consumer.inst))})"
-        if found.at_producer:
-            made = self.skip(self.operands(event)[found.operand], dev)
-            if _loc(made.inst) is not None:
-                return Defect(made.inst, f"this value is {held}, which the reference passes through {found.what} "
-                                         f"before its {consumer}, and the distributed program does not: {applies}.",
-                              work=found)
+        operand = self.operands(event)[found.operand]
+        made = self.skip(operand, dev) if operand is not None else None
+        at_producer = None
+        if made is not None and _loc(made.inst) is not None:
+            at_producer = (made.inst, f"this value is {held}, which the reference passes through {found.what} before "
+                                      f"its {consumer}, and the distributed program does not: {applies}.")
         name = _operand_name(event.inst, found.operand) or f"operand {found.operand + 1}"
-        return Defect(event.inst, f"`{name}` goes into this `{event.inst.opcode}` as {held}, without the "
-                                  f"{found.what} the reference applies to it before its {consumer}: {applies}.",
-                      work=found)
+        at_consumer = (event.inst, f"`{name}` goes into this `{event.inst.opcode}` as {held}, without the "
+                                   f"{found.what} the reference applies to it before its {consumer}: {applies}.")
+        if found.tied and at_producer is not None:
+            return Defect(*at_consumer, work=found, alternative=at_producer)
+        return Defect(*(at_producer if found.at_producer and at_producer else at_consumer), work=found)
 
     def wrong_operand(self, event: Event, ref: Event, k: int, dev: int) -> Defect | None:
         d_op, r_op = self.operands(event)[k], self.operands(ref, refs=True)[k]

@@ -41,6 +41,7 @@ class MissingWork:
     owner: Event
     work: tuple[Event, ...]  # the computing ops of the chain, in program order
     at_producer: bool  # the reference writes the work with the op that made the value
+    tied: bool  # its statement is as close to the consumer's as to the producer's
     anchor: SourceLoc  # the reference statement that applies the work
     what: str  # the work in the reference's words: a function name or the ops
 
@@ -165,12 +166,13 @@ class MissingWorkFinder:
         score = max(with_consumer, with_producer)
         if not frames:
             return MissingWork(consumer, k, owner, tuple(work), with_producer > with_consumer,
-                               SourceLoc("", 0), _ops(work))
+                               with_producer == with_consumer, SourceLoc("", 0), _ops(work))
         at = max(len(frames) - score, 0) if score > 0 else 0
         anchor = frames[at]
         inner = frames[at - 1].function.split(".")[-1] if at > 0 and frames[at - 1].function else ""
         what = inner if inner and not inner.startswith("<") else _ops(work)
-        return MissingWork(consumer, k, owner, tuple(work), with_producer > with_consumer, anchor, what)
+        return MissingWork(consumer, k, owner, tuple(work), with_producer > with_consumer,
+                           with_producer == with_consumer, anchor, what)
 
 
 def _ops(work: list[Event]) -> str:

@@ -6,14 +6,17 @@ import time
 
 from equivci.capture.types import CapturedModel
 from equivci.hlo.parser import HloParseError, parse_module
-from equivci.layers.segments import Layering, layer_of, leaves, split
+from equivci.hlo.collectives import axis_groups
+from equivci.layers.segments import split
 from equivci.manifest import Manifest, ModelSpec
 from equivci.cache import Memo
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
 from equivci.translate.evaluator import Unsupported
 from equivci.prove.layered import prefix_proof, prove_layers
-from equivci.diagnose.localize import Defect, source_of
+from equivci.diagnose.findings import defect_findings, with_counterexample
+from equivci.diagnose.localize import source_of
+from equivci.diagnose.numeric import numeric_frontier
 from equivci.prove.loops import defect_with_loops
 from equivci.prove.saturate import build_programs, saturate
 
@@ -67,12 +70,20 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
                        LayerCounts(layers.total, layers.total, layers.reused), laps)
 
     defect = defect_with_loops(programs, proof, captured.mesh)
-    findings = [_finding(defect, captured, programs.distributed_events, layering)] if defect else [_output_finding(proof, captured)]
     laps.lap("localize")
-    counterexample = _counterexample(model, manifest, captured)
+    comparison = _comparison(model, manifest, captured)
     laps.lap("counterexample")
-    if counterexample is not None:
-        findings.append(Finding(findings[0].path, findings[0].line, "error", findings[0].layer, counterexample))
+    if defect is None:
+        findings = [_output_finding(proof, captured)]
+    else:
+        frontier = numeric_frontier(programs.reference_events, programs.distributed_events, programs.evaluator.values,
+                                    captured.inputs, axis_groups(captured.mesh), len(programs.evaluator.table))
+        laps.lap("numeric localization")
+        failed = {o.name for o in layered.layers if not o.proved} if layering is not None else set()
+        findings = defect_findings(defect, captured, programs.distributed_events, layering, failed, frontier,
+                                   outputs_equal=comparison is not None and comparison.equal)
+    if comparison is not None and not comparison.equal:
+        findings = with_counterexample(findings, _counterexample(comparison))
         return _finish(model, Status.MISMATCH, t0, tuple(findings), layers, laps)
     return _finish(model, Status.UNPROVEN, t0, tuple(findings), layers, laps)
 
@@ -94,27 +105,6 @@ def _finish(model, status, t0, findings, layers: LayerCounts, laps: Laps) -> Mod
                        timings=tuple(laps.rows))
 
 
-def _layer_of_defect(defect: Defect, events: list, layering: Layering | None) -> str | None:
-    """The op's own scope, else (an op outside any scope) the layer its value was counted in."""
-    scope = layer_of(defect.inst.op_name)
-    if scope is not None or layering is None:
-        return scope
-    for event in events:
-        if event.inst is defect.inst:
-            return next((layering.label.get(v) for v in leaves(event.values[0])), None)
-    return None
-
-
-def _finding(defect: Defect, captured: CapturedModel, events: list, layering: Layering | None) -> Finding:
-    path, line = source_of(defect.inst, captured.repo_root)
-    message = defect.message
-    if defect.context is not None:
-        cpath, cline = source_of(defect.context, captured.repo_root)
-        where = f"{cpath}:{cline}" if cpath else defect.context.name
-        message += f" (it is combined with the other operand at {where}, `{defect.context.opcode}`)"
-    return Finding(path, line, "error", _layer_of_defect(defect, events, layering), message, op=defect.inst.name)
-
-
 def _output_finding(proof, captured: CapturedModel) -> Finding:
     bad = [(dev, k) for dev, row in enumerate(proof.proved) for k, ok in enumerate(row) if not ok]
     dev, k = bad[0]
@@ -125,7 +115,8 @@ def _output_finding(proof, captured: CapturedModel) -> Finding:
                    "(out_specs / out_shardings) may not match what the devices hold")
 
 
-def _counterexample(model: ModelSpec, manifest: Manifest, captured: CapturedModel) -> str | None:
+def _comparison(model: ModelSpec, manifest: Manifest, captured: CapturedModel):
+    """Both programs run on random inputs (equivci.capture.oracle), where that is cheap; else None."""
     total = sum(_size(leaf.shape) for leaf in captured.inputs)
     if total > MAX_ORACLE_ELEMENTS:
         return None
@@ -133,9 +124,10 @@ def _counterexample(model: ModelSpec, manifest: Manifest, captured: CapturedMode
         from equivci.capture.oracle import compare_in_child
     except ImportError:
         return None
-    result = compare_in_child(manifest.path, model.name)
-    if result is None or result.equal:
-        return None
+    return compare_in_child(manifest.path, model.name)
+
+
+def _counterexample(result) -> str:
     index = ",".join(map(str, result.worst_index))
     return (f"counterexample: on random inputs output {result.worst_leaf}[{index}] is {result.dist_value:.6g} "
             f"distributed vs {result.ref_value:.6g} reference (largest difference {result.max_abs_diff:.3g})")
