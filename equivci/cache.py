@@ -1,5 +1,7 @@
-"""The memo: a persistent, content-keyed cache of verification results, and the per-model record of
+"""The cache: a persistent, content-keyed store of verification results, and the per-model record of
 the source files behind the last capture (what `--changed-since` and the pre-commit hook select on).
+A leaf: it knows folders, keys and results, not manifests or repositories (equivci.memo finds the
+folder of a manifest's workspace).
 
 Layout under the cache folder (default `.equivci/cache` at the repository root):
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -40,6 +43,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import equivci
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 
 FORMAT = 1
@@ -49,7 +53,6 @@ CACHEDIR_TAG = (
     "# For information about cache directory tags, see https://bford.info/cachedir/\n"
 )
 DEFAULT_CACHE_DIR = Path(".equivci") / "cache"
-ENV_CACHE_DIR = "EQUIVCI_CACHE_DIR"
 
 
 # --- keys -------------------------------------------------------------------------------------------
@@ -69,11 +72,9 @@ _FINGERPRINT: str | None = None
 
 
 def _dist_version(name: str) -> str:
-    from importlib import metadata
-
     try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
         return "absent"
 
 
@@ -82,8 +83,6 @@ def fingerprint() -> str:
     edited in a development install changes it), Python, egglog, jax and jaxlib versions."""
     global _FINGERPRINT
     if _FINGERPRINT is None:
-        import equivci
-
         pkg = Path(equivci.__file__).resolve().parent
         h = hashlib.sha256()
         for path in sorted(pkg.rglob("*.py")):
@@ -338,32 +337,3 @@ class Memo:
 
     def record_capture(self, manifest_rel: str, model_name: str, record: dict[str, Any]) -> None:
         self.put("models", self.model_key(manifest_rel, model_name), record)
-
-
-# --- helpers for the commands ----------------------------------------------------------------------
-
-
-def cache_dir_for(manifest, cache_dir: Path | None = None) -> Path:
-    """--cache-dir, else $EQUIVCI_CACHE_DIR, else .equivci/cache at the repository root."""
-    if cache_dir is not None:
-        return Path(cache_dir).resolve()
-    env = os.environ.get(ENV_CACHE_DIR)
-    if env:
-        return Path(env).resolve()
-    from equivci.capture.run import repo_root_of
-
-    return repo_root_of(manifest.root) / DEFAULT_CACHE_DIR
-
-
-def recorded_sources(manifest, model, cache_dir: Path | None = None) -> set[str] | None:
-    """Absolute paths of the source files recorded for `model` at its last capture (the files behind
-    its ops and the repository modules it imported), or None when the memo has never seen it."""
-    from equivci.capture.run import repo_root_of
-    from equivci.pipeline import manifest_display_path
-
-    memo = Memo(cache_dir_for(manifest, cache_dir))
-    record = memo.last_capture(manifest_display_path(manifest), model.name)
-    if record is None:
-        return None
-    root = repo_root_of(manifest.root)
-    return {str(root / rel) for rel in record["sources"]}

@@ -12,8 +12,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from equivci.errors import EquivciError
 from equivci.diagnose.ranking import changed_first
+from equivci.errors import EquivciError
 from equivci.results import ModelResult
 
 

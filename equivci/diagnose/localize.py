@@ -17,15 +17,17 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
-from egglog import String, eq, i64, relation, rule, ruleset, vars_
+from egglog import String, eq, i64, relation, vars_
 
-from equivci.hlo.collectives import parse_pairs
 from equivci.diagnose.missing import MissingWork, MissingWorkFinder, source_text
+from equivci.hlo.collectives import parse_pairs
 from equivci.hlo.ir import Instruction, SourceLoc
-from equivci.translate.evaluator import Event
-from equivci.terms.language import T
-from equivci.prove.saturate import Proof, add_terms, flatten, is_related, proved_equal
+from equivci.prove.saturate import Proof, add_terms, is_related, proved_equal
 from equivci.terms.ir import Term
+from equivci.terms.language import T
+from equivci.terms.rules.registry import family, named
+from equivci.translate.evaluator import Event
+from equivci.translate.programs import flatten
 
 TRIVIAL_OPS = {"parameter", "copy", "tuple", "get-tuple-element", "call", "opt-barrier", "custom-call", "bitcast",
                "constant", "partition-id", "replica-id", "iota"}
@@ -434,10 +436,14 @@ slice_of = relation("slice_of", T, T)
 _x, _e, _r = vars_("_x _e _r", T)
 _d, _a, _b = vars_("_d _a _b", i64)
 (_spec,) = vars_("_spec", String)
-SLICE_OF_RULES = ruleset(
-    rule(slice_of(_x, _r), eq(_e).to(_x.slice(_d, _a, _b))).then(slice_of(_e, _r)),
-    rule(slice_of(_x, _r), eq(_e).to(T.reshape(_spec, _x))).then(slice_of(_e, _r)),
-    rule(slice_of(_x, _r), eq(_e).to(T.transpose(_spec, _x))).then(slice_of(_e, _r)),
+SLICE_OF = family(
+    "slice_of",
+    named("slice_of/slice", "a slice of a slice of r is a slice of r",
+          slice_of(_x, _r), eq(_e).to(_x.slice(_d, _a, _b))).then(slice_of(_e, _r)),
+    named("slice_of/reshape", "a reshape of a slice of r is a re-layout of r",
+          slice_of(_x, _r), eq(_e).to(T.reshape(_spec, _x))).then(slice_of(_e, _r)),
+    named("slice_of/transpose", "a transpose of a slice of r is a re-layout of r",
+          slice_of(_x, _r), eq(_e).to(T.transpose(_spec, _x))).then(slice_of(_e, _r)),
 )
 CUTTERS = {"slice", "dynamic-slice"}
 _PACKAGE = str(Path(__file__).resolve().parents[1]) + "/"  # equivci's own frames (the capture child)
@@ -647,7 +653,7 @@ class _Tracer:
                 seen.add(id(v))
                 self.ref_values.append((e, v))
         proof.egraph.register(*[slice_of(proof.loader.expr(v), proof.loader.expr(v)) for _, v in self.ref_values])
-        proof.egraph.run(SLICE_OF_RULES.saturate())
+        proof.egraph.run(SLICE_OF.ruleset.saturate())
         self.op_lines = {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]}
 
     # -- values ----------------------------------------------------------------------------

@@ -16,11 +16,12 @@ import dataclasses
 import itertools
 import time
 
-from equivci import cache as memo_mod
+from equivci import cache
 from equivci.layers.canonical import canonical_form
 from equivci.layers.segments import Layering, Segment, leaves
-from equivci.prove.saturate import Programs, Proof, add_terms, proved_equal, saturate_terms
+from equivci.prove.saturate import Proof, add_terms, proved_equal, saturate_terms
 from equivci.terms.ir import Term
+from equivci.translate.programs import Programs
 
 # Leaves standing for values that enter a layer are params numbered from here (the model's own
 # inputs are numbered from 0), so they can never be confused with an input.
@@ -92,7 +93,7 @@ class _Abstraction:
         return self.entry_leaves[t]
 
 
-def prove_layers(programs: Programs, layering: Layering, memo: memo_mod.Memo, progress=None) -> LayeredProof:
+def prove_layers(programs: Programs, layering: Layering, memo: cache.Memo, progress=None) -> LayeredProof:
     """Prove every layer of `layering` in order; `progress(done, total)` after each."""
     relations: dict[Term, tuple[Term, Window]] = {}
     entry_leaves: dict[Term, Term] = {}
@@ -104,7 +105,7 @@ def prove_layers(programs: Programs, layering: Layering, memo: memo_mod.Memo, pr
         t0 = time.perf_counter()
         abstraction = _Abstraction(programs, layering, segment.name, relations, entry_leaves)
         problem = _Problem.of(segment, programs, abstraction, index)
-        key = memo_mod.key(memo_mod.fingerprint(), "layer", problem.form.digest)
+        key = cache.key(cache.fingerprint(), "layer", problem.form.digest)
         stored = _valid(memo.get("layers", key), problem)
         result = stored or _prove(problem, programs)
         if stored is None:

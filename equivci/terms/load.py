@@ -10,12 +10,19 @@ from egglog.egraph import to_runtime_expr
 from egglog.runtime import RuntimeExpr
 
 from equivci.terms import language as L
+from equivci.terms.ir import Term, bcast_form
 from equivci.terms.language import T, TList
-from equivci.terms.ir import AlignedMap, Term, bcast_form, compose_bcast, repeat_form, reshape_spec, reshape_tables
-
-
-def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v != ""]
+from equivci.terms.spec import (
+    AlignedMap,
+    BcastSpec,
+    DotSpec,
+    ReduceSpec,
+    ReshapeSpec,
+    compose_bcast,
+    parse_transpose,
+    repeat_form,
+    reshape_spec,
+)
 
 
 class Loader:
@@ -64,9 +71,9 @@ class Loader:
         elif op == "ternary":
             ex = T.ternary(at[0], args[0], args[1], args[2])
         elif op == "dot":
-            spec = f"{at[0]}>{t.dtype}"
-            self._seed_dot(spec)
-            ex = T.dot(spec, args[0], args[1])
+            key = f"{at[0]}>{t.dtype}"
+            self._seed_dot(key, DotSpec.parse(at[0]))
+            ex = T.dot(key, args[0], args[1])
         elif op == "reduce":
             self._seed_reduce(at[1])
             ex = T.reduce(at[0], at[1], args[0])
@@ -151,11 +158,11 @@ class Loader:
     def _table(self, fn, spec: str, k: int, v) -> None:
         self.facts.append(set_(fn(String(spec), i64(k))).to(v if not isinstance(v, int) else i64(v)))
 
-    def _seed_dot(self, spec: str) -> None:
+    def _seed_dot(self, spec: str, dot: DotSpec) -> None:
         if not self._once("dot", spec):
             return
-        lb, rb, lc, rc, lr, rr = spec.split("|")[:6]
-        lb, rb, lc, rc, lr, rr = _ints(lb), _ints(rb), _ints(lc), _ints(rc), int(lr), int(rr)
+        lb, rb, lc, rc, lr, rr = (dot.lhs_batch, dot.rhs_batch, dot.lhs_contract, dot.rhs_contract, dot.lhs_rank,
+                                  dot.rhs_rank)
         out = 0
         for i, jb in zip(lb, rb):
             self._table(L.dot_batch, spec, i, jb)
@@ -177,10 +184,10 @@ class Loader:
     def _seed_reduce(self, key: str) -> None:
         if not self._once("reduce", key):
             return
-        rank, dims = key.split(":")
-        reduced = _ints(dims)
+        reduce = ReduceSpec.parse(key)
+        reduced = reduce.dims
         out = 0
-        for k in range(int(rank)):
+        for k in range(reduce.rank):
             if k in reduced:
                 self.facts.append(L.reduced(String(key), i64(k)))
             else:
@@ -191,23 +198,23 @@ class Loader:
     def _seed_bcast(self, spec: str, operand_rank: int) -> None:
         if not self._once("bcast", spec):
             return
-        parts = spec.split(",") if spec else []
-        for o, part in enumerate(parts):
-            if part.startswith("i"):
-                self._table(L.bcast_out, spec, int(part[1:]), o)
-                self._table(L.bcast_in, spec, o, int(part[1:]))
+        parts = BcastSpec.parse(spec).parts
+        for o, (kind, value) in enumerate(parts):
+            if kind == "i":
+                self._table(L.bcast_out, spec, value, o)
+                self._table(L.bcast_in, spec, o, value)
             else:
-                self._table(L.bcast_new, spec, o, int(part[1:]))
+                self._table(L.bcast_new, spec, o, value)
         # Slicing a new dim of a broadcast is the broadcast to the smaller size. Pair the specs
         # that occur and differ only in new-dim sizes, through every intermediate spec, so that
         # the rules can shrink one dim at a time (rules never invent a spec themselves).
-        shape_key = tuple(p if p.startswith("i") else "n" for p in parts)
+        shape_key = tuple(p if p[0] == "i" else "n" for p in parts)
         peers = self._bcasts.setdefault(shape_key, set())
         for other in list(peers):
-            self._pair_bcasts(parts, other.split(","))
+            self._pair_bcasts(parts, BcastSpec.parse(other).parts)
         peers.add(spec)
 
-    def _pair_bcasts(self, parts: list[str], oparts: list[str]) -> None:
+    def _pair_bcasts(self, parts: tuple[tuple[str, int], ...], oparts: tuple[tuple[str, int], ...]) -> None:
         diff = [o for o in range(len(parts)) if parts[o] != oparts[o]]
         if len(diff) > 3:  # 2**len(diff) intermediate specs: keep the table small
             return
@@ -219,10 +226,10 @@ class Loader:
             for o in diff:
                 there = list(here)
                 there[o] = oparts[o] if here[o] == parts[o] else parts[o]
-                a, b = ",".join(here), ",".join(there)
+                a, b = BcastSpec(tuple(here)).text(), BcastSpec(tuple(there)).text()
                 self._seed_bcast(a, 0)
                 self._seed_bcast(b, 0)
-                self.facts.append(set_(L.bcast_shrink(String(a), i64(o), i64(int(there[o][1:])))).to(String(b)))
+                self.facts.append(set_(L.bcast_shrink(String(a), i64(o), i64(there[o][1]))).to(String(b)))
 
     def _seed_repeat(self, reshape: str, bcast: str) -> None:
         """The repeat tables of reshape(bcast(y)) when it is a jnp.repeat (the `repeats` rules fire
@@ -251,7 +258,7 @@ class Loader:
     def _seed_transpose(self, perm_text: str) -> None:
         if not self._once("transpose", perm_text):
             return
-        perm = _ints(perm_text)
+        perm = parse_transpose(perm_text)
         for o, k in enumerate(perm):
             self._table(L.perm_out, perm_text, k, o)
             self._table(L.perm_in, perm_text, o, k)
@@ -259,7 +266,7 @@ class Loader:
     def _seed_reshape(self, spec: str) -> None:
         if not self._once("reshape", spec):
             return
-        leads, fixed = reshape_tables(spec)
+        leads, fixed = ReshapeSpec.parse(spec).tables()
         for k, o, pin, pout in leads:
             self._table(L.rs_lead_out, spec, k, o)
             self._table(L.rs_lead_in, spec, o, k)

@@ -29,11 +29,20 @@ from __future__ import annotations
 
 import ast
 import math
-import re
 
 import numpy as np
 
 from equivci.terms.ir import Term
+from equivci.terms.spec import (
+    AlignedMap,
+    BcastSpec,
+    DotSpec,
+    GatherDims,
+    ReduceSpec,
+    ReshapeSpec,
+    parse_compare,
+    parse_transpose,
+)
 
 
 class TermEvalError(Exception):
@@ -102,8 +111,9 @@ _NP_DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "s32": np
 
 def dot_general(lhs: np.ndarray, rhs: np.ndarray, spec: str) -> np.ndarray:
     """HLO dot_general as the evaluator encodes it in the dot spec."""
-    lb, rb, lc, rc, lr, rr = spec.split("|")[:6]
-    lb, rb, lc, rc, lr, rr = _ints(lb), _ints(rb), _ints(lc), _ints(rc), int(lr), int(rr)
+    dot = DotSpec.parse(spec)
+    lb, rb, lc, rc, lr, rr = (dot.lhs_batch, dot.rhs_batch, dot.lhs_contract, dot.rhs_contract, dot.lhs_rank,
+                              dot.rhs_rank)
     if lhs.ndim != lr or rhs.ndim != rr or len(lb) != len(rb) or len(lc) != len(rc):
         raise TermEvalError(f"dot spec {spec} does not fit operands {lhs.shape} x {rhs.shape}")
     letters = iter("abcdefghijklmnopqrstuvwxyz")
@@ -132,25 +142,25 @@ def dot_general(lhs: np.ndarray, rhs: np.ndarray, spec: str) -> np.ndarray:
 
 
 def broadcast(x: np.ndarray, spec: str, out_shape: tuple[int, ...]) -> np.ndarray:
-    parts = spec.split(",") if spec else []
+    try:
+        parts = BcastSpec.parse(spec).parts
+    except ValueError:
+        raise TermEvalError(f"bad bcast spec {spec}") from None
     if len(parts) != len(out_shape):
         raise TermEvalError(f"bcast spec {spec} has rank {len(parts)}, term has shape {out_shape}")
     operand_dims = []  # operand dim for each output dim that has one, in output order
-    for o, part in enumerate(parts):
-        if part[0] == "i":
-            k = int(part[1:])
-            if x.shape[k] != out_shape[o]:
-                raise TermEvalError(f"bcast {spec}: operand dim {k} ({x.shape[k]}) != output dim {o} ({out_shape[o]})")
-            operand_dims.append(k)
-        elif part[0] == "n":
-            if int(part[1:]) != out_shape[o]:
-                raise TermEvalError(f"bcast {spec}: new dim {o} has size {out_shape[o]}")
-        else:
-            raise TermEvalError(f"bad bcast spec {spec}")
+    for o, (kind, value) in enumerate(parts):
+        if kind == "i":
+            if x.shape[value] != out_shape[o]:
+                raise TermEvalError(f"bcast {spec}: operand dim {value} ({x.shape[value]}) != output dim {o} "
+                                    f"({out_shape[o]})")
+            operand_dims.append(value)
+        elif value != out_shape[o]:
+            raise TermEvalError(f"bcast {spec}: new dim {o} has size {out_shape[o]}")
     if sorted(operand_dims) != list(range(x.ndim)):
         raise TermEvalError(f"bcast {spec} does not use every operand dim of {x.shape}")
     moved = np.transpose(x, operand_dims) if x.ndim else x
-    expanded = moved.reshape([out_shape[o] if p[0] == "i" else 1 for o, p in enumerate(parts)])
+    expanded = moved.reshape([out_shape[o] if kind == "i" else 1 for o, (kind, _) in enumerate(parts)])
     return np.broadcast_to(expanded, out_shape)
 
 
@@ -158,13 +168,9 @@ def reshape_out_shape(in_shape: tuple[int, ...], spec: str) -> tuple[int, ...]:
     """Output shape of reshape(spec) on an operand of `in_shape`, group by group as the rules read it."""
     out: list[int] = []
     i = 0
-    for group in spec.split(";") if spec else []:
-        src, dst = group.split(">")
-        n_in, in_tail = src.split(":")
-        n_out, out_tail = dst.split(":")
-        in_tail_dims = [int(v) for v in in_tail.split("x") if v]
-        out_tail_dims = [int(v) for v in out_tail.split("x") if v]
-        n_in, n_out = int(n_in), int(n_out)
+    for group in ReshapeSpec.parse(spec).groups:
+        n_in, n_out = group.n_in, group.n_out
+        in_tail_dims, out_tail_dims = list(group.in_tail), list(group.out_tail)
         dims = list(in_shape[i:i + n_in])
         if len(dims) != n_in or (n_in and dims[1:] != in_tail_dims):
             raise TermEvalError(f"reshape spec {spec} does not fit operand shape {in_shape}")
@@ -246,8 +252,9 @@ def _eval_one(t: Term, args: list[np.ndarray], params: dict[int, np.ndarray]) ->
         a, b = args
         if a.shape != b.shape:
             raise TermEvalError(f"binary {name} on shapes {a.shape} and {b.shape}")
-        if name.startswith("compare-"):
-            return COMPARE[name[len("compare-"):].split(":")[0]](a, b)
+        compare = parse_compare(name)
+        if compare is not None:
+            return COMPARE[compare[0]](a, b)
         if name not in BINARY:
             raise TermEvalError(f"binary op {name} has no numpy model")
         with np.errstate(all="ignore"):
@@ -268,10 +275,10 @@ def _eval_one(t: Term, args: list[np.ndarray], params: dict[int, np.ndarray]) ->
     if op == "reduce":
         reducer, key = at
         (x,) = args
-        rank, dims = key.split(":")
-        if int(rank) != x.ndim:
+        reduce = ReduceSpec.parse(key)
+        if reduce.rank != x.ndim:
             raise TermEvalError(f"reduce key {key} on operand of rank {x.ndim}")
-        return REDUCERS[reducer].reduce(x, axis=tuple(_ints(dims)))
+        return REDUCERS[reducer].reduce(x, axis=reduce.dims)
     if op == "bcast":
         return broadcast(args[0], at[0], t.shape)
     if op == "reshape":
@@ -281,13 +288,13 @@ def _eval_one(t: Term, args: list[np.ndarray], params: dict[int, np.ndarray]) ->
             raise TermEvalError(f"reshape {at[0]} of {x.shape} gives {expected}, term says {t.shape}")
         return x.reshape(t.shape)
     if op == "transpose":
-        perm = _ints(at[0])
+        perm = list(parse_transpose(at[0]))
         (x,) = args
         if sorted(perm) != list(range(x.ndim)):
             raise TermEvalError(f"transpose {perm} on rank {x.ndim}")
         return np.transpose(x, perm)
     if op == "aligned":
-        op_key = at[0].split("|l=")[0]
+        op_key = AlignedMap.op_key(at[0])
         if op_key.startswith("gather:"):
             return gather(args[0], args[1], op_key, t.shape)
         if op_key.startswith("argmax2:"):
@@ -312,11 +319,9 @@ def _eval_one(t: Term, args: list[np.ndarray], params: dict[int, np.ndarray]) ->
 
 def gather(x: np.ndarray, idx: np.ndarray, op_key: str, out_shape: tuple[int, ...]) -> np.ndarray:
     """HLO gather, element by element (operand batching dims included); key: GatherDims.key()."""
-    fields = dict(part.split("=", 1) for part in op_key[len("gather:"):].split(";"))
-    get = lambda name: [int(v) for v in re.findall(r"-?\d+", fields[name])]  # noqa: E731
-    offset, collapsed, start_map = get("offset"), get("collapsed"), get("start_map")
-    op_batch, idx_batch, sizes = get("operand_batch"), get("indices_batch"), get("slice_sizes")
-    vector_dim = int(fields["vector_dim"])
+    g = GatherDims.from_key(op_key)
+    offset, collapsed, start_map = g.offset, g.collapsed, g.start_map
+    op_batch, idx_batch, sizes, vector_dim = g.operand_batch, g.indices_batch, g.slice_sizes, g.vector_dim
     batch_out = [o for o in range(len(out_shape)) if o not in offset]
     idx_dims = [j for j in range(idx.ndim) if j != vector_dim]
     window = [k for k in range(x.ndim) if k not in collapsed and k not in op_batch]

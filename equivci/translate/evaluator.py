@@ -21,8 +21,20 @@ import numpy as np
 
 from equivci.hlo.collectives import UnsupportedGroups, parse_groups, parse_pairs
 from equivci.hlo.ir import Computation, Instruction, Module, Shape
+from equivci.terms.ir import Term, TermTable, gather_map, reduce_pair_map
+from equivci.terms.spec import (
+    BcastSpec,
+    DotSpec,
+    GatherDims,
+    ReduceSpec,
+    bcast_spec,
+    compare_text,
+    parse_compare,
+    parse_transpose,
+    reshape_spec,
+    transpose_text,
+)
 from equivci.translate import masks
-from equivci.terms.ir import GatherDims, Term, TermTable, bcast_spec, gather_map, reduce_pair_map, reshape_spec
 
 UNARY = {
     "abs", "ceil", "cos", "exp", "exponential", "exponential-minus-one", "floor", "log", "log-plus-one",
@@ -392,7 +404,7 @@ class Evaluator:
             decided = self.decide(attrs["direction"], args[0], args[1], shape)
             if decided is not None:
                 return decided
-            name = f"compare-{attrs['direction']}:{args[0].dtype}"
+            name = compare_text(attrs["direction"], args[0].dtype)
             return self.fold_or("binary", (name,), args, shape, lambda a, b: _np_compare(attrs["direction"], a, b))
         if op == "select":
             chosen = self.select_by_constant(*args)
@@ -414,7 +426,7 @@ class Evaluator:
             value = self.folded(args[0])
             if value is not None:
                 return self.const(value.transpose(perm), shape.dtype)
-            attrs = (",".join(map(str, perm)),)
+            attrs = (transpose_text(perm),)
             return self.factored("transpose", attrs, args, shape) or self.mk("transpose", attrs, args, shape)
         if op == "slice":
             ranges = re.findall(r"\[(-?\d+):(-?\d+)(?::(\d+))?\]", attrs["slice"])
@@ -569,16 +581,16 @@ class Evaluator:
         at = t.attrs
         with np.errstate(all="ignore"):
             if t.op == "bcast":
-                parts = at[0].split(",") if at[0] else []
-                dims = tuple(o for o, p in enumerate(parts) if p.startswith("i"))
-                order = [int(parts[o][1:]) for o in dims]
+                pairs = BcastSpec.parse(at[0]).operand_dims()
+                dims = tuple(o for o, _ in pairs)
+                order = [k for _, k in pairs]
                 x = np.transpose(args[0], order) if order else args[0]
                 x = x.reshape([t.shape[o] if o in dims else 1 for o in range(len(t.shape))])
                 return np.broadcast_to(x, t.shape)
             if t.op == "reshape":
                 return args[0].reshape(t.shape)
             if t.op == "transpose":
-                return np.transpose(args[0], [int(v) for v in at[0].split(",")])
+                return np.transpose(args[0], list(parse_transpose(at[0])))
             if t.op == "slice":
                 index = [slice(None)] * len(t.shape)
                 index[at[0]] = slice(at[1], at[2])
@@ -589,8 +601,9 @@ class Evaluator:
                 return args[0].astype(NP_DTYPES[t.dtype])
             if t.op == "unary":
                 return _np_unary(at[0], args[0])
-            if t.op == "binary" and at[0].startswith("compare-"):
-                return _np_compare(at[0][len("compare-"):].split(":")[0], *args)
+            compare = parse_compare(at[0]) if t.op == "binary" else None
+            if compare is not None:
+                return _np_compare(compare[0], *args)
             if t.op == "binary":
                 return _np_binary(at[0], args[0], args[1], t.dtype)
             if t.op == "ternary" and at[0] == "select":
@@ -632,7 +645,7 @@ class Evaluator:
         lb, rb = dims_attr(a.get("lhs_batch_dims")), dims_attr(a.get("rhs_batch_dims"))
         lc, rc = dims_attr(a.get("lhs_contracting_dims")), dims_attr(a.get("rhs_contracting_dims"))
         lhs, rhs = args
-        spec = f"{','.join(map(str, lb))}|{','.join(map(str, rb))}|{','.join(map(str, lc))}|{','.join(map(str, rc))}|{len(lhs.shape)}|{len(rhs.shape)}|{lhs.dtype},{rhs.dtype}"
+        spec = DotSpec(lb, rb, lc, rc, len(lhs.shape), len(rhs.shape), (lhs.dtype, rhs.dtype)).text()
         return self.factored("dot", (spec,), args, inst.shape) or self.mk("dot", (spec,), args, inst.shape)
 
     def reduce(self, inst: Instruction, args: list) -> Term:
@@ -649,7 +662,7 @@ class Evaluator:
         value = self.folded(x)
         if value is not None and reducer in ("and", "or"):  # masks of range checks fold away
             return self.const(np.all(value, axis=dims) if reducer == "and" else np.any(value, axis=dims), inst.shape.dtype)
-        key = f"{len(x.shape)}:{','.join(map(str, sorted(dims)))}"
+        key = ReduceSpec(len(x.shape), tuple(sorted(dims))).text()
         return self.factored("reduce", (reducer, key), [x], inst.shape) or self.mk("reduce", (reducer, key), (x,), inst.shape)
 
     def reduce_pair(self, inst: Instruction, args: list) -> tuple:
@@ -732,7 +745,7 @@ class Evaluator:
             idx = idx.args[0]
         if idx.op == "ternary" and idx.attrs == ("select",):
             test, wrapped, i = idx.args
-            if test.op == "binary" and test.attrs[0].startswith("compare-LT") and test.args[0] is i \
+            if test.op == "binary" and (parse_compare(test.attrs[0]) or ("",))[0] == "LT" and test.args[0] is i \
                     and masks.scalar_int(self, test.args[1]) == 0 and wrapped.op == "binary" \
                     and wrapped.attrs == ("add",) and wrapped.args[0] is i and masks.scalar_int(self, wrapped.args[1]) == size:
                 return self.unwrapped_index(i, size)

@@ -15,15 +15,13 @@ checks exactly on constants (window bounds, element layouts), not e-graph rules.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from equivci.hlo.ir import Shape
-from equivci.terms.ir import GatherDims, Term
-
-if TYPE_CHECKING:
-    from equivci.translate.evaluator import Evaluator
+from equivci.terms.ir import Term
+from equivci.terms.spec import GatherDims, ReduceSpec, parse_compare
 
 # compare direction -> (which end of the window it gives, offset to a half-open [lo, hi))
 ENDS = {"GE": ("lo", 0), "GT": ("lo", 1), "LT": ("hi", 0), "LE": ("hi", 1)}
@@ -60,7 +58,25 @@ class MaskedRows:
     labels: np.ndarray
 
 
-def scalar_int(ev: "Evaluator", t: Term) -> int | None:
+class Evaluator(Protocol):
+    """What these facts need of the evaluator (equivci.translate.evaluator.Evaluator), which uses them."""
+
+    masked_rows: dict[Term, MaskedRows]
+
+    def folded(self, term: Term) -> np.ndarray | None: ...
+
+    def bounds_of(self, term: Term) -> tuple[float, float] | None: ...
+
+    def numeric(self, t: Term, args: list[np.ndarray]) -> np.ndarray | None: ...
+
+    def mk(self, op: str, attrs: tuple, args: tuple, shape: Shape) -> Term: ...
+
+    def reshape_term(self, operand: Term, shape: Shape) -> Term: ...
+
+    def gather_term(self, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None: ...
+
+
+def scalar_int(ev: Evaluator, t: Term) -> int | None:
     """The value of an integer constant whose elements are all one number."""
     value = ev.folded(t)
     if value is None or not value.size or t.dtype[0] not in "su" or not np.all(value == value.flat[0]):
@@ -68,7 +84,7 @@ def scalar_int(ev: "Evaluator", t: Term) -> int | None:
     return int(value.flat[0])
 
 
-def window_of(ev: "Evaluator", p: Term) -> Window | None:
+def window_of(ev: Evaluator, p: Term) -> Window | None:
     """p = (x >= lo) & (x < hi) on integers (GT / LE accepted) with constant ends; either test
     alone, or anded with a constant true (a test its bounds decided), leaves that end open."""
     tests = _conjuncts(ev, p)
@@ -77,9 +93,10 @@ def window_of(ev: "Evaluator", p: Term) -> Window | None:
     ends = {"lo": -UNBOUNDED, "hi": UNBOUNDED}
     xs = set()
     for side in tests:
-        if side.op != "binary" or not side.attrs[0].startswith("compare-"):
+        compare = parse_compare(side.attrs[0]) if side.op == "binary" else None
+        if compare is None:
             return None
-        direction = side.attrs[0][len("compare-"):].split(":")[0]
+        direction = compare[0]
         x, k = side.args
         value = scalar_int(ev, k)
         if direction not in ENDS or value is None or x.dtype[0] not in "su":
@@ -92,7 +109,7 @@ def window_of(ev: "Evaluator", p: Term) -> Window | None:
     return Window(xs.pop(), ends["lo"], ends["hi"])
 
 
-def _conjuncts(ev: "Evaluator", p: Term) -> list[Term]:
+def _conjuncts(ev: Evaluator, p: Term) -> list[Term]:
     """The tests p ands together, without constant-true ones."""
     value = ev.folded(p)
     if value is not None:
@@ -102,7 +119,7 @@ def _conjuncts(ev: "Evaluator", p: Term) -> list[Term]:
     return [p]
 
 
-def bounds_under_mask(ev: "Evaluator", p: Term, a: Term) -> tuple[float, float] | None:
+def bounds_under_mask(ev: Evaluator, p: Term, a: Term) -> tuple[float, float] | None:
     """The bounds of `a` where the range test `p` holds: a = x or a = x - c with p testing x."""
     w = window_of(ev, p)
     if w is None:
@@ -123,7 +140,7 @@ def bounds_under_mask(ev: "Evaluator", p: Term, a: Term) -> tuple[float, float] 
     return float(lo), float(hi)
 
 
-def laid_out_window(ev: "Evaluator", m: Term) -> tuple[Window, np.ndarray] | None:
+def laid_out_window(ev: Evaluator, m: Term) -> tuple[Window, np.ndarray] | None:
     """`m` as a range test moved by layout ops (and converted from pred), with the flat position
     in the tested value of the element each element of `m` comes from."""
     chain = []
@@ -142,7 +159,7 @@ def laid_out_window(ev: "Evaluator", m: Term) -> tuple[Window, np.ndarray] | Non
     return w, np.asarray(labels)
 
 
-def masked_lookup(ev: "Evaluator", x: Term, idx: Term, dims: GatherDims, out: Shape) -> MaskedRows | None:
+def masked_lookup(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shape) -> MaskedRows | None:
     """A gather from the window [s, e) of T along its one indexed dim, at where(mask, ids - s, z)
     (reshaped), with mask a range test of ids inside [s, e): T[ids] wherever the mask holds."""
     if x.op != "slice" or len(dims.start_map) != 1 or dims.start_map[0] != x.attrs[0] \
@@ -184,7 +201,7 @@ def gather_labels(idx_labels: np.ndarray, dims: GatherDims, out: tuple[int, ...]
     return np.broadcast_to(expanded, out)
 
 
-def masked_member(ev: "Evaluator", m: Term) -> tuple[Term, Window] | None:
+def masked_member(ev: Evaluator, m: Term) -> tuple[Term, Window] | None:
     """A psum member that is rows masked by the range test they were looked up under:
     rows * mask or where(mask, rows, 0); as (T[ids], the window)."""
     if m.op == "binary" and m.attrs == ("multiply",):
@@ -206,7 +223,7 @@ def masked_member(ev: "Evaluator", m: Term) -> tuple[Term, Window] | None:
     return None
 
 
-def _is_zero(ev: "Evaluator", t: Term) -> bool:
+def _is_zero(ev: Evaluator, t: Term) -> bool:
     value = ev.folded(t)
     return value is not None and value.size > 0 and not np.any(value)
 
@@ -221,7 +238,7 @@ def tiles(windows: list[tuple[int, int]], lo: int, hi: int, overlap: bool = Fals
     return covered >= hi
 
 
-def tiled_lookup(ev: "Evaluator", members: list[Term]) -> Term | None:
+def tiled_lookup(ev: Evaluator, members: list[Term]) -> Term | None:
     """The sum of rows masked by range tests that tile the range of the ids: the rows."""
     found = [masked_member(ev, m) for m in members]
     if any(f is None for f in found) or len({f[0] for f in found}) != 1 or len({f[1].x for f in found}) != 1:
@@ -235,7 +252,7 @@ def tiled_lookup(ev: "Evaluator", members: list[Term]) -> Term | None:
     return full
 
 
-def tiled_reduce(ev: "Evaluator", reducer: str, members: list[Term]) -> Term | None:
+def tiled_reduce(ev: Evaluator, reducer: str, members: list[Term]) -> Term | None:
     """max (min) of reduce-max (min) over windows of one value along a reduced dim, the windows
     covering that dim: the reduce of the whole value."""
     if reducer not in ("maximum", "minimum") or any(m.op != "reduce" or m.attrs != members[0].attrs for m in members):
@@ -244,7 +261,7 @@ def tiled_reduce(ev: "Evaluator", reducer: str, members: list[Term]) -> Term | N
     if any(o.op != "slice" or o.args[0] is not operands[0].args[0] or o.attrs[0] != operands[0].attrs[0] for o in operands):
         return None
     whole, dim = operands[0].args[0], operands[0].attrs[0]
-    reduced = {int(v) for v in members[0].attrs[1].split(":")[1].split(",") if v}
+    reduced = set(ReduceSpec.parse(members[0].attrs[1]).dims)
     if members[0].attrs[0] != reducer or dim not in reduced:
         return None
     if not tiles([(o.attrs[1], o.attrs[2]) for o in operands], 0, whole.shape[dim], overlap=True):

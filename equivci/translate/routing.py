@@ -34,8 +34,9 @@ import itertools
 import numpy as np
 
 from equivci.hlo.ir import Shape
+from equivci.terms.ir import Term
+from equivci.terms.spec import DotSpec, GatherDims
 from equivci.translate.evaluator import NP_DTYPES
-from equivci.terms.ir import GatherDims, Term
 
 MAX_CASES = 1 << 12  # index vectors enumerated for the mask lemma
 
@@ -359,14 +360,12 @@ class _Dot:
 def _dot_spec(t: Term) -> _Dot | None:
     if t.op != "dot":
         return None
-    parts = t.attrs[0].split("|")
-    ints = lambda s: [int(v) for v in s.split(",") if v != ""]  # noqa: E731
-    return _Dot(ints(parts[0]), ints(parts[1]), ints(parts[2]), ints(parts[3]))
+    spec = DotSpec.parse(t.attrs[0])
+    return _Dot(list(spec.lhs_batch), list(spec.rhs_batch), list(spec.lhs_contract), list(spec.rhs_contract))
 
 
 def _make_dot(ev, x: Term, y: Term, lb, rb, lc, rc, dtype: str) -> Term:
-    j = lambda v: ",".join(map(str, v))  # noqa: E731
-    spec = f"{j(lb)}|{j(rb)}|{j(lc)}|{j(rc)}|{len(x.shape)}|{len(y.shape)}|{x.dtype},{y.dtype}"
+    spec = DotSpec(tuple(lb), tuple(rb), tuple(lc), tuple(rc), len(x.shape), len(y.shape), (x.dtype, y.dtype)).text()
     out = [x.shape[i] for i in lb] + [x.shape[i] for i in range(len(x.shape)) if i not in lb and i not in lc] \
         + [y.shape[i] for i in range(len(y.shape)) if i not in rb and i not in rc]
     return ev.normal("dot", (spec,), (x, y), Shape(dtype, tuple(out)))

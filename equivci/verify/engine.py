@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import time
 
+from equivci.cache import Memo
+from equivci.capture.oracle import NumericComparison, compare_in_child
 from equivci.capture.types import CapturedModel
-from equivci.hlo.parser import HloParseError, parse_module
+from equivci.diagnose.findings import defect_findings, with_counterexample
+from equivci.diagnose.localize import source_of
+from equivci.diagnose.loops import defect_with_loops
+from equivci.diagnose.numeric import numeric_frontier
 from equivci.hlo.collectives import axis_groups
+from equivci.hlo.parser import HloParseError, parse_module
 from equivci.layers.segments import split
 from equivci.manifest import Manifest, ModelSpec
-from equivci.cache import Memo
+from equivci.prove.layered import prefix_proof, prove_layers
+from equivci.prove.programs import build_programs
+from equivci.prove.saturate import saturate
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
 from equivci.translate.evaluator import Unsupported
-from equivci.prove.layered import prefix_proof, prove_layers
-from equivci.diagnose.findings import defect_findings, with_counterexample
-from equivci.diagnose.localize import source_of
-from equivci.diagnose.numeric import numeric_frontier
-from equivci.prove.loops import defect_with_loops
-from equivci.prove.saturate import build_programs, saturate
 
 # Run the numeric oracle only where random inputs are cheap to draw and run on a CPU.
 MAX_ORACLE_ELEMENTS = 1 << 22
@@ -79,7 +81,7 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         frontier = numeric_frontier(programs.reference_events, programs.distributed_events, programs.evaluator.values,
                                     captured.inputs, axis_groups(captured.mesh), len(programs.evaluator.table))
         laps.lap("numeric localization")
-        failed = {o.name for o in layered.layers if not o.proved} if layering is not None else set()
+        failed = {o.name for o in layered.layers if not o.proved and o.name} if layering is not None else set()
         findings = defect_findings(defect, captured, programs.distributed_events, layering, failed, frontier,
                                    outputs_equal=comparison is not None and comparison.equal)
     if comparison is not None and not comparison.equal:
@@ -115,19 +117,15 @@ def _output_finding(proof, captured: CapturedModel) -> Finding:
                    "(out_specs / out_shardings) may not match what the devices hold")
 
 
-def _comparison(model: ModelSpec, manifest: Manifest, captured: CapturedModel):
-    """Both programs run on random inputs (equivci.capture.oracle), where that is cheap; else None."""
+def _comparison(model: ModelSpec, manifest: Manifest, captured: CapturedModel) -> NumericComparison | None:
+    """Both programs run on random inputs (the numeric oracle), where that is cheap; else None."""
     total = sum(_size(leaf.shape) for leaf in captured.inputs)
     if total > MAX_ORACLE_ELEMENTS:
-        return None
-    try:
-        from equivci.capture.oracle import compare_in_child
-    except ImportError:
         return None
     return compare_in_child(manifest.path, model.name)
 
 
-def _counterexample(result) -> str:
+def _counterexample(result: NumericComparison) -> str:
     index = ",".join(map(str, result.worst_index))
     return (f"counterexample: on random inputs output {result.worst_leaf}[{index}] is {result.dist_value:.6g} "
             f"distributed vs {result.ref_value:.6g} reference (largest difference {result.max_abs_diff:.3g})")

@@ -14,7 +14,7 @@ import pytest
 
 from equivci.capture.oracle import NumericComparison, compare_many_in_child
 from equivci.errors import EquivciError
-from zoo_cases import MANIFESTS, REPO, Case, cases, load_expected
+from equivci.testing.zoo import MANIFESTS, REPO, Case, cases, load_expected
 
 SEEDS = (0, 1, 2)
 ALL = cases()

@@ -15,7 +15,7 @@ import yaml
 
 from equivci.manifest import ModelSpec, load_manifest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # manifest (relative to the repository root) -> sidecar with the expected verdicts
 MANIFESTS = {

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import textwrap
 
+import model_package
 import pytest
 
 from equivci.capture.run import capture_model
 from equivci.hlo.parser import parse_module
-from equivci.results import Status
-from equivci.verify.engine import verify_model
 from equivci.prove.loops import StateRelation, infer_relations, window_within
-from equivci.prove.saturate import build_programs, saturate
+from equivci.prove.programs import build_programs
+from equivci.prove.saturate import saturate
+from equivci.results import Status
 from equivci.terms.ir import TermTable
-
-import model_package
+from equivci.verify.engine import verify_model
 
 MODELS = textwrap.dedent(
     """\

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from equivci import cache as memo
+from equivci import cache, memo
 from equivci.cli import run
 from equivci.manifest import load_manifest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "models"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "models"
 LM_HEAD_LINE = 58  # models/mlp_tp.py: the all_gather that re-assembles the vocab-parallel logits
 MANIFEST = """\
 version: 1
@@ -104,7 +104,7 @@ def program_entries(repo: Path) -> dict[str, dict]:
 
 def record_keys(repo: Path) -> dict[str, str]:
     manifest = load_manifest(repo / "equivci.yaml")
-    store = memo.Memo(repo / ".equivci" / "cache")
+    store = cache.Memo(repo / ".equivci" / "cache")
     return {m.name: store.last_capture("equivci.yaml", m.name)["key"] for m in manifest.models}
 
 
@@ -180,7 +180,7 @@ def test_corrupt_cache_files_are_ignored(repo: Path, capsys) -> None:
     for m in models.values():
         assert m["status"] == "verified" and m["reused"] is False and m["layers"]["reused"] == 0
     for text in result_files(repo).values():  # rebuilt
-        assert json.loads(text)["format"] == memo.FORMAT
+        assert json.loads(text)["format"] == cache.FORMAT
 
 
 def test_nightly_all_no_cache(repo: Path, tmp_path: Path, capsys) -> None:

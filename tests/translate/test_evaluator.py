@@ -10,19 +10,19 @@ import textwrap
 from fractions import Fraction
 from pathlib import Path
 
+import model_package
 import numpy as np
 import pytest
 
 from equivci.capture.run import capture_model
 from equivci.capture.types import LeafPlacement
 from equivci.hlo.parser import parse_module
+from equivci.prove.programs import build_programs
+from equivci.prove.saturate import saturate
 from equivci.results import Status
 from equivci.verify.engine import verify_model
-from equivci.prove.saturate import build_programs, saturate
 
-import model_package
-
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 # The placements capture reported for the saved TP MLP sample (mesh {tp: 2}).
 TP_INPUTS = (
@@ -280,8 +280,8 @@ def test_a_start_known_only_as_a_term_gives_dynamic_terms():
 # -- constant scalar factors pulled out of terms (Evaluator.factored) ---------------------------
 def _scale_setup():
     from equivci.hlo.ir import Shape
-    from equivci.translate.evaluator import Evaluator
     from equivci.terms.ir import TermTable
+    from equivci.translate.evaluator import Evaluator
 
     ev = Evaluator(None, TermTable(), 1)
     x = ev.table.make("param", (0,), (), (4, 6), "f32")

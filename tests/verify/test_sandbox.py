@@ -9,6 +9,7 @@ import pytest
 from equivci.capture.types import CapturedModel
 from equivci.errors import EquivciError
 from equivci.manifest import Entrypoint, Manifest, ModelSpec
+from equivci.options import Options
 from equivci.results import LayerCounts, ModelResult, Status
 from equivci.verify import engine, sandbox
 
@@ -28,19 +29,17 @@ def test_the_childs_result_comes_back(tmp_path, monkeypatch):
 
 
 def test_a_run_over_the_time_limit_is_unproven(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "TIME_LIMIT_SECONDS", 1.0)
     monkeypatch.setattr(engine, "verify_model", lambda *a: time.sleep(60))
     t0 = time.perf_counter()
-    result = sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED)
+    result = sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED, options=Options(verify_timeout_seconds=1.0))
     assert time.perf_counter() - t0 < 30
     assert result.status is Status.UNPROVEN
     assert "time limit" in result.findings[0].message
 
 
 def test_a_run_over_the_memory_cap_is_unproven(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "MEMORY_LIMIT_BYTES", 512 * 2**20)
     monkeypatch.setattr(engine, "verify_model", lambda *a: bytearray(2 * 2**30))
-    result = sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED)
+    result = sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED, options=Options(verify_memory_bytes=512 * 2**20))
     assert result.status is Status.UNPROVEN
     assert "out of memory" in result.findings[0].message
 

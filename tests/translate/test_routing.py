@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import textwrap
 
+import model_package
 import numpy as np
 import pytest
 
 from equivci.capture.run import capture_model
 from equivci.results import Status
-from equivci.verify.engine import verify_model
 from equivci.translate.routing import _one_slot_each
-
-import model_package
+from equivci.verify.engine import verify_model
 
 MODELS = textwrap.dedent(
     """\
@@ -145,10 +144,10 @@ def test_mask_lemma():
 def test_numeric_ops_follow_the_term_semantics():
     """Evaluator.numeric (which the mask lemma runs) against the numpy model of the terms."""
     from equivci.hlo.ir import Module
-    from equivci.translate.evaluator import Evaluator
-    from equivci.terms.ir import TermTable, bcast_spec
-
+    from equivci.terms.ir import TermTable
     from equivci.terms.semantics import evaluate
+    from equivci.terms.spec import bcast_spec
+    from equivci.translate.evaluator import Evaluator
 
     table = TermTable()
     ev = Evaluator(Module.__new__(Module), table, 1)

@@ -10,21 +10,20 @@ from __future__ import annotations
 
 import textwrap
 
+import model_package
 import numpy as np
 import pytest
 
 from equivci.capture.run import capture_model
 from equivci.hlo.ir import Shape
 from equivci.hlo.parser import parse_module
+from equivci.prove.programs import build_programs
 from equivci.results import Status
-from equivci.verify.engine import verify_model
+from equivci.terms.ir import TermTable
+from equivci.terms.semantics import evaluate
 from equivci.translate.evaluator import Evaluator
 from equivci.translate.masks import tiles
-from equivci.prove.saturate import build_programs
-from equivci.terms.ir import TermTable
-
-import model_package
-from equivci.terms.semantics import evaluate
+from equivci.verify.engine import verify_model
 
 MODELS = textwrap.dedent(
     """\

@@ -9,7 +9,7 @@ import pytest
 from equivci.hlo.ir import Shape, SourceLoc
 from equivci.hlo.parser import HloParseError, parse_module, parse_shape, split_top
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _inst(module, name):

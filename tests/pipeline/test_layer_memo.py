@@ -9,12 +9,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from equivci import cache as memo
-from equivci.cli import run
 from test_incremental import git
 
-STACK = Path(__file__).resolve().parent.parent / "examples" / "models" / "stack.py"
+from equivci import cache
+from equivci.cli import run
+
+STACK = Path(__file__).resolve().parents[2] / "examples" / "models" / "stack.py"
 MANIFEST = """\
 version: 1
 models:
@@ -87,7 +87,7 @@ def test_lm_head_bug_is_reported_at_the_edited_line(repo: Path, capsys) -> None:
 def test_corrupt_layer_entries_are_ignored(repo: Path, capsys) -> None:
     for path in (repo / ".equivci" / "cache").rglob("*.json"):
         if "layers" in path.parts:  # well-formed entries whose payload does not fit the layer
-            path.write_text(json.dumps({"format": memo.FORMAT, "key": path.stem, "payload": {"proved": "yes"}}))
+            path.write_text(json.dumps({"format": cache.FORMAT, "key": path.stem, "payload": {"proved": "yes"}}))
         else:
             path.write_text("{not json")
     code, model = verify(repo, capsys)

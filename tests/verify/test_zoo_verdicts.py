@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from zoo_cases import REPO, cases
+from equivci.testing.zoo import REPO, cases
 
 ZOO = [c for c in cases() if c.manifest_rel == "configs/zoo.yaml"]
 

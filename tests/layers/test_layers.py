@@ -10,21 +10,20 @@ import dataclasses
 import textwrap
 from pathlib import Path
 
+import model_package
 import pytest
 
 from equivci.capture.run import capture_model
 from equivci.layers.canonical import canonical_form
 from equivci.layers.segments import layer_of, split
 from equivci.manifest import load_manifest
-from equivci.results import Status
-from equivci.verify.engine import verify_model
-from equivci.translate.evaluator import Event
 from equivci.prove.layered import _windows
+from equivci.results import Status
 from equivci.terms.ir import TermTable
+from equivci.translate.evaluator import Event
+from equivci.verify.engine import verify_model
 
-import model_package
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("op_name, layer", [

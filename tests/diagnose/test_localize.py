@@ -11,18 +11,18 @@ import textwrap
 import time
 from pathlib import Path
 
+import model_package
 import pytest
 
 from equivci.capture.run import capture_model
+from equivci.diagnose.localize import first_defect, source_of
 from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import parse_module
 from equivci.manifest import load_manifest
-from equivci.diagnose.localize import first_defect, source_of
-from equivci.prove.saturate import build_programs, saturate
+from equivci.prove.programs import build_programs
+from equivci.prove.saturate import saturate
 
-import model_package
-
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 MODELS = textwrap.dedent(
     """
