@@ -12,7 +12,6 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from equivci.diagnose.ranking import changed_first
 from equivci.errors import EquivciError
 from equivci.results import ModelResult
 
@@ -94,5 +93,4 @@ def mark_changed(result: ModelResult, changes: Changes | None) -> ModelResult:
     if changes is None or not result.findings:
         return result
     findings = tuple(dataclasses.replace(f, changed=changes.changed_line(f.path, f.line)) for f in result.findings)
-    findings = changed_first(findings)
     return dataclasses.replace(result, findings=findings)

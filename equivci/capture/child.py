@@ -192,7 +192,7 @@ class _MemoKeys:
         import jax
         from jax.tree_util import keystr, tree_flatten_with_path
 
-        from equivci import cache as memo
+        from equivci import memo
 
         def leaves(tree) -> str:
             return json.dumps([[keystr(p), list(map(int, x.shape)), str(x.dtype)] for p, x in tree_flatten_with_path(tree)[0]])
