@@ -71,6 +71,7 @@ def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event]
         cpath, cline = source_of(defect.context, captured.repo_root)
         where = f"{cpath}:{cline}" if cpath else defect.context.name
         message += f" (it is combined with the other operand at {where}, `{defect.context.opcode}`)"
+    message = message if message.endswith((".", "!")) else message + "."
     more = same_line_layers(defect.inst, events, failed_layers)
     if more:
         message += _more_layers(more)

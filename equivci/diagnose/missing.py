@@ -4,8 +4,8 @@ A distributed op whose operands are related to the reference, but whose value is
 for a reference op whose operands were computed further: each distributed operand is a slice of
 a reference value (its *owner*) from which a short chain of reference ops leads to the reference
 op's operand. The ops of the chain that compute something (not copies or re-layouts) are the
-missing work. A chain never passes a slice: a value cut from the wrong place is a wrong window,
-not missing work.
+missing work. A chain never passes a slice (a value cut from the wrong place is a wrong window,
+not missing work) nor a matmul (a layer, not a step).
 
 The work belongs where the reference writes it: in the statement that consumes the value (a
 final norm applied in the LM head's line: blame the distributed consumer) or in the one that made
@@ -29,6 +29,8 @@ MAX_OWNER_CHECKS = 3000  # reference values tried as the owner of one operand
 PASSIVE = {"parameter", "copy", "tuple", "get-tuple-element", "call", "opt-barrier", "custom-call", "bitcast",
            "constant", "reshape", "broadcast", "transpose", "convert"}
 CUTTERS = {"slice", "dynamic-slice", "gather"}
+# A chain stops at a matmul: contracting with a weight is a layer of its own, not a missing step.
+STOPS = CUTTERS | {"dot", "convolution", "while", "all-to-all"}
 _PACKAGE = str(Path(__file__).resolve().parents[1]) + "/"
 
 
@@ -113,7 +115,7 @@ class MissingWorkFinder:
         queue = deque([owner])
         while queue and len(parent) < MAX_REACHED:
             e = queue.popleft()
-            if depth[e.inst.name] >= MAX_CHAIN or (e is not owner and e.inst.opcode in CUTTERS):
+            if depth[e.inst.name] >= MAX_CHAIN or (e is not owner and e.inst.opcode in STOPS):
                 continue
             for c in self.consumers.get(e.inst.name, ()):
                 if c.inst.name not in parent:

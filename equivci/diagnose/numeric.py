@@ -93,10 +93,13 @@ class _ReferenceIndex:
         if a.size == 0:
             return True
         rtol, atol = _tolerance(a.dtype)
+        # The absolute tolerance scales with the value's own magnitude: a candidate's (an exp
+        # that overflows to 1e30) would let it match anything.
+        finite = np.abs(a[np.isfinite(a)]) if a.dtype.kind in "fc" else None
+        scale = max(1.0, float(finite.max())) if finite is not None and finite.size else 1.0
         for r in self.by_kind.get((a.dtype.str, a.ndim), ()):
             if any(n < m or n % m for m, n in zip(a.shape, r.shape)):
                 continue
-            scale = max(1.0, float(np.max(np.abs(r)))) if r.dtype.kind in "fc" else 1.0
             tiles = _tiles(r, a.shape)
             close = np.isclose(tiles, a, rtol=rtol, atol=atol * scale, equal_nan=True)
             if close.reshape(len(tiles), -1).all(axis=1).any():
