@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 
 from equivci.capture.types import CapturedModel
-from equivci.diagnose.localize import Defect, _loc, source_of
+from equivci.diagnose.frames import innermost
+from equivci.diagnose.localize import Defect, source_of
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.hlo.ir import Instruction
 from equivci.layers.segments import Layering, layer_of, leaves
@@ -36,10 +37,10 @@ def layer_label(inst: Instruction, events: list[Event], layering: Layering | Non
 
 def same_line_layers(inst: Instruction, events: list[Event], failed: set[str]) -> list[str]:
     """The other failed layers that run an op of the same kind at the same line."""
-    here, own = _loc(inst), layer_of(inst.op_name)
+    here, own = innermost(inst), layer_of(inst.op_name)
     if here is None:
         return []
-    found = {layer_of(e.inst.op_name) for e in events if e.inst.opcode == inst.opcode and _loc(e.inst) == here}
+    found = {layer_of(e.inst.op_name) for e in events if e.inst.opcode == inst.opcode and innermost(e.inst) == here}
     return sorted((name for name in found if name in failed and name != own), key=_natural)
 
 
@@ -103,7 +104,7 @@ def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event]
 def _agrees(defect: Defect, numeric: Instruction) -> bool:
     """The numeric frontier is the op the defect was found at, or on one of its lines."""
     insts = [i for i in (defect.inst, defect.frontier) if i is not None]
-    return any(numeric is i for i in insts) or _loc(numeric) in {_loc(i) for i in insts}
+    return any(numeric is i for i in insts) or innermost(numeric) in {innermost(i) for i in insts}
 
 
 def with_counterexample(findings: list[Finding], counterexample: str) -> list[Finding]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from egglog import String, eq, i64, relation, vars_
 
+from equivci.diagnose.frames import LAYOUT_OPS, TRIVIAL_OPS, innermost, is_user_frame
 from equivci.diagnose.missing import MissingWork, MissingWorkFinder, source_text
 from equivci.hlo.collectives import parse_pairs
 from equivci.hlo.ir import Instruction, SourceLoc
@@ -28,9 +29,6 @@ from equivci.terms.language import T
 from equivci.terms.rules.registry import family, named
 from equivci.translate.evaluator import Event
 from equivci.translate.programs import flatten
-
-TRIVIAL_OPS = {"parameter", "copy", "tuple", "get-tuple-element", "call", "opt-barrier", "custom-call", "bitcast",
-               "constant", "partition-id", "replica-id", "iota"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,9 +368,6 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
     return wrong_permutation(events, proof, evaluator, None)
 
 
-LAYOUT_OPS = {"reshape", "broadcast", "transpose", "convert"}
-
-
 def _all_routed(event: Event, by_name: dict[str, Event], routed: set[int]) -> bool:
     operands = [by_name.get(name) for name in event.inst.operands]
     return bool(operands) and all(e is not None and _terms(e) and all(id(t) in routed for t in _terms(e))
@@ -416,7 +411,7 @@ def _scaled_reduction(event: Event, factor: Fraction, axis: str) -> Defect:
 def _grad_call_frame(inst: Instruction) -> int | None:
     """The index of the innermost frame of `inst` whose statement calls jax.grad or a relative."""
     for k, loc in enumerate(inst.stack):
-        if "site-packages" in loc.file or loc.file.startswith("<") or loc.file.startswith(_PACKAGE):
+        if not is_user_frame(loc):
             continue
         found = _statement(loc.file, loc.line)
         if found is None:
@@ -446,19 +441,12 @@ SLICE_OF = family(
           slice_of(_x, _r), eq(_e).to(T.transpose(_spec, _x))).then(slice_of(_e, _r)),
 )
 CUTTERS = {"slice", "dynamic-slice"}
-_PACKAGE = str(Path(__file__).resolve().parents[1]) + "/"  # equivci's own frames (the capture child)
 _BINOPS = {"add": ast.Add, "subtract": ast.Sub, "multiply": ast.Mult, "divide": ast.Div, "power": ast.Pow,
            "dot": ast.MatMult}
 _CALLS = {"dot": ("einsum", "matmul", "dot", "tensordot"), "reshape": ("reshape",), "broadcast": ("broadcast_to",)}
 
 
-def _loc(inst: Instruction) -> tuple[str, int] | None:
-    """The innermost frame of `inst` outside installed packages."""
-    for loc in inst.stack:
-        if "site-packages" in loc.file or loc.file.startswith("<") or loc.file.startswith(_PACKAGE):
-            continue
-        return loc.file, loc.line
-    return None
+_loc = innermost
 
 
 @functools.lru_cache(maxsize=64)

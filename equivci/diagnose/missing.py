@@ -18,20 +18,18 @@ from __future__ import annotations
 import dataclasses
 import linecache
 from collections import deque
-from pathlib import Path
 
-from equivci.hlo.ir import Instruction, SourceLoc
+from equivci.diagnose.frames import LAYOUT_OPS, TRIVIAL_OPS, innermost, user_frames
+from equivci.hlo.ir import SourceLoc
 from equivci.translate.evaluator import Event
 
 MAX_CHAIN = 40  # reference ops a chain of missing work may span
 MAX_REACHED = 4000  # reference ops visited forward from one owner
 MAX_OWNER_CHECKS = 3000  # reference values tried as the owner of one operand
-PASSIVE = {"parameter", "copy", "tuple", "get-tuple-element", "call", "opt-barrier", "custom-call", "bitcast",
-           "constant", "reshape", "broadcast", "transpose", "convert"}
+PASSIVE = TRIVIAL_OPS | LAYOUT_OPS
 CUTTERS = {"slice", "dynamic-slice", "gather"}
 # A chain stops at a matmul: contracting with a weight is a layer of its own, not a missing step.
 STOPS = CUTTERS | {"dot", "convolution", "while", "all-to-all"}
-_PACKAGE = str(Path(__file__).resolve().parents[1]) + "/"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,12 +44,6 @@ class MissingWork:
     tied: bool  # its statement is as close to the consumer's as to the producer's
     anchor: SourceLoc  # the reference statement that applies the work
     what: str  # the work in the reference's words: a function name or the ops
-
-
-def user_frames(inst: Instruction) -> list[SourceLoc]:
-    """The op's stack inside the user's code, innermost first."""
-    return [loc for loc in inst.stack if "site-packages" not in loc.file and not loc.file.startswith("<")
-            and not loc.file.startswith(_PACKAGE)]
 
 
 def shared_frames(a: list[SourceLoc], b: list[SourceLoc]) -> int:
@@ -139,7 +131,7 @@ class MissingWorkFinder:
         if not any(owners) or any(w is None for o, w in zip(ops, owners) if o is not None):
             return None
         reached = [self.reach(w) if w is not None else None for w in owners]
-        here = _loc(event.inst)
+        here = innermost(event.inst)
         best = None
         for name in set().union(*(r for r in reached if r is not None)):
             r = self.tracer.ref_by_name.get(name)
@@ -152,7 +144,7 @@ class MissingWorkFinder:
             k = next((k for k, w in enumerate(works) if w), None)
             if k is None:
                 continue
-            key = (sum(map(len, works)), here is None or _loc(r.inst) != here, self.order[name])
+            key = (sum(map(len, works)), here is None or innermost(r.inst) != here, self.order[name])
             if best is None or key < best[0]:
                 best = (key, r, k, works[k])
         if best is None:
@@ -181,8 +173,3 @@ def _ops(work: list[Event]) -> str:
     names = list(dict.fromkeys(e.inst.opcode for e in work))
     shown = ", ".join(f"`{n}`" for n in names[:3])
     return shown + (", ..." if len(names) > 3 else "")
-
-
-def _loc(inst: Instruction) -> tuple[str, int] | None:
-    frames = user_frames(inst)
-    return (frames[0].file, frames[0].line) if frames else None

@@ -20,14 +20,13 @@ import math
 import numpy as np
 
 from equivci.capture.types import LeafPlacement
+from equivci.diagnose.frames import TRIVIAL_OPS
 from equivci.terms.ir import Term
 from equivci.terms.semantics import TermEvalError, evaluate
 from equivci.translate.evaluator import Event
 
 MAX_TERMS = 50_000
 MAX_ELEMENTS = 1 << 22
-PASSIVE = {"parameter", "copy", "tuple", "get-tuple-element", "call", "opt-barrier", "custom-call", "bitcast",
-           "constant", "partition-id", "replica-id", "iota"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +136,7 @@ def numeric_frontier(reference_events: list[Event], distributed_events: list[Eve
     compared = 0
     for event in distributed_events:
         terms = event.values
-        if event.inst.opcode in PASSIVE or any(not isinstance(t, Term) for t in terms):
+        if event.inst.opcode in TRIVIAL_OPS or any(not isinstance(t, Term) for t in terms):
             continue
         arrays = [values(t) for t in terms]
         if any(a is None for a in arrays):
