@@ -77,6 +77,10 @@ def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event]
     if more:
         message += _more_layers(more)
     numeric = frontier.event if frontier is not None else None
+    if numeric is not None and _before(numeric.inst, defect, events):
+        # The proof related (or deferred, as a routed or scaled value) what numerics cannot
+        # match to a single reference value: the proof's order stands.
+        numeric = None
     if numeric is not None and not _agrees(defect, numeric.inst):
         first = _finding(numeric.inst, f"on random inputs (the numeric oracle's seed 0) this `{numeric.inst.opcode}` "
                                        f"gives device {frontier.device} the first distributed value that is no shard, "
@@ -99,6 +103,13 @@ def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event]
     if frontier is not None and frontier.note:
         findings.append(Finding(None, None, "note", None, frontier.note))
     return findings
+
+
+def _before(numeric: Instruction, defect: Defect, events: list[Event]) -> bool:
+    """The numeric frontier comes before the op the proof stopped at (or that op is not in `events`)."""
+    position = {id(e.inst): k for k, e in enumerate(events)}
+    stop = position.get(id(defect.frontier or defect.inst))
+    return stop is None or position.get(id(numeric), stop) < stop
 
 
 def _agrees(defect: Defect, numeric: Instruction) -> bool:

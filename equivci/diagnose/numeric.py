@@ -116,8 +116,9 @@ def _tiles(r: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 def numeric_frontier(reference_events: list[Event], distributed_events: list[Event], consts: dict,
                      inputs: tuple[LeafPlacement, ...], groups_by_axis: dict[str, list[list[int]]],
-                     term_count: int) -> NumericFrontier:
-    """The first distributed op whose value is no window of any reference value, on any device."""
+                     term_count: int, routed: set[int] = frozenset()) -> NumericFrontier:
+    """The first distributed op whose value is no window of any reference value, on any device.
+    `routed`: ids of MoE dispatch masks and routed rows (related only through their combine)."""
     if term_count > MAX_TERMS:
         return NumericFrontier(None, note=f"numeric localization skipped: {term_count} terms (limit {MAX_TERMS})")
     if sum(math.prod(leaf.shape) for leaf in inputs) > MAX_ELEMENTS:
@@ -136,7 +137,7 @@ def numeric_frontier(reference_events: list[Event], distributed_events: list[Eve
     compared = 0
     for event in distributed_events:
         terms = event.values
-        if event.inst.opcode in TRIVIAL_OPS or any(not isinstance(t, Term) for t in terms):
+        if event.inst.opcode in TRIVIAL_OPS or any(not isinstance(t, Term) or id(t) in routed for t in terms):
             continue
         arrays = [values(t) for t in terms]
         if any(a is None for a in arrays):

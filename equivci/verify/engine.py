@@ -79,7 +79,8 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         findings = [_output_finding(proof, captured)]
     else:
         frontier = numeric_frontier(programs.reference_events, programs.distributed_events, programs.evaluator.values,
-                                    captured.inputs, axis_groups(captured.mesh), len(programs.evaluator.table))
+                                    captured.inputs, axis_groups(captured.mesh), len(programs.evaluator.table),
+                                    programs.routed)
         laps.lap("numeric localization")
         failed = {o.name for o in layered.layers if not o.proved and o.name} if layering is not None else set()
         findings = defect_findings(defect, captured, programs.distributed_events, layering, failed, frontier,
