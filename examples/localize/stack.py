@@ -43,6 +43,13 @@ def _sharded(body, mesh, x, params):
     return jax.shard_map(body, mesh=mesh, in_specs=(P(), _specs()), out_specs=P(None, TP))(x, params)
 
 
+def _layers(block, x, params):
+    for i, p in enumerate(params["layers"]):
+        with jax.named_scope(f"layers_{i}"):
+            x = block(x, p)
+    return x
+
+
 def _block_tp(x, p):
     h = rms_norm(x, p["norm"])
     return x + lax.psum(jax.nn.silu(h @ p["w1"]) @ p["w2"], TP)
@@ -50,20 +57,23 @@ def _block_tp(x, p):
 
 def forward_tp(x, params, *, mesh):
     def body(x, params):
-        for i, p in enumerate(params["layers"]):
-            with jax.named_scope(f"layers_{i}"):
-                x = _block_tp(x, p)
-        return rms_norm(x, params["final_norm"]) @ params["lm_head"]
+        return rms_norm(_layers(_block_tp, x, params), params["final_norm"]) @ params["lm_head"]
 
     return _sharded(body, mesh, x, params)
 
 
 def forward_tp_no_final_norm(x, params, *, mesh):
     def body(x, params):
-        for i, p in enumerate(params["layers"]):
-            with jax.named_scope(f"layers_{i}"):
-                x = _block_tp(x, p)
+        x = _layers(_block_tp, x, params)
         return x @ params["lm_head"]  # BUG: the final RMSNorm is missing
+
+    return _sharded(body, mesh, x, params)
+
+
+def forward_tp_unnormed_head_weight(x, params, *, mesh):
+    def body(x, params):
+        x = _layers(_block_tp, x, params)
+        return (x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)) @ params["lm_head"]  # BUG: no weight
 
     return _sharded(body, mesh, x, params)
 
@@ -73,28 +83,8 @@ def _block_tp_no_residual(x, p):
     return lax.psum(jax.nn.silu(h @ p["w1"]) @ p["w2"], TP)  # BUG: the residual add is missing
 
 
-def forward_tp_no_residual(x, params, *, mesh):
-    def body(x, params):
-        for i, p in enumerate(params["layers"]):
-            with jax.named_scope(f"layers_{i}"):
-                x = _block_tp_no_residual(x, p)
-        return rms_norm(x, params["final_norm"]) @ params["lm_head"]
-
-    return _sharded(body, mesh, x, params)
-
-
 def _block_tp_no_norm(x, p):
     return x + lax.psum(jax.nn.silu(x @ p["w1"]) @ p["w2"], TP)  # BUG: the block's RMSNorm is missing
-
-
-def forward_tp_no_block_norm(x, params, *, mesh):
-    def body(x, params):
-        for i, p in enumerate(params["layers"]):
-            with jax.named_scope(f"layers_{i}"):
-                x = _block_tp_no_norm(x, p)
-        return rms_norm(x, params["final_norm"]) @ params["lm_head"]
-
-    return _sharded(body, mesh, x, params)
 
 
 def _block_tp_gelu(x, p):
@@ -102,35 +92,31 @@ def _block_tp_gelu(x, p):
     return x + lax.psum(jax.nn.gelu(h @ p["w1"]) @ p["w2"], TP)  # BUG: gelu where the reference has silu
 
 
-def forward_tp_gelu(x, params, *, mesh):
-    def body(x, params):
-        for i, p in enumerate(params["layers"]):
-            with jax.named_scope(f"layers_{i}"):
-                x = _block_tp_gelu(x, p)
-        return rms_norm(x, params["final_norm"]) @ params["lm_head"]
+def _every_layer(block):
+    """A TP model whose every layer is `block`."""
 
-    return _sharded(body, mesh, x, params)
+    def forward(x, params, *, mesh):
+        def body(x, params):
+            return rms_norm(_layers(block, x, params), params["final_norm"]) @ params["lm_head"]
+
+        return _sharded(body, mesh, x, params)
+
+    return forward
+
+
+forward_tp_no_residual = _every_layer(_block_tp_no_residual)
+forward_tp_no_block_norm = _every_layer(_block_tp_no_norm)
+forward_tp_gelu = _every_layer(_block_tp_gelu)
 
 
 def forward_tp_last_layer_unreduced(x, params, *, mesh):
     def body(x, params):
-        for i, p in enumerate(params["layers"][:-1]):
-            with jax.named_scope(f"layers_{i}"):
-                x = _block_tp(x, p)
+        last = len(params["layers"]) - 1
+        x = _layers(_block_tp, x, {"layers": params["layers"][:-1]})
         p = params["layers"][-1]
-        with jax.named_scope(f"layers_{L - 1}"):
+        with jax.named_scope(f"layers_{last}"):
             h = rms_norm(x, p["norm"])
             x = x + jax.nn.silu(h @ p["w1"]) @ p["w2"]  # BUG: the last layer's psum is missing
         return rms_norm(x, params["final_norm"]) @ params["lm_head"]
-
-    return _sharded(body, mesh, x, params)
-
-
-def forward_tp_unnormed_head_weight(x, params, *, mesh):
-    def body(x, params):
-        for i, p in enumerate(params["layers"]):
-            with jax.named_scope(f"layers_{i}"):
-                x = _block_tp(x, p)
-        return (x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)) @ params["lm_head"]  # BUG: norm weight dropped
 
     return _sharded(body, mesh, x, params)

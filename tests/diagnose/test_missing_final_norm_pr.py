@@ -14,34 +14,11 @@ from fake_github import FakeGitHub, actions_env, pull_files_from_git, write_pr_e
 
 PR = 14
 
-REFERENCE = textwrap.dedent('''
-    import jax, jax.numpy as jnp
-    from jax import lax
-
-    L, T, D, F, V = 16, 8, 32, 64, 48
-
-
-    def rms_norm(x, w):
-        return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * w
-
-
-    def block(x, p):
-        h = rms_norm(x, p["norm"])
-        return x + jax.nn.silu(h @ p["w1"]) @ p["w2"]
-
-
-    def forward(x, params):
-        for i, p in enumerate(params["layers"]):
-            with jax.named_scope(f"layers_{i}"):
-                x = block(x, p)
-        return rms_norm(x, params["final_norm"]) @ params["lm_head"]
-
-
-    def inputs():
-        s = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-        layer = {"norm": s(D), "w1": s(D, F), "w2": s(F, D)}
-        return (s(T, D), {"layers": [dict(layer) for _ in range(L)], "final_norm": s(D), "lm_head": s(D, V)})
-''').lstrip()
+ROOT = Path(__file__).resolve().parents[2]
+# The reference of the localization cases (examples/localize/stack.py), at 16 layers.
+EXAMPLE = (ROOT / "examples/localize/stack.py").read_text()
+REFERENCE = EXAMPLE[: EXAMPLE.index("\n\ndef _specs")].replace("L, T, D, F, V = 4,", "L, T, D, F, V = 16,") + "\n"
+FINAL_NORM = '    return rms_norm(x, params["final_norm"]) @ params["lm_head"]'
 
 NORMED = '        logits = rms_norm(x, params["final_norm"]) @ params["lm_head"]'
 UNNORMED = '        logits = x @ params["lm_head"]'
@@ -83,6 +60,7 @@ def git(repo: Path, *args: str) -> str:
 def test_review_comment_lands_on_the_line_that_dropped_the_norm(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
+    assert "L, T, D, F, V = 16," in REFERENCE
     git(repo, "init", "-q", "-b", "main")
     git(repo, "config", "user.email", "dev@example.invalid")
     git(repo, "config", "user.name", "dev")
@@ -99,7 +77,7 @@ def test_review_comment_lands_on_the_line_that_dropped_the_norm(tmp_path):
     git(repo, "commit", "-q", "-am", "head: logits straight from the last layer")
     head = git(repo, "rev-parse", "HEAD")
     changed = (DISTRIBUTED % UNNORMED).splitlines().index(UNNORMED) + 1
-    norm_line = REFERENCE.splitlines().index('    return rms_norm(x, params["final_norm"]) @ params["lm_head"]') + 1
+    norm_line = REFERENCE.splitlines().index(FINAL_NORM) + 1
 
     with FakeGitHub() as fake:
         fake.set_pull_files(PR, pull_files_from_git(repo, base, head))

@@ -16,6 +16,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = yaml.safe_load((ROOT / "examples/localize/expected.yaml").read_text())
 MODELS = ["stack-tp", "stack-tp-no-final-norm", "stack-tp-no-residual"]
+FINAL_NORM = 'return rms_norm(x, params["final_norm"]) @ params["lm_head"]'
+RESIDUAL = 'return x + jax.nn.silu(h @ p["w1"]) @ p["w2"]'
+SOURCE = (ROOT / "examples/localize/stack.py").read_text().splitlines()
+
+
+def line_of(text: str) -> int:
+    """The first line of examples/localize/stack.py that is `text`, stripped."""
+    return next(k + 1 for k, line in enumerate(SOURCE) if line.strip() == text)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +46,7 @@ def test_the_correct_stack_verifies(results):
 def test_missing_final_norm_blames_the_lm_head_line_and_cites_the_reference(results):
     f = first(results["stack-tp-no-final-norm"])
     assert f"{f['path']}:{f['line']}" == EXPECTED["stack-tp-no-final-norm"]["bug_line"]
-    assert "rms_norm" in f["message"] and "stack.py:29" in f["message"], f["message"]
+    assert "rms_norm" in f["message"] and f"stack.py:{line_of(FINAL_NORM)}" in f["message"], f["message"]
     assert f["layer"] is None  # the LM head is outside every layer
     # the numeric frontier agrees with the proof
     assert "where the values first differ" in f["message"]
@@ -48,7 +56,7 @@ def test_missing_residual_is_one_finding_for_every_layer(results):
     result = results["stack-tp-no-residual"]
     f = first(result)
     assert f"{f['path']}:{f['line']}" == EXPECTED["stack-tp-no-residual"]["bug_line"], result["findings"]
-    assert "`add`" in f["message"] and "stack.py:21" in f["message"], f["message"]
+    assert "`add`" in f["message"] and f"stack.py:{line_of(RESIDUAL)}" in f["message"], f["message"]
     assert f["layer"] == "layers_0" and "3 more layers" in f["message"], f["message"]
     # one cause: the other findings (the counterexample) sit on the same line
     assert {(g["path"], g["line"]) for g in result["findings"] if g["severity"] == "error"} == {(f["path"], f["line"])}
