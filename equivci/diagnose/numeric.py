@@ -123,7 +123,11 @@ def numeric_frontier(reference_events: list[Event], distributed_events: list[Eve
         return NumericFrontier(None, note=f"numeric localization skipped: {term_count} terms (limit {MAX_TERMS})")
     if sum(math.prod(leaf.shape) for leaf in inputs) > MAX_ELEMENTS:
         return NumericFrontier(None, note=f"numeric localization skipped: inputs over {MAX_ELEMENTS} elements")
-    values = _Values(draw_inputs(inputs), consts)
+    try:
+        params = draw_inputs(inputs)
+    except Exception as exc:  # noqa: BLE001 - an aid to the finding: its failure must not cost the verdict
+        return NumericFrontier(None, note=f"numeric localization skipped: the random inputs could not be drawn ({exc})")
+    values = _Values(params, consts)
     index = _ReferenceIndex()
     reference_ids = set()
     for e in reference_events:
