@@ -81,7 +81,7 @@ def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event]
         # The proof related (or deferred, as a routed or scaled value) what numerics cannot
         # match to a single reference value: the proof's order stands.
         numeric = None
-    if numeric is not None and not _agrees(defect, numeric.inst):
+    if frontier is not None and numeric is not None and not _agrees(defect, numeric.inst):
         first = _finding(numeric.inst, f"on random inputs (the numeric oracle's seed 0) this `{numeric.inst.opcode}` "
                                        f"gives device {frontier.device} the first distributed value that is no shard, "
                                        "copy or partial sum of any reference value; every value before it matches "

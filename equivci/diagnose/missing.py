@@ -119,9 +119,10 @@ class MissingWorkFinder:
     def chain(self, parent: dict[str, str | None], end: str) -> list[Event]:
         """The ops from after the owner to `end`, in program order."""
         out = []
-        while parent[end] is not None:
-            out.append(self.tracer.ref_by_name[end])
-            end = parent[end]
+        step: str | None = end
+        while step is not None and parent[step] is not None:
+            out.append(self.tracer.ref_by_name[step])
+            step = parent[step]
         return out[::-1]
 
     def find(self, event: Event, dev: int) -> MissingWork | None:
@@ -150,7 +151,8 @@ class MissingWorkFinder:
         if best is None:
             return None
         _, r, k, work = best
-        return self.placed(r, k, owners[k], work)
+        owner = owners[k]
+        return self.placed(r, k, owner, work) if owner is not None else None
 
     def placed(self, consumer: Event, k: int, owner: Event, work: list[Event]) -> MissingWork:
         """Where the reference writes the work: with its consumer or with the op that made the value."""

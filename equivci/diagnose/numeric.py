@@ -116,7 +116,7 @@ def _tiles(r: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 def numeric_frontier(reference_events: list[Event], distributed_events: list[Event], consts: dict,
                      inputs: tuple[LeafPlacement, ...], groups_by_axis: dict[str, list[list[int]]],
-                     term_count: int, routed: set[int] = frozenset()) -> NumericFrontier:
+                     term_count: int, routed: frozenset[int] | set[int] = frozenset()) -> NumericFrontier:
     """The first distributed op whose value is no window of any reference value, on any device.
     `routed`: ids of MoE dispatch masks and routed rows (related only through their combine)."""
     if term_count > MAX_TERMS:
@@ -143,8 +143,9 @@ def numeric_frontier(reference_events: list[Event], distributed_events: list[Eve
         terms = event.values
         if event.inst.opcode in TRIVIAL_OPS or any(not isinstance(t, Term) or id(t) in routed for t in terms):
             continue
-        arrays = [values(t) for t in terms]
-        if any(a is None for a in arrays):
+        evaluated = [values(t) for t in terms]
+        arrays = [a for a in evaluated if a is not None]
+        if len(arrays) < len(evaluated):
             continue
         compared += 1
         for dev, (t, a) in enumerate(zip(terms, arrays)):
@@ -163,6 +164,6 @@ def _partial(index: _ReferenceIndex, arrays: list[np.ndarray], dev: int,
         group = next((g for g in groups if dev in g), None)
         if group is None or len(group) < 2 or any(arrays[d].shape != arrays[dev].shape for d in group):
             continue
-        if arrays[dev].dtype.kind in "fc" and index.matches(sum(arrays[d] for d in group)):
+        if arrays[dev].dtype.kind in "fc" and index.matches(np.sum([arrays[d] for d in group], axis=0)):
             return True
     return False
