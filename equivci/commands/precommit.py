@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from equivci import cache as memo
+from equivci import memo
 from equivci.commands.verify import DebugOption, ManifestOption
 from equivci.manifest import Entrypoint, Manifest, ModelSpec, load_manifest
 from equivci.pipeline import run_models, select_models
