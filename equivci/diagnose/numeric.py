@@ -14,7 +14,9 @@ of its dtype and rank; models past MAX_TERMS terms or MAX_ELEMENTS input element
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -79,14 +81,22 @@ def _tolerance(dtype) -> tuple[float, float]:
 
 
 class _ReferenceIndex:
-    """The reference values by (dtype, rank), to find the one a distributed value is a window of."""
+    """The reference values by (dtype, rank), to find the one a distributed value is a window of.
+
+    The distributed program computes in about the reference's order, so the search starts at the
+    reference value the last match found and moves outwards: most values match within a few
+    tries instead of a scan of the whole model."""
 
     def __init__(self):
         self.by_kind: dict[tuple, list[np.ndarray]] = {}
+        self.positions: dict[tuple, list[int]] = {}
+        self.near = 0  # program position of the last reference value matched
 
-    def add(self, value: np.ndarray) -> None:
+    def add(self, value: np.ndarray, position: int = 0) -> None:
         if value.size:
-            self.by_kind.setdefault((value.dtype.str, value.ndim), []).append(value)
+            key = (value.dtype.str, value.ndim)
+            self.by_kind.setdefault(key, []).append(value)
+            self.positions.setdefault(key, []).append(position)
 
     def matches(self, a: np.ndarray) -> bool:
         if a.size == 0:
@@ -96,12 +106,18 @@ class _ReferenceIndex:
         # that overflows to 1e30) would let it match anything.
         finite = np.abs(a[np.isfinite(a)]) if a.dtype.kind in "fc" else None
         scale = max(1.0, float(finite.max())) if finite is not None and finite.size else 1.0
-        for r in self.by_kind.get((a.dtype.str, a.ndim), ()):
+        key = (a.dtype.str, a.ndim)
+        values, positions = self.by_kind.get(key, []), self.positions.get(key, [])
+        start = bisect.bisect_left(positions, self.near)
+        after, before = range(start, len(values)), range(start - 1, -1, -1)
+        for k in (k for pair in itertools.zip_longest(after, before) for k in pair if k is not None):
+            r = values[k]
             if any(n < m or n % m for m, n in zip(a.shape, r.shape)):
                 continue
             tiles = _tiles(r, a.shape)
             close = np.isclose(tiles, a, rtol=rtol, atol=atol * scale, equal_nan=True)
             if close.reshape(len(tiles), -1).all(axis=1).any():
+                self.near = positions[k]
                 return True
         return False
 
@@ -130,13 +146,13 @@ def numeric_frontier(reference_events: list[Event], distributed_events: list[Eve
     values = _Values(params, consts)
     index = _ReferenceIndex()
     reference_ids = set()
-    for e in reference_events:
+    for position, e in enumerate(reference_events):
         v = e.values[0]
         if isinstance(v, Term) and id(v) not in reference_ids:
             reference_ids.add(id(v))
             found = values(v)
             if found is not None:
-                index.add(found)
+                index.add(found, position)
     verdict: dict[int, bool] = {}  # id(term) -> matches
     compared = 0
     for event in distributed_events:
