@@ -16,6 +16,7 @@ from equivci import git
 from equivci.cache import Memo, file_digests, fingerprint
 from equivci.capture import run as capture_run
 from equivci.capture.types import CapturedModel
+from equivci.diagnose.ranking import changed_first
 from equivci.errors import EquivciError
 from equivci.manifest import Manifest, ModelSpec
 from equivci.options import Options
@@ -214,6 +215,7 @@ def run_models(
             result = run_model(workspace, model, memo, debug,
                                on_layer=lambda done, total, name=model.name: progress.layer(name, done, total))
         result = git.mark_changed(result, changes)
+        result = dataclasses.replace(result, findings=changed_first(result.findings))
         progress.finished(result)
         results.append(result)
     return Report(models=tuple(results))

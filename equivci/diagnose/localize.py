@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 from egglog import String, eq, i64, relation, vars_
 
+from equivci.diagnose.frames import LAYOUT_OPS, TRIVIAL_OPS, innermost, is_user_frame
+from equivci.diagnose.missing import MissingWork, MissingWorkFinder, source_text
 from equivci.hlo.collectives import parse_pairs
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.prove.saturate import Proof, add_terms, is_related, proved_equal
@@ -28,15 +30,15 @@ from equivci.terms.rules.registry import family, named
 from equivci.translate.evaluator import Event
 from equivci.translate.programs import flatten
 
-TRIVIAL_OPS = {"parameter", "copy", "tuple", "get-tuple-element", "call", "opt-barrier", "custom-call", "bitcast",
-               "constant", "partition-id", "replica-id", "iota"}
-
 
 @dataclasses.dataclass(frozen=True)
 class Defect:
     inst: Instruction
     message: str
     context: Instruction | None = None
+    work: MissingWork | None = None  # the reference work the distributed program lacks, when that is the defect
+    frontier: Instruction | None = None  # the first unrelated op, which led to `inst`
+    alternative: tuple[Instruction, str] | None = None  # an equally supported place, and what to say there
 
 
 def _terms(event: Event) -> list[Term] | None:
@@ -267,6 +269,9 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
     by_name = {event.inst.name: event for event in events}
 
     def explain(event: Event, terms: list[Term]) -> Defect:
+        return dataclasses.replace(explain_at(event, terms), frontier=event.inst)
+
+    def explain_at(event: Event, terms: list[Term]) -> Defect:
         """Why `event`, unrelated although its operands are related or partial, is the defect."""
         operand_events = [by_name.get(name) for name in event.inst.operands]
         if event.inst.opcode == "all-reduce" and operand_events and operand_events[0] is not None \
@@ -363,9 +368,6 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
     return wrong_permutation(events, proof, evaluator, None)
 
 
-LAYOUT_OPS = {"reshape", "broadcast", "transpose", "convert"}
-
-
 def _all_routed(event: Event, by_name: dict[str, Event], routed: set[int]) -> bool:
     operands = [by_name.get(name) for name in event.inst.operands]
     return bool(operands) and all(e is not None and _terms(e) and all(id(t) in routed for t in _terms(e))
@@ -409,7 +411,7 @@ def _scaled_reduction(event: Event, factor: Fraction, axis: str) -> Defect:
 def _grad_call_frame(inst: Instruction) -> int | None:
     """The index of the innermost frame of `inst` whose statement calls jax.grad or a relative."""
     for k, loc in enumerate(inst.stack):
-        if "site-packages" in loc.file or loc.file.startswith("<") or loc.file.startswith(_PACKAGE):
+        if not is_user_frame(loc):
             continue
         found = _statement(loc.file, loc.line)
         if found is None:
@@ -439,19 +441,12 @@ SLICE_OF = family(
           slice_of(_x, _r), eq(_e).to(T.transpose(_spec, _x))).then(slice_of(_e, _r)),
 )
 CUTTERS = {"slice", "dynamic-slice"}
-_PACKAGE = str(Path(__file__).resolve().parents[1]) + "/"  # equivci's own frames (the capture child)
 _BINOPS = {"add": ast.Add, "subtract": ast.Sub, "multiply": ast.Mult, "divide": ast.Div, "power": ast.Pow,
            "dot": ast.MatMult}
 _CALLS = {"dot": ("einsum", "matmul", "dot", "tensordot"), "reshape": ("reshape",), "broadcast": ("broadcast_to",)}
 
 
-def _loc(inst: Instruction) -> tuple[str, int] | None:
-    """The innermost frame of `inst` outside installed packages."""
-    for loc in inst.stack:
-        if "site-packages" in loc.file or loc.file.startswith("<") or loc.file.startswith(_PACKAGE):
-            continue
-        return loc.file, loc.line
-    return None
+_loc = innermost
 
 
 @functools.lru_cache(maxsize=64)
@@ -751,6 +746,9 @@ class _Tracer:
 
     # -- explanations ----------------------------------------------------------------------------
     def explain(self, event: Event, devices: list[int]) -> Defect | None:
+        missing = self.missing_work(event, devices[0]) if devices else None
+        if missing is not None:
+            return missing
         for dev in devices:
             found = self.counterpart(event, dev)
             if found is None:
@@ -763,6 +761,31 @@ class _Tracer:
             if defect is not None:
                 return defect
         return None
+
+    def missing_work(self, event: Event, dev: int) -> Defect | None:
+        """The reference computes an operand further than the distributed program does."""
+        found = MissingWorkFinder(self).find(event, dev)
+        if found is None:
+            return None
+        owner = found.owner
+        held = (f"input #{self.value(owner, 0).attrs[0]}" if owner.inst.opcode == "parameter"
+                else f"the reference's `{owner.inst.opcode}` ({_where(_loc(owner.inst))})")
+        applies = f"the reference applies {found.what} here: {_where((found.anchor.file, found.anchor.line))}"
+        snippet = source_text(found.anchor) if found.anchor.file else ""
+        applies += f" (`{snippet}`)" if snippet else ""
+        consumer = f"`{found.consumer.inst.opcode}` ({_where(_loc(found.consumer.inst))})"
+        operand = self.operands(event)[found.operand]
+        made = self.skip(operand, dev) if operand is not None else None
+        at_producer = None
+        if made is not None and _loc(made.inst) is not None:
+            at_producer = (made.inst, f"this value is {held}, which the reference passes through {found.what} before "
+                                      f"its {consumer}, and the distributed program does not: {applies}.")
+        name = _operand_name(event.inst, found.operand) or f"operand {found.operand + 1}"
+        at_consumer = (event.inst, f"`{name}` goes into this `{event.inst.opcode}` as {held}, without the "
+                                   f"{found.what} the reference applies to it before its {consumer}: {applies}.")
+        if found.tied and at_producer is not None:
+            return Defect(*at_consumer, work=found, alternative=at_producer)
+        return Defect(*(at_producer if found.at_producer and at_producer else at_consumer), work=found)
 
     def wrong_operand(self, event: Event, ref: Event, k: int, dev: int) -> Defect | None:
         d_op, r_op = self.operands(event)[k], self.operands(ref, refs=True)[k]

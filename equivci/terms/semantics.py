@@ -189,10 +189,12 @@ def reshape_out_shape(in_shape: tuple[int, ...], spec: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def evaluate(term: Term, params: dict[int, np.ndarray], consts: dict | None = None) -> np.ndarray:
-    """The value of `term`; `params` maps reference input index -> array."""
+def evaluate(term: Term, params: dict[int, np.ndarray], consts: dict | None = None,
+             memo: dict[int, np.ndarray] | None = None) -> np.ndarray:
+    """The value of `term`; `params` maps reference input index -> array. `memo` (id(term) ->
+    value) carries values over calls that share subterms."""
     consts = consts or {}
-    memo: dict[int, np.ndarray] = {}
+    memo = {} if memo is None else memo
     stack = [term]
     while stack:
         t = stack[-1]
