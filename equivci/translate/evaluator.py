@@ -352,7 +352,12 @@ class Evaluator:
             value = parse_literal(attrs["_literal"], shape)
             if value is not None:
                 return self.const(value, shape.dtype)
-            return self.mk("const", (hashlib.sha256(attrs["_literal"].encode()).hexdigest()[:16],), (), shape)
+            literal = attrs["_literal"]
+            # An elided literal (`constant({...})`, as XLA prints large constants in dumps) says
+            # nothing about its content: two of them must never be one term, so it is known only
+            # as this instruction's own constant.
+            key = f"elided:{inst.name}" if "..." in literal else hashlib.sha256(literal.encode()).hexdigest()[:16]
+            return self.mk("const", (key,), (), shape)
         if op == "partition-id":
             return self.const(np.asarray(device, dtype=np.uint32), shape.dtype)
         if op == "replica-id":

@@ -347,3 +347,32 @@ def test_factors_are_only_pulled_out_where_that_is_exact_and_linear():
     assert ev.factored("binary", ("maximum",), [half, ev.scaled(y, Fraction(1, 2))], s46) is None
     assert ev.factored("reduce", ("maximum", "2:1"), [half], Shape("f32", (4,))) is None
     assert ev.factored("binary", ("divide",), [y, half], s46) is None
+
+
+def test_elided_constants_are_never_one_term():
+    """XLA's dumps print large constants as `constant({...})`: two different tables must not meet."""
+    from equivci.terms.ir import TermTable
+    from equivci.translate.evaluator import Evaluator
+
+    module = parse_module(textwrap.dedent("""\
+        HloModule elided, entry_computation_layout={(f32[64,64]{1,0})->f32[64,64]{1,0}}
+
+        ENTRY %main (x: f32[64,64]) -> f32[64,64] {
+          %x = f32[64,64]{1,0} parameter(0)
+          %a = f32[64,64]{1,0} constant({...})
+          %b = f32[64,64]{1,0} constant({...})
+          %xa = f32[64,64]{1,0} add(%x, %a)
+          %xb = f32[64,64]{1,0} add(%x, %b)
+          ROOT %d = f32[64,64]{1,0} subtract(%xa, %xb)
+        }
+        """))
+    evaluator = Evaluator(module, TermTable(), 1)
+    params = [[evaluator.table.make("param", (0,), (), (64, 64), "f32")]]
+    (out,) = evaluator.run(module.entry, params)
+    elided, todo = set(), [out]
+    while todo:
+        t = todo.pop()
+        if t.op == "const" and str(t.attrs[0]).startswith("elided:"):
+            elided.add(t)
+        todo.extend(t.args)
+    assert len(elided) == 2, elided  # %a and %b: the subtraction does not cancel
