@@ -285,6 +285,11 @@ class Evaluator:
         term = self.table.make("slice", (dim, start, stop), (x,), tuple(shape), x.dtype)
         if value is not None:
             self.values[term] = window
+        elif term not in self.bounds:
+            # A window's elements are elements of the whole: a device's shard of the ids keeps the
+            # bounds the reference's gathers give the ids (whatever made the window: an input's
+            # placement, a collective, an HLO slice).
+            self.bound(term, x)
         return term
 
     def slice_nd(self, x: Term, ranges) -> Term:
