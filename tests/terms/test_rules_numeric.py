@@ -483,6 +483,25 @@ def aligned_reduce_lift(rng, b: B):
             b.sl(b.argmax2(x, y, dims, component), o, lo, hi))
 
 
+def _take_rows(b: B, table: Term, idx: Term) -> Term:
+    """table[idx[..., 0]] for a 2-D table (jnp.take along axis 0; idx ends in the index vector dim)."""
+    rank = len(idx.shape) - 1
+    attrs = {"offset_dims": f"{{{rank}}}", "collapsed_slice_dims": "{0}", "start_index_map": "{0}",
+             "index_vector_dim": str(rank), "slice_sizes": f"{{1,{table.shape[1]}}}"}
+    return b.gather(table, idx, attrs, idx.shape[:-1] + (table.shape[1],))
+
+
+def aligned_gather_rhs_lift(rng, b: B):
+    """An embedding lookup of a shard of the ids (rows [lo, hi) along any ids dim) is that shard
+    of the lookup of all ids: the table is read whole."""
+    vocab, width = (int(v) for v in rng.integers(2, 7, size=2))
+    ids_shape = tuple(int(v) for v in rng.integers(2, 6, size=int(rng.integers(1, 3))))
+    table, ids = b.param(0, (vocab, width)), b.param(1, ids_shape + (1,), "s32")
+    d = int(rng.integers(len(ids_shape)))
+    lo, hi = rrange(rng, ids_shape[d], proper=True)
+    return _take_rows(b, table, b.sl(ids, d, lo, hi)), b.sl(_take_rows(b, table, ids), d, lo, hi)
+
+
 def aligned_gather_lift(rng, b: B):
     """take_along_axis: a batched gather of rows [lo, hi) of operand and indices is the slice of the gather."""
     batch, n, m, width = (int(v) for v in rng.integers(2, 7, size=4))
@@ -781,6 +800,7 @@ RULES = {
     # One rule, read from the tables of two kinds of ops.
     "aligned/reduce_lift": (F["aligned"], aligned_reduce_lift, False),
     "aligned/gather_lift": (F["aligned"], aligned_gather_lift, False),
+    "aligned/rhs_lift": (F["aligned"], aligned_gather_rhs_lift, False),
     "layouts/bcast_lift": (F["layouts"], bcast_lift, False),
     "layouts/bcast_push": (F["layouts"], bcast_push, False),
     # Same for the shrink rule itself.
@@ -984,6 +1004,9 @@ def _near_misses():
     # take_along_axis on rows [0, 3) of the operand with the indices of rows [3, 6)
     cases["aligned_gather_misaligned_rows"] = (b.gather(b.sl(x, 0, 0, 3), b.sl(idx, 0, 3, 6), attrs, (3, 4)),
                                                b.sl(b.gather(x, idx, attrs, (6, 4)), 0, 0, 3))
+    table, ids = b.param(0, (5, 3)), b.param(1, (6, 4, 1), "s32")
+    # the lookup of another shard of the ids than the rows it is taken for
+    cases["aligned_gather_other_ids"] = (_take_rows(b, table, b.sl(ids, 0, 3, 6)), b.sl(_take_rows(b, table, ids), 0, 0, 3))
     x, i = b.param(0, (6, 4)), b.param(1, (), "s32")
     dyn = lambda t: b.t.make("dslice", (0, 2), (t, i), (2,) + t.shape[1:], F32)  # noqa: E731
     # a window of the dynamic dim itself moves the start: not the same rows as the whole's
