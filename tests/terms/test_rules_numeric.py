@@ -382,6 +382,17 @@ def concat_lift(rng, b: B):
     return b.cat(b.sl(x, k, lo, hi), b.sl(y, k, lo, hi), d), b.sl(b.cat(x, y, d), k, lo, hi)
 
 
+def concat_lift_nested(rng, b: B):
+    """rotate_half on a window along k: parts that are windows along d of windows along k."""
+    x, y, d = _concat_setup(rng, b, rank_lo=2)
+    k = int(rng.choice([v for v in range(len(x.shape)) if v != d]))
+    lo, hi = rrange(rng, x.shape[k], proper=True)
+    c, g = rrange(rng, x.shape[d])
+    c2, g2 = rrange(rng, y.shape[d])
+    lhs = b.cat(b.sl(b.sl(x, k, lo, hi), d, c, g), b.sl(b.sl(y, k, lo, hi), d, c2, g2), d)
+    return lhs, b.sl(b.cat(b.sl(x, d, c, g), b.sl(y, d, c2, g2), d), k, lo, hi)
+
+
 def _dot_free(rng, b: B, side: str):
     lshape, rshape_, lb, rb, lc, rc, roles, size = rand_dot(
         rng, nlf=int(rng.integers(1, 3)) if side == "l" else None, nrf=int(rng.integers(1, 3)) if side == "r" else None)
@@ -786,6 +797,7 @@ RULES = {
     "concats/slice_other_dim": (F["concats"], concat_slice_other, False),
     "concats/slice_straddle": (F["concats"], concat_slice_straddle, False),
     "concats/lift": (F["concats"], concat_lift, False),
+    "concats/lift_nested": (F["concats"], concat_lift_nested, False),
     "dots/lhs_free_lift": (F["dots"], dot_lhs_lift, False),
     "dots/rhs_free_lift": (F["dots"], dot_rhs_lift, False),
     "dots/lhs_free_push": (F["dots"], dot_lhs_push, False),
@@ -956,6 +968,12 @@ def _near_misses():
     cases["contraction_merge_misaligned"] = (b.bi("add", part(0, 4), misaligned), b.dot(x, y, [], [], [1], [0]))
 
     b = B()
+    q = b.param(0, (4, 6))
+    heads = lambda lo, hi: b.sl(q, 0, lo, hi)  # noqa: E731
+    # rotate_half of heads [0, 2) built from the halves of heads [0, 2) and [2, 4)
+    cases["concat_lift_nested_other_heads"] = (
+        b.cat(b.sl(heads(0, 2), 1, 3, 6), b.sl(heads(2, 4), 1, 0, 3), 1),
+        b.sl(b.cat(b.sl(q, 1, 3, 6), b.sl(q, 1, 0, 3), 1), 0, 0, 2))
     x = b.param(0, (6, 4))
     cases["concat_non_adjacent"] = (b.cat(b.sl(x, 0, 0, 2), b.sl(x, 0, 3, 5), 0), b.sl(x, 0, 0, 4))
     cases["concat_out_of_order"] = (b.cat(b.sl(x, 0, 2, 4), b.sl(x, 0, 0, 2), 0), b.sl(x, 0, 0, 4))

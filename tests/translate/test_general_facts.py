@@ -5,6 +5,8 @@ several styles, with near misses that differ only where the fact's side conditio
   gather (an embedding lookup with the ids sharded over data parallelism).
 - An all-gather of reshaped shards is the reshape of the gathered shards when the layouts agree
   (flat-parameter FSDP: each weight flattened, sharded, gathered and reshaped back).
+- A concatenation of windows along d of the same window along another dim k is the window along k
+  of the concatenation (rotate_half on a device's heads).
 """
 
 from __future__ import annotations
@@ -89,6 +91,46 @@ MODELS = textwrap.dedent(
         # the gathered flat vector read column-major: the same elements in another layout
         return _fsdp(params, x, mesh,
                      lambda v, shape: lax.all_gather(v, "fsdp", tiled=True).reshape(shape[::-1]).T)  # MARK:colmajor
+
+
+    def rope_inputs():
+        return (jax.ShapeDtypeStruct((2, 8, 16), jnp.float32), jax.ShapeDtypeStruct((16, 4 * 16), jnp.float32))
+
+
+    def _tables(seq, dim):
+        inv = 1.0 / 10000.0 ** (jnp.arange(0, dim, 2) / dim)
+        ang = jnp.outer(jnp.arange(seq), inv)
+        ang = jnp.concatenate([ang, ang], axis=-1)
+        return jnp.cos(ang)[None, :, None, :], jnp.sin(ang)[None, :, None, :]
+
+
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+    def rope(h, wq):
+        q = (h @ wq).reshape(*h.shape[:2], -1, 16)  # heads from a projection, as in a Llama port
+        cos, sin = _tables(q.shape[1], q.shape[-1])
+        return q * cos + rotate_half(q) * sin
+
+
+    def _heads(body, h, wq, mesh):
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, "tp")), out_specs=P(None, None, "tp"))(h, wq)
+
+
+    def rope_heads(h, wq, *, mesh):
+        return _heads(rope, h, wq, mesh)
+
+
+    def rope_heads_swapped(h, wq, *, mesh):
+        def body(h, wq):
+            q = (h @ wq).reshape(*h.shape[:2], -1, 16)
+            cos, sin = _tables(q.shape[1], q.shape[-1])
+            half = q.shape[-1] // 2
+            return q * cos + jnp.concatenate([q[..., half:], -q[..., :half]], axis=-1) * sin  # MARK:swapped
+
+        return _heads(body, h, wq, mesh)
     """
 )
 
@@ -108,11 +150,15 @@ MANIFEST = textwrap.dedent(
          inputs: m.py:mlp_inputs, mesh: {fsdp: 2}}
       - {name: fsdp-flat-colmajor, reference: m.py:mlp, distributed: m.py:mlp_flat_fsdp_transposed,
          inputs: m.py:mlp_inputs, mesh: {fsdp: 4}}
+      - {name: rotate-half-heads, reference: m.py:rope, distributed: m.py:rope_heads, inputs: m.py:rope_inputs,
+         mesh: {tp: 2}}
+      - {name: rotate-half-swapped, reference: m.py:rope, distributed: m.py:rope_heads_swapped,
+         inputs: m.py:rope_inputs, mesh: {tp: 2}}
     """
 )
 
-EQUIVALENT = ["embed-dp-tp", "embed-dp", "fsdp-flat", "fsdp-flat-stacked"]
-NEAR_MISSES = ["embed-dp-rolled", "fsdp-flat-colmajor"]
+EQUIVALENT = ["embed-dp-tp", "embed-dp", "fsdp-flat", "fsdp-flat-stacked", "rotate-half-heads"]
+NEAR_MISSES = ["embed-dp-rolled", "fsdp-flat-colmajor", "rotate-half-swapped"]
 
 
 @pytest.fixture(scope="module")
