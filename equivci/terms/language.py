@@ -135,6 +135,8 @@ def aligned_lhs(key: StringLike, k: i64Like) -> i64: ...  # aligned lhs dim -> o
 @function
 def aligned_rhs(key: StringLike, k: i64Like) -> i64: ...  # aligned rhs dim -> output dim
 @function
+def aligned_rhs_alone(key: StringLike, k: i64Like) -> i64: ...  # aligned rhs dim with no lhs partner -> output dim
+@function
 def aligned_fixed(key: StringLike, o: i64Like) -> i64: ...  # size of an output dim set by the op's attributes
 @function
 def repeat_dim(reshape: StringLike, bcast: StringLike) -> i64: ...  # reshape(bcast(y)) repeats y along this dim

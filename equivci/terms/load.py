@@ -250,8 +250,11 @@ class Loader:
         tables = AlignedMap.parse(spec)
         for k, o in tables.lhs:
             self._table(L.aligned_lhs, key, k, o)
+        partnered = {o for _, o in tables.lhs}
         for k, o in tables.rhs:
             self._table(L.aligned_rhs, key, k, o)
+            if o not in partnered:
+                self._table(L.aligned_rhs_alone, key, k, o)
         for o, size in tables.fixed:
             self._table(L.aligned_fixed, key, o, size)
 

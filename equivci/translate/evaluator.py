@@ -55,6 +55,8 @@ REDUCERS = {"add": "add", "maximum": "maximum", "minimum": "minimum", "multiply"
 SCALABLE = {"f16", "f32", "f64"}
 # Folding constants bigger than this would copy weights-sized arrays around: keep them symbolic.
 MAX_FOLD_ELEMENTS = 1 << 16
+# Layout identities are checked on one label per element up to this many elements.
+MAX_LABELS = 1 << 20
 
 NP_DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "s32": np.int32, "s64": np.int64,
               "u32": np.uint32, "u64": np.uint64, "s8": np.int8, "u8": np.uint8, "s16": np.int16,
@@ -269,6 +271,11 @@ class Evaluator:
         term = self.table.make("slice", (dim, start, stop), (x,), tuple(shape), x.dtype)
         if value is not None:
             self.values[term] = window
+        elif term not in self.bounds:
+            # A window's elements are elements of the whole: a device's shard of the ids keeps the
+            # bounds the reference's gathers give the ids (whatever made the window: an input's
+            # placement, a collective, an HLO slice).
+            self.bound(term, x)
         return term
 
     def slice_nd(self, x: Term, ranges) -> Term:
@@ -277,6 +284,9 @@ class Evaluator:
         return x
 
     def concat(self, parts: list[Term], dim: int) -> Term:
+        regathered = self.concat_of_reshapes(parts, dim)
+        if regathered is not None:
+            return regathered
         acc = parts[0]
         for p in parts[1:]:
             shape = list(acc.shape)
@@ -284,6 +294,32 @@ class Evaluator:
             pair = (dim,), [acc, p], Shape(acc.dtype, tuple(shape))
             acc = self.factored("concat", *pair) or self.mk("concat", *pair)
         return acc
+
+    def concat_of_reshapes(self, parts: list[Term], dim: int) -> Term | None:
+        """concat(reshape(y_1), ..., reshape(y_n); dim) as reshape(concat(y_1, ..., y_n; k)) when that
+        is the same layout: a flat FSDP shard all-gathered is the flattened gather of the shards.
+
+        The layout identity is checked exactly, on labels (every element of the y's numbered), for
+        each dim k along which the y's can be concatenated."""
+        inner = [p.args[0] for p in parts]
+        if len(parts) < 2 or any(p.op != "reshape" for p in parts) or len({len(y.shape) for y in inner}) != 1:
+            return None
+        rank = len(inner[0].shape)
+        total = sum(int(np.prod(y.shape)) for y in inner)
+        if total > MAX_LABELS:
+            return None
+        out_shape = list(parts[0].shape)
+        out_shape[dim] = sum(p.shape[dim] for p in parts)
+        for k in range(rank):
+            if any(y.shape[:k] + y.shape[k + 1:] != inner[0].shape[:k] + inner[0].shape[k + 1:] for y in inner):
+                continue
+            whole = np.arange(total).reshape(*inner[0].shape[:k], -1, *inner[0].shape[k + 1:])
+            bounds = np.cumsum([0] + [y.shape[k] for y in inner])
+            pieces = [np.take(whole, np.arange(lo, hi), axis=k) for lo, hi in zip(bounds[:-1], bounds[1:])]
+            gathered = np.concatenate([piece.reshape(p.shape) for piece, p in zip(pieces, parts)], axis=dim)
+            if np.array_equal(gathered, whole.reshape(out_shape)):
+                return self.reshape_term(self.concat(inner, k), Shape(parts[0].dtype, tuple(out_shape)))
+        return None
 
     def binary(self, op: str, a: Term, b: Term, dtype: str | None = None) -> Term:
         shape = Shape(dtype or a.dtype, a.shape)

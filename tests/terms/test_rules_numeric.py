@@ -382,6 +382,17 @@ def concat_lift(rng, b: B):
     return b.cat(b.sl(x, k, lo, hi), b.sl(y, k, lo, hi), d), b.sl(b.cat(x, y, d), k, lo, hi)
 
 
+def concat_lift_nested(rng, b: B):
+    """rotate_half on a window along k: parts that are windows along d of windows along k."""
+    x, y, d = _concat_setup(rng, b, rank_lo=2)
+    k = int(rng.choice([v for v in range(len(x.shape)) if v != d]))
+    lo, hi = rrange(rng, x.shape[k], proper=True)
+    c, g = rrange(rng, x.shape[d])
+    c2, g2 = rrange(rng, y.shape[d])
+    lhs = b.cat(b.sl(b.sl(x, k, lo, hi), d, c, g), b.sl(b.sl(y, k, lo, hi), d, c2, g2), d)
+    return lhs, b.sl(b.cat(b.sl(x, d, c, g), b.sl(y, d, c2, g2), d), k, lo, hi)
+
+
 def _dot_free(rng, b: B, side: str):
     lshape, rshape_, lb, rb, lc, rc, roles, size = rand_dot(
         rng, nlf=int(rng.integers(1, 3)) if side == "l" else None, nrf=int(rng.integers(1, 3)) if side == "r" else None)
@@ -481,6 +492,25 @@ def aligned_reduce_lift(rng, b: B):
     component = int(rng.integers(0, 2))
     return (b.argmax2(b.sl(x, k, lo, hi), b.sl(y, k, lo, hi), dims, component),
             b.sl(b.argmax2(x, y, dims, component), o, lo, hi))
+
+
+def _take_rows(b: B, table: Term, idx: Term) -> Term:
+    """table[idx[..., 0]] for a 2-D table (jnp.take along axis 0; idx ends in the index vector dim)."""
+    rank = len(idx.shape) - 1
+    attrs = {"offset_dims": f"{{{rank}}}", "collapsed_slice_dims": "{0}", "start_index_map": "{0}",
+             "index_vector_dim": str(rank), "slice_sizes": f"{{1,{table.shape[1]}}}"}
+    return b.gather(table, idx, attrs, idx.shape[:-1] + (table.shape[1],))
+
+
+def aligned_gather_rhs_lift(rng, b: B):
+    """An embedding lookup of a shard of the ids (rows [lo, hi) along any ids dim) is that shard
+    of the lookup of all ids: the table is read whole."""
+    vocab, width = (int(v) for v in rng.integers(2, 7, size=2))
+    ids_shape = tuple(int(v) for v in rng.integers(2, 6, size=int(rng.integers(1, 3))))
+    table, ids = b.param(0, (vocab, width)), b.param(1, ids_shape + (1,), "s32")
+    d = int(rng.integers(len(ids_shape)))
+    lo, hi = rrange(rng, ids_shape[d], proper=True)
+    return _take_rows(b, table, b.sl(ids, d, lo, hi)), b.sl(_take_rows(b, table, ids), d, lo, hi)
 
 
 def aligned_gather_lift(rng, b: B):
@@ -767,6 +797,7 @@ RULES = {
     "concats/slice_other_dim": (F["concats"], concat_slice_other, False),
     "concats/slice_straddle": (F["concats"], concat_slice_straddle, False),
     "concats/lift": (F["concats"], concat_lift, False),
+    "concats/lift_nested": (F["concats"], concat_lift_nested, False),
     "dots/lhs_free_lift": (F["dots"], dot_lhs_lift, False),
     "dots/rhs_free_lift": (F["dots"], dot_rhs_lift, False),
     "dots/lhs_free_push": (F["dots"], dot_lhs_push, False),
@@ -781,6 +812,7 @@ RULES = {
     # One rule, read from the tables of two kinds of ops.
     "aligned/reduce_lift": (F["aligned"], aligned_reduce_lift, False),
     "aligned/gather_lift": (F["aligned"], aligned_gather_lift, False),
+    "aligned/rhs_lift": (F["aligned"], aligned_gather_rhs_lift, False),
     "layouts/bcast_lift": (F["layouts"], bcast_lift, False),
     "layouts/bcast_push": (F["layouts"], bcast_push, False),
     # Same for the shrink rule itself.
@@ -936,6 +968,12 @@ def _near_misses():
     cases["contraction_merge_misaligned"] = (b.bi("add", part(0, 4), misaligned), b.dot(x, y, [], [], [1], [0]))
 
     b = B()
+    q = b.param(0, (4, 6))
+    heads = lambda lo, hi: b.sl(q, 0, lo, hi)  # noqa: E731
+    # rotate_half of heads [0, 2) built from the halves of heads [0, 2) and [2, 4)
+    cases["concat_lift_nested_other_heads"] = (
+        b.cat(b.sl(heads(0, 2), 1, 3, 6), b.sl(heads(2, 4), 1, 0, 3), 1),
+        b.sl(b.cat(b.sl(q, 1, 3, 6), b.sl(q, 1, 0, 3), 1), 0, 0, 2))
     x = b.param(0, (6, 4))
     cases["concat_non_adjacent"] = (b.cat(b.sl(x, 0, 0, 2), b.sl(x, 0, 3, 5), 0), b.sl(x, 0, 0, 4))
     cases["concat_out_of_order"] = (b.cat(b.sl(x, 0, 2, 4), b.sl(x, 0, 0, 2), 0), b.sl(x, 0, 0, 4))
@@ -984,6 +1022,9 @@ def _near_misses():
     # take_along_axis on rows [0, 3) of the operand with the indices of rows [3, 6)
     cases["aligned_gather_misaligned_rows"] = (b.gather(b.sl(x, 0, 0, 3), b.sl(idx, 0, 3, 6), attrs, (3, 4)),
                                                b.sl(b.gather(x, idx, attrs, (6, 4)), 0, 0, 3))
+    table, ids = b.param(0, (5, 3)), b.param(1, (6, 4, 1), "s32")
+    # the lookup of another shard of the ids than the rows it is taken for
+    cases["aligned_gather_other_ids"] = (_take_rows(b, table, b.sl(ids, 0, 3, 6)), b.sl(_take_rows(b, table, ids), 0, 0, 3))
     x, i = b.param(0, (6, 4)), b.param(1, (), "s32")
     dyn = lambda t: b.t.make("dslice", (0, 2), (t, i), (2,) + t.shape[1:], F32)  # noqa: E731
     # a window of the dynamic dim itself moves the start: not the same rows as the whole's

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from egglog import eq, ne, union
 
-from equivci.terms.language import T, a, b, c, d, dim, e, k, n, x, y
+from equivci.terms.language import T, a, b, c, d, d2, dim, e, g, k, n, x, y
 from equivci.terms.rules.registry import family, named
 
 CONCATS = family(
@@ -25,4 +25,13 @@ CONCATS = family(
     named("concats/lift", "concat(x[a:b along k], y[a:b along k]; d) = concat(x, y; d)[a:b along k] for k != d",
           eq(e).to(T.concat(x.slice(k, a, b), y.slice(k, a, b), d)), ne(k).to(d), eq(dim(x, k)).to(dim(y, k))).then(
         union(e).with_(T.concat(x, y, d).slice(k, a, b))),
+    # The same when each part is also a window along d itself (rotate_half on a device's heads:
+    # concat(-q[heads][..., h:], q[heads][..., :h])): canonical slice order keeps the window
+    # along the lower dim k inside the one along d, out of reach of the rule above.
+    named("concats/lift_nested",
+          "concat(x[a:b along k][c:g along d], y[a:b along k][c2:g2 along d]; d) = "
+          "concat(x[c:g], y[c2:g2]; d)[a:b along k] for k != d",
+          eq(e).to(T.concat(x.slice(k, a, b).slice(d, c, g), y.slice(k, a, b).slice(d, n, d2), d)), ne(k).to(d),
+          eq(dim(x, k)).to(dim(y, k))).then(
+        union(e).with_(T.concat(x.slice(d, c, g), y.slice(d, n, d2), d).slice(k, a, b))),
 )

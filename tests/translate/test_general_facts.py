@@ -1,0 +1,183 @@
+"""General facts the evaluator and the rules use, each on minimal pairs of real JAX programs in
+several styles, with near misses that differ only where the fact's side condition matters.
+
+- A window keeps the bounds of the whole, and a gather of a shard of the ids is that shard of the
+  gather (an embedding lookup with the ids sharded over data parallelism).
+- An all-gather of reshaped shards is the reshape of the gathered shards when the layouts agree
+  (flat-parameter FSDP: each weight flattened, sharded, gathered and reshaped back).
+- A concatenation of windows along d of the same window along another dim k is the window along k
+  of the concatenation (rotate_half on a device's heads).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import model_package
+import pytest
+
+from equivci.capture.run import capture_model
+from equivci.results import Status
+from equivci.verify.engine import verify_model
+
+MODELS = textwrap.dedent(
+    """\
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    V, D, B, T = 16, 16, 4, 6
+
+
+    def embed_inputs():
+        return (jax.ShapeDtypeStruct((V, D), jnp.float32), jax.ShapeDtypeStruct((B, T), jnp.int32))
+
+
+    def embed(table, ids):
+        return jnp.take(table, ids, axis=0)
+
+
+    def embed_dp_tp(table, ids, *, mesh):
+        def body(table, ids):
+            lo = lax.axis_index("tp") * table.shape[0]
+            mine = (ids >= lo) & (ids < lo + table.shape[0])
+            rows = jnp.take(table, jnp.where(mine, ids - lo, 0), axis=0)
+            return lax.psum(rows * mine[..., None].astype(rows.dtype), "tp")
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P("tp", None), P("dp", None)),
+                             out_specs=P("dp", None, None))(table, ids)
+
+
+    def embed_dp_only(table, ids, *, mesh):
+        return jax.shard_map(lambda t, i: t[i], mesh=mesh, in_specs=(P(), P("dp")), out_specs=P("dp"))(table, ids)
+
+
+    def embed_dp_rolled(table, ids, *, mesh):
+        # each device looks up the other device's ids: a shard of the ids, but not its own
+        body = lambda t, i: t[lax.ppermute(i, "dp", [(0, 1), (1, 0)])]  # MARK:rolled
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P("dp")), out_specs=P("dp"))(table, ids)
+
+
+    def mlp_inputs():
+        return ({"w_in": jax.ShapeDtypeStruct((8, 16), jnp.float32),
+                 "w_out": jax.ShapeDtypeStruct((16, 8), jnp.float32)}, jax.ShapeDtypeStruct((4, 8), jnp.float32))
+
+
+    def mlp(params, x):
+        return x + jnp.tanh(x @ params["w_in"]) @ params["w_out"]
+
+
+    def _fsdp(params, x, mesh, unflatten):
+        shapes = {k: v.shape for k, v in params.items()}
+        flat = {k: v.reshape(-1) for k, v in params.items()}
+
+        def body(flat, x):
+            return mlp({k: unflatten(v, shapes[k]) for k, v in flat.items()}, x)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P("fsdp"), P("fsdp")), out_specs=P("fsdp"))(flat, x)
+
+
+    def mlp_flat_fsdp(params, x, *, mesh):
+        return _fsdp(params, x, mesh, lambda v, shape: lax.all_gather(v, "fsdp", tiled=True).reshape(shape))
+
+
+    def mlp_flat_fsdp_stacked(params, x, *, mesh):
+        # untiled gather: a leading device dim, then one reshape of the (devices, shard) block
+        return _fsdp(params, x, mesh, lambda v, shape: lax.all_gather(v, "fsdp").reshape(shape))
+
+
+    def mlp_flat_fsdp_transposed(params, x, *, mesh):
+        # the gathered flat vector read column-major: the same elements in another layout
+        return _fsdp(params, x, mesh,
+                     lambda v, shape: lax.all_gather(v, "fsdp", tiled=True).reshape(shape[::-1]).T)  # MARK:colmajor
+
+
+    def rope_inputs():
+        return (jax.ShapeDtypeStruct((2, 8, 16), jnp.float32), jax.ShapeDtypeStruct((16, 4 * 16), jnp.float32))
+
+
+    def _tables(seq, dim):
+        inv = 1.0 / 10000.0 ** (jnp.arange(0, dim, 2) / dim)
+        ang = jnp.outer(jnp.arange(seq), inv)
+        ang = jnp.concatenate([ang, ang], axis=-1)
+        return jnp.cos(ang)[None, :, None, :], jnp.sin(ang)[None, :, None, :]
+
+
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+    def rope(h, wq):
+        q = (h @ wq).reshape(*h.shape[:2], -1, 16)  # heads from a projection, as in a Llama port
+        cos, sin = _tables(q.shape[1], q.shape[-1])
+        return q * cos + rotate_half(q) * sin
+
+
+    def _heads(body, h, wq, mesh):
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, "tp")), out_specs=P(None, None, "tp"))(h, wq)
+
+
+    def rope_heads(h, wq, *, mesh):
+        return _heads(rope, h, wq, mesh)
+
+
+    def rope_heads_swapped(h, wq, *, mesh):
+        def body(h, wq):
+            q = (h @ wq).reshape(*h.shape[:2], -1, 16)
+            cos, sin = _tables(q.shape[1], q.shape[-1])
+            half = q.shape[-1] // 2
+            return q * cos + jnp.concatenate([q[..., half:], -q[..., :half]], axis=-1) * sin  # MARK:swapped
+
+        return _heads(body, h, wq, mesh)
+    """
+)
+
+MANIFEST = textwrap.dedent(
+    """\
+    version: 1
+    models:
+      - {name: embed-dp-tp, reference: m.py:embed, distributed: m.py:embed_dp_tp, inputs: m.py:embed_inputs,
+         mesh: {dp: 2, tp: 2}}
+      - {name: embed-dp, reference: m.py:embed, distributed: m.py:embed_dp_only, inputs: m.py:embed_inputs,
+         mesh: {dp: 2}}
+      - {name: embed-dp-rolled, reference: m.py:embed, distributed: m.py:embed_dp_rolled, inputs: m.py:embed_inputs,
+         mesh: {dp: 2}}
+      - {name: fsdp-flat, reference: m.py:mlp, distributed: m.py:mlp_flat_fsdp, inputs: m.py:mlp_inputs,
+         mesh: {fsdp: 4}}
+      - {name: fsdp-flat-stacked, reference: m.py:mlp, distributed: m.py:mlp_flat_fsdp_stacked,
+         inputs: m.py:mlp_inputs, mesh: {fsdp: 2}}
+      - {name: fsdp-flat-colmajor, reference: m.py:mlp, distributed: m.py:mlp_flat_fsdp_transposed,
+         inputs: m.py:mlp_inputs, mesh: {fsdp: 4}}
+      - {name: rotate-half-heads, reference: m.py:rope, distributed: m.py:rope_heads, inputs: m.py:rope_inputs,
+         mesh: {tp: 2}}
+      - {name: rotate-half-swapped, reference: m.py:rope, distributed: m.py:rope_heads_swapped,
+         inputs: m.py:rope_inputs, mesh: {tp: 2}}
+    """
+)
+
+EQUIVALENT = ["embed-dp-tp", "embed-dp", "fsdp-flat", "fsdp-flat-stacked", "rotate-half-heads"]
+NEAR_MISSES = ["embed-dp-rolled", "fsdp-flat-colmajor", "rotate-half-swapped"]
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    return model_package.write_package(tmp_path_factory.mktemp("facts"), "m.py", MODELS, MANIFEST)
+
+
+def _verify(manifest, name):
+    model = next(m for m in manifest.models if m.name == name)
+    return verify_model(model, manifest, capture_model(model, manifest))
+
+
+@pytest.mark.parametrize("name", EQUIVALENT)
+def test_equivalent_pairs_verify(manifest, name):
+    result = _verify(manifest, name)
+    assert result.status is Status.VERIFIED, result.findings
+
+
+@pytest.mark.parametrize("name", NEAR_MISSES)
+def test_near_misses_are_mismatches(manifest, name):
+    result = _verify(manifest, name)
+    assert result.status is Status.MISMATCH, (result.status, result.findings)
