@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 from penzai import pz
 from penzai.toolshed import sharding_util
 
-from corpus.penzai_model import (
+from penzai_model import (
     DENSE, GQA, axis_position, forward, reduce_after, skeleton, token_spec, weight_specs,
 )
 

@@ -17,7 +17,7 @@ import optax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from corpus.penzai_model import DENSE, forward, token_spec, weight_specs
+from penzai_model import DENSE, forward, token_spec, weight_specs
 
 BATCH = 8
 MICROBATCHES = 2
