@@ -104,19 +104,39 @@ def _rel_diff(ref, dist) -> float:
     return worst
 
 
-def _check_one(model: dict, seeds: int) -> dict:
-    import inspect
+def _entrypoints(model: dict):
+    """reference, distributed (mesh bound if it asks for one), input specs and the mesh, as
+    equivci's contract builds them."""
     import functools
+    import inspect
     import jax
     from jax.sharding import AxisType
 
     reference, distributed = _entry(model["reference"]), _entry(model["distributed"])
-    specs = _entry(model["inputs"])()
     names, sizes = tuple(model["mesh"]), tuple(model["mesh"].values())
     mesh = jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names),
                          devices=jax.devices()[:math.prod(sizes)])
     if "mesh" in inspect.signature(distributed).parameters:
         distributed = functools.partial(distributed, mesh=mesh)
+    return reference, distributed, _entry(model["inputs"])(), mesh
+
+
+def _trace_one(model: dict) -> dict:
+    """Abstract evaluation only: both entrypoints trace and give the same output shapes."""
+    import jax
+
+    reference, distributed, specs, mesh = _entrypoints(model)
+    ref = jax.eval_shape(reference, *specs)
+    with jax.set_mesh(mesh):
+        dist = jax.eval_shape(jax.jit(distributed), *specs)
+    strip = lambda tree: str(jax.tree.map(lambda s: (s.shape, str(s.dtype)), tree))  # noqa: E731
+    return {"name": model["name"], "reference": strip(ref), "distributed": strip(dist)}
+
+
+def _check_one(model: dict, seeds: int) -> dict:
+    import jax
+
+    reference, distributed, specs, mesh = _entrypoints(model)
     diffs, tolerance = [], 1e-4
     for seed in range(seeds):
         args = _random_inputs(specs, seed)
@@ -128,12 +148,12 @@ def _check_one(model: dict, seeds: int) -> dict:
     return {"name": model["name"], "rel_diffs": diffs, "tolerance": tolerance}
 
 
-def _child(names: list[str], seeds: int) -> None:
+def _child(names: list[str], seeds: int, trace_only: bool) -> None:
     sys.path.insert(0, str(HERE))
     models = {m["name"]: m for m in load_models()}
     for name in names:
         try:
-            row = _check_one(models[name], seeds)
+            row = _trace_one(models[name]) if trace_only else _check_one(models[name], seeds)
         except Exception as exc:  # reported per model; the parent shows the message
             row = {"name": name, "error": f"{type(exc).__name__}: {exc}"[:500]}
         print(json.dumps(row), flush=True)
@@ -141,17 +161,15 @@ def _child(names: list[str], seeds: int) -> None:
 
 # ---- parent -----------------------------------------------------------------------------------
 
-def check(names: list[str] | None = None, seeds: int = 3) -> list[Result]:
-    """Run the oracle for the named models (all by default), one child per device count."""
-    expected = load_expected()
-    models = [m for m in load_models() if names is None or m["name"] in names]
+def run_children(models: list[dict], flags: list[str]) -> dict[str, dict]:
+    """One child per device count; the JSON row each child printed per model, by name."""
     by_count: dict[int, list[str]] = {}
     for m in models:
         by_count.setdefault(math.prod(m["mesh"].values()), []).append(m["name"])
     rows: dict[str, dict] = {}
     for count, group in sorted(by_count.items()):
         env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={count}", JAX_PLATFORMS="cpu")
-        proc = subprocess.run([sys.executable, __file__, "--child", "--seeds", str(seeds), *group],
+        proc = subprocess.run([sys.executable, __file__, "--child", *flags, *group],
                               env=env, capture_output=True, text=True, timeout=1800)
         for line in proc.stdout.splitlines():
             if line.startswith("{"):
@@ -159,6 +177,19 @@ def check(names: list[str] | None = None, seeds: int = 3) -> list[Result]:
                 rows[row["name"]] = row
         for name in group:
             rows.setdefault(name, {"name": name, "error": f"child exited {proc.returncode}: {proc.stderr[-500:]}"})
+    return rows
+
+
+def trace(names: list[str] | None = None) -> dict[str, dict]:
+    """Trace every (named) model's entrypoints abstractly; rows with output shapes or an error."""
+    return run_children([m for m in load_models() if names is None or m["name"] in names], ["--trace"])
+
+
+def check(names: list[str] | None = None, seeds: int = 3) -> list[Result]:
+    """Run the oracle for the named models (all by default)."""
+    expected = load_expected()
+    models = [m for m in load_models() if names is None or m["name"] in names]
+    rows = run_children(models, ["--seeds", str(seeds)])
     return [Result(name=m["name"], equivalent=expected[m["name"]]["equivalent"],
                    rel_diffs=tuple(rows[m["name"]].get("rel_diffs", ())),
                    tolerance=rows[m["name"]].get("tolerance", 1e-4), error=rows[m["name"]].get("error"))
@@ -171,10 +202,11 @@ def main() -> int:
     parser.add_argument("--model", action="append", default=[])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     names = args.models + args.model
     if args.child:
-        _child(names, args.seeds)
+        _child(names, args.seeds, args.trace)
         return 0
     results = check(names or None, args.seeds)
     print(f"{'model':42} {'label':11} {'tolerance':>9} {'max rel diff over seeds':>24}  confirmed")
