@@ -67,11 +67,12 @@ def score(report: dict, expected: dict) -> list[str]:
 
 def main(argv: list[str]) -> int:
     expected = yaml.safe_load((ROOT / "corpus/expected.yaml").read_text())
-    proc = subprocess.run([*COMMAND, *argv], check=False, cwd=ROOT, capture_output=True, text=True)
+    # equivci's progress lines (stderr) pass through; stdout is the JSON report.
+    proc = subprocess.run([*COMMAND, *argv], check=False, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         report = json.loads(proc.stdout)
     except json.JSONDecodeError:
-        print(f"equivci exited {proc.returncode} without a JSON report:\n{proc.stderr[-2000:]}", file=sys.stderr)
+        print(f"equivci exited {proc.returncode} without a JSON report (its messages are above)", file=sys.stderr)
         return 2
     print("$ " + " ".join(["equivci", *COMMAND[3:], *argv]))
     print("\n".join(score(report, expected)))
