@@ -13,10 +13,10 @@ import contextlib
 
 import jax
 import jax.numpy as jnp
+from gemma.gm.nn.gemma4 import _moe
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from gemma.gm.nn.gemma4 import _moe
 
 GROUPS, TOKENS, FEATURES, HIDDEN, EXPERTS, TOP_K = 4, 8, 32, 64, 4, 2
 

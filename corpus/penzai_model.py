@@ -9,7 +9,7 @@ entrypoints take a dict {parameter label: array} and never allocate weights them
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
