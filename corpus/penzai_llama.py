@@ -15,9 +15,15 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from penzai import pz
 from penzai.toolshed import sharding_util
-
 from penzai_model import (
-    DENSE, GQA, axis_position, forward, reduce_after, skeleton, token_spec, weight_specs,
+    DENSE,
+    GQA,
+    axis_position,
+    forward,
+    reduce_after,
+    skeleton,
+    token_spec,
+    weight_specs,
 )
 
 ROW_PARALLEL = ("attention/output.weights", "mlp/out_linear.weights")

@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 from jax.sharding import PartitionSpec as P
-
 from penzai_model import DENSE, forward, token_spec, weight_specs
 
 BATCH = 8
