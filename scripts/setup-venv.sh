@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv with a Python >= 3.12 (egglog 14 needs it) and install equivci with its test extra.
-# Used by the README's first command and by .ci/run. EQUIVCI_PYTHON=/path/to/python overrides the search.
+# With EQUIVCI_CORPUS=0 it skips the corpus extra. Used by the README's first command and by .ci/run. EQUIVCI_PYTHON=/path/to/python overrides the search.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usable() { "$1" -c 'import sys; assert sys.version_info >= (3, 12)' >/dev/null 2>&1; }
@@ -15,4 +15,9 @@ rm -rf .venv
 "$PY" -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q -e '.[test]'
+# The third-party corpus (about 120 MB, 10-20 s): on unless EQUIVCI_CORPUS=0; its tests skip without it.
+if [ "${EQUIVCI_CORPUS:-1}" != 0 ]; then
+  .venv/bin/pip install -q -e '.[test,corpus]'
+  .venv/bin/pip install -q --no-deps gemma==4.0.1
+fi
 echo "setup: .venv ready ($(.venv/bin/python --version))"
