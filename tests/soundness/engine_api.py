@@ -100,13 +100,14 @@ def recording_facts():
 
 def fingerprint_of(package_dir: Path) -> str:
     """memo.fingerprint() as computed by a fresh interpreter importing the package at `package_dir`
-    (its parent goes first on PYTHONPATH)."""
+    (its parent goes first on PYTHONPATH; -P keeps the working folder off sys.path)."""
     import os
     import subprocess
 
     env = dict(os.environ, PYTHONPATH=str(package_dir.parent))
     code = "import equivci, equivci.memo as m; print(equivci.__file__); print(m.fingerprint())"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-P", "-c", code], env=env, cwd=package_dir.parent, capture_output=True, text=True,
+                         check=True).stdout
     where, value = out.split()
     assert Path(where).resolve().parent == package_dir.resolve(), (where, package_dir)
     return value

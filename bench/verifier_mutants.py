@@ -1,0 +1,352 @@
+"""Curated mutants of the verifier itself: each must be killed by an assertion on a verdict.
+
+A mutant is (a code snippet that occurs exactly once in equivci/, its replacement, why the change
+matters, the checks meant to kill it). The snippet is found by searching the package, so mutants
+survive files being moved or renamed; a snippet that no longer occurs (or occurs twice) is an
+error to fix here, never a silent skip. Each mutant is applied to a temporary COPY of the package,
+put first on PYTHONPATH of a child process (run with -P, so that the working folder does not
+come first); the working tree is never modified.
+
+Checks:
+* `model:NAME`: a near-miss model of tests/soundness/near_miss.yaml (captured once, up front, by
+  the unmutated package), verified by the mutated engine without the numeric oracle. Killed when
+  a buggy model comes out `verified`, or a correct one does not while the engine ran to a verdict
+  (an internal error, a crash of egglog or a timeout is not a kill).
+* `pytest:ARGS`: tests run with the mutated package; killed when they fail on an AssertionError.
+
+    python bench/verifier_mutants.py                 # every mutant, prints killed / survived
+    python bench/verifier_mutants.py --only vocab-gt-offset,abs-any
+    python bench/verifier_mutants.py --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "equivci"
+SOUNDNESS = REPO / "tests" / "soundness"
+CHILD_TIMEOUT = 300
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    snippet: str
+    replacement: str
+    reason: str
+    kills: tuple[str, ...]
+
+
+def M(name: str, snippet: str, replacement: str, reason: str, *kills: str) -> Mutant:  # noqa: N802
+    return Mutant(name, snippet, replacement, reason, kills)
+
+
+RULES_NM = "pytest:tests/test_rules_numeric.py -k near_miss_is_not_proved"
+RULES_ID = "pytest:tests/test_rules_numeric.py -k rule_fires_and_is_an_identity"
+CACHE = "pytest:tests/soundness/test_cache_key.py"
+
+MUTANTS: tuple[Mutant, ...] = (
+    # -- range masks (vocabulary parallelism) ------------------------------------------------------
+    M("vocab-gt-offset", '"GT": ("lo", 1)', '"GT": ("lo", 0)', "x > k starts the window at k + 1",
+      "model:embed-gt-drops-first", "model:embed-gt-le"),
+    M("vocab-ge-offset", '"GE": ("lo", 0)', '"GE": ("lo", -1)', "x >= k starts the window at k",
+      "model:embed-ge-late", "model:embed-ge-lt"),
+    M("vocab-le-offset", '"LE": ("hi", 1)', '"LE": ("hi", 0)', "x <= k ends the window after k",
+      "model:embed-le-claims-next", "model:embed-gt-le"),
+    M("vocab-lt-offset", '"LT": ("hi", 0)', '"LT": ("hi", 1)', "x < k ends the window before k",
+      "model:embed-lt-short", "model:embed-ge-lt"),
+    M("tiles-gap", "if start > covered or (start < covered and not overlap):",
+      "if start > covered + 1 or (start < covered and not overlap):", "a gap between windows leaves ids unlooked-up",
+      "model:embed-lt-short", "model:pmax-drops-last-column"),
+    M("tiles-overlap", "if start > covered or (start < covered and not overlap):", "if start > covered:",
+      "overlapping windows count an id twice", "model:embed-le-claims-next"),
+    M("tiles-end", "return covered >= hi", "return covered >= hi - 1", "the windows must reach the top id",
+      "model:embed-last-shard-short"),
+    M("lookup-shift", "if shift != s or w.lo < s or w.hi > e:", "if w.lo < s or w.hi > e:",
+      "the local index must be id - (window start)", "model:embed-shift-off"),
+    M("member-labels", "labels.shape == known.labels.shape and np.array_equal(labels, known.labels)",
+      "labels.shape == known.labels.shape", "the mask must test the ids at the positions the rows used",
+      "model:embed-mask-transposed"),
+    M("member-inside", "(w.hi <= w.lo or known.window.lo <= w.lo and w.hi <= known.window.hi)", "True",
+      "the output mask may keep only ids the lookup window holds", "model:embed-lookup-narrower"),
+    M("reduce-same-reducer", "if members[0].attrs[0] != reducer or dim not in reduced:",
+      "if dim not in reduced:", "a max of window minima is not the minimum", "model:pmax-of-min"),
+    M("narrowing-convert", "if info.min <= lo and hi <= info.max:", "if True:",
+      "a narrowing convert wraps ids past its range", "model:narrowed-id-mask"),
+    # -- comparisons decided by bounds -------------------------------------------------------------
+    M("decide-lt", '"LT": ra[1] < rb[0],', '"LT": ra[1] <= rb[0],', "x < k holds for all x only below k",
+      "model:guard-lt", "model:guard-always"),
+    M("decide-le", '"LE": ra[1] <= rb[0],', '"LE": ra[1] <= rb[0] + 1,', "x <= k needs every x <= k",
+      "model:guard-le", "model:guard-always"),
+    M("decide-ge", '"GE": ra[0] >= rb[1],', '"GE": ra[1] >= rb[1],', "x >= k needs the smallest x >= k",
+      "model:guard-ge", "model:guard-always"),
+    M("decide-gt", '"GT": ra[0] > rb[1],', '"GT": ra[0] >= rb[1],', "x > k needs the smallest x > k",
+      "model:guard-gt", "model:guard-always"),
+    M("decide-ne", '"NE": ra[1] < rb[0] or ra[0] > rb[1]}', '"NE": ra[1] <= rb[0] or ra[0] > rb[1]}',
+      "x != k is decided only when k lies outside x's range", "model:guard-ne", "model:guard-always"),
+    M("decide-eq-never", '"EQ": ra[1] < rb[0] or ra[0] > rb[1],', '"EQ": ra[1] <= rb[0] or ra[0] > rb[1],',
+      "x == k is never true only when k lies outside x's range", "model:guard-eq", "model:guard-always"),
+    M("index-domain", "domains[p] = ((0.0, float(size - 1)), inst)", "domains[p] = ((0.0, float(size - 2)), inst)",
+      "valid indices are [0, size - 1]", "model:guard-lt", "model:guard-always"),
+    # -- elementwise side conditions --------------------------------------------------------------
+    M("abs-any", "return all(_nonnegative(a) for a in t.args)  # (an empty",
+      "return any(_nonnegative(a) for a in t.args)  # (an empty",
+      "a sum is non-negative only when every term is", "model:abs-of-sum", "model:abs-of-positive"),
+    M("abs-subtract", 't.attrs[0] in ("add", "multiply", "maximum")', 't.attrs[0] in ("add", "multiply", "maximum", "subtract")',
+      "a difference of non-negative values can be negative", "model:abs-of-difference"),
+    M("abs-minimum", 't.attrs[0] in ("add", "multiply", "maximum")', 't.attrs[0] in ("add", "multiply", "maximum", "minimum")',
+      "min(exp(x), y) can be negative", "model:abs-of-minimum"),
+    M("neutral-max", "neutral = -np.inf if op == \"maximum\" else np.inf", "neutral = np.inf if op == \"maximum\" else -np.inf",
+      "only max(x, -inf) and min(x, inf) are x", "model:max-with-inf", "model:min-with-neg-inf", "model:guards-kept"),
+    M("finite-same-value", 'args[0].attrs == ("is-finite",) and args[0].args[0] is args[1]',
+      'args[0].attrs == ("is-finite",)', "select(is_finite(x), x, c) is x only for the same x",
+      "model:finite-of-other"),
+    M("select-uniform", "if value is None or not _uniform(value):\n            return None\n        return a if bool",
+      "if value is None:\n            return None\n        return a if bool", "a constant predicate picks one branch only when uniform",
+      "model:select-by-iota"),
+    M("reduce-init", "if init_value is None or not _is_identity(reducer, init_value):", "if init_value is None:",
+      "a reduction from a non-neutral start adds the start", "model:reduce-from-one"),
+    M("factor-all-equal", "if linear and factors[0] != 1 and all(f == factors[0] for f in factors):",
+      "if linear and factors[0] != 1 and any(f == factors[0] for f in factors):",
+      "a factor comes out of a sum only when every term has it", "model:twice-one"),
+    M("factor-divide", "return self.scaled(bases[0], factors[0] / value)", "return self.scaled(bases[0], factors[0] * value)",
+      "x / c is x * (1 / c)", "model:halved"),
+    M("slice-compose", "return self.slice_term(x.args[0], dim, inner_start + start, inner_start + stop)",
+      "return self.slice_term(x.args[0], dim, start, stop)", "a slice of a slice is offset by the outer start",
+      "model:slice-of-slice"),
+    M("permute-zero-fill", "out.append(ops[0][source[d]])\n                else:\n                    out.append(self.const(",
+      "out.append(ops[0][source[d]])\n                else:\n                    out.append(ops[0][d] if True else self.const(",
+      "a device that no pair targets receives zeros", "model:ppermute-self-only"),
+    # -- rewrite rules -------------------------------------------------------------------------------
+    M("reshape-lift-guard", "eq((a * s1) % s2).to(i64(0)), eq((b * s1) % s2).to(i64(0))).then(",
+      "eq((b * s1) % s2).to(i64(0))).then(", "a reshape of a slice is a slice only at group boundaries",
+      "model:rows-then-reshape"),
+    M("reshape-push-guard", "eq((a * s2) % s1).to(i64(0)), eq((b * s2) % s1).to(i64(0))).then(",
+      "eq((b * s2) % s1).to(i64(0))).then(", "a slice of a reshape is a reshape only at group boundaries",
+      "model:flat-window"),
+    M("concat-left-bound", "eq(n).to(dim(x, d)), b <= n).then(union(e).with_(x.slice(d, a, b)))",
+      "eq(n).to(dim(x, d))).then(union(e).with_(x.slice(d, a, b)))",
+      "a slice of [x; y] is a slice of x only when it ends inside x", "model:concat-left-only"),
+    M("concat-straddle-offset", "union(e).with_(T.concat(x.slice(d, a, n), y.slice(d, 0, b - n), d))",
+      "union(e).with_(T.concat(x.slice(d, a, n), y.slice(d, 1, b - n + 1), d))",
+      "the part of a straddling slice from y starts at y's row 0", "model:concat-straddle-wrong",
+      "model:concat-straddle"),
+    M("slice-compose-rule", "rule(eq(e).to(x.slice(d, a, b).slice(d, c, g))).then(union(e).with_(x.slice(d, a + c, a + g))),",
+      "rule(eq(e).to(x.slice(d, a, b).slice(d, c, g))).then(union(e).with_(x.slice(d, c, g))),",
+      "composed slices add their offsets", RULES_NM, RULES_ID),
+    M("concat-merge-adjacent", "rule(eq(e).to(T.concat(x.slice(d, a, b), x.slice(d, b, c), d))).then(union(e).with_(x.slice(d, a, c))),",
+      "rule(eq(e).to(T.concat(x.slice(d, a, b), x.slice(d, g, c), d))).then(union(e).with_(x.slice(d, a, c))),",
+      "two slices join only when adjacent", RULES_NM),
+    M("contraction-merge-adjacent", "T.dot(spec, x.slice(k, b, c), y.slice(j, b, c)))), eq(j).to(dot_contract(spec, k))",
+      "T.dot(spec, x.slice(k, g, c), y.slice(j, g, c)))), eq(j).to(dot_contract(spec, k))",
+      "partial dots join only over adjacent windows", RULES_NM),
+    M("reduce-merge-reduced", "reduced(key, k)).then(union(e).with_(T.reduce(r, key, x.slice(k, a, c))))",
+      ").then(union(e).with_(T.reduce(r, key, x.slice(k, a, c))))",
+      "partial reductions join only along a reduced dim", RULES_NM),
+    M("repeat-same-group", "eq(a / n).to((b - 1) / n),", "",
+      "a window of a repeat is one element of y only inside one group", RULES_NM),
+    M("transpose-push-perm", "rule(eq(e).to(T.transpose(spec, x).slice(o, a, b)), eq(k).to(perm_in(spec, o))).then(",
+      "rule(eq(e).to(T.transpose(spec, x).slice(o, a, b)), eq(k).to(perm_in(spec, o)), eq(k).to(o)).then(",
+      "(weaker) a slice of a transpose moves to the permuted dim", RULES_ID),
+    M("dslice-other-dim", "rule(eq(e).to(T.dslice(d, n, x.slice(k, a, b), y)), ne(k).to(d)).then(",
+      "rule(eq(e).to(T.dslice(d, n, x.slice(k, a, b), y))).then(",
+      "a window of the dynamic dim moves the clamped start", RULES_NM),
+    M("aligned-same-window", "rule(eq(e).to(T.aligned(key, x.slice(k, a, b), y.slice(j, a, b))), eq(o).to(aligned_lhs(key, k)),",
+      "rule(eq(e).to(T.aligned(key, x.slice(k, a, b), y.slice(j, c, g))), eq(o).to(aligned_lhs(key, k)),",
+      "aligned operands must be sliced at the same window", RULES_NM),
+    # -- routing -------------------------------------------------------------------------------------
+    M("routing-slot-once", "np.all(in_expert == 1) and np.all(m.sum(axis=0) <= 1))", "np.all(in_expert == 1))",
+      "no slot may hold two tokens", "model:moe-ep-shared-slot", "model:moe-ep"),
+    M("routing-in-expert", "np.all(per_token == 1) and np.all(in_expert == 1) and", "np.all(per_token == 1) and",
+      "a token's slot must be in the expert it chose", "model:moe-ep-rotated-expert"),
+    M("routing-expert-weights", "if not np.all(experts == j):\n            return None", "",
+      "a device must apply the weights of its slots' expert", "model:moe-ep-expert-zero-everywhere"),
+    M("routing-own-slots", "if tuple(r.slots[a, b]) != (dev, pos[e_row], pos[c_row]) or r.ex[a, b] != pos[e_row]:",
+      "if r.ex[a, b] != pos[e_row]:", "the combine must read this device's own slots", "model:moe-ep-no-return"),
+    # -- the cache -----------------------------------------------------------------------------------
+    M("fingerprint-source", "equivci.__version__, h.hexdigest(), sys.version,", "equivci.__version__, sys.version,",
+      "a changed verifier must not reuse old verdicts", CACHE),
+    M("fingerprint-egglog", '"egglog", _dist_version("egglog"),', '"egglog",',
+      "another egglog may prove other things", CACHE),
+)
+
+
+# -- applying a mutant to a copy of the package ------------------------------------------------------
+def locate(mutant: Mutant, package: Path = PACKAGE) -> Path:
+    hits = [(p, p.read_text().count(mutant.snippet)) for p in sorted(package.rglob("*.py"))]
+    hits = [(p, n) for p, n in hits if n]
+    if len(hits) != 1 or hits[0][1] != 1:
+        where = ", ".join(f"{p.relative_to(package.parent)} x{n}" for p, n in hits) or "nowhere"
+        raise LookupError(f"mutant {mutant.name}: its snippet must occur exactly once in equivci/, found {where}")
+    return hits[0][0]
+
+
+def mutated_copy(mutant: Mutant | None, root: Path) -> Path:
+    """root/equivci: a copy of the package with the mutant applied."""
+    target = root / "equivci"
+    shutil.copytree(PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__"))
+    if mutant is not None:
+        path = target / locate(mutant).relative_to(PACKAGE)
+        text = path.read_text()
+        path.write_text(text.replace(mutant.snippet, mutant.replacement, 1))
+    return target
+
+
+# -- captures (once, by the unmutated package) -------------------------------------------------------
+def capture_models(names: list[str], out: Path, workers: int = 2) -> Path:
+    sys.path.insert(0, str(SOUNDNESS))
+    import engine_api
+    from near_miss_cases import MANIFEST
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:  # each capture is a JAX child process
+        captured = dict(zip(names, pool.map(lambda n: engine_api.capture(MANIFEST, n), names)))
+    out.write_bytes(pickle.dumps(captured))
+    return out
+
+
+# -- the child: runs with the mutated package first on sys.path --------------------------------------
+def child_main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    sys.path.insert(0, str(SOUNDNESS))
+    import engine_api
+    from near_miss_cases import MANIFEST
+
+    import equivci
+
+    captured = pickle.loads(Path(spec["captures"]).read_bytes())
+    results = {}
+    for name in spec["models"]:
+        try:
+            r = engine_api.verify_captured(MANIFEST, name, captured[name])
+            messages = " ".join(f.message for f in r.findings)
+            results[name] = {"status": r.status.value, "crash": r.status.value == "error" or "internal error" in messages,
+                             "detail": messages[:300]}
+        except Exception as exc:  # noqa: BLE001 - a crash of the mutated engine: reported, not a kill
+            results[name] = {"status": "error", "crash": True, "detail": f"{type(exc).__name__}: {exc}"[:300]}
+    print(json.dumps({"package": equivci.__file__, "models": results}))
+    return 0
+
+
+@dataclasses.dataclass
+class Outcome:
+    mutant: str
+    verdict: str  # killed | survived | crashed | timeout
+    how: str
+    seconds: float
+
+
+def _expected_model(name: str) -> str:
+    from near_miss_cases import VERIFIED
+
+    return "verified" if name in VERIFIED else "not verified"
+
+
+def run_checks(mutant: Mutant | None, kills: tuple[str, ...], captures: Path, work: Path) -> Outcome:
+    """Run the checks against a copy of the package with `mutant` applied (None: unmutated)."""
+    sys.path.insert(0, str(SOUNDNESS))
+    t0 = time.perf_counter()
+    name = mutant.name if mutant else "(unmutated)"
+    root = Path(tempfile.mkdtemp(prefix="mutant-", dir=work))
+    try:
+        package = mutated_copy(mutant, root)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        models = [k.split(":", 1)[1] for k in kills if k.startswith("model:")]
+        crashes = []
+        if models:
+            spec = root / "spec.json"
+            spec.write_text(json.dumps({"captures": str(captures), "models": models}))
+            try:
+                proc = subprocess.run([sys.executable, __file__, "--child", str(spec)], env=env, cwd=REPO,
+                                      capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                return Outcome(name, "timeout", "model checks", time.perf_counter() - t0)
+            if proc.returncode != 0:
+                crashes.append(f"model child failed: {proc.stderr.strip().splitlines()[-1:]}")
+            else:
+                doc = json.loads(proc.stdout.strip().splitlines()[-1])
+                assert Path(doc["package"]).resolve().parent == package.resolve(), ("the child imported", doc["package"])
+                for model, r in doc["models"].items():
+                    want = _expected_model(model)
+                    if r["status"] == "verified" and want != "verified":
+                        return Outcome(name, "killed", f"{model}: verified, must not be", time.perf_counter() - t0)
+                    if want == "verified" and r["status"] != "verified":
+                        if r["crash"]:
+                            crashes.append(f"{model}: {r['detail'][:120]}")
+                        else:
+                            return Outcome(name, "killed", f"{model}: {r['status']}, must be verified",
+                                           time.perf_counter() - t0)
+        for check in (k for k in kills if k.startswith("pytest:")):
+            args = check.split(":", 1)[1].split()
+            cmd = [sys.executable, "-P", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *args]
+            try:
+                proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                return Outcome(name, "timeout", check, time.perf_counter() - t0)
+            if proc.returncode == 1 and "AssertionError" in proc.stdout + proc.stderr:
+                failed = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAILED")][:1]
+                return Outcome(name, "killed", f"{check}: {' '.join(failed)[:160]}", time.perf_counter() - t0)
+            if proc.returncode not in (0, 5):
+                crashes.append(f"{check}: exit {proc.returncode}")
+        verdict = "crashed" if crashes else "survived"
+        return Outcome(name, verdict, "; ".join(crashes), time.perf_counter() - t0)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run(mutants: list[Mutant], work: Path, workers: int = 2, log=print) -> tuple[Outcome, list[Outcome]]:
+    """The unmutated baseline over every check, then each mutant over its own checks."""
+    for m in mutants:
+        locate(m)  # every snippet still occurs once, before anything runs
+    models = sorted({k.split(":", 1)[1] for m in mutants for k in m.kills if k.startswith("model:")})
+    captures = capture_models(models, work / "captures.pkl", workers)
+    all_checks = tuple(sorted({k for m in mutants for k in m.kills}))
+    baseline = run_checks(None, all_checks, captures, work)
+    log(f"baseline (unmutated): {baseline.verdict} {baseline.how} ({baseline.seconds:.1f} s)")
+    outcomes = []
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        futures = {pool.submit(run_checks, m, m.kills, captures, work): m for m in mutants}
+        for future in concurrent.futures.as_completed(futures):
+            outcome = future.result()
+            log(f"{outcome.verdict:9s} {outcome.mutant:28s} {outcome.seconds:5.1f} s  {outcome.how}")
+            outcomes.append(outcome)
+    return baseline, sorted(outcomes, key=lambda o: o.mutant)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--only", default="", help="comma-separated mutant names")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child_main(args.child)
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only.split(",")]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:28s} {locate(m).relative_to(REPO)}: {m.reason}")
+        return 0
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="verifier-mutants-") as tmp:
+        baseline, outcomes = run(chosen, Path(tmp), args.workers)
+    counts = {v: sum(o.verdict == v for o in outcomes) for v in ("killed", "survived", "crashed", "timeout")}
+    print(f"{len(outcomes)} mutants: " + ", ".join(f"{n} {v}" for v, n in counts.items())
+          + f" ({time.perf_counter() - t0:.0f} s)")
+    return 0 if baseline.verdict == "survived" and counts["killed"] == len(outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
