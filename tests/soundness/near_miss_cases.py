@@ -19,7 +19,7 @@ MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
     "guard-ge", "guard-gt", "guard-ne", "guard-eq", "abs-of-sum", "abs-of-difference", "abs-of-minimum",
     "max-with-inf", "min-with-neg-inf", "select-by-iota", "reduce-from-one", "twice-one", "halved",
-    "slice-of-slice", "rows-then-reshape", "flat-window", "concat-straddle-wrong", "concat-left-only",
+    "slice-of-slice", "rows-then-reshape", "flat-window", "concat-straddle-wrong", "concat-left-only", "concat-other-tail",
     "ppermute-self-only", "pmax-of-min", "pmax-drops-last-column", "moe-ep-shared-slot",
     "moe-ep-rotated-expert", "moe-ep-expert-zero-everywhere", "moe-ep-no-return",
 }

@@ -309,6 +309,11 @@ def concat_left_only(x, y, *, mesh):
     return jnp.concatenate([x[2:4], x[2:4]], axis=0)
 
 
+def concat_other_tail(x, y, *, mesh):
+    # BUG: the rows from y are doubled (rows [2, 6) reach past x: they are not a slice of x)
+    return jnp.concatenate([x, 2.0 * y], axis=0)[2:6]
+
+
 def cat_inputs():
     return (spec(4, 3), spec(4, 3))
 
