@@ -4,8 +4,7 @@ A mutant is (a code snippet that occurs exactly once in equivci/, its replacemen
 matters, the checks meant to kill it). The snippet is found by searching the package, so mutants
 survive files being moved or renamed; a snippet that no longer occurs (or occurs twice) is an
 error to fix here, never a silent skip. Each mutant is applied to a temporary COPY of the package,
-put first on PYTHONPATH of a child process (run with -P, so that the working folder does not
-come first); the working tree is never modified.
+put first on sys.path of a child process; the working tree is never modified.
 
 Checks:
 * `model:NAME`: a near-miss model of tests/soundness/near_miss.yaml (captured once, up front, by
@@ -13,6 +12,9 @@ Checks:
   a buggy model comes out `verified`, or a correct one does not while the engine ran to a verdict
   (an internal error, a crash of egglog or a timeout is not a kill).
 * `pytest:ARGS`: tests run with the mutated package; killed when they fail on an AssertionError.
+
+Each worker is one process that imports the heavy dependencies (egglog, numpy, pytest) once and
+forks once per mutant; the fork imports equivci from the mutated copy.
 
     python bench/verifier_mutants.py                 # every mutant, prints killed / survived
     python bench/verifier_mutants.py --only vocab-gt-offset,abs-any
@@ -235,27 +237,74 @@ def capture_models(names: list[str], out: Path, workers: int = 2) -> Path:
     return out
 
 
-# -- the child: runs with the mutated package first on sys.path --------------------------------------
-def child_main(spec_path: str) -> int:
+# -- the batch child: one process per worker, one fork per mutant ------------------------------------
+# The child imports the heavy dependencies once (egglog, numpy, pytest), never equivci; each fork
+# puts one mutated copy first on sys.path, imports equivci from it and runs that mutant's checks.
+def batch_main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
-    sys.path.insert(0, str(SOUNDNESS))
+    import egglog  # noqa: F401
+    import numpy  # noqa: F401
+    import pytest  # noqa: F401
+    import yaml  # noqa: F401
+
+    assert not any(m == "equivci" or m.startswith("equivci.") for m in sys.modules), "imported before the fork"
+    for job in spec["jobs"]:
+        out = Path(job["out"])
+        pid = os.fork()
+        if pid == 0:
+            try:
+                out.write_text(json.dumps(_observe(job, spec["captures"])))
+            finally:
+                os._exit(0)
+        deadline = time.monotonic() + CHILD_TIMEOUT
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                out.write_text(json.dumps({"timeout": True}))
+                break
+            time.sleep(0.05)
+    return 0
+
+
+class _Failures:
+    """A pytest plugin that keeps the failed reports."""
+
+    def __init__(self) -> None:
+        self.failed: list[tuple[str, str]] = []
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.failed:
+            crash = getattr(report.longrepr, "reprcrash", None)
+            self.failed.append((report.nodeid, crash.message if crash is not None else str(report.longrepr)[-300:]))
+
+
+def _observe(job: dict, captures: str) -> dict:
+    """In the fork: the verdicts of the job's models and the failures of its tests."""
+    sys.path.insert(0, job["root"])
+    sys.path.insert(1, str(SOUNDNESS))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (job["root"], os.environ.get("PYTHONPATH", "")) if p)
     import engine_api
+    import pytest
     from near_miss_cases import MANIFEST
 
     import equivci
 
-    captured = pickle.loads(Path(spec["captures"]).read_bytes())
-    results = {}
-    for name in spec["models"]:
+    observed: dict = {"package": equivci.__file__, "models": {}, "pytest": []}
+    captured = pickle.loads(Path(captures).read_bytes()) if job["models"] else {}
+    for name in job["models"]:
         try:
             r = engine_api.verify_captured(MANIFEST, name, captured[name])
             messages = " ".join(f.message for f in r.findings)
-            results[name] = {"status": r.status.value, "crash": r.status.value == "error" or "internal error" in messages,
-                             "detail": messages[:300]}
+            observed["models"][name] = {"status": r.status.value, "detail": messages[:300],
+                                        "crash": r.status.value == "error" or "internal error" in messages}
         except Exception as exc:  # noqa: BLE001 - a crash of the mutated engine: reported, not a kill
-            results[name] = {"status": "error", "crash": True, "detail": f"{type(exc).__name__}: {exc}"[:300]}
-    print(json.dumps({"package": equivci.__file__, "models": results}))
-    return 0
+            observed["models"][name] = {"status": "error", "crash": True, "detail": f"{type(exc).__name__}: {exc}"[:300]}
+    for args in job["pytest"]:
+        plugin = _Failures()
+        code = pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), *args], plugins=[plugin])
+        observed["pytest"].append({"args": args, "exit": int(code), "failed": plugin.failed})
+    return observed
 
 
 @dataclasses.dataclass
@@ -263,7 +312,6 @@ class Outcome:
     mutant: str
     verdict: str  # killed | survived | crashed | timeout
     how: str
-    seconds: float
 
 
 def _expected_model(name: str) -> str:
@@ -272,87 +320,81 @@ def _expected_model(name: str) -> str:
     return "verified" if name in VERIFIED else "not verified"
 
 
-def run_checks(mutant: Mutant | None, kills: tuple[str, ...], captures: Path, work: Path) -> Outcome:
-    """Run the checks against a copy of the package with `mutant` applied (None: unmutated)."""
-    sys.path.insert(0, str(SOUNDNESS))
-    t0 = time.perf_counter()
-    name = mutant.name if mutant else "(unmutated)"
-    root = Path(tempfile.mkdtemp(prefix="mutant-", dir=work))
-    try:
-        package = mutated_copy(mutant, root)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               "PYTHONDONTWRITEBYTECODE": "1"}
-        models = [k.split(":", 1)[1] for k in kills if k.startswith("model:")]
-        crashes = []
-        if models:
-            spec = root / "spec.json"
-            spec.write_text(json.dumps({"captures": str(captures), "models": models}))
-            try:
-                proc = subprocess.run([sys.executable, __file__, "--child", str(spec)], env=env, cwd=REPO,
-                                      capture_output=True, text=True, timeout=CHILD_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                return Outcome(name, "timeout", "model checks", time.perf_counter() - t0)
-            if proc.returncode != 0:
-                crashes.append(f"model child failed: {proc.stderr.strip().splitlines()[-1:]}")
+def judge(name: str, observed: dict, package: Path) -> Outcome:
+    """Killed: an assertion on a verdict failed (a buggy model verified, a correct one refused by an
+    engine that ran to the end, or a test failing on an AssertionError). A crash is not a kill."""
+    if observed.get("timeout"):
+        return Outcome(name, "timeout", f"no answer in {CHILD_TIMEOUT} s")
+    assert Path(observed["package"]).resolve().parent == package.resolve(), ("the fork imported", observed["package"])
+    crashes = []
+    for model, r in observed["models"].items():
+        want = _expected_model(model)
+        if r["status"] == "verified" and want != "verified":
+            return Outcome(name, "killed", f"{model}: verified, must not be")
+        if want == "verified" and r["status"] != "verified":
+            if r["crash"]:
+                crashes.append(f"{model}: {r['detail'][:120]}")
             else:
-                doc = json.loads(proc.stdout.strip().splitlines()[-1])
-                assert Path(doc["package"]).resolve().parent == package.resolve(), ("the child imported", doc["package"])
-                for model, r in doc["models"].items():
-                    want = _expected_model(model)
-                    if r["status"] == "verified" and want != "verified":
-                        return Outcome(name, "killed", f"{model}: verified, must not be", time.perf_counter() - t0)
-                    if want == "verified" and r["status"] != "verified":
-                        if r["crash"]:
-                            crashes.append(f"{model}: {r['detail'][:120]}")
-                        else:
-                            return Outcome(name, "killed", f"{model}: {r['status']}, must be verified",
-                                           time.perf_counter() - t0)
-        for check in (k for k in kills if k.startswith("pytest:")):
-            args = check.split(":", 1)[1].split()
-            cmd = [sys.executable, "-P", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *args]
-            try:
-                proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=CHILD_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                return Outcome(name, "timeout", check, time.perf_counter() - t0)
-            if proc.returncode == 1 and "AssertionError" in proc.stdout + proc.stderr:
-                failed = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAILED")][:1]
-                return Outcome(name, "killed", f"{check}: {' '.join(failed)[:160]}", time.perf_counter() - t0)
-            if proc.returncode not in (0, 5):
-                crashes.append(f"{check}: exit {proc.returncode}")
-        verdict = "crashed" if crashes else "survived"
-        return Outcome(name, verdict, "; ".join(crashes), time.perf_counter() - t0)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+                return Outcome(name, "killed", f"{model}: {r['status']}, must be verified")
+    for run_ in observed["pytest"]:
+        asserted = [(node, msg) for node, msg in run_["failed"] if msg.startswith(("AssertionError", "assert"))]
+        if asserted:
+            return Outcome(name, "killed", f"{asserted[0][0]}: {asserted[0][1][:100]}")
+        if run_["exit"] not in (0,):
+            crashes.append(f"pytest {' '.join(run_['args'])[:80]}: exit {run_['exit']} {run_['failed'][:1]}")
+    return Outcome(name, "crashed" if crashes else "survived", "; ".join(crashes))
 
 
-def run(mutants: list[Mutant], work: Path, workers: int = 2, log=print) -> tuple[Outcome, list[Outcome]]:
-    """The unmutated baseline over every check, then each mutant over its own checks."""
+def _job(mutant: Mutant | None, kills: tuple[str, ...], work: Path) -> dict:
+    name = mutant.name if mutant else BASELINE
+    root = work / f"pkg-{len(list(work.glob('pkg-*')))}"
+    mutated_copy(mutant, root)
+    return {"name": name, "root": str(root), "out": str(root / "observed.json"),
+            "models": [k.split(":", 1)[1] for k in kills if k.startswith("model:")],
+            "pytest": [k.split(":", 1)[1].split() for k in kills if k.startswith("pytest:")]}
+
+
+BASELINE = "(unmutated)"
+
+
+def run(mutants: list[Mutant], work: Path, workers: int = 2, baseline_tests: bool = True,
+        log=print) -> tuple[Outcome, list[Outcome]]:
+    """The unmutated baseline over every check (tests included unless `baseline_tests` is false:
+    the default suite runs them anyway), then each mutant over its own checks."""
     for m in mutants:
         locate(m)  # every snippet still occurs once, before anything runs
     models = sorted({k.split(":", 1)[1] for m in mutants for k in m.kills if k.startswith("model:")})
     captures = capture_models(models, work / "captures.pkl", workers)
-    all_checks = tuple(sorted({k for m in mutants for k in m.kills}))
-    baseline = run_checks(None, all_checks, captures, work)
-    log(f"baseline (unmutated): {baseline.verdict} {baseline.how} ({baseline.seconds:.1f} s)")
+    checks = tuple(sorted({k for m in mutants for k in m.kills if baseline_tests or k.startswith("model:")}))
+    jobs = [_job(None, checks, work)] + [_job(m, m.kills, work) for m in mutants]
+    batches = [jobs[k::workers] for k in range(workers)]
+    procs = []
+    for k, batch in enumerate(batches):
+        spec = work / f"batch{k}.json"
+        spec.write_text(json.dumps({"captures": str(captures), "jobs": batch}))
+        procs.append(subprocess.Popen([sys.executable, "-P", __file__, "--batch", str(spec)], cwd=REPO,
+                                      env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}))
+    for proc in procs:
+        proc.wait()
     outcomes = []
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        futures = {pool.submit(run_checks, m, m.kills, captures, work): m for m in mutants}
-        for future in concurrent.futures.as_completed(futures):
-            outcome = future.result()
-            log(f"{outcome.verdict:9s} {outcome.mutant:28s} {outcome.seconds:5.1f} s  {outcome.how}")
-            outcomes.append(outcome)
-    return baseline, sorted(outcomes, key=lambda o: o.mutant)
+    for job in jobs:
+        out = Path(job["out"])
+        observed = json.loads(out.read_text()) if out.exists() else {"timeout": True}
+        outcome = judge(job["name"], observed, Path(job["root"]) / "equivci")
+        log(f"{outcome.verdict:9s} {outcome.mutant:28s} {outcome.how}")
+        outcomes.append(outcome)
+    return outcomes[0], outcomes[1:]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", help=argparse.SUPPRESS)
     parser.add_argument("--only", default="", help="comma-separated mutant names")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
-    if args.child:
-        return child_main(args.child)
+    if args.batch:
+        return batch_main(args.batch)
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only.split(",")]
     if args.list:
         for m in chosen:
@@ -362,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="verifier-mutants-") as tmp:
         baseline, outcomes = run(chosen, Path(tmp), args.workers)
     counts = {v: sum(o.verdict == v for o in outcomes) for v in ("killed", "survived", "crashed", "timeout")}
+    if baseline.verdict != "survived":
+        print(f"the unmutated package fails its own checks: {baseline.verdict} {baseline.how}")
     print(f"{len(outcomes)} mutants: " + ", ".join(f"{n} {v}" for v, n in counts.items())
           + f" ({time.perf_counter() - t0:.0f} s)")
     return 0 if baseline.verdict == "survived" and counts["killed"] == len(outcomes) else 1
