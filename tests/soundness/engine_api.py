@@ -33,7 +33,7 @@ from test_rules_numeric import B, proves  # noqa: E402  (term builders with the 
 
 __all__ = [
     "B", "GatherDims", "L", "Loader", "Term", "TermEvalError", "TermTable", "bcast_spec", "build_programs",
-    "capture", "compare_many_in_child", "evaluate", "fingerprint_of", "gather_map", "load_manifest",
+    "capture", "compare_many_in_child", "evaluate", "fingerprint_of", "programs_of", "gather_map", "load_manifest",
     "memo", "proved_equal", "proves", "recording_facts", "reshape_spec", "run_rewrites", "verify_captured",
 ]
 
@@ -70,7 +70,7 @@ def recording_facts():
     """Record the facts the evaluator states without a rewrite rule while programs are built:
     tiled lookups (a psum of masked rows is the rows), tiled reduces (a max of window maxima is the
     max) and the routing lemma's (combine, gather) pairs. Yields a list of
-    (kind, members or term, result) filled as they are found."""
+    (kind, (evaluator, members[, the router]), result) filled as they are found."""
     found: list[tuple[str, object, Term]] = []
     lookup, reduce_, combine = masks.tiled_lookup, masks.tiled_reduce, routing.Router.combine
 
@@ -89,7 +89,8 @@ def recording_facts():
     def routed_combine(self, out, dev):
         before = len(self.facts)
         combine(self, out, dev)
-        found.extend(("routing", (self.ev, [a]), b) for a, b in self.facts[before:])
+        # with the router: every device's mask and index vector (the rows came through all of them)
+        found.extend(("routing", (self.ev, [a], self), b) for a, b in self.facts[before:])
 
     masks.tiled_lookup, masks.tiled_reduce, routing.Router.combine = tiled_lookup, tiled_reduce, routed_combine
     try:
