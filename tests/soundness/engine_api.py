@@ -33,7 +33,7 @@ from test_rules_numeric import B, proves  # noqa: E402  (term builders with the 
 
 __all__ = [
     "B", "GatherDims", "L", "Loader", "Term", "TermEvalError", "TermTable", "bcast_spec", "build_programs",
-    "capture", "compare_many_in_child", "evaluate", "fingerprint_of", "programs_of", "gather_map", "load_manifest",
+    "capture", "compare_many_in_child", "evaluate", "fingerprint_of", "oracle", "programs_of", "gather_map", "load_manifest",
     "memo", "proved_equal", "proves", "recording_facts", "reshape_spec", "run_rewrites", "verify_captured",
 ]
 
@@ -57,6 +57,12 @@ def verify_captured(manifest_path: Path, name: str, captured, oracle: bool = Fal
         return engine.verify_model(model, manifest, captured)
     finally:
         engine.MAX_ORACLE_ELEMENTS = saved
+
+
+def oracle(manifest_path: Path, names: list[str]) -> dict:
+    """The numeric oracle's comparison of each model (both programs on random inputs on the fake
+    mesh, one child process): name -> an object with `.equal`, or the error that stopped it."""
+    return compare_many_in_child(manifest_path, names)
 
 
 def programs_of(captured):

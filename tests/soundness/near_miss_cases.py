@@ -19,7 +19,7 @@ VERIFIED = {
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
     "guard-ge", "guard-gt", "guard-ne", "guard-eq", "abs-of-sum", "abs-of-negated", "abs-of-difference", "abs-of-minimum",
-    "max-with-inf", "min-with-neg-inf", "select-by-iota", "reduce-from-one", "twice-one", "halved",
+    "max-with-inf", "min-with-neg-inf", "select-by-iota", "reduce-from-one", "twice-one", "halved", "nudged",
     "slice-of-slice", "rows-then-reshape", "flat-window", "concat-straddle-wrong", "concat-left-only", "concat-other-tail",
     "ppermute-self-only", "pmax-of-min", "pmax-drops-last-column", "pmax-first-shard-short", "moe-ep-shared-slot",
     "moe-ep-rotated-expert", "moe-ep-expert-zero-everywhere", "moe-ep-no-return",
