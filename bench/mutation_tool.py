@@ -41,7 +41,7 @@ def configure(root: Path, modules: list[str], tests: list[str]) -> None:
 
 def counts(root: Path, env: dict) -> dict[str, int]:
     """Mutants per state, from `mutmut results --all true` (one `name: state` line per mutant)."""
-    out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=root, env=env,
+    out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=root, env=env, check=False,
                          capture_output=True, text=True).stdout
     found = {s: 0 for s in STATES}
     for line in out.splitlines():
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.children)]
     print(f"$ {' '.join(cmd)}   (in {root}, budget {args.budget:.0f} s)", flush=True)
     try:
-        proc = subprocess.run(cmd, cwd=root, env=env, timeout=args.budget, capture_output=True, text=True)
+        proc = subprocess.run(cmd, cwd=root, env=env, timeout=args.budget, capture_output=True, text=True, check=False)
         ended = f"finished (exit {proc.returncode})"
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
     except subprocess.TimeoutExpired as exc:

@@ -51,7 +51,7 @@ class Mutant:
     kills: tuple[str, ...]
 
 
-def M(name: str, snippet: str, replacement: str, reason: str, *kills: str) -> Mutant:  # noqa: N802
+def M(name: str, snippet: str, replacement: str, reason: str, *kills: str) -> Mutant:
     return Mutant(name, snippet, replacement, reason, kills)
 
 

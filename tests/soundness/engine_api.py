@@ -16,25 +16,53 @@ TESTS = Path(__file__).resolve().parents[1]
 if str(TESTS) not in sys.path:  # term_numpy, test_rules_numeric: the numpy model of terms and its builders
     sys.path.insert(0, str(TESTS))
 
-from equivci import memo  # noqa: E402
-from equivci.capture.numeric import compare_many_in_child  # noqa: E402  (the numeric oracle)
-from equivci.capture.run import capture_model  # noqa: E402
-from equivci.hlo.parser import parse_module  # noqa: E402
-from equivci.manifest import load_manifest  # noqa: E402
-from equivci.verify import engine, masks, routing  # noqa: E402
-from equivci.verify import language as L  # noqa: E402
-from equivci.verify.load import Loader  # noqa: E402
-from equivci.verify.prove import _run as run_rewrites, build_programs, proved_equal  # noqa: E402
-from equivci.verify.terms import (  # noqa: E402
-    GatherDims, Term, TermTable, bcast_spec, gather_map, reshape_spec,
+from term_numpy import TermEvalError, evaluate
+from test_rules_numeric import B, proves
+
+from equivci import memo
+from equivci.capture.numeric import compare_many_in_child
+from equivci.capture.run import capture_model
+from equivci.hlo.parser import parse_module
+from equivci.manifest import load_manifest
+from equivci.verify import engine, masks, routing
+from equivci.verify import language as L
+from equivci.verify.load import Loader
+from equivci.verify.prove import _run as run_rewrites
+from equivci.verify.prove import build_programs, proved_equal
+from equivci.verify.terms import (
+    GatherDims,
+    Term,
+    TermTable,
+    bcast_spec,
+    gather_map,
+    reshape_spec,
 )
-from term_numpy import TermEvalError, evaluate  # noqa: E402
-from test_rules_numeric import B, proves  # noqa: E402  (term builders with the evaluator's shapes)
 
 __all__ = [
-    "B", "GatherDims", "L", "Loader", "Term", "TermEvalError", "TermTable", "bcast_spec", "build_programs",
-    "capture", "compare_many_in_child", "evaluate", "fingerprint_of", "oracle", "programs_of", "gather_map", "load_manifest",
-    "memo", "proved_equal", "proves", "recording_facts", "reshape_spec", "run_rewrites", "verify_captured",
+    "B",
+    "GatherDims",
+    "L",
+    "Loader",
+    "Term",
+    "TermEvalError",
+    "TermTable",
+    "bcast_spec",
+    "build_programs",
+    "capture",
+    "compare_many_in_child",
+    "evaluate",
+    "fingerprint_of",
+    "gather_map",
+    "load_manifest",
+    "memo",
+    "oracle",
+    "programs_of",
+    "proved_equal",
+    "proves",
+    "recording_facts",
+    "reshape_spec",
+    "run_rewrites",
+    "verify_captured",
 ]
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from engine_api import capture, evaluate, programs_of, recording_facts
 from near_miss_cases import MANIFEST
 

@@ -4,7 +4,6 @@ known equal pairs, through its public function (tests/soundness/engine_api.py: o
 from __future__ import annotations
 
 import pytest
-
 from engine_api import oracle
 from near_miss_cases import MANIFEST
 

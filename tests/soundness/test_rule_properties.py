@@ -13,10 +13,18 @@ from __future__ import annotations
 
 import numpy as np
 from egglog import EGraph
+from engine_api import (
+    B,
+    Loader,
+    Term,
+    TermEvalError,
+    evaluate,
+    proved_equal,
+    reshape_spec,
+    run_rewrites,
+)
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-
-from engine_api import B, Loader, Term, TermEvalError, evaluate, proved_equal, reshape_spec, run_rewrites
 
 ITERATIONS = 8
 UNARY = ["tanh", "exponential", "negate", "abs"]
@@ -145,7 +153,7 @@ def split_dot(draw, pool: Pool, t: Term) -> None:
     w = b.param(4 + sum(1 for u in pool.terms if u.op == "dot"), (n, 3))  # a weight of its own
     k = draw(st.integers(1, n - 1))
     k2 = draw(st.sampled_from([k, k, max(0, k - 1), min(n, k + 1)]))
-    part = lambda s, e: b.dot(b.sl(t, 1, s, e), b.sl(w, 0, s, e), [], [], [1], [0])  # noqa: E731
+    part = lambda s, e: b.dot(b.sl(t, 1, s, e), b.sl(w, 0, s, e), [], [], [1], [0])
     pool.add(b.dot(t, w, [], [], [1], [0]))
     pool.add(b.bi("add", part(0, k), part(k2, n)))
 

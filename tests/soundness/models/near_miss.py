@@ -372,7 +372,7 @@ def identity(x):
 
 def ppermute_self_only(x, *, mesh):
     # BUG: device 1 has no source: it receives zeros, not its own shard
-    f = lambda v: lax.ppermute(v, TP, perm=[(0, 0)])  # noqa: E731
+    f = lambda v: lax.ppermute(v, TP, perm=[(0, 0)])
     return jax.shard_map(f, mesh=mesh, in_specs=P(TP), out_specs=P(TP))(x)
 
 
@@ -386,7 +386,7 @@ def row_min(x):
 
 def pmax_of_min(x, *, mesh):
     # BUG: the max over shards of the shards' minima is not the minimum
-    f = lambda v: lax.pmax(jnp.min(v, axis=1), TP)  # noqa: E731
+    f = lambda v: lax.pmax(jnp.min(v, axis=1), TP)
     return jax.shard_map(f, mesh=mesh, in_specs=P(None, TP), out_specs=P())(x)
 
 
@@ -396,13 +396,13 @@ def row_max(x):
 
 def pmax_of_max(x, *, mesh):
     """A max of the shards' maxima (correct)."""
-    f = lambda v: lax.pmax(jnp.max(v, axis=1), TP)  # noqa: E731
+    f = lambda v: lax.pmax(jnp.max(v, axis=1), TP)
     return jax.shard_map(f, mesh=mesh, in_specs=P(None, TP), out_specs=P())(x)
 
 
 def pmax_drops_last_column(x, *, mesh):
     # BUG: each shard leaves out its last column
-    f = lambda v: lax.pmax(jnp.max(v[:, :-1], axis=1), TP)  # noqa: E731
+    f = lambda v: lax.pmax(jnp.max(v[:, :-1], axis=1), TP)
     return jax.shard_map(f, mesh=mesh, in_specs=P(None, TP), out_specs=P())(x)
 
 
