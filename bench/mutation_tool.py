@@ -35,7 +35,7 @@ def configure(root: Path, modules: list[str], tests: list[str]) -> None:
     text = (root / "pyproject.toml").read_text()
     text += "\n[tool.mutmut]\n" + f"source_paths = [\"equivci/\"]\nonly_mutate = {modules!r}\n".replace("'", '"') \
         + f"pytest_add_cli_args_test_selection = {tests!r}\n".replace("'", '"') \
-        + 'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]\n'
+        + 'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]\n' + 'also_copy = ["examples", "configs"]\n'
     (root / "pyproject.toml").write_text(text)
 
 
