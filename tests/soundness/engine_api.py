@@ -17,52 +17,24 @@ if str(TESTS) not in sys.path:  # term_numpy, test_rules_numeric: the numpy mode
     sys.path.insert(0, str(TESTS))
 
 from term_numpy import TermEvalError, evaluate
-from test_rules_numeric import B, proves
+from test_rules_numeric import (
+    B,  # term builders that compute shapes the way the evaluator does
+)
 
 from equivci import memo
-from equivci.capture.numeric import compare_many_in_child
+from equivci.capture.numeric import compare_many_in_child  # the numeric oracle
 from equivci.capture.run import capture_model
 from equivci.hlo.parser import parse_module
 from equivci.manifest import load_manifest
 from equivci.verify import engine, masks, routing
-from equivci.verify import language as L
 from equivci.verify.load import Loader
 from equivci.verify.prove import _run as run_rewrites
 from equivci.verify.prove import build_programs, proved_equal
-from equivci.verify.terms import (
-    GatherDims,
-    Term,
-    TermTable,
-    bcast_spec,
-    gather_map,
-    reshape_spec,
-)
+from equivci.verify.terms import Term, reshape_spec
 
 __all__ = [
-    "B",
-    "GatherDims",
-    "L",
-    "Loader",
-    "Term",
-    "TermEvalError",
-    "TermTable",
-    "bcast_spec",
-    "build_programs",
-    "capture",
-    "compare_many_in_child",
-    "evaluate",
-    "fingerprint_of",
-    "gather_map",
-    "load_manifest",
-    "memo",
-    "oracle",
-    "programs_of",
-    "proved_equal",
-    "proves",
-    "recording_facts",
-    "reshape_spec",
-    "run_rewrites",
-    "verify_captured",
+    "B", "Loader", "Term", "TermEvalError", "capture", "evaluate", "fingerprint_of", "memo", "oracle",
+    "programs_of", "proved_equal", "recording_facts", "reshape_spec", "run_rewrites", "verify_captured",
 ]
 
 
