@@ -55,3 +55,9 @@ def test_routing_limit_is_named(results):
     assert result["status"] == "unproven", result
     messages = " ".join(f["message"] for f in result["findings"])
     assert any(word in messages for word in ("enumerat", "4096", "limit")), messages
+
+
+def test_every_near_miss_model_has_an_expected_verdict():
+    from equivci.manifest import load_manifest
+
+    assert {m.name for m in load_manifest(MANIFEST).models} == set(EXPECTED)
