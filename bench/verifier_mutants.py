@@ -1,0 +1,415 @@
+"""Curated mutants of the verifier itself: each must be killed by an assertion on a verdict.
+
+A mutant is (a code snippet that occurs exactly once in equivci/, its replacement, why the change
+matters, the checks meant to kill it). The snippet is found by searching the package, so mutants
+survive files being moved or renamed; a snippet that no longer occurs (or occurs twice) is an
+error to fix here, never a silent skip. Each mutant is applied to a temporary COPY of the package,
+put first on sys.path of a child process; the working tree is never modified.
+
+Checks:
+* `model:NAME`: a near-miss model of tests/soundness/near_miss.yaml (captured once, up front, by
+  the unmutated package), verified by the mutated engine without the numeric oracle. Killed when
+  a buggy model comes out `verified`, or a correct one does not while the engine ran to a verdict
+  (an internal error, a crash of egglog or a timeout is not a kill).
+* `pytest:ARGS`: tests run with the mutated package; killed when they fail on an AssertionError.
+
+Each worker is one process that imports the heavy dependencies (egglog, numpy, pytest) once and
+forks once per mutant; the fork imports equivci from the mutated copy.
+
+    python bench/verifier_mutants.py                 # every mutant, prints killed / survived
+    python bench/verifier_mutants.py --only vocab-gt-offset,abs-any
+    python bench/verifier_mutants.py --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "equivci"
+SOUNDNESS = REPO / "tests" / "soundness"
+CHILD_TIMEOUT = 300
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    snippet: str
+    replacement: str
+    reason: str
+    kills: tuple[str, ...]
+
+
+def M(name: str, snippet: str, replacement: str, reason: str, *kills: str) -> Mutant:
+    return Mutant(name, snippet, replacement, reason, kills)
+
+
+
+
+def near_miss(*names: str) -> str:
+    """Term-level near misses of tests/test_rules_numeric.py (must not be proved)."""
+    return "pytest:" + " ".join(f"tests/test_rules_numeric.py::test_near_miss_is_not_proved[{n}]" for n in names)
+
+
+def rule_instance(name: str) -> str:
+    """A rule's instances of tests/test_rules_numeric.py (must be proved, and be identities)."""
+    return "pytest:" + " ".join(f"tests/test_rules_numeric.py::test_rule_fires_and_is_an_identity[{name}-{s}]"
+                                for s in range(4))
+
+
+CACHE = "pytest:tests/soundness/test_cache_key.py"
+
+MUTANTS: tuple[Mutant, ...] = (
+    # -- range masks (vocabulary parallelism) ------------------------------------------------------
+    M("vocab-gt-offset", '"GT": ("lo", 1)', '"GT": ("lo", 0)', "x > k starts the window at k + 1",
+      "model:embed-gt-drops-first", "model:embed-gt-le"),
+    M("vocab-ge-offset", '"GE": ("lo", 0)', '"GE": ("lo", -1)', "x >= k starts the window at k",
+      "model:embed-ge-late", "model:embed-ge-lt"),
+    M("vocab-le-offset", '"LE": ("hi", 1)', '"LE": ("hi", 0)', "x <= k ends the window after k",
+      "model:embed-le-claims-next", "model:embed-gt-le"),
+    M("vocab-lt-offset", '"LT": ("hi", 0)', '"LT": ("hi", 1)', "x < k ends the window before k",
+      "model:embed-lt-short", "model:embed-ge-lt"),
+    M("tiles-gap", "if start > covered or (start < covered and not overlap):",
+      "if start > covered + 1 or (start < covered and not overlap):", "a gap between windows leaves ids unlooked-up",
+      "model:embed-first-shard-short", "model:pmax-first-shard-short"),
+    M("tiles-overlap", "if start > covered or (start < covered and not overlap):", "if start > covered:",
+      "overlapping windows count an id twice", "model:embed-overlapping-windows"),
+    M("tiles-end", "return covered >= hi", "return covered >= hi - 1", "the windows must reach the top id",
+      "model:embed-last-shard-short"),
+    M("lookup-shift", "if shift != s or w.lo < s or w.hi > e:", "if w.lo < s or w.hi > e:",
+      "the local index must be id - (window start)", "model:embed-shift-off"),
+    M("member-labels", "labels.shape == known.labels.shape and np.array_equal(labels, known.labels)",
+      "labels.shape == known.labels.shape", "the mask must test the ids at the positions the rows used",
+      "model:embed-mask-transposed"),
+    M("member-inside", "(w.hi <= w.lo or known.window.lo <= w.lo and w.hi <= known.window.hi)", "True",
+      "the output mask may keep only ids the lookup window holds", "model:embed-lookup-narrower"),
+    M("reduce-same-reducer", "if members[0].attrs[0] != reducer or dim not in reduced:",
+      "if dim not in reduced:", "a max of window minima is not the minimum", "model:pmax-of-min"),
+    M("narrowing-convert", "if info.min <= lo and hi <= info.max:", "if True:",
+      "a narrowing convert wraps ids past its range", "model:narrowed-id-mask"),
+    # -- comparisons decided by bounds -------------------------------------------------------------
+    M("decide-lt", '"LT": ra[1] < rb[0],', '"LT": ra[1] <= rb[0],', "x < k holds for all x only below k",
+      "model:guard-lt", "model:guard-always"),
+    M("decide-le", '"LE": ra[1] <= rb[0],', '"LE": ra[1] <= rb[0] + 1,', "x <= k needs every x <= k",
+      "model:guard-le", "model:guard-always"),
+    M("decide-ge", '"GE": ra[0] >= rb[1],', '"GE": ra[1] >= rb[1],', "x >= k needs the smallest x >= k",
+      "model:guard-ge", "model:guard-always"),
+    M("decide-gt", '"GT": ra[0] > rb[1],', '"GT": ra[0] >= rb[1],', "x > k needs the smallest x > k",
+      "model:guard-gt", "model:guard-always"),
+    M("decide-ne", '"NE": ra[1] < rb[0] or ra[0] > rb[1]}', '"NE": ra[1] <= rb[0] or ra[0] > rb[1]}',
+      "x != k is decided only when k lies outside x's range", "model:guard-ne-top", "model:guard-always"),
+    M("decide-eq-never", '"EQ": ra[1] < rb[0] or ra[0] > rb[1],', '"EQ": ra[1] <= rb[0] or ra[0] > rb[1],',
+      "x == k is never true only when k lies outside x's range", "model:guard-eq-top", "model:guard-always"),
+    M("index-domain", "domains[p] = ((0.0, float(size - 1)), inst)", "domains[p] = ((0.0, float(size - 2)), inst)",
+      "valid indices are [0, size - 1]", "model:guard-lt", "model:guard-always"),
+    # -- elementwise side conditions --------------------------------------------------------------
+    M("abs-any", "return all(_nonnegative(a) for a in t.args)  # (an empty",
+      "return any(_nonnegative(a) for a in t.args)  # (an empty",
+      "a sum is non-negative only when every term is", "model:abs-of-sum", "model:abs-of-positive"),
+    M("abs-subtract", 't.attrs[0] in ("add", "multiply", "maximum")', 't.attrs[0] in ("add", "multiply", "maximum", "subtract")',
+      "a difference of non-negative values can be negative", "model:abs-of-difference"),
+    M("abs-negate", 'if t.op == "unary" and t.attrs[0] in ("exponential", "abs"):',
+      'if t.op == "unary" and t.attrs[0] in ("exponential", "abs", "negate"):', "-exp(x) is negative",
+      "model:abs-of-negated"),
+    M("neutral-max", "neutral = -np.inf if op == \"maximum\" else np.inf", "neutral = np.inf if op == \"maximum\" else -np.inf",
+      "only max(x, -inf) and min(x, inf) are x", "model:max-with-inf", "model:min-with-neg-inf", "model:guards-kept"),
+    M("finite-same-value", 'args[0].attrs == ("is-finite",) and args[0].args[0] is args[1]',
+      'args[0].attrs == ("is-finite",)', "select(is_finite(x), x, c) is x only for the same x",
+      "model:finite-of-other"),
+    M("select-uniform", "if value is None or not _uniform(value):\n            return None\n        return a if bool",
+      "if value is None:\n            return None\n        return a if bool", "a constant predicate picks one branch only when uniform",
+      "model:select-by-iota"),
+    M("reduce-init", "if init_value is None or not _is_identity(reducer, init_value):", "if init_value is None:",
+      "a reduction from a non-neutral start adds the start", "model:reduce-from-one"),
+    M("factor-all-equal", "if linear and factors[0] != 1 and all(f == factors[0] for f in factors):",
+      "if linear and factors[0] != 1 and any(f == factors[0] for f in factors):",
+      "a factor comes out of a sum only when every term has it", "model:twice-one"),
+    M("factor-divide", "return self.scaled(bases[0], factors[0] / value)", "return self.scaled(bases[0], factors[0] * value)",
+      "x / c is x * (1 / c)", "model:halved"),
+    M("slice-compose", "return self.slice_term(x.args[0], dim, inner_start + start, inner_start + stop)",
+      "return self.slice_term(x.args[0], dim, start, stop)", "a slice of a slice is offset by the outer start",
+      "model:slice-of-slice"),
+    M("permute-zero-fill", "out.append(ops[0][source[d]])\n                else:\n                    out.append(self.const(",
+      "out.append(ops[0][source[d]])\n                else:\n                    out.append(ops[0][d] if True else self.const(",
+      "a device that no pair targets receives zeros", "model:ppermute-self-only"),
+    # -- rewrite rules -------------------------------------------------------------------------------
+    M("reshape-lift-guard", "eq((a * s1) % s2).to(i64(0)), eq((b * s1) % s2).to(i64(0))).then(",
+      ").then(", "a reshape of a slice is a slice only at group boundaries (either guard alone suffices on\n"
+      "well-typed terms: b - a is a multiple of the group's tail, so both are removed)",
+      "model:rows-then-reshape"),
+    M("reshape-push-guard", "eq((a * s2) % s1).to(i64(0)), eq((b * s2) % s1).to(i64(0))).then(",
+      ").then(", "a slice of a reshape is a reshape only at group boundaries (both guards, as above)",
+      "model:flat-window"),
+    M("concat-left-bound", "eq(n).to(dim(x, d)), b <= n).then(union(e).with_(x.slice(d, a, b)))",
+      "eq(n).to(dim(x, d))).then(union(e).with_(x.slice(d, a, b)))",
+      "a slice of [x; y] is a slice of x only when it ends inside x", "model:concat-left-only",
+      "model:concat-other-tail"),
+    M("concat-straddle-offset", "union(e).with_(T.concat(x.slice(d, a, n), y.slice(d, 0, b - n), d))",
+      "union(e).with_(T.concat(x.slice(d, a, n), y.slice(d, 1, b - n + 1), d))",
+      "the part of a straddling slice from y starts at y's row 0", "model:concat-straddle-wrong",
+      "model:concat-straddle"),
+    M("slice-compose-rule", "rule(eq(e).to(x.slice(d, a, b).slice(d, c, g))).then(union(e).with_(x.slice(d, a + c, a + g))),",
+      "rule(eq(e).to(x.slice(d, a, b).slice(d, c, g))).then(union(e).with_(x.slice(d, c, g))),",
+      "composed slices add their offsets", rule_instance("slices/compose")),
+    M("concat-merge-order", "rule(eq(e).to(T.concat(x.slice(d, a, b), x.slice(d, b, c), d))).then(union(e).with_(x.slice(d, a, c))),",
+      "rule(eq(e).to(T.concat(x.slice(d, b, c), x.slice(d, a, b), d))).then(union(e).with_(x.slice(d, a, c))),",
+      "two slices join in order (a gap between them is ill-typed: egglog would crash, no kill)",
+      near_miss("concat_out_of_order", "all_gather_out_of_device_order")),
+    M("contraction-merge-adjacent", "T.dot(spec, x.slice(k, b, c), y.slice(j, b, c)))), eq(j).to(dot_contract(spec, k))",
+      "T.dot(spec, x.slice(k, g, c), y.slice(j, g, c)))), eq(j).to(dot_contract(spec, k))",
+      "partial dots join only over adjacent windows", near_miss("contraction_merge_gap", "contraction_merge_overlap")),
+    M("reduce-merge-combiner", "rule(eq(e).to(T.binary(r, T.reduce(r, key, x.slice(k, a, b))",
+      'rule(eq(e).to(T.binary("add", T.reduce(r, key, x.slice(k, a, b))',
+      "partial reductions join with their own reducer (dropping `reduced` is ill-typed: a crash, no kill)",
+      near_miss("reduce_merge_wrong_combiner")),
+    M("repeat-same-group", "eq(a / n).to((b - 1) / n),", "",
+      "a window of a repeat is one element of y only inside one group", near_miss("repeat_window_across_groups")),
+    M("transpose-push-perm", "rule(eq(e).to(T.transpose(spec, x).slice(o, a, b)), eq(k).to(perm_in(spec, o))).then(",
+      "rule(eq(e).to(T.transpose(spec, x).slice(o, a, b)), eq(k).to(perm_in(spec, o)), eq(k).to(o)).then(",
+      "(weaker) a slice of a transpose moves to the permuted dim", rule_instance("layouts/transpose_push")),
+    M("dupdate-same-window", "rule(eq(e).to(T.dupdate(d, x.slice(k, a, b), y.slice(k, a, b), z)), ne(k).to(d),",
+      "rule(eq(e).to(T.dupdate(d, x.slice(k, a, b), y.slice(k, c, g), z)), ne(k).to(d),",
+      "a buffer's window is updated by the same window of the update (the dslice rule's `k != d` guard "
+      "is ill-typed without it: a crash, no kill)", near_miss("dupdate_other_window")),
+    M("aligned-same-window", "rule(eq(e).to(T.aligned(key, x.slice(k, a, b), y.slice(j, a, b))), eq(o).to(aligned_lhs(key, k)),",
+      "rule(eq(e).to(T.aligned(key, x.slice(k, a, b), y.slice(j, c, g))), eq(o).to(aligned_lhs(key, k)),",
+      "aligned operands must be sliced at the same window", near_miss("aligned_reduce_misaligned_windows",
+                                                                      "aligned_gather_misaligned_rows")),
+    # -- routing -------------------------------------------------------------------------------------
+    M("routing-slot-once", "np.all(in_expert == 1) and np.all(m.sum(axis=0) <= 1))", "np.all(in_expert == 1))",
+      "no slot may hold two tokens", "model:moe-ep-shared-slot", "model:moe-ep"),
+    M("routing-in-expert", "np.all(per_token == 1) and np.all(in_expert == 1) and", "np.all(per_token == 1) and",
+      "a token's slot must be in the expert it chose", "model:moe-ep-rotated-expert"),
+    M("routing-expert-weights", "if not np.all(experts == j):\n            return None", "",
+      "a device must apply the weights of its slots' expert", "model:moe-ep-expert-zero-everywhere"),
+    M("routing-own-slots", "if tuple(r.slots[a, b]) != (dev, pos[e_row], pos[c_row]) or r.ex[a, b] != pos[e_row]:",
+      "if False:", "the combine must read this device's own slots, each with its expert's output (either "
+      "clause alone stops the near miss)", "model:moe-ep-no-return"),
+    # -- the cache -----------------------------------------------------------------------------------
+    M("fingerprint-source", "equivci.__version__, h.hexdigest(), sys.version,", "equivci.__version__, sys.version,",
+      "a changed verifier must not reuse old verdicts", CACHE),
+    M("fingerprint-egglog", '"egglog", _dist_version("egglog"),', '"egglog",',
+      "another egglog may prove other things", CACHE),
+)
+
+
+# -- applying a mutant to a copy of the package ------------------------------------------------------
+def locate(mutant: Mutant, package: Path = PACKAGE) -> Path:
+    hits = [(p, p.read_text().count(mutant.snippet)) for p in sorted(package.rglob("*.py"))]
+    hits = [(p, n) for p, n in hits if n]
+    if len(hits) != 1 or hits[0][1] != 1:
+        where = ", ".join(f"{p.relative_to(package.parent)} x{n}" for p, n in hits) or "nowhere"
+        raise LookupError(f"mutant {mutant.name}: its snippet must occur exactly once in equivci/, found {where}")
+    return hits[0][0]
+
+
+def mutated_copy(mutant: Mutant | None, root: Path) -> Path:
+    """root/equivci: a copy of the package with the mutant applied."""
+    target = root / "equivci"
+    shutil.copytree(PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__"))
+    if mutant is not None:
+        path = target / locate(mutant).relative_to(PACKAGE)
+        text = path.read_text()
+        path.write_text(text.replace(mutant.snippet, mutant.replacement, 1))
+    return target
+
+
+# -- captures (once, by the unmutated package) -------------------------------------------------------
+def capture_models(names: list[str], out: Path, workers: int = 2) -> Path:
+    sys.path.insert(0, str(SOUNDNESS))
+    import engine_api
+    from near_miss_cases import MANIFEST
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:  # each capture is a JAX child process
+        captured = dict(zip(names, pool.map(lambda n: engine_api.capture(MANIFEST, n), names)))
+    out.write_bytes(pickle.dumps(captured))
+    return out
+
+
+# -- the batch child: one process per worker, one fork per mutant ------------------------------------
+# The child imports the heavy dependencies once (egglog, numpy, pytest), never equivci; each fork
+# puts one mutated copy first on sys.path, imports equivci from it and runs that mutant's checks.
+def batch_main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    import egglog  # noqa: F401
+    import numpy  # noqa: F401
+    import pytest  # noqa: F401
+    import yaml  # noqa: F401
+
+    assert not any(m == "equivci" or m.startswith("equivci.") for m in sys.modules), "imported before the fork"
+    for job in spec["jobs"]:
+        out = Path(job["out"])
+        pid = os.fork()
+        if pid == 0:
+            try:
+                out.write_text(json.dumps(_observe(job, spec["captures"])))
+            finally:
+                os._exit(0)
+        deadline = time.monotonic() + CHILD_TIMEOUT
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                out.write_text(json.dumps({"timeout": True}))
+                break
+            time.sleep(0.05)
+    return 0
+
+
+class _Failures:
+    """A pytest plugin that keeps the failed reports."""
+
+    def __init__(self) -> None:
+        self.failed: list[tuple[str, str]] = []
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.failed:
+            crash = getattr(report.longrepr, "reprcrash", None)
+            self.failed.append((report.nodeid, crash.message if crash is not None else str(report.longrepr)[-300:]))
+
+
+def _observe(job: dict, captures: str) -> dict:
+    """In the fork: the verdicts of the job's models and the failures of its tests."""
+    sys.path.insert(0, job["root"])
+    sys.path.insert(1, str(SOUNDNESS))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (job["root"], os.environ.get("PYTHONPATH", "")) if p)
+    import engine_api
+    import pytest
+    from near_miss_cases import MANIFEST
+
+    import equivci
+
+    observed: dict = {"package": equivci.__file__, "models": {}, "pytest": []}
+    captured = pickle.loads(Path(captures).read_bytes()) if job["models"] else {}
+    for name in job["models"]:
+        try:
+            r = engine_api.verify_captured(MANIFEST, name, captured[name])
+            messages = " ".join(f.message for f in r.findings)
+            observed["models"][name] = {"status": r.status.value, "detail": messages[:300],
+                                        "crash": r.status.value == "error" or "internal error" in messages}
+        except Exception as exc:  # noqa: BLE001 - a crash of the mutated engine: reported, not a kill
+            observed["models"][name] = {"status": "error", "crash": True, "detail": f"{type(exc).__name__}: {exc}"[:300]}
+    for args in job["pytest"]:
+        plugin = _Failures()
+        code = pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), *args], plugins=[plugin])
+        observed["pytest"].append({"args": args, "exit": int(code), "failed": plugin.failed})
+    return observed
+
+
+@dataclasses.dataclass
+class Outcome:
+    mutant: str
+    verdict: str  # killed | survived | crashed | timeout
+    how: str
+
+
+def _expected_model(name: str) -> str:
+    from near_miss_cases import VERIFIED
+
+    return "verified" if name in VERIFIED else "not verified"
+
+
+def judge(name: str, observed: dict, package: Path) -> Outcome:
+    """Killed: an assertion on a verdict failed (a buggy model verified, a correct one refused by an
+    engine that ran to the end, or a test failing on an AssertionError). A crash is not a kill."""
+    if observed.get("timeout"):
+        return Outcome(name, "timeout", f"no answer in {CHILD_TIMEOUT} s")
+    assert Path(observed["package"]).resolve().parent == package.resolve(), ("the fork imported", observed["package"])
+    crashes = []
+    for model, r in observed["models"].items():
+        want = _expected_model(model)
+        if r["status"] == "verified" and want != "verified":
+            return Outcome(name, "killed", f"{model}: verified, must not be")
+        if want == "verified" and r["status"] != "verified":
+            if r["crash"]:
+                crashes.append(f"{model}: {r['detail'][:120]}")
+            else:
+                return Outcome(name, "killed", f"{model}: {r['status']}, must be verified")
+    for run_ in observed["pytest"]:
+        asserted = [(node, msg) for node, msg in run_["failed"] if msg.startswith(("AssertionError", "assert"))]
+        if asserted:
+            return Outcome(name, "killed", f"{asserted[0][0]}: {asserted[0][1][:100]}")
+        if run_["exit"] not in (0,):
+            crashes.append(f"pytest {' '.join(run_['args'])[:80]}: exit {run_['exit']} {run_['failed'][:1]}")
+    return Outcome(name, "crashed" if crashes else "survived", "; ".join(crashes))
+
+
+def _job(mutant: Mutant | None, kills: tuple[str, ...], work: Path) -> dict:
+    name = mutant.name if mutant else BASELINE
+    root = work / f"pkg-{len(list(work.glob('pkg-*')))}"
+    mutated_copy(mutant, root)
+    return {"name": name, "root": str(root), "out": str(root / "observed.json"),
+            "models": [k.split(":", 1)[1] for k in kills if k.startswith("model:")],
+            "pytest": [k.split(":", 1)[1].split() for k in kills if k.startswith("pytest:")]}
+
+
+BASELINE = "(unmutated)"
+
+
+def run(mutants: list[Mutant], work: Path, workers: int = 2, baseline_tests: bool = True,
+        log=print) -> tuple[Outcome, list[Outcome]]:
+    """The unmutated baseline over every check (tests included unless `baseline_tests` is false:
+    the default suite runs them anyway), then each mutant over its own checks."""
+    for m in mutants:
+        locate(m)  # every snippet still occurs once, before anything runs
+    models = sorted({k.split(":", 1)[1] for m in mutants for k in m.kills if k.startswith("model:")})
+    captures = capture_models(models, work / "captures.pkl", workers)
+    checks = tuple(sorted({k for m in mutants for k in m.kills if baseline_tests or k.startswith("model:")}))
+    jobs = [_job(None, checks, work)] + [_job(m, m.kills, work) for m in mutants]
+    batches = [jobs[k::workers] for k in range(workers)]
+    procs = []
+    for k, batch in enumerate(batches):
+        spec = work / f"batch{k}.json"
+        spec.write_text(json.dumps({"captures": str(captures), "jobs": batch}))
+        procs.append(subprocess.Popen([sys.executable, "-P", __file__, "--batch", str(spec)], cwd=REPO,
+                                      env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}))
+    for proc in procs:
+        proc.wait()
+    outcomes = []
+    for job in jobs:
+        out = Path(job["out"])
+        observed = json.loads(out.read_text()) if out.exists() else {"timeout": True}
+        outcome = judge(job["name"], observed, Path(job["root"]) / "equivci")
+        log(f"{outcome.verdict:9s} {outcome.mutant:28s} {outcome.how}")
+        outcomes.append(outcome)
+    return outcomes[0], outcomes[1:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", help=argparse.SUPPRESS)
+    parser.add_argument("--only", default="", help="comma-separated mutant names")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args(argv)
+    if args.batch:
+        return batch_main(args.batch)
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only.split(",")]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:28s} {locate(m).relative_to(REPO)}: {m.reason}")
+        return 0
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="verifier-mutants-") as tmp:
+        baseline, outcomes = run(chosen, Path(tmp), args.workers)
+    counts = {v: sum(o.verdict == v for o in outcomes) for v in ("killed", "survived", "crashed", "timeout")}
+    if baseline.verdict != "survived":
+        print(f"the unmutated package fails its own checks: {baseline.verdict} {baseline.how}")
+    print(f"{len(outcomes)} mutants: " + ", ".join(f"{n} {v}" for v, n in counts.items())
+          + f" ({time.perf_counter() - t0:.0f} s)")
+    return 0 if baseline.verdict == "survived" and counts["killed"] == len(outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,499 @@
+"""Near-miss model pairs: each buggy distributed function differs from a correct one only where one
+side condition of the verifier matters (a window end, a coverage test, a sign fact, a routing
+clause, a divisibility guard). tests/soundness/near_miss.yaml pairs them with their references;
+tests/soundness/test_near_misses.py says which verdict each must get, and
+bench/verifier_mutants.py names the guard each one protects.
+
+Shapes are tiny so that capture, proof and the numeric oracle take about a second each.
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+F32 = jnp.float32
+TP = "tp"
+V, D, B, S = 8, 4, 2, 4  # vocabulary, width, batch, sequence
+
+
+def spec(*shape, dtype=F32):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+# --- vocabulary-parallel lookups: range masks (equivci/verify masks) -----------------------------
+def embed(table, ids):
+    return table[ids]
+
+
+def embed_inputs():
+    return (spec(V, D), spec(B, S, dtype=jnp.int32))
+
+
+def _vocab_parallel(table, ids, mesh, window, shift=None, mask_of=None):
+    """Megatron's lookup; `window(lo, n)` gives the (mask, lookup-mask) of a shard."""
+
+    def body(table, ids):
+        n = table.shape[0]
+        lo = lax.axis_index(TP) * n
+        mine, lookup = window(ids, lo, n)
+        local_ids = jnp.where(lookup, ids - (lo if shift is None else shift(lo)), 0)
+        rows = table[local_ids]
+        mask = mine if mask_of is None else mask_of(mine)
+        return lax.psum(rows * mask[..., None], TP)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P()), out_specs=P())(table, ids)
+
+
+def _same(mine):
+    return mine, mine
+
+
+def embed_ge_lt(table, ids, *, mesh):
+    return _vocab_parallel(table, ids, mesh, lambda i, lo, n: _same((i >= lo) & (i < lo + n)))
+
+
+def embed_gt_le(table, ids, *, mesh):
+    """The same windows written with > and <=: correct."""
+    return _vocab_parallel(table, ids, mesh, lambda i, lo, n: _same((i > lo - 1) & (i <= lo + n - 1)))
+
+
+def embed_gt_drops_first(table, ids, *, mesh):
+    # BUG: `>` leaves out the shard's first id (the offset of a strict test)
+    return _vocab_parallel(table, ids, mesh, lambda i, lo, n: _same((i > lo) & (i < lo + n)))
+
+
+def embed_le_claims_next(table, ids, *, mesh):
+    # BUG: `<=` also claims the next shard's first id
+    return _vocab_parallel(table, ids, mesh, lambda i, lo, n: _same((i >= lo) & (i <= lo + n)))
+
+
+def embed_lt_short(table, ids, *, mesh):
+    # BUG: every shard misses its last id (a gap between windows)
+    return _vocab_parallel(table, ids, mesh, lambda i, lo, n: _same((i >= lo) & (i < lo + n - 1)))
+
+
+def embed_ge_late(table, ids, *, mesh):
+    # BUG: `>=` one too late: every shard misses its first id
+    return _vocab_parallel(table, ids, mesh, lambda i, lo, n: _same((i >= lo + 1) & (i < lo + n)))
+
+
+def embed_last_shard_short(table, ids, *, mesh):
+    # BUG: only the last shard misses its last id (the windows stop one short of the vocabulary)
+    def window(i, lo, n):
+        last = lax.axis_index(TP) == lax.axis_size(TP) - 1
+        return _same((i >= lo) & (i < lo + n - jnp.where(last, 1, 0)))
+
+    return _vocab_parallel(table, ids, mesh, window)
+
+
+def embed_first_shard_short(table, ids, *, mesh):
+    # BUG: only the first shard misses its last id (a gap between two windows)
+    def window(i, lo, n):
+        first = lax.axis_index(TP) == 0
+        return _same((i >= lo) & (i < lo + n - jnp.where(first, 1, 0)))
+
+    return _vocab_parallel(table, ids, mesh, window)
+
+
+def embed_overlapping_windows(table, ids, *, mesh):
+    # BUG: shard 0's window also holds id 4, which shard 1 holds too: its row is counted twice
+    def body(table, ids):
+        n = V // 2
+        lo = lax.axis_index(TP) * n
+        start = jnp.minimum(lo, V - n - 1)  # a window of n + 1 rows inside the table
+        window = lax.dynamic_slice_in_dim(table, start, n + 1)
+        mine = (ids >= lo) & (ids < lo + n + 1)
+        rows = window[jnp.where(mine, ids - start, 0)]
+        return lax.psum(rows * mine[..., None], TP)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P())(table, ids)
+
+
+def embed_shift_off(table, ids, *, mesh):
+    # BUG: the local index is ids - (lo - 1): each id reads the next row of its shard
+    return _vocab_parallel(table, ids, mesh, lambda i, lo, n: _same((i >= lo) & (i < lo + n)),
+                           shift=lambda lo: lo - 1)
+
+
+def embed_lookup_narrower(table, ids, *, mesh):
+    # BUG: the lookup masks the shard's last id to row 0, the output mask keeps it
+    return _vocab_parallel(table, ids, mesh,
+                           lambda i, lo, n: ((i >= lo) & (i < lo + n), (i >= lo) & (i < lo + n - 1)))
+
+
+def embed_mask_transposed(table, ids, *, mesh):
+    # BUG: the output mask is the shard's mask at the transposed positions
+    def body(table, ids):
+        n = table.shape[0]
+        lo = lax.axis_index(TP) * n
+        mine = (ids >= lo) & (ids < lo + n)
+        rows = table[jnp.where(mine, ids - lo, 0)]  # (S, S, D)
+        return lax.psum(rows * mine.T[..., None], TP)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P()), out_specs=P())(table, ids)
+
+
+def square_embed_inputs():
+    return (spec(V, D), spec(S, S, dtype=jnp.int32))
+
+
+# --- comparisons the index bounds decide (ids are valid indices of the table: [0, V - 1]) -------
+def embed_guard_lt(table, ids, *, mesh):
+    # BUG: the last id is zeroed (ids < V - 1 is not always true)
+    return jnp.where((ids < V - 1)[..., None], table[ids], 0.0)
+
+
+def embed_guard_le(table, ids, *, mesh):
+    # BUG: ids <= V - 2 is not always true
+    return jnp.where((ids <= V - 2)[..., None], table[ids], 0.0)
+
+
+def embed_guard_ge(table, ids, *, mesh):
+    # BUG: id 0 is zeroed (ids >= 1 is not always true)
+    return jnp.where((ids >= 1)[..., None], table[ids], 0.0)
+
+
+def embed_guard_gt(table, ids, *, mesh):
+    # BUG: ids > 0 is not always true
+    return jnp.where((ids > 0)[..., None], table[ids], 0.0)
+
+
+def embed_guard_ne(table, ids, *, mesh):
+    # BUG: ids != 0 is not always true
+    return jnp.where((ids != 0)[..., None], table[ids], 0.0)
+
+
+def embed_guard_eq(table, ids, *, mesh):
+    # BUG: ids == 0 is not always false: zero where it holds
+    return jnp.where((ids == 0)[..., None], 0.0, table[ids])
+
+
+def embed_guard_ne_top(table, ids, *, mesh):
+    # BUG: ids != V - 1 is not always true (the largest id)
+    return jnp.where((ids != V - 1)[..., None], table[ids], 0.0)
+
+
+def embed_guard_eq_top(table, ids, *, mesh):
+    # BUG: ids == V - 1 is not always false
+    return jnp.where((ids == V - 1)[..., None], 0.0, table[ids])
+
+
+def embed_guard_always(table, ids, *, mesh):
+    """Comparisons the bounds decide: always true, never true (correct)."""
+    keep = (ids < V) & (ids >= 0) & (ids <= V - 1) & (ids > -1) & (ids != V)
+    return jnp.where((keep & ~(ids == V))[..., None], table[ids], 0.0)
+
+
+# --- elementwise side conditions ----------------------------------------------------------------
+def pos(x, y):
+    return jnp.exp(x) + y
+
+
+def abs_of_sum(x, y, *, mesh):
+    # BUG: |exp(x) + y| is not exp(x) + y (y can be negative)
+    return jnp.abs(jnp.exp(x) + y)
+
+
+def pos_sq(x, y):
+    return jnp.exp(x) * jnp.exp(y) + jnp.maximum(jnp.exp(x), jnp.exp(y))
+
+
+def abs_of_positive(x, y, *, mesh):
+    """abs of a value that is non-negative by its form is dropped (correct)."""
+    return jnp.abs(jnp.exp(x) * jnp.exp(y) + jnp.maximum(jnp.exp(x), jnp.exp(y)))
+
+
+def neg_exp(x, y):
+    return -jnp.exp(x)
+
+
+def abs_of_negated(x, y, *, mesh):
+    # BUG: |-exp(x)| is not -exp(x)
+    return jnp.abs(-jnp.exp(x))
+
+
+def diff_exp(x, y):
+    return jnp.exp(x) - jnp.exp(y)
+
+
+def abs_of_difference(x, y, *, mesh):
+    # BUG: a difference of exponentials can be negative
+    return jnp.abs(jnp.exp(x) - jnp.exp(y))
+
+
+def min_exp(x, y):
+    return jnp.minimum(jnp.exp(x), y)
+
+
+def abs_of_minimum(x, y, *, mesh):
+    # BUG: min(exp(x), y) can be negative
+    return jnp.abs(jnp.minimum(jnp.exp(x), y))
+
+
+def xy_inputs():
+    return (spec(4, 4), spec(4, 4))
+
+
+def ident(x, y):
+    return x
+
+
+def max_with_inf(x, y, *, mesh):
+    # BUG: max(x, +inf) is +inf, not x (only max(x, -inf) is x)
+    return jnp.maximum(x, jnp.inf)
+
+
+def min_with_neg_inf(x, y, *, mesh):
+    # BUG: min(x, -inf) is -inf
+    return jnp.minimum(x, -jnp.inf)
+
+
+def guards_kept(x, y, *, mesh):
+    """max(x, -inf) and min(x, inf) are x (correct)."""
+    return jnp.minimum(jnp.maximum(x, -jnp.inf), jnp.inf)
+
+
+def finite_of_other(x, y, *, mesh):
+    # BUG: where(isfinite(y), x, 0) is not x: the test is of another value
+    return jnp.where(jnp.isfinite(y), x, 0.0)
+
+
+def select_by_iota(x, y, *, mesh):
+    # BUG: a constant predicate that is not the same everywhere picks both branches
+    return jnp.where(jnp.arange(4)[:, None] < 2, x, y)
+
+
+def reduce_from_one(x, y, *, mesh):
+    # BUG: a sum that starts at 1
+    return jnp.zeros_like(x) + lax.reduce(x, 1.0, lax.add, (1,))[:, None]
+
+
+def row_sum(x, y):
+    return jnp.zeros_like(x) + jnp.sum(x, axis=1)[:, None]
+
+
+def twice_sum(x, y):
+    return 2.0 * (x + y)
+
+
+def twice_one(x, y, *, mesh):
+    # BUG: 2x + y is not 2(x + y): only equal factors come out of a sum
+    return 2.0 * x + y
+
+
+def twice(x, y):
+    return x * 2.0
+
+
+def halved(x, y, *, mesh):
+    # BUG: x / 2 is not 2x
+    return x / 2.0
+
+
+def nudged(x, y, *, mesh):
+    # BUG: 1 % too large everywhere (far above float32 rounding)
+    return x * 1.01
+
+
+def slice_of_slice_ref(x, y):
+    return lax.slice(x, (1, 0), (3, 4))
+
+
+def slice_of_slice(x, y, *, mesh):
+    # BUG: rows [1, 3) of rows [2, 6) are rows [3, 5), not [1, 3)
+    return lax.slice(lax.slice(x, (2, 0), (6, 4)), (1, 0), (3, 4))
+
+
+def rows_inputs():
+    return (spec(6, 4), spec(6, 4))
+
+
+# --- reshapes of slices (the divisibility guards) ------------------------------------------------
+def reshape_then_rows(x):
+    return x.reshape(3, 4)[0:2]
+
+
+def rows_then_reshape(x, *, mesh):
+    # BUG: elements [2, 10) are not rows [0, 2) of the (3, 4) view: 2 is not a multiple of 4
+    return x[2:10].reshape(2, 4)
+
+
+def flat_inputs():
+    return (spec(12),)
+
+
+def first_row_flat(x):
+    return x[0:1].reshape(4)
+
+
+def flat_window(x, *, mesh):
+    # BUG: elements [2, 6) of the flat view are not row 0: 2 is not a multiple of 4
+    return x.reshape(12)[2:6]
+
+
+def grid_inputs():
+    return (spec(3, 4),)
+
+
+# --- concatenations -----------------------------------------------------------------------------
+def concat_ref(x, y):
+    return jnp.concatenate([x, y], axis=0)[2:6]
+
+
+def concat_straddle(x, y, *, mesh):
+    """Rows [2, 6) of [x; y] straddle the seam (correct)."""
+    return jnp.concatenate([x[2:4], y[0:2]], axis=0)
+
+
+def concat_straddle_wrong(x, y, *, mesh):
+    # BUG: the part from y starts one row late
+    return jnp.concatenate([x[2:4], y[1:3]], axis=0)
+
+
+def concat_left_only(x, y, *, mesh):
+    # BUG: all four rows taken from x (clamped past its end)
+    return jnp.concatenate([x[2:4], x[2:4]], axis=0)
+
+
+def concat_other_tail(x, y, *, mesh):
+    # BUG: the rows from y are doubled (rows [2, 6) reach past x: they are not a slice of x)
+    return jnp.concatenate([x, 2.0 * y], axis=0)[2:6]
+
+
+def cat_inputs():
+    return (spec(4, 3), spec(4, 3))
+
+
+# --- collectives --------------------------------------------------------------------------------
+def identity(x):
+    return x
+
+
+def ppermute_self_only(x, *, mesh):
+    # BUG: device 1 has no source: it receives zeros, not its own shard
+    f = lambda v: lax.ppermute(v, TP, perm=[(0, 0)])
+    return jax.shard_map(f, mesh=mesh, in_specs=P(TP), out_specs=P(TP))(x)
+
+
+def vec_inputs():
+    return (spec(4, 2),)
+
+
+def row_min(x):
+    return jnp.min(x, axis=1)
+
+
+def pmax_of_min(x, *, mesh):
+    # BUG: the max over shards of the shards' minima is not the minimum
+    f = lambda v: lax.pmax(jnp.min(v, axis=1), TP)
+    return jax.shard_map(f, mesh=mesh, in_specs=P(None, TP), out_specs=P())(x)
+
+
+def row_max(x):
+    return jnp.max(x, axis=1)
+
+
+def pmax_of_max(x, *, mesh):
+    """A max of the shards' maxima (correct)."""
+    f = lambda v: lax.pmax(jnp.max(v, axis=1), TP)
+    return jax.shard_map(f, mesh=mesh, in_specs=P(None, TP), out_specs=P())(x)
+
+
+def pmax_drops_last_column(x, *, mesh):
+    # BUG: each shard leaves out its last column
+    f = lambda v: lax.pmax(jnp.max(v[:, :-1], axis=1), TP)
+    return jax.shard_map(f, mesh=mesh, in_specs=P(None, TP), out_specs=P())(x)
+
+
+def pmax_first_shard_short(x, *, mesh):
+    # BUG: the first shard leaves out its last column (a gap between two windows)
+    def f(v):
+        first = lax.axis_index(TP) == 0
+        return lax.pmax(jnp.where(first, jnp.max(v[:, :-1], axis=1), jnp.max(v, axis=1)), TP)
+
+    return jax.shard_map(f, mesh=mesh, in_specs=P(None, TP), out_specs=P())(x)
+
+
+def wide_inputs():
+    return (spec(3, 8),)
+
+
+# --- expert parallelism (routing) ---------------------------------------------------------------
+T, E, F = 8, 2, 4  # tokens, experts (one per device), hidden
+
+
+def _expert(x, w1, w2):
+    return jnp.tanh(x @ w1) @ w2
+
+
+def moe(x, w_router, w1, w2):
+    choice = jnp.argmax(x @ w_router, axis=-1)
+    outs = jax.vmap(_expert, in_axes=(None, 0, 0))(x, w1, w2)  # (E, T, D)
+    return jnp.take_along_axis(outs, choice[None, :, None], axis=0)[0]
+
+
+def moe_inputs():
+    return (spec(T, D), spec(D, E), spec(E, D, F), spec(E, F, D))
+
+
+def _slots(choice, n_experts, shared=False):
+    onehot = jax.nn.one_hot(choice, n_experts, dtype=jnp.int32)
+    slot = jnp.cumsum(onehot, axis=0) * onehot - 1
+    if shared:
+        slot = jnp.where(slot >= 0, slot // 2, -1)
+    return onehot, slot
+
+
+def _dispatch(choice, n_experts, shared=False):
+    onehot, slot = _slots(choice, n_experts, shared)
+    return jax.nn.one_hot(slot, choice.shape[0], dtype=F32) * onehot[..., None]
+
+
+def _moe_ep(x, w_router, w1, w2, mesh, *, shared=False, wrong_expert=False, rotate=False, back=True):
+    n_experts = w_router.shape[1]
+
+    def body(x, w_router, w1, w2):
+        choice = jnp.argmax(x @ w_router, axis=-1)
+        # rotate: every token goes to the expert after the one it chose (a valid dispatch of other experts)
+        dispatch = _dispatch((choice + 1) % n_experts if rotate else choice, n_experts, shared)  # (T_l, E, C)
+        buffers = jnp.einsum("tec,td->ecd", dispatch, x)
+        received = lax.all_to_all(buffers, TP, split_axis=0, concat_axis=0, tiled=True)
+        y = _expert(received, w1[0], w2[0])  # this device's expert (expert 0 when replicated)
+        if back:
+            y = lax.all_to_all(y, TP, split_axis=0, concat_axis=0, tiled=True)
+        return jnp.einsum("tec,ecd->td", dispatch, y)
+
+    specs = (P(TP), P(), P(None) if wrong_expert else P(TP), P(None) if wrong_expert else P(TP))
+    return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(TP))(x, w_router, w1, w2)
+
+
+def moe_ep(x, w_router, w1, w2, *, mesh):
+    return _moe_ep(x, w_router, w1, w2, mesh)
+
+
+def moe_ep_shared_slot(x, w_router, w1, w2, *, mesh):
+    # BUG: two tokens of an expert share one slot: the expert sees their sum
+    return _moe_ep(x, w_router, w1, w2, mesh, shared=True)
+
+
+def moe_ep_rotated_expert(x, w_router, w1, w2, *, mesh):
+    # BUG: each token is sent to the next expert, not the one it chose
+    return _moe_ep(x, w_router, w1, w2, mesh, rotate=True)
+
+
+def moe_ep_expert_zero_everywhere(x, w_router, w1, w2, *, mesh):
+    # BUG: the weights are replicated and every device runs expert 0
+    return _moe_ep(x, w_router, w1, w2, mesh, wrong_expert=True)
+
+
+def moe_ep_no_return(x, w_router, w1, w2, *, mesh):
+    # BUG: combines without the return all_to_all: rows hold other devices' tokens
+    return _moe_ep(x, w_router, w1, w2, mesh, back=False)
+
+
+T_BIG = 32  # 16 tokens per device: 2 ** 16 index vectors, past the routing lemma's enumeration
+
+
+def moe_big_inputs():
+    return (spec(T_BIG, D), spec(D, E), spec(E, D, F), spec(E, F, D))

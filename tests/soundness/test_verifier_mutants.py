@@ -1,0 +1,53 @@
+"""The curated verifier mutants of bench/verifier_mutants.py: each one must be killed by an assertion
+on a verdict (a near-miss model `verified`, a correct one refused, or a test's AssertionError),
+never merely by a crash. The unmutated package must pass every model check first, so that a kill
+means the mutation, not a broken harness."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from near_miss_cases import EXPECTED
+from zoo_cases import REPO
+
+_spec = importlib.util.spec_from_file_location("verifier_mutants", REPO / "bench" / "verifier_mutants.py")
+vm = sys.modules["verifier_mutants"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(vm)
+
+
+def test_the_mutant_table_is_well_formed():
+    names = [m.name for m in vm.MUTANTS]
+    assert len(names) >= 40 and len(set(names)) == len(names)
+    for m in vm.MUTANTS:
+        vm.locate(m)  # exactly one occurrence in equivci/, wherever the file has moved
+        assert m.replacement != m.snippet and m.reason and m.kills, m.name
+        for kill in m.kills:
+            kind, _, what = kill.partition(":")
+            assert kind in ("model", "pytest"), kill
+            if kind == "model":
+                assert what in EXPECTED, f"{m.name}: no near-miss model {what}"
+    # the ones issue 12 lists by name
+    required = {"vocab-gt-offset", "routing-slot-once", "abs-any", "fingerprint-source", "reshape-lift-guard",
+                "reshape-push-guard", "concat-left-bound"}
+    assert required <= set(names)
+
+
+def test_a_mutant_is_applied_to_a_copy_only(tmp_path):
+    mutant = next(m for m in vm.MUTANTS if m.name == "vocab-gt-offset")
+    original = vm.locate(mutant)
+    before = original.read_text()
+    copy = vm.mutated_copy(mutant, tmp_path)
+    mutated = (copy / original.relative_to(vm.PACKAGE)).read_text()
+    assert original.read_text() == before and mutant.snippet in before
+    assert mutant.replacement in mutated and mutant.snippet not in mutated
+
+
+def test_every_verifier_mutant_is_killed_by_an_assertion(tmp_path):
+    lines: list[str] = []
+    baseline, outcomes = vm.run(list(vm.MUTANTS), tmp_path, workers=2, baseline_tests=False, log=lines.append)
+    table = "\n".join(lines)
+    assert baseline.verdict == "survived", f"the unmutated package fails its own checks:\n{table}"
+    assert len(outcomes) == len(vm.MUTANTS)
+    not_killed = [o for o in outcomes if o.verdict != "killed"]
+    assert not not_killed, f"mutants not killed by an assertion:\n{table}"
