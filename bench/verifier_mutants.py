@@ -58,13 +58,13 @@ def M(name: str, snippet: str, replacement: str, reason: str, *kills: str) -> Mu
 
 
 def near_miss(*names: str) -> str:
-    """Term-level near misses of tests/test_rules_numeric.py (must not be proved)."""
-    return "pytest:" + " ".join(f"tests/test_rules_numeric.py::test_near_miss_is_not_proved[{n}]" for n in names)
+    """Term-level near misses of tests/terms/test_rules_numeric.py (must not be proved)."""
+    return "pytest:" + " ".join(f"tests/terms/test_rules_numeric.py::test_near_miss_is_not_proved[{n}]" for n in names)
 
 
 def rule_instance(name: str) -> str:
-    """A rule's instances of tests/test_rules_numeric.py (must be proved, and be identities)."""
-    return "pytest:" + " ".join(f"tests/test_rules_numeric.py::test_rule_fires_and_is_an_identity[{name}-{s}]"
+    """A rule's instances of tests/terms/test_rules_numeric.py (must be proved, and be identities)."""
+    return "pytest:" + " ".join(f"tests/terms/test_rules_numeric.py::test_rule_fires_and_is_an_identity[{name}-{s}]"
                                 for s in range(4))
 
 

@@ -12,25 +12,28 @@ import contextlib
 import sys
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1]
-if str(TESTS) not in sys.path:  # term_numpy, test_rules_numeric: the numpy model of terms and its builders
+TESTS = Path(__file__).resolve().parents[1] / "terms"
+if str(TESTS) not in sys.path:  # test_rules_numeric: the term builders of the rule tests
     sys.path.insert(0, str(TESTS))
 
-from term_numpy import TermEvalError, evaluate
 from test_rules_numeric import (
     B,  # term builders that compute shapes the way the evaluator does
 )
 
-from equivci import memo
-from equivci.capture.numeric import compare_many_in_child  # the numeric oracle
+from equivci import cache as memo
+from equivci.capture.oracle import compare_many_in_child  # the numeric oracle
 from equivci.capture.run import capture_model
 from equivci.hlo.parser import parse_module
 from equivci.manifest import load_manifest
-from equivci.verify import engine, masks, routing
-from equivci.verify.load import Loader
-from equivci.verify.prove import _run as run_rewrites
-from equivci.verify.prove import build_programs, proved_equal
-from equivci.verify.terms import Term, reshape_spec
+from equivci.prove.programs import build_programs
+from equivci.prove.saturate import _run as run_rewrites
+from equivci.prove.saturate import proved_equal
+from equivci.terms.ir import Term
+from equivci.terms.load import Loader
+from equivci.terms.semantics import TermEvalError, evaluate
+from equivci.terms.spec import reshape_spec
+from equivci.translate import masks, routing
+from equivci.verify import engine
 
 __all__ = [
     "B", "Loader", "Term", "TermEvalError", "capture", "evaluate", "fingerprint_of", "memo", "oracle",
@@ -106,13 +109,13 @@ def recording_facts():
 
 
 def fingerprint_of(package_dir: Path) -> str:
-    """memo.fingerprint() as computed by a fresh interpreter importing the package at `package_dir`
+    """cache.fingerprint() as computed by a fresh interpreter importing the package at `package_dir`
     (its parent goes first on PYTHONPATH; -P keeps the working folder off sys.path)."""
     import os
     import subprocess
 
     env = dict(os.environ, PYTHONPATH=str(package_dir.parent))
-    code = "import equivci, equivci.memo as m; print(equivci.__file__); print(m.fingerprint())"
+    code = "import equivci, equivci.cache as m; print(equivci.__file__); print(m.fingerprint())"
     out = subprocess.run([sys.executable, "-P", "-c", code], env=env, cwd=package_dir.parent, capture_output=True, text=True,
                          check=True).stdout
     where, value = out.split()

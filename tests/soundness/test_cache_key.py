@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from engine_api import fingerprint_of, memo
 from near_miss_cases import MANIFEST
-from zoo_cases import REPO
+from equivci.testing.zoo import REPO
 
 import equivci
 

@@ -2,7 +2,7 @@
 of masked window lookups is the full lookup (vocabulary parallelism), a max of window maxima is the
 max, and the routing lemma's combine is the gather of the dense expert outputs, for every index
 vector (given each device's dispatch mask for it). Each fact found while the correct near-miss models are built is evaluated on random inputs
-(tests/term_numpy.py), with the evaluator's folded constants; a routing fact for several random
+(equivci/terms/semantics.py), with the evaluator's folded constants; a routing fact for several random
 index vectors drawn inside the bounds the lemma enumerated."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from near_miss_cases import EXPECTED, MANIFEST, agrees
-from zoo_cases import REPO
+from equivci.testing.zoo import REPO
 
 HALVES = 2  # two verify processes at once: the suite runs on two cores
 

@@ -33,8 +33,6 @@ def test_the_oracle_finds_a_known_difference(compared, name):
     assert not r.equal and r.max_abs_diff > 0, (name, r)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (issue 12): integer inputs are drawn in [0, smallest float "
-                   "dim) = [0, 4), not over the ids' whole valid range [0, 8)")
 @pytest.mark.parametrize("name", HIGH_IDS)
 def test_the_oracle_draws_ids_over_their_whole_range(compared, name):
     assert not compared[name].equal, (name, compared[name])

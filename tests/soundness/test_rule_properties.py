@@ -4,7 +4,7 @@ Hypothesis builds a pool of terms over a few inputs by random steps (slices, con
 elementwise ops, compare/select masks, reshapes, broadcasts, transposes, repeats, batched gathers,
 dynamic slices, and sort and top-k as opaque ops), loads the whole pool into one e-graph, runs every
 rewrite the way a proof does, and then, for every pair of pool terms egglog puts in one e-class,
-asserts that both evaluate to the same array (tests/term_numpy.py) on random inputs. Each example
+asserts that both evaluate to the same array (equivci/terms/semantics.py) on random inputs. Each example
 also holds a pair that must be proved (a term and the concatenation of its two halves), so the
 property is never checked on an e-graph where nothing was proved.
 """

@@ -9,7 +9,7 @@ import importlib.util
 import sys
 
 from near_miss_cases import EXPECTED
-from zoo_cases import REPO
+from equivci.testing.zoo import REPO
 
 _spec = importlib.util.spec_from_file_location("verifier_mutants", REPO / "bench" / "verifier_mutants.py")
 vm = sys.modules["verifier_mutants"] = importlib.util.module_from_spec(_spec)
