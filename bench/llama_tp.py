@@ -49,7 +49,7 @@ LLAMA_70B = Config(d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, d_ff=286
 LLAMA_405B = Config(d_model=16384, n_layers=126, n_heads=128, n_kv_heads=8, d_ff=53248, vocab=128256)
 
 
-def _layers(cfg: Config) -> int:
+def n_layers(cfg: Config) -> int:
     return int(os.environ.get("EQUIVCI_BENCH_LAYERS", cfg.n_layers))
 
 
@@ -103,18 +103,24 @@ def lm_head(h, w_norm, w_out, eps):
     return h @ w_out  # logits (of this device's vocab slice, in the distributed program)
 
 
+def block(cfg: Config, x, layer, cos, sin, tp=1, reduce=lambda t: t):
+    """One pre-norm decoder block on `1/tp` of the heads and of d_ff; `reduce` sums the
+    row-parallel partial products (lax.psum in the distributed program)."""
+    h = rms_norm(x, layer["attn_norm"], cfg.eps)
+    x = x + reduce(attention(h, layer["wq"], layer["wk"], layer["wv"], layer["wo"], cos, sin,
+                             cfg.n_heads // tp, cfg.n_kv_heads // tp, cfg.head_dim))
+    h = rms_norm(x, layer["mlp_norm"], cfg.eps)
+    return x + reduce(swiglu(h, layer["w_gate"], layer["w_up"], layer["w_down"]))
+
+
 # --- the reference: one device ----------------------------------------------------------------------
 
 
-def _forward(cfg: Config, x, params):
+def decoder(cfg: Config, x, params):
     cos, sin = rope_tables(x.shape[1], cfg.head_dim, cfg.rope_theta)
     for i, layer in enumerate(params["layers"]):
         with jax.named_scope(f"layers_{i}"):
-            h = rms_norm(x, layer["attn_norm"], cfg.eps)
-            x = x + attention(h, layer["wq"], layer["wk"], layer["wv"], layer["wo"], cos, sin,
-                              cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
-            h = rms_norm(x, layer["mlp_norm"], cfg.eps)
-            x = x + swiglu(h, layer["w_gate"], layer["w_up"], layer["w_down"])
+            x = block(cfg, x, layer, cos, sin)
     with jax.named_scope("lm_head"):
         return lm_head(x, params["final_norm"], params["lm_head"], cfg.eps)
 
@@ -122,53 +128,67 @@ def _forward(cfg: Config, x, params):
 # --- the distributed program: Megatron TP with shard_map ---------------------------------------------
 
 
-def _forward_tp(cfg: Config, x, params, mesh):
+# Megatron: q/k/v, gate and up column-parallel; the output and down projections row-parallel.
+LAYER_SPECS = {
+    "attn_norm": P(), "mlp_norm": P(),
+    "wq": P(None, TP), "wk": P(None, TP), "wv": P(None, TP), "wo": P(TP, None),
+    "w_gate": P(None, TP), "w_up": P(None, TP), "w_down": P(TP, None),
+}
+
+
+def psum_tp(t):
+    return lax.psum(t, TP)  # row-parallel projections: sum the partial products
+
+
+def decoder_tp(cfg: Config, x, params, mesh):
     tp = mesh.shape[TP]
-    hd = cfg.head_dim
-    layer_specs = {
-        "attn_norm": P(), "mlp_norm": P(),
-        "wq": P(None, TP), "wk": P(None, TP), "wv": P(None, TP), "wo": P(TP, None),
-        "w_gate": P(None, TP), "w_up": P(None, TP), "w_down": P(TP, None),
-    }
-    specs = {"layers": [layer_specs] * len(params["layers"]), "final_norm": P(), "lm_head": P(None, TP)}
+    specs = {"layers": [LAYER_SPECS] * len(params["layers"]), "final_norm": P(), "lm_head": P(None, TP)}
 
     def body(x, params):
-        cos, sin = rope_tables(x.shape[1], hd, cfg.rope_theta)
+        cos, sin = rope_tables(x.shape[1], cfg.head_dim, cfg.rope_theta)
         for i, layer in enumerate(params["layers"]):
             with jax.named_scope(f"layers_{i}"):
-                h = rms_norm(x, layer["attn_norm"], cfg.eps)
-                a = attention(h, layer["wq"], layer["wk"], layer["wv"], layer["wo"], cos, sin,
-                              cfg.n_heads // tp, cfg.n_kv_heads // tp, hd)
-                x = x + lax.psum(a, TP)  # row-parallel output projection: sum the partial products
-                h = rms_norm(x, layer["mlp_norm"], cfg.eps)
-                x = x + lax.psum(swiglu(h, layer["w_gate"], layer["w_up"], layer["w_down"]), TP)
+                x = block(cfg, x, layer, cos, sin, tp, psum_tp)
         with jax.named_scope("lm_head"):
             return lm_head(x, params["final_norm"], params["lm_head"], cfg.eps)  # vocab-parallel logits
 
     return jax.shard_map(body, mesh=mesh, in_specs=(P(), specs), out_specs=P(None, None, TP))(x, params)
 
 
-def _inputs(cfg: Config):
-    def s(*shape):
-        return jax.ShapeDtypeStruct(shape, DTYPE)
-
+def layer_shapes(cfg: Config, dtype=DTYPE) -> dict:
     d, hd = cfg.d_model, cfg.head_dim
-    layer = {
+
+    def s(*shape):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    return {
         "attn_norm": s(d), "mlp_norm": s(d),
         "wq": s(d, cfg.n_heads * hd), "wk": s(d, cfg.n_kv_heads * hd), "wv": s(d, cfg.n_kv_heads * hd),
         "wo": s(cfg.n_heads * hd, d),
         "w_gate": s(d, cfg.d_ff), "w_up": s(d, cfg.d_ff), "w_down": s(cfg.d_ff, d),
     }
-    params = {"layers": [dict(layer) for _ in range(_layers(cfg))], "final_norm": s(d), "lm_head": s(d, cfg.vocab)}
-    return (s(BATCH, SEQ, d), params)
+
+
+def model_inputs(cfg: Config, layer: dict, dtype=DTYPE, batch: int = BATCH) -> tuple:
+    """(x, params) with n_layers(cfg) copies of the per-layer shapes `layer`."""
+    def s(*shape):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    d = cfg.d_model
+    params = {"layers": [dict(layer) for _ in range(n_layers(cfg))], "final_norm": s(d), "lm_head": s(d, cfg.vocab)}
+    return (s(batch, SEQ, d), params)
+
+
+def _inputs(cfg: Config):
+    return model_inputs(cfg, layer_shapes(cfg))
 
 
 def forward_8b(x, params):
-    return _forward(LLAMA_8B, x, params)
+    return decoder(LLAMA_8B, x, params)
 
 
 def forward_8b_tp(x, params, *, mesh):
-    return _forward_tp(LLAMA_8B, x, params, mesh)
+    return decoder_tp(LLAMA_8B, x, params, mesh)
 
 
 def inputs_8b():
@@ -176,11 +196,11 @@ def inputs_8b():
 
 
 def forward_70b(x, params):
-    return _forward(LLAMA_70B, x, params)
+    return decoder(LLAMA_70B, x, params)
 
 
 def forward_70b_tp(x, params, *, mesh):
-    return _forward_tp(LLAMA_70B, x, params, mesh)
+    return decoder_tp(LLAMA_70B, x, params, mesh)
 
 
 def inputs_70b():
@@ -188,11 +208,11 @@ def inputs_70b():
 
 
 def forward_405b(x, params):
-    return _forward(LLAMA_405B, x, params)
+    return decoder(LLAMA_405B, x, params)
 
 
 def forward_405b_tp(x, params, *, mesh):
-    return _forward_tp(LLAMA_405B, x, params, mesh)
+    return decoder_tp(LLAMA_405B, x, params, mesh)
 
 
 def inputs_405b():
