@@ -89,7 +89,7 @@ def attention(h, wq, wk, wv, wo, cos, sin, n_heads, n_kv_heads, head_dim):
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(head_dim))
     mask = jnp.tril(jnp.ones((s, s), dtype=bool))
     scores = jnp.where(mask[None, None], scores, jnp.float32(-1e30))
-    probs = jax.nn.softmax(scores, axis=-1)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # float32 softmax, back to the activations' type
     out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, n_heads * head_dim)
     return out @ wo
 

@@ -5,7 +5,9 @@ each kind), real capture and egglog, in a temporary git repository, through the 
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
 from equivci import shard
 from equivci.ci.publish import MARKER
@@ -35,7 +38,7 @@ def _manifest() -> str:
 
 
 def cli(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "equivci", *args], cwd=repo, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "equivci", *args], cwd=repo, capture_output=True, text=True, check=False,
                           timeout=600)
 
 
@@ -141,3 +144,27 @@ def test_merge_refuses_bad_reports(runs, tmp_path):
     _one_paragraph_error(cli(repo, "merge", str(tmp_path / "junk.json")), "is not an equivci JSON report")
     _one_paragraph_error(cli(repo, "merge", *shard_paths[:-1]), f"shard(s) {SHARDS} of {SHARDS} missing")
     _one_paragraph_error(cli(repo, "merge", *shard_paths, shard_paths[0]), "more than one report")
+
+
+def test_documented_matrix_workflows_use_real_options():
+    """docs/ci-matrix.md: shards -> merge; the matrix and --shard agree on N; every option that
+    its `equivci` commands pass is one the command accepts."""
+    doc = (ROOT / "docs" / "ci-matrix.md").read_text()
+    workflows = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", doc, flags=re.DOTALL)]
+    assert len(workflows) == 2
+    helps: dict[str, str] = {}
+    for wf in workflows:
+        jobs = wf["jobs"]
+        assert jobs["merge"]["needs"] == "shards" and jobs["merge"]["if"] == "always()"
+        n = len(jobs["shards"]["strategy"]["matrix"]["shard"])
+        runs = [s["run"] for job in jobs.values() for s in job["steps"] if "run" in s]
+        commands = [line.strip() for run in runs for line in run.splitlines() if line.strip().startswith("equivci ")]
+        assert any(f"--shard ${{{{ matrix.shard }}}}/{n} " in c for c in commands), commands
+        assert any(c.startswith("equivci merge shards/*/shard.json") for c in commands), commands
+        for command in commands:
+            name = command.split()[1]
+            if name not in helps:
+                helps[name] = subprocess.run([sys.executable, "-m", "equivci", name, "--help"], check=False, capture_output=True,
+                                             text=True, timeout=120, env={**os.environ, "COLUMNS": "300"}).stdout
+            for option in re.findall(r"(?<!\S)(--[a-z-]+)", command):
+                assert option in helps[name], f"{command}: {option} is not an option of `equivci {name}`"

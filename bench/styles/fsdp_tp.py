@@ -11,8 +11,18 @@ import jax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 from kit import export
-from llama_tp import (LAYER_SPECS, TP, Config, block, decoder, layer_shapes, lm_head, model_inputs, psum_tp,
-                      rope_tables)
+from llama_tp import (
+    LAYER_SPECS,
+    TP,
+    Config,
+    block,
+    decoder,
+    layer_shapes,
+    lm_head,
+    model_inputs,
+    psum_tp,
+    rope_tables,
+)
 
 FSDP = "fsdp"
 BATCH = 2  # one sequence per fsdp shard

@@ -13,7 +13,17 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 from kit import export
-from llama_tp import TP, Config, apply_rope, layer_shapes, lm_head, model_inputs, psum_tp, rms_norm, rope_tables
+from llama_tp import (
+    TP,
+    Config,
+    apply_rope,
+    layer_shapes,
+    lm_head,
+    model_inputs,
+    psum_tp,
+    rms_norm,
+    rope_tables,
+)
 
 FUSED_SPECS = {
     "attn_norm": P(), "mlp_norm": P(),
@@ -61,7 +71,10 @@ def reference(cfg: Config, x, params):
 
 def distributed(cfg: Config, x, params, *, mesh):
     specs = {"layers": [FUSED_SPECS] * len(params["layers"]), "final_norm": P(), "lm_head": P(None, TP)}
-    body = lambda x, params: _decoder(cfg, x, params, psum_tp)  # noqa: E731
+
+    def body(x, params):
+        return _decoder(cfg, x, params, psum_tp)
+
     return jax.shard_map(body, mesh=mesh, in_specs=(P(), specs), out_specs=P(None, None, TP))(x, params)
 
 

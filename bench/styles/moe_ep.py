@@ -14,8 +14,18 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 from kit import export
-from llama_tp import (LAYER_SPECS, TP, Config, attention, layer_shapes, lm_head, model_inputs, psum_tp, rms_norm,
-                      rope_tables)
+from llama_tp import (
+    LAYER_SPECS,
+    TP,
+    Config,
+    attention,
+    layer_shapes,
+    lm_head,
+    model_inputs,
+    psum_tp,
+    rms_norm,
+    rope_tables,
+)
 
 N_EXPERTS, TOP_K = 8, 2
 EXPERT_SPECS = {

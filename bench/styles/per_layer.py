@@ -13,7 +13,17 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 from kit import export
-from llama_tp import LAYER_SPECS, TP, Config, layer_shapes, lm_head, model_inputs, psum_tp, rms_norm, swiglu
+from llama_tp import (
+    LAYER_SPECS,
+    TP,
+    Config,
+    layer_shapes,
+    lm_head,
+    model_inputs,
+    psum_tp,
+    rms_norm,
+    swiglu,
+)
 
 
 def rotate_half(x):

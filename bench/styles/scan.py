@@ -11,7 +11,17 @@ import jax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 from kit import export
-from llama_tp import LAYER_SPECS, TP, Config, block, layer_shapes, lm_head, n_layers, psum_tp, rope_tables
+from llama_tp import (
+    LAYER_SPECS,
+    TP,
+    Config,
+    block,
+    layer_shapes,
+    lm_head,
+    n_layers,
+    psum_tp,
+    rope_tables,
+)
 from llama_tp import model_inputs as unstacked_inputs
 
 STACKED_SPECS = {name: P(None, *spec) for name, spec in LAYER_SPECS.items()}

@@ -37,7 +37,7 @@ def report_from_dict(doc: dict[str, Any]) -> tuple[Report, str | None]:
     from equivci.memo import result_from_json
 
     if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
-        raise ValueError("no 'models' list")
+        raise TypeError("no 'models' list")
     models = tuple(dataclasses.replace(result_from_json(m), reused=bool(m.get("reused"))) for m in doc["models"])
     shard = doc.get("shard")
     if shard is not None:
