@@ -116,11 +116,13 @@ def block(cfg: Config, x, layer, cos, sin, tp=1, reduce=lambda t: t):
 # --- the reference: one device ----------------------------------------------------------------------
 
 
-def decoder(cfg: Config, x, params):
+def decoder(cfg: Config, x, params, layer_fn=block, **parallel):
+    """The decoder stack; `layer_fn` is one block (`block`, or another style's), `parallel` its
+    tensor-parallel arguments (tp, reduce, ...) inside the distributed program."""
     cos, sin = rope_tables(x.shape[1], cfg.head_dim, cfg.rope_theta)
     for i, layer in enumerate(params["layers"]):
         with jax.named_scope(f"layers_{i}"):
-            x = block(cfg, x, layer, cos, sin)
+            x = layer_fn(cfg, x, layer, cos, sin, **parallel)
     with jax.named_scope("lm_head"):
         return lm_head(x, params["final_norm"], params["lm_head"], cfg.eps)
 
@@ -140,17 +142,13 @@ def psum_tp(t):
     return lax.psum(t, TP)  # row-parallel projections: sum the partial products
 
 
-def decoder_tp(cfg: Config, x, params, mesh):
-    tp = mesh.shape[TP]
-    specs = {"layers": [LAYER_SPECS] * len(params["layers"]), "final_norm": P(), "lm_head": P(None, TP)}
+def decoder_tp(cfg: Config, x, params, mesh, layer_fn=block, layer_specs=LAYER_SPECS, **parallel):
+    """The decoder in one shard_map: every layer's weights split by `layer_specs`, the LM head
+    vocab-parallel (each device computes its slice of the logits)."""
+    specs = {"layers": [layer_specs] * len(params["layers"]), "final_norm": P(), "lm_head": P(None, TP)}
 
     def body(x, params):
-        cos, sin = rope_tables(x.shape[1], cfg.head_dim, cfg.rope_theta)
-        for i, layer in enumerate(params["layers"]):
-            with jax.named_scope(f"layers_{i}"):
-                x = block(cfg, x, layer, cos, sin, tp, psum_tp)
-        with jax.named_scope("lm_head"):
-            return lm_head(x, params["final_norm"], params["lm_head"], cfg.eps)  # vocab-parallel logits
+        return decoder(cfg, x, params, layer_fn, tp=mesh.shape[TP], reduce=psum_tp, **parallel)
 
     return jax.shard_map(body, mesh=mesh, in_specs=(P(), specs), out_specs=P(None, None, TP))(x, params)
 

@@ -17,12 +17,11 @@ from llama_tp import (
     TP,
     Config,
     apply_rope,
+    decoder,
+    decoder_tp,
     layer_shapes,
-    lm_head,
     model_inputs,
-    psum_tp,
     rms_norm,
-    rope_tables,
 )
 
 FUSED_SPECS = {
@@ -32,50 +31,37 @@ FUSED_SPECS = {
 }
 
 
-def grouped_attention(cfg: Config, h, wqkv, wo, cos, sin):
-    """On the KV heads present in wqkv (all of them, or one device's share)."""
+def grouped_attention(cfg: Config, h, wqkv, wo, cos, sin, tp=1):
+    """On the KV heads of one device's share of wqkv (all of them when tp is 1)."""
     b, s, _ = h.shape
     group = cfg.n_heads // cfg.n_kv_heads
+    n_heads = cfg.n_heads // tp
     qkv = jnp.einsum("bsd,dkgh->bskgh", h, wqkv)  # (b, s, kv heads, group + 2, head_dim)
     q = qkv[:, :, :, :group]
-    q = apply_rope(q.reshape(b, s, -1, cfg.head_dim), cos, sin).reshape(q.shape)
+    q = apply_rope(q.reshape(b, s, n_heads, cfg.head_dim), cos, sin).reshape(q.shape)
     k = apply_rope(qkv[:, :, :, group], cos, sin)
     v = qkv[:, :, :, group + 1]
     scores = jnp.einsum("bqkgd,bskd->bkgqs", q, k) / jnp.sqrt(jnp.float32(cfg.head_dim))
     causal = jnp.tril(jnp.ones((s, s), dtype=bool))
     probs = jax.nn.softmax(jnp.where(causal, scores, jnp.float32(-1e30)), axis=-1)
     out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v)
-    return out.reshape(b, s, -1) @ wo
+    return out.reshape(b, s, n_heads * cfg.head_dim) @ wo
 
 
-def fused_block(cfg: Config, x, layer, cos, sin, reduce=lambda t: t):
+def fused_block(cfg: Config, x, layer, cos, sin, tp=1, reduce=lambda t: t):
     h = rms_norm(x, layer["attn_norm"], cfg.eps)
-    x = x + reduce(grouped_attention(cfg, h, layer["wqkv"], layer["wo"], cos, sin))
+    x = x + reduce(grouped_attention(cfg, h, layer["wqkv"], layer["wo"], cos, sin, tp))
     h = rms_norm(x, layer["mlp_norm"], cfg.eps)
     gate_up = jnp.einsum("bsd,dtf->bstf", h, layer["w_gate_up"])
     return x + reduce((jax.nn.silu(gate_up[:, :, 0]) * gate_up[:, :, 1]) @ layer["w_down"])
 
 
-def _decoder(cfg: Config, x, params, reduce=lambda t: t):
-    cos, sin = rope_tables(x.shape[1], cfg.head_dim, cfg.rope_theta)
-    for i, layer in enumerate(params["layers"]):
-        with jax.named_scope(f"layers_{i}"):
-            x = fused_block(cfg, x, layer, cos, sin, reduce)
-    with jax.named_scope("lm_head"):
-        return lm_head(x, params["final_norm"], params["lm_head"], cfg.eps)
-
-
 def reference(cfg: Config, x, params):
-    return _decoder(cfg, x, params)
+    return decoder(cfg, x, params, fused_block)
 
 
 def distributed(cfg: Config, x, params, *, mesh):
-    specs = {"layers": [FUSED_SPECS] * len(params["layers"]), "final_norm": P(), "lm_head": P(None, TP)}
-
-    def body(x, params):
-        return _decoder(cfg, x, params, psum_tp)
-
-    return jax.shard_map(body, mesh=mesh, in_specs=(P(), specs), out_specs=P(None, None, TP))(x, params)
+    return decoder_tp(cfg, x, params, mesh, fused_block, FUSED_SPECS)
 
 
 def inputs(cfg: Config, dtype):

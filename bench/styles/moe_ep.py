@@ -19,12 +19,11 @@ from llama_tp import (
     TP,
     Config,
     attention,
+    decoder,
+    decoder_tp,
     layer_shapes,
-    lm_head,
     model_inputs,
-    psum_tp,
     rms_norm,
-    rope_tables,
 )
 
 N_EXPERTS, TOP_K = 8, 2
@@ -62,26 +61,12 @@ def moe_block(cfg: Config, x, layer, cos, sin, tp=1, reduce=lambda t: t, local=l
     return x + reduce(experts(h, combine, layer["w_gate"], layer["w_up"], layer["w_down"]))
 
 
-def _decoder(cfg: Config, x, params, **parallel):
-    cos, sin = rope_tables(x.shape[1], cfg.head_dim, cfg.rope_theta)
-    for i, layer in enumerate(params["layers"]):
-        with jax.named_scope(f"layers_{i}"):
-            x = moe_block(cfg, x, layer, cos, sin, **parallel)
-    with jax.named_scope("lm_head"):
-        return lm_head(x, params["final_norm"], params["lm_head"], cfg.eps)
-
-
 def reference(cfg: Config, x, params):
-    return _decoder(cfg, x, params)
+    return decoder(cfg, x, params, moe_block)
 
 
 def distributed(cfg: Config, x, params, *, mesh):
-    specs = {"layers": [EXPERT_SPECS] * len(params["layers"]), "final_norm": P(), "lm_head": P(None, TP)}
-
-    def body(x, params):
-        return _decoder(cfg, x, params, tp=mesh.shape[TP], reduce=psum_tp, local=local_columns)
-
-    return jax.shard_map(body, mesh=mesh, in_specs=(P(), specs), out_specs=P(None, None, TP))(x, params)
+    return decoder_tp(cfg, x, params, mesh, moe_block, EXPERT_SPECS, local=local_columns)
 
 
 def inputs(cfg: Config, dtype):
