@@ -185,7 +185,8 @@ def summary(doc_text: str) -> str:
         ", skipped (unchanged)" if m.get("reused") else "")
 
 
-def bench_config(cfg: str, timeout: float, layers: int | None = None, repeat: int = 1, style: str = "llama_tp") -> dict:
+def bench_config(cfg: str, timeout: float, layers: int | None = None, repeat: int = 1, style: str = "llama_tp",
+                 change: bool = True) -> dict:
     spec = STYLES[style]
     tmp = Path(tempfile.mkdtemp(prefix=f"equivci-bench-{style}-{cfg}-"))
     repo = tmp / "repo"
@@ -223,6 +224,9 @@ def bench_config(cfg: str, timeout: float, layers: int | None = None, repeat: in
         shutil.rmtree(tmp, ignore_errors=True)
         return rows
     rows["warm"], rows["warm-cs"] = best_of(runs["warm"]), best_of(runs["warm-cs"])
+    if not change:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return rows
     src = repo / "models" / "llama_tp.py"
     text = src.read_text()
     assert text.count(LM_HEAD_OLD) == 1, "the LM-head line to edit is not in bench/llama_tp.py"
@@ -240,7 +244,8 @@ def print_rows(title: str, rows: dict) -> None:
     for name in ("cold", "warm", "warm-cs", "1-line"):
         r = rows.get(name)
         if r is None:
-            print(f"  {name:8} {'-':>8} {'-':>8} {'-':>7} {'-':>10}  not run: the cold run did not finish, nothing to reuse")
+            why = "the cold run did not finish, nothing to reuse" if rows["cold"]["exit"] is None else "--no-change"
+            print(f"  {name:8} {'-':>8} {'-':>8} {'-':>7} {'-':>10}  not run: {why}")
             continue
         result = summary(r["stdout"]) if r["exit"] is not None else "TIMEOUT"
         if r.get("runs", 1) > 1:
@@ -297,6 +302,7 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=900.0,
                     help="seconds per equivci run; a slower run is killed and reported as TIMEOUT")
     ap.add_argument("--repeat", type=int, default=1, help="best of N for the bare, warm and warm-cs runs")
+    ap.add_argument("--no-change", action="store_true", help="skip the one-line-change run (slow styles at 405B)")
     args = ap.parse_args()
     styles = _names(args.styles, STYLES)
     configs = _names(args.configs, ("tiny", "8b", "70b", "405b"))
@@ -304,7 +310,7 @@ def main() -> int:
     measured = []
     for style in styles:
         for cfg in configs:
-            rows = bench_config(cfg, args.timeout, repeat=args.repeat, style=style)
+            rows = bench_config(cfg, args.timeout, repeat=args.repeat, style=style, change=not args.no_change)
             print_rows(f"{style}, {cfg}-shaped", rows)
             measured.append((style, cfg, rows))
         for n in filter(None, args.layers.split(",")):

@@ -142,6 +142,9 @@ def test_merge_refuses_bad_reports(runs, tmp_path):
     _one_paragraph_error(cli(repo, "merge", str(tmp_path / "absent.json")), "cannot read the report", "absent.json")
     (tmp_path / "junk.json").write_text("<html>")
     _one_paragraph_error(cli(repo, "merge", str(tmp_path / "junk.json")), "is not an equivci JSON report")
+    (tmp_path / "failed.json").write_text(json.dumps({"equivci": "0.1.0", "models": [], "error": "bad manifest"}))
+    _one_paragraph_error(cli(repo, "merge", *shard_paths[1:], str(tmp_path / "failed.json")),
+                         "failed before verifying", "bad manifest")
     _one_paragraph_error(cli(repo, "merge", *shard_paths[:-1]), f"shard(s) {SHARDS} of {SHARDS} missing")
     _one_paragraph_error(cli(repo, "merge", *shard_paths, shard_paths[0]), "more than one report")
 
