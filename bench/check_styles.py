@@ -63,7 +63,7 @@ def check(name: str) -> float:
     specs = inputs(TINY, jnp.float32)
     leaves, tree = jax.tree.flatten(specs)
     keys = jax.random.split(jax.random.key(0), len(leaves))
-    args = jax.tree.unflatten(tree, [random_like(s, k, TINY.vocab) for s, k in zip(leaves, keys)])
+    args = jax.tree.unflatten(tree, [random_like(s, k, TINY.vocab) for s, k in zip(leaves, keys, strict=True)])
     shape = STYLES[name].mesh
     devices = np.array(jax.devices()[: math.prod(shape.values())]).reshape(tuple(shape.values()))
     mesh = Mesh(devices, tuple(shape), axis_types=(AxisType.Auto,) * len(shape))

@@ -92,7 +92,7 @@ def test_shard_reports_partition_the_selected_models(runs):
     assert all(p["selected"] == list(NAMES) and p["count"] == SHARDS for p in plans)
     assigned = [name for p in plans for name in p["assigned"]]
     assert sorted(assigned) == sorted(NAMES)  # every model in exactly one shard
-    for (proc, path), plan in zip(runs["shards"], plans):
+    for (proc, path), plan in zip(runs["shards"], plans, strict=True):
         assert [m["name"] for m in json.loads(path.read_text())["models"]] == plan["assigned"], proc.stderr
     # Stable across runs: the same assignment as the pure function (and so as any other run).
     expected, _ = shard.assign(NAMES, SHARDS)
