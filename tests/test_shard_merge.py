@@ -171,3 +171,30 @@ def test_documented_matrix_workflows_use_real_options():
                                              text=True, timeout=120, env={**os.environ, "COLUMNS": "300"}).stdout
             for option in re.findall(r"(?<!\S)(--[a-z-]+)", command):
                 assert option in helps[name], f"{command}: {option} is not an option of `equivci {name}`"
+
+
+def test_merge_publishes_one_comment_for_the_shards_of_a_pull_request(tmp_path):
+    """Two shard jobs of a pull request that drops a psum, then `merge --publish`: one sticky
+    comment with both models, the line comment on the changed line, the job summary."""
+    from fake_github import FakeGitHub, actions_env, make_pr_repo, pull_files_from_git, write_pr_event
+
+    pr = make_pr_repo(tmp_path)
+    with FakeGitHub() as fake:
+        fake.set_pull_files(5, pull_files_from_git(pr.path, pr.base, pr.head))
+        env = actions_env(tmp_path, fake, write_pr_event(tmp_path / "event.json", fake.repo, 5, pr.base, pr.head))
+        full = {**{k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "RUNNER_"))}, **env}
+        paths = []
+        for i in (1, 2):
+            proc = subprocess.run([sys.executable, "-m", "equivci", "verify", "--shard", f"{i}/2", "--changed-since",
+                                   pr.base, "--format", "json"], cwd=pr.path, env=full, capture_output=True, text=True,
+                                  check=False, timeout=600)
+            paths.append(tmp_path / f"shard-{i}.json")
+            paths[-1].write_text(proc.stdout)
+        merged = subprocess.run([sys.executable, "-m", "equivci", "merge", *map(str, paths), "--publish"], cwd=pr.path,
+                                env=full, capture_output=True, text=True, check=False, timeout=600)
+        assert merged.returncode == 1, merged.stdout + merged.stderr
+        (comment,) = fake.issue_comments[5]
+        assert comment["body"].startswith(MARKER)
+        assert "| mlp-tp | ✅ verified |" in comment["body"] and "| mlp-tp-edited | ❌ mismatch |" in comment["body"]
+        assert {(c["path"], c["line"]) for c in fake.review_comments[5]} == {(pr.edited, pr.bug_line)}
+        assert "| mlp-tp-edited | ❌ mismatch |" in Path(env["GITHUB_STEP_SUMMARY"]).read_text()

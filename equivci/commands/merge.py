@@ -21,7 +21,7 @@ class MergeFormat(str, enum.Enum):
 
 
 def merge(
-    reports: Annotated[list[Path], typer.Argument(metavar="REPORT.json...", help="JSON reports of the shards.")],
+    reports: Annotated[list[Path], typer.Argument(metavar="REPORT.json", help="JSON reports of the shards (`verify --shard I/N --format json`).")],
     output_format: Annotated[MergeFormat, typer.Option("--format", help="Format of the merged report on stdout.")] = MergeFormat.text,
     link_base: Annotated[
         str | None, typer.Option("--link-base", help="Make finding locations links: https://github.com/OWNER/REPO/blob/SHA.")
