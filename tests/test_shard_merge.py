@@ -176,7 +176,13 @@ def test_documented_matrix_workflows_use_real_options():
 def test_merge_publishes_one_comment_for_the_shards_of_a_pull_request(tmp_path):
     """Two shard jobs of a pull request that drops a psum, then `merge --publish`: one sticky
     comment with both models, the line comment on the changed line, the job summary."""
-    from fake_github import FakeGitHub, actions_env, make_pr_repo, pull_files_from_git, write_pr_event
+    from fake_github import (
+        FakeGitHub,
+        actions_env,
+        make_pr_repo,
+        pull_files_from_git,
+        write_pr_event,
+    )
 
     pr = make_pr_repo(tmp_path)
     with FakeGitHub() as fake:
