@@ -315,7 +315,8 @@ def main() -> int:
             measured.append((style, cfg, rows))
         for n in filter(None, args.layers.split(",")):
             print_rows(f"{style}, 8b-shaped, {n} layers",
-                       bench_config("8b", args.timeout, layers=int(n), repeat=args.repeat, style=style))
+                       bench_config("8b", args.timeout, layers=int(n), repeat=args.repeat, style=style,
+                                    change=not args.no_change))
     print("\nSummary (seconds; × the bare in-process lowering of both programs in the same run):")
     print("\n".join(summary_table(measured)))
     return 0
