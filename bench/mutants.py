@@ -1,12 +1,12 @@
 """Mutation sweep: a soundness check of equivci against source-level mutants of correct models.
 
 For every correct model of configs/zoo.yaml and equivci.yaml (labels from the expected.yaml
-sidecars, via tests/zoo_cases.py), the distributed function is mutated with Python's `ast`
+sidecars, via equivci/testing/zoo.py), the distributed function is mutated with Python's `ast`
 (one change per mutant: a constant off by one, `+`/`-` swapped, a collective deleted, another
 mesh axis, a changed `axis=`/`tiled=`, a slice start moved, `axis_index` replaced by 0, a
 reversed ppermute ring, a PartitionSpec entry moved, ...). Module-level helpers the distributed
 function calls are cloned first (`_layer` -> `_layer__dist`), so a mutant never touches the
-reference. Each mutant goes to the numeric oracle (equivci/capture/numeric.py, random inputs on
+reference. Each mutant goes to the numeric oracle (equivci/capture/oracle.py, random inputs on
 the fake mesh, several seeds) and, if it runs, to `equivci verify --no-cache --format json`.
 
     python bench/mutants.py                                  # full sweep
@@ -41,14 +41,13 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
+import yaml
+
+from equivci.capture.oracle import NumericComparison, compare_many_in_child
+from equivci.errors import EquivciError
+from equivci.testing.zoo import MANIFESTS, Case, cases
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # zoo_cases: the labelled models and their sidecars
-
-import yaml  # noqa: E402
-
-from equivci.capture.numeric import NumericComparison, compare_many_in_child  # noqa: E402
-from equivci.errors import EquivciError  # noqa: E402
-from zoo_cases import MANIFESTS, Case, cases  # noqa: E402
 
 CORRECT_MANIFESTS = {rel: side for rel, side in MANIFESTS.items() if rel in ("equivci.yaml", "configs/zoo.yaml")}
 SEEDS = (0, 1, 2, 3)

@@ -6,9 +6,10 @@ Every problem raises EquivciError with one paragraph: `FILE:LINE: KEY: what is w
 from __future__ import annotations
 
 import dataclasses
-import math
 import difflib
+import math
 import re
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -21,7 +22,9 @@ MAX_DEVICES = 64  # fake CPU devices per capture child; more makes capture impra
 
 TOP_KEYS = ("version", "models")
 REQUIRED_MODEL_KEYS = ("name", "reference", "distributed", "inputs", "mesh")
-MODEL_KEYS = REQUIRED_MODEL_KEYS + ("tags",)
+MODEL_KEYS = REQUIRED_MODEL_KEYS + ("tags", "capture_timeout", "oracle")
+ORACLE_KEYS = ("rtol", "atol", "inputs")
+DEFAULT_CAPTURE_TIMEOUT = 900.0  # seconds for importing, tracing and partitioning one model
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -40,6 +43,24 @@ class Entrypoint:
         return self.spec.rpartition(":")[0]
 
 
+@dataclasses.dataclass(frozen=True)
+class OracleSpec:
+    """The numeric oracle's settings for one model (the manifest's `oracle:` key).
+
+    rtol / atol: a tolerance set by hand, replacing the one derived from the reference's own
+    roundings (atol relative to the output's magnitude, as for the built-in tolerances).
+    inputs: a zero-argument function returning smaller inputs for the oracle alone, for models
+    too large to run on random inputs (the entrypoints must accept them)."""
+
+    rtol: float | None = None
+    atol: float | None = None
+    inputs: Entrypoint | None = None
+
+    @property
+    def tolerance_set(self) -> bool:
+        return self.rtol is not None or self.atol is not None
+
+
 def mesh_size(mesh: tuple[tuple[str, int], ...]) -> int:
     return math.prod(size for _, size in mesh)
 
@@ -52,6 +73,8 @@ class ModelSpec:
     inputs: Entrypoint
     mesh: tuple[tuple[str, int], ...]
     tags: tuple[str, ...] = ()
+    capture_timeout: float = DEFAULT_CAPTURE_TIMEOUT  # seconds; `capture_timeout:` or --capture-timeout
+    oracle: OracleSpec = OracleSpec()
 
     @property
     def num_devices(self) -> int:
@@ -100,6 +123,10 @@ def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _Map:
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
+        if not isinstance(key, Hashable) or isinstance(key, (list, dict)):
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping", node.start_mark, f"found {_describe(key)} as a key", key_node.start_mark
+            )
         if key in result.key_lines:
             raise _DuplicateKey(key, line)
         result.key_lines[key] = line
@@ -173,6 +200,28 @@ _HELP = {
 }
 
 
+def _oracle(ctx: _Ctx, model: _Map, prefix: str) -> OracleSpec:
+    node = model.get("oracle")
+    if node is None:
+        return OracleSpec()
+    where, line = f"{prefix}.oracle", model.key_lines.get("oracle")
+    if not isinstance(node, dict):
+        ctx.fail(where, line, f"expected a mapping, got {_describe(node)}",
+                 "write e.g. `oracle: {rtol: 1e-2, atol: 1e-3}` or `oracle: {inputs: models/llama.py:small_inputs}`")
+    _check_keys(ctx, node, where, ORACLE_KEYS, ())
+    bounds: dict[str, float] = {}
+    for key in ("rtol", "atol"):
+        value = node.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
+            ctx.fail(f"{where}.{key}", node.key_lines.get(key), f"expected a non-negative number, got {_describe(value)}",
+                     f"write e.g. `{key}: 1e-3`")
+        bounds[key] = float(value)
+    inputs = _entrypoint(ctx, node, "inputs", where) if "inputs" in node else None
+    return OracleSpec(rtol=bounds.get("rtol"), atol=bounds.get("atol"), inputs=inputs)
+
+
 def _entrypoint(ctx: _Ctx, model: _Map, key: str, prefix: str) -> Entrypoint:
     where, line = f"{prefix}.{key}", model.key_lines.get(key)
     spec = model[key]
@@ -243,6 +292,17 @@ def _tags(ctx: _Ctx, model: _Map, prefix: str) -> tuple[str, ...]:
     return tuple(tags)
 
 
+def _capture_timeout(ctx: _Ctx, model: _Map, prefix: str) -> float:
+    value = model.get("capture_timeout", DEFAULT_CAPTURE_TIMEOUT)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        ctx.fail(
+            f"{prefix}.capture_timeout", model.key_lines.get("capture_timeout"),
+            f"expected a positive number of seconds, got {_describe(value)}",
+            f"write e.g. `capture_timeout: 1800` (the default is {DEFAULT_CAPTURE_TIMEOUT:g})",
+        )
+    return float(value)
+
+
 def _model(ctx: _Ctx, node: Any, index: int, line: int) -> ModelSpec:
     prefix = f"models[{index}]"
     if not isinstance(node, dict):
@@ -264,10 +324,14 @@ def _model(ctx: _Ctx, node: Any, index: int, line: int) -> ModelSpec:
         inputs=_entrypoint(ctx, node, "inputs", prefix),
         mesh=_mesh(ctx, node, prefix),
         tags=_tags(ctx, node, prefix),
+        capture_timeout=_capture_timeout(ctx, node, prefix),
+        oracle=_oracle(ctx, node, prefix),
     )
 
 
 def _read_yaml(ctx: _Ctx, path: Path) -> Any:
+    if path.exists() and not path.is_file():  # a folder, or a FIFO whose read would wait forever
+        raise EquivciError(f"{ctx.display}: not a file; pass the manifest file itself with --manifest PATH.")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -279,6 +343,11 @@ def _read_yaml(ctx: _Ctx, path: Path) -> Any:
         raise EquivciError(f"{ctx.display}: cannot read the manifest ({exc}); check the path and its permissions.") from None
     try:
         return yaml.load(text, Loader=_Loader)
+    except RecursionError:
+        raise EquivciError(
+            f"{ctx.display}: nested too deeply to read (hundreds of levels of lists or mappings); a manifest "
+            "needs three levels: `models:`, each model's keys, and `mesh:` or `tags:`."
+        ) from None
     except _DuplicateKey as dup:
         ctx.fail(str(dup.key), dup.line, "key written twice (YAML would silently keep the last one)", "remove one of them")
     except yaml.MarkedYAMLError as exc:
@@ -289,7 +358,7 @@ def _read_yaml(ctx: _Ctx, path: Path) -> Any:
             f"{where}: not valid YAML: {problem}; fix the syntax (check indentation, colons and quotes)."
         ) from None
     except yaml.YAMLError as exc:
-        raise EquivciError(f"{ctx.display}: not valid YAML: {exc}; fix the syntax.") from None
+        raise EquivciError(f"{ctx.display}: not valid YAML: {' '.join(str(exc).split())}; fix the syntax.") from None
 
 
 def load_manifest(path: Path) -> Manifest:

@@ -12,11 +12,18 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from equivci import gitdiff
+from equivci import git
+from equivci.cache import Memo, file_digests, fingerprint
+from equivci.capture import run as capture_run
+from equivci.capture.types import CapturedModel
+from equivci.diagnose.ranking import changed_first
 from equivci.errors import EquivciError
 from equivci.manifest import Manifest, ModelSpec
+from equivci.options import Options
 from equivci.results import Finding, LayerCounts, ModelResult, Report, Status
 from equivci.timings import Laps
+from equivci.verify.sandbox import verify_isolated
+from equivci.workspace import Workspace, manifest_display_path  # noqa: F401 - manifest_display_path: for the commands
 
 
 class Progress(Protocol):
@@ -46,34 +53,20 @@ def select_models(manifest: Manifest, names: list[str], tags: list[str]) -> list
     return [m for m in manifest.models if m.name in names or set(m.tags) & set(tags)]
 
 
-def manifest_display_path(manifest: Manifest) -> str:
-    """The manifest's path relative to the git repository root (findings use repository paths)."""
-    from equivci.capture.run import repo_root_of
-
-    try:
-        return str(manifest.path.relative_to(repo_root_of(manifest.root)))
-    except ValueError:
-        return manifest.path.name
-
-
 def _error_result(model: ModelSpec, path: str | None, message: str, seconds: float) -> ModelResult:
     finding = Finding(path=path, line=None, severity="error", layer=None, message=message)
     return ModelResult(name=model.name, status=Status.ERROR, seconds=seconds, findings=(finding,))
 
 
-def run_model(manifest: Manifest, model: ModelSpec, debug: bool = False, memo=None, on_layer=None) -> ModelResult:
-    """Capture and verify one model. With a `memo` (equivci.memo.Memo), a result stored under the
-    model's content key is reused (the capture child stops before compiling) and a new one is stored."""
+def run_model(workspace: Workspace, model: ModelSpec, memo: Memo, debug: bool = False, on_layer=None) -> ModelResult:
+    """Capture and verify one model. A result stored in `memo` under the model's content key is
+    reused (the capture child stops before compiling) and a new one is stored."""
     t0 = time.perf_counter()
     laps = Laps(t0)
     try:
-        if memo is None:
-            captured = _capture(model, manifest, laps, debug=debug)
-            result = _verify(model, manifest, captured, laps, on_layer=on_layer)
-        else:
-            result = _run_memoized(manifest, model, debug, memo, laps, on_layer)
+        result = _run_memoized(workspace, model, debug, memo, laps, on_layer)
     except EquivciError as err:
-        return _error_result(model, manifest_display_path(manifest), str(err), time.perf_counter() - t0)
+        return _error_result(model, workspace.manifest_rel, str(err), time.perf_counter() - t0)
     except Exception as exc:
         if debug:
             raise
@@ -87,9 +80,7 @@ def run_model(manifest: Manifest, model: ModelSpec, debug: bool = False, memo=No
     return dataclasses.replace(result, seconds=time.perf_counter() - t0, timings=tuple(laps.rows))
 
 
-def _capture(model: ModelSpec, manifest: Manifest, laps: Laps, **kwargs):
-    from equivci.capture.run import capture_model
-
+def _capture(model: ModelSpec, manifest: Manifest, laps: Laps, **kwargs) -> CapturedModel:
     imported = []
 
     def prepare_verifier() -> None:
@@ -98,21 +89,20 @@ def _capture(model: ModelSpec, manifest: Manifest, laps: Laps, **kwargs):
         # imports it again and reports the error as the model's result.
         t0 = time.perf_counter()
         try:
-            importlib.import_module("equivci.verify.engine")
+            importlib.import_module("equivci.verify.engine")  # lazy on purpose: egglog and the rules
         except Exception:  # noqa: BLE001 - reported by the verifier child
             return
         imported.append(("(meanwhile, in this process: import the verifier)", time.perf_counter() - t0))
 
-    captured = capture_model(model, manifest, on_compile=prepare_verifier, **kwargs)
+    captured = capture_run.capture_model(model, manifest, on_compile=prepare_verifier, **kwargs)
     laps.lap("capture", captured.timings)
     laps.rows.extend((f"capture/{stage}", seconds) for stage, seconds in imported)  # overlapped: not a lap
     return captured
 
 
-def _verify(model: ModelSpec, manifest: Manifest, captured, laps: Laps, memo=None, on_layer=None) -> ModelResult:
-    from equivci.verify.sandbox import verify_isolated
-
-    result = verify_isolated(model, manifest, captured, memo, on_layer)
+def _verify(workspace: Workspace, model: ModelSpec, captured: CapturedModel, laps: Laps, memo: Memo,
+            on_layer=None) -> ModelResult:
+    result = verify_isolated(model, workspace.manifest, captured, memo, on_layer, workspace.options)
     laps.lap("verify", result.timings)
     return result
 
@@ -141,13 +131,11 @@ def _all_reused(result: ModelResult, name: str) -> ModelResult:
     return dataclasses.replace(result, name=name, layers=LayerCounts(total, result.layers.verified, total))
 
 
-def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo, laps: Laps, on_layer=None) -> ModelResult:
-    from equivci import memo as memo_mod
-    from equivci.capture.run import repo_root_of
-
-    repo_root = repo_root_of(manifest.root)
+def _run_memoized(workspace: Workspace, model: ModelSpec, debug: bool, memo: Memo, laps: Laps,
+                  on_layer=None) -> ModelResult:
+    manifest, repo_root = workspace.manifest, workspace.repo_root
     request = {
-        "fingerprint": memo_mod.fingerprint(),
+        "fingerprint": fingerprint(),
         "repo_root": str(repo_root),
         "cache_dir": str(memo.root) if memo.root is not None else None,
         "known": memo.known_results(),
@@ -161,35 +149,33 @@ def _run_memoized(manifest: Manifest, model: ModelSpec, debug: bool, memo, laps:
     if result is not None:
         result = _all_reused(result, model.name)
     else:
-        result = _verify(model, manifest, captured, laps, memo, on_layer)
+        result = _verify(workspace, model, captured, laps, memo, on_layer)
         memo.put_result(captured.content_key, result, captured.loc_digest)
-    manifest_rel = manifest_display_path(manifest)
+    manifest_rel = workspace.manifest_rel
     tracked = set(captured.sources) | _entrypoint_files(manifest, model, repo_root) | {manifest_rel}
     memo.record_capture(manifest_rel, model.name, {
         "key": captured.content_key,
         "loc_digest": captured.loc_digest,
-        "fingerprint": memo_mod.fingerprint(),
+        "fingerprint": fingerprint(),
         "sources": sorted(captured.sources),
-        "digests": memo_mod.file_digests(repo_root, tracked),
+        "digests": file_digests(repo_root, tracked),
     })
     laps.lap("memo: record")
     return result
 
 
-def _reuse_unchanged(manifest: Manifest, model: ModelSpec, memo, changes, repo_root: Path) -> ModelResult | None:
+def _reuse_unchanged(workspace: Workspace, model: ModelSpec, memo: Memo, changes) -> ModelResult | None:
     """The model's last result, when nothing it depends on changed since REF and its files are
     byte-for-byte those of its last capture (so the result is that of the current code)."""
-    from equivci import memo as memo_mod
-
-    manifest_rel = manifest_display_path(manifest)
+    manifest_rel, repo_root = workspace.manifest_rel, workspace.repo_root
     record = memo.last_capture(manifest_rel, model.name)
-    if record is None or record.get("fingerprint") != memo_mod.fingerprint():
+    if record is None or record.get("fingerprint") != fingerprint():
         return None
-    files = gitdiff.model_files(_entrypoint_files(manifest, model, repo_root), record["sources"], manifest_rel)
+    files = git.model_files(_entrypoint_files(workspace.manifest, model, repo_root), record["sources"], manifest_rel)
     if changes.touches(files):
         return None
     digests = record.get("digests") or {}
-    if not files <= set(digests) or memo_mod.file_digests(repo_root, digests) != digests:
+    if not files <= set(digests) or file_digests(repo_root, digests) != digests:
         return None
     result = memo.result(record.get("key", ""), record.get("loc_digest"))
     if result is None:
@@ -212,30 +198,24 @@ def run_models(
     models within the run are still verified once). `changed_since`: models whose recorded sources,
     entrypoint files and manifest did not change since that git ref are reported from the memo
     (`reused`) without being captured, unless `all_models`; findings on changed lines are marked."""
-    from equivci import memo as memo_mod
-
-    memo = memo_mod.Memo(None if no_cache else memo_mod.cache_dir_for(manifest, cache_dir))
-    changes = None
-    repo_root = None
-    if changed_since:
-        from equivci.capture.run import repo_root_of
-
-        repo_root = repo_root_of(manifest.root)
-        changes = gitdiff.changes_since(repo_root, changed_since)
+    workspace = Workspace.of(manifest, Options.from_env())
+    memo = Memo(None if no_cache else workspace.cache_dir(cache_dir))
+    changes = git.changes_since(workspace.repo_root, changed_since) if changed_since else None
     results = []
     for model in models:
         progress.started(model.name)
         t0 = time.perf_counter()
         result = None
         if changes is not None and not all_models and not no_cache:
-            result = _reuse_unchanged(manifest, model, memo, changes, repo_root)
+            result = _reuse_unchanged(workspace, model, memo, changes)
             if result is not None:
                 seconds = time.perf_counter() - t0
                 result = dataclasses.replace(result, seconds=seconds, timings=(("unchanged since REF: from the memo", seconds),))
         if result is None:
-            result = run_model(manifest, model, debug, memo=memo,
+            result = run_model(workspace, model, memo, debug,
                                on_layer=lambda done, total, name=model.name: progress.layer(name, done, total))
-        result = gitdiff.mark_changed(result, changes)
+        result = git.mark_changed(result, changes)
+        result = dataclasses.replace(result, findings=changed_first(result.findings))
         progress.finished(result)
         results.append(result)
     return Report(models=tuple(results))

@@ -26,6 +26,9 @@ class Finding:
     message: str
     op: str | None = None  # HLO op name on the distributed side, for context
     changed: bool = False  # the line was changed since --changed-since REF
+    # Findings of one model with the same `tie` are equally supported places for one cause; the
+    # first is the error, the others notes, until a line the diff changed is put first.
+    tie: int | None = None
 
     def location(self) -> str:
         if self.path is None:

@@ -55,7 +55,8 @@ def read(text: str) -> dict[str, float]:
     """The table `write` printed into `text` (stderr of a run), as {"stage/part/...": seconds}."""
     if HEADER not in text:
         return {}
-    rows, path = {}, []
+    rows: dict[str, float] = {}
+    path: list[str] = []
     for line in text[text.index(HEADER) + len(HEADER):].splitlines()[1:]:
         m = ROW.fullmatch(line)
         if not m:

@@ -3,7 +3,7 @@
 It records every request and implements the handful of endpoints equivci uses, with GitHub's
 behaviour where it matters:
 - issue comments: list (paginated with a Link header), create, edit;
-- pull request review comments: list; reviews: create, answered 422 *as a whole* when any comment's
+- pull request review comments: list, edit; reviews: create, answered 422 *as a whole* when any comment's
   line is not in the pull request's diff (new side, inside a hunk);
 - pull request files with their `patch`;
 - a read-only mode answering 403 "Resource not accessible by integration" to every write, like the
@@ -64,11 +64,11 @@ def pull_files_from_git(repo: Path, base: str, head: str) -> list[dict[str, Any]
     """The pulls/{n}/files answer GitHub would give for base...head of a real repository."""
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+        return subprocess.run(["git", "-c", "core.quotepath=off", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
 
     files = []
-    for row in git("diff", "--name-status", "--no-renames", f"{base}...{head}").splitlines():
-        status, name = row.split("\t", 1)
+    fields = [f for f in git("diff", "--name-status", "-z", "--no-renames", f"{base}...{head}").split("\0") if f]
+    for status, name in zip(fields[::2], fields[1::2]):
         text = git("diff", "--no-color", "--no-renames", f"{base}...{head}", "--", name)
         patch = text[text.index("@@"):] if "@@" in text else ""
         files.append(
@@ -191,12 +191,12 @@ class FakeGitHub:
                 return self._page(self.issue_comments.get(number, []), path, query)
             if method == "POST":
                 return 201, {}, self._new_comment(number, body["body"], "github-actions[bot]")
-        m = re.fullmatch(r"/issues/comments/(\d+)", rest)
+        m = re.fullmatch(r"/(issues|pulls)/comments/(\d+)", rest)
         if m and method == "PATCH":
-            cid = int(m.group(1))
-            for comments in self.issue_comments.values():
+            kind = self.issue_comments if m.group(1) == "issues" else self.review_comments
+            for comments in kind.values():
                 for c in comments:
-                    if c["id"] == cid:
+                    if c["id"] == int(m.group(2)):
                         c["body"] = body["body"]
                         return 200, {}, c
             return 404, {}, {"message": "Not Found"}

@@ -174,9 +174,9 @@ def test_on_compile_runs_while_the_child_compiles_a_result_to_verify(tmp_path):
     """The parent hears when the child starts compiling (the result will be verified), however much
     the user's code prints; a capture the memo serves never compiles and never says so."""
     loud = model_package.write_package(tmp_path, "mlp.py", LOUD, MANIFEST)
-    from equivci import memo
+    from equivci import cache
 
-    request = {"fingerprint": memo.fingerprint(), "repo_root": str(tmp_path), "cache_dir": str(tmp_path / "cache"), "known": {}}
+    request = {"fingerprint": cache.fingerprint(), "repo_root": str(tmp_path), "cache_dir": str(tmp_path / "cache"), "known": {}}
     calls = []
     first = capture_model(_model(loud, "tp"), loud, memo=request, on_compile=lambda: calls.append(len(calls)))
     assert calls == [0] and not first.cached and first.distributed_hlo

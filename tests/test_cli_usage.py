@@ -199,7 +199,7 @@ def test_a_command_imports_only_its_own_modules_and_help_lists_all() -> None:
         "import sys\n"
         "from equivci.cli import run\n"
         "run(['verify', '--help'])\n"
-        "from equivci.capture.run import repo_root_of; repo_root_of(__import__('pathlib').Path('.'))\n"
+        "from equivci.git import repo_root; repo_root(__import__('pathlib').Path('.'))\n"
         "print('LOADED', sorted(m for m in ('git', 'equivci.ci.github', 'equivci.commands.ci') if m in sys.modules))\n"
         "run(['--help'])\n"
     )
@@ -214,7 +214,7 @@ def test_a_command_imports_only_its_own_modules_and_help_lists_all() -> None:
 def test_repo_root_is_the_nearest_folder_with_a_git_entry(tmp_path: Path) -> None:
     import subprocess
 
-    from equivci.capture.run import repo_root_of
+    from equivci.git import repo_root as repo_root_of
 
     main = tmp_path / "main"
     (main / "models" / "deep").mkdir(parents=True)

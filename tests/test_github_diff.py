@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fake_github import pull_files_from_git
 
-from equivci.ci.diff import DiffLines, from_git, from_pull_files, parse_patch, parse_unified_diff
+from equivci.git import DiffLines, from_pull_files, parse_patch, parse_unified_diff, pr_diff_lines
 
 
 def git(repo: Path, *args: str) -> str:
@@ -42,7 +42,7 @@ def make_repo(tmp_path: Path) -> tuple[Path, str, str]:
 
 def test_git_diff_lines(tmp_path):
     repo, base, head = make_repo(tmp_path)
-    diff = from_git(repo, base, head)
+    diff = pr_diff_lines(repo, base, head)
     a = diff.files["pkg/a.py"]
     assert a.added == {10, 21}
     # context: 3 lines around each change, on the new side
@@ -58,7 +58,7 @@ def test_git_diff_lines(tmp_path):
 def test_api_patches_give_the_same_lines(tmp_path):
     repo, base, head = make_repo(tmp_path)
     from_api = from_pull_files(pull_files_from_git(repo, base, head))
-    from_repo = from_git(repo, base, head)
+    from_repo = pr_diff_lines(repo, base, head)
     assert from_api.files == from_repo.files
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from equivci.ci import publish
-from equivci.ci.diff import DiffLines, FileDiff
+from equivci.git import DiffLines, FileDiff
 from equivci.results import Finding, LayerCounts, ModelResult, Report, Status
 
 
@@ -45,7 +45,7 @@ def test_split_review_groups_one_line_and_keeps_out_of_diff_for_summary():
     tp = comments[0]
     assert "psum missing" in tp.body and "counterexample" in tp.body
     assert tp.payload() == {"path": "m/tp.py", "line": 28, "side": "RIGHT", "body": tp.body}
-    assert publish.FINDING_MARKER.format(key=tp.key) in tp.body
+    assert publish.FINDING_MARKER.format(key=tp.key, model="bad") in tp.body
     assert {f.message for _, f in outside} == {"import failed:\nValueError, nope", "outside | the diff"}
 
 

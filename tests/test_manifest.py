@@ -85,6 +85,12 @@ BAD = [
     ("entrypoint-file-missing", _doc(_model(inputs="models/missing.py:inputs")), "models[0].inputs: file 'models/missing.py' does not exist"),
     ("tags-not-list", _doc(_model(tags="nightly")), "models[0].tags: expected a list of strings"),
     ("tags-not-strings", _doc(_model(tags=["nightly", 3])), "models[0].tags[1]: expected a non-empty string"),
+    ("oracle-not-mapping", _doc(_model(oracle=0.01)), "models[0].oracle: expected a mapping, got a number"),
+    ("oracle-unknown-key", _doc(_model(oracle={"rtole": 0.1})), "models[0].oracle.rtole: unknown key; did you mean 'rtol'?"),
+    ("oracle-negative-rtol", _doc(_model(oracle={"rtol": -1})), "models[0].oracle.rtol: expected a non-negative number, got an integer (-1)"),
+    ("oracle-string-atol", _doc(_model(oracle={"atol": "1e-3"})), "models[0].oracle.atol: expected a non-negative number, got a string"),
+    ("oracle-inputs-missing-file", _doc(_model(oracle={"inputs": "models/small.py:inputs"})),
+     "models[0].oracle.inputs: file 'models/small.py' does not exist"),
 ]
 
 
@@ -149,3 +155,12 @@ def test_valid_manifest(project: Path) -> None:
 def test_mesh_order_is_kept_as_written(project: Path) -> None:
     (project / "equivci.yaml").write_text(_doc(_model(mesh={"tp": 2, "dp": 4, "sp": 2})))
     assert load_manifest(project / "equivci.yaml").models[0].mesh == (("tp", 2), ("dp", 4), ("sp", 2))
+
+
+def test_oracle_settings(project: Path) -> None:
+    (project / "equivci.yaml").write_text(_doc(
+        _model(oracle={"rtol": 0.02, "inputs": "models/llama.py:small"}), _model(name="b")))
+    first, second = load_manifest(project / "equivci.yaml").models
+    assert (first.oracle.rtol, first.oracle.atol, first.oracle.tolerance_set) == (0.02, None, True)
+    assert first.oracle.inputs is not None and first.oracle.inputs.function == "small"
+    assert not second.oracle.tolerance_set and second.oracle.inputs is None

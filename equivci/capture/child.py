@@ -54,6 +54,30 @@ def _spmd_dump(dump_dir: str) -> str | None:
     return Path(jit_files[-1]).read_text()
 
 
+class FilesRead:
+    """Every file opened for reading from here on (an audit hook on `open`, which the built-in
+    open, io, pathlib and os.open all raise): configs, tokenizer files and data read while the
+    entrypoints are imported and traced. They decide reuse like the imported modules do, since a
+    changed config changes the programs without changing any source file.
+
+    Installed after jax is imported, so jax's own thousands of opens cost nothing. Files opened by
+    native code (C fopen) are not seen."""
+
+    def __init__(self) -> None:
+        self.paths: set[str] = set()
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple) -> None:
+        if event != "open":
+            return
+        path, mode, flags = args
+        if isinstance(path, int) or path is None:
+            return
+        reading = ("r" in mode or "+" in mode) if isinstance(mode, str) else (flags & os.O_ACCMODE) != os.O_WRONLY
+        if reading:
+            self.paths.add(os.path.abspath(os.fsdecode(path)))
+
+
 def capture(request: dict, laps: Laps) -> dict:
     import jax
     from jax.tree_util import keystr, tree_flatten_with_path
@@ -63,6 +87,7 @@ def capture(request: dict, laps: Laps) -> dict:
     from equivci.manifest import load_manifest
 
     manifest = load_manifest(Path(request["manifest"]))
+    read = FilesRead()  # from here: what the user's code reads
     model = next(m for m in manifest.models if m.name == request["model"])
     loaded = entrypoints.load_model(model, manifest.root)
     reference, bound, args, mesh = loaded.reference, loaded.distributed, loaded.args, loaded.mesh
@@ -85,7 +110,7 @@ def capture(request: dict, laps: Laps) -> dict:
 
     # Memo: the content key of both lowered programs; a known key ends the capture here, before
     # the HLO conversion and the costly compile (a warm run costs about one lowering).
-    keys = _MemoKeys(request["memo"], model, args, ref_lowered, dist_lowered) if request.get("memo") else None
+    keys = _MemoKeys(request["memo"], model, args, ref_lowered, dist_lowered, read) if request.get("memo") else None
     memo_fields = {}
     if keys is not None and keys.stored:
         memo_fields = keys.fields()
@@ -186,7 +211,7 @@ class _MemoKeys:
     hash of the bytecode and everything else the keys depend on; a rerun of unchanged code finds
     them without printing anything."""
 
-    def __init__(self, memo_request: dict, model, args, ref_lowered, dist_lowered) -> None:
+    def __init__(self, memo_request: dict, model, args, ref_lowered, dist_lowered, read: FilesRead) -> None:
         import importlib.metadata
 
         import jax
@@ -201,6 +226,7 @@ class _MemoKeys:
         self.request = memo_request
         self.repo_root = memo_request["repo_root"]
         self.lowered = (ref_lowered, dist_lowered)
+        self.read = read
         self.common = (
             memo_request["fingerprint"],
             jax.__version__,
@@ -209,6 +235,8 @@ class _MemoKeys:
             _DUMP_FLAG.sub("", os.environ.get("XLA_FLAGS", "")),
             leaves(args),
             leaves(dist_lowered.out_info),
+            # The oracle's settings decide between `mismatch` and `unproven`.
+            json.dumps([model.oracle.rtol, model.oracle.atol, model.oracle.inputs and model.oracle.inputs.spec]),
         )
         self.store = memo.Memo(Path(memo_request["cache_dir"])) if memo_request.get("cache_dir") else None
         try:
@@ -243,9 +271,10 @@ class _MemoKeys:
             if f and not f.startswith(skip + os.sep)
         ]
         sources = [
-            s for s in memo.repository_files(keys["files"] + imported, self.repo_root)
-            if not any(part in ("site-packages", "dist-packages") for part in Path(s).parts)
+            s for s in memo.repository_files(keys["files"] + imported + sorted(self.read.paths), self.repo_root)
+            if not any(part in ("site-packages", "dist-packages", "__pycache__", ".git") for part in Path(s).parts)
             and not str(Path(self.repo_root, s).resolve()).startswith(skip + os.sep)
+            and os.path.isfile(os.path.join(self.repo_root, s))
         ]
         known = self.request.get("known") or {}
         cached = (key in known and known[key] in (None, loc_digest)) or (
@@ -269,17 +298,34 @@ def main(argv: list[str]) -> int:
         result = {**capture(request, laps), "timings": laps.rows}
     except EquivciError as err:
         result = {"error": str(err), "traceback": traceback.format_exc()}
+    except SystemExit as exc:  # the user's code called sys.exit() (or exit()) while loading or tracing
+        from equivci.capture.entrypoints import where_in_user_code
+
+        result = {
+            "error": f"capturing model '{request['model']}' stopped: the model's code called "
+                     f"sys.exit({exc.code!r}){where_in_user_code(exc, Path.cwd())}. "
+                     "Entrypoints and inputs() must return values; move command-line handling under "
+                     "`if __name__ == \"__main__\":`.",
+            "traceback": traceback.format_exc(),
+        }
     except Exception as exc:  # anything else is still reported as a capture error, with details for --debug
         result = {
             "error": f"capturing model '{request['model']}' failed: {type(exc).__name__}: {exc}",
             "traceback": traceback.format_exc(),
         }
-    Path(result_path).write_text(json.dumps(result))
+    # Whole or not at all: a full disk must not leave half an answer for the parent to read.
+    partial = Path(result_path + ".partial")
+    partial.write_text(json.dumps(result))
+    os.replace(partial, result_path)
     return 0
 
 
 if __name__ == "__main__":
-    code = main(sys.argv[1:])
+    try:
+        code = main(sys.argv[1:])
+    except BaseException as exc:  # noqa: BLE001 - the answer could not be written (a full disk): one line for the parent
+        print(f"equivci capture: cannot report: {type(exc).__name__}: {exc}", file=sys.stderr)
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
     # Not sys.exit: interpreter teardown (jax's exit handlers, the backend's destruction) would run

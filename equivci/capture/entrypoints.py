@@ -47,7 +47,7 @@ def _display(path: Path, root: Path) -> str:
         return str(path)
 
 
-def _at(exc: BaseException, root: Path) -> str:
+def where_in_user_code(exc: BaseException, root: Path) -> str:
     where = _user_frame(exc, root)
     return f" at {where}" if where else ""
 
@@ -81,7 +81,7 @@ def load_function(entry: Entrypoint, root: Path) -> Callable[..., Any]:
         module = _import_file(entry.file, root) if entry.file else importlib.import_module(entry.module)
     except (Exception, SystemExit) as exc:  # SystemExit: scripts that parse argv at import time
         raise EquivciError(
-            f"importing {entry.source} (entrypoint {entry.spec}) failed{_at(exc, root)}: {_short(exc)}. "
+            f"importing {entry.source} (entrypoint {entry.spec}) failed{where_in_user_code(exc, root)}: {_short(exc)}. "
             f"Fix the error, or check it with `python -c \"import ...\"` from {root}; entrypoint "
             "modules must import without side effects (no argv parsing, no device allocation)."
         ) from exc
@@ -119,7 +119,7 @@ def abstract_inputs(fn: Callable[[], Any], entry: Entrypoint) -> tuple:
         args = fn()
     except Exception as exc:
         raise EquivciError(
-            f"calling the inputs entrypoint {entry.spec}() failed{_at(exc, root)}: {_short(exc)}. "
+            f"calling the inputs entrypoint {entry.spec}() failed{where_in_user_code(exc, root)}: {_short(exc)}. "
             "It must take no arguments and return the positional arguments as jax.ShapeDtypeStruct."
         ) from exc
     if not isinstance(args, (tuple, list)):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -15,17 +17,8 @@ from pathlib import Path
 from equivci.capture import partitioned
 from equivci.capture.types import CapturedModel, LeafPlacement
 from equivci.errors import EquivciError
+from equivci.git import repo_root
 from equivci.manifest import Manifest, ModelSpec
-
-CAPTURE_TIMEOUT_SECONDS = 900
-
-
-def repo_root_of(folder: Path) -> Path:
-    """The git work tree containing `folder`: the nearest folder with a `.git` entry (the folder
-    of a repository, a linked work tree or a submodule), or `folder` itself outside git. A plain
-    walk, as git does it: importing GitPython would start a `git` process on every run."""
-    start = folder.resolve()
-    return next((p for p in (start, *start.parents) if (p / ".git").exists()), start)
 
 
 def child_env(num_devices: int, extra_flags: str = "") -> dict[str, str]:
@@ -49,6 +42,30 @@ def _leaves(rows: list[dict]) -> tuple[LeafPlacement, ...]:
     )
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait()
+
+
+def _how(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        hint = ", which is what the kernel does when memory runs out" if name == "SIGKILL" else ""
+        return f"killed by {name}{hint}"
+    return f"exit code {returncode}"
+
+
+def _address_space_hint() -> str:
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return ""
+    return (f" equivci runs under a `ulimit -v` (RLIMIT_AS) of {soft / 2**30:.1f} GiB, which the capture inherits; "
+            "JAX and XLA reserve more address space than they use, so raise or remove that limit.")
+
+
 def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, memo: dict | None = None,
                   on_compile: Callable[[], None] | None = None) -> CapturedModel:
     """`memo`: {"fingerprint", "repo_root", "cache_dir" (or None), "known": {key: loc digest or None}}
@@ -69,7 +86,8 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, mem
         fields["compiling_fd"] = compiling_w
         fields["spawned_at"] = time.time()
         request.write_text(json.dumps(fields))
-        deadline = time.monotonic() + CAPTURE_TIMEOUT_SECONDS
+        timeout = model.capture_timeout
+        deadline = time.monotonic() + timeout
         # Output to files, not pipes: nothing the user's code prints can fill a pipe and stall
         # the child while this process waits for the compile signal.
         with open(Path(tmp, "out"), "wb") as out, open(Path(tmp, "err"), "w+b") as err:
@@ -82,30 +100,42 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, mem
                 os.close(compiling_w)
             try:
                 # A line when the compile starts; end of file when the child exits without one.
-                if select.select([compiling], [], [], CAPTURE_TIMEOUT_SECONDS)[0] and os.read(compiling, 64) and on_compile:
+                if select.select([compiling], [], [], timeout)[0] and os.read(compiling, 64) and on_compile:
                     on_compile()
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired as exc:
-                proc.kill()
-                proc.wait()
+                _stop(proc)
                 raise EquivciError(
-                    f"capturing model '{model.name}' took longer than {CAPTURE_TIMEOUT_SECONDS} s and was stopped; "
+                    f"capturing model '{model.name}' took longer than {timeout:g} s and was stopped; "
                     "check that inputs() returns jax.ShapeDtypeStruct leaves (no real arrays) and that the "
-                    "entrypoints do no work at import time."
+                    "entrypoints do no work at import time, or allow more time with `capture_timeout:` "
+                    "on the model in the manifest or --capture-timeout SECONDS."
                 ) from exc
+            except BaseException:  # interrupted (Ctrl-C, SIGTERM): no child left writing into the folder
+                _stop(proc)
+                raise
             finally:
                 os.close(compiling)
             err.seek(0)
             stderr = err.read().decode(errors="replace")
         if not result_path.exists():
             tail = "\n".join(stderr.strip().splitlines()[-5:])
+            said = f"its last output was:\n{tail}" if tail else "it printed nothing on stderr"
             raise EquivciError(
-                f"the capture process for model '{model.name}' died (exit code {proc.returncode}) before "
-                f"reporting; its last output was:\n{tail}"
+                f"the capture process for model '{model.name}' ended ({_how(proc.returncode)}) before "
+                f"reporting; {said}.{_address_space_hint()} Run `equivci dump --model {model.name} --debug` to see it fail."
             )
-        result = json.loads(result_path.read_text())
+        try:
+            result = json.loads(result_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise EquivciError(
+                f"the capture process for model '{model.name}' left an answer that cannot be read ({exc}); "
+                f"check the free space of the temporary folder {Path(tmp).parent}."
+            ) from None
     if "error" in result:
         message = result["error"]
+        if any(sign in message for sign in ("MemoryError", "bad_alloc", "pthread_create", "Cannot allocate memory", "Resource temporarily unavailable")):
+            message += _address_space_hint()
         if debug:
             message += "\n\n" + result.get("traceback", "")
         raise EquivciError(message)
@@ -117,7 +147,7 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, mem
         distributed_hlo="" if cached else result["distributed_hlo"],
         inputs=() if cached else _leaves(result["inputs"]),
         outputs=() if cached else _leaves(result["outputs"]),
-        repo_root=str(repo_root_of(manifest.root)),
+        repo_root=str(repo_root(manifest.root)),
         timings=tuple((str(stage), float(seconds)) for stage, seconds in result.get("timings", ())),
         content_key=result.get("content_key", ""),
         loc_digest=result.get("loc_digest", ""),

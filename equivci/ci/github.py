@@ -167,6 +167,8 @@ class GitHubClient:
     ) -> Response:
         url = self._url(path, params)
         shown = urllib.parse.urlsplit(url).path  # for messages: no query, no host, no token
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):  # retrying cannot help
+            raise GitHubError(method, shown, 0, self._redact(f"GITHUB_API_URL={self.api_url!r} is not an http(s) URL"))
         data = None if body is None else json.dumps(body).encode("utf-8")
         headers = {
             "Accept": "application/vnd.github+json",
@@ -179,12 +181,16 @@ class GitHubClient:
             headers["Authorization"] = f"Bearer {self._token}"
         attempt = 0
         while True:
-            req = urllib.request.Request(url, data=data, method=method, headers=headers)
             try:
+                req = urllib.request.Request(url, data=data, method=method, headers=headers)
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                     raw = resp.read()
                     resp_headers = {k.lower(): v for k, v in resp.headers.items()}
-                    return Response(resp.status, resp_headers, json.loads(raw) if raw.strip() else None)
+                    try:
+                        data = json.loads(raw) if raw.strip() else None
+                    except ValueError:
+                        raise GitHubError(method, shown, resp.status, f"the answer is not JSON (is GITHUB_API_URL={self.api_url} the API?)") from None
+                    return Response(resp.status, resp_headers, data)
             except urllib.error.HTTPError as exc:
                 resp_headers = {k.lower(): v for k, v in (exc.headers or {}).items()}
                 raw = exc.read() or b""
@@ -197,6 +203,8 @@ class GitHubClient:
                 resp_headers = {}
                 retryable = True
                 error = GitHubError(method, shown, 0, self._redact(f"cannot reach {self.api_url}: {reason}"))
+            except ValueError as exc:  # a URL urllib cannot use (say, a bad port): retrying cannot help
+                raise GitHubError(method, shown, 0, self._redact(f"GITHUB_API_URL={self.api_url!r}: {exc}")) from None
             if not retryable or attempt >= self.max_retries:
                 raise error
             delay = min(self.max_delay, retry_delay(resp_headers, attempt, self.backoff))
@@ -257,6 +265,10 @@ def upsert_comment(
 def review_comment_bodies(client: GitHubClient, repo: str, number: int) -> list[dict[str, Any]]:
     """Existing review (line) comments of the pull request."""
     return list(client.paginate(f"/repos/{repo}/pulls/{number}/comments"))
+
+
+def edit_review_comment(client: GitHubClient, repo: str, comment_id: int, body: str) -> dict[str, Any]:
+    return client.patch(f"/repos/{repo}/pulls/comments/{comment_id}", {"body": body})
 
 
 def pull_files(client: GitHubClient, repo: str, number: int) -> list[dict[str, Any]]:

@@ -21,18 +21,25 @@ from typing import Annotated
 import typer
 
 from equivci.ci import publish
-from equivci.ci.diff import DiffLines
 from equivci.ci.event import ActionsContext, load_context
 from equivci.ci.github import (
     GitHubClient,
     GitHubError,
     create_review,
+    edit_review_comment,
     pull_files,
     review_comment_bodies,
     upsert_comment,
 )
-from equivci.commands.verify import DebugOption, ManifestOption
+from equivci.commands.folders import require_folder
+from equivci.commands.verify import (
+    CaptureTimeoutOption,
+    DebugOption,
+    ManifestOption,
+    with_capture_timeout,
+)
 from equivci.errors import EquivciError
+from equivci.git import DiffLines, from_pull_files, pr_diff_lines, repo_root
 from equivci.manifest import Manifest, load_manifest
 from equivci.pipeline import run_models, select_models
 from equivci.report import markdown, sarif
@@ -60,13 +67,7 @@ def run_pipeline(
 def _repo_paths(manifest: Manifest) -> tuple[Path, str]:
     from equivci.pipeline import manifest_display_path
 
-    try:
-        from equivci.capture.run import repo_root_of
-
-        root = repo_root_of(manifest.root)
-    except Exception:  # noqa: BLE001 - any failure: fall back to the manifest folder
-        root = manifest.root
-    return root, manifest_display_path(manifest)
+    return repo_root(manifest.root), manifest_display_path(manifest)
 
 
 def _default_report_dir(ctx: ActionsContext) -> Path:
@@ -76,32 +77,35 @@ def _default_report_dir(ctx: ActionsContext) -> Path:
 
 
 def write_report_files(report: Report, folder: Path, repo_root: Path, manifest_rel: str, link_base: str | None) -> dict[str, str]:
-    folder.mkdir(parents=True, exist_ok=True)
+    """equivci.json, equivci.sarif and equivci.md in `folder`: their paths, or none of them (with a
+    warning) when the folder cannot be written; the verdict does not depend on them."""
     files = {
-        "json": folder / "equivci.json",
-        "sarif": folder / "equivci.sarif",
-        "markdown": folder / "equivci.md",
+        "json": (folder / "equivci.json", lambda: json.dumps(report_to_dict(report), indent=2) + "\n"),
+        "sarif": (folder / "equivci.sarif", lambda: sarif.render(report, repo_root, manifest_rel)),
+        "markdown": (folder / "equivci.md", lambda: markdown.render(report, repo_root, link_base=link_base)),
     }
-    files["json"].write_text(json.dumps(report_to_dict(report), indent=2) + "\n", encoding="utf-8")
-    files["sarif"].write_text(sarif.render(report, repo_root, manifest_rel), encoding="utf-8")
-    files["markdown"].write_text(markdown.render(report, repo_root, link_base=link_base), encoding="utf-8")
-    return {k: str(v) for k, v in files.items()}
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for path, render in files.values():
+            path.write_text(render(), encoding="utf-8")
+    except OSError as exc:
+        _log(f"equivci: warning: cannot write the report files to {folder} ({exc.strerror or exc}); the run's verdict is unchanged.")
+        return {}
+    return {k: str(path) for k, (path, _) in files.items()}
 
 
 def pr_diff(ctx: ActionsContext, client: GitHubClient | None, repo_root: Path) -> DiffLines | None:
     """Lines in the PR diff: from the local git history, else from the pulls/files API."""
-    from equivci.ci import diff
-
     pr = ctx.pull_request
     assert pr is not None
-    try:
-        return diff.from_git(repo_root, pr.base_sha, pr.head_sha)
-    except Exception as exc:  # noqa: BLE001 - missing commits (shallow clone), no git: use the API
-        _log(f"equivci: git diff {pr.base_sha[:12]}...{pr.head_sha[:12]} failed ({type(exc).__name__}); using the pull request files API")
+    lines = pr_diff_lines(repo_root, pr.base_sha, pr.head_sha, log=_log)
+    if lines is not None:
+        return lines
+    _log(f"equivci: git cannot diff {pr.base_sha[:12]}...{pr.head_sha[:12]} here; using the pull request files API")
     if client is None or not ctx.repository:
         return None
     try:
-        return diff.from_pull_files(pull_files(client, ctx.repository, pr.number))
+        return from_pull_files(pull_files(client, ctx.repository, pr.number))
     except GitHubError as exc:
         _log(f"equivci: cannot list the pull request files: {exc}")
         return None
@@ -126,10 +130,11 @@ def publish_pull_request(ctx: ActionsContext, report: Report, repo_root: Path, c
         comments, outside = publish.split_review(report, diff)
 
     in_review = 0
-    if comments:
-        try:
-            existing = [c.get("body") or "" for c in review_comment_bodies(client, repo, pr.number)]
-            fresh = publish.new_review_comments(comments, existing)
+    try:
+        existing = review_comment_bodies(client, repo, pr.number)
+        _mark_fixed(client, repo, report, existing, pr.head_sha)
+        if comments:
+            fresh = publish.new_review_comments(comments, [c.get("body") or "" for c in existing])
             if fresh:
                 create_review(
                     client, repo, pr.number, pr.head_sha,
@@ -139,13 +144,13 @@ def publish_pull_request(ctx: ActionsContext, report: Report, repo_root: Path, c
             else:
                 _log("equivci: every line comment was already posted by an earlier run")
             in_review = sum(c.findings for c in comments)
-        except GitHubError as exc:
-            if exc.forbidden:
-                return [READ_ONLY_NOTE.format(why=f"HTTP 403: {exc.message}")], False
-            # 422: a line GitHub does not consider part of the diff. Keep every finding in the summary.
-            outside = publish.ordered_findings(report)
-            notes.append(f"GitHub refused the line comments ({exc.message}); every finding is listed here.")
-            _log(f"equivci: review not posted: {exc}")
+    except GitHubError as exc:
+        if exc.forbidden:
+            return [READ_ONLY_NOTE.format(why=f"HTTP 403: {exc.message}")], False
+        # 422: a line GitHub does not consider part of the diff. Keep every finding in the summary.
+        outside = publish.ordered_findings(report)
+        notes.append(f"GitHub refused the line comments ({exc.message}); every finding is listed here.")
+        _log(f"equivci: review not posted: {exc}")
 
     body = publish.summary_comment(
         report, outside, in_review=in_review, notes=notes, link_base=link_base, run_url=ctx.run_url
@@ -165,11 +170,29 @@ def publish_pull_request(ctx: ActionsContext, report: Report, repo_root: Path, c
     return notes, True
 
 
-def _append(path: Path | None, text: str) -> None:
+def _mark_fixed(client: GitHubClient, repo: str, report: Report, existing: list[dict], sha: str) -> None:
+    """Edit earlier line comments whose finding is gone into a "fixed" note (the REST API cannot
+    resolve a review thread). A refusal other than a read-only token costs the note only."""
+    for comment in publish.fixed_review_comments(report, existing):
+        try:
+            edit_review_comment(client, repo, comment["id"], publish.fixed_body(comment.get("body") or "", sha))
+            _log(f"equivci: marked line comment {comment['id']} ({comment.get('path')}:{comment.get('line')}) fixed")
+        except GitHubError as exc:
+            if exc.forbidden:
+                raise
+            _log(f"equivci: could not mark line comment {comment['id']} fixed: {exc}")
+
+
+def _append(path: Path | None, text: str, what: str) -> None:
+    """Append to a file GitHub Actions reads ($GITHUB_STEP_SUMMARY, $GITHUB_OUTPUT). A channel that
+    cannot be written is a warning: the verdict is the exit code, whatever the channels do."""
     if path is None:
         return
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(text)
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        _log(f"equivci: warning: cannot write {what}={path} ({exc.strerror or exc}); the run's verdict is unchanged.")
 
 
 def ci(
@@ -191,19 +214,23 @@ def ci(
     comment: Annotated[
         bool, typer.Option("--comment/--no-comment", help="Comment and review on the pull request (when the token allows).")
     ] = True,
+    capture_timeout: CaptureTimeoutOption = None,
     debug: DebugOption = False,
 ) -> None:
     """Verify in GitHub Actions: PR comment and review, annotations, job summary, outputs, SARIF."""
     ctx = load_context()
+    folder = report_dir or _default_report_dir(ctx)
+    if report_dir is not None:  # the default folder is an output channel: trouble there is a warning
+        require_folder("--report-dir", report_dir, ", or leave the option out for $RUNNER_TEMP/equivci-report")
     try:
         loaded = load_manifest(manifest)
-        models = select_models(loaded, model, tag)
+        models = with_capture_timeout(select_models(loaded, model, tag), capture_timeout)
     except EquivciError as err:
         file = publish.escape_property(str(manifest))
         title = publish.escape_property("equivci: manifest error")
         print(f"::error file={file},title={title}::{publish.escape_data(str(err))}", flush=True)
-        _append(ctx.step_summary, f"### 🛑 equivci: manifest error\n\n{markdown.escape(str(err))}\n")
-        _append(ctx.output, publish.format_outputs({"status": "error"}))
+        _append(ctx.step_summary, f"### 🛑 equivci: manifest error\n\n{markdown.escape(str(err))}\n", "GITHUB_STEP_SUMMARY")
+        _append(ctx.output, publish.format_outputs({"status": "error"}), "GITHUB_OUTPUT")
         raise
 
     pr = ctx.pull_request
@@ -214,7 +241,6 @@ def ci(
 
     repo_root, manifest_rel = _repo_paths(loaded)
     link_base = ctx.blob_url()
-    folder = report_dir or _default_report_dir(ctx)
     files = write_report_files(report, folder, repo_root, manifest_rel, link_base)
 
     notes: list[str] = []
@@ -226,11 +252,9 @@ def ci(
 
     # The run log: the report, then annotations (workflow commands on stdout).
     write_text(report, sys.stdout)
-    lines, dropped = publish.annotations(report)
+    lines, _dropped = publish.annotations(report)
     for line in lines:
         print(line)
-    if dropped:
-        print(f"equivci: {dropped} more finding(s) are not annotated (GitHub's per-step limit); see the job summary.")
     for note in notes:
         print(f"::warning title=equivci::{publish.escape_data(note)}")
     sys.stdout.flush()
@@ -238,8 +262,13 @@ def ci(
     summary = markdown.render(report, repo_root, link_base=link_base)
     if notes:
         summary += "\n" + "\n".join(f"> {note}\n" for note in notes)
-    _append(ctx.step_summary, summary)
-    _append(ctx.output, publish.format_outputs(publish.outputs(report, sarif=files["sarif"], json=files["json"], markdown=files["markdown"], report_dir=str(folder))))
+    full = f"`{files['markdown']}`" if files else "the run log"
+    where = f"{full} (in the folder the step output `report-dir` names)" if files else full
+    summary = publish.truncate(summary, publish.SUMMARY_LIMIT, f"The report was cut at GitHub's job summary size limit; {where} has all of it.", size=publish.utf8_size)
+    _append(ctx.step_summary, summary, "GITHUB_STEP_SUMMARY")
+    paths = {"sarif": files.get("sarif"), "json": files.get("json"), "markdown": files.get("markdown"),
+             "report_dir": str(folder) if files else None}
+    _append(ctx.output, publish.format_outputs(publish.outputs(report, **paths)), "GITHUB_OUTPUT")
     raise typer.Exit(report.exit_code())
 
 

@@ -11,7 +11,9 @@ from typing import Annotated, Any
 import typer
 
 from equivci.capture.types import CapturedModel
+from equivci.commands.folders import require_folder
 from equivci.commands.verify import DebugOption, ManifestOption
+from equivci.errors import EquivciError
 from equivci.manifest import load_manifest
 from equivci.pipeline import select_models
 
@@ -57,13 +59,17 @@ def dump(
     """Write reference.hlo.txt, distributed.hlo.txt and sourcemap.json for one model."""
     from equivci.capture.run import capture_model
 
+    require_folder("--out", out)
     loaded = load_manifest(manifest)
     (spec,) = select_models(loaded, [model], [])
     captured = capture_model(spec, loaded, debug=debug)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "reference.hlo.txt").write_text(captured.reference_hlo)
-    (out / "distributed.hlo.txt").write_text(captured.distributed_hlo)
-    (out / "sourcemap.json").write_text(json.dumps(source_map(captured), indent=2) + "\n")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "reference.hlo.txt").write_text(captured.reference_hlo)
+        (out / "distributed.hlo.txt").write_text(captured.distributed_hlo)
+        (out / "sourcemap.json").write_text(json.dumps(source_map(captured), indent=2) + "\n")
+    except OSError as exc:
+        raise EquivciError(f"--out {out}: cannot write the files there ({exc.strerror or exc}); pass a folder you can write to.") from None
     typer.echo(f"equivci: wrote reference.hlo.txt, distributed.hlo.txt and sourcemap.json to {out}")
 
 

@@ -14,7 +14,7 @@ import typer
 
 from equivci import shard as shard_mod
 from equivci.errors import EquivciError
-from equivci.manifest import load_manifest
+from equivci.manifest import ModelSpec, load_manifest
 from equivci.pipeline import run_models, select_models
 from equivci.report.json_report import write_json
 from equivci.report.text import RunProgress, write_text
@@ -39,6 +39,14 @@ ManifestOption = Annotated[
     Path, typer.Option("--manifest", help="Manifest file; entrypoint paths are relative to its folder.")
 ]
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors (yours and equivci's).")]
+CaptureTimeoutOption = Annotated[
+    float | None,
+    typer.Option(
+        "--capture-timeout", metavar="SECONDS", min=1,
+        help="Stop importing, tracing and partitioning a model after this long (default: the model's "
+        "capture_timeout in the manifest, else 900).",
+    ),
+]
 TimingsOption = Annotated[
     bool, typer.Option("--timings", help="Print on stderr where the time went, stage by stage (capture, memo, verify).")
 ]
@@ -68,6 +76,7 @@ def verify(
         Path | None,
         typer.Option("--cache-dir", help="Cache folder (default: .equivci/cache at the repository root)."),
     ] = None,
+    capture_timeout: CaptureTimeoutOption = None,
     shard: Annotated[
         str | None,
         typer.Option("--shard", metavar="I/N", help="Verify only the I-th of N shares of the selected models (parallel jobs; join their JSON reports with `equivci merge`)."),
@@ -85,20 +94,20 @@ def verify(
     as_json = output_format is OutputFormat.json
     try:
         loaded = load_manifest(manifest)
-        models = select_models(loaded, model, tag)
+        models = with_capture_timeout(select_models(loaded, model, tag), capture_timeout)
         if shard is not None:
             models, plan = shard_mod.plan(shard, loaded, models, by_cost=shard_by is ShardBy.cost,
                                           no_cache=no_cache, cache_dir=cache_dir)
+        # stdout carries the report only; anything else printed during the run goes to stderr.
+        with RunProgress(len(models)) as progress, contextlib.redirect_stdout(sys.stderr):
+            report = run_models(
+                loaded, models, progress, debug=debug,
+                changed_since=changed_since, no_cache=no_cache, cache_dir=cache_dir, all_models=all_models,
+            )
     except EquivciError as err:
         if as_json:  # consumers of --format json always get a document to parse
             write_json(Report(models=()), sys.stdout, error=str(err))
         raise
-    # stdout carries the report only; anything else printed during the run goes to stderr.
-    with RunProgress(len(models)) as progress, contextlib.redirect_stdout(sys.stderr):
-        report = run_models(
-            loaded, models, progress, debug=debug,
-            changed_since=changed_since, no_cache=no_cache, cache_dir=cache_dir, all_models=all_models,
-        )
     if shard is not None:
         report = dataclasses.replace(report, shard=plan)
     laps.lap("models", [row for result in report.models for row in _model_rows(result)], rest="other (manifest)")
@@ -116,15 +125,20 @@ def verify(
     raise typer.Exit(report.exit_code())
 
 
+def with_capture_timeout(models: list[ModelSpec], seconds: float | None) -> list[ModelSpec]:
+    """--capture-timeout overrides each model's `capture_timeout`."""
+    return models if seconds is None else [dataclasses.replace(m, capture_timeout=seconds) for m in models]
+
+
 def _model_rows(result) -> list:
     return [(result.name, result.seconds)] + [(f"{result.name}/{stage}", s) for stage, s in result.timings]
 
 
 def _render_document(output_format: OutputFormat, report: Report, manifest) -> str:
-    from equivci.capture.run import repo_root_of
+    from equivci.git import repo_root
     from equivci.report import markdown, sarif
 
-    root = repo_root_of(manifest.root)
+    root = repo_root(manifest.root)
     if output_format is OutputFormat.sarif:
         return sarif.render(report, root, manifest.path.resolve().relative_to(root).as_posix())
     return markdown.render(report, root)

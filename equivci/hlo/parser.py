@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import functools
 import re
 
@@ -152,8 +153,8 @@ def _read_tables(lines: list[str], start: int, tables: _Tables) -> int:
         row = lines[i].strip()
         ident, _, rest = row.partition(" ")
         key = int(ident)
-        if section == "FileNames":
-            tables.files[key] = rest.strip().strip('"')
+        if section == "FileNames":  # C-escaped: `tp \303\274.py` is `tp ü.py`
+            tables.files[key] = codecs.escape_decode(rest.strip().strip('"').encode())[0].decode("utf-8", "replace")
         elif section == "FunctionNames":
             tables.functions[key] = rest.strip().strip('"')
         elif section == "FileLocations":
@@ -201,7 +202,8 @@ def _parse_instruction(line: str, tables: _Tables) -> Instruction:
         if "stack_frame_id" in meta:
             stack = tables.stack(int(meta["stack_frame_id"]))
         elif "source_file" in meta:
-            stack = (SourceLoc(meta["source_file"], int(meta.get("source_line", 0))),)
+            source_file = codecs.escape_decode(meta["source_file"].encode())[0].decode("utf-8", "replace")
+            stack = (SourceLoc(source_file, int(meta.get("source_line", 0))),)
     return Instruction(m.group(2), opcode, shape, tuple(operands), attrs, op_name, stack, bool(m.group(1)))
 
 

@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Sequence
 
 from equivci.layers.segments import program_order
-from equivci.verify.terms import Term
+from equivci.terms.ir import Term
 
 
 @dataclasses.dataclass(frozen=True)

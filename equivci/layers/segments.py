@@ -18,7 +18,7 @@ import itertools
 import re
 from collections.abc import Iterable, Iterator
 
-from equivci.verify.terms import Term
+from equivci.terms.ir import Term
 
 # Transformation wrappers JAX puts around scopes in op names; they are not layers.
 _WRAPPERS = ("jit(", "pjit(", "shard_map", "jvp(", "transpose(", "vmap(", "checkpoint", "remat", "custom_")

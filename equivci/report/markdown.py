@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 from collections.abc import Iterable
 from pathlib import Path
+from urllib.parse import quote
 
 from equivci.results import SEVERITY_ORDER, Finding, ModelResult, Report, Status
 
@@ -52,7 +53,7 @@ def location_md(f: Finding, link_base: str | None = None) -> str:
     loc = f.location()
     if link_base:
         anchor = f"#L{f.line}" if f.line else ""
-        return f"[`{loc}`]({link_base}/{f.path}{anchor})"
+        return f"[`{loc}`]({link_base}/{quote(f.path, safe='/')}{anchor})"
     return f"`{loc}`"
 
 

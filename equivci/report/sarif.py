@@ -2,8 +2,12 @@
 
 - One rule per kind of verdict, with stable ids (`EQV001`...) and help text; a result's `ruleId` is
   the kind of its model's verdict (mismatch, unproven, error), or `EQV004` for a non-error note.
-- Result locations are repository-relative URIs with `uriBaseId: %SRCROOT%`, as code scanning wants;
-  a finding without a file is placed on the manifest (code scanning needs a location).
+- Result locations are repository-relative URIs with `uriBaseId: %SRCROOT%`, as code scanning wants,
+  percent-encoded (`tp ü.py` is `tp%20%C3%BC.py`); a finding without a file is placed on the manifest
+  (code scanning needs a location).
+- One run per file, and one category per manifest (`automationDetails.id`): code scanning refuses
+  an upload with two runs of one tool and category, and replaces the alerts of a category as a
+  whole, so two manifests of one repository must not share one.
 - `partialFingerprints` keep alerts stable across runs when lines shift elsewhere in the file.
 """
 
@@ -13,6 +17,7 @@ import hashlib
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from equivci import __version__
 from equivci.results import Finding, ModelResult, Report, Status
@@ -95,6 +100,14 @@ def _fingerprint(model: ModelResult, f: Finding) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
 
 
+def category(manifest_path: str | None) -> str:
+    """`equivci/` for the default manifest (the category of earlier releases, so existing alerts
+    stay theirs), `equivci/PATH/` for any other."""
+    if manifest_path in (None, "equivci.yaml"):
+        return "equivci/"
+    return f"equivci/{manifest_path}/"
+
+
 def to_sarif(report: Report, repo_root: str | Path | None = None, manifest_path: str | None = None) -> dict[str, Any]:
     rule_index = {r["id"]: i for i, r in enumerate(RULES)}
     results = []
@@ -111,7 +124,7 @@ def to_sarif(report: Report, repo_root: str | Path | None = None, manifest_path:
                 "locations": [
                     {
                         "physicalLocation": {
-                            "artifactLocation": {"uri": Path(path).as_posix(), "uriBaseId": "%SRCROOT%"},
+                            "artifactLocation": {"uri": quote(Path(path).as_posix(), safe="/"), "uriBaseId": "%SRCROOT%"},
                             "region": region,
                         }
                     }
@@ -134,7 +147,7 @@ def to_sarif(report: Report, repo_root: str | Path | None = None, manifest_path:
                 "rules": [_rule_doc(r) for r in RULES],
             }
         },
-        "automationDetails": {"id": "equivci/"},
+        "automationDetails": {"id": category(manifest_path)},
         "results": results,
         "columnKind": "unicodeCodePoints",
     }

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import time
 
+from equivci.cache import Memo
+from equivci.capture.oracle import NumericComparison, compare_in_child
 from equivci.capture.types import CapturedModel
+from equivci.diagnose.findings import defect_findings, with_counterexample, with_note
+from equivci.diagnose.localize import source_of
+from equivci.diagnose.loops import defect_with_loops
+from equivci.diagnose.numeric import numeric_frontier
+from equivci.errors import EquivciError
+from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import HloParseError, parse_module
-from equivci.layers.segments import Layering, layer_of, leaves, split
+from equivci.layers.segments import split
 from equivci.manifest import Manifest, ModelSpec
-from equivci.memo import Memo
+from equivci.prove.layered import prefix_proof, prove_layers
+from equivci.prove.programs import build_programs
+from equivci.prove.saturate import saturate
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
-from equivci.verify.instantiate import Unsupported
-from equivci.verify.layered import prefix_proof, prove_layers
-from equivci.verify.localize import Defect, source_of
-from equivci.verify.loops import defect_with_loops
-from equivci.verify.prove import build_programs, saturate
+from equivci.translate.evaluator import Unsupported
 
 # Run the numeric oracle only where random inputs are cheap to draw and run on a CPU.
 MAX_ORACLE_ELEMENTS = 1 << 22
@@ -67,13 +73,23 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
                        LayerCounts(layers.total, layers.total, layers.reused), laps)
 
     defect = defect_with_loops(programs, proof, captured.mesh)
-    findings = [_finding(defect, captured, programs.distributed_events, layering)] if defect else [_output_finding(proof, captured)]
     laps.lap("localize")
-    counterexample = _counterexample(model, manifest, captured)
+    comparison = _comparison(model, manifest, captured)
     laps.lap("counterexample")
-    if counterexample is not None:
-        findings.append(Finding(findings[0].path, findings[0].line, "error", findings[0].layer, counterexample))
+    if defect is None:
+        findings = [_output_finding(proof, captured)]
+    else:
+        frontier = numeric_frontier(programs.reference_events, programs.distributed_events, programs.evaluator.values,
+                                    captured.inputs, axis_groups(captured.mesh), len(programs.evaluator.table),
+                                    programs.routed)
+        laps.lap("numeric localization")
+        failed = {o.name for o in layered.layers if not o.proved and o.name} if layering is not None else set()
+        findings = defect_findings(defect, captured, programs.distributed_events, layering, failed, frontier,
+                                   outputs_equal=isinstance(comparison, NumericComparison) and comparison.equal)
+    if isinstance(comparison, NumericComparison) and not comparison.equal:
+        findings = with_counterexample(findings, _counterexample(comparison))
         return _finish(model, Status.MISMATCH, t0, tuple(findings), layers, laps)
+    findings = with_note(findings, _numeric_note(comparison))
     return _finish(model, Status.UNPROVEN, t0, tuple(findings), layers, laps)
 
 
@@ -94,27 +110,6 @@ def _finish(model, status, t0, findings, layers: LayerCounts, laps: Laps) -> Mod
                        timings=tuple(laps.rows))
 
 
-def _layer_of_defect(defect: Defect, events: list, layering: Layering | None) -> str | None:
-    """The op's own scope, else (an op outside any scope) the layer its value was counted in."""
-    scope = layer_of(defect.inst.op_name)
-    if scope is not None or layering is None:
-        return scope
-    for event in events:
-        if event.inst is defect.inst:
-            return next((layering.label.get(v) for v in leaves(event.values[0])), None)
-    return None
-
-
-def _finding(defect: Defect, captured: CapturedModel, events: list, layering: Layering | None) -> Finding:
-    path, line = source_of(defect.inst, captured.repo_root)
-    message = defect.message
-    if defect.context is not None:
-        cpath, cline = source_of(defect.context, captured.repo_root)
-        where = f"{cpath}:{cline}" if cpath else defect.context.name
-        message += f" (it is combined with the other operand at {where}, `{defect.context.opcode}`)"
-    return Finding(path, line, "error", _layer_of_defect(defect, events, layering), message, op=defect.inst.name)
-
-
 def _output_finding(proof, captured: CapturedModel) -> Finding:
     bad = [(dev, k) for dev, row in enumerate(proof.proved) for k, ok in enumerate(row) if not ok]
     dev, k = bad[0]
@@ -125,20 +120,32 @@ def _output_finding(proof, captured: CapturedModel) -> Finding:
                    "(out_specs / out_shardings) may not match what the devices hold")
 
 
-def _counterexample(model: ModelSpec, manifest: Manifest, captured: CapturedModel) -> str | None:
+def _comparison(model: ModelSpec, manifest: Manifest, captured: CapturedModel) -> NumericComparison | str:
+    """Both programs run on random inputs (the numeric oracle), or why that did not happen."""
     total = sum(_size(leaf.shape) for leaf in captured.inputs)
-    if total > MAX_ORACLE_ELEMENTS:
-        return None
+    if total > MAX_ORACLE_ELEMENTS and model.oracle.inputs is None:
+        return (f"the numeric check did not run: the inputs have {total:,} elements, more than the "
+                f"{MAX_ORACLE_ELEMENTS:,} it runs on a CPU; give it smaller inputs the entrypoints accept with "
+                "`oracle: {inputs: FILE.py:FUNC}` in the manifest")
     try:
-        from equivci.capture.numeric import compare_in_child
-    except ImportError:
-        return None
-    result = compare_in_child(manifest.path, model.name)
-    if result is None or result.equal:
-        return None
+        return compare_in_child(manifest.path, model.name)
+    except EquivciError as exc:
+        return f"the numeric check could not run: {exc}"
+
+
+def _numeric_note(comparison: NumericComparison | str) -> str:
+    if isinstance(comparison, str):
+        return comparison
+    return (f"numeric check: the outputs agree on {len(comparison.seeds)} random inputs (largest difference "
+            f"{comparison.max_abs_diff:.3g}, within what rounding explains); that is evidence, not a proof: "
+            "review the op above")
+
+
+def _counterexample(result: NumericComparison) -> str:
     index = ",".join(map(str, result.worst_index))
     return (f"counterexample: on random inputs output {result.worst_leaf}[{index}] is {result.dist_value:.6g} "
-            f"distributed vs {result.ref_value:.6g} reference (largest difference {result.max_abs_diff:.3g})")
+            f"distributed vs {result.ref_value:.6g} reference ({result.figures()}; largest difference "
+            f"{result.max_abs_diff:.3g})")
 
 
 def _size(shape) -> int:

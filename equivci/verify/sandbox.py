@@ -19,13 +19,8 @@ import traceback
 from equivci.capture.types import CapturedModel
 from equivci.errors import EquivciError
 from equivci.manifest import Manifest, ModelSpec
+from equivci.options import Options
 from equivci.results import Finding, LayerCounts, ModelResult, Status
-
-TIME_LIMIT_SECONDS = float(os.environ.get("EQUIVCI_VERIFY_TIMEOUT", 900))
-# Leave a quarter of the machine to everything else (the numeric oracle child, the CI runner).
-MEMORY_LIMIT_BYTES = int(os.environ.get("EQUIVCI_VERIFY_MEMORY", 0)) or int(
-    os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.75
-)
 
 
 class VerifierCrash(RuntimeError):
@@ -40,8 +35,18 @@ class VerifierCrash(RuntimeError):
         return f"{super().__str__()}\n\nin the verifier process:\n{self.child_traceback}"
 
 
-def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo) -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+def memory_cap(wanted: int) -> tuple[int, str]:
+    """The child's address-space cap and what set it: EQUIVCI_VERIFY_MEMORY (`wanted`, default ¾ of
+    RAM), or a lower `ulimit -v` equivci itself runs under, which no child may exceed."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        return soft, f"the `ulimit -v` (RLIMIT_AS) equivci runs under, below EQUIVCI_VERIFY_MEMORY's {wanted / 2**30:.1f} GiB"
+    return wanted, "EQUIVCI_VERIFY_MEMORY"
+
+
+def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo, memory_bytes: int) -> None:
+    cap, _ = memory_cap(memory_bytes)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
     def layer_done(done: int, total: int) -> None:
         conn.send(("layer", (done, total)))
@@ -88,26 +93,29 @@ def _at_return(function, callback) -> None:
 
 
 def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo=None,
-                    on_layer=None) -> ModelResult:
-    """verify_model in a child with a time and memory limit; layer proofs go through `memo`
-    (an equivci.memo.Memo; the child writes new ones to its folder); `on_layer(done, total)` as
-    the child proves layers."""
+                    on_layer=None, options: Options | None = None) -> ModelResult:
+    """verify_model in a child with the time and memory limits of `options` (default: from the
+    environment); layer proofs go through `memo` (an equivci.cache.Memo; the child writes new
+    ones to its folder); `on_layer(done, total)` as the child proves layers."""
+    options = options or Options.from_env()
+    limit = options.verify_timeout_seconds
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(send, model, manifest, captured, memo), daemon=True)
+    child = ctx.Process(target=_child, args=(send, model, manifest, captured, memo, options.verify_memory_bytes),
+                        daemon=True)
     child.start()
     send.close()
-    answer = _answer(receive, t0 + TIME_LIMIT_SECONDS, on_layer)
+    answer = _answer(receive, t0 + limit, on_layer)
     if answer is None:
         child.kill()
     child.join()
-    if answer is None and child.exitcode in (None, -9) and time.perf_counter() - t0 >= TIME_LIMIT_SECONDS:
-        return _unproven(model, t0, f"the proof search exceeded its time limit ({TIME_LIMIT_SECONDS:g} s, "
-                                    "EQUIVCI_VERIFY_TIMEOUT)")
+    if answer is None and child.exitcode in (None, -9) and time.perf_counter() - t0 >= limit:
+        return _unproven(model, t0, f"the proof search exceeded its time limit ({limit:g} s, EQUIVCI_VERIFY_TIMEOUT)")
     if answer is None or answer[0] == "memory":
+        cap, source = memory_cap(options.verify_memory_bytes)
         return _unproven(model, t0, f"the proof search ran out of memory or crashed (exit code {child.exitcode}; "
-                                    f"memory cap {MEMORY_LIMIT_BYTES / 2**30:.1f} GiB, EQUIVCI_VERIFY_MEMORY)")
+                                    f"memory cap {cap / 2**30:.1f} GiB, {source})")
     kind, payload = answer
     if kind == "ok":
         return payload

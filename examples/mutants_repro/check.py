@@ -16,7 +16,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from equivci.capture import entrypoints  # noqa: E402
-from equivci.capture.numeric import compare_outputs, random_inputs  # noqa: E402
+from equivci.capture.oracle import compare_outputs, random_inputs  # noqa: E402
 from equivci.manifest import load_manifest  # noqa: E402
 
 # Valid indices at which the narrowed copy wraps negative (int8: 128, int16: 32768).

@@ -1,5 +1,5 @@
 """Regression reproducer of an unsound verdict (found by the mutation sweep's probes,
-bench/mutants.py; fixed in equivci/verify/instantiate.py, Evaluator._set_bounds).
+bench/mutants.py; fixed in equivci/translate/evaluator.py, Evaluator._set_bounds).
 
 The reference indexes with `ids`, so equivci assumes ids in [0, size) (the documented index
 assumption) and gives `ids` those bounds. A `convert` used to keep its operand's bounds also when

@@ -1,0 +1,557 @@
+"""Numeric oracle: run reference and distributed on the same random inputs and compare.
+
+This is the cross-check behind every `mismatch` counterexample and every verdict of the test
+zoo. It is not a proof: equal outputs on a few random inputs only make equivalence likely,
+while a difference beyond the dtype's tolerance is a concrete counterexample.
+
+Child entry (the parent never imports jax with the wrong device count):
+
+    python -m equivci.capture.oracle --manifest PATH --model NAME [--model NAME2 ...] [--seeds 0,1,2]
+
+prints one JSON line per model on stdout: `{"model": NAME, "comparison": {...}}` or
+`{"model": NAME, "error": "..."}`. Parent side: `compare_in_child` (one model) and
+`compare_many_in_child` (many models of a manifest in one child process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from equivci.capture import rounding
+from equivci.capture.index_ranges import index_ranges
+from equivci.errors import EquivciError
+
+DEFAULT_SEEDS = (0, 1, 2)
+NUMERIC_TIMEOUT_SECONDS = 300
+
+# Integer inputs are drawn in [0, n) with n the smallest dimension (>= 2) of any floating-point
+# input, so that an integer used as an index into any axis of any input is in bounds; capped.
+INT_RANGE_DEFAULT = 8
+INT_RANGE_MAX = 64
+
+# How many times the rounding floor (rounding.py) a difference may reach before it is a
+# counterexample: the floor is one draw of the moves re-association can make, and moves of
+# other elements, with other signs, can add up to a few times more.
+NOISE_MARGIN = 4.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    atol: float  # relative to the leaf's magnitude (max |reference| of the leaf, at least 1)
+
+
+def tolerance_for(dtype: Any) -> Tolerance:
+    """Per-dtype tolerance. Integers and booleans must match exactly."""
+    import numpy as np
+
+    name = np.dtype(dtype).name if not str(dtype).startswith("bfloat16") else "bfloat16"
+    if name == "bfloat16":
+        return Tolerance(rtol=2e-2, atol=1e-2)
+    if name == "float16":
+        return Tolerance(rtol=2e-3, atol=1e-3)
+    if name in ("float32", "complex64"):
+        return Tolerance(rtol=1e-4, atol=1e-5)
+    if name in ("float64", "complex128"):
+        return Tolerance(rtol=1e-9, atol=1e-10)
+    if "float8" in name or "float4" in name:
+        return Tolerance(rtol=1.5e-1, atol=1e-1)
+    return Tolerance(rtol=0.0, atol=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class NumericComparison:
+    """Outcome of running both programs on the same random inputs.
+
+    max_abs_diff / max_rel_diff: the largest |dist - ref| and |dist - ref| / |ref| over every
+    output element of every seed. worst_leaf / worst_index / ref_value / dist_value: the element
+    furthest outside its tolerance (or closest to it when all are within), with worst_leaf a
+    jax.tree_util.keystr path into the outputs ("" for a single array output). equal: every
+    element of every seed is within tolerance (|d - r| <= atol * scale + rtol * |r|, scale =
+    max(1, max |ref| of the leaf)); integers and booleans exactly. failing_seeds: the seeds
+    with a difference beyond tolerance. note: why the comparison failed structurally, if it did
+    (different output structure, shapes or dtypes).
+    """
+
+    max_abs_diff: float
+    max_rel_diff: float
+    worst_leaf: str
+    worst_index: tuple[int, ...]
+    ref_value: float | None
+    dist_value: float | None
+    seeds: tuple[int, ...]
+    equal: bool
+    worst_seed: int | None = None
+    failing_seeds: tuple[int, ...] = ()
+    note: str = ""
+    # At the worst element: how far rounding can move it (the dtype's tolerance plus
+    # NOISE_MARGIN times the rounding floor of rounding.py) and its difference over that (> 1:
+    # beyond what rounding explains). With the narrowest float type the reference computes in
+    # and how many of its rounding points the floor moved.
+    noise_floor: float = 0.0
+    ratio: float = 0.0
+    precision: str = ""
+    rounding_points: int = 0
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        for key in ("max_abs_diff", "max_rel_diff", "ref_value", "dist_value", "noise_floor", "ratio"):
+            d[key] = _json_float(d[key])
+        d["worst_index"] = list(self.worst_index)
+        d["seeds"] = list(self.seeds)
+        d["failing_seeds"] = list(self.failing_seeds)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "NumericComparison":
+        return cls(
+            max_abs_diff=_from_json_float(d["max_abs_diff"]),
+            max_rel_diff=_from_json_float(d["max_rel_diff"]),
+            worst_leaf=d["worst_leaf"],
+            worst_index=tuple(d["worst_index"]),
+            ref_value=_from_json_float(d["ref_value"]),
+            dist_value=_from_json_float(d["dist_value"]),
+            seeds=tuple(d["seeds"]),
+            equal=bool(d["equal"]),
+            worst_seed=d.get("worst_seed"),
+            failing_seeds=tuple(d.get("failing_seeds", ())),
+            note=d.get("note", ""),
+            noise_floor=_from_json_float(d.get("noise_floor")) or 0.0,
+            ratio=_from_json_float(d.get("ratio")) or 0.0,
+            precision=d.get("precision", ""),
+            rounding_points=int(d.get("rounding_points", 0)),
+        )
+
+    def describe(self) -> str:
+        """One line for reports: where the programs differ, or that they agree."""
+        if self.note and not self.equal:
+            return self.note
+        where = f"output{self.worst_leaf}[{', '.join(map(str, self.worst_index))}]"
+        if self.equal:
+            tie = f"; {self.note}" if self.note else ""
+            return f"equal on seeds {list(self.seeds)} (max |diff| {self.max_abs_diff:.3g}){tie}"
+        return (
+            f"{where} differs on seed {self.worst_seed}: reference {self.ref_value:.6g}, "
+            f"distributed {self.dist_value:.6g} ({self.figures()})"
+        )
+
+    def figures(self) -> str:
+        """The difference at the worst element against what rounding explains there."""
+        diff = abs((self.dist_value or 0.0) - (self.ref_value or 0.0))
+        computed = f"; the reference computes in {self.precision}" if self.precision else ""
+        return (f"|diff| {diff:.3g}, rounding explains up to {self.noise_floor:.3g}{computed}: "
+                f"{self.ratio:.3g}x that")
+
+
+def _json_float(x: float | None) -> Any:
+    if x is None:
+        return None
+    x = float(x)
+    if math.isnan(x) or math.isinf(x):
+        return repr(x)  # 'nan', 'inf', '-inf': JSON has no literal for them
+    return x
+
+
+def _from_json_float(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+# --- random inputs -------------------------------------------------------------------------------
+
+
+def _is_float(dtype) -> bool:
+    import jax.numpy as jnp
+
+    return jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating)
+
+
+def int_range(args_abstract: Sequence[Any]) -> int:
+    import jax
+
+    dims = [
+        int(d)
+        for leaf in jax.tree_util.tree_leaves(tuple(args_abstract))
+        if _is_float(leaf.dtype)
+        for d in leaf.shape
+        if int(d) >= 2
+    ]
+    return min(min(dims), INT_RANGE_MAX) if dims else INT_RANGE_DEFAULT
+
+
+def random_inputs(args_abstract: Sequence[Any], seed: int, ranges: dict[int, int] | None = None) -> tuple:
+    """Concrete arguments for one seed: normal floats, fair booleans, integers in [0, n) with n
+    from `ranges` (flat leaf index -> how many places the reference indexes with it, see
+    index_ranges.py) or else small and non-negative."""
+    import jax
+    import jax.numpy as jnp
+
+    leaves, treedef = jax.tree_util.tree_flatten(tuple(args_abstract))
+    high = int_range(args_abstract)
+    key = jax.random.key(seed)
+    out = []
+    for i, leaf in enumerate(leaves):
+        k = jax.random.fold_in(key, i)
+        shape, dtype = tuple(leaf.shape), leaf.dtype
+        if jnp.issubdtype(dtype, jnp.bool_):
+            value = jax.random.bernoulli(k, 0.5, shape)
+        elif jnp.issubdtype(dtype, jnp.integer):
+            info = jnp.iinfo(dtype)
+            top = min((ranges or {}).get(i, high), int(info.max))
+            value = jax.random.randint(k, shape, 0, top, dtype=jnp.int32).astype(dtype)
+        elif jnp.issubdtype(dtype, jnp.complexfloating):
+            kr, ki = jax.random.split(k)
+            value = (jax.random.normal(kr, shape) + 1j * jax.random.normal(ki, shape)).astype(dtype)
+        elif jnp.issubdtype(dtype, jnp.floating):
+            value = jax.random.normal(k, shape, dtype=jnp.float32).astype(dtype)
+        else:
+            raise EquivciError(f"the numeric check cannot draw random values of dtype {dtype} (input leaf {i})")
+        out.append(value)
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+# --- comparison ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Worst:
+    score: float = -1.0  # |d - r| / tolerance (inf when outside an exact tolerance)
+    leaf: str = ""
+    index: tuple[int, ...] = ()
+    ref: float | None = None
+    dist: float | None = None
+    seed: int | None = None
+    floor: float = 0.0
+
+
+def _is_inexact(dtype) -> bool:
+    import jax.numpy as jnp
+
+    return bool(jnp.issubdtype(dtype, jnp.inexact))
+
+
+def _scalar(x) -> float:
+    import numpy as np
+
+    x = np.asarray(x)
+    if np.iscomplexobj(x):
+        return float(abs(x))
+    return float(x.astype(np.float64))
+
+
+def _compare_leaf(ref, dist, tol: Tolerance, floor=None):
+    """Return (max_abs, max_rel, score array, allowance array, within-tolerance flag) for one
+    output leaf. `floor`: the absolute amount rounding alone may move each element (rounding.py),
+    allowed NOISE_MARGIN times on top of the dtype's tolerance."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    r = np.asarray(ref).astype(np.complex128 if np.iscomplexobj(ref) else np.float64)
+    d = np.asarray(dist).astype(r.dtype)
+    both_nan = np.isnan(r) & np.isnan(d)
+    same_inf = np.isinf(r) & np.isinf(d) & (r == d)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        diff = np.abs(d - r)
+        diff = np.where(both_nan | same_inf, 0.0, diff)
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        finite_ref = np.abs(r[np.isfinite(r)])
+        scale = max(1.0, float(finite_ref.max())) if finite_ref.size else 1.0
+        allowed = tol.atol * scale + tol.rtol * np.where(np.isfinite(r), np.abs(r), 0.0)
+        if floor is not None:
+            allowed = allowed + NOISE_MARGIN * floor
+        if not np.any(allowed):
+            score = np.where(diff > 0, np.inf, 0.0)
+        else:
+            score = np.where(diff == 0, 0.0, diff / np.where(allowed > 0, allowed, np.inf))
+        # Relative to |ref|, floored at the leaf's magnitude times the dtype's epsilon so that
+        # an exact zero in the reference does not make the ratio infinite.
+        eps = float(jnp.finfo(np.asarray(ref).dtype).eps) if _is_inexact(np.asarray(ref).dtype) else 1.0
+        rel = diff / np.maximum(np.where(np.isfinite(r), np.abs(r), 0.0), eps * scale)
+    max_abs = float(diff.max()) if diff.size else 0.0
+    max_rel = float(np.where(diff == 0, 0.0, rel).max()) if diff.size else 0.0
+    return max_abs, max_rel, score, allowed, bool(np.all(score <= 1.0))
+
+
+def _structural(seeds, note: str, leaf: str = "") -> NumericComparison:
+    return NumericComparison(
+        max_abs_diff=math.inf, max_rel_diff=math.inf, worst_leaf=leaf, worst_index=(),
+        ref_value=None, dist_value=None, seeds=tuple(seeds), equal=False,
+        worst_seed=seeds[0] if seeds else None, failing_seeds=tuple(seeds), note=note,
+    )
+
+
+def rounding_floor(ref, shadow) -> float:
+    """How far rounding alone may move any element of one output leaf: the largest move of the
+    shadow reference anywhere in the leaf (a flipped rounding lands on other elements in the other
+    program)."""
+    import numpy as np
+
+    moved = np.abs(np.asarray(shadow).astype(np.float64) - np.asarray(ref).astype(np.float64))
+    moved = moved[np.isfinite(moved)]
+    return float(moved.max()) if moved.size else 0.0
+
+
+def compare_outputs(ref_outs: dict, dist_outs: dict, seeds: Sequence[int], shadow_outs: dict | None = None,
+                    tolerance: Tolerance | None = None) -> NumericComparison:
+    """Compare {seed: output pytree} of both programs (concrete arrays). `shadow_outs` (same
+    form) are the reference's outputs with its roundings moved as re-association may move them
+    (see rounding.py); `tolerance` replaces the per-dtype one (the manifest's `oracle` key)."""
+    import jax
+    import numpy as np
+    from jax.tree_util import keystr
+
+    seeds = tuple(seeds)
+    max_abs = max_rel = 0.0
+    worst = _Worst()
+    failing: list[int] = []
+    for seed in seeds:
+        ref_leaves, ref_tree = jax.tree_util.tree_flatten_with_path(ref_outs[seed])
+        dist_leaves, dist_tree = jax.tree_util.tree_flatten_with_path(dist_outs[seed])
+        if ref_tree != dist_tree:
+            return _structural(seeds, f"the outputs have different structures: reference {ref_tree}, distributed {dist_tree}")
+        seed_ok = True
+        shadow_leaves = jax.tree_util.tree_leaves(shadow_outs[seed]) if shadow_outs else [None] * len(ref_leaves)
+        for (path, r), (_, d), sh in zip(ref_leaves, dist_leaves, shadow_leaves):
+            name = keystr(path)
+            r_shape, d_shape = tuple(np.shape(r)), tuple(np.shape(d))
+            if r_shape != d_shape:
+                return _structural(seeds, f"output{name} has shape {r_shape} in the reference but {d_shape} in the distributed program", name)
+            r_dtype, d_dtype = np.asarray(r).dtype, np.asarray(d).dtype
+            if r_dtype != d_dtype:
+                return _structural(seeds, f"output{name} has dtype {r_dtype} in the reference but {d_dtype} in the distributed program", name)
+            floor = None if sh is None else rounding_floor(r, sh)
+            leaf_abs, leaf_rel, score, allowed, ok = _compare_leaf(r, d, tolerance or tolerance_for(r_dtype), floor)
+            max_abs, max_rel = max(max_abs, leaf_abs), max(max_rel, leaf_rel)
+            seed_ok &= ok
+            if score.size:
+                flat = int(np.argmax(score))
+                s = float(score.reshape(-1)[flat])
+                if s > worst.score:
+                    index = tuple(int(i) for i in np.unravel_index(flat, r_shape)) if r_shape else ()
+                    at = float(np.broadcast_to(allowed, r_shape)[index])
+                    worst = _Worst(s, name, index, _scalar(np.asarray(r)[index]), _scalar(np.asarray(d)[index]), seed, at)
+        if not seed_ok:
+            failing.append(seed)
+    return NumericComparison(
+        max_abs_diff=max_abs, max_rel_diff=max_rel, worst_leaf=worst.leaf, worst_index=worst.index,
+        ref_value=worst.ref, dist_value=worst.dist, seeds=seeds, equal=not failing,
+        worst_seed=worst.seed, failing_seeds=tuple(failing), noise_floor=worst.floor, ratio=max(worst.score, 0.0),
+    )
+
+
+def _run_and_compare(reference, bound, args_abstract, mesh, seeds, ref_name="reference", dist_name="distributed",
+                     tolerance: Tolerance | None = None, index_ranges: dict[int, int] | None = None):
+    """jit both, run them on one random draw per seed (the distributed one under the mesh), compare."""
+    import jax
+
+    ref_fn, dist_fn = jax.jit(reference), jax.jit(bound)
+    shadow = None if tolerance else rounding.shadow_reference(reference, tuple(args_abstract))
+    ref_outs, dist_outs, shadow_outs = {}, {}, {}
+    near_ties: list[int] = []
+    for seed in seeds:
+        args = random_inputs(args_abstract, seed, index_ranges)
+        try:
+            ref_outs[seed] = jax.device_get(ref_fn(*args))
+            if shadow:
+                shadow_outs[seed], tie = jax.device_get(shadow.run(*args))
+                if tie:
+                    near_ties.append(seed)
+        except EquivciError:
+            raise
+        except Exception as exc:
+            raise EquivciError(_run_failure("reference", ref_name, exc)) from exc
+        try:
+            with jax.set_mesh(mesh):
+                dist_outs[seed] = jax.device_get(dist_fn(*args))
+        except EquivciError:
+            raise
+        except Exception as exc:
+            raise EquivciError(_run_failure("distributed", dist_name, exc)) from exc
+    if shadow is None:
+        return compare_outputs(ref_outs, dist_outs, seeds, tolerance=tolerance)
+    comparison = compare_outputs(ref_outs, dist_outs, seeds, shadow_outs)
+    comparison = dataclasses.replace(comparison, precision=shadow.narrowest, rounding_points=shadow.rounding_points)
+    return without_near_ties(comparison, near_ties)
+
+
+def without_near_ties(comparison: NumericComparison, near_ties: Sequence[int]) -> NumericComparison:
+    """A seed on which a discrete decision of the reference was within rounding of a tie is no
+    counterexample: rounding alone could have made the other program decide otherwise."""
+    excused = [s for s in comparison.failing_seeds if s in near_ties]
+    if not excused:
+        return comparison
+    failing = tuple(s for s in comparison.failing_seeds if s not in near_ties)
+    note = (f"on seed{'s' if len(excused) > 1 else ''} {', '.join(map(str, excused))} a comparison, argmax, top_k or "
+            "sort of the reference was within rounding of a tie, so the difference there is not a counterexample")
+    return dataclasses.replace(comparison, failing_seeds=failing, equal=not failing, note=note)
+
+
+# --- child process ---------------------------------------------------------------------------------
+
+
+def _run_failure(side: str, spec: str, exc: BaseException) -> str:
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "site-packages" not in f.filename]
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"running the {side} entrypoint {spec} on random inputs failed{where}: {type(exc).__name__}: {first}"
+
+
+def _compare_model(model, root: Path, seeds: tuple[int, ...]) -> NumericComparison:
+    from equivci.capture import entrypoints
+
+    reference = entrypoints.load_function(model.reference, root)
+    distributed = entrypoints.load_function(model.distributed, root)
+    inputs = model.oracle.inputs or model.inputs
+    args = entrypoints.abstract_inputs(entrypoints.load_function(inputs, root), inputs)
+    mesh = entrypoints.build_mesh(model)
+    bound = entrypoints.bind_distributed(distributed, mesh)
+    ranges = index_ranges(reference, tuple(args))
+    tolerance = Tolerance(model.oracle.rtol or 0.0, model.oracle.atol or 0.0) if model.oracle.tolerance_set else None
+    return _run_and_compare(reference, bound, args, mesh, seeds, model.reference.spec, model.distributed.spec,
+                            tolerance=tolerance, index_ranges=ranges)
+
+
+def _without_device_count(flags: str) -> str:
+    return " ".join(f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count"))
+
+
+def _parse_seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds takes comma-separated integers, got {text!r}") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("--seeds needs at least one seed")
+    return seeds
+
+
+def child_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m equivci.capture.oracle", description=__doc__.split("\n")[0])
+    parser.add_argument("--manifest", required=True, type=Path)
+    parser.add_argument("--model", action="append", required=True, help="repeatable")
+    parser.add_argument("--seeds", type=_parse_seeds, default=DEFAULT_SEEDS)
+    opts = parser.parse_args(argv)
+
+    if "jax" in sys.modules:
+        raise RuntimeError("equivci.capture.oracle child: jax was imported before the device count was set")
+    from equivci.manifest import load_manifest  # yaml only; does not import jax
+
+    try:
+        manifest = load_manifest(opts.manifest)
+    except EquivciError as exc:
+        for name in opts.model:
+            print(json.dumps({"model": name, "error": str(exc)}), flush=True)
+        return 2
+    by_name = {m.name: m for m in manifest.models}
+    devices = max([by_name[n].num_devices for n in opts.model if n in by_name] or [1])
+    flags = _without_device_count(os.environ.get("XLA_FLAGS", ""))
+    # Both programs round exactly where their code says: XLA may otherwise keep a value wider than
+    # its type inside a fusion in one program and not in the other.
+    os.environ["XLA_FLAGS"] = (f"{flags} --xla_force_host_platform_device_count={devices} "
+                               "--xla_allow_excess_precision=false").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.chdir(manifest.root)  # entrypoints.abstract_inputs reports paths relative to the cwd
+    # Our JSON lines own stdout; whatever the user's code prints goes to stderr.
+    sys.stdout.flush()
+    rows_out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    status = 0
+    for name in opts.model:
+        model = by_name.get(name)
+        if model is None:
+            row = {"model": name, "error": f"{opts.manifest}: no model named '{name}'; the manifest defines {', '.join(by_name)}"}
+            status = 2
+        else:
+            try:
+                t0 = time.perf_counter()
+                comparison = _compare_model(model, manifest.root, opts.seeds)
+                row = {"model": name, "comparison": comparison.to_json(), "seconds": round(time.perf_counter() - t0, 3)}
+            except EquivciError as exc:
+                row, status = {"model": name, "error": str(exc)}, 2
+            except Exception as exc:  # noqa: BLE001 - one broken model must not hide the others
+                row, status = {"model": name, "error": _run_failure("model", name, exc)}, 2
+        print(json.dumps(row), file=rows_out, flush=True)
+    return status
+
+
+# --- parent side -------------------------------------------------------------------------------------
+
+
+def compare_many_in_child(
+    manifest_path: Path | str,
+    model_names: Sequence[str],
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    timeout: float = NUMERIC_TIMEOUT_SECONDS,
+) -> dict[str, NumericComparison | EquivciError]:
+    """Compare several models of one manifest in one child process (device count = the largest
+    mesh among them). Returns per model a NumericComparison, or the EquivciError that stopped it."""
+    names = list(model_names)
+    if not names:
+        return {}
+    cmd = [sys.executable, "-m", "equivci.capture.oracle", "--manifest", str(Path(manifest_path).absolute()),
+           "--seeds", ",".join(str(int(s)) for s in seeds)]
+    for name in names:
+        cmd += ["--model", name]
+    env = dict(os.environ)
+    # The child picks its own device count from the manifest before importing jax.
+    env["XLA_FLAGS"] = _without_device_count(env.get("XLA_FLAGS", ""))
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH", "")]))
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        err = EquivciError(f"the numeric check of {', '.join(names)} did not finish within {timeout:.0f} s")
+        return {name: err for name in names}
+    results: dict[str, NumericComparison | EquivciError] = {}
+    for line in proc.stdout.splitlines():
+        line = line.strip()
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(row, dict) or "model" not in row:
+            continue
+        if "comparison" in row:
+            results[row["model"]] = NumericComparison.from_json(row["comparison"])
+        else:
+            results[row["model"]] = EquivciError(row.get("error", "unknown error"))
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    for name in names:
+        if name not in results:
+            results[name] = EquivciError(
+                f"the numeric check child exited with code {proc.returncode} before reporting '{name}': {tail}"
+            )
+    return results
+
+
+def compare_in_child(
+    manifest_path: Path | str,
+    model_name: str,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    timeout: float = NUMERIC_TIMEOUT_SECONDS,
+) -> NumericComparison:
+    """Run the numeric comparison of one manifest model in a child process with the fake device
+    count its mesh needs. Raises EquivciError if the model cannot be loaded or run."""
+    result = compare_many_in_child(manifest_path, [model_name], seeds, timeout)[model_name]
+    if isinstance(result, EquivciError):
+        raise result
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(child_main())

@@ -1,0 +1,332 @@
+"""How far rounding alone can move the reference's outputs: the numeric oracle's noise floor.
+
+A sharded program may re-associate the sums the reference computes (a contraction split over
+shards, a reduction finished by an all-reduce). Over the reals that changes nothing; in floating
+point it moves the result of each such sum by a few units in the last place of the precision it
+is accumulated in. Those tiny moves matter only where the program later rounds to a narrower type
+(an RMSNorm cast to bfloat16, a bf16 matmul input): an element lying close enough to a rounding
+boundary of the narrow type may round the other way, and a whole unit of the narrow type then
+propagates to the outputs. That is how correct bf16 code differs from its reference by 1e-2 on
+float32 logits, and why an output-dtype tolerance calls it a counterexample.
+
+`shadow_reference` builds, from the reference's jaxpr, a program that makes exactly those moves:
+- every accumulation (dot_general, reduce_sum, cumsum, convolution) adds a relative error bound of
+  LAMBDA * sqrt(n) * u to its result (the probabilistic bound of Higham and Mary, 2019: a sum of n
+  terms in precision u is within that of the exact sum with overwhelming probability); elementwise
+  ops carry the largest bound of their operands along (a worst-case forward analysis that adds
+  bounds at every product compounds through deep residual stacks into bounds that explain any
+  difference; the bound here only decides which roundings may flip);
+- a narrowing float convert of a value with a non-zero bound rounds the other way every element
+  that lies within that bound of a rounding boundary, and at least the FLIP_FRACTION of elements
+  closest to one, so that the floor never rests on zero flips by chance;
+- an accumulation whose result is itself narrow (a bf16 dot with a bf16 result) is computed wide
+  and every element may round either way: sharded code sums partial results rounded to that type.
+Rounding of values that no accumulation has touched (an input cast to bf16) is identical in both
+programs and is not perturbed, so a program that rounds where the reference does not (an
+all-reduce in bf16 of f32 partial sums) still differs by more than the floor. After a rounding that
+may flip, the value may differ by one unit of the narrow type, and that is its bound from there on.
+
+Discrete decisions (comparisons, argmax, top_k, sort, float-to-int) cannot be moved a little: a
+correct program whose router logits differ in the last place may pick another expert. The shadow
+reports whether any decision on a value with a bound was within that bound of a tie; on such a
+seed a difference is not a counterexample (the oracle says so), since rounding could explain it.
+Decisions inside loop bodies are not checked.
+
+The floor of an output is the largest |shadow - reference| over the leaf; the re-association left
+at a wide output itself is what its dtype's tolerance allows. Loop bodies (scan, while, cond) are
+rewritten the same way, with the operands' largest bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+LAMBDA = 4.0
+FLIP_FRACTION = 0.01
+
+# Primitives that call one jaxpr with their own operands: evaluated inline.
+_CALLS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+          "custom_vjp_call_jaxpr", "remat", "checkpoint", "custom_lin"}
+_CALL_JAXPR_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+_ACCUMULATIONS = {"dot_general", "reduce_sum", "cumsum", "conv_general_dilated", "reduce_window_sum"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Shadow:
+    """The shadow program (same arguments and output tree as the reference)."""
+
+    run: Callable[..., Any]  # -> (outputs, whether a discrete decision was within rounding of a tie)
+    rounding_points: int  # narrowing rounds of computed values, and narrow accumulations
+    narrowest: str  # the narrowest float type the reference computes in
+
+
+def shadow_reference(reference: Callable, args_abstract: tuple) -> Shadow:
+    import jax
+
+    closed = jax.make_jaxpr(reference)(*args_abstract)
+    out_tree = jax.tree_util.tree_structure(jax.eval_shape(reference, *args_abstract))
+    stats = _Stats()
+    # A dry evaluation on abstract values counts the rounding points.
+    jax.eval_shape(lambda *a: _Interpreter(stats).run(closed, list(a), [0.0] * len(a))[0],
+                   *jax.tree_util.tree_leaves(args_abstract))
+
+    def run(*args):
+        import jax.numpy as jnp
+
+        leaves = jax.tree_util.tree_leaves(args)
+        interpreter = _Interpreter(_Stats())
+        outs, _ = interpreter.run(closed, leaves, [0.0] * len(leaves))
+        tie = jnp.any(jnp.stack(interpreter.ties)) if interpreter.ties else jnp.asarray(False)
+        return jax.tree_util.tree_unflatten(out_tree, outs), tie
+
+    return Shadow(jax.jit(run), stats.points, stats.narrowest_name())
+
+
+@dataclasses.dataclass
+class _Stats:
+    points: int = 0
+    narrowest_eps: float = 0.0
+    narrowest: str = ""
+
+    def saw(self, dtype) -> None:
+        eps = _eps(dtype)
+        if eps is not None and eps > self.narrowest_eps:
+            self.narrowest_eps, self.narrowest = eps, _dtype_name(dtype)
+
+    def narrowest_name(self) -> str:
+        return self.narrowest or "none"
+
+
+def _dtype_name(dtype) -> str:
+    import numpy as np
+
+    return np.dtype(dtype).name
+
+
+def _eps(dtype) -> float | None:
+    import jax.numpy as jnp
+
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return None
+    return float(jnp.finfo(dtype).eps)
+
+
+class _Interpreter:
+    """Evaluates a jaxpr with the shadow's moves; each value carries a static relative bound."""
+
+    def __init__(self, stats: _Stats):
+        self.stats = stats
+        self.ties: list = []  # traced booleans: a decision on a value with a bound was near a tie
+
+    def run(self, closed, args: list, bounds: list[float]) -> tuple[list, list[float]]:
+        jaxpr = closed.jaxpr
+        env: dict = {}
+        bound: dict = {}
+
+        def read(v):
+            if hasattr(v, "val"):  # a Literal
+                return v.val, 0.0
+            return env[v], bound[v]
+
+        for v, c in zip(jaxpr.constvars, closed.consts):
+            env[v], bound[v] = c, 0.0
+        for v, a, b in zip(jaxpr.invars, args, bounds):
+            env[v], bound[v] = a, b
+        for eqn in jaxpr.eqns:
+            vals, bs = zip(*(read(v) for v in eqn.invars)) if eqn.invars else ((), ())
+            outs, out_bounds = self.eqn(eqn, list(vals), list(bs))
+            for v, o, b in zip(eqn.outvars, outs, out_bounds):
+                env[v], bound[v] = o, b
+        results = [read(v) for v in jaxpr.outvars]
+        return [r for r, _ in results], [b for _, b in results]
+
+    def eqn(self, eqn, vals: list, bounds: list[float]) -> tuple[list, list[float]]:
+        name = eqn.primitive.name
+        for v in eqn.outvars:
+            self.stats.saw(v.aval.dtype)
+        if name in _CALLS:
+            inner = _call_jaxpr(eqn)
+            if inner is not None:
+                return self.run(inner, vals, bounds)
+        if any(_is_jaxpr(p) for p in _flat_params(eqn.params)):
+            return self.higher_order(eqn, vals, bounds)
+        if name == "convert_element_type":
+            return self.convert(eqn, vals[0], bounds[0])
+        if name in _ACCUMULATIONS:
+            return self.accumulate(eqn, vals, bounds)
+        if max(bounds, default=0.0) > 0 and name in _DECISIONS:
+            self.ties.append(_DECISIONS[name](eqn, vals, max(bounds)))
+        outs = _bind(eqn, vals)
+        if not any(_eps(v.aval.dtype) for v in eqn.outvars):
+            return outs, [0.0] * len(outs)
+        return outs, [max(bounds, default=0.0)] * len(outs)
+
+    def convert(self, eqn, x, b: float) -> tuple[list, list[float]]:
+        import jax.numpy as jnp
+
+        src, dst = eqn.invars[0].aval.dtype, eqn.params["new_dtype"]
+        src_eps, dst_eps = _eps(src), _eps(dst)
+        if src_eps is not None and dst_eps is None and b > 0:  # float -> int truncates
+            self.ties.append(_near_integer(jnp.asarray(x), b))
+        if src_eps is None or dst_eps is None or dst_eps <= src_eps or b == 0.0:
+            return _bind(eqn, [x]), [0.0 if dst_eps is None else b]
+        self.stats.points += 1
+        return [_round_either_way(jnp.asarray(x), dst, b)], [dst_eps]
+
+    def accumulate(self, eqn, vals: list, bounds: list[float]) -> tuple[list, list[float]]:
+        import jax.numpy as jnp
+
+        out_dtype = eqn.outvars[0].aval.dtype
+        n = _terms(eqn)
+        acc = jnp.float32 if (_eps(out_dtype) or 0) > float(jnp.finfo(jnp.float32).eps) else out_dtype
+        if _eps(out_dtype) is None:
+            return _bind(eqn, vals), [0.0]
+        grown = max(bounds, default=0.0) + LAMBDA * math.sqrt(n) * float(jnp.finfo(acc).eps) / 2
+        if acc == out_dtype:
+            return _bind(eqn, vals), [grown]
+        # A narrow accumulation: computed wide, every element may round either way.
+        wide = [jnp.asarray(v).astype(jnp.float32) if _eps(jnp.asarray(v).dtype) else v for v in vals]
+        params = dict(eqn.params)
+        if "preferred_element_type" in params:
+            params["preferred_element_type"] = jnp.float32
+        out = eqn.primitive.bind(*wide, **params)
+        self.stats.points += 1
+        return [_round_either_way(out, out_dtype, 1.0)], [float(_eps(out_dtype) or 0.0)]
+
+    def higher_order(self, eqn, vals: list, bounds: list[float]) -> tuple[list, list[float]]:
+        """scan / while / cond: rewrite each body with every float input at the largest bound."""
+        import jax
+
+        b = max(bounds, default=0.0)
+
+        def rewrite(closed):
+            stats = self.stats
+
+            def body(*args):
+                outs, _ = _Interpreter(stats).run(closed, list(args), [b] * len(args))
+                return outs
+
+            avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
+            return jax.make_jaxpr(body)(*avals)
+
+        params = {k: _map_jaxprs(v, rewrite) for k, v in eqn.params.items()}
+        outs = eqn.primitive.bind(*vals, **params)
+        outs = list(outs) if eqn.primitive.multiple_results else [outs]
+        return outs, [b if _eps(v.aval.dtype) else 0.0 for v in eqn.outvars]
+
+
+def _round_either_way(x, dtype, bound: float):
+    """Round x to dtype; elements within `bound` (relative) of a rounding boundary, and at least
+    the FLIP_FRACTION closest to one, take the other neighbour instead."""
+    import jax.numpy as jnp
+
+    wide = x.astype(jnp.float32)
+    near = wide.astype(dtype)
+    near_w = near.astype(jnp.float32)
+    toward = jnp.where(near_w > wide, -jnp.inf, jnp.inf).astype(dtype)
+    other = jnp.nextafter(near, toward)
+    boundary = (near_w + other.astype(jnp.float32)) / 2
+    distance = jnp.abs(wide - boundary) / jnp.maximum(jnp.abs(wide), jnp.finfo(jnp.float32).tiny)
+    distance = jnp.where(jnp.isfinite(other.astype(jnp.float32)) & (near_w != wide), distance, jnp.inf)
+    flat = distance.reshape(-1)
+    if flat.size:
+        k = max(1, math.ceil(FLIP_FRACTION * flat.size))
+        kth = jnp.sort(flat)[k - 1]
+        threshold = jnp.maximum(bound, jnp.where(jnp.isfinite(kth), kth, 0.0))
+    else:
+        threshold = bound
+    return jnp.where(distance <= threshold, other, near)
+
+
+def _within(gap, scale, bound: float):
+    import jax.numpy as jnp
+
+    return jnp.any(jnp.abs(gap) <= bound * jnp.abs(scale))
+
+
+def _compare_tie(eqn, vals: list, bound: float):
+    import jax.numpy as jnp
+
+    a, c = (jnp.asarray(v).astype(jnp.float32) for v in vals[:2])
+    return _within(a - c, jnp.maximum(jnp.abs(a), jnp.abs(c)), bound)
+
+
+def _sorted_gaps(x, axis: int, count: int | None, bound: float):
+    """Neighbouring values along `axis` (the largest `count`, or all) within `bound` of each other."""
+    import jax.numpy as jnp
+
+    ordered = -jnp.sort(-jnp.moveaxis(jnp.asarray(x).astype(jnp.float32), axis, -1), axis=-1)
+    if count is not None:
+        ordered = ordered[..., : count + 1]
+    if ordered.shape[-1] < 2:
+        return jnp.asarray(False)
+    return _within(ordered[..., :-1] - ordered[..., 1:], ordered[..., :-1], bound)
+
+
+def _near_integer(x, bound: float):
+    import jax.numpy as jnp
+
+    wide = x.astype(jnp.float32)
+    return _within(wide - jnp.round(wide), jnp.maximum(jnp.abs(wide), 1.0), bound)
+
+
+_DECISIONS: dict[str, Callable[..., Any]] = {
+    **{op: _compare_tie for op in ("gt", "lt", "ge", "le", "eq", "ne")},
+    "argmax": lambda eqn, vals, b: _sorted_gaps(vals[0], eqn.params["axes"][0], 1, b),
+    "argmin": lambda eqn, vals, b: _sorted_gaps(-vals[0], eqn.params["axes"][0], 1, b),
+    "top_k": lambda eqn, vals, b: _sorted_gaps(vals[0], eqn.params.get("axis", -1), eqn.params["k"], b),
+    "sort": lambda eqn, vals, b: _sorted_gaps(vals[0], eqn.params["dimension"], None, b),
+    **{op: lambda eqn, vals, b: _near_integer(vals[0], b) for op in ("floor", "ceil", "round", "sign")},
+}
+
+
+def _terms(eqn) -> int:
+    """How many terms each output element of an accumulation sums."""
+    name = eqn.primitive.name
+    shape = eqn.invars[0].aval.shape
+    if name == "dot_general":
+        (contract, _), _ = eqn.params["dimension_numbers"]
+        return max(1, math.prod(shape[d] for d in contract))
+    if name == "reduce_sum":
+        return max(1, math.prod(shape[d] for d in eqn.params["axes"]))
+    if name == "cumsum":
+        return max(1, shape[eqn.params["axis"]]) if shape else 1
+    if name == "conv_general_dilated":
+        return max(1, math.prod(eqn.invars[1].aval.shape) // max(1, eqn.invars[1].aval.shape[0]))
+    return max(1, math.prod(eqn.params.get("window_dimensions", (1,))))
+
+
+def _bind(eqn, vals: list) -> list:
+    out = eqn.primitive.bind(*vals, **eqn.params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def _is_jaxpr(p) -> bool:
+    import jax.extend as jex
+
+    return isinstance(p, jex.core.ClosedJaxpr)
+
+
+def _flat_params(params: dict):
+    for v in params.values():
+        yield from (v if isinstance(v, tuple) else (v,))
+
+
+def _map_jaxprs(value, fn):
+    if isinstance(value, tuple):
+        return tuple(_map_jaxprs(v, fn) for v in value)
+    return fn(value) if _is_jaxpr(value) else value
+
+
+def _call_jaxpr(eqn):
+    import jax.extend as jex
+
+    for key in _CALL_JAXPR_PARAMS:
+        p = eqn.params.get(key)
+        if isinstance(p, jex.core.ClosedJaxpr):
+            return p
+        if isinstance(p, jex.core.Jaxpr):
+            return jex.core.ClosedJaxpr(p, ())
+    return None

@@ -1,0 +1,132 @@
+"""From the localizer's defect to the findings a reviewer reads.
+
+One root cause gives one finding: its layer is the op's own named scope (an op outside every
+scope, such as the LM head or the final norm, has none), and the other layers whose proof failed
+and that run the same line are named in it rather than reported again. The numeric frontier
+(equivci/diagnose/numeric.py) confirms the finding or, where the proof's first unrelated op
+matches the reference numerically, goes first. Where the evidence ties between two lines, both
+are reported with one `tie` number, the first as the error; equivci.diagnose.ranking puts a line
+the pull request changed first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from equivci.capture.types import CapturedModel
+from equivci.diagnose.frames import innermost
+from equivci.diagnose.localize import Defect, source_of
+from equivci.diagnose.numeric import NumericFrontier
+from equivci.hlo.ir import Instruction
+from equivci.layers.segments import Layering, layer_of, leaves
+from equivci.results import Finding
+from equivci.translate.evaluator import Event
+
+SHOWN_LAYERS = 3
+
+
+def layer_label(inst: Instruction, events: list[Event], layering: Layering | None) -> str | None:
+    """The op's own named scope; for an op without a name, the layer its value was counted in."""
+    if inst.op_name or layering is None:
+        return layer_of(inst.op_name)
+    for event in events:
+        if event.inst is inst:
+            return next((layering.label.get(v) for v in leaves(event.values[0])), None)
+    return None
+
+
+def same_line_layers(inst: Instruction, events: list[Event], failed: set[str]) -> list[str]:
+    """The other failed layers that run an op of the same kind at the same line."""
+    here, own = innermost(inst), layer_of(inst.op_name)
+    if here is None:
+        return []
+    found = {layer_of(e.inst.op_name) for e in events if e.inst.opcode == inst.opcode and innermost(e.inst) == here}
+    return sorted((name for name in found if name in failed and name != own), key=_natural)
+
+
+def _natural(name: str) -> tuple:
+    digits = "".join(c if c.isdigit() else " " for c in name).split()
+    return (name.rstrip("0123456789"), int(digits[-1]) if digits else -1)
+
+
+def _more_layers(names: list[str]) -> str:
+    shown = ", ".join(names) if len(names) <= SHOWN_LAYERS else f"{names[0]} ... {names[-1]}"
+    noun = "layer" if len(names) == 1 else "layers"
+    return f" The same line runs in {len(names)} more {noun} ({shown}), whose proof fails too."
+
+
+def _finding(inst: Instruction, message: str, captured: CapturedModel, events: list[Event],
+             layering: Layering | None, severity: str = "error", tie: int | None = None) -> Finding:
+    path, line = source_of(inst, captured.repo_root)
+    return Finding(path, line, severity, layer_label(inst, events, layering), message, op=inst.name, tie=tie)
+
+
+def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event], layering: Layering | None,
+                    failed_layers: set[str], frontier: NumericFrontier | None = None,
+                    outputs_equal: bool = False) -> list[Finding]:
+    """The findings for `defect`, ranked with the numeric frontier when there is one.
+
+    `outputs_equal`: the numeric oracle ran and found the outputs equal (an unproven model)."""
+    message = defect.message
+    if defect.context is not None:
+        cpath, cline = source_of(defect.context, captured.repo_root)
+        where = f"{cpath}:{cline}" if cpath else defect.context.name
+        message += f" (it is combined with the other operand at {where}, `{defect.context.opcode}`)"
+    message = message if message.endswith((".", "!")) else message + "."
+    more = same_line_layers(defect.inst, events, failed_layers)
+    if more:
+        message += _more_layers(more)
+    numeric = frontier.event if frontier is not None else None
+    if numeric is not None and _before(numeric.inst, defect, events):
+        # The proof related (or deferred, as a routed or scaled value) what numerics cannot
+        # match to a single reference value: the proof's order stands.
+        numeric = None
+    if frontier is not None and numeric is not None and not _agrees(defect, numeric.inst):
+        first = _finding(numeric.inst, f"on random inputs (the numeric oracle's seed 0) this `{numeric.inst.opcode}` "
+                                       f"gives device {frontier.device} the first distributed value that is no shard, "
+                                       "copy or partial sum of any reference value; every value before it matches "
+                                       "one. The proof stops elsewhere (next finding).", captured, events, layering)
+        later = _finding(defect.inst, "the proof cannot relate the value here to the reference, but on random "
+                                      f"inputs it matches one, so this may be a missing rule, not the defect: {message}",
+                         captured, events, layering, severity="warning")
+        return [first, later]
+    if numeric is not None:
+        message += " On random inputs, this is where the values first differ from the reference's."
+    elif frontier is not None and frontier.event is None and frontier.note is None and outputs_equal:
+        message = ("the proof cannot relate the value here to the reference, yet on random inputs every distributed "
+                   "value matches a reference value and the outputs agree: likely a rule equivci lacks, not a "
+                   f"defect. The proof's view: {message}")
+    findings = [_finding(defect.inst, message, captured, events, layering, tie=0 if defect.alternative else None)]
+    if defect.alternative is not None:
+        inst, why = defect.alternative
+        findings.append(_finding(inst, why, captured, events, layering, severity="note", tie=0))
+    if frontier is not None and frontier.note:
+        findings.append(Finding(None, None, "note", None, frontier.note))
+    return findings
+
+
+def _before(numeric: Instruction, defect: Defect, events: list[Event]) -> bool:
+    """The numeric frontier comes before the op the proof stopped at (or that op is not in `events`)."""
+    position = {id(e.inst): k for k, e in enumerate(events)}
+    stop = position.get(id(defect.frontier or defect.inst))
+    return stop is None or position.get(id(numeric), stop) < stop
+
+
+def _agrees(defect: Defect, numeric: Instruction) -> bool:
+    """The numeric frontier is the op the defect was found at, or on one of its lines."""
+    insts = [i for i in (defect.inst, defect.frontier) if i is not None]
+    return any(numeric is i for i in insts) or innermost(numeric) in {innermost(i) for i in insts}
+
+
+def with_counterexample(findings: list[Finding], counterexample: str) -> list[Finding]:
+    """The counterexample as a finding at the first finding's place."""
+    return _at_first(findings, "error", counterexample)
+
+
+def with_note(findings: list[Finding], note: str) -> list[Finding]:
+    """What the numeric check said short of a counterexample, as a note at the first finding's place."""
+    return _at_first(findings, "note", note)
+
+
+def _at_first(findings: list[Finding], severity: str, message: str) -> list[Finding]:
+    return findings + [dataclasses.replace(findings[0], severity=severity, message=message, tie=None)]

@@ -1,0 +1,975 @@
+"""Point at the distributed op where the two programs part ways.
+
+Each distributed value is classified per device: *related* (equal to a slice of some reference
+value), *partial* (not itself, but its sum over the devices of one mesh axis is related: a value
+waiting for its all-reduce) or *unrelated*. The finding is the first op, in program order, that is
+unrelated although its operands are related or partial; a partial value that reaches an output is
+a missing reduction. When an unrelated op combines slices whose offsets do not follow the device
+order, the op that cut the slice is where the defect was made.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+from egglog import String, eq, i64, relation, vars_
+
+from equivci.diagnose.frames import LAYOUT_OPS, TRIVIAL_OPS, innermost, is_user_frame
+from equivci.diagnose.missing import MissingWork, MissingWorkFinder, source_text
+from equivci.hlo.collectives import parse_pairs
+from equivci.hlo.ir import Instruction, SourceLoc
+from equivci.prove.saturate import Proof, add_terms, is_related, proved_equal
+from equivci.terms.ir import Term
+from equivci.terms.language import T
+from equivci.terms.rules.registry import family, named
+from equivci.translate.evaluator import Event
+from equivci.translate.programs import flatten
+
+
+@dataclasses.dataclass(frozen=True)
+class Defect:
+    inst: Instruction
+    message: str
+    context: Instruction | None = None
+    work: MissingWork | None = None  # the reference work the distributed program lacks, when that is the defect
+    frontier: Instruction | None = None  # the first unrelated op, which led to `inst`
+    alternative: tuple[Instruction, str] | None = None  # an equally supported place, and what to say there
+
+
+def _terms(event: Event) -> list[Term] | None:
+    if any(isinstance(v, tuple) for v in event.values):
+        return None
+    return list(event.values)
+
+
+def axis_sums(evaluator, values: list[Term], groups_by_axis: dict[str, list[list[int]]]) -> dict[str, list[Term]]:
+    """For each mesh axis, the sum of the value over that axis's device groups, per device."""
+    out = {}
+    for axis, groups in groups_by_axis.items():
+        per_device: list[Term | None] = [None] * len(values)
+        for group in groups:
+            acc = values[group[0]]
+            for dev in group[1:]:
+                if values[dev].shape != acc.shape or values[dev].dtype != acc.dtype:
+                    break
+                acc = evaluator.binary("add", acc, values[dev])
+            for dev in group:
+                per_device[dev] = acc
+        if all(t is not None for t in per_device):
+            out[axis] = per_device
+    return out
+
+
+def param_slices(term: Term, limit: int = 400) -> set[tuple[int, int, int, int]]:
+    """(input leaf, dim, start, stop) of every slice of a reference input inside `term`."""
+    found, stack, seen = set(), [term], set()
+    while stack and len(seen) < limit:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if t.op == "slice" and t.args[0].op == "param":
+            found.add((t.args[0].attrs[0], t.attrs[0], t.attrs[1], t.attrs[2]))
+        stack.extend(t.args)
+    return found
+
+
+def input_windows(operands: list[list[Term]]) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """(input leaf, dim) -> the window of it each device's operands hold, where each holds one."""
+    if not operands or any(len(op) != len(operands[0]) for op in operands):
+        return {}
+    per_device = [set().union(*(param_slices(op[dev]) for op in operands)) for dev in range(len(operands[0]))]
+    by_key: dict[tuple[int, int], list[list[tuple[int, int]]]] = {}
+    for dev, slices in enumerate(per_device):
+        for leaf, dim, start, stop in slices:
+            by_key.setdefault((leaf, dim), [[] for _ in per_device])[dev].append((start, stop))
+    return {key: [r[0] for r in ranges] for key, ranges in by_key.items() if all(len(r) == 1 for r in ranges)}
+
+
+def cutter(events: list[Event], leaf: int, dim: int, ranges: list[tuple[int, int]]) -> Event | None:
+    """The op that cut these windows of input `leaf` along `dim`."""
+    target = {(leaf, dim) + r for r in ranges}
+    for event in events:
+        terms = _terms(event)
+        if terms and any(t.op == "slice" and t.args[0].op == "param"
+                         and (t.args[0].attrs[0], t.attrs[0], t.attrs[1], t.attrs[2]) in target for t in terms):
+            return event
+    return None
+
+
+def _shown(ranges: list[tuple[int, int]]) -> str:
+    return ", ".join(f"[{a}:{b})" for a, b in ranges)
+
+
+def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Event, str] | None:
+    """The op that cut a slice whose offsets across devices are out of device order."""
+    for (leaf, dim), ranges in input_windows(operands).items():
+        spans = list(dict.fromkeys(ranges))
+        # Shards of one tensor, in the order devices first hold them, tile a contiguous range
+        # (devices that differ only along another mesh axis hold the same shard).
+        if any(prev[1] != cur[0] for prev, cur in zip(spans, spans[1:])):
+            event = cutter(events, leaf, dim, ranges)
+            if event is not None:
+                return event, (f"this slice of input #{leaf} along dim {dim} takes {_shown(ranges)} on devices "
+                               f"0..{len(ranges) - 1}: these are not consecutive shards in device "
+                               "order (overlapping, out of order or with gaps), so the devices do not hold the "
+                               "parts the other operand expects")
+    return None
+
+
+def window_goes_back(ranges: list[tuple[int, int]], groups_by_axis: dict[str, list[list[int]]]):
+    """(axis, device, next device) where the window moves back along a mesh axis, if it does.
+
+    Block layouts (a shard per device, or one per run of consecutive devices) only move forward
+    along every axis; a window that comes back (round-robin) pairs with other devices' parts.
+    """
+    for axis, groups in groups_by_axis.items():
+        for group in groups:
+            for a, b in zip(group, group[1:]):
+                if ranges[b][0] < ranges[a][0]:
+                    return axis, a, b
+    return None
+
+
+class _Scaling:
+    """Values that are a constant multiple of a related value, such as a gradient averaged over a
+    shard's own rows before a pmean: legitimate on the way, wrong where a sum keeps the factor."""
+
+    def __init__(self, proof: Proof, evaluator, reference_events: list[Event] | None):
+        self.proof, self.evaluator = proof, evaluator
+        values = [v for e in reference_events or () for v in e.values if isinstance(v, Term)]
+        self.factors = ({evaluator.scale_of(v)[0] for v in values} | {Fraction(1)}) - {0}
+
+    def factor(self, terms: list[Term]) -> Fraction | None:
+        """k != 1 such that every term is k times a slice of a reference value, if there is one."""
+        candidates = []
+        for t in terms:
+            own, base = self.evaluator.scale_of(t)
+            rescaled = [(own / f, self.evaluator.scaled(base, f)) for f in self.factors]
+            candidates.append([(k, c) for k, c in rescaled if c is not None and c is not t])
+        add_terms(self.proof, [c for options in candidates for _, c in options])
+        common = None
+        for options in candidates:
+            ks = {k for k, c in options if is_related(self.proof, c, self.evaluator.values)}
+            common = ks if common is None else common & ks
+        common = (common or set()) - {1}
+        return min(common) if common else None
+
+
+# -- a permutation that sends values the wrong way -----------------------------------------------
+# Each what-if re-evaluates the program and saturates again: bounded, and tried only when the
+# program has collective-permutes.
+MAX_PERMUTE_TRIES = 4
+
+
+def alternative_pairs(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """Other ways to send along the same devices: reversed first, then the other powers of a cycle."""
+    out = [sorted((t, s) for s, t in pairs)]
+    step = dict(pairs)
+    if len(step) == len(pairs) and set(step) == set(step.values()):  # a permutation: its powers shift further
+        mapped = dict(step)
+        for _ in range(len(step)):
+            mapped = {s: step[t] for s, t in mapped.items()}
+            out.append(sorted(mapped.items()))
+    own = sorted(pairs)
+    unique = []
+    for cand in out:
+        if cand != own and cand not in unique and any(s != t for s, t in cand):
+            unique.append(cand)
+    return unique
+
+
+def _describe_pairs(pairs: list[tuple[int, int]], n: int) -> str:
+    shown = "{" + ", ".join(f"{s}->{t}" for s, t in pairs) + "}"
+    shifts = {(t - s) % n for s, t in pairs}
+    if len(shifts) == 1:
+        k = shifts.pop()
+        k = k - n if k > n // 2 else k
+        return f"{shown} (device j sends to j{k:+d} mod {n})"
+    return shown
+
+
+def wrong_permutation(events: list[Event], proof: Proof, evaluator, first: Event | None) -> Defect | None:
+    """A collective-permute whose pairs, sent another way, make every output the reference's."""
+    if not proof.targets or evaluator.entry_args is None:
+        return None
+    groups: dict[tuple, dict[str, Instruction]] = {}
+    for event in events:
+        if event.inst.opcode == "collective-permute":
+            key = (_loc(event.inst), event.inst.attrs.get("source_target_pairs", ""))
+            groups.setdefault(key, {})[event.inst.name] = event.inst
+    tries = 0
+    for (_, text), insts in groups.items():
+        pairs = parse_pairs(text)
+        for candidate in alternative_pairs(pairs):
+            if tries == MAX_PERMUTE_TRIES:
+                return None
+            tries += 1
+            try:
+                outputs = [flatten(root) for root in evaluator.variant({name: candidate for name in insts})]
+            except Exception:  # a what-if the evaluator cannot model is no evidence either way
+                continue
+            add_terms(proof, [t for dev in outputs for t in dev])
+            if all(proved_equal(proof.egraph, proof.loader.expr(o), proof.loader.expr(t))
+                   for dev_out, dev_targets in zip(outputs, proof.targets) for o, t in zip(dev_out, dev_targets)):
+                inst = next(iter(insts.values()))
+                how = ("as if they came the other way" if candidate == sorted((t, s) for s, t in pairs)
+                       else "as if they came from other devices")
+                message = (f"this collective-permute sends along {_describe_pairs(pairs, evaluator.n)}, but sent "
+                           f"along {_describe_pairs(candidate, evaluator.n)} every output would equal its part of "
+                           f"the reference: the received values are used {how}")
+                if first is not None:
+                    message += (f" (the first value not related to the reference is the `{first.inst.opcode}` at "
+                                f"{_where(_loc(first.inst))})")
+                return Defect(_at_pairs_origin(inst, events), message)
+    return None
+
+
+def _at_pairs_origin(inst: Instruction, events: list[Event]) -> Instruction:
+    """`inst` with the line that writes its permutation in front of its stack, when it can be found."""
+    loc = _loc(inst)
+    found = _statement(*loc) if loc else None
+    expr = _perm_expr(found[0]) if found else None
+    origin = _expr_origin(loc[0], loc[1], expr, events) if expr is not None else None
+    if origin is None:
+        return inst
+    return dataclasses.replace(inst, stack=(SourceLoc(*origin),) + tuple(inst.stack))
+
+
+def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: dict[str, list[list[int]]],
+                 output_terms: set[int], reference_events: list[Event] | None = None,
+                 routed: set[int] = frozenset()) -> Defect | None:
+    """`routed`: ids of dispatch masks and routed values (equivci/translate/routing.py), which are
+    related to the reference only through the combine that undoes the dispatch."""
+    routed = set(routed)
+    status: dict[int, str] = {}  # id(term) -> related | partial | scaled | unrelated
+    factors: dict[int, Fraction] = {}  # scaled values -> their factor
+    partial_axis: dict[int, str] = {}
+    constants = evaluator.values
+    loader = proof.loader
+    scaling = _Scaling(proof, evaluator, reference_events)
+
+    def classify(values: list[Term]) -> str:
+        key = id(values[0])
+        if key in status:
+            return status[key]
+        if all(id(t) in routed or is_related(proof, t, constants) for t in values):
+            result = "related"
+        else:
+            result = "unrelated"
+        status[key] = result
+        return result
+
+    defined: dict[int, Event] = {}
+    by_name = {event.inst.name: event for event in events}
+
+    def explain(event: Event, terms: list[Term]) -> Defect:
+        return dataclasses.replace(explain_at(event, terms), frontier=event.inst)
+
+    def explain_at(event: Event, terms: list[Term]) -> Defect:
+        """Why `event`, unrelated although its operands are related or partial, is the defect."""
+        operand_events = [by_name.get(name) for name in event.inst.operands]
+        if event.inst.opcode == "all-reduce" and operand_events and operand_events[0] is not None \
+                and status.get(id(_terms(operand_events[0])[0])) == "related":
+            return Defect(event.inst, "this all-reduce sums a value that is already the full reference value on every "
+                                      "device, which multiplies it by the group size: the value was reduced before; "
+                                      "remove one of the two reductions")
+        wrong_way = wrong_permutation(events, proof, evaluator, event)
+        if wrong_way is not None:
+            return wrong_way
+        slip = misplaced_slice(events, [list(e.values) for e in operand_events if e and _terms(e)])
+        if slip is not None:
+            return Defect(slip[0].inst, slip[1], context=event.inst)
+        partial_operand = any(e is not None and _terms(e) and status.get(id(_terms(e)[0])) == "partial"
+                              for e in operand_events)
+        if any(e is not None and _terms(e) and all(id(t) in routed for t in _terms(e)) for e in operand_events):
+            return Defect(event.inst, f"this `{event.inst.opcode}` uses rows routed to the experts, but on some device "
+                                      "they are not that device's own tokens, each in its dispatch slot with its "
+                                      "expert's output: the rows must be sent back to their tokens' devices (the "
+                                      "return all_to_all) before they are combined")
+        if reference_events and not partial_operand:
+            devices = [dev for dev, t in enumerate(terms) if not is_related(proof, t, constants)]
+            try:
+                traced = _Tracer(events, reference_events, proof, evaluator, groups_by_axis).explain(event, devices)
+            except Exception:  # a heuristic: never let it cost the finding the plain rule gives
+                traced = None
+            if traced is not None:
+                return traced
+        return Defect(event.inst, f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a "
+                                  "copy of any reference value, although its operands are")
+
+    def scaled_sum(event: Event) -> Defect | None:
+        """The reduction that completed a sum into a multiple of the reference value which reaches `event`."""
+        stack, seen = [event], set()
+        while stack:
+            e = stack.pop()
+            if e.inst.name in seen:
+                continue
+            seen.add(e.inst.name)
+            for op in (by_name.get(name) for name in e.inst.operands):
+                key = id(_terms(op)[0]) if op is not None and _terms(op) else None
+                if status.get(key) == "partial" and e.inst.opcode in REDUCTIONS and id(_terms(e)[0]) in factors:
+                    return _scaled_reduction(e, factors[id(_terms(e)[0])], partial_axis[key])
+                if status.get(key) == "scaled":
+                    stack.append(op)
+        return None
+
+    add_terms(proof, _unloaded(events, loader.exprs, constants))
+    first_scaled: tuple[Event, list[Term]] | None = None
+    for event in events:
+        terms = _terms(event)
+        if terms is None or id(terms[0]) in defined:
+            continue
+        defined[id(terms[0])] = event
+        if event.inst.opcode in TRIVIAL_OPS or terms[0] not in loader.exprs:
+            continue
+        if event.inst.opcode in LAYOUT_OPS and _all_routed(event, by_name, routed):
+            routed.update(id(t) for t in terms)  # the same routed rows (or mask entries), laid out anew
+            continue
+        if classify(terms) == "related":
+            continue
+        sums_by_axis = axis_sums(evaluator, terms, groups_by_axis)
+        add_terms(proof, [t for sums in sums_by_axis.values() for t in sums])
+        partial_axes = [axis for axis, sums in sums_by_axis.items() if all(is_related(proof, t, constants) for t in sums)]
+        if partial_axes:
+            status[id(terms[0])] = "partial"
+            partial_axis[id(terms[0])] = partial_axes[0]
+            if id(terms[0]) in output_terms:
+                return Defect(event.inst, f"this value is a partial sum over mesh axis '{partial_axes[0]}' but it is "
+                                          "returned as the full value: a psum (all-reduce) over that axis is missing")
+            continue
+        # Multiples of related values and of partial sums are deferred: a later reduction may
+        # divide the factor out (a per-shard mean before its pmean).
+        scaled_axes = [axis for axis, sums in sums_by_axis.items() if scaling.factor(sums) is not None]
+        factor = scaling.factor(terms) if not scaled_axes else None
+        if scaled_axes:
+            status[id(terms[0])], partial_axis[id(terms[0])] = "partial", scaled_axes[0]
+        elif factor is not None:
+            status[id(terms[0])], factors[id(terms[0])] = "scaled", factor
+        if scaled_axes or factor is not None:
+            first_scaled = first_scaled or (event, terms)
+            if id(terms[0]) not in output_terms:
+                continue
+        # A multiple that never turns back into the reference value: the sum that made it, or else
+        # the first deferred op, as the plain rules would have said.
+        found = scaled_sum(event)
+        if found is not None:
+            return found
+        return explain(*(first_scaled or (event, terms)))
+    if first_scaled:
+        return explain(*first_scaled)
+    # Every value is related, yet an output is not its part of the reference: values may have
+    # been sent to the wrong devices.
+    return wrong_permutation(events, proof, evaluator, None)
+
+
+def _all_routed(event: Event, by_name: dict[str, Event], routed: set[int]) -> bool:
+    operands = [by_name.get(name) for name in event.inst.operands]
+    return bool(operands) and all(e is not None and _terms(e) and all(id(t) in routed for t in _terms(e))
+                                  for e in operands)
+
+
+def _unloaded(events: list[Event], loaded, constants) -> list[Term]:
+    """Event values built on loaded terms and constants but not loaded themselves: a value scaled
+    on its way (a per-shard mean) reaches the outputs only through its unscaled base, yet must be
+    classified."""
+    new: dict[Term, None] = {}
+    for event in events:
+        for t in _terms(event) or ():
+            if t not in loaded and t not in new and t not in constants and t.args \
+                    and all(a in loaded or a in new or a in constants for a in t.args):
+                new[t] = None
+    return list(new)
+
+
+REDUCTIONS = {"all-reduce", "reduce-scatter"}
+_GRAD_CALLS = {"grad", "value_and_grad", "vjp"}
+
+
+def _scaled_reduction(event: Event, factor: Fraction, axis: str) -> Defect:
+    """A sum over `axis` that gives `factor` times the reference value."""
+    times = f"{float(factor):g} x the reference value"
+    grad_call = _grad_call_frame(event.inst) if "transpose(" in event.inst.op_name else None
+    if grad_call is None:
+        return Defect(event.inst, f"this all-reduce completes the sum over mesh axis '{axis}' as {times}, and the "
+                                  "factor is never divided out: the per-device terms are summed where the reference "
+                                  "averages (pmean, or divide by the axis size), or the value was summed before")
+    # Autodiff made this reduction (the transpose of using a value that is the same on every
+    # device of the axis): the user's line is the grad call, not the forward op JAX attributes it to.
+    inst = dataclasses.replace(event.inst, stack=event.inst.stack[grad_call:])
+    return Defect(inst, f"the gradient computed here is already summed over mesh axis '{axis}' by autodiff, because "
+                        "the differentiated inputs are invariant over that axis, and comes out as "
+                        f"{times}: the factor is never divided out (lax.pcast(..., to='varying') gives per-device "
+                        "gradients to average)")
+
+
+def _grad_call_frame(inst: Instruction) -> int | None:
+    """The index of the innermost frame of `inst` whose statement calls jax.grad or a relative."""
+    for k, loc in enumerate(inst.stack):
+        if not is_user_frame(loc):
+            continue
+        found = _statement(loc.file, loc.line)
+        if found is None:
+            continue
+        for node in ast.walk(found[0]):
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name in _GRAD_CALLS:
+                    return k
+    return None
+
+
+# -- following a wrong operand back to where it was made ------------------------------------------
+# `slice_of(x, r)`: x is a slice or a re-layout of the reference value r. Localization only: the
+# facts are seeded after a proof failed, so they never reach a verdict.
+slice_of = relation("slice_of", T, T)
+_x, _e, _r = vars_("_x _e _r", T)
+_d, _a, _b = vars_("_d _a _b", i64)
+(_spec,) = vars_("_spec", String)
+SLICE_OF = family(
+    "slice_of",
+    named("slice_of/slice", "a slice of a slice of r is a slice of r",
+          slice_of(_x, _r), eq(_e).to(_x.slice(_d, _a, _b))).then(slice_of(_e, _r)),
+    named("slice_of/reshape", "a reshape of a slice of r is a re-layout of r",
+          slice_of(_x, _r), eq(_e).to(T.reshape(_spec, _x))).then(slice_of(_e, _r)),
+    named("slice_of/transpose", "a transpose of a slice of r is a re-layout of r",
+          slice_of(_x, _r), eq(_e).to(T.transpose(_spec, _x))).then(slice_of(_e, _r)),
+)
+CUTTERS = {"slice", "dynamic-slice"}
+_BINOPS = {"add": ast.Add, "subtract": ast.Sub, "multiply": ast.Mult, "divide": ast.Div, "power": ast.Pow,
+           "dot": ast.MatMult}
+_CALLS = {"dot": ("einsum", "matmul", "dot", "tensordot"), "reshape": ("reshape",), "broadcast": ("broadcast_to",)}
+
+
+_loc = innermost
+
+
+@functools.lru_cache(maxsize=64)
+def _repo_of(file: str) -> Path | None:
+    for parent in Path(file).resolve().parents:
+        if (parent / ".git").exists():
+            return parent
+    return None
+
+
+def _where(loc: tuple[str, int] | None) -> str:
+    if loc is None:
+        return "an unknown line"
+    root = _repo_of(loc[0])
+    path = Path(loc[0])
+    try:
+        shown = path.resolve().relative_to(root).as_posix() if root else path.name
+    except ValueError:
+        shown = path.name
+    return f"{shown}:{loc[1]}"
+
+
+@functools.lru_cache(maxsize=64)
+def _module_ast(file: str) -> ast.Module | None:
+    try:
+        return ast.parse(Path(file).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _statement(file: str, line: int) -> tuple[ast.stmt, list[ast.AST]] | None:
+    """The innermost simple statement spanning `line`, with its enclosing function chain."""
+    tree = _module_ast(file)
+    if tree is None:
+        return None
+    best, chain = None, []
+
+    def visit(node: ast.AST, funcs: list[ast.AST]) -> None:
+        nonlocal best, chain
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, ast.stmt) or not (child.lineno <= line <= (child.end_lineno or child.lineno)):
+                continue
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, funcs + [child])
+            elif hasattr(child, "body") and isinstance(getattr(child, "body"), list):
+                visit(child, funcs)
+            else:
+                best, chain = child, funcs
+
+    visit(tree, [])
+    return (best, chain) if best is not None else None
+
+
+def _callee(call: ast.Call) -> str:
+    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+
+
+def _operand_exprs(stmt: ast.stmt, opcode: str, count: int) -> list[ast.expr] | None:
+    """The source expressions of an op's operands, when the statement shows them unambiguously."""
+    binop = _BINOPS.get(opcode)
+    for node in ast.walk(stmt):
+        if binop and isinstance(node, ast.BinOp) and isinstance(node.op, binop) and count == 2:
+            return [node.left, node.right]
+        if isinstance(node, ast.Call):
+            if _callee(node) in _CALLS.get(opcode, ()):
+                args = [a for a in node.args if not isinstance(a, ast.Constant)]
+                if opcode == "reshape" and isinstance(node.func, ast.Attribute):
+                    return [node.func.value] + args
+                if len(args) == count:
+                    return args
+    return None
+
+
+def _operand_name(inst: Instruction, index: int) -> str | None:
+    loc = _loc(inst)
+    found = _statement(*loc) if loc else None
+    if found is None:
+        return None
+    exprs = _operand_exprs(found[0], inst.opcode, len(inst.operands))
+    if exprs is None or index >= len(exprs):
+        return None
+    text = ast.unparse(exprs[index])
+    return text if len(text) <= 40 else None
+
+
+_PERM_ARGS = {"ppermute": 2, "pshuffle": 2}  # call -> position of its permutation argument
+
+
+def _perm_expr(stmt: ast.stmt) -> ast.expr | None:
+    """The permutation argument of the ppermute call in `stmt`."""
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Call) and _callee(node) in _PERM_ARGS:
+            keyword = next((k.value for k in node.keywords if k.arg == "perm"), None)
+            if keyword is not None:
+                return keyword
+            if len(node.args) > _PERM_ARGS[_callee(node)]:
+                return node.args[_PERM_ARGS[_callee(node)]]
+    return None
+
+
+def _expr_origin(file: str, line: int, expr: ast.expr, events: list[Event], depth: int = 3):
+    """(file, line, function) where the pure-Python value of `expr` is written.
+
+    A literal, comprehension or lambda is written where it stands; a name (or a call of one) leads
+    to its assignment or, for a parameter, to the argument at a call site recorded in the op stacks.
+    """
+    target = expr.func if isinstance(expr, ast.Call) else expr
+    if not isinstance(target, ast.Name) or depth == 0:
+        return file, expr.lineno, ""
+    found = _statement(file, line)
+    if found is None:
+        return None
+    for func in reversed(found[1]):
+        assigned = _assigned_at(func, target.id, line)
+        if assigned is not None:
+            return file, assigned, func.name
+        if target.id in _parameters(func):
+            site = _call_argument(file, func, target.id, events)
+            if site is None:
+                return None
+            cfile, arg = site
+            return _expr_origin(cfile, arg.lineno, arg, events, depth - 1)
+    return None
+
+
+def _parameters(func: ast.AST) -> list[str]:
+    args = func.args
+    return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+
+
+def _call_argument(file: str, func: ast.AST, name: str, events: list[Event]) -> tuple[str, ast.expr] | None:
+    """The argument passed for parameter `name` of `func` at a call site seen in the op stacks."""
+    positional = [a.arg for a in func.args.posonlyargs + func.args.args]
+    callers = set()
+    for event in events:
+        stack = event.inst.stack
+        for inner, outer in zip(stack, stack[1:]):
+            if inner.file == file and inner.function.split(".")[-1] == func.name \
+                    and func.lineno <= inner.line <= (func.end_lineno or func.lineno):
+                callers.add((outer.file, outer.line))
+    for cfile, cline in sorted(callers):
+        found = _statement(cfile, cline)
+        calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and _callee(n) == func.name] if found else []
+        for call in calls:
+            keyword = next((k.value for k in call.keywords if k.arg == name), None)
+            if keyword is not None:
+                return cfile, keyword
+            k = positional.index(name) if name in positional else len(call.args)
+            if k < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[:k + 1]):
+                return cfile, call.args[k]
+    return None
+
+
+def _python_origin(loc: tuple[str, int], exprs: list[ast.expr], op_lines: set[tuple[str, int]]):
+    """Where a name used in `exprs` was bound by plain Python (a line that emitted no op)."""
+    found = _statement(*loc)
+    if found is None:
+        return None
+    _, funcs = found
+    names = [n.id for expr in exprs for n in ast.walk(expr) if isinstance(n, ast.Name)]
+    for func in reversed(funcs):
+        for name in names:
+            line = _assigned_at(func, name, loc[1])
+            if line is not None and (loc[0], line) not in op_lines:
+                return name, line, func
+    return None
+
+
+def _assigned_at(scope: ast.AST, name: str, before: int) -> int | None:
+    """The last line before `before` that assigns `name` inside `scope`."""
+    lines = [node.lineno for node in ast.walk(scope) if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+             and node.lineno < before and any(isinstance(t, ast.Name) and t.id == name
+                                               for tgt in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                                               for t in ast.walk(tgt))]
+    return max(lines) if lines else None
+
+
+class _Tracer:
+    def __init__(self, events: list[Event], reference_events: list[Event], proof: Proof, evaluator,
+                 groups_by_axis: dict[str, list[list[int]]]):
+        self.proof, self.evaluator, self.groups_by_axis = proof, evaluator, groups_by_axis
+        self.events = events
+        self.by_name = {e.inst.name: e for e in events}
+        self.ref_by_name = {e.inst.name: e for e in reference_events}
+        self.reference_events = reference_events
+        self.order = {e.inst.name: k for k, e in enumerate(events)}
+        self.ref_values = []
+        seen = set()
+        for e in reference_events:
+            v = e.values[0]
+            if isinstance(v, Term) and v in proof.loader.exprs and id(v) not in seen:
+                seen.add(id(v))
+                self.ref_values.append((e, v))
+        proof.egraph.register(*[slice_of(proof.loader.expr(v), proof.loader.expr(v)) for _, v in self.ref_values])
+        proof.egraph.run(SLICE_OF.ruleset.saturate())
+        self.op_lines = {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]}
+
+    # -- values ----------------------------------------------------------------------------
+    def value(self, event: Event, dev: int) -> Term | None:
+        v = event.values[dev] if dev < len(event.values) else event.values[0]
+        return v if isinstance(v, Term) else None
+
+    def is_slice_of(self, t: Term | None, r: Term | None) -> bool:
+        if t is None or r is None:
+            return False
+        if t is r:
+            return True
+        loader = self.proof.loader
+        if t not in loader.exprs or r not in loader.exprs:
+            return False
+        try:
+            self.proof.egraph.check(slice_of(loader.expr(t), loader.expr(r)))
+            return True
+        except Exception:  # egglog reports a failed check as an error
+            return False
+
+    def operands(self, event: Event, refs: bool = False) -> list[Event | None]:
+        table = self.ref_by_name if refs else self.by_name
+        return [table.get(name) for name in event.inst.operands]
+
+    def skip(self, event: Event, dev: int, refs: bool = False) -> Event:
+        """Skip ops that hand their operand on unchanged (copies, no-op converts and reshapes)."""
+        for _ in range(50):
+            ops = self.operands(event, refs)
+            mine = self.value(event, 0 if refs else dev)
+            nxt = next((o for o in ops if o is not None and self.value(o, 0 if refs else dev) is mine), None)
+            if nxt is None or mine is None:
+                return event
+            event = nxt
+        return event
+
+    def matches(self, d: Event | None, r: Event | None, dev: int) -> bool:
+        return d is None or r is None or self.is_slice_of(self.value(d, dev), self.value(r, 0))
+
+    # -- the walk ------------------------------------------------------------------------------
+    def counterpart(self, event: Event, dev: int) -> tuple[Event, list[int]] | None:
+        """The reference op `event` stands for, and the positions of its operands that do not match."""
+        loc = _loc(event.inst)
+        same = [r for r in self.reference_events if r.inst.opcode == event.inst.opcode
+                and len(r.inst.operands) == len(event.inst.operands)]
+        here = [r for r in same if loc is not None and _loc(r.inst) == loc]
+        best = None
+        for r in here or same:
+            ops, rops = self.operands(event), self.operands(r, refs=True)
+            bad = [k for k, (o, ro) in enumerate(zip(ops, rops)) if not self.matches(o, ro, dev)]
+            if not here and len(bad) == len(ops):
+                continue
+            if best is None or len(bad) < len(best[1]):
+                best = (r, bad)
+        return best
+
+    def descend(self, d: Event, r: Event, dev: int) -> tuple[list[Event], list[Event], str]:
+        """Follow a value that is not a slice of its reference counterpart to where that starts."""
+        path, rpath = [d], [r]
+        for _ in range(200):
+            d, r = self.skip(d, dev), self.skip(r, dev, refs=True)
+            path[-1], rpath[-1] = d, r
+            if d.inst.opcode != r.inst.opcode or len(d.inst.operands) != len(r.inst.operands):
+                return path, rpath, "diverge"
+            bad = [(o, ro) for o, ro in zip(self.operands(d), self.operands(r, refs=True))
+                   if not self.matches(o, ro, dev)]
+            if not bad:
+                return path, rpath, "own"
+            d, r = bad[0]
+            path.append(d)
+            rpath.append(r)
+        return path, rpath, "own"
+
+    def ancestors(self, event: Event, dev: int, limit: int = 400) -> list[Event]:
+        out, stack, seen = [], [event], set()
+        while stack and len(seen) < limit:
+            e = stack.pop()
+            if e.inst.name in seen:
+                continue
+            seen.add(e.inst.name)
+            out.append(e)
+            stack.extend(o for o in self.operands(e) if o is not None)
+        return out
+
+    def owner(self, t: Term, prefer: list[Event]) -> Event | None:
+        """The reference value `t` is a slice of: one of `prefer` if possible, else the latest."""
+        for r in prefer:
+            if r is not None and self.is_slice_of(t, self.value(r, 0)):
+                return r
+        for e, v in reversed(self.ref_values):
+            if v.op != "param" and self.is_slice_of(t, v):
+                return e
+        return None
+
+    def constant(self, t: Term | None):
+        if t is None:
+            return None
+        v = self.evaluator.values.get(t)
+        if v is None or v.size == 0 or not np.all(v == v.flat[0]):
+            return None
+        return v.flat[0].item()
+
+    # -- explanations ----------------------------------------------------------------------------
+    def explain(self, event: Event, devices: list[int]) -> Defect | None:
+        missing = self.missing_work(event, devices[0]) if devices else None
+        if missing is not None:
+            return missing
+        for dev in devices:
+            found = self.counterpart(event, dev)
+            if found is None:
+                continue
+            ref, bad = found
+            if bad:
+                defect = self.wrong_operand(event, ref, bad[0], dev)
+            else:
+                defect = self.fixed_window(event, ref, devices) or self.misaligned_window(event)
+            if defect is not None:
+                return defect
+        return None
+
+    def missing_work(self, event: Event, dev: int) -> Defect | None:
+        """The reference computes an operand further than the distributed program does."""
+        found = MissingWorkFinder(self).find(event, dev)
+        if found is None:
+            return None
+        owner = found.owner
+        held = (f"input #{self.value(owner, 0).attrs[0]}" if owner.inst.opcode == "parameter"
+                else f"the reference's `{owner.inst.opcode}` ({_where(_loc(owner.inst))})")
+        applies = f"the reference applies {found.what} here: {_where((found.anchor.file, found.anchor.line))}"
+        snippet = source_text(found.anchor) if found.anchor.file else ""
+        applies += f" (`{snippet}`)" if snippet else ""
+        consumer = f"`{found.consumer.inst.opcode}` ({_where(_loc(found.consumer.inst))})"
+        operand = self.operands(event)[found.operand]
+        made = self.skip(operand, dev) if operand is not None else None
+        at_producer = None
+        if made is not None and _loc(made.inst) is not None:
+            at_producer = (made.inst, f"this value is {held}, which the reference passes through {found.what} before "
+                                      f"its {consumer}, and the distributed program does not: {applies}.")
+        name = _operand_name(event.inst, found.operand) or f"operand {found.operand + 1}"
+        at_consumer = (event.inst, f"`{name}` goes into this `{event.inst.opcode}` as {held}, without the "
+                                   f"{found.what} the reference applies to it before its {consumer}: {applies}.")
+        if found.tied and at_producer is not None:
+            return Defect(*at_consumer, work=found, alternative=at_producer)
+        return Defect(*(at_producer if found.at_producer and at_producer else at_consumer), work=found)
+
+    def wrong_operand(self, event: Event, ref: Event, k: int, dev: int) -> Defect | None:
+        d_op, r_op = self.operands(event)[k], self.operands(ref, refs=True)[k]
+        here = _where(_loc(event.inst))
+        name = _operand_name(event.inst, k) or f"operand {k + 1}"
+        rname = _operand_name(ref.inst, k) or f"operand {k + 1}"
+        path, rpath, kind = self.descend(d_op, r_op, dev)
+        end, rend = path[-1], rpath[-1]
+        value = self.value(d_op, dev)
+        c_mine, c_ref = self.constant(self.value(end, dev)), self.constant(self.value(rend, 0))
+        if c_mine is not None and c_ref is not None:
+            lead = (f"`{name}` in the `{event.inst.opcode}` there is {c_mine:g} on device {dev}, where the "
+                    f"reference's `{ref.inst.opcode}` ({_where(_loc(ref.inst))}) uses {c_ref:g}")
+            return self.at_python_origin(event, k, lead, path) or Defect(event.inst, lead + ".")
+        if kind == "diverge":
+            others = [o for j, o in enumerate(self.operands(ref, refs=True)) if j != k]
+            own = self.owner(value, others) if value is not None else None
+            if own is not None and own is not r_op:
+                which = next((j for j, o in enumerate(self.operands(ref, refs=True)) if o is own), None)
+                own_name = (_operand_name(ref.inst, which) if which is not None else None) or f"`{own.inst.opcode}`"
+                what = f"is a slice of the reference's {own_name} ({_where(_loc(own.inst))})"
+            else:
+                what = "is not a slice of any reference value it should be"
+            lead = (f"`{name}`, which feeds the `{event.inst.opcode}` at {here}, {what} on device {dev}, but the "
+                    f"reference's `{ref.inst.opcode}` there uses {rname} ({_where(_loc(r_op.inst))})")
+            cutters = [a for a in self.ancestors(end, dev) if a.inst.opcode in CUTTERS
+                       and self.constant(self.value(a, dev)) is None and _loc(a.inst) is not None]
+            if cutters:
+                cut = max(cutters, key=lambda a: self.order.get(a.inst.name, -1))
+                window = _window(self.value(cut, dev))
+                shown = ", ".join(f"[{a}:{b}) along dim {d}" for d, a, b in window[1]) if window else ""
+                return Defect(cut.inst, f"this slice takes the wrong window ({shown} on device {dev}): {lead}.")
+            return Defect(end.inst, f"{lead}; the value is made here.")
+        lead = (f"so `{name}`, which feeds the `{event.inst.opcode}` at {here}, is not a slice of the reference's "
+                f"{rname} ({_where(_loc(r_op.inst))}) on device {dev}")
+        # The operands of `end` match the reference's, so its own attributes differ (a shape, a window).
+        d_shape, r_shape = self.value(end, dev), self.value(rend, 0)
+        shapes = ""
+        if d_shape is not None and r_shape is not None and d_shape.shape != r_shape.shape:
+            shapes = f": it gives shape {d_shape.shape} where the reference's gives {r_shape.shape}"
+        lead = f"the `{end.inst.opcode}` at {_where(_loc(end.inst))} differs from the reference's ({_where(_loc(rend.inst))}){shapes}, {lead}"
+        if end.inst.opcode == "reshape" and d_shape is not None and r_shape is not None \
+                and len(d_shape.shape) == len(r_shape.shape):
+            differ = [j for j, (m, n) in enumerate(zip(d_shape.shape, r_shape.shape)) if m != n]
+            refined = self.at_python_origin(end, None, lead, path, dims=differ)
+            if refined is not None:
+                return refined
+        if _loc(end.inst) is None:
+            return None
+        return Defect(end.inst, lead + ".")
+
+    def at_python_origin(self, event: Event, k: int | None, lead: str, path: list[Event],
+                         dims: list[int] | None = None) -> Defect | None:
+        """Point at the Python line that set a static value (a width, a head size) the op uses."""
+        loc = _loc(event.inst)
+        found = _statement(*loc) if loc else None
+        if found is None:
+            return None
+        exprs = _operand_exprs(found[0], event.inst.opcode, len(event.inst.operands))
+        if exprs is None:
+            return None
+        if dims is not None:  # reshape: the shape arguments of the differing dims
+            shape_args = exprs[1:]
+            if len(shape_args) == 1 and isinstance(shape_args[0], ast.Tuple):
+                shape_args = shape_args[0].elts
+            if not dims or any(j >= len(shape_args) for j in dims):
+                return None
+            chosen = [shape_args[j] for j in dims]
+        elif k is not None and k < len(exprs):
+            chosen = [exprs[k]]
+        else:
+            return None
+        origin = self.python_binding(loc, chosen)
+        if origin is None:
+            return None
+        name, line, func = origin
+        stack = (SourceLoc(loc[0], line, getattr(func, "name", "")),) + tuple(event.inst.stack)
+        inst = dataclasses.replace(event.inst, stack=stack)
+        return Defect(inst, f"`{name}` is set here and used at {_where(loc)}: {lead}.")
+
+    def python_binding(self, loc, exprs):
+        return _python_origin(loc, exprs, self.op_lines)
+
+    def fixed_window(self, event: Event, ref: Event, devices: list[int]) -> Defect | None:
+        """Operands that are slices of the right values, but one holds the same window on every device."""
+        ops = self.operands(event)
+        varying, fixed = [], []
+        for k, op in enumerate(ops):
+            if op is None:
+                continue
+            kinds = set()
+            for a in self.ancestors(op, 0):
+                windows = [_window(self.value(a, dev)) for dev in range(len(a.values))]
+                if any(w is None for w in windows) or not windows[0][1]:
+                    continue
+                kinds.add("fixed" if all(w == windows[0] for w in windows) else "varying")
+            if "varying" in kinds:
+                varying.append(k)
+            elif "fixed" in kinds:
+                fixed.append(k)
+        if not varying or not fixed:
+            return None
+        k = fixed[0]
+        slices = [a for a in self.ancestors(ops[k], 0) if (w := _window(self.value(a, 0))) is not None and w[1]
+                  and _loc(a.inst) is not None]
+        if not slices:
+            return None
+        first = min(slices, key=lambda a: self.order.get(a.inst.name, 1 << 30))
+        name = _operand_name(event.inst, k) or f"operand {k + 1}"
+        other = _operand_name(event.inst, varying[0]) or f"operand {varying[0] + 1}"
+        dims = ", ".join(f"[{a}:{b})" for _, a, b in _window(self.value(first, 0))[1])
+        return Defect(first.inst, f"this value takes the same window {dims} of the reference's on every device, so "
+                                  f"`{name}` in the `{event.inst.opcode}` at {_where(_loc(event.inst))} does not line "
+                                  f"up with `{other}`, whose window moves with the device: an offset by the device's "
+                                  "position (axis_index) is missing.")
+
+    def misaligned_window(self, event: Event) -> Defect | None:
+        """Operands that are slices of the right values, but one's window moves back along a mesh
+        axis (a round-robin pick of a replicated weight's part): it pairs with other devices' parts."""
+        for k, op in enumerate(self.operands(event)):
+            if op is None or _terms(op) is None:
+                continue
+            for (leaf, dim), ranges in input_windows([list(op.values)]).items():
+                back = window_goes_back(ranges, self.groups_by_axis)
+                cut = cutter(self.events, leaf, dim, ranges) if back else None
+                if cut is None or _loc(cut.inst) is None:
+                    continue
+                axis, a, b = back
+                name = _operand_name(event.inst, k) or f"operand {k + 1}"
+                lead = (f"this slice of input #{leaf} along dim {dim} takes {_shown(ranges)} on devices "
+                        f"0..{len(ranges) - 1}: along mesh axis '{axis}' the window moves back (device {b} takes "
+                        f"[{ranges[b][0]}:{ranges[b][1]}) after device {a}'s [{ranges[a][0]}:{ranges[a][1]})), so "
+                        f"`{name}` in the `{event.inst.opcode}` at {_where(_loc(event.inst))} is a part of the "
+                        "reference's that does not line up with the other operands' parts")
+                return self.at_index_origin(cut, lead) or Defect(cut.inst, lead + ".")
+        return None
+
+    def at_index_origin(self, cut: Event, lead: str) -> Defect | None:
+        """Point at the Python line that computes the device-dependent index a dynamic slice starts
+        at (`kv_head = i % n` used as `kv_head * HEAD_DIM`): where the device-to-part map is written."""
+        loc = _loc(cut.inst)
+        found = _statement(*loc)
+        calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "dynamic_slice" in _callee(n)] if found else []
+        if len(calls) != 1 or len(calls[0].args) < 2:
+            return None
+        names = [n.id for n in ast.walk(calls[0].args[1]) if isinstance(n, ast.Name)]
+        for func in reversed(found[1]):
+            for name in names:
+                line = _assigned_at(func, name, loc[1])
+                bound = _statement(loc[0], line) if line is not None else None
+                value = getattr(bound[0], "value", None) if bound else None
+                # computed on the device (it emitted ops), from more than the device index itself
+                if value is None or (loc[0], line) not in self.op_lines or \
+                        (isinstance(value, ast.Call) and _callee(value) == "axis_index"):
+                    continue
+                stack = (SourceLoc(loc[0], line, func.name),) + tuple(cut.inst.stack)
+                return Defect(dataclasses.replace(cut.inst, stack=stack),
+                              f"`{name}` is computed here and gives the start of the slice at {_where(loc)}: {lead}.")
+        return None
+
+
+def _window(t: Term | None) -> tuple[Term, tuple] | None:
+    """A term as (base, ((dim, start, stop), ...)) through its outer slices."""
+    if t is None or not isinstance(t, Term):
+        return None
+    parts = []
+    while t.op == "slice":
+        parts.append(t.attrs)
+        t = t.args[0]
+    return t, tuple(sorted(parts))
+
+
+def source_of(inst: Instruction, repo_root: str) -> tuple[str | None, int | None]:
+    """The innermost frame of `inst` inside the user's repository, as a repo-relative path."""
+    root = Path(repo_root).resolve()
+    for loc in inst.stack:
+        try:
+            path = Path(loc.file).resolve()
+        except (OSError, ValueError):
+            continue
+        if "site-packages" in path.parts or path.name.startswith("<"):
+            continue
+        try:
+            return path.relative_to(root).as_posix(), loc.line
+        except ValueError:
+            continue
+    return None, None

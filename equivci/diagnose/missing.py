@@ -1,0 +1,177 @@
+"""Work the reference does that the distributed program lacks (a norm, a residual add, a scale).
+
+A distributed op whose operands are related to the reference, but whose value is not, may stand
+for a reference op whose operands were computed further: each distributed operand is a slice of
+a reference value (its *owner*) from which a short chain of reference ops leads to the reference
+op's operand. The ops of the chain that compute something (not copies or re-layouts) are the
+missing work. A chain never passes a slice (a value cut from the wrong place is a wrong window,
+not missing work) nor a matmul (a layer, not a step).
+
+The work belongs where the reference writes it: in the statement that consumes the value (a
+final norm applied in the LM head's line: blame the distributed consumer) or in the one that made
+it (a residual add in the MLP's return: blame the distributed producer), whichever shares more
+of the chain's call stack.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import linecache
+from collections import deque
+
+from equivci.diagnose.frames import LAYOUT_OPS, TRIVIAL_OPS, innermost, user_frames
+from equivci.hlo.ir import SourceLoc
+from equivci.translate.evaluator import Event
+
+MAX_CHAIN = 40  # reference ops a chain of missing work may span
+MAX_REACHED = 4000  # reference ops visited forward from one owner
+MAX_OWNER_CHECKS = 3000  # reference values tried as the owner of one operand
+PASSIVE = TRIVIAL_OPS | LAYOUT_OPS
+CUTTERS = {"slice", "dynamic-slice", "gather"}
+# A chain stops at a matmul: contracting with a weight is a layer of its own, not a missing step.
+STOPS = CUTTERS | {"dot", "convolution", "while", "all-to-all"}
+
+
+@dataclasses.dataclass(frozen=True)
+class MissingWork:
+    """The reference op `consumer` computes operand `operand` from `owner` through `work`."""
+
+    consumer: Event
+    operand: int
+    owner: Event
+    work: tuple[Event, ...]  # the computing ops of the chain, in program order
+    at_producer: bool  # the reference writes the work with the op that made the value
+    tied: bool  # its statement is as close to the consumer's as to the producer's
+    anchor: SourceLoc  # the reference statement that applies the work
+    what: str  # the work in the reference's words: a function name or the ops
+
+
+def shared_frames(a: list[SourceLoc], b: list[SourceLoc]) -> int:
+    """How many frames two stacks share, counted from the outermost."""
+    n = 0
+    for x, y in zip(reversed(a), reversed(b)):
+        if (x.file, x.line) != (y.file, y.line):
+            break
+        n += 1
+    return n
+
+
+def source_text(loc: SourceLoc, limit: int = 90) -> str:
+    text = linecache.getline(loc.file, loc.line).strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class MissingWorkFinder:
+    """Searches the reference for the op a distributed op stands for, with work in between.
+
+    `tracer` is the localizer's view of both programs (diagnose.localize._Tracer): values per
+    device, operands by name, and the slice-of relation over the e-graph."""
+
+    def __init__(self, tracer):
+        self.tracer = tracer
+        self.consumers: dict[str, list[Event]] = {}
+        self.order: dict[str, int] = {}
+        self.params: dict[int, Event] = {}
+        self.by_term: dict[int, Event] = {}
+        for k, e in enumerate(tracer.reference_events):
+            self.order[e.inst.name] = k
+            for name in dict.fromkeys(e.inst.operands):
+                self.consumers.setdefault(name, []).append(e)
+            v = tracer.value(e, 0)
+            if v is not None:
+                self.by_term.setdefault(id(v), e)
+                if v.op == "param":
+                    self.params.setdefault(v.attrs[0], e)
+
+    def owner(self, event: Event, dev: int) -> Event | None:
+        """The latest reference op whose value the distributed `event` holds a slice of."""
+        t = self.tracer.value(event, dev)
+        if t is None:
+            return None
+        if id(t) in self.by_term:
+            return self.by_term[id(t)]
+        base = t
+        while base.op == "slice":
+            base = base.args[0]
+        if base.op == "param" and base.attrs[0] in self.params:
+            return self.params[base.attrs[0]]
+        for e, v in reversed(self.tracer.ref_values[-MAX_OWNER_CHECKS:]):
+            if self.tracer.is_slice_of(t, v):
+                return e
+        return None
+
+    def reach(self, owner: Event) -> dict[str, str | None]:
+        """Reference ops reachable forward from `owner` (without passing a slice) -> their parent."""
+        parent: dict[str, str | None] = {owner.inst.name: None}
+        depth = {owner.inst.name: 0}
+        queue = deque([owner])
+        while queue and len(parent) < MAX_REACHED:
+            e = queue.popleft()
+            if depth[e.inst.name] >= MAX_CHAIN or (e is not owner and e.inst.opcode in STOPS):
+                continue
+            for c in self.consumers.get(e.inst.name, ()):
+                if c.inst.name not in parent:
+                    parent[c.inst.name] = e.inst.name
+                    depth[c.inst.name] = depth[e.inst.name] + 1
+                    queue.append(c)
+        return parent
+
+    def chain(self, parent: dict[str, str | None], end: str) -> list[Event]:
+        """The ops from after the owner to `end`, in program order."""
+        out = []
+        step: str | None = end
+        while step is not None and parent[step] is not None:
+            out.append(self.tracer.ref_by_name[step])
+            step = parent[step]
+        return out[::-1]
+
+    def find(self, event: Event, dev: int) -> MissingWork | None:
+        # An operand without an event (a parameter of a called computation) constrains nothing.
+        ops = self.tracer.operands(event)
+        owners = [self.owner(o, dev) if o is not None else None for o in ops]
+        if not any(owners) or any(w is None for o, w in zip(ops, owners) if o is not None):
+            return None
+        reached = [self.reach(w) if w is not None else None for w in owners]
+        here = innermost(event.inst)
+        best = None
+        for name in set().union(*(r for r in reached if r is not None)):
+            r = self.tracer.ref_by_name.get(name)
+            if r is None or r.inst.opcode != event.inst.opcode or len(r.inst.operands) != len(ops):
+                continue
+            if any(reach is not None and rop not in reach for rop, reach in zip(r.inst.operands, reached)):
+                continue
+            works = [[e for e in self.chain(reach, rop) if e.inst.opcode not in PASSIVE] if reach is not None else []
+                     for rop, reach in zip(r.inst.operands, reached)]
+            k = next((k for k, w in enumerate(works) if w), None)
+            if k is None:
+                continue
+            key = (sum(map(len, works)), here is None or innermost(r.inst) != here, self.order[name])
+            if best is None or key < best[0]:
+                best = (key, r, k, works[k])
+        if best is None:
+            return None
+        _, r, k, work = best
+        owner = owners[k]
+        return self.placed(r, k, owner, work) if owner is not None else None
+
+    def placed(self, consumer: Event, k: int, owner: Event, work: list[Event]) -> MissingWork:
+        """Where the reference writes the work: with its consumer or with the op that made the value."""
+        frames = user_frames(work[0].inst)
+        with_consumer = shared_frames(frames, user_frames(consumer.inst))
+        with_producer = -1 if owner.inst.opcode == "parameter" else shared_frames(frames, user_frames(owner.inst))
+        score = max(with_consumer, with_producer)
+        if not frames:
+            return MissingWork(consumer, k, owner, tuple(work), with_producer > with_consumer,
+                               with_producer == with_consumer, SourceLoc("", 0), _ops(work))
+        at = max(len(frames) - score, 0) if score > 0 else 0
+        anchor = frames[at]
+        inner = frames[at - 1].function.split(".")[-1] if at > 0 and frames[at - 1].function else ""
+        what = inner if inner and not inner.startswith("<") else _ops(work)
+        return MissingWork(consumer, k, owner, tuple(work), with_producer > with_consumer,
+                           with_producer == with_consumer, anchor, what)
+
+
+def _ops(work: list[Event]) -> str:
+    names = list(dict.fromkeys(e.inst.opcode for e in work))
+    shown = ", ".join(f"`{n}`" for n in names[:3])
+    return shown + (", ..." if len(names) > 3 else "")

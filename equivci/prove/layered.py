@@ -1,0 +1,264 @@
+"""Verify a model layer by layer, each distinct layer once.
+
+Layers are proved in dependency order. Inside a layer, every value that enters it from another
+layer is replaced by a leaf: a reference value by a fresh leaf of its own, a distributed value by
+the window of the reference value it was proved to hold when its own layer was verified (that
+relation is the contract between the two layers), and a distributed value with no such proof by a
+fresh unknown leaf. Proving a layer for arbitrary leaves proves it for the actual values, so the
+layer proofs compose into a proof of the model. Layers that are the same after this replacement
+(the canonical form, see equivci.layers.canonical) share one proof: in the run, and through the
+cache (kind "layers") across runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+
+from equivci import cache
+from equivci.layers.canonical import canonical_form
+from equivci.layers.segments import Layering, Segment, leaves
+from equivci.prove.saturate import Proof, add_terms, proved_equal, saturate_terms
+from equivci.terms.ir import Term
+from equivci.translate.programs import Programs
+
+# Leaves standing for values that enter a layer are params numbered from here (the model's own
+# inputs are numbered from 0), so they can never be confused with an input.
+LEAF_BASE = 1 << 40
+# Candidate windows tried per (distributed value, reference value) pair when inferring a relation.
+MAX_WINDOWS = 64
+
+Window = tuple[tuple[int, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerOutcome:
+    name: str | None
+    proved: bool  # its obligations hold and each value it passes on is related to the reference
+    reused: bool  # the proof of an identical layer (this run or the cache) was reused
+    seconds: float
+
+
+@dataclasses.dataclass
+class LayeredProof:
+    proved: list[list[bool]]  # [device][output leaf]
+    layers: list[LayerOutcome]
+
+    @property
+    def all_proved(self) -> bool:
+        return all(all(row) for row in self.proved)
+
+
+class _Abstraction:
+    """One layer's terms with the values entering it replaced by leaves."""
+
+    def __init__(self, programs: Programs, layering: Layering, name: str | None,
+                 relations: dict[Term, tuple[Term, Window]], entry_leaves: dict[Term, Term]):
+        self.evaluator = programs.evaluator
+        self.layering = layering
+        self.name = name
+        self.relations = relations
+        self.entry_leaves = entry_leaves
+        self.map: dict[Term, Term] = {}
+
+    def __call__(self, term: Term) -> Term:
+        stack = [term]
+        while stack:
+            t = stack[-1]
+            if t in self.map:
+                stack.pop()
+            elif self.layering.label[t] not in (self.name, None):
+                self.map[t] = self._entering(t)
+                stack.pop()
+            elif pending := [a for a in t.args if a not in self.map]:
+                stack.extend(pending)
+            else:
+                stack.pop()
+                args = tuple(self.map[a] for a in t.args)
+                same = all(x is y for x, y in zip(args, t.args))
+                self.map[t] = t if same else self.evaluator.table.make(t.op, t.attrs, args, t.shape, t.dtype)
+        return self.map[term]
+
+    def _entering(self, t: Term) -> Term:
+        if t in self.layering.reference_terms or t not in self.relations:
+            return self._leaf(t)
+        reference, window = self.relations[t]
+        return self.evaluator.slice_nd(self._leaf(reference), window)
+
+    def _leaf(self, t: Term) -> Term:
+        if t not in self.entry_leaves:
+            index = LEAF_BASE + len(self.entry_leaves)
+            self.entry_leaves[t] = self.evaluator.table.make("param", (index,), (), t.shape, t.dtype)
+        return self.entry_leaves[t]
+
+
+def prove_layers(programs: Programs, layering: Layering, memo: cache.Memo, progress=None) -> LayeredProof:
+    """Prove every layer of `layering` in order; `progress(done, total)` after each."""
+    relations: dict[Term, tuple[Term, Window]] = {}
+    entry_leaves: dict[Term, Term] = {}
+    proved = [[False] * len(row) for row in programs.device_outputs]
+    reference_values = list(programs.params) + [v for e in programs.reference_events for v in leaves(e.values[0])]
+    index = _ModelIndex(reference_values, programs.evaluator.equal_terms)
+    outcomes = []
+    for n, segment in enumerate(layering.segments):
+        t0 = time.perf_counter()
+        abstraction = _Abstraction(programs, layering, segment.name, relations, entry_leaves)
+        problem = _Problem.of(segment, programs, abstraction, index)
+        key = cache.key(cache.fingerprint(), "layer", problem.form.digest)
+        stored = _valid(memo.get("layers", key), problem)
+        result = stored or _prove(problem, programs)
+        if stored is None:
+            memo.put("layers", key, result)
+        for (d, k), ok in zip(segment.obligations, result["proved"]):
+            proved[d][k] = ok
+        for t, relation in zip(segment.distributed_outputs, result["relations"]):
+            if relation is not None:
+                i, window = relation
+                relations[t] = (segment.reference_outputs[i], tuple(map(tuple, window)))
+        ok = all(result["proved"]) and all(r is not None for r in result["relations"])
+        outcomes.append(LayerOutcome(segment.name, ok, stored is not None, time.perf_counter() - t0))
+        if progress is not None:
+            progress(n + 1, len(layering.segments))
+    return LayeredProof(proved, outcomes)
+
+
+class _ModelIndex:
+    """The model's reference values and groups of equal terms, found from a layer's own terms.
+
+    A layer scanning the whole model's lists (18k reference values at 405B shapes) costs time in
+    proportion to the model, so the layers together cost time quadratic in their number."""
+
+    def __init__(self, reference_values: list[Term], equal_terms: list[list[Term]]):
+        self.reference_values = reference_values
+        self.positions: dict[Term, list[int]] = {}
+        for i, v in enumerate(reference_values):
+            self.positions.setdefault(v, []).append(i)
+        self.equal_terms = equal_terms  # appended to while terms are made: indexed as it grows
+        self._groups_of: dict[Term, list[int]] = {}
+        self._empty: list[int] = []
+        self._indexed = 0
+
+    def reference_values_among(self, terms) -> list[Term]:
+        """The reference values in `terms`, in order and with repeats, as in the model's list."""
+        return [self.reference_values[i] for i in sorted(i for t in terms for i in self.positions.get(t, ()))]
+
+    def groups_among(self, terms) -> list[list[Term]]:
+        """The groups all of whose terms are in `terms`, in the model's order."""
+        for j in range(self._indexed, len(self.equal_terms)):
+            group = self.equal_terms[j]
+            for t in group:
+                self._groups_of.setdefault(t, []).append(j)
+            if not group:
+                self._empty.append(j)
+        self._indexed = len(self.equal_terms)
+        found = {j for t in terms for j in self._groups_of.get(t, ())}
+        return [self.equal_terms[j] for j in sorted(found.union(self._empty)) if all(t in terms for t in self.equal_terms[j])]
+
+
+@dataclasses.dataclass
+class _Problem:
+    """A layer's proof obligations over its abstracted terms."""
+
+    reference_outputs: list[Term]
+    distributed_outputs: list[Term]
+    pairs: list[tuple[Term, Term]]  # (device output, its target)
+    marked: list[Term]  # reference values
+    groups: list[list[Term]]  # terms known equal by evaluation
+    form: object
+
+    @classmethod
+    def of(cls, segment: Segment, programs: Programs, abstraction: _Abstraction, index: _ModelIndex):
+        reference_outputs = [abstraction(t) for t in segment.reference_outputs]
+        distributed_outputs = [abstraction(t) for t in segment.distributed_outputs]
+        pairs = [(abstraction(programs.device_outputs[d][k]), abstraction(programs.targets[d][k]))
+                 for d, k in segment.obligations]
+        seen = abstraction.map
+        marked = [seen[v] for v in index.reference_values_among(seen)]
+        groups = [[seen[t] for t in g] for g in index.groups_among(seen)]
+        roots = reference_outputs + distributed_outputs + [t for pair in pairs for t in pair]
+        return cls(reference_outputs, distributed_outputs, pairs, marked, groups, canonical_form(roots, marked, groups))
+
+
+def _prove(problem: _Problem, programs: Programs) -> dict:
+    proof = saturate_terms(problem.reference_outputs, problem.marked, [problem.pairs], problem.groups,
+                           problem.distributed_outputs)
+    relations: list = [None] * len(problem.distributed_outputs)
+
+    def holds(a: Term, b: Term) -> bool:
+        return proved_equal(proof.egraph, proof.loader.expr(a), proof.loader.expr(b))
+
+    for j, t in enumerate(problem.distributed_outputs):
+        i = next((i for i, r in enumerate(problem.reference_outputs)
+                  if (r.shape, r.dtype) == (t.shape, t.dtype) and holds(t, r)), None)
+        if i is not None:
+            relations[j] = [i, [[0, s] for s in t.shape]]
+    candidates = {}
+    for j, t in enumerate(problem.distributed_outputs):
+        if relations[j] is None:
+            for i, r in enumerate(problem.reference_outputs):
+                for window in _windows(t, r):
+                    candidates[(j, i, window)] = programs.evaluator.slice_nd(r, window)
+    add_terms(proof, list(candidates.values()))
+    for (j, i, window), s in candidates.items():
+        if relations[j] is None and holds(problem.distributed_outputs[j], s):
+            relations[j] = [i, [list(w) for w in window]]
+    return {"proved": proof.proved[0], "relations": relations}
+
+
+def _windows(t: Term, r: Term) -> list[Window]:
+    """The windows of `r` with `t`'s shape on a grid of `t`-sized tiles (shards are tiles)."""
+    if t.dtype != r.dtype or len(t.shape) != len(r.shape) or t.shape == r.shape:
+        return []
+    if any(b % a for a, b in zip(t.shape, r.shape) if a):
+        return []
+    per_dim = [[(k * a, (k + 1) * a) for k in range(b // a)] if a else [(0, 0)] for a, b in zip(t.shape, r.shape)]
+    count = 1
+    for options in per_dim:
+        count *= len(options)
+    return list(itertools.product(*per_dim)) if count <= MAX_WINDOWS else []
+
+
+def _valid(payload, problem: _Problem) -> dict | None:
+    """A stored layer result that fits this layer's shape (anything else is ignored and re-proved)."""
+    if not isinstance(payload, dict):
+        return None
+    proved, relations = payload.get("proved"), payload.get("relations")
+    if not (isinstance(proved, list) and len(proved) == len(problem.pairs) and all(isinstance(p, bool) for p in proved)):
+        return None
+    if not (isinstance(relations, list) and len(relations) == len(problem.distributed_outputs)):
+        return None
+    for relation, t in zip(relations, problem.distributed_outputs):
+        if relation is None:
+            continue
+        try:
+            i, window = relation
+            ref = problem.reference_outputs[i]
+            if [hi - lo for lo, hi in window] != list(t.shape) or len(window) != len(ref.shape):
+                return None
+        except (TypeError, ValueError, IndexError):
+            return None
+    return payload
+
+
+def prefix_proof(programs: Programs, layering: Layering, outcomes: list[LayerOutcome]) -> Proof:
+    """The whole-program proof restricted to the layers up to the first unproved one: what the
+    localization needs on a model too big to saturate whole. Obligations outside it stay unproved."""
+    first_bad = next((i for i, o in enumerate(outcomes) if not o.proved), len(outcomes) - 1)
+    names = {s.name for s in layering.segments[: first_bad + 1]} | {None}
+
+    def inside(t: Term) -> bool:
+        return layering.label.get(t) in names
+
+    reference_values = list(programs.params) + [
+        v for e in programs.reference_events for v in leaves(e.values[0]) if inside(v)]
+    distributed_values = [v for e in programs.distributed_events for dv in e.values for v in leaves(dv) if inside(v)]
+    rows = [[(o, t) if inside(o) and inside(t) else None for o, t in zip(row, targets)]
+            for row, targets in zip(programs.device_outputs, programs.targets)]
+    proof = saturate_terms(reference_values, reference_values, [[p for p in row if p] for row in rows],
+                           programs.evaluator.equal_terms, distributed_values)
+    proved = []
+    for row, results in zip(rows, proof.proved):
+        answers = iter(results)
+        proved.append([next(answers) if p else False for p in row])
+    return dataclasses.replace(proof, proved=proved)

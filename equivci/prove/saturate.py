@@ -1,0 +1,110 @@
+"""Equality saturation over both programs: are the distributed outputs the reference outputs?"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from egglog import EGraph, eq, union
+
+from equivci.terms import language as L
+from equivci.terms.ir import Term
+from equivci.terms.load import Loader
+from equivci.terms.rules import DIMS, RELATIONS, REWRITES
+from equivci.translate.programs import Programs, flatten
+
+MAX_ITERATIONS = 120
+
+
+@dataclasses.dataclass
+class Proof:
+    proved: list[list[bool]]  # [device][leaf]
+    egraph: EGraph
+    loader: Loader
+    seconds: float
+    obligations: list[bool] = dataclasses.field(default_factory=list)
+    targets: list[list[Term]] = dataclasses.field(default_factory=list)  # [device][leaf], as in Programs
+
+    @property
+    def all_proved(self) -> bool:
+        return all(all(row) for row in self.proved) and all(self.obligations)
+
+
+def saturate(programs: Programs, extra_terms: list[Term] = (), iterations: int = MAX_ITERATIONS) -> Proof:
+    reference_values = list(programs.params)
+    for event in programs.reference_events:
+        reference_values.extend(flatten(event.values[0]))
+    pairs = [list(zip(dev_out, dev_targets)) for dev_out, dev_targets in zip(programs.device_outputs, programs.targets)]
+    return saturate_terms(programs.reference_outputs, reference_values, pairs, programs.evaluator.equal_terms,
+                          extra_terms, programs.obligations, iterations)
+
+
+def saturate_terms(reference_outputs: list[Term], reference_values: list[Term], pairs: list[list[tuple[Term, Term]]],
+                   equal_groups: list[list[Term]], extra_terms: list[Term] = (),
+                   obligations: list[tuple[Term, Term]] = (), iterations: int = MAX_ITERATIONS) -> Proof:
+    """Saturate the terms of both programs; `pairs[d]` are (distributed output, target) to prove
+    equal, `reference_values` the terms that are values of the reference program, `obligations`
+    more (term, target) pairs the proof needs (the initial states loops assumed)."""
+    t0 = time.perf_counter()
+    egraph = EGraph()
+    loader = Loader(egraph)
+    with loader.bulk():
+        for t in reference_outputs:
+            loader.expr(t)
+        facts = []
+        for t in reference_values:
+            facts += [L.related(loader.expr(t)), L.reference(loader.expr(t))]
+        for row in pairs:
+            for o, target in row:
+                loader.expr(o)
+                loader.expr(target)
+        for pair in obligations:
+            for t in pair:
+                loader.expr(t)
+        for t in extra_terms:
+            loader.expr(t)
+        for group in equal_groups:
+            first = loader.expr(group[0])
+            facts += [union(first).with_(loader.expr(t)) for t in group[1:]]
+        loader.facts += facts
+    _run(egraph, iterations)
+    proved = [[proved_equal(egraph, loader.expr(o), loader.expr(target)) for o, target in row] for row in pairs]
+    held = [proved_equal(egraph, loader.expr(a), loader.expr(b)) for a, b in obligations]
+    targets = [[target for _, target in row] for row in pairs]
+    return Proof(proved, egraph, loader, time.perf_counter() - t0, held, targets)
+
+
+def _run(egraph: EGraph, iterations: int) -> None:
+    egraph.run((DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate() + REWRITES) * iterations)
+    egraph.run(DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate())
+
+
+def add_terms(proof: Proof, terms: list[Term], iterations: int = MAX_ITERATIONS) -> None:
+    """Load more terms (hypotheses for localization) and saturate again."""
+    new = [t for t in terms if t not in proof.loader.exprs]
+    if not new:
+        return
+    with proof.loader.bulk():
+        for t in new:
+            proof.loader.expr(t)
+    _run(proof.egraph, iterations)
+
+
+def is_related(proof: Proof, term: Term, constants: dict) -> bool:
+    if term in constants:
+        return True
+    if term not in proof.loader.exprs:
+        return False
+    try:
+        proof.egraph.check(L.related(proof.loader.expr(term)))
+        return True
+    except Exception:  # egglog reports a failed check as an error
+        return False
+
+
+def proved_equal(egraph: EGraph, a, b) -> bool:
+    try:
+        egraph.check(eq(a).to(b))
+        return True
+    except Exception:  # egglog reports a failed check as an error
+        return False

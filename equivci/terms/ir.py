@@ -1,0 +1,96 @@
+"""Tensor terms over the reference inputs: the language both programs are translated into.
+
+A term denotes a tensor as a function of the reference (global) input leaves. Every term carries
+its static attributes in `attrs`, chosen so that two terms with the same op, attrs and arguments
+denote the same function: dtypes are part of the op, shapes of broadcasts and reshapes are encoded
+relative to their operand (see equivci.terms.spec) so that slicing an operand does not
+change the attributes of the op that consumes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from equivci.terms.spec import AlignedMap, GatherDims, bcast_spec
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Term:
+    op: str
+    attrs: tuple
+    args: tuple["Term", ...]
+    shape: tuple[int, ...]
+    dtype: str
+    _key: tuple = dataclasses.field(init=False, repr=False)
+    _hash: int = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        key = (self.op, self.attrs, tuple(id(a) for a in self.args), self.shape, self.dtype)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", hash(key))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, Term) and self._key == other._key)
+
+
+class TermTable:
+    """Hash-consing: structurally equal terms are the same Python object."""
+
+    def __init__(self) -> None:
+        self._table: dict[tuple, Term] = {}
+
+    def make(self, op: str, attrs: tuple, args: tuple[Term, ...], shape: tuple[int, ...], dtype: str) -> Term:
+        t = Term(op, attrs, args, tuple(shape), dtype)
+        return self._table.setdefault(t._key, t)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+def inserted_unit_dims(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> set[int] | None:
+    """The output positions of size-1 dims that a reshape only inserts, if that is all it does."""
+    inserted, i = set(), 0
+    for o, size in enumerate(out_shape):
+        if i < len(in_shape) and in_shape[i] == size:
+            i += 1
+        elif size == 1:
+            inserted.add(o)
+        else:
+            return None
+    return inserted if i == len(in_shape) and inserted else None
+
+
+def bcast_form(term: Term) -> tuple[str, Term] | None:
+    """`term` as a broadcast of a smaller term: a broadcast, or a reshape that only adds size-1 dims."""
+    if term.op == "bcast":
+        return term.attrs[0], term.args[0]
+    if term.op == "reshape":
+        unit = inserted_unit_dims(term.args[0].shape, term.shape)
+        if unit is not None:
+            kept = tuple(o for o in range(len(term.shape)) if o not in unit)
+            return bcast_spec(len(term.args[0].shape), term.shape, kept), term.args[0]
+    return None
+
+
+def reduce_pair_map(rank: int, dims: tuple[int, ...]) -> AlignedMap:
+    """A reduce of two same-shaped operands over `dims`: every kept dim is aligned."""
+    table = tuple((k, o) for o, k in enumerate(k for k in range(rank) if k not in dims))
+    return AlignedMap(table, table, ())
+
+
+def gather_map(g: GatherDims, operand_rank: int, indices_rank: int, out_rank: int) -> AlignedMap | None:
+    """A gather's tables: output rows along an index dim come from the index rows at that position
+    (and, for a batching dim, from the operand rows there too); window dims have fixed sizes."""
+    offset = set(g.offset)
+    batch_out = [o for o in range(out_rank) if o not in offset]
+    idx_dims = [j for j in range(indices_rank) if j != g.vector_dim]
+    window = [k for k in range(operand_rank) if k not in g.collapsed and k not in g.operand_batch]
+    if len(batch_out) != len(idx_dims) or len(window) != len(offset) or len(g.slice_sizes) != operand_rank:
+        return None
+    rhs = tuple(zip(idx_dims, batch_out))
+    out_of_idx = dict(rhs)
+    lhs = tuple((k, out_of_idx[j]) for k, j in zip(g.operand_batch, g.indices_batch))
+    return AlignedMap(lhs, rhs, tuple((o, g.slice_sizes[k]) for k, o in zip(window, sorted(offset))))

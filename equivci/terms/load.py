@@ -1,0 +1,276 @@
+"""Load Python terms into an e-graph: one `let` per term, dimensions and static tables seeded."""
+
+from __future__ import annotations
+
+import contextlib
+
+from egglog import EGraph, String, i64, let, set_, union
+from egglog.declarations import LetRefDecl, TypedExprDecl
+from egglog.egraph import to_runtime_expr
+from egglog.runtime import RuntimeExpr
+
+from equivci.terms import language as L
+from equivci.terms.ir import Term, bcast_form
+from equivci.terms.language import T, TList
+from equivci.terms.spec import (
+    AlignedMap,
+    BcastSpec,
+    DotSpec,
+    ReduceSpec,
+    ReshapeSpec,
+    compose_bcast,
+    parse_transpose,
+    repeat_form,
+    reshape_spec,
+)
+
+
+class Loader:
+    def __init__(self, egraph: EGraph):
+        self.egraph = egraph
+        self.exprs: dict[Term, T] = {}
+        self.facts: list = []
+        self._seeded_specs: set[tuple[str, str]] = set()
+        self._bcasts: dict[tuple, set[str]] = {}
+        self._count = 0
+        self._bulk = False
+
+    def expr(self, term: Term) -> T:
+        """The e-graph expression for `term`, loading it and its arguments on first use."""
+        stack = [term]
+        while stack:
+            t = stack[-1]
+            if t in self.exprs:
+                stack.pop()
+                continue
+            missing = [a for a in t.args if a not in self.exprs]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            self.exprs[t] = self._let(t)
+        return self.exprs[term]
+
+    def _let(self, t: Term) -> T:
+        args = [self.exprs[a] for a in t.args]
+        op, at = t.op, t.attrs
+        if op == "param":
+            ex = T.param(at[0])
+        elif op == "const":
+            ex = T.const(f"{at[0]}:{t.shape}", t.dtype)
+        elif op == "iota":
+            ex = T.iota(f"{at[0]}:{t.shape}:{t.dtype}")
+        elif op == "slice":
+            ex = args[0].slice(at[0], at[1], at[2])
+        elif op == "concat":
+            ex = T.concat(args[0], args[1], at[0])
+        elif op == "unary":
+            ex = T.unary(f"{at[0]}:{t.dtype}", args[0])
+        elif op == "binary":
+            ex = T.binary(at[0], args[0], args[1])
+        elif op == "ternary":
+            ex = T.ternary(at[0], args[0], args[1], args[2])
+        elif op == "dot":
+            key = f"{at[0]}>{t.dtype}"
+            self._seed_dot(key, DotSpec.parse(at[0]))
+            ex = T.dot(key, args[0], args[1])
+        elif op == "reduce":
+            self._seed_reduce(at[1])
+            ex = T.reduce(at[0], at[1], args[0])
+        elif op == "bcast":
+            self._seed_bcast(at[0], len(t.args[0].shape))
+            ex = T.bcast(at[0], args[0])
+            inner = bcast_form(t.args[0])
+            if inner is not None:  # a broadcast of a broadcast is one broadcast
+                spec = compose_bcast(inner[0], at[0])
+                self._seed_bcast(spec, len(inner[1].shape))
+                self.facts.append(union(ex).with_(T.bcast(spec, self.expr(inner[1]))))
+        elif op == "reshape":
+            self._seed_reshape(at[0])
+            ex = T.reshape(at[0], args[0])
+            alternative = reshape_spec(t.args[0].shape, t.shape, singletons=True)
+            if alternative is not None and alternative != at[0]:
+                self._seed_reshape(alternative)
+                self.facts.append(union(ex).with_(T.reshape(alternative, args[0])))
+            if t.args[0].op == "bcast":
+                self._seed_repeat(at[0], t.args[0].attrs[0])
+            as_bcast = bcast_form(t)
+            if as_bcast is not None:  # inserting size-1 dims is also a broadcast (relates to wider ones)
+                self._seed_bcast(as_bcast[0], len(t.args[0].shape))
+                self.facts.append(union(ex).with_(T.bcast(as_bcast[0], args[0])))
+        elif op == "transpose":
+            self._seed_transpose(at[0])
+            ex = T.transpose(at[0], args[0])
+        elif op == "gte":
+            ex = T.gte(at[0], args[0])
+        elif op == "aligned":
+            key = f"{at[0]}>{t.dtype}"
+            self._seed_aligned(key, at[0])
+            ex = T.aligned(key, args[0], args[1])
+        elif op == "dslice":
+            ex = T.dslice(at[0], at[1], args[0], args[1])
+        elif op == "dupdate":
+            ex = T.dupdate(at[0], args[0], args[1], args[2])
+        elif op == "opaque":
+            lst = TList.nil()
+            for arg in reversed(args):
+                lst = TList.cons(arg, lst)
+            ex = T.opaque(f"{at[0]}>{t.dtype}{t.shape}", lst)
+        else:
+            raise ValueError(f"unknown term op {op}")
+        self._count += 1
+        ex = self._bind(f"t{self._count}", ex)
+        for k, size in enumerate(t.shape):
+            self.facts.append(set_(L.dim(ex, k)).to(i64(size)))
+        return ex
+
+    def _bind(self, name: str, ex: T) -> T:
+        if not self._bulk:
+            return self.egraph.let(name, ex)
+        # EGraph.let registers at once, one egglog call (~1-2 ms) per term: in bulk, the let is
+        # queued with the facts and a reference to its name is built the way EGraph.let builds it.
+        self.facts.append(let(name, ex))
+        runtime = to_runtime_expr(ex)
+        return RuntimeExpr.__from_values__(runtime.__egg_decls__, TypedExprDecl(runtime.__egg_typed_expr__.tp, LetRefDecl(name)))
+
+    @contextlib.contextmanager
+    def bulk(self):
+        """Load many terms with one egglog call at the end (flushes on exit)."""
+        self._bulk = True
+        try:
+            yield self
+        finally:
+            self._bulk = False
+            self.flush()
+
+    def flush(self) -> None:
+        if self.facts:
+            self.egraph.register(*self.facts)
+            self.facts = []
+
+    # -- static tables -----------------------------------------------------------------------
+    def _once(self, kind: str, spec: str) -> bool:
+        if (kind, spec) in self._seeded_specs:
+            return False
+        self._seeded_specs.add((kind, spec))
+        return True
+
+    def _table(self, fn, spec: str, k: int, v) -> None:
+        self.facts.append(set_(fn(String(spec), i64(k))).to(v if not isinstance(v, int) else i64(v)))
+
+    def _seed_dot(self, spec: str, dot: DotSpec) -> None:
+        if not self._once("dot", spec):
+            return
+        lb, rb, lc, rc, lr, rr = (dot.lhs_batch, dot.rhs_batch, dot.lhs_contract, dot.rhs_contract, dot.lhs_rank,
+                                  dot.rhs_rank)
+        out = 0
+        for i, jb in zip(lb, rb):
+            self._table(L.dot_batch, spec, i, jb)
+            self._table(L.dot_batch_out, spec, i, out)
+            out += 1
+        for i in range(lr):
+            if i not in lb and i not in lc:
+                self._table(L.dot_lhs_out, spec, i, out)
+                self._table(L.dot_out_lhs, spec, out, i)
+                out += 1
+        for j in range(rr):
+            if j not in rb and j not in rc:
+                self._table(L.dot_rhs_out, spec, j, out)
+                self._table(L.dot_out_rhs, spec, out, j)
+                out += 1
+        for i, j in zip(lc, rc):
+            self._table(L.dot_contract, spec, i, j)
+
+    def _seed_reduce(self, key: str) -> None:
+        if not self._once("reduce", key):
+            return
+        reduce = ReduceSpec.parse(key)
+        reduced = reduce.dims
+        out = 0
+        for k in range(reduce.rank):
+            if k in reduced:
+                self.facts.append(L.reduced(String(key), i64(k)))
+            else:
+                self._table(L.reduce_out, key, k, out)
+                self._table(L.reduce_in, key, out, k)
+                out += 1
+
+    def _seed_bcast(self, spec: str, operand_rank: int) -> None:
+        if not self._once("bcast", spec):
+            return
+        parts = BcastSpec.parse(spec).parts
+        for o, (kind, value) in enumerate(parts):
+            if kind == "i":
+                self._table(L.bcast_out, spec, value, o)
+                self._table(L.bcast_in, spec, o, value)
+            else:
+                self._table(L.bcast_new, spec, o, value)
+        # Slicing a new dim of a broadcast is the broadcast to the smaller size. Pair the specs
+        # that occur and differ only in new-dim sizes, through every intermediate spec, so that
+        # the rules can shrink one dim at a time (rules never invent a spec themselves).
+        shape_key = tuple(p if p[0] == "i" else "n" for p in parts)
+        peers = self._bcasts.setdefault(shape_key, set())
+        for other in list(peers):
+            self._pair_bcasts(parts, BcastSpec.parse(other).parts)
+        peers.add(spec)
+
+    def _pair_bcasts(self, parts: tuple[tuple[str, int], ...], oparts: tuple[tuple[str, int], ...]) -> None:
+        diff = [o for o in range(len(parts)) if parts[o] != oparts[o]]
+        if len(diff) > 3:  # 2**len(diff) intermediate specs: keep the table small
+            return
+        for mask in range(1 << len(diff)):
+            here = list(parts)
+            for bit, o in enumerate(diff):
+                if mask >> bit & 1:
+                    here[o] = oparts[o]
+            for o in diff:
+                there = list(here)
+                there[o] = oparts[o] if here[o] == parts[o] else parts[o]
+                a, b = BcastSpec(tuple(here)).text(), BcastSpec(tuple(there)).text()
+                self._seed_bcast(a, 0)
+                self._seed_bcast(b, 0)
+                self.facts.append(set_(L.bcast_shrink(String(a), i64(o), i64(there[o][1]))).to(String(b)))
+
+    def _seed_repeat(self, reshape: str, bcast: str) -> None:
+        """The repeat tables of reshape(bcast(y)) when it is a jnp.repeat (the `repeats` rules fire
+        only on these), and the windows inside a group of its count."""
+        form = repeat_form(reshape, bcast)
+        if form is None or not self._once("repeat", f"{reshape}/{bcast}"):
+            return
+        d, n = form
+        self.facts.append(set_(L.repeat_dim(String(reshape), String(bcast))).to(i64(d)))
+        self.facts.append(set_(L.repeat_count(String(reshape), String(bcast))).to(i64(n)))
+        if self._once("repeat_window", str(n)):
+            self.facts += [L.repeat_window(i64(n), i64(width), i64(c))
+                           for width in range(1, n + 1) for c in range(n - width + 1)]
+
+    def _seed_aligned(self, key: str, spec: str) -> None:
+        if not self._once("aligned", key):
+            return
+        tables = AlignedMap.parse(spec)
+        for k, o in tables.lhs:
+            self._table(L.aligned_lhs, key, k, o)
+        for k, o in tables.rhs:
+            self._table(L.aligned_rhs, key, k, o)
+        for o, size in tables.fixed:
+            self._table(L.aligned_fixed, key, o, size)
+
+    def _seed_transpose(self, perm_text: str) -> None:
+        if not self._once("transpose", perm_text):
+            return
+        perm = parse_transpose(perm_text)
+        for o, k in enumerate(perm):
+            self._table(L.perm_out, perm_text, k, o)
+            self._table(L.perm_in, perm_text, o, k)
+
+    def _seed_reshape(self, spec: str) -> None:
+        if not self._once("reshape", spec):
+            return
+        leads, fixed = ReshapeSpec.parse(spec).tables()
+        for k, o, pin, pout in leads:
+            self._table(L.rs_lead_out, spec, k, o)
+            self._table(L.rs_lead_in, spec, o, k)
+            self._table(L.rs_in_tail, spec, k, pin)
+            self._table(L.rs_out_tail, spec, k, pout)
+        for o, size in fixed:
+            self._table(L.rs_fixed, spec, o, size)

@@ -1,0 +1,19 @@
+"""`related` is for localization only (never for a verdict): a value is related when it is a slice,
+or a pure re-layout (reshape, transpose) of one, of some reference value."""
+
+from __future__ import annotations
+
+from egglog import eq
+
+from equivci.terms.language import T, a, b, d, e, related, spec, x
+from equivci.terms.rules.registry import family, named
+
+RELATIONS = family(
+    "relations",
+    named("relations/slice", "a slice of a related value is related",
+          related(x), eq(e).to(x.slice(d, a, b))).then(related(e)),
+    named("relations/reshape", "a reshape of a related value is related",
+          related(x), eq(e).to(T.reshape(spec, x))).then(related(e)),
+    named("relations/transpose", "a transpose of a related value is related",
+          related(x), eq(e).to(T.transpose(spec, x))).then(related(e)),
+)

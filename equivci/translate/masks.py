@@ -1,0 +1,269 @@
+"""Range masks of integer values and lookups in one window of a table (vocabulary parallelism).
+
+A vocabulary-parallel lookup on shard d holds the rows [lo, hi) of a table T, masks the ids
+outside them and looks up the rest locally:
+
+    mask = (ids >= lo) & (ids < hi);  rows = T[lo:hi][where(mask, ids - lo, 0)];  out = rows * mask
+
+Wherever the mask holds, `rows` is T[ids]: the evaluator remembers that (a `MaskedRows`), and an
+all-reduce sum of such masked rows whose windows tile the range of the ids is T[ids] itself
+(`tiled_lookup`). A max (or min) of the reductions of windows of one value along a reduced dim
+that cover it is the reduction of the whole (`tiled_reduce`). These are facts the evaluator
+checks exactly on constants (window bounds, element layouts), not e-graph rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import numpy as np
+
+from equivci.hlo.ir import Shape
+from equivci.terms.ir import Term
+from equivci.terms.spec import GatherDims, ReduceSpec, parse_compare
+
+# compare direction -> (which end of the window it gives, offset to a half-open [lo, hi))
+ENDS = {"GE": ("lo", 0), "GT": ("lo", 1), "LT": ("hi", 0), "LE": ("hi", 1)}
+# Ops that only move (or, convert, retype) the elements of a mask.
+LAYOUT_OPS = ("reshape", "bcast", "transpose")
+MAX_LABELS = 1 << 16
+UNBOUNDED = 1 << 64  # an open end of a window
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """The integer elements of `x` that lie in [lo, hi)."""
+
+    x: Term
+    lo: int
+    hi: int
+
+    def clipped(self, bounds: tuple[float, float] | None) -> "Window":
+        """The same test restricted to the values x can take."""
+        if bounds is None:
+            return self
+        return Window(self.x, max(self.lo, int(bounds[0])), min(self.hi, int(bounds[1]) + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskedRows:
+    """A lookup that equals `full` wherever the ids it was made from lie in `window`.
+
+    `labels[o]` is the flat position, in `window.x`, of the id that output element o used.
+    """
+
+    full: Term
+    window: Window
+    labels: np.ndarray
+
+
+class Evaluator(Protocol):
+    """What these facts need of the evaluator (equivci.translate.evaluator.Evaluator), which uses them."""
+
+    masked_rows: dict[Term, MaskedRows]
+
+    def folded(self, term: Term) -> np.ndarray | None: ...
+
+    def bounds_of(self, term: Term) -> tuple[float, float] | None: ...
+
+    def numeric(self, t: Term, args: list[np.ndarray]) -> np.ndarray | None: ...
+
+    def mk(self, op: str, attrs: tuple, args: tuple, shape: Shape) -> Term: ...
+
+    def reshape_term(self, operand: Term, shape: Shape) -> Term: ...
+
+    def gather_term(self, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None: ...
+
+
+def scalar_int(ev: Evaluator, t: Term) -> int | None:
+    """The value of an integer constant whose elements are all one number."""
+    value = ev.folded(t)
+    if value is None or not value.size or t.dtype[0] not in "su" or not np.all(value == value.flat[0]):
+        return None
+    return int(value.flat[0])
+
+
+def window_of(ev: Evaluator, p: Term) -> Window | None:
+    """p = (x >= lo) & (x < hi) on integers (GT / LE accepted) with constant ends; either test
+    alone, or anded with a constant true (a test its bounds decided), leaves that end open."""
+    tests = _conjuncts(ev, p)
+    if not tests:
+        return None
+    ends = {"lo": -UNBOUNDED, "hi": UNBOUNDED}
+    xs = set()
+    for side in tests:
+        compare = parse_compare(side.attrs[0]) if side.op == "binary" else None
+        if compare is None:
+            return None
+        direction = compare[0]
+        x, k = side.args
+        value = scalar_int(ev, k)
+        if direction not in ENDS or value is None or x.dtype[0] not in "su":
+            return None
+        end, offset = ENDS[direction]
+        ends[end] = max(ends[end], value + offset) if end == "lo" else min(ends[end], value + offset)
+        xs.add(x)
+    if len(xs) != 1:
+        return None
+    return Window(xs.pop(), ends["lo"], ends["hi"])
+
+
+def _conjuncts(ev: Evaluator, p: Term) -> list[Term]:
+    """The tests p ands together, without constant-true ones."""
+    value = ev.folded(p)
+    if value is not None:
+        return [] if value.size and np.all(value) else [p]
+    if p.op == "binary" and p.attrs == ("and",) and p.dtype == "pred":
+        return [t for a in p.args for t in _conjuncts(ev, a)]
+    return [p]
+
+
+def bounds_under_mask(ev: Evaluator, p: Term, a: Term) -> tuple[float, float] | None:
+    """The bounds of `a` where the range test `p` holds: a = x or a = x - c with p testing x."""
+    w = window_of(ev, p)
+    if w is None:
+        return None
+    w = w.clipped(ev.bounds_of(w.x))
+    if a is w.x:
+        shift = 0
+    elif a.op == "binary" and a.attrs == ("subtract",) and a.args[0] is w.x and scalar_int(ev, a.args[1]) is not None:
+        shift = scalar_int(ev, a.args[1])
+    else:
+        return None
+    if w.hi <= w.lo:  # the test never holds: `a` is never chosen
+        return None
+    lo, hi = w.lo - shift, w.hi - 1 - shift
+    limits = np.iinfo({"s": "int", "u": "uint"}[a.dtype[0]] + a.dtype[1:])
+    if not (limits.min <= lo and hi <= limits.max):  # x - c could wrap around: no bounds
+        return None
+    return float(lo), float(hi)
+
+
+def laid_out_window(ev: Evaluator, m: Term) -> tuple[Window, np.ndarray] | None:
+    """`m` as a range test moved by layout ops (and converted from pred), with the flat position
+    in the tested value of the element each element of `m` comes from."""
+    chain = []
+    while m.op in LAYOUT_OPS or (m.op == "unary" and m.attrs == ("convert",) and m.args[0].dtype == "pred"):
+        chain.append(m)
+        m = m.args[0]
+    w = window_of(ev, m)
+    if w is None or int(np.prod(m.shape)) > MAX_LABELS:
+        return None
+    labels = np.arange(int(np.prod(m.shape))).reshape(m.shape)
+    for t in reversed(chain):
+        if t.op != "unary":
+            labels = ev.numeric(t, [labels])
+            if labels is None:
+                return None
+    return w, np.asarray(labels)
+
+
+def masked_lookup(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shape) -> MaskedRows | None:
+    """A gather from the window [s, e) of T along its one indexed dim, at where(mask, ids - s, z)
+    (reshaped), with mask a range test of ids inside [s, e): T[ids] wherever the mask holds."""
+    if x.op != "slice" or len(dims.start_map) != 1 or dims.start_map[0] != x.attrs[0] \
+            or dims.start_map[0] not in dims.collapsed or int(np.prod(idx.shape)) > MAX_LABELS:
+        return None
+    table, (_, s, e) = x.args[0], x.attrs
+    chosen = idx
+    while chosen.op == "reshape":
+        chosen = chosen.args[0]
+    if chosen.op != "ternary" or chosen.attrs != ("select",):
+        return None
+    p, a, _ = chosen.args
+    w = window_of(ev, p)
+    if w is None or bounds_under_mask(ev, p, a) is None:
+        return None
+    w = w.clipped(ev.bounds_of(w.x))
+    shift = 0 if a is w.x else scalar_int(ev, a.args[1])
+    if shift != s or w.lo < s or w.hi > e:  # where the mask holds, the local index must be id - s, in the window
+        return None
+    full_idx = ev.reshape_term(w.x, Shape(idx.dtype, idx.shape))
+    full = ev.gather_term(table, full_idx, dims, out)
+    labels = gather_labels(np.arange(int(np.prod(idx.shape))).reshape(idx.shape), dims, out.dims)
+    if full is None or labels is None:
+        return None
+    return MaskedRows(full, w, labels)
+
+
+def gather_labels(idx_labels: np.ndarray, dims: GatherDims, out: tuple[int, ...]) -> np.ndarray | None:
+    """For each output element of a gather, the label of the index it used."""
+    if dims.vector_dim < idx_labels.ndim:
+        if idx_labels.shape[dims.vector_dim] != 1:
+            return None
+        idx_labels = np.take(idx_labels, 0, axis=dims.vector_dim)
+    batch_out = [o for o in range(len(out)) if o not in dims.offset]
+    if len(batch_out) != idx_labels.ndim:
+        return None
+    # The index dims map to the output's non-offset dims in order.
+    expanded = idx_labels.reshape([out[o] if o in batch_out else 1 for o in range(len(out))])
+    return np.broadcast_to(expanded, out)
+
+
+def masked_member(ev: Evaluator, m: Term) -> tuple[Term, Window] | None:
+    """A psum member that is rows masked by the range test they were looked up under:
+    rows * mask or where(mask, rows, 0); as (T[ids], the window)."""
+    if m.op == "binary" and m.attrs == ("multiply",):
+        candidates = [(m.args[0], m.args[1]), (m.args[1], m.args[0])]
+    elif m.op == "ternary" and m.attrs == ("select",) and _is_zero(ev, m.args[2]):
+        candidates = [(m.args[1], m.args[0])]
+    else:
+        return None
+    for rows, mask in candidates:
+        known, tested = ev.masked_rows.get(rows), laid_out_window(ev, mask)
+        if known is None or tested is None:
+            continue
+        w, labels = tested
+        w = w.clipped(ev.bounds_of(w.x))
+        # The mask must test the same ids at the same positions, and only inside the lookup's window.
+        same_ids = w.x is known.window.x and labels.shape == known.labels.shape and np.array_equal(labels, known.labels)
+        if same_ids and (w.hi <= w.lo or known.window.lo <= w.lo and w.hi <= known.window.hi):
+            return known.full, w
+    return None
+
+
+def _is_zero(ev: Evaluator, t: Term) -> bool:
+    value = ev.folded(t)
+    return value is not None and value.size > 0 and not np.any(value)
+
+
+def tiles(windows: list[tuple[int, int]], lo: int, hi: int, overlap: bool = False) -> bool:
+    """Whether the windows cover [lo, hi) (each value in exactly one of them unless `overlap`)."""
+    covered = lo
+    for start, stop in sorted(w for w in windows if w[1] > w[0]):
+        if start > covered or (start < covered and not overlap):
+            return False
+        covered = max(covered, stop)
+    return covered >= hi
+
+
+def tiled_lookup(ev: Evaluator, members: list[Term]) -> Term | None:
+    """The sum of rows masked by range tests that tile the range of the ids: the rows."""
+    found = [masked_member(ev, m) for m in members]
+    if any(f is None for f in found) or len({f[0] for f in found}) != 1 or len({f[1].x for f in found}) != 1:
+        return None
+    full, w = found[0]
+    bounds = ev.bounds_of(w.x)
+    if bounds is None or full.shape != members[0].shape or full.dtype != members[0].dtype:
+        return None
+    if not tiles([(f[1].lo, f[1].hi) for f in found], int(bounds[0]), int(bounds[1]) + 1):
+        return None
+    return full
+
+
+def tiled_reduce(ev: Evaluator, reducer: str, members: list[Term]) -> Term | None:
+    """max (min) of reduce-max (min) over windows of one value along a reduced dim, the windows
+    covering that dim: the reduce of the whole value."""
+    if reducer not in ("maximum", "minimum") or any(m.op != "reduce" or m.attrs != members[0].attrs for m in members):
+        return None
+    operands = [m.args[0] for m in members]
+    if any(o.op != "slice" or o.args[0] is not operands[0].args[0] or o.attrs[0] != operands[0].attrs[0] for o in operands):
+        return None
+    whole, dim = operands[0].args[0], operands[0].attrs[0]
+    reduced = set(ReduceSpec.parse(members[0].attrs[1]).dims)
+    if members[0].attrs[0] != reducer or dim not in reduced:
+        return None
+    if not tiles([(o.attrs[1], o.attrs[2]) for o in operands], 0, whole.shape[dim], overlap=True):
+        return None
+    return ev.mk("reduce", members[0].attrs, (whole,), Shape(members[0].dtype, members[0].shape))

@@ -1,0 +1,87 @@
+"""Both programs, reference and distributed, translated to terms over the reference inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Protocol
+
+from equivci.capture.types import LeafPlacement
+from equivci.hlo.ir import Module
+from equivci.terms.ir import Term, TermTable
+from equivci.translate.evaluator import Evaluator, Event, Loop, LoopHandler
+from equivci.translate.routing import Router
+
+
+class LoopProver(LoopHandler, Protocol):
+    attempts: list  # what became of each distributed `while` (equivci.prove.loops.LoopAttempt)
+
+
+@dataclasses.dataclass
+class Programs:
+    """Both programs as terms over the reference inputs."""
+
+    params: list[Term]  # the reference inputs
+    reference_outputs: list[Term]
+    device_outputs: list[list[Term]]  # [device][leaf]
+    targets: list[list[Term]]  # [device][leaf]: the slice of the reference output the device must hold
+    reference_events: list[Event]
+    distributed_events: list[Event]
+    evaluator: Evaluator
+    routed: set[int] = dataclasses.field(default_factory=set)  # ids of dispatch masks and routed values
+    # (term, target) pairs that must be proved equal too: the state relations loops assumed.
+    obligations: list[tuple[Term, Term]] = dataclasses.field(default_factory=list)
+    loops: list = dataclasses.field(default_factory=list)  # prove.loops.LoopAttempt, in program order
+    # input index -> (its assumed [lo, hi], the reference gather that makes it an index and the calls it is in)
+    assumed: dict = dataclasses.field(default_factory=dict)
+
+
+def flatten(value) -> list[Term]:
+    """The leaves of a (nested) tuple of terms."""
+    return [leaf for item in value for leaf in flatten(item)] if isinstance(value, tuple) else [value]
+
+
+def translate(reference: Module, distributed: Module, inputs: tuple[LeafPlacement, ...],
+              outputs: tuple[LeafPlacement, ...], num_devices: int,
+              loops: Callable[[Module, list[Loop]], LoopProver]) -> Programs:
+    """Both programs as terms over the reference inputs. `loops(reference, reference_loops)` makes
+    the handler of the distributed program's `while` ops (equivci.prove.loops.LoopMatcher)."""
+    table = TermTable()
+    params = [table.make("param", (k,), (), leaf.shape, _short_dtype(leaf.dtype)) for k, leaf in enumerate(inputs)]
+
+    ref_eval = Evaluator(reference, table, 1)
+    ref_root = ref_eval.run(reference.entry, [[p] for p in params])[0]
+    # Integer inputs the reference uses as indices are taken to be valid indices, [0, size): the
+    # programs are compared on the inputs the reference is written for (the numeric oracle draws
+    # them there too). Known before evaluation, the bounds fold the reference's own range checks.
+    domains = ref_eval.index_domains()
+    bounds = {p: b for p, (b, _) in domains.items()}
+    if domains:
+        ref_eval = Evaluator(reference, table, 1)
+        ref_eval.bounds.update(bounds)
+        ref_root = ref_eval.run(reference.entry, [[p] for p in params])[0]
+    reference_outputs = flatten(ref_root)
+
+    dist_eval = Evaluator(distributed, table, num_devices)
+    dist_eval.bounds.update(bounds)
+    dist_eval.values.update(ref_eval.values)
+    dist_eval.constants.extend(ref_eval.constants)
+    matcher = loops(reference, ref_eval.loops)
+    dist_eval.loop_handler = matcher
+    dist_args = [[dist_eval.slice_nd(p, leaf.device_slices[dev]) for dev in range(num_devices)]
+                 for p, leaf in zip(params, inputs)]
+    dist_root = dist_eval.run(distributed.entry, dist_args)
+    device_outputs = [flatten(dist_root[dev]) for dev in range(num_devices)]
+    targets = [[dist_eval.slice_nd(r, leaf.device_slices[dev]) for r, leaf in zip(reference_outputs, outputs)]
+               for dev in range(num_devices)]
+    router = Router(dist_eval, num_devices)
+    router.run(dist_eval.events)
+    dist_eval.equal_terms.extend([a, b] for a, b in router.facts)
+    return Programs(params, reference_outputs, device_outputs, targets, ref_eval.events, dist_eval.events, dist_eval,
+                    router.exempt, dist_eval.obligations, matcher.attempts,
+                    {p.attrs[0]: domain for p, domain in domains.items()})
+
+
+def _short_dtype(dtype: str) -> str:
+    return {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16", "int32": "s32",
+            "int64": "s64", "uint32": "u32", "uint8": "u8", "int8": "s8", "bool": "pred"}.get(dtype, dtype)

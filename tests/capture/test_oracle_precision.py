@@ -1,0 +1,117 @@
+"""The numeric oracle on programs that compute in bfloat16: a counterexample is a difference that
+rounding cannot explain (equivci/capture/rounding.py), so correct bf16 models are never a
+`mismatch` while real defects in the same models still are; integer inputs are drawn over the
+range the reference indexes with them (equivci/capture/index_ranges.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from equivci.capture.oracle import compare_many_in_child
+from equivci.errors import EquivciError
+from equivci.manifest import load_manifest
+
+HERE = Path(__file__).parents[1] / "data" / "precision"
+SEEDS = tuple(range(8))
+
+
+@pytest.fixture(scope="module")
+def results():
+    manifest = load_manifest(HERE / "equivci.yaml")
+    return manifest, compare_many_in_child(HERE / "equivci.yaml", manifest.names(), seeds=SEEDS, timeout=900)
+
+
+def test_correct_bf16_models_agree_and_defects_differ_on_every_seed(results):
+    manifest, by_name = results
+    for model in manifest.models:
+        result = by_name[model.name]
+        assert not isinstance(result, EquivciError), f"{model.name}: {result}"
+        if "buggy" in model.tags:
+            assert not result.equal, f"{model.name}: the defect was taken for rounding: {result.describe()}"
+            assert result.ratio > 1 and result.precision == "bfloat16", result
+            assert re.search(r"rounding explains up to [0-9.e+-]+; the reference computes in bfloat16: [0-9.e+]+x", result.describe())
+        else:
+            assert result.equal, f"{model.name} is correct but the oracle calls it different: {result.describe()}"
+
+
+def test_float32_tolerance_set_by_hand_calls_the_same_rounding_a_difference():
+    path = HERE / "f32_tolerance.yaml"
+    manifest = load_manifest(path)
+    assert all(m.oracle.rtol == 1e-4 and m.oracle.atol == 1e-5 for m in manifest.models)
+    by_name = compare_many_in_child(path, manifest.names(), seeds=SEEDS, timeout=900)
+    differing = [name for name, r in by_name.items() if not isinstance(r, EquivciError) and not r.equal]
+    # Each correct model's rounding exceeds float32's tolerance on some seed: the derived floor is what keeps them green.
+    assert sorted(differing) == sorted(manifest.names()), by_name
+
+
+def test_index_ranges_follow_gathers_and_one_hots_not_other_integers():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from equivci.capture.index_ranges import index_ranges
+
+    def model(emb, ids, labels, steps):
+        h = emb[ids]  # negative-index wrap, then a gather over 50 rows
+        onehot = jax.nn.one_hot(labels, 7)
+        return h.sum() + onehot.sum() + steps.astype(jnp.float32).sum()
+
+    args = (jax.ShapeDtypeStruct((50, 4), jnp.float32), jax.ShapeDtypeStruct((3,), jnp.int32),
+            jax.ShapeDtypeStruct((3,), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32))
+    assert index_ranges(model, args) == {1: 50, 2: 7}
+
+
+def test_shadow_moves_only_roundings_of_computed_values():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from equivci.capture.rounding import shadow_reference
+
+    f32 = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+
+    def cast_input(x):  # an input cast to bf16 rounds the same way in any program
+        return x.astype(jnp.bfloat16).astype(jnp.float32) * 2
+
+    def cast_sum(x):  # a sum cast to bf16 may round the other way after re-association
+        return jnp.sum(x, axis=1).astype(jnp.bfloat16).astype(jnp.float32)
+
+    x = jax.random.normal(jax.random.key(0), (8, 16))
+    quiet = shadow_reference(cast_input, (f32,))
+    assert quiet.rounding_points == 0 and float(jnp.abs(quiet.run(x)[0] - cast_input(x)).max()) == 0.0
+    moved = shadow_reference(cast_sum, (f32,))
+    assert moved.rounding_points == 1 and moved.narrowest == "bfloat16"
+    diff = jnp.abs(moved.run(x)[0] - cast_sum(x))
+    ulp = jnp.abs(jnp.nextafter(cast_sum(x).astype(jnp.bfloat16), jnp.bfloat16(jnp.inf)).astype(jnp.float32) - cast_sum(x))
+    assert 0 < float(diff.max()) and bool(jnp.all(diff <= ulp * 1.01)), "at most one unit of bf16 per element"
+
+
+def test_a_routing_decision_within_rounding_of_a_tie_is_reported():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from jax import lax
+
+    from equivci.capture.rounding import shadow_reference
+
+    def router(x, w):  # bf16 router logits, as MoE code computes them
+        logits = jnp.dot(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)).astype(jnp.float32)
+        return lax.top_k(logits, 2)[1]
+
+    args = (jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((32, 8), jnp.float32))
+    shadow = shadow_reference(router, args)
+    x, w = jax.random.normal(jax.random.key(1), (64, 32)), jax.random.normal(jax.random.key(2), (32, 8))
+    assert not bool(shadow.run(x, w)[1])
+    twins = w.at[:, 1].set(w[:, 0] * 1.001)  # two experts within a bf16 unit of each other for every token
+    assert bool(shadow.run(x, twins)[1])
+
+
+def test_seeds_near_a_tie_are_no_counterexample():
+    from equivci.capture.oracle import NumericComparison, without_near_ties
+
+    differs = NumericComparison(3.0, 1.0, "", (0,), 1.0, 4.0, (0, 1, 2), False, 1, (1, 2), noise_floor=0.1, ratio=30.0)
+    partly = without_near_ties(differs, [2])
+    assert not partly.equal and partly.failing_seeds == (1,) and "seed 2" in partly.note
+    excused = without_near_ties(differs, [1, 2])
+    assert excused.equal and excused.failing_seeds == () and "within rounding of a tie" in excused.describe()
+    assert without_near_ties(differs, []) == differs

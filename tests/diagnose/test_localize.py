@@ -1,0 +1,253 @@
+"""Localization of failed proofs: the finding lands where the defect was made, not downstream.
+
+Real captured programs: a few buggy zoo models whose first unrelated op is shared downstream code
+(the attention scores, the RoPE rotation, the norm's division), and two small models written here.
+Localization runs only after a proof failed and must never change which outputs are proved.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from pathlib import Path
+
+import model_package
+import pytest
+
+from equivci.capture.run import capture_model
+from equivci.diagnose.localize import first_defect, source_of
+from equivci.hlo.collectives import axis_groups
+from equivci.hlo.parser import parse_module
+from equivci.manifest import load_manifest
+from equivci.prove.programs import build_programs
+from equivci.prove.saturate import saturate
+
+REPO = Path(__file__).resolve().parents[2]
+
+MODELS = textwrap.dedent(
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    H = 16
+    TP = "tp"
+
+
+    def inputs():
+        f = jnp.float32
+        return (jax.ShapeDtypeStruct((4, 8), f), jax.ShapeDtypeStruct((8, 2 * H), f), jax.ShapeDtypeStruct((H, 8), f))
+
+
+    def gated(x, w, wo):
+        a, b = jnp.split(x @ w, 2, axis=-1)
+        return (a * b) @ wo
+
+
+    def gated_tp_wrong_offset(x, w, wo, *, mesh):
+        cols = H // mesh.shape[TP]
+
+        def body(x, w, wo):
+            i = lax.axis_index(TP)
+            w_a = lax.dynamic_slice_in_dim(w, i * cols, cols, axis=1)
+            w_b = lax.dynamic_slice_in_dim(w, (i + 1) * cols, cols, axis=1)  # MARK:offset
+            return lax.psum(((x @ w_a) * (x @ w_b)) @ wo, TP)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(TP, None)), out_specs=P())(x, w, wo)
+
+
+    def gated_tp_rotated_inline(x, w, wo, *, mesh):
+        n, cols = mesh.shape[TP], H // mesh.shape[TP]
+
+        def body(x, w, wo):
+            i = lax.axis_index(TP)
+            w_a = lax.dynamic_slice_in_dim(w, i * cols, cols, axis=1)
+            w_b = lax.dynamic_slice_in_dim(w, H + ((i + 1) % n) * cols, cols, axis=1)  # MARK:rotated
+            return lax.psum(((x @ w_a) * (x @ w_b)) @ lax.dynamic_slice_in_dim(wo, i * cols, cols, axis=0), TP)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P()), out_specs=P())(x, w, wo)
+
+
+    def gated_tp_rotated_named(x, w, wo, *, mesh):
+        n, cols = mesh.shape[TP], H // mesh.shape[TP]
+
+        def body(x, w, wo):
+            i = lax.axis_index(TP)
+            j = (i + 1) % n  # MARK:index
+            w_a = lax.dynamic_slice_in_dim(w, i * cols, cols, axis=1)
+            w_b = lax.dynamic_slice_in_dim(w, H + j * cols, cols, axis=1)
+            return lax.psum(((x @ w_a) * (x @ w_b)) @ lax.dynamic_slice_in_dim(wo, i * cols, cols, axis=0), TP)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P()), out_specs=P())(x, w, wo)
+
+
+    def norm_inputs():
+        return (jax.ShapeDtypeStruct((4, 16), jnp.float32),)
+
+
+    def rms(x):
+        return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+
+
+    def rms_tp_local_width(x, *, mesh):
+        def body(x):
+            n = x.shape[-1]  # MARK:width
+            ms = lax.psum(jnp.sum(x * x, axis=-1, keepdims=True), TP) / n
+            return x * lax.rsqrt(ms + 1e-6)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(None, TP),), out_specs=P(None, TP))(x)
+
+
+    def roll_inputs():
+        return (jax.ShapeDtypeStruct((16, 8), jnp.float32),)
+
+
+    def roll(x):
+        return jnp.roll(x, 4, axis=0)
+
+
+    def roll_ring_left(x, *, mesh):
+        n = mesh.shape[TP]
+        pairs = [(j, (j - 1) % n) for j in range(n)]  # MARK:pairs
+
+        def body(x):
+            return lax.ppermute(x, TP, pairs)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None),), out_specs=P(TP, None))(x)
+    """
+)
+
+MANIFEST = textwrap.dedent(
+    """
+    version: 1
+    models:
+      - {name: gated, reference: models.py:gated, distributed: models.py:gated_tp_wrong_offset,
+         inputs: models.py:inputs, mesh: {tp: 2}}
+      - {name: rotated-inline, reference: models.py:gated, distributed: models.py:gated_tp_rotated_inline,
+         inputs: models.py:inputs, mesh: {tp: 4}}
+      - {name: rotated-named, reference: models.py:gated, distributed: models.py:gated_tp_rotated_named,
+         inputs: models.py:inputs, mesh: {tp: 4}}
+      - {name: rms, reference: models.py:rms, distributed: models.py:rms_tp_local_width,
+         inputs: models.py:norm_inputs, mesh: {tp: 2}}
+      - {name: roll, reference: models.py:roll, distributed: models.py:roll_ring_left,
+         inputs: models.py:roll_inputs, mesh: {tp: 4}}
+    """
+)
+
+
+def line_of(mark: str) -> int:
+    return model_package.line_of(MODELS, mark)
+
+
+@pytest.fixture(scope="module")
+def tmp_manifest(tmp_path_factory):
+    return model_package.write_package(tmp_path_factory.mktemp("localize_models"), "models.py", MODELS, MANIFEST)
+
+
+@pytest.fixture(scope="module")
+def zoo_manifest():
+    return load_manifest(REPO / "configs/zoo.yaml")
+
+
+def localize(manifest, name: str, with_reference: bool = True):
+    model = next(m for m in manifest.models if m.name == name)
+    captured = capture_model(model, manifest)
+    programs = build_programs(parse_module(captured.reference_hlo), parse_module(captured.distributed_hlo),
+                              captured.inputs, captured.outputs, captured.num_devices)
+    proof = saturate(programs)
+    proved = [list(row) for row in proof.proved]
+    assert not proof.all_proved, name
+    outputs = {id(t) for dev in programs.device_outputs for t in dev}
+    t0 = time.perf_counter()
+    defect = first_defect(programs.distributed_events, proof, programs.evaluator, axis_groups(captured.mesh), outputs,
+                          reference_events=programs.reference_events if with_reference else None)
+    seconds = time.perf_counter() - t0
+    assert proof.proved == proved  # localization never touches the verdict
+    assert defect is not None, name
+    path, line = source_of(defect.inst, captured.repo_root)
+    return f"{path}:{line}", defect.message, seconds
+
+
+def test_wrong_fused_offset_points_at_the_slice_not_at_the_scores(zoo_manifest):
+    where, message, seconds = localize(zoo_manifest, "fused-qkv-tp-wrong-k-offset")
+    assert where == "examples/zoo/fused_qkv.py:55"
+    assert "`k`" in message and "reference's q" in message and "common.py:16" in message
+    assert seconds < 2
+
+
+def test_downstream_op_alone_without_reference_events(zoo_manifest):
+    where, _, _ = localize(zoo_manifest, "fused-qkv-tp-wrong-k-offset", with_reference=False)
+    assert where == "examples/zoo/common.py:16"
+
+
+def test_wrong_head_size_points_at_the_python_line_that_computed_it(zoo_manifest):
+    where, message, _ = localize(zoo_manifest, "attention-tp-global-heads")
+    assert where == "examples/zoo/attention.py:50"
+    assert "`head_dim`" in message and "(2, 8, 4, 2)" in message and "(2, 8, 4, 8)" in message
+
+
+def test_missing_position_offset_points_at_the_positions(zoo_manifest):
+    where, message, _ = localize(zoo_manifest, "rope-sp-no-offset")
+    assert where == "examples/zoo/rope.py:39"
+    assert "same window" in message and "common.py" in message
+
+
+def test_local_width_points_at_the_width(zoo_manifest):
+    where, message, _ = localize(zoo_manifest, "layernorm-tp-local-width")
+    assert where == "examples/zoo/norms.py:61"
+    assert "`width`" in message and " 8 " in message and "32" in message
+
+
+def test_partial_operand_is_not_traced_back(zoo_manifest):
+    # The residual added before the reduce-scatter: the add itself is the defect, its partial-sum
+    # operand is as it should be.
+    where, _, _ = localize(zoo_manifest, "sp-block-residual-before-scatter")
+    assert where == "examples/zoo/sequence_parallel.py:47"
+
+
+def test_fresh_program_wrong_offset(tmp_manifest):
+    where, message, _ = localize(tmp_manifest, "gated")
+    assert where.endswith(f"models.py:{line_of('offset')}")
+    assert "wrong window" in message and "`x @ w_b`" in message and "reference's a" in message and "uses b" in message
+
+
+def test_round_robin_kv_head_points_at_the_index_that_picks_it(zoo_manifest):
+    # Every operand of the scores is a slice of the right reference value, but shard 1's KV head
+    # window comes back to KV head 0's on shard 2: the map from device to KV head is the defect.
+    where, message, _ = localize(zoo_manifest, "gqa-tp4-kv2-round-robin")
+    assert where == "examples/zoo/gqa.py:86"
+    assert "`kv_head`" in message and "moves back" in message and "gqa.py:87" in message
+
+
+def test_fresh_program_window_moving_back_points_at_the_slice(tmp_manifest):
+    # The start is computed in the slice call itself from the device index: the slice is the line.
+    where, message, _ = localize(tmp_manifest, "rotated-inline")
+    assert where.endswith(f"models.py:{line_of('rotated')}")
+    assert "moves back" in message and "[16:20)" in message
+
+
+def test_fresh_program_window_moving_back_points_at_the_named_index(tmp_manifest):
+    where, message, _ = localize(tmp_manifest, "rotated-named")
+    assert where.endswith(f"models.py:{line_of('index')}")
+    assert "`j`" in message and "moves back" in message
+
+
+def test_fresh_program_local_width(tmp_manifest):
+    where, message, _ = localize(tmp_manifest, "rms")
+    assert where.endswith(f"models.py:{line_of('width')}")
+    assert "`n`" in message and "16" in message
+
+
+def test_ring_the_wrong_way_points_at_the_pairs(zoo_manifest):
+    # The first unrelated op is a block write; sent the other way round the ring, every output is
+    # proved, so the finding is the permutation, at the caller's line that writes it.
+    where, message, _ = localize(zoo_manifest, "ring-matmul-wrong-direction")
+    assert where == "examples/zoo/ring.py:49"
+    assert "collective-permute" in message and "j-1 mod 4" in message and "j+1 mod 4" in message
+
+
+def test_fresh_program_ring_pairs_bound_to_a_name(tmp_manifest):
+    where, message, _ = localize(tmp_manifest, "roll")
+    assert where.endswith(f"models.py:{line_of('pairs')}")
+    assert "the other way" in message

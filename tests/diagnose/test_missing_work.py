@@ -1,0 +1,62 @@
+"""Findings on the localization cases (configs/localize.yaml): missing work is blamed where the
+reference writes it, in the reference's terms, and one cause repeated in every layer is one finding.
+
+Real CLI runs (capture on fake CPU devices, the proof, the numeric oracle)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPECTED = yaml.safe_load((ROOT / "examples/localize/expected.yaml").read_text())
+MODELS = ["stack-tp", "stack-tp-no-final-norm", "stack-tp-no-residual"]
+FINAL_NORM = 'return rms_norm(x, params["final_norm"]) @ params["lm_head"]'
+RESIDUAL = 'return x + jax.nn.silu(h @ p["w1"]) @ p["w2"]'
+SOURCE = (ROOT / "examples/localize/stack.py").read_text().splitlines()
+
+
+def line_of(text: str) -> int:
+    """The first line of examples/localize/stack.py that is `text`, stripped."""
+    return next(k + 1 for k, line in enumerate(SOURCE) if line.strip() == text)
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, dict]:
+    args = [a for name in MODELS for a in ("--model", name)]
+    proc = subprocess.run([sys.executable, "-m", "equivci", "verify", "--manifest", "configs/localize.yaml", "--no-cache",
+                           "--format", "json", *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    return {m["name"]: m for m in json.loads(proc.stdout)["models"]}
+
+
+def first(result: dict) -> dict:
+    return result["findings"][0]
+
+
+def test_the_correct_stack_verifies(results):
+    assert results["stack-tp"]["status"] == "verified", results["stack-tp"]["findings"]
+
+
+def test_missing_final_norm_blames_the_lm_head_line_and_cites_the_reference(results):
+    f = first(results["stack-tp-no-final-norm"])
+    assert f"{f['path']}:{f['line']}" == EXPECTED["stack-tp-no-final-norm"]["bug_line"]
+    assert "rms_norm" in f["message"] and f"stack.py:{line_of(FINAL_NORM)}" in f["message"], f["message"]
+    assert f["layer"] is None  # the LM head is outside every layer
+    # the numeric frontier agrees with the proof
+    assert "where the values first differ" in f["message"]
+
+
+def test_missing_residual_is_one_finding_for_every_layer(results):
+    result = results["stack-tp-no-residual"]
+    f = first(result)
+    assert f"{f['path']}:{f['line']}" == EXPECTED["stack-tp-no-residual"]["bug_line"], result["findings"]
+    assert "`add`" in f["message"] and f"stack.py:{line_of(RESIDUAL)}" in f["message"], f["message"]
+    assert f["layer"] == "layers_0" and "3 more layers" in f["message"], f["message"]
+    # one cause: the other findings (the counterexample) sit on the same line
+    assert {(g["path"], g["line"]) for g in result["findings"] if g["severity"] == "error"} == {(f["path"], f["line"])}

@@ -1,0 +1,200 @@
+"""Layer splitting, canonical forms and layer-by-layer proofs.
+
+The unit tests build terms by hand (events only need an op name); the model tests capture the
+bundled layer stack (examples/models/stack.py) on a fake 4-device mesh and prove it for real.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from pathlib import Path
+
+import model_package
+import pytest
+
+from equivci.capture.run import capture_model
+from equivci.layers.canonical import canonical_form
+from equivci.layers.segments import layer_of, split
+from equivci.manifest import load_manifest
+from equivci.prove.layered import _windows
+from equivci.results import Status
+from equivci.terms.ir import TermTable
+from equivci.translate.evaluator import Event
+from equivci.verify.engine import verify_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("op_name, layer", [
+    ("jit(forward)/layers_3/dot_general", "layers_3"),
+    ("layers_0/bhqk,bkhd->bqhd/dot_general", "layers_0"),
+    ("lm_head/add", "lm_head"),
+    ("jit(f)/Transformer/layers_3/attn/dot_general", "Transformer/layers_3"),
+    ("jit(f)/model/layer.12/mlp/add", "model/layer.12"),
+    ("jit(step)/transpose(jvp(layers_1))/dot_general", None),
+    ("jit(step)/jvp(f)/layers_1/mul", "layers_1"),
+    ("jit(silu)/exp", None),
+    ("jit(f)/while/body/dot_general", None),
+    ("jit(f)/while/body/layers/mlp/add", "layers"),
+    ("dot_general", None),
+    ("_moe_ep.<locals>.body/reduce", None),
+])
+def test_layer_of_names_the_scope_down_to_the_numbered_one(op_name, layer):
+    assert layer_of(op_name) == layer
+
+
+@dataclasses.dataclass
+class _Inst:
+    op_name: str
+
+
+def _event(scope: str, value) -> Event:
+    return Event(_Inst(f"jit(f)/{scope}/op" if scope else "jit(f)/op"), [value])
+
+
+def _chain(table: TermTable, x, w, depth: int = 1):
+    for _ in range(depth):
+        x = table.make("binary", ("add",), (x, table.make("unary", ("tanh",), (w,), w.shape, "f32")), x.shape, "f32")
+    return x
+
+
+def test_split_orders_layers_and_keeps_shared_values_global():
+    t = TermTable()
+    x, w0, w1 = (t.make("param", (k,), (), (4,), "f32") for k in range(3))
+    table = t.make("const", ("rope",), (), (4,), "f32")
+    shared = t.make("unary", ("cos",), (table,), (4,), "f32")  # rebuilt by both layers: one term
+    h1 = t.make("binary", ("add",), (_chain(t, x, w0), shared), (4,), "f32")
+    h2 = t.make("binary", ("add",), (_chain(t, h1, w1), shared), (4,), "f32")
+    events = [_event("layers_0", shared), _event("layers_0", h1), _event("layers_1", shared), _event("layers_1", h2)]
+    layering = split(events, [], [h2], [[h2]], [[h2]])
+    assert [s.name for s in layering.segments] == ["layers_0", "layers_1"]
+    assert layering.label[shared] is None  # carried along, not read from layers_0
+    assert layering.segments[0].reference_outputs == [h1]
+    assert layering.segments[1].obligations == [(0, 0)]
+
+
+def test_a_constant_computed_once_by_the_first_layer_is_global():
+    """XLA computes a mask broadcast once, in the first layer that uses it, and the distributed
+    program's later layers read it there: it must not become a value passed between layers
+    (it has no reference value to be related to), but a definition every layer carries."""
+    t = TermTable()
+    x, w0, w1 = (t.make("param", (k,), (), (4,), "f32") for k in range(3))
+    mask = t.make("bcast", ("n4",), (t.make("const", ("-1e30",), (), (), "f32"),), (4,), "f32")
+    h1 = t.make("binary", ("maximum",), (_chain(t, x, w0), mask), (4,), "f32")
+    h2 = t.make("binary", ("maximum",), (_chain(t, h1, w1), mask), (4,), "f32")
+    events = [_event("layers_0", mask), _event("layers_0", h1), _event("layers_1", h2)]
+    layering = split(events, [], [h2], [[h2]], [[h2]])
+    assert layering.label[mask] is None
+    assert layering.segments[0].reference_outputs == [h1]
+    assert layering.segments[0].distributed_outputs == []
+
+
+def test_split_gives_up_on_layers_that_depend_on_each_other():
+    t = TermTable()
+    x = t.make("param", (0,), (), (4,), "f32")
+    a = t.make("unary", ("tanh",), (x,), (4,), "f32")
+    b = t.make("unary", ("exp",), (a,), (4,), "f32")
+    c = t.make("unary", ("sin",), (b,), (4,), "f32")
+    # layers_0 -> layers_1 -> layers_0 (a backward pass under the forward pass's scopes)
+    events = [_event("layers_0", a), _event("layers_1", b), _event("layers_0", c)]
+    assert split(events, [], [c], [[c]], [[c]]) is None
+
+
+def test_split_needs_two_layers():
+    t = TermTable()
+    x = t.make("param", (0,), (), (4,), "f32")
+    a = t.make("unary", ("tanh",), (x,), (4,), "f32")
+    assert split([_event("layers_0", a)], [], [a], [[a]], [[a]]) is None
+
+
+def test_canonical_form_ignores_which_inputs_a_layer_reads_but_not_what_it_computes():
+    t = TermTable()
+    p = [t.make("param", (k,), (), (4,), "f32") for k in range(6)]
+    layer = lambda x, w: _chain(t, x, w, depth=2)  # noqa: E731
+    assert canonical_form([layer(p[0], p[1])]).digest == canonical_form([layer(p[2], p[3])]).digest
+    # the same input twice is not two different inputs
+    assert canonical_form([layer(p[0], p[0])]).digest != canonical_form([layer(p[0], p[1])]).digest
+    other = t.make("binary", ("multiply",), (p[4], p[5]), (4,), "f32")
+    assert canonical_form([other]).digest != canonical_form([layer(p[4], p[5])]).digest
+    # which terms are reference values is part of the problem
+    y = layer(p[0], p[1])
+    assert canonical_form([y], marked=[y]).digest != canonical_form([y]).digest
+
+
+def test_relation_candidates_are_the_shard_tiles():
+    t = TermTable()
+    shard = t.make("param", (0,), (), (2, 16), "f32")
+    full = t.make("param", (1,), (), (8, 16), "f32")
+    assert _windows(shard, full) == [((0, 2), (0, 16)), ((2, 4), (0, 16)), ((4, 6), (0, 16)), ((6, 8), (0, 16))]
+    assert _windows(t.make("param", (2,), (), (3, 16), "f32"), full) == []  # not a tiling
+    assert _windows(full, full) == []  # same shape: plain equality is checked instead
+
+
+# ------------------------------------------------------------------------------------ real models
+@pytest.fixture(scope="module")
+def examples():
+    return load_manifest(ROOT / "equivci.yaml"), load_manifest(ROOT / "configs" / "buggy.yaml")
+
+
+def _verify(manifest, name: str):
+    model = next(m for m in manifest.models if m.name == name)
+    return verify_model(model, manifest, capture_model(model, manifest))
+
+
+def test_identical_layers_are_proved_once(examples):
+    result = _verify(examples[0], "stack-tp")
+    assert result.status is Status.VERIFIED
+    # layers_0..3 and lm_head; layers_1..3 reuse the proof of layers_0
+    assert (result.layers.total, result.layers.verified, result.layers.reused) == (5, 5, 3)
+
+
+def test_sequence_sharded_boundaries_are_inferred(examples):
+    result = _verify(examples[0], "stack-sp")
+    assert result.status is Status.VERIFIED
+    assert result.layers.total == 5 and result.layers.verified == 5 and result.layers.reused >= 2
+
+
+STACK_WITH_ONE_BAD_LAYER = textwrap.dedent("""\
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    def s(*shape):
+        return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+    def inputs():
+        return s(8, 16), [(s(16, 32), s(32, 16)) for _ in range(4)]
+
+    def reference(x, layers):
+        for i, (w_in, w_out) in enumerate(layers):
+            with jax.named_scope(f"layers_{i}"):
+                x = x + jnp.tanh(x @ w_in) @ w_out
+        return x
+
+    def distributed(x, layers, *, mesh):
+        def body(x, layers):
+            for i, (w_in, w_out) in enumerate(layers):
+                with jax.named_scope(f"layers_{i}"):
+                    partial = jnp.tanh(x @ w_in) @ w_out
+                    x = x + (partial if i == 2 else lax.psum(partial, "tp"))  # MARK:bad
+            return x
+        specs = [(P(None, "tp"), P("tp", None)) for _ in range(4)]
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), specs), out_specs=P(), check_vma=False)(x, layers)
+    """)
+
+
+def test_a_bad_layer_among_good_ones_is_found(tmp_path):
+    manifest = model_package.write_package(tmp_path, "stack.py", STACK_WITH_ONE_BAD_LAYER, textwrap.dedent("""\
+        version: 1
+        models:
+          - {name: stack, reference: stack.py:reference, distributed: stack.py:distributed,
+             inputs: stack.py:inputs, mesh: {tp: 4}}
+        """))
+    result = _verify(manifest, "stack")
+    assert result.status is Status.MISMATCH
+    assert result.layers.total == 4 and result.layers.verified == 2  # layers_0 and layers_1
+    first = result.findings[0]
+    assert first.layer == "layers_2"
+    assert first.line == model_package.line_of(STACK_WITH_ONE_BAD_LAYER, "bad")

@@ -1,0 +1,349 @@
+"""Instantiation and verification on programs captured from real JAX, and on saved samples.
+
+The saved-sample tests run in-process (no child); the verify_model tests capture in a child
+(about a second each) and, for defective programs, run the numeric oracle in another child.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from fractions import Fraction
+from pathlib import Path
+
+import model_package
+import numpy as np
+import pytest
+
+from equivci.capture.run import capture_model
+from equivci.capture.types import LeafPlacement
+from equivci.hlo.parser import parse_module
+from equivci.prove.programs import build_programs
+from equivci.prove.saturate import saturate
+from equivci.results import Status
+from equivci.verify.engine import verify_model
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+# The placements capture reported for the saved TP MLP sample (mesh {tp: 2}).
+TP_INPUTS = (
+    LeafPlacement("[0]", (8, 16), "float32", (((0, 8), (0, 16)), ((0, 8), (0, 16)))),
+    LeafPlacement("[1]", (16, 16), "float32", (((0, 16), (0, 8)), ((0, 16), (8, 16)))),
+    LeafPlacement("[2]", (16, 16), "float32", (((0, 8), (0, 16)), ((8, 16), (0, 16)))),
+)
+TP_OUTPUTS = (LeafPlacement("", (8, 16), "float32", (((0, 8), (0, 16)), ((0, 8), (0, 16)))),)
+
+
+def _sample(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+# --------------------------------------------------------------------------- saved samples, in-process
+
+def test_saved_tp_sample_is_proved():
+    programs = build_programs(
+        parse_module(_sample("tp_mlp_reference.hlo")),
+        parse_module(_sample("tp_mlp_distributed.hlo")),
+        TP_INPUTS, TP_OUTPUTS, 2,
+    )
+    assert len(programs.device_outputs) == 2
+    assert saturate(programs).all_proved
+
+
+def test_saved_gspmd_sample_is_proved():
+    programs = build_programs(
+        parse_module(_sample("tp_mlp_reference.hlo")),
+        parse_module(_sample("gspmd_mlp_distributed.hlo")),
+        TP_INPUTS, TP_OUTPUTS, 2,
+    )
+    assert saturate(programs).all_proved
+
+
+def test_saved_tp_sample_without_all_reduce_is_not_proved():
+    text = _sample("tp_mlp_distributed.hlo")
+    line = next(l for l in text.splitlines() if "all-reduce(" in l)
+    # keep the instruction name and shape, drop the collective: each device returns its partial sum
+    broken = text.replace(line, "  ROOT %psum_invariant.6 = f32[8,16]{1,0} copy(%dot_general.5)")
+    assert "all-reduce" not in broken
+    programs = build_programs(
+        parse_module(_sample("tp_mlp_reference.hlo")), parse_module(broken), TP_INPUTS, TP_OUTPUTS, 2
+    )
+    assert not saturate(programs).all_proved
+
+
+def test_saved_tp_sample_with_swapped_shards_is_not_proved():
+    # device 0 gets w1's second column block and device 1 the first, but w2's rows stay in order
+    swapped = (TP_INPUTS[0], LeafPlacement("[1]", (16, 16), "float32", (((0, 16), (8, 16)), ((0, 16), (0, 8)))), TP_INPUTS[2])
+    programs = build_programs(
+        parse_module(_sample("tp_mlp_reference.hlo")),
+        parse_module(_sample("tp_mlp_distributed.hlo")),
+        swapped, TP_OUTPUTS, 2,
+    )
+    assert not saturate(programs).all_proved
+
+
+def test_all_reduce_becomes_the_same_sum_on_every_device():
+    module = parse_module(_sample("tp_mlp_distributed.hlo"))
+    programs = build_programs(parse_module(_sample("tp_mlp_reference.hlo")), module, TP_INPUTS, TP_OUTPUTS, 2)
+    (event,) = [e for e in programs.distributed_events if e.inst.opcode == "all-reduce"]
+    v0, v1 = event.values
+    assert v0 is v1  # hash-consed: the same sum over both devices' partial products
+    dots = [e for e in programs.distributed_events if e.inst.opcode == "dot"]
+    # before the all-reduce the two devices hold different partial products
+    assert dots[-1].values[0] is not dots[-1].values[1]
+    # the entry parameters are the device slices of the reference inputs
+    w1 = programs.params[1]
+    assert programs.evaluator.slice_nd(w1, ((0, 16), (8, 16))).shape == (16, 8)
+
+
+SLICE_REF = """HloModule jit_reference
+
+ENTRY main.1 {
+  p.1 = f32[8]{0} parameter(0)
+  ROOT n.1 = f32[8]{0} negate(p.1)
+}
+"""
+
+SLICE_DIST = """HloModule jit_dist, num_partitions=2
+
+ENTRY %main.2_spmd (p: f32[8]) -> f32[8] {
+  %p = f32[8]{0} parameter(0), sharding={replicated}
+  %pid = u32[] partition-id()
+  %pid.s = s32[] convert(%pid)
+  %size = s32[] constant(STRIDE)
+  %off = s32[] multiply(%pid.s, %size)
+  %ds = f32[4]{0} dynamic-slice(%p, %off), dynamic_slice_sizes={4}
+  %neg = f32[4]{0} negate(%ds)
+  ROOT %ag = f32[8]{0} all-gather(%neg), channel_id=1, replica_groups=[1,2]<=[2], dimensions={0}, use_global_device_ids=true
+}
+"""
+
+REPLICATED_8 = (LeafPlacement("[0]", (8,), "float32", (((0, 8),), ((0, 8),))),)
+OUT_8 = (LeafPlacement("", (8,), "float32", (((0, 8),), ((0, 8),))),)
+
+
+def _slice_programs(stride: int):
+    return build_programs(
+        parse_module(SLICE_REF), parse_module(SLICE_DIST.replace("STRIDE", str(stride))), REPLICATED_8, OUT_8, 2
+    )
+
+
+def test_partition_id_offsets_fold_to_static_slices():
+    programs = _slice_programs(4)
+    (event,) = [e for e in programs.distributed_events if e.inst.opcode == "dynamic-slice"]
+    p = programs.params[0]
+    assert event.values[0] is programs.evaluator.slice_nd(p, ((0, 4),))
+    assert event.values[1] is programs.evaluator.slice_nd(p, ((4, 8),))
+    assert saturate(programs).all_proved
+
+
+def test_wrong_partition_offset_is_not_proved():
+    programs = _slice_programs(2)  # device 1 takes [2:6) instead of [4:8)
+    (event,) = [e for e in programs.distributed_events if e.inst.opcode == "dynamic-slice"]
+    assert event.values[1] is programs.evaluator.slice_nd(programs.params[0], ((2, 6),))
+    assert not saturate(programs).all_proved
+
+
+# --------------------------------------------------------------------------- verify_model on captured programs
+
+MODELS = textwrap.dedent(
+    """\
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+
+    def inputs():
+        f = jnp.float32
+        return (jax.ShapeDtypeStruct((8, 16), f), jax.ShapeDtypeStruct((16, 16), f), jax.ShapeDtypeStruct((16, 16), f))
+
+
+    def reference(x, w1, w2):
+        return jnp.tanh(x @ w1) @ w2
+
+
+    def tp(x, w1, w2, *, mesh):
+        def body(x, w1, w2):
+            h = jnp.tanh(x @ w1)
+            return jax.lax.psum(h @ w2, "tp")
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, "tp"), P("tp", None)), out_specs=P())(x, w1, w2)
+
+
+    def tp_nopsum(x, w1, w2, *, mesh):
+        def body(x, w1, w2):
+            h = jnp.tanh(x @ w1)
+            return h @ w2  # MARK:nopsum
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, "tp"), P("tp", None)), out_specs=P(),
+                             check_vma=False)(x, w1, w2)
+
+
+    def tp_badslice(x, w1, w2, *, mesh):
+        def body(x, w1, w2):
+            i = jax.lax.axis_index("tp")
+            w1l = jax.lax.dynamic_slice_in_dim(w1, i * 4, 8, axis=1)  # MARK:badslice
+            h = jnp.tanh(x @ w1l)
+            return jax.lax.psum(h @ w2, "tp")
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P("tp", None)), out_specs=P())(x, w1, w2)
+    """
+)
+
+MANIFEST = textwrap.dedent(
+    """\
+    version: 1
+    models:
+      - {name: tp, reference: mlp.py:reference, distributed: mlp.py:tp, inputs: mlp.py:inputs, mesh: {tp: 2}}
+      - {name: nopsum, reference: mlp.py:reference, distributed: mlp.py:tp_nopsum, inputs: mlp.py:inputs, mesh: {tp: 2}}
+      - {name: badslice, reference: mlp.py:reference, distributed: mlp.py:tp_badslice, inputs: mlp.py:inputs, mesh: {tp: 2}}
+    """
+)
+
+
+def line_of(mark: str) -> int:
+    return model_package.line_of(MODELS, mark)
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    return model_package.write_package(tmp_path_factory.mktemp("verify_models"), "mlp.py", MODELS, MANIFEST)
+
+
+def _verify(manifest, name):
+    model = next(m for m in manifest.models if m.name == name)
+    return verify_model(model, manifest, capture_model(model, manifest))
+
+
+def test_verify_tp_mlp(manifest):
+    result = _verify(manifest, "tp")
+    assert result.status is Status.VERIFIED, result.findings
+    assert result.findings == ()
+    assert result.name == "tp"
+
+
+def test_verify_missing_psum(manifest):
+    result = _verify(manifest, "nopsum")
+    assert result.status in (Status.MISMATCH, Status.UNPROVEN)
+    assert result.findings
+    first = result.findings[0]
+    assert (first.path, first.line) == ("mlp.py", line_of("nopsum"))
+    assert "psum" in first.message or "all-reduce" in first.message
+    assert "partial" in first.message.lower()
+    assert "dot" in (first.op or "")  # the op whose value is a partial sum, not the output copy
+
+
+def test_verify_dynamic_slice_wrong_offset(manifest):
+    result = _verify(manifest, "badslice")
+    assert result.status in (Status.MISMATCH, Status.UNPROVEN)
+    assert result.findings
+    first = result.findings[0]
+    assert (first.path, first.line) == ("mlp.py", line_of("badslice"))
+    assert "slice" in first.message
+    assert "dynamic_slice" in (first.op or "") or "dynamic-slice" in (first.op or "")
+    assert "[4:12)" in first.message  # device 1's wrong range
+
+
+def test_dynamic_slice_start_is_clamped_like_xla():
+    # device 1 asks for [6:10) of an 8-element array; XLA clamps the start to 4 -> [4:8)
+    programs = _slice_programs(6)
+    (event,) = [e for e in programs.distributed_events if e.inst.opcode == "dynamic-slice"]
+    assert event.values[1] is programs.evaluator.slice_nd(programs.params[0], ((4, 8),))
+    assert saturate(programs).all_proved
+
+
+DYNAMIC_REF = """HloModule jit_reference
+
+ENTRY main.1 {
+  w.1 = f32[3,8]{1,0} parameter(0)
+  i.1 = s32[] parameter(1)
+  zero.1 = s32[] constant(0)
+  row.1 = f32[1,8]{1,0} dynamic-slice(w.1, i.1, zero.1), dynamic_slice_sizes={1,8}
+  all.1 = f32[3,8]{1,0} dynamic-slice(w.1, i.1, zero.1), dynamic_slice_sizes={3,8}
+  put.1 = f32[3,8]{1,0} dynamic-update-slice(w.1, row.1, i.1, zero.1)
+  ROOT out.1 = (f32[1,8]{1,0}, f32[3,8]{1,0}, f32[3,8]{1,0}) tuple(row.1, all.1, put.1)
+}
+"""
+
+
+def test_a_start_known_only_as_a_term_gives_dynamic_terms():
+    leaves = (LeafPlacement("[0]", (3, 8), "float32", (((0, 3), (0, 8)),)),
+              LeafPlacement("[1]", (), "int32", ((),)))
+    outs = (LeafPlacement("[0]", (1, 8), "float32", (((0, 1), (0, 8)),)),
+            LeafPlacement("[1]", (3, 8), "float32", (((0, 3), (0, 8)),)),
+            LeafPlacement("[2]", (3, 8), "float32", (((0, 3), (0, 8)),)))
+    programs = build_programs(parse_module(DYNAMIC_REF), parse_module(DYNAMIC_REF), leaves, outs, 1)
+    row, whole, put = programs.reference_outputs
+    w, i = programs.params
+    assert (row.op, row.attrs, row.args) == ("dslice", (0, 1), (w, i))
+    assert whole is w  # a window as long as the dim: the start clamps to 0
+    assert (put.op, put.attrs, put.args) == ("dupdate", (0,), (w, row, i))
+    assert saturate(programs).all_proved
+
+
+# -- constant scalar factors pulled out of terms (Evaluator.factored) ---------------------------
+def _scale_setup():
+    from equivci.hlo.ir import Shape
+    from equivci.terms.ir import TermTable
+    from equivci.translate.evaluator import Evaluator
+
+    ev = Evaluator(None, TermTable(), 1)
+    x = ev.table.make("param", (0,), (), (4, 6), "f32")
+    y = ev.table.make("param", (1,), (), (4, 6), "f32")
+    w = ev.table.make("param", (2,), (), (6, 3), "f32")
+    c = lambda v, shape=(4, 6): ev.const(np.full(shape, v, np.float32), "f32")  # noqa: E731
+    return ev, Shape, x, y, w, c
+
+
+def _cases():
+    """(plain term, its factored form) for every way a factor is pulled out."""
+    ev, Shape, x, y, w, c = _scale_setup()
+    s46, s64 = Shape("f32", (4, 6)), Shape("f32", (6, 4))
+    half, quarter = ev.scaled(x, Fraction(1, 2)), ev.scaled(y, Fraction(1, 4))
+    dot_spec = ("||1|0|2|2|f32,f32",)
+    cases = {
+        "multiply_const_left": ("binary", ("multiply",), [c(0.25), half], s46),
+        "multiply_const_right": ("binary", ("multiply",), [half, c(3.0)], s46),
+        "multiply_scaled": ("binary", ("multiply",), [half, quarter], s46),
+        "divide_by_const": ("binary", ("divide",), [half, c(4.0)], s46),
+        "divide_scaled": ("binary", ("divide",), [half, y], s46),
+        "add_same_factor": ("binary", ("add",), [half, ev.scaled(y, Fraction(1, 2))], s46),
+        "subtract_same_factor": ("binary", ("subtract",), [half, ev.scaled(y, Fraction(1, 2))], s46),
+        "dot": ("dot", dot_spec, [half, ev.scaled(w, Fraction(8))], Shape("f32", (4, 3))),
+        "transpose": ("transpose", ("1,0",), [half], s64),
+        "reduce_add": ("reduce", ("add", "2:1"), [half], Shape("f32", (4,))),
+        "concat": ("concat", (0,), [half, ev.scaled(y, Fraction(1, 2))], Shape("f32", (8, 6))),
+    }
+    out = {}
+    for name, (kind, attrs, args, shape) in cases.items():
+        factored = ev.factored(kind, attrs, args, shape)
+        assert factored is not None, name
+        out[name] = (ev.mk(kind, attrs, args, shape), factored)
+    out["slice"] = (ev.table.make("slice", (1, 2, 5), (half,), (4, 3), "f32"), ev.slice_term(half, 1, 2, 5))
+    out["reshape"] = (ev.table.make("reshape", ("2:6>1:",), (half,), (24,), "f32"),
+                      ev.reshape_term(half, Shape("f32", (24,))))
+    return ev, out
+
+
+@pytest.mark.parametrize("name", list(_cases()[1]))
+def test_pulled_out_factor_is_an_identity(name):
+    from equivci.terms.semantics import evaluate
+
+    ev, cases = _cases()
+    plain, factored = cases[name]
+    assert factored is not plain and ev.scale_of(factored)[0] != 1  # the factor is in front
+    rng = np.random.default_rng(0)
+    params = {0: rng.standard_normal((4, 6)), 1: rng.standard_normal((4, 6)), 2: rng.standard_normal((6, 3))}
+    np.testing.assert_allclose(evaluate(factored, params, ev.values), evaluate(plain, params, ev.values), rtol=1e-6)
+
+
+def test_factors_are_only_pulled_out_where_that_is_exact_and_linear():
+    ev, Shape, x, y, w, c = _scale_setup()
+    s46 = Shape("f32", (4, 6))
+    tenth = ev.scaled(x, Fraction(0.1))
+    assert tenth is None  # 0.1 is not a float32 number
+    tenth = ev.fold_or("binary", ("multiply",), [x, c(0.1)], s46, None)
+    assert ev.scale_of(tenth)[0] == Fraction(float(np.float32(0.1)))
+    # float32(0.1) squared is not a float32 number: the product stays as it is.
+    assert ev.factored("binary", ("multiply",), [tenth, c(0.1)], s46) is None
+    half = ev.scaled(x, Fraction(1, 2))
+    assert ev.factored("binary", ("add",), [half, ev.scaled(y, Fraction(1, 4))], s46) is None
+    assert ev.factored("binary", ("maximum",), [half, ev.scaled(y, Fraction(1, 2))], s46) is None
+    assert ev.factored("reduce", ("maximum", "2:1"), [half], Shape("f32", (4,))) is None
+    assert ev.factored("binary", ("divide",), [y, half], s46) is None

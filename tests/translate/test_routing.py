@@ -1,0 +1,162 @@
+"""Expert-parallel routing (equivci/translate/routing.py): the mask lemma, and near misses of the
+dispatch/combine pattern that must not verify. The end-to-end correct case is also in the zoo
+(moe-ep); here the mesh is smaller and the defects target each check of the proof."""
+
+from __future__ import annotations
+
+import textwrap
+
+import model_package
+import numpy as np
+import pytest
+
+from equivci.capture.run import capture_model
+from equivci.results import Status
+from equivci.translate.routing import _one_slot_each
+from equivci.verify.engine import verify_model
+
+MODELS = textwrap.dedent(
+    """\
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    T, D, F, E = 8, 4, 8, 2
+
+
+    def inputs():
+        f = jnp.float32
+        return (jax.ShapeDtypeStruct((T, D), f), jax.ShapeDtypeStruct((D, E), f),
+                jax.ShapeDtypeStruct((E, D, F), f), jax.ShapeDtypeStruct((E, F, D), f))
+
+
+    def expert(x, w1, w2):
+        return jnp.tanh(x @ w1) @ w2
+
+
+    def reference(x, w_router, w1, w2):
+        probs = jax.nn.softmax(x @ w_router, axis=-1)
+        choice = jnp.argmax(probs, axis=-1)
+        gate = jnp.take_along_axis(probs, choice[:, None], axis=-1)
+        outs = jax.vmap(expert, in_axes=(None, 0, 0))(x, w1, w2)
+        return gate * jnp.take_along_axis(outs, choice[None, :, None], axis=0)[0]
+
+
+    def mask(choice):
+        onehot = jax.nn.one_hot(choice, E, dtype=jnp.int32)
+        slot = jnp.cumsum(onehot, axis=0) * onehot - 1
+        return jax.nn.one_hot(slot, choice.shape[0], dtype=jnp.float32) * onehot[..., None]
+
+
+    def moe(x, w_router, w1, w2, mesh, bug):
+        def body(x, w_router, w1, w2):
+            probs = jax.nn.softmax(x @ w_router, axis=-1)
+            choice = jnp.argmax(probs, axis=-1)
+            gate = jnp.take_along_axis(probs, choice[:, None], axis=-1)
+            dispatch = mask(choice)
+            buffers = jnp.einsum("tec,td->ecd", dispatch, x)
+            received = lax.all_to_all(buffers, "ep", 0, 0, tiled=True)
+            if bug == "other_expert":  # every device runs the next device's expert
+                j = (lax.axis_index("ep") + 1) % E
+                y = expert(received, w1[j], w2[j])  # MARK:other_expert
+            else:
+                y = expert(received, w1[lax.axis_index("ep")], w2[lax.axis_index("ep")])
+            back = lax.all_to_all(y, "ep", 0, 0, tiled=True)
+            combine = mask((choice + 1) % E) if bug == "other_mask" else dispatch  # MARK:other_mask
+            return jnp.einsum("tec,ecd->td", combine, back) * gate
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P("ep"), P(), P(), P()), out_specs=P("ep"))(x, w_router, w1, w2)
+
+
+    def correct(x, w_router, w1, w2, *, mesh):
+        return moe(x, w_router, w1, w2, mesh, None)
+
+
+    def other_expert(x, w_router, w1, w2, *, mesh):
+        return moe(x, w_router, w1, w2, mesh, "other_expert")
+
+
+    def other_mask(x, w_router, w1, w2, *, mesh):
+        return moe(x, w_router, w1, w2, mesh, "other_mask")
+    """
+)
+
+MANIFEST = textwrap.dedent(
+    """\
+    version: 1
+    models:
+      - {name: correct, reference: moe.py:reference, distributed: moe.py:correct, inputs: moe.py:inputs, mesh: {ep: 2}}
+      - {name: other_expert, reference: moe.py:reference, distributed: moe.py:other_expert, inputs: moe.py:inputs, mesh: {ep: 2}}
+      - {name: other_mask, reference: moe.py:reference, distributed: moe.py:other_mask, inputs: moe.py:inputs, mesh: {ep: 2}}
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    return model_package.write_package(tmp_path_factory.mktemp("moe_models"), "moe.py", MODELS, MANIFEST)
+
+
+def _verify(manifest, name):
+    model = next(m for m in manifest.models if m.name == name)
+    return verify_model(model, manifest, capture_model(model, manifest))
+
+
+def test_dispatch_and_combine_with_replicated_weights_verify(manifest):
+    result = _verify(manifest, "correct")
+    assert result.status is Status.VERIFIED, result.findings
+
+
+@pytest.mark.parametrize("name", ["other_expert", "other_mask"])
+def test_near_misses_are_not_verified(manifest, name):
+    result = _verify(manifest, name)
+    assert result.status in (Status.MISMATCH, Status.UNPROVEN), name
+    assert (result.findings[0].path, result.findings[0].line) == ("moe.py", model_package.line_of(MODELS, name))
+
+
+def _mask(q: list[int], experts: int, slots: int) -> np.ndarray:
+    m = np.zeros((len(q), experts, slots))
+    used = [0] * experts
+    for t, e in enumerate(q):
+        m[t, e, used[e]] = 1
+        used[e] += 1
+    return m
+
+
+def test_mask_lemma():
+    q = np.array([1, 0, 1, 1])
+    m = _mask(list(q), 2, 4)
+    assert _one_slot_each(m, q)
+    shared = m.copy()
+    shared[1] = 0
+    shared[1, 1, 0] = 1  # token 1 in token 0's slot, and in the wrong expert
+    assert not _one_slot_each(shared, q)
+    two_slots = m.copy()
+    two_slots[0, 1, 3] = 1  # token 0 in two slots
+    assert not _one_slot_each(two_slots, q)
+    dropped = m.copy()
+    dropped[3] = 0  # token 3 has no slot (capacity overflow)
+    assert not _one_slot_each(dropped, q)
+    assert not _one_slot_each(m, np.array([1, 0, 1, 0]))  # slot's expert is not the index
+
+
+def test_numeric_ops_follow_the_term_semantics():
+    """Evaluator.numeric (which the mask lemma runs) against the numpy model of the terms."""
+    from equivci.hlo.ir import Module
+    from equivci.terms.ir import TermTable
+    from equivci.terms.semantics import evaluate
+    from equivci.terms.spec import bcast_spec
+    from equivci.translate.evaluator import Evaluator
+
+    table = TermTable()
+    ev = Evaluator(Module.__new__(Module), table, 1)
+    rng = np.random.default_rng(0)
+    x = table.make("param", (0,), (), (3, 4), "s32")
+    value = rng.integers(-5, 5, size=(3, 4)).astype(np.int32)
+    wide = table.make("bcast", (bcast_spec(2, (4, 2, 3), (2, 0)),), (x,), (4, 2, 3), "s32")  # transposing
+    cmp = table.make("binary", ("compare-GE:s32",), (wide, wide), (4, 2, 3), "pred")
+    conv = table.make("unary", ("convert",), (cmp,), (4, 2, 3), "f32")
+    for term in (wide, cmp, conv):
+        args = [evaluate(a, {0: value}) for a in term.args]
+        assert np.array_equal(ev.numeric(term, args), evaluate(term, {0: value}))
