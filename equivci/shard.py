@@ -58,14 +58,14 @@ def assign(names: Sequence[str], count: int, costs: Mapping[str, float] | None =
 def recorded_costs(manifest, names: Sequence[str], cache_dir: Path | None) -> dict[str, float]:
     """Seconds of each model's last verification recorded in the cache (models never verified
     are left out)."""
-    from equivci.memo import Memo, cache_dir_for
-    from equivci.pipeline import manifest_display_path
+    from equivci.cache import Memo
+    from equivci.workspace import Workspace
 
-    memo = Memo(cache_dir_for(manifest, cache_dir))
-    manifest_rel = manifest_display_path(manifest)
+    workspace = Workspace.of(manifest)
+    memo = Memo(workspace.cache_dir(cache_dir))
     costs: dict[str, float] = {}
     for name in names:
-        record = memo.last_capture(manifest_rel, name)
+        record = memo.last_capture(workspace.manifest_rel, name)
         result = memo.result(record.get("key", ""), record.get("loc_digest")) if record else None
         if result is not None:
             costs[name] = result.seconds

@@ -34,7 +34,7 @@ def report_to_dict(report: Report, error: str | None = None) -> dict[str, Any]:
 def report_from_dict(doc: dict[str, Any]) -> tuple[Report, str | None]:
     """A report written by report_to_dict, and its run error. Raises KeyError, TypeError or
     ValueError on anything else."""
-    from equivci.memo import result_from_json
+    from equivci.cache import result_from_json
 
     if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
         raise TypeError("no 'models' list")
