@@ -53,22 +53,22 @@ def merge(
 
 
 def _publish(report) -> None:
-    from equivci.capture.run import repo_root_of
     from equivci.ci.event import load_context
     from equivci.ci.github import GitHubClient
     from equivci.commands.ci import _append, _log, publish_pull_request
+    from equivci.git import repo_root
     from equivci.report import markdown
 
     ctx = load_context()
-    repo_root = repo_root_of(Path.cwd())
+    root = repo_root(Path.cwd())
     notes: list[str] = []
     if ctx.pull_request is not None:
         client = GitHubClient(ctx.api_url, ctx.token, log=_log) if ctx.token else None
-        notes, _ = publish_pull_request(ctx, report, repo_root, client)
+        notes, _ = publish_pull_request(ctx, report, root, client)
     else:
         _log(f"equivci: {ctx.event_name or 'no'} event: no pull request to comment on")
-    summary = markdown.render(report, repo_root, link_base=ctx.blob_url())
-    _append(ctx.step_summary, summary + "".join(f"\n> {note}\n" for note in notes))
+    summary = markdown.render(report, root, link_base=ctx.blob_url())
+    _append(ctx.step_summary, summary + "".join(f"\n> {note}\n" for note in notes), "GITHUB_STEP_SUMMARY")
 
 
 def register(app: typer.Typer) -> None:
