@@ -49,7 +49,7 @@ LLAMA_70B = Config(d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, d_ff=286
 LLAMA_405B = Config(d_model=16384, n_layers=126, n_heads=128, n_kv_heads=8, d_ff=53248, vocab=128256)
 
 
-def _layers(cfg: Config) -> int:
+def n_layers(cfg: Config) -> int:
     return int(os.environ.get("EQUIVCI_BENCH_LAYERS", cfg.n_layers))
 
 
@@ -89,7 +89,7 @@ def attention(h, wq, wk, wv, wo, cos, sin, n_heads, n_kv_heads, head_dim):
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(head_dim))
     mask = jnp.tril(jnp.ones((s, s), dtype=bool))
     scores = jnp.where(mask[None, None], scores, jnp.float32(-1e30))
-    probs = jax.nn.softmax(scores, axis=-1)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)  # float32 softmax, back to the activations' type
     out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, n_heads * head_dim)
     return out @ wo
 
@@ -103,18 +103,26 @@ def lm_head(h, w_norm, w_out, eps):
     return h @ w_out  # logits (of this device's vocab slice, in the distributed program)
 
 
+def block(cfg: Config, x, layer, cos, sin, tp=1, reduce=lambda t: t):
+    """One pre-norm decoder block on `1/tp` of the heads and of d_ff; `reduce` sums the
+    row-parallel partial products (lax.psum in the distributed program)."""
+    h = rms_norm(x, layer["attn_norm"], cfg.eps)
+    x = x + reduce(attention(h, layer["wq"], layer["wk"], layer["wv"], layer["wo"], cos, sin,
+                             cfg.n_heads // tp, cfg.n_kv_heads // tp, cfg.head_dim))
+    h = rms_norm(x, layer["mlp_norm"], cfg.eps)
+    return x + reduce(swiglu(h, layer["w_gate"], layer["w_up"], layer["w_down"]))
+
+
 # --- the reference: one device ----------------------------------------------------------------------
 
 
-def _forward(cfg: Config, x, params):
+def decoder(cfg: Config, x, params, layer_fn=block, **parallel):
+    """The decoder stack; `layer_fn` is one block (`block`, or another style's), `parallel` its
+    tensor-parallel arguments (tp, reduce, ...) inside the distributed program."""
     cos, sin = rope_tables(x.shape[1], cfg.head_dim, cfg.rope_theta)
     for i, layer in enumerate(params["layers"]):
         with jax.named_scope(f"layers_{i}"):
-            h = rms_norm(x, layer["attn_norm"], cfg.eps)
-            x = x + attention(h, layer["wq"], layer["wk"], layer["wv"], layer["wo"], cos, sin,
-                              cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
-            h = rms_norm(x, layer["mlp_norm"], cfg.eps)
-            x = x + swiglu(h, layer["w_gate"], layer["w_up"], layer["w_down"])
+            x = layer_fn(cfg, x, layer, cos, sin, **parallel)
     with jax.named_scope("lm_head"):
         return lm_head(x, params["final_norm"], params["lm_head"], cfg.eps)
 
@@ -122,53 +130,63 @@ def _forward(cfg: Config, x, params):
 # --- the distributed program: Megatron TP with shard_map ---------------------------------------------
 
 
-def _forward_tp(cfg: Config, x, params, mesh):
-    tp = mesh.shape[TP]
-    hd = cfg.head_dim
-    layer_specs = {
-        "attn_norm": P(), "mlp_norm": P(),
-        "wq": P(None, TP), "wk": P(None, TP), "wv": P(None, TP), "wo": P(TP, None),
-        "w_gate": P(None, TP), "w_up": P(None, TP), "w_down": P(TP, None),
-    }
+# Megatron: q/k/v, gate and up column-parallel; the output and down projections row-parallel.
+LAYER_SPECS = {
+    "attn_norm": P(), "mlp_norm": P(),
+    "wq": P(None, TP), "wk": P(None, TP), "wv": P(None, TP), "wo": P(TP, None),
+    "w_gate": P(None, TP), "w_up": P(None, TP), "w_down": P(TP, None),
+}
+
+
+def psum_tp(t):
+    return lax.psum(t, TP)  # row-parallel projections: sum the partial products
+
+
+def decoder_tp(cfg: Config, x, params, mesh, layer_fn=block, layer_specs=LAYER_SPECS, **parallel):
+    """The decoder in one shard_map: every layer's weights split by `layer_specs`, the LM head
+    vocab-parallel (each device computes its slice of the logits)."""
     specs = {"layers": [layer_specs] * len(params["layers"]), "final_norm": P(), "lm_head": P(None, TP)}
 
     def body(x, params):
-        cos, sin = rope_tables(x.shape[1], hd, cfg.rope_theta)
-        for i, layer in enumerate(params["layers"]):
-            with jax.named_scope(f"layers_{i}"):
-                h = rms_norm(x, layer["attn_norm"], cfg.eps)
-                a = attention(h, layer["wq"], layer["wk"], layer["wv"], layer["wo"], cos, sin,
-                              cfg.n_heads // tp, cfg.n_kv_heads // tp, hd)
-                x = x + lax.psum(a, TP)  # row-parallel output projection: sum the partial products
-                h = rms_norm(x, layer["mlp_norm"], cfg.eps)
-                x = x + lax.psum(swiglu(h, layer["w_gate"], layer["w_up"], layer["w_down"]), TP)
-        with jax.named_scope("lm_head"):
-            return lm_head(x, params["final_norm"], params["lm_head"], cfg.eps)  # vocab-parallel logits
+        return decoder(cfg, x, params, layer_fn, tp=mesh.shape[TP], reduce=psum_tp, **parallel)
 
     return jax.shard_map(body, mesh=mesh, in_specs=(P(), specs), out_specs=P(None, None, TP))(x, params)
 
 
-def _inputs(cfg: Config):
-    def s(*shape):
-        return jax.ShapeDtypeStruct(shape, DTYPE)
-
+def layer_shapes(cfg: Config, dtype=DTYPE) -> dict:
     d, hd = cfg.d_model, cfg.head_dim
-    layer = {
+
+    def s(*shape):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    return {
         "attn_norm": s(d), "mlp_norm": s(d),
         "wq": s(d, cfg.n_heads * hd), "wk": s(d, cfg.n_kv_heads * hd), "wv": s(d, cfg.n_kv_heads * hd),
         "wo": s(cfg.n_heads * hd, d),
         "w_gate": s(d, cfg.d_ff), "w_up": s(d, cfg.d_ff), "w_down": s(cfg.d_ff, d),
     }
-    params = {"layers": [dict(layer) for _ in range(_layers(cfg))], "final_norm": s(d), "lm_head": s(d, cfg.vocab)}
-    return (s(BATCH, SEQ, d), params)
+
+
+def model_inputs(cfg: Config, layer: dict, dtype=DTYPE, batch: int = BATCH) -> tuple:
+    """(x, params) with n_layers(cfg) copies of the per-layer shapes `layer`."""
+    def s(*shape):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    d = cfg.d_model
+    params = {"layers": [dict(layer) for _ in range(n_layers(cfg))], "final_norm": s(d), "lm_head": s(d, cfg.vocab)}
+    return (s(batch, SEQ, d), params)
+
+
+def _inputs(cfg: Config):
+    return model_inputs(cfg, layer_shapes(cfg))
 
 
 def forward_8b(x, params):
-    return _forward(LLAMA_8B, x, params)
+    return decoder(LLAMA_8B, x, params)
 
 
 def forward_8b_tp(x, params, *, mesh):
-    return _forward_tp(LLAMA_8B, x, params, mesh)
+    return decoder_tp(LLAMA_8B, x, params, mesh)
 
 
 def inputs_8b():
@@ -176,11 +194,11 @@ def inputs_8b():
 
 
 def forward_70b(x, params):
-    return _forward(LLAMA_70B, x, params)
+    return decoder(LLAMA_70B, x, params)
 
 
 def forward_70b_tp(x, params, *, mesh):
-    return _forward_tp(LLAMA_70B, x, params, mesh)
+    return decoder_tp(LLAMA_70B, x, params, mesh)
 
 
 def inputs_70b():
@@ -188,11 +206,11 @@ def inputs_70b():
 
 
 def forward_405b(x, params):
-    return _forward(LLAMA_405B, x, params)
+    return decoder(LLAMA_405B, x, params)
 
 
 def forward_405b_tp(x, params, *, mesh):
-    return _forward_tp(LLAMA_405B, x, params, mesh)
+    return decoder_tp(LLAMA_405B, x, params, mesh)
 
 
 def inputs_405b():

@@ -1,24 +1,36 @@
-"""Benchmark: equivci on Llama-style decoders with Megatron TP=8 (bench/llama_tp.py).
+"""Benchmark: equivci on Llama-style decoders written in several implementation styles.
 
-For each configuration (8B-, 70B-, 405B-shaped; abstract shapes only) in a fresh temporary git
-repository, every figure from a fresh process running the real CLI:
+Styles (`--styles`; bench/llama_tp.py and bench/styles/, each numerically checked by
+bench/check_styles.py): llama_tp (Megatron TP=8 with shard_map, RoPE tables computed once),
+per_layer (RoPE tables and causal mask computed inside every layer, Hugging Face style), scan
+(lax.scan over stacked layers), fused_qkv (fused QKV and gate/up weights, grouped GQA), moe_ep
+(8 experts, top-2, expert parallelism), fsdp_tp (2-D mesh fsdp=2 x tp=8), train_step (forward,
+backward through shard_map, SGD update; float32). The forward styles other than llama_tp use
+bfloat16 weights.
+
+For each style and configuration (8B-, 70B-, 405B-shaped; abstract shapes only) in a fresh
+temporary git repository, every figure from a fresh process running the real CLI:
 
   bare    the JAX lowering of both programs alone (jax.jit(...).lower, in-process time), and the
           wall time of a process that only imports jax and lowers both (same machine, same run)
   cold    `equivci verify` with an empty cache
   warm    the same again (no change): the capture child lowers, hashes, finds the key, stops
   warm-cs `equivci verify --changed-since HEAD` with no change: no capture at all
-  1-line  one line of the LM-head code changed (logit soft-capping added), `--changed-since HEAD`
+  1-line  one line of the LM-head block changed (logit soft-capping added), `--changed-since HEAD`
 
 with wall time, peak RSS (the largest process of the run, via wait4), ratios to both bare
 figures, and where the time went, stage by stage (from `equivci verify --timings`).
+A run that exceeds `--timeout` seconds is killed with its children and reported as TIMEOUT;
+after a cold timeout the style's other runs are skipped (nothing to reuse).
 `--repeat N` takes the best of N for the runs that can be repeated as they are (bare, warm,
 warm-cs), run in rounds so that other work on the machine weighs on them alike: there, the
 minimum is the steadier figure.
 `--layers N,N,...` adds a sweep over the number of identical layers (8B-shaped).
+The run ends with one markdown table of every style and configuration measured.
 
-    python bench/run_bench.py                       # 8b, 70b, 405b
-    python bench/run_bench.py --configs 405b --timeout 1800
+    python bench/run_bench.py                       # llama_tp at 8b, 70b, 405b
+    python bench/run_bench.py --styles all --configs 8b
+    python bench/run_bench.py --styles per_layer,scan --configs 405b --timeout 900
     python bench/run_bench.py --configs 8b --layers 2,4,8,16 --repeat 3
 """
 
@@ -26,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -34,6 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from equivci import timings
 
@@ -42,23 +56,47 @@ EQUIVCI = [sys.executable, "-m", "equivci"]
 LM_HEAD_OLD = "    return h @ w_out  # logits"
 LM_HEAD_NEW = "    return 30.0 * jnp.tanh((h @ w_out) / 30.0)  # logits, soft-capped"
 
+
+
+class Style(NamedTuple):  # not a dataclass: tests load this file without registering it as a module
+    file: str  # relative to bench/; copied flat into the benchmark repository's models/
+    mesh: dict[str, int]
+
+    @property
+    def module(self) -> str:
+        return Path(self.file).stem
+
+
+TP8 = {"tp": 8}
+STYLES = {
+    "llama_tp": Style("llama_tp.py", TP8),
+    "per_layer": Style("styles/per_layer.py", TP8),
+    "scan": Style("styles/scan.py", TP8),
+    "fused_qkv": Style("styles/fused_qkv.py", TP8),
+    "moe_ep": Style("styles/moe_ep.py", TP8),
+    "fsdp_tp": Style("styles/fsdp_tp.py", {"fsdp": 2, "tp": 8}),
+    "train_step": Style("styles/train_step.py", TP8),
+}
+MODEL_FILES = ("llama_tp.py", "styles/kit.py", *(s.file for s in STYLES.values() if s.file != "llama_tp.py"))
+
 MANIFEST = """version: 1
 models:
-  - name: llama-{cfg}
-    reference: models/llama_tp.py:forward_{cfg}
-    distributed: models/llama_tp.py:forward_{cfg}_tp
-    inputs: models/llama_tp.py:inputs_{cfg}
-    mesh: {{tp: 8}}
+  - name: {style}-{cfg}
+    reference: models/{module}.py:forward_{cfg}
+    distributed: models/{module}.py:forward_{cfg}_tp
+    inputs: models/{module}.py:inputs_{cfg}
+    mesh: {{{mesh}}}
 """
 
 BARE = """
 import sys, time
 t0 = time.perf_counter()
 sys.path.insert(0, {models!r})
-import jax, numpy as np
+import importlib, jax, numpy as np
 from jax.sharding import AxisType, Mesh
-import llama_tp as L
-mesh = Mesh(np.array(jax.devices()[:8]).reshape(8), ("tp",), axis_types=(AxisType.Auto,))
+L = importlib.import_module({module!r})
+names, sizes = {names!r}, {sizes!r}
+mesh = Mesh(np.array(jax.devices()[:np.prod(sizes)]).reshape(sizes), names, axis_types=(AxisType.Auto,) * len(names))
 args = L.inputs_{cfg}()
 ref, dist = L.forward_{cfg}, L.forward_{cfg}_tp
 t1 = time.perf_counter()
@@ -146,12 +184,16 @@ def summary(doc_text: str) -> str:
         ", skipped (unchanged)" if m.get("reused") else "")
 
 
-def bench_config(cfg: str, timeout: float, layers: int | None = None, repeat: int = 1) -> dict:
-    tmp = Path(tempfile.mkdtemp(prefix=f"equivci-bench-{cfg}-"))
+def bench_config(cfg: str, timeout: float, layers: int | None = None, repeat: int = 1, style: str = "llama_tp",
+                 change: bool = True) -> dict:
+    spec = STYLES[style]
+    tmp = Path(tempfile.mkdtemp(prefix=f"equivci-bench-{style}-{cfg}-"))
     repo = tmp / "repo"
     (repo / "models").mkdir(parents=True)
-    shutil.copy(HERE / "llama_tp.py", repo / "models" / "llama_tp.py")
-    (repo / "equivci.yaml").write_text(MANIFEST.format(cfg=cfg))
+    for file in MODEL_FILES:
+        shutil.copy(HERE / file, repo / "models" / Path(file).name)
+    mesh = ", ".join(f"{axis}: {size}" for axis, size in spec.mesh.items())
+    (repo / "equivci.yaml").write_text(MANIFEST.format(style=style, cfg=cfg, module=spec.module, mesh=mesh))
     (repo / ".gitignore").write_text(".equivci/\n")
     git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@example.invalid"]
     subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
@@ -162,8 +204,10 @@ def bench_config(cfg: str, timeout: float, layers: int | None = None, repeat: in
     env.pop("EQUIVCI_CACHE_DIR", None)
     if layers is not None:
         env["EQUIVCI_BENCH_LAYERS"] = str(layers)
-    bare_env = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    bare_cmd = [sys.executable, "-c", BARE.format(models=str(repo / "models"), cfg=cfg)]
+    devices = math.prod(spec.mesh.values())
+    bare_env = dict(env, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    bare_cmd = [sys.executable, "-c", BARE.format(models=str(repo / "models"), cfg=cfg, module=spec.module,
+                                                  names=tuple(spec.mesh), sizes=tuple(spec.mesh.values()))]
     verify = [*EQUIVCI, "verify", "--format", "json", "--timings"]
     cold = run_measured(verify, repo, env, timeout)
     # Rounds of bare, warm and warm-cs: whatever else loads the machine weighs on all three alike.
@@ -179,6 +223,9 @@ def bench_config(cfg: str, timeout: float, layers: int | None = None, repeat: in
         shutil.rmtree(tmp, ignore_errors=True)
         return rows
     rows["warm"], rows["warm-cs"] = best_of(runs["warm"]), best_of(runs["warm-cs"])
+    if not change:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return rows
     src = repo / "models" / "llama_tp.py"
     text = src.read_text()
     assert text.count(LM_HEAD_OLD) == 1, "the LM-head line to edit is not in bench/llama_tp.py"
@@ -196,7 +243,8 @@ def print_rows(title: str, rows: dict) -> None:
     for name in ("cold", "warm", "warm-cs", "1-line"):
         r = rows.get(name)
         if r is None:
-            print(f"  {name:8} {'-':>8} {'-':>8} {'-':>7} {'-':>10}  not run: the cold run did not finish, nothing to reuse")
+            why = "the cold run did not finish, nothing to reuse" if rows["cold"]["exit"] is None else "--no-change"
+            print(f"  {name:8} {'-':>8} {'-':>8} {'-':>7} {'-':>10}  not run: {why}")
             continue
         result = summary(r["stdout"]) if r["exit"] is not None else "TIMEOUT"
         if r.get("runs", 1) > 1:
@@ -215,19 +263,61 @@ def print_rows(title: str, rows: dict) -> None:
     sys.stdout.flush()
 
 
+def _figure(rows: dict, name: str, lower: float) -> str:
+    r = rows.get(name)
+    if r is None:
+        return "not run"
+    if r["exit"] is None:
+        return f"TIMEOUT (> {r['seconds']:.0f} s)"
+    return f"{r['seconds']:.1f} s ({r['seconds'] / lower:.1f}×)"
+
+
+def summary_table(measured: list[tuple[str, str, dict]]) -> list[str]:
+    """One markdown row per style and configuration: the figures of STYLES.md."""
+    lines = ["| style | shape | verdict (cold) | bare lowering | cold | peak RSS | warm | 1-line change |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for style, cfg, rows in measured:
+        lower = rows["bare"]["lowering_s"]
+        cold = rows["cold"]
+        verdict = summary(cold["stdout"]).split(",")[0] if cold["exit"] is not None else "timeout"
+        lines.append(f"| {style} | {cfg} | {verdict} | {lower:.1f} s | {_figure(rows, 'cold', lower)} | "
+                     f"{cold['rss_mb']:.0f} MB | {_figure(rows, 'warm', lower)} | {_figure(rows, '1-line', lower)} |")
+    return lines
+
+
+def _names(text: str, known) -> list[str]:
+    names = list(known) if text == "all" else [n for n in text.split(",") if n]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"run_bench.py: unknown {', '.join(unknown)}; choose from {', '.join(known)} (or all)")
+    return names
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", default="8b,70b,405b")
+    ap.add_argument("--styles", default="llama_tp", help=f"comma-separated, or all: {', '.join(STYLES)}")
+    ap.add_argument("--configs", default="8b,70b,405b", help="comma-separated: 8b, 70b, 405b (tiny: a smoke test)")
     ap.add_argument("--layers", default="", help="comma-separated layer counts for an 8B-shaped sweep")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per equivci run")
+    ap.add_argument("--timeout", type=float, default=900.0,
+                    help="seconds per equivci run; a slower run is killed and reported as TIMEOUT")
     ap.add_argument("--repeat", type=int, default=1, help="best of N for the bare, warm and warm-cs runs")
+    ap.add_argument("--no-change", action="store_true", help="skip the one-line-change run (slow styles at 405B)")
     args = ap.parse_args()
-    print(f"equivci benchmark: Llama-style decoder, Megatron TP=8 via shard_map; {os.cpu_count()} CPUs; "
-          f"python {sys.version.split()[0]}")
-    for cfg in filter(None, args.configs.split(",")):
-        print_rows(f"{cfg}-shaped", bench_config(cfg, args.timeout, repeat=args.repeat))
-    for n in filter(None, args.layers.split(",")):
-        print_rows(f"8b-shaped, {n} layers", bench_config("8b", args.timeout, layers=int(n), repeat=args.repeat))
+    styles = _names(args.styles, STYLES)
+    configs = _names(args.configs, ("tiny", "8b", "70b", "405b"))
+    print(f"equivci benchmark: Llama-style decoders, TP=8; {os.cpu_count()} CPUs; python {sys.version.split()[0]}")
+    measured = []
+    for style in styles:
+        for cfg in configs:
+            rows = bench_config(cfg, args.timeout, repeat=args.repeat, style=style, change=not args.no_change)
+            print_rows(f"{style}, {cfg}-shaped", rows)
+            measured.append((style, cfg, rows))
+        for n in filter(None, args.layers.split(",")):
+            print_rows(f"{style}, 8b-shaped, {n} layers",
+                       bench_config("8b", args.timeout, layers=int(n), repeat=args.repeat, style=style,
+                                    change=not args.no_change))
+    print("\nSummary (seconds; × the bare in-process lowering of both programs in the same run):")
+    print("\n".join(summary_table(measured)))
     return 0
 
 

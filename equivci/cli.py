@@ -18,7 +18,7 @@ from equivci import __version__  # noqa: E402
 from equivci.errors import EquivciError  # noqa: E402
 
 # Modules that may be absent (written separately) are skipped; each defines register(app).
-COMMANDS = ("verify", "dump", "ci", "precommit")
+COMMANDS = ("verify", "dump", "ci", "precommit", "merge")
 
 app = typer.Typer(
     name="equivci",

@@ -56,8 +56,20 @@ class ModelResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    """The partition a `--shard I/N` run took its models from (see equivci.shard)."""
+
+    index: int  # 1..count
+    count: int
+    selected: tuple[str, ...]  # every model selected before sharding, in manifest order
+    assigned: tuple[str, ...]  # this shard's models
+    balanced_by: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Report:
     models: tuple[ModelResult, ...]
+    shard: ShardPlan | None = None  # set by `verify --shard I/N`
 
     def exit_code(self) -> int:
         if any(m.status is Status.ERROR for m in self.models):

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from equivci import shard as shard_mod
 from equivci.errors import EquivciError
 from equivci.manifest import ModelSpec, load_manifest
 from equivci.pipeline import run_models, select_models
@@ -20,6 +21,11 @@ from equivci.report.text import RunProgress, write_text
 from equivci.results import Report
 from equivci.timings import Laps
 from equivci.timings import write as write_timings
+
+
+class ShardBy(str, enum.Enum):
+    name = "name"
+    cost = "cost"
 
 
 class OutputFormat(str, enum.Enum):
@@ -71,6 +77,13 @@ def verify(
         typer.Option("--cache-dir", help="Cache folder (default: .equivci/cache at the repository root)."),
     ] = None,
     capture_timeout: CaptureTimeoutOption = None,
+    shard: Annotated[
+        str | None,
+        typer.Option("--shard", metavar="I/N", help="Verify only the I-th of N shares of the selected models (parallel jobs; join their JSON reports with `equivci merge`)."),
+    ] = None,
+    shard_by: Annotated[
+        ShardBy, typer.Option("--shard-by", help="Balance the shards by model name (stable), or by the times recorded in the cache.")
+    ] = ShardBy.name,
     debug: DebugOption = False,
     timings: TimingsOption = False,
 ) -> None:
@@ -82,6 +95,9 @@ def verify(
     try:
         loaded = load_manifest(manifest)
         models = with_capture_timeout(select_models(loaded, model, tag), capture_timeout)
+        if shard is not None:
+            models, plan = shard_mod.plan(shard, loaded, models, by_cost=shard_by is ShardBy.cost,
+                                          no_cache=no_cache, cache_dir=cache_dir)
         # stdout carries the report only; anything else printed during the run goes to stderr.
         with RunProgress(len(models)) as progress, contextlib.redirect_stdout(sys.stderr):
             report = run_models(
@@ -92,6 +108,8 @@ def verify(
         if as_json:  # consumers of --format json always get a document to parse
             write_json(Report(models=()), sys.stdout, error=str(err))
         raise
+    if shard is not None:
+        report = dataclasses.replace(report, shard=plan)
     laps.lap("models", [row for result in report.models for row in _model_rows(result)], rest="other (manifest)")
     if as_json:
         write_json(report, sys.stdout)
