@@ -20,8 +20,10 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from equivci.cache import Memo
 from equivci.errors import EquivciError
 from equivci.results import ShardPlan
+from equivci.workspace import Workspace
 
 BY_NAME, BY_COST = "name hash", "recorded cost"
 
@@ -58,9 +60,6 @@ def assign(names: Sequence[str], count: int, costs: Mapping[str, float] | None =
 def recorded_costs(manifest, names: Sequence[str], cache_dir: Path | None) -> dict[str, float]:
     """Seconds of each model's last verification recorded in the cache (models never verified
     are left out)."""
-    from equivci.cache import Memo
-    from equivci.workspace import Workspace
-
     workspace = Workspace.of(manifest)
     memo = Memo(workspace.cache_dir(cache_dir))
     costs: dict[str, float] = {}

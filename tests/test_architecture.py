@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("equivci.prove",),
     ("equivci.diagnose",),
     ("equivci.verify",),
-    ("equivci.pipeline",),
+    ("equivci.pipeline", "equivci.shard"),
     ("equivci.report",),
     ("equivci.ci",),
     ("equivci.commands", "equivci.cli", "equivci.__main__", "equivci.testing"),

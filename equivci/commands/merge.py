@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from equivci.merge import merge as merge_reports
+from equivci.report.merge import merge as merge_reports
 
 
 class MergeFormat(str, enum.Enum):
