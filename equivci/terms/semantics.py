@@ -220,7 +220,10 @@ def _eval_one(t: Term, args: list[np.ndarray], params: dict[int, np.ndarray]) ->
         return np.asarray(params[at[0]])
     if op == "const":
         if t.shape == ():
-            value = ast.literal_eval(at[0])
+            try:
+                value = ast.literal_eval(at[0])
+            except (ValueError, SyntaxError):  # an opaque constant, known by a content key only
+                raise TermEvalError(f"constant {at[0]} has no value to evaluate") from None
             return np.asarray(value, dtype=_NP_DTYPES.get(t.dtype))
         raise TermEvalError(f"array constant {at[0]} needs its value in `consts`")
     if op == "iota":
