@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import resource
 import sys
+import threading
 import time
 import traceback
 
@@ -92,6 +93,15 @@ def _at_return(function, callback) -> None:
         return
 
 
+def _start_method() -> str:
+    """fork: cheap, and the child has the verifier already imported. A process running native
+    threads (jax's runtime, imported by a test or an application embedding equivci) cannot fork
+    safely: a lock held by another thread stays held in the child, which then hangs. Such a
+    process starts its children from a fresh single-threaded server instead."""
+    threaded = threading.active_count() > 1 or "jaxlib" in sys.modules
+    return "forkserver" if threaded else "fork"
+
+
 def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo=None,
                     on_layer=None, options: Options | None = None) -> ModelResult:
     """verify_model in a child with the time and memory limits of `options` (default: from the
@@ -100,7 +110,7 @@ def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedMode
     options = options or Options.from_env()
     limit = options.verify_timeout_seconds
     t0 = time.perf_counter()
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context(_start_method())
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child, args=(send, model, manifest, captured, memo, options.verify_memory_bytes),
                         daemon=True)

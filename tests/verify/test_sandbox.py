@@ -93,3 +93,55 @@ def test_the_answer_goes_before_the_verifiers_data_is_freed(tmp_path, monkeypatc
     finally:
         for tool in taken:
             sys.monitoring.free_tool_id(tool)
+
+
+JAX_RUNNING = '''
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from equivci.cache import Memo
+from equivci.capture.run import capture_model
+from equivci.manifest import load_manifest
+from equivci.verify.sandbox import _start_method, verify_isolated
+
+
+def main():
+    jax.jit(lambda x: x + 1)(jnp.ones(3))  # jax's runtime threads run in this process now
+    assert _start_method() == "forkserver"
+    manifest = load_manifest(sys.argv[1])
+    model = manifest.models[0]
+    print(verify_isolated(model, manifest, capture_model(model, manifest), Memo(None)).status.value)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_process_running_jax_gets_its_verdict_from_a_forkserver_child(tmp_path):
+    """Forking a process with native threads running (a test that imported jax, an application
+    embedding equivci) can leave the child waiting on a lock forever (seen in a CI run); such a
+    process starts the verifier from a fresh server instead, and still gets its verdict."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "embed.py"
+    script.write_text(JAX_RUNNING)
+    repo = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, str(script), str(repo / "equivci.yaml")], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert run.returncode == 0 and run.stdout.strip().splitlines()[-1] == "verified", run.stdout + run.stderr
+
+
+def test_fork_only_from_a_single_threaded_process():
+    import subprocess
+    import sys
+
+    probe = ("import threading, time; from equivci.verify.sandbox import _start_method; a = _start_method(); "
+             "threading.Thread(target=time.sleep, args=(1,), daemon=True).start(); b = _start_method(); "
+             "import jax; print(a, b, _start_method())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.split() == ["fork", "forkserver", "forkserver"]
