@@ -110,7 +110,8 @@ def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedMode
     options = options or Options.from_env()
     limit = options.verify_timeout_seconds
     t0 = time.perf_counter()
-    ctx = multiprocessing.get_context(_start_method())
+    forkserver = _start_method() == "forkserver"
+    ctx = multiprocessing.get_context("forkserver") if forkserver else multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child, args=(send, model, manifest, captured, memo, options.verify_memory_bytes),
                         daemon=True)
