@@ -42,6 +42,12 @@ class NumericFrontier:
     note: str | None = None
 
 
+# Set in the verifier's forked child when its parent had jax loaded (a test, an application embedding
+# equivci; the CLI never does): jax's runtime does not survive a fork, its threads are gone, and
+# drawing inputs with it there hangs the child.
+JAX_FORKED = False
+
+
 def draw_inputs(inputs: tuple[LeafPlacement, ...], seed: int = 0) -> dict[int, np.ndarray]:
     """The oracle's random draw for these input leaves (same leaf order, same per-leaf keys)."""
     import jax
@@ -139,6 +145,9 @@ def numeric_frontier(reference_events: list[Event], distributed_events: list[Eve
         return NumericFrontier(None, note=f"numeric localization skipped: {term_count} terms (limit {MAX_TERMS})")
     if sum(math.prod(leaf.shape) for leaf in inputs) > MAX_ELEMENTS:
         return NumericFrontier(None, note=f"numeric localization skipped: inputs over {MAX_ELEMENTS} elements")
+    if JAX_FORKED:
+        return NumericFrontier(None, note="numeric localization skipped: the verifier was forked from a process "
+                                          "running jax, whose runtime a fork does not carry")
     try:
         params = draw_inputs(inputs)
     except Exception as exc:  # noqa: BLE001 - an aid to the finding: its failure must not cost the verdict

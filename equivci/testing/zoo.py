@@ -22,6 +22,7 @@ MANIFESTS = {
     "equivci.yaml": "examples/models/expected.yaml",
     "configs/buggy.yaml": "examples/models/expected.yaml",
     "configs/zoo.yaml": "examples/zoo/expected.yaml",
+    "configs/localize.yaml": "examples/localize/expected.yaml",
 }
 SLOW_TAG = "slow"
 

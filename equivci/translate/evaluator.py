@@ -301,8 +301,10 @@ class Evaluator:
 
         The layout identity is checked exactly, on labels (every element of the y's numbered), for
         each dim k along which the y's can be concatenated."""
+        if len(parts) < 2 or any(p.op != "reshape" for p in parts):
+            return None
         inner = [p.args[0] for p in parts]
-        if len(parts) < 2 or any(p.op != "reshape" for p in parts) or len({len(y.shape) for y in inner}) != 1:
+        if len({len(y.shape) for y in inner}) != 1:
             return None
         rank = len(inner[0].shape)
         total = sum(int(np.prod(y.shape)) for y in inner)

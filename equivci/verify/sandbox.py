@@ -13,11 +13,11 @@ import multiprocessing
 import os
 import resource
 import sys
-import threading
 import time
 import traceback
 
 from equivci.capture.types import CapturedModel
+from equivci.diagnose import numeric
 from equivci.errors import EquivciError
 from equivci.manifest import Manifest, ModelSpec
 from equivci.options import Options
@@ -48,6 +48,7 @@ def memory_cap(wanted: int) -> tuple[int, str]:
 def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo, memory_bytes: int) -> None:
     cap, _ = memory_cap(memory_bytes)
     resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    numeric.JAX_FORKED = "jaxlib" in sys.modules
 
     def layer_done(done: int, total: int) -> None:
         conn.send(("layer", (done, total)))
@@ -93,15 +94,6 @@ def _at_return(function, callback) -> None:
         return
 
 
-def _start_method() -> str:
-    """fork: cheap, and the child has the verifier already imported. A process running native
-    threads (jax's runtime, imported by a test or an application embedding equivci) cannot fork
-    safely: a lock held by another thread stays held in the child, which then hangs. Such a
-    process starts its children from a fresh single-threaded server instead."""
-    threaded = threading.active_count() > 1 or "jaxlib" in sys.modules
-    return "forkserver" if threaded else "fork"
-
-
 def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo=None,
                     on_layer=None, options: Options | None = None) -> ModelResult:
     """verify_model in a child with the time and memory limits of `options` (default: from the
@@ -110,8 +102,7 @@ def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedMode
     options = options or Options.from_env()
     limit = options.verify_timeout_seconds
     t0 = time.perf_counter()
-    forkserver = _start_method() == "forkserver"
-    ctx = multiprocessing.get_context("forkserver") if forkserver else multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child, args=(send, model, manifest, captured, memo, options.verify_memory_bytes),
                         daemon=True)

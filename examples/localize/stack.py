@@ -1,6 +1,6 @@
 """A small pre-norm transformer-style stack (RMSNorm, SwiGLU-free MLP, residual, final norm, LM
 head), its Megatron tensor-parallel version and buggy variants, each with ONE defect on the line
-marked `# BUG:`. The localization benchmark (bench/localization.py, configs/localize.yaml) checks
+marked with a BUG comment. The localization benchmark (bench/localization.py, configs/localize.yaml) checks
 that the first finding lands there."""
 
 import jax

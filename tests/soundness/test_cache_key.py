@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from engine_api import fingerprint_of, memo
 from near_miss_cases import MANIFEST
+from equivci.options import ENV_CACHE_DIR
 from equivci.testing.zoo import REPO
 
 import equivci
@@ -62,7 +63,7 @@ def test_equivci_and_python_versions_change_the_fingerprint(monkeypatch, what):
 
 
 def _verify(cache: Path, env_extra: dict[str, str] | None = None, package_root: Path | None = None) -> dict:
-    env = {**os.environ, memo.ENV_CACHE_DIR: str(cache), **(env_extra or {})}
+    env = {**os.environ, ENV_CACHE_DIR: str(cache), **(env_extra or {})}
     if package_root is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_root), os.environ.get("PYTHONPATH", "")) if p)
     proc = subprocess.run([sys.executable, "-P", "-m", "equivci", "verify", "--manifest", str(MANIFEST), "--model",
