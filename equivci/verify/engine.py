@@ -11,6 +11,7 @@ from equivci.diagnose.findings import defect_findings, with_counterexample, with
 from equivci.diagnose.localize import source_of
 from equivci.diagnose.loops import defect_with_loops
 from equivci.diagnose.numeric import numeric_frontier
+from equivci.diagnose.outputs import dtype_findings
 from equivci.errors import EquivciError
 from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import HloParseError, parse_module
@@ -40,6 +41,9 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         reference = parse_module(captured.reference_hlo)
         distributed = parse_module(captured.distributed_hlo)
         laps.lap("parse HLO")
+        changed = dtype_findings(reference, distributed, [leaf.path for leaf in captured.outputs], captured.repo_root)
+        if changed:
+            return _finish(model, Status.MISMATCH, t0, tuple(changed), LayerCounts(1, 0, 0), laps)
         programs = build_programs(reference, distributed, captured.inputs, captured.outputs, captured.num_devices)
         laps.lap("build programs")
     except (HloParseError, Unsupported) as exc:
