@@ -66,7 +66,7 @@ def capture_model(model: ModelSpec, manifest: Manifest, memo: dict | None = None
     reference = _parse(texts[0], display[files.reference])
     distributed = _parse(texts[1], display[files.distributed])
     builder = _Builder(model, relations, display[files.relations], reference, distributed)
-    ref_text = _rewrite_calls(texts[0], reference, builder, 1)
+    ref_text = builder.reference_text(_rewrite_calls(texts[0], reference, builder, 1))
     dist_text = builder.distributed_text(_rewrite_calls(texts[1], distributed, builder, model.num_devices))
     return CapturedModel(reference_hlo=ref_text, distributed_hlo=dist_text, inputs=builder.inputs(),
                          outputs=builder.outputs(), loc_digest=key,
@@ -183,10 +183,11 @@ def _rewrite_calls(text: str, module: Module, builder: "_Builder", num_devices: 
 class _Emit:
     lines: list[str] = dataclasses.field(default_factory=list)
     count: int = 0
+    prefix: str = "byo"
 
     def __call__(self, shape: Shape | str, body: str) -> str:
         self.count += 1
-        name = f"byo.{self.count}"
+        name = f"{self.prefix}.{self.count}"
         self.lines.append(f"  %{name} = {shape} {body}")
         return name
 
@@ -385,6 +386,53 @@ class _Builder:
         self._reducers.clear()
         return out
 
+    def reference_text(self, text: str) -> str:
+        """The reference with, for each fused distributed parameter (a concatenation of parts), the
+        whole value its device blocks are windows of: the concatenation of every device's block, in
+        device order. Nothing uses it; it is a reference value, so a device's fused weight is a
+        slice of one and the fused weight, which no reference op computes, is not reported as the
+        first value unrelated to the reference."""
+        emit = _Emit(prefix="byo.fused")
+        for rel in self.by_param.values():
+            if rel.concat is None:
+                continue
+            dtype = self.dist_params[0].shape.dtype
+            blocks: list[str] = []
+            seen: dict[tuple, str] = {}
+            for device in range(self.n):
+                pieces = []
+                for part in rel.parts:
+                    param = self._ref_param(part)
+                    box = tuple(self._blocks(part, param.shape.dims)[device])
+                    size = tuple(hi - lo for lo, hi in box)
+                    dtype = param.shape.dtype
+                    pieces.append((emit(Shape(dtype, size), f"slice(%{param.name}), slice={{"
+                                        + ", ".join(f"[{lo}:{hi}]" for lo, hi in box) + "}"), size))
+                key = tuple(p for p, _ in pieces)
+                if any(len(s) <= rel.concat for _, s in pieces):
+                    return text  # reported with the distributed entry
+                width = sum(s[rel.concat] for _, s in pieces)
+                shape = list(pieces[0][1])
+                shape[rel.concat] = width
+                if key not in seen:
+                    seen[key] = emit(Shape(dtype, tuple(shape)), f"concatenate({', '.join('%' + p for p, _ in pieces)}), "
+                                     f"dimensions={{{rel.concat}}}")
+                    blocks.append(seen[key])
+            if len(blocks) > 1:
+                total = list(shape)
+                total[rel.concat] = width * len(blocks)
+                emit(Shape(dtype, tuple(total)), f"concatenate({', '.join('%' + b for b in blocks)}), dimensions={{{rel.concat}}}")
+        if not emit.lines:
+            return text
+        lines = text.splitlines()
+        start = next(k for k, line in enumerate(lines) if line.lstrip().startswith("ENTRY"))
+        end = next(k for k in range(start + 1, len(lines)) if lines[k].strip() == "}")
+        return "\n".join(lines[:end] + emit.lines + lines[end:]) + "\n"
+
+    def _ref_param(self, part: Part) -> Instruction:
+        number = self._ref_number(part)
+        return next(p for p in self.ref_params if int(p.attrs["_number"]) == number)
+
     def distributed_text(self, text: str) -> str:
         """The program with a new entry that takes the reference's parameters."""
         text = _ENTRY.sub(r"\1", text)
@@ -442,7 +490,7 @@ class _Builder:
     def _piece(self, part: Part, args: dict[int, str], emit: _Emit, pid: str) -> tuple[str, tuple[int, ...]]:
         """This device's block of one part, from the new entry's parameter."""
         number = self._ref_number(part)
-        param = self.ref_params[[int(p.attrs["_number"]) for p in self.ref_params].index(number)]
+        param = self._ref_param(part)
         blocks = self._blocks(part, param.shape.dims)
         size = tuple(hi - lo for lo, hi in blocks[0])
         if number in self.direct:  # passed in as this device's block already

@@ -24,7 +24,7 @@ def rope(x):
     freq = 1.0 / (10000.0 ** (jnp.arange(0, HEAD_DIM, 2, dtype=jnp.float32) / HEAD_DIM))
     angle = pos * freq[None, :]
     cos, sin = jnp.cos(angle)[:, None, :], jnp.sin(angle)[:, None, :]
-    x1, x2 = x[..., ::2], x[..., 1::2]
+    x1, x2 = x[..., :HEAD_DIM // 2], x[..., HEAD_DIM // 2:]  # rotate-half, as Llama's reference code
     return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 
