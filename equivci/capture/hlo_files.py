@@ -66,8 +66,9 @@ def capture_model(model: ModelSpec, manifest: Manifest, memo: dict | None = None
     reference = _parse(texts[0], display[files.reference])
     distributed = _parse(texts[1], display[files.distributed])
     builder = _Builder(model, relations, display[files.relations], reference, distributed)
-    ref_text = builder.reference_text(_rewrite_calls(texts[0], reference, builder, 1))
-    dist_text = builder.distributed_text(_rewrite_calls(texts[1], distributed, builder, model.num_devices))
+    ref_text = builder.reference_text(_rewrite_calls(texts[0], reference, builder, 1, display[files.reference]))
+    dist_text = builder.distributed_text(_rewrite_calls(texts[1], distributed, builder, model.num_devices,
+                                                        display[files.distributed]))
     return CapturedModel(reference_hlo=ref_text, distributed_hlo=dist_text, inputs=builder.inputs(),
                          outputs=builder.outputs(), loc_digest=key,
                          timings=(("read HLO files", time.perf_counter() - t0),), **common)
@@ -158,7 +159,7 @@ def _placement(path: str, shape: Shape, slices: list[tuple[tuple[int, int], ...]
 # --- custom calls ---------------------------------------------------------------------------------
 
 
-def _rewrite_calls(text: str, module: Module, builder: "_Builder", num_devices: int) -> str:
+def _rewrite_calls(text: str, module: Module, builder: "_Builder", num_devices: int, display: str) -> str:
     """Declared custom calls as the ops they stand for; `replica-id` as `partition-id` when it is
     the device index. Every custom call must be declared."""
     lines = text.splitlines()
@@ -172,7 +173,7 @@ def _rewrite_calls(text: str, module: Module, builder: "_Builder", num_devices: 
             if inst.opcode != "custom-call" and not (inst.opcode == "replica-id" and builder.relations.device_index == "replica-id"):
                 continue
             for k in index.get(inst.name, ()):
-                lines[k] = builder.rewrite(lines[k], inst, num_devices)
+                lines[k] = builder.rewrite(lines[k], inst, num_devices, display)
     return "\n".join(lines + builder.reducers()) + "\n"
 
 
@@ -339,16 +340,16 @@ class _Builder:
         return tuple(out)
 
     # -- the rewritten program ------------------------------------------------------------------
-    def rewrite(self, line: str, inst: Instruction, num_devices: int) -> str:
+    def rewrite(self, line: str, inst: Instruction, num_devices: int, display: str) -> str:
         if inst.opcode == "replica-id":
             return line.replace("replica-id()", "partition-id()", 1)
         target = inst.attrs.get("custom_call_target", "").strip('"')
         call = self.relations.custom_calls.get(target)
         if call is None:
             raise EquivciError(
-                f"{self.display}: custom_calls: the HLO calls custom call \"{target}\" ({inst.name}), which the relation "
-                f"file does not declare; equivci cannot know what it computes: add `{target}: identity`, `opaque`, or a "
-                "collective such as `{all-reduce: add, groups: [tp]}` under `custom_calls:` (docs/byo-hlo.md).")
+                f"{display}: {inst.name} calls custom call \"{target}\", which {self.display} does not declare under "
+                f"`custom_calls:`; equivci cannot know what it computes: add `{target}: identity`, `opaque`, or a "
+                "collective such as `{all-reduce: add, groups: [tp]}` there (docs/byo-hlo.md).")
         start = line.index("custom-call(")
         end = balanced_end(line, start + len("custom-call"))
         operands = line[start + len("custom-call("):end - 1]

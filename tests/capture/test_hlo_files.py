@@ -1,0 +1,219 @@
+"""Models given as HLO files (`kind: hlo`, docs/byo-hlo.md): the relation file, the capture of HLO
+files, and `equivci verify` end to end on the Llama-style TP=2 dumps in tests/data/byo_hlo/."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from equivci.capture.run import capture_model
+from equivci.errors import EquivciError
+from equivci.manifest import load_manifest
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "byo_hlo"
+
+MANIFEST = """\
+version: 1
+models:
+  - name: {name}
+    kind: hlo
+    reference: {reference}
+    distributed: {distributed}
+    relations: {relations}
+    mesh: {mesh}
+"""
+
+# y = 2 * x on one device; per device, a block of rows picked by a rank parameter.
+REFERENCE = """\
+HloModule ref
+ENTRY %main (x: f32[4,8]) -> f32[4,8] {
+  %x = f32[4,8] parameter(0)
+  %two = f32[] constant(2)
+  %b = f32[4,8] broadcast(%two), dimensions={}
+  ROOT %y = f32[4,8] multiply(%x, %b)
+}
+"""
+DISTRIBUTED = """\
+HloModule dist
+ENTRY %main (x: f32[4,8], rank: s32[]) -> f32[2,8] {
+  %x = f32[4,8] parameter(0)
+  %rank = s32[] parameter(1)
+  %rows = s32[] constant(ROWS)
+  %start = s32[] multiply(%rank, %rows)
+  %zero = s32[] constant(0)
+  %mine = f32[2,8] dynamic-slice(%x, %start, %zero), dynamic_slice_sizes={2,8}
+  %two = f32[] constant(2)
+  %b = f32[2,8] broadcast(%two), dimensions={}
+  %y = f32[2,8] multiply(%mine, %b), metadata={source_file="dist.py" source_line=7}
+  ROOT %out = f32[2,8] custom-call(%y), custom_call_target="VendorTransfer"
+}
+"""
+RELATIONS = """\
+version: 1
+device_index: {parameter: rank}
+custom_calls:
+  VendorTransfer: identity
+parameters:
+  x: {reference: x}
+outputs:
+  0: {reference: 0, split: {0: tp}}
+"""
+
+
+def _model(tmp_path: Path, reference: str = REFERENCE, distributed: str = DISTRIBUTED.replace("ROWS", "2"),
+           relations: str = RELATIONS, mesh: str = "{tp: 2}", name: str = "byo"):
+    (tmp_path / "ref.hlo.txt").write_text(reference)
+    (tmp_path / "dist.hlo.txt").write_text(distributed)
+    (tmp_path / "rel.yaml").write_text(relations)
+    (tmp_path / "equivci.yaml").write_text(MANIFEST.format(name=name, reference="ref.hlo.txt", distributed="dist.hlo.txt",
+                                                          relations="rel.yaml", mesh=mesh))
+    manifest = load_manifest(tmp_path / "equivci.yaml")
+    return manifest, manifest.models[0]
+
+
+def _verify(manifest, model):
+    from equivci.verify.engine import verify_model
+
+    return verify_model(model, manifest, capture_model(model, manifest))
+
+
+def _cli(folder: Path, *args: str) -> tuple[int, dict]:
+    proc = subprocess.run([sys.executable, "-m", "equivci", "verify", "--format", "json", "--no-cache", *args],
+                          cwd=folder, capture_output=True, text=True, timeout=600)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_device_index_from_a_parameter_verifies(tmp_path):
+    manifest, model = _model(tmp_path)
+    captured = capture_model(model, manifest)
+    assert [leaf.device_slices for leaf in captured.outputs] == [(((0, 2), (0, 8)), ((2, 4), (0, 8)))]
+    assert captured.sources == ("dist.hlo.txt", "ref.hlo.txt", "rel.yaml")  # what --changed-since watches
+    assert _verify(manifest, model).status.value == "verified"
+
+
+def test_wrong_rank_offset_is_not_verified(tmp_path):
+    """Near miss of the device-index parameter: rows 1:3 on device 1 instead of 2:4."""
+    manifest, model = _model(tmp_path, distributed=DISTRIBUTED.replace("ROWS", "1"))
+    result = _verify(manifest, model)
+    assert result.status.value in ("unproven", "mismatch")
+    assert any(f.path is None and "HLO files" in f.message for f in result.findings if f.severity == "note") \
+        or result.status.value == "mismatch"
+
+
+def test_without_the_rank_parameter_device_zero_is_not_every_device(tmp_path):
+    """Near miss of `device_index`: the same program with the index from partition-id (so the rank
+    parameter has no relation) is refused, not taken as device 0 everywhere."""
+    with pytest.raises(EquivciError, match=r"rel.yaml: parameters: distributed parameter 1 \(rank, s32\[\]\) has no relation"):
+        manifest, model = _model(tmp_path, relations=RELATIONS.replace("device_index: {parameter: rank}\n", ""))
+        capture_model(model, manifest)
+
+
+@pytest.mark.parametrize("change, message", [
+    (("x: {reference: x}", "y: {reference: x}"), r"rel.yaml:6: parameters.y: no distributed parameter named 'y'"),
+    (("x: {reference: x}", "x: {reference: w}"), r"rel.yaml:6: parameters.x.reference: no reference parameter named 'w'"),
+    (("  VendorTransfer: identity\n", ""), r'dist.hlo.txt: out calls custom call "VendorTransfer", which rel.yaml does not declare under `custom_calls:`'),
+    (("split: {0: tp}", "split: {0: dp}"), r"rel.yaml:8: outputs.0.split.0: 'dp' is not an axis of the model's mesh"),
+    (("split: {0: tp}", "split: {1: tp}"), r"outputs.0: distributed output 0 is f32\[2,8\] but the relation makes a block"),
+    (("version: 1", "version: 2"), r"rel.yaml:1: version: expected `version: 1`"),
+    (("parameters:", "params:"), r"rel.yaml:5: <top level>.params: unknown key; did you mean 'parameters'"),
+])
+def test_bad_relation_file_is_one_paragraph_naming_file_and_key(tmp_path, change, message):
+    manifest, model = _model(tmp_path, relations=RELATIONS.replace(*change))
+    with pytest.raises(EquivciError, match=message) as info:
+        capture_model(model, manifest)
+    assert "\n" not in str(info.value)
+
+
+def test_elided_constant_is_refused(tmp_path):
+    elided = REFERENCE.replace("%two = f32[] constant(2)", "%two = f32[] constant({...})")
+    manifest, model = _model(tmp_path, reference=elided)
+    with pytest.raises(EquivciError, match=r"ref.hlo.txt:4: an elided constant .* HloModuleProto"):
+        capture_model(model, manifest)
+
+
+def test_missing_hlo_file_is_a_manifest_error(tmp_path):
+    _model(tmp_path)
+    (tmp_path / "dist.hlo.txt").unlink()
+    with pytest.raises(EquivciError, match=r"equivci.yaml:6: models\[0\].distributed: file 'dist.hlo.txt' does not exist"):
+        load_manifest(tmp_path / "equivci.yaml")
+
+
+def test_an_hlo_model_takes_no_inputs_key(tmp_path):
+    _model(tmp_path)
+    text = (tmp_path / "equivci.yaml").read_text() + "    inputs: m.py:inputs\n"
+    (tmp_path / "equivci.yaml").write_text(text)
+    with pytest.raises(EquivciError, match=r"models\[0\].inputs: unknown key"):
+        load_manifest(tmp_path / "equivci.yaml")
+
+
+def _proto(table) -> bytes:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    def f(x):
+        return x * np.asarray(table, np.float32)
+
+    return jax.jit(f).lower(jax.ShapeDtypeStruct((4096,), jnp.float32)).compiler_ir("hlo").as_serialized_hlo_module_proto()
+
+
+def test_constants_come_from_the_proto_and_two_tables_differ(tmp_path):
+    """A serialized HloModuleProto gives constants in full: the same table verifies, another one
+    (same shape, one element changed) does not, which elided text could not tell apart."""
+    import numpy as np
+
+    table = np.arange(4096, dtype=np.float32)
+    other = table.copy()
+    other[4000] = -1.0
+    (tmp_path / "ref.pb").write_bytes(_proto(table))
+    (tmp_path / "same.pb").write_bytes(_proto(table))
+    (tmp_path / "other.pb").write_bytes(_proto(other))
+    (tmp_path / "rel.yaml").write_text("version: 1\nparameters:\n  0: {reference: 0}\n")
+    for distributed, status in (("same.pb", "verified"), ("other.pb", "unproven")):
+        (tmp_path / "equivci.yaml").write_text(MANIFEST.format(name="proto", reference="ref.pb", distributed=distributed,
+                                                              relations="rel.yaml", mesh="{tp: 1}"))
+        manifest = load_manifest(tmp_path / "equivci.yaml")
+        captured = capture_model(manifest.models[0], manifest)
+        assert "{...}" not in captured.reference_hlo
+        assert _verify(manifest, manifest.models[0]).status.value == status
+
+
+def _llama(tmp_path: Path, distributed: str) -> Path:
+    for name in ("reference.hlo.txt", distributed, "relations.yaml", "llama_tp.py"):
+        shutil.copy(DATA / name, tmp_path / name)
+    (tmp_path / "equivci.yaml").write_text(MANIFEST.format(name="llama-tp2", reference="reference.hlo.txt",
+                                                          distributed=distributed, relations="relations.yaml",
+                                                          mesh="{tp: 2}"))
+    return tmp_path
+
+
+def test_llama_tp2_dump_verifies_end_to_end(tmp_path):
+    code, report = _cli(_llama(tmp_path, "distributed.hlo.txt"))
+    (model,) = report["models"]
+    assert (code, model["status"]) == (0, "verified"), model
+
+
+def test_llama_tp2_wrong_k_start_is_unproven_at_the_fused_projection(tmp_path):
+    """k read from q's columns of the fused weight (llama_tp.py:58-59): never verified, and the
+    finding is in the attention's fused projection, with the source line from the HLO metadata."""
+    code, report = _cli(_llama(tmp_path, "distributed_wrong_k.hlo.txt"))
+    (model,) = report["models"]
+    assert (code, model["status"]) == (1, "unproven"), model
+    error = next(f for f in model["findings"] if f["severity"] == "error")
+    assert error["path"] == "llama_tp.py" and 57 <= error["line"] <= 59, error
+    assert any("does not execute" in f["message"] for f in model["findings"])
+
+
+def test_bad_input_is_status_error_and_exit_2(tmp_path):
+    _llama(tmp_path, "distributed.hlo.txt")
+    relations = (tmp_path / "relations.yaml").read_text().replace("  AwsNeuronAllReduce: {all-reduce: add, groups: [tp]}\n", "")
+    (tmp_path / "relations.yaml").write_text(relations)
+    code, report = _cli(tmp_path)
+    (model,) = report["models"]
+    assert (code, model["status"]) == (2, "error")
+    assert "AwsNeuronAllReduce" in model["findings"][0]["message"] and "custom_calls" in model["findings"][0]["message"]
