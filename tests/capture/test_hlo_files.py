@@ -217,3 +217,35 @@ def test_bad_input_is_status_error_and_exit_2(tmp_path):
     (model,) = report["models"]
     assert (code, model["status"]) == (2, "error")
     assert "AwsNeuronAllReduce" in model["findings"][0]["message"] and "custom_calls" in model["findings"][0]["message"]
+
+
+def test_memo_changed_since_and_precommit_follow_the_hlo_and_relation_files(tmp_path, capsys):
+    """The memo serves an unchanged HLO model; `--changed-since` reuses it until its HLO or
+    relation file changes; the pre-commit hook selects it by those files."""
+    from equivci.cli import run
+    from equivci.commands.precommit import affected_models
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=tmp_path,
+                       check=True, capture_output=True)
+
+    def verify(*args: str) -> dict:
+        capsys.readouterr()
+        run(["verify", "--manifest", str(tmp_path / "equivci.yaml"), "--format", "json", *args])
+        (model,) = json.loads(capsys.readouterr().out)["models"]
+        return model
+
+    manifest, model = _model(tmp_path)
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "hlo model")
+    first = verify()
+    assert first["status"] == "verified" and first["layers"]["reused"] == 0
+    again = verify()
+    assert again["status"] == "verified" and again["layers"]["reused"] == again["layers"]["total"]
+    assert verify("--changed-since", "HEAD")["reused"] is True
+    assert [m.name for m in affected_models(manifest, manifest.models, [tmp_path / "rel.yaml"])] == ["byo"]
+    assert affected_models(manifest, manifest.models, [tmp_path / "other.py"]) == []
+    (tmp_path / "rel.yaml").write_text(RELATIONS.replace("x: {reference: x}", "0: {reference: 0}"))
+    changed = verify("--changed-since", "HEAD")
+    assert changed["reused"] is False and changed["status"] == "verified"
