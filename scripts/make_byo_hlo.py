@@ -4,8 +4,8 @@
 
 Lowers the Llama-style model of tests/data/byo_hlo/llama_tp.py (the reference on one device, the
 tensor-parallel shard_map program on TP fake CPU devices, per device after XLA's SPMD partitioning)
-and rewrites the texts the way other frontends print them: JAX's stack-frame tables and metadata
-are replaced by `source_file`/`source_line` metadata, shardings are dropped, every all-reduce
+and rewrites the texts the way other frontends print them: JAX's stack-frame tables are replaced by
+`source_file`/`source_line` metadata (the op names, whose scopes name the layers, are kept), shardings are dropped, every all-reduce
 becomes a vendor custom call `AwsNeuronAllReduce` without its groups, sharding markers become
 `AwsNeuronTransfer` custom calls, and `partition-id` becomes `replica-id`. It writes
 reference.hlo.txt, distributed.hlo.txt and relations.yaml (which declares what was renamed);
@@ -41,20 +41,24 @@ DROP = ("sharding", "frontend_attributes", "metadata", "channel_id", "use_global
         "api_version", "custom_call_has_side_effect")
 
 
-def _source_lines(text: str) -> dict[str, int]:
-    """Instruction name -> its line in llama_tp.py (the innermost frame there)."""
+def _metadata(text: str, keep_sources: bool) -> dict[str, str]:
+    """Instruction name -> its metadata as a frontend prints it: the op name (whose scopes name
+    the layers) and, with `keep_sources`, the line in llama_tp.py (the innermost frame there)."""
     out = {}
     for comp in parse_module(text).computations.values():
         for inst in comp.instructions:
+            fields = [f'op_name="{inst.op_name}"'] if inst.op_name else []
             line = next((loc.line for loc in inst.stack if Path(loc.file).name == "llama_tp.py"), None)
-            if line:
-                out[inst.name] = line
+            if keep_sources and line:
+                fields.append(f'source_file="llama_tp.py" source_line={line}')
+            if fields:
+                out[inst.name] = "metadata={" + " ".join(fields) + "}"
     return out
 
 
 def frontend_text(text: str, module_name: str, keep_sources: bool) -> str:
     """`text` (JAX's HLO) as another frontend prints it."""
-    lines_of = _source_lines(text) if keep_sources else {}
+    metadata = _metadata(text, keep_sources)
     out, skipping = [], False
     for raw in text.splitlines():
         stripped = raw.strip()
@@ -67,11 +71,11 @@ def frontend_text(text: str, module_name: str, keep_sources: bool) -> str:
         if stripped.startswith("HloModule"):
             out.append(f"HloModule {module_name}")
             continue
-        out.append(_instruction(raw, lines_of))
+        out.append(_instruction(raw, metadata))
     return "\n".join(out) + "\n"
 
 
-def _instruction(line: str, lines_of: dict[str, int]) -> str:
+def _instruction(line: str, metadata: dict[str, str]) -> str:
     head, eq, rest = line.partition(" = ")
     if not eq or "(" not in rest or line.rstrip().endswith("{"):
         return line
@@ -88,8 +92,8 @@ def _instruction(line: str, lines_of: dict[str, int]) -> str:
     elif opcode == "partition-id":
         opcode = "replica-id"
     name = head.strip().removeprefix("ROOT").strip().lstrip("%")
-    if name in lines_of:
-        attrs.append(f'metadata={{source_file="llama_tp.py" source_line={lines_of[name]}}}')
+    if name in metadata:
+        attrs.append(metadata[name])
     return f"{head} = {shape} {opcode}({operands})" + "".join(", " + a for a in attrs)
 
 

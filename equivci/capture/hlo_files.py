@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -108,18 +111,24 @@ def _read_program(path: Path, display: str) -> str:
     return text
 
 
+# jaxlib prints a module proto with every constant. In a child process: jaxlib's threads must not
+# be in the process that forks the verifier.
+_PRINT_PROTO = """
+import sys
+from jax._src.lib import xla_client
+text = xla_client.XlaComputation(sys.stdin.buffer.read()).as_hlo_text(print_large_constants=True)
+sys.stdout.write(text)
+"""
+
+
 def _proto_text(data: bytes, display: str) -> str:
-    try:
-        from jax._src.lib import xla_client  # jaxlib prints a module proto; no backend is started
-    except ImportError as exc:
-        raise EquivciError(f"{display}: reading an HloModuleProto needs jaxlib ({exc}); install jax, or give the "
-                           "module as HLO text.") from None
-    try:
-        return xla_client.XlaComputation(data).as_hlo_text(print_large_constants=True)
-    except Exception as exc:  # noqa: BLE001 - jaxlib's parse errors have no common type
-        raise EquivciError(f"{display}: not a serialized HloModuleProto ({type(exc).__name__}: "
-                           f"{str(exc).splitlines()[0] if str(exc) else ''}); name HLO text with a .txt/.hlo suffix, or "
-                           "dump the module proto again.") from None
+    proc = subprocess.run([sys.executable, "-c", _PRINT_PROTO], input=data, capture_output=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    if proc.returncode != 0:
+        lines = proc.stderr.decode(errors="replace").strip().splitlines()
+        raise EquivciError(f"{display}: jaxlib cannot read it as a serialized HloModuleProto ({lines[-1] if lines else 'no message'}); "
+                           "name HLO text with a .txt or .hlo suffix, or dump the module proto again.")
+    return proc.stdout.decode("utf-8")
 
 
 def _absolute_sources(text: str, folder: Path, root: Path) -> str:

@@ -4,6 +4,7 @@ files, and `equivci verify` end to end on the Llama-style TP=2 dumps in tests/da
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -151,28 +152,24 @@ def test_an_hlo_model_takes_no_inputs_key(tmp_path):
         load_manifest(tmp_path / "equivci.yaml")
 
 
-def _proto(table) -> bytes:
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    def f(x):
-        return x * np.asarray(table, np.float32)
-
-    return jax.jit(f).lower(jax.ShapeDtypeStruct((4096,), jnp.float32)).compiler_ir("hlo").as_serialized_hlo_module_proto()
+# x * table, with a table too large for HLO text to print (XLA elides it there); argv: FILE ELEMENT ...
+PROTOS = """
+import sys
+import jax, jax.numpy as jnp, numpy as np
+for path, element in zip(sys.argv[1::2], sys.argv[2::2]):
+    table = np.arange(4096, dtype=np.float32)
+    table[4000] = float(element)
+    lowered = jax.jit(lambda x: x * table).lower(jax.ShapeDtypeStruct((4096,), jnp.float32))
+    open(path, "wb").write(lowered.compiler_ir("hlo").as_serialized_hlo_module_proto())
+"""
 
 
 def test_constants_come_from_the_proto_and_two_tables_differ(tmp_path):
     """A serialized HloModuleProto gives constants in full: the same table verifies, another one
     (same shape, one element changed) does not, which elided text could not tell apart."""
-    import numpy as np
-
-    table = np.arange(4096, dtype=np.float32)
-    other = table.copy()
-    other[4000] = -1.0
-    (tmp_path / "ref.pb").write_bytes(_proto(table))
-    (tmp_path / "same.pb").write_bytes(_proto(table))
-    (tmp_path / "other.pb").write_bytes(_proto(other))
+    # Made in a child: jax's threads must not be in the process that forks the verifier.
+    subprocess.run([sys.executable, "-c", PROTOS, "ref.pb", "4000", "same.pb", "4000", "other.pb", "-1"], cwd=tmp_path,
+                   check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     (tmp_path / "rel.yaml").write_text("version: 1\nparameters:\n  0: {reference: 0}\n")
     for distributed, status in (("same.pb", "verified"), ("other.pb", "unproven")):
         (tmp_path / "equivci.yaml").write_text(MANIFEST.format(name="proto", reference="ref.pb", distributed=distributed,
@@ -199,13 +196,13 @@ def test_llama_tp2_dump_verifies_end_to_end(tmp_path):
 
 
 def test_llama_tp2_wrong_k_start_is_unproven_at_the_fused_projection(tmp_path):
-    """k read from q's columns of the fused weight (llama_tp.py:58-59): never verified, and the
+    """k read from q's columns of the fused weight (llama_tp.py:59-60): never verified, and the
     finding is in the attention's fused projection, with the source line from the HLO metadata."""
     code, report = _cli(_llama(tmp_path, "distributed_wrong_k.hlo.txt"))
     (model,) = report["models"]
     assert (code, model["status"]) == (1, "unproven"), model
     error = next(f for f in model["findings"] if f["severity"] == "error")
-    assert error["path"] == "llama_tp.py" and 57 <= error["line"] <= 59, error
+    assert error["path"] == "llama_tp.py" and 58 <= error["line"] <= 60, error
     assert any("does not execute" in f["message"] for f in model["findings"])
 
 

@@ -44,9 +44,10 @@ def mlp(h, w_gate, w_up, w_down):
 def reference(x, *weights):
     for i in range(0, len(weights), len(NAMES)):
         attn_norm, wq, wk, wv, wo, mlp_norm, w_gate, w_up, w_down = weights[i:i + len(NAMES)]
-        h = rms_norm(x, attn_norm)
-        x = x + attention(h @ wq, h @ wk, h @ wv, HEADS) @ wo
-        x = x + mlp(rms_norm(x, mlp_norm), w_gate, w_up, w_down)
+        with jax.named_scope(f"layers_{i // len(NAMES)}"):
+            h = rms_norm(x, attn_norm)
+            x = x + attention(h @ wq, h @ wk, h @ wv, HEADS) @ wo
+            x = x + mlp(rms_norm(x, mlp_norm), w_gate, w_up, w_down)
     return x
 
 
@@ -68,7 +69,8 @@ def distributed(mesh, layers, wrong_k_start=False):
 
     def body(x, *weights):
         for i in range(layers):
-            x = tp_layer(x, *weights[7 * i:7 * i + 7], tp=tp, wrong_k_start=wrong_k_start)
+            with jax.named_scope(f"layers_{i}"):
+                x = tp_layer(x, *weights[7 * i:7 * i + 7], tp=tp, wrong_k_start=wrong_k_start)
         return x
 
     return jax.shard_map(body, mesh=mesh, in_specs=(P(),) + per_layer * layers, out_specs=P(), check_vma=False)
