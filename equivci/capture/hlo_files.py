@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -60,11 +61,11 @@ def capture_model(model: ModelSpec, manifest: Manifest, memo: dict | None = None
     root = repo_root(manifest.root)
     key = cache.key(memo["fingerprint"] if memo else "", "hlo-files", repr(model.mesh), *texts, relations.text)
     sources = tuple(sorted(p.relative_to(root).as_posix() for p in files.files() if p.is_relative_to(root)))
-    common = dict(name=model.name, mesh=model.mesh, repo_root=str(root), content_key=key, sources=sources)
     # The texts are the whole content: where the ops come from is part of the key already.
+    known = CapturedModel(name=model.name, mesh=model.mesh, reference_hlo="", distributed_hlo="", inputs=(), outputs=(),
+                          repo_root=str(root), content_key=key, loc_digest=key, sources=sources, cached=True)
     if memo is not None and _known(memo, key):
-        return CapturedModel(reference_hlo="", distributed_hlo="", inputs=(), outputs=(), cached=True, loc_digest=key,
-                             **common)
+        return known
     texts = [_absolute_sources(text, path.parent, manifest.root) for text, path in zip(texts, (files.reference, files.distributed))]
     reference = _parse(texts[0], display[files.reference])
     distributed = _parse(texts[1], display[files.distributed])
@@ -72,9 +73,9 @@ def capture_model(model: ModelSpec, manifest: Manifest, memo: dict | None = None
     ref_text = builder.reference_text(_rewrite_calls(texts[0], reference, builder, 1, display[files.reference]))
     dist_text = builder.distributed_text(_rewrite_calls(texts[1], distributed, builder, model.num_devices,
                                                         display[files.distributed]))
-    return CapturedModel(reference_hlo=ref_text, distributed_hlo=dist_text, inputs=builder.inputs(),
-                         outputs=builder.outputs(), loc_digest=key,
-                         timings=(("read HLO files", time.perf_counter() - t0),), **common)
+    return dataclasses.replace(known, reference_hlo=ref_text, distributed_hlo=dist_text, inputs=builder.inputs(),
+                               outputs=builder.outputs(), cached=False,
+                               timings=(("read HLO files", time.perf_counter() - t0),))
 
 
 def _known(memo: dict, key: str) -> bool:
@@ -172,7 +173,7 @@ def _rewrite_calls(text: str, module: Module, builder: "_Builder", num_devices: 
     """Declared custom calls as the ops they stand for; `replica-id` as `partition-id` when it is
     the device index. Every custom call must be declared."""
     lines = text.splitlines()
-    index = {}
+    index: dict[str, list[int]] = {}
     for k, line in enumerate(lines):
         m = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=", line)
         if m:
@@ -246,7 +247,7 @@ class _Builder:
         self.output_map = self._outputs()
 
     # -- checks ---------------------------------------------------------------------------------
-    def _fail(self, where: str, line: int, what: str, fix: str) -> None:
+    def _fail(self, where: str, line: int, what: str, fix: str) -> NoReturn:
         at = f"{self.display}:{line}" if line else self.display
         raise EquivciError(f"{at}: {where}: {what}; {fix}.")
 
@@ -259,7 +260,6 @@ class _Builder:
         hint = f"did you mean '{close[0]}'?" if close else f"the {side} entry parameters are " + ", ".join(
             f"{int(p.attrs['_number'])} ({p.name})" for p in params)
         self._fail(where, line, f"no {side} parameter named {key!r}", hint)
-        raise AssertionError  # unreachable: _fail raises
 
     def _ref_number(self, part: Part) -> int:
         return int(self._param(self.ref_params, part.reference, f"{part.where}.reference", part.line, "reference").attrs["_number"])
@@ -334,10 +334,9 @@ class _Builder:
             return key
         self._fail(where, line, f"no {side} output {key!r}", f"outputs are numbered 0 to {len(leaves) - 1} in the "
                    "order of the flattened result")
-        raise AssertionError  # unreachable
 
     def outputs(self) -> tuple[LeafPlacement, ...]:
-        out = []
+        out: list[LeafPlacement] = []
         for (path, shape), (dist, rel) in zip(self.ref_outputs, self.output_map):
             blocks = self._blocks(rel.parts[0], shape.dims) if rel else [[(0, n) for n in shape.dims]] * self.n
             local = self.dist_outputs[dist][1]
@@ -466,22 +465,22 @@ class _Builder:
             pieces = [self._piece(part, args, emit, pid) for part in rel.parts]
             shapes = [shape for _, shape in pieces]
             if rel.concat is None:
-                name, shape = pieces[0]
+                name, dims = pieces[0]
             else:
                 if any(len(s) != len(shapes[0]) or rel.concat >= len(s) for s in shapes):
                     self._fail(f"{rel.where}.concat", rel.line, f"parts of shapes {shapes} do not concatenate along "
                                f"dimension {rel.concat}", "fix the parts or the dimension")
-                shape = list(shapes[0])
-                shape[rel.concat] = sum(s[rel.concat] for s in shapes)
-                name = emit(Shape(p.shape.dtype, tuple(shape)),
+                width = sum(s[rel.concat] for s in shapes)
+                dims = shapes[0][:rel.concat] + (width,) + shapes[0][rel.concat + 1:]
+                name = emit(Shape(p.shape.dtype, dims),
                             f"concatenate({', '.join('%' + n for n, _ in pieces)}), dimensions={{{rel.concat}}}")
-            if tuple(shape) != p.shape.dims:
-                self._fail(rel.where, rel.line, f"the relation makes a {p.shape.dtype}{list(shape)} but distributed "
+            if dims != p.shape.dims:
+                self._fail(rel.where, rel.line, f"the relation makes a {p.shape.dtype}{list(dims)} but distributed "
                            f"parameter {p.name} is {p.shape}", "fix the split, window or parts")
             operands.append(name)
         result = self.dist_entry.root.shape
         call = emit(result, f"call({', '.join('%' + o for o in operands)}), to_apply=%{self.dist_entry.name}")
-        outs = []
+        outs: list[tuple[str, Shape]] = []
         for dist, _ in self.output_map:
             name, shape = call, result
             for index in _leaf_path(result, dist):

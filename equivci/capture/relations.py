@@ -134,29 +134,29 @@ def _part(ctx: _Ctx, node: Any, where: str, line: int) -> Part:
         ctx.fail(where, line, "missing `reference:`", "name the reference parameter (or output) this is a part of")
     reference = _key(ctx, node["reference"], f"{where}.reference", _line(node, "reference", line))
     split, window = [], []
-    raw = node.get("split") or {}
-    if not isinstance(raw, dict):
-        ctx.fail(f"{where}.split", _line(node, "split", line), "expected a mapping from dimension to mesh axes",
-                 "write e.g. `split: {1: tp}`")
-    for dim, axes in raw.items():
-        at = _line(raw, dim, line)
-        split.append((_dim(ctx, dim, f"{where}.split", at), _axes(ctx, axes, f"{where}.split.{dim}", at)))
+    for dim, axes, at in _by_dim(ctx, node, "split", where, line, "mesh axes", "`split: {1: tp}`"):
+        split.append((dim, _axes(ctx, axes, f"{where}.split.{dim}", at)))
     used = [a for _, axes in split for a in axes]
     if len(set(used)) != len(used):
         ctx.fail(f"{where}.split", _line(node, "split", line), "a mesh axis splits two dimensions",
                  "each mesh axis can split one dimension")
-    raw = node.get("window") or {}
-    if not isinstance(raw, dict):
-        ctx.fail(f"{where}.window", _line(node, "window", line), "expected a mapping from dimension to [start, stop]",
-                 "write e.g. `window: {1: [512, 1024]}`")
-    for dim, bounds in raw.items():
-        at = _line(raw, dim, line)
+    for dim, bounds, at in _by_dim(ctx, node, "window", where, line, "[start, stop]", "`window: {1: [512, 1024]}`"):
         if not (isinstance(bounds, list) and len(bounds) == 2 and all(type(b) is int and b >= 0 for b in bounds)
                 and bounds[0] < bounds[1]):
             ctx.fail(f"{where}.window.{dim}", at, f"expected [start, stop] with 0 <= start < stop, got {bounds!r}",
                      "write e.g. `[512, 1024]`")
-        window.append((_dim(ctx, dim, f"{where}.window", at), bounds[0], bounds[1]))
+        window.append((dim, bounds[0], bounds[1]))
     return Part(reference, where, line, tuple(sorted(window)), tuple(sorted(split)))
+
+
+def _by_dim(ctx: _Ctx, node: dict, key: str, where: str, line: int, what: str, example: str) -> list[tuple[int, Any, int]]:
+    """(dimension, value, line) of a mapping from dimension numbers (`split:`, `window:`)."""
+    raw = node.get(key) or {}
+    if not isinstance(raw, dict):
+        ctx.fail(f"{where}.{key}", _line(node, key, line), f"expected a mapping from dimension to {what}",
+                 f"write e.g. {example}")
+    return [(_dim(ctx, dim, f"{where}.{key}", _line(raw, dim, line)), value, _line(raw, dim, line))
+            for dim, value in raw.items()]
 
 
 def _relation(ctx: _Ctx, key: Any, node: Any, where: str, line: int) -> Relation:
