@@ -246,3 +246,77 @@ def test_memo_changed_since_and_precommit_follow_the_hlo_and_relation_files(tmp_
     (tmp_path / "rel.yaml").write_text(RELATIONS.replace("x: {reference: x}", "0: {reference: 0}"))
     changed = verify("--changed-since", "HEAD")
     assert changed["reused"] is False and changed["status"] == "verified"
+
+
+FUSED_REFERENCE = """\
+HloModule ref
+ENTRY %main (wgu: f32[8,4]) -> f32[4,4] {
+  %wgu = f32[8,4] parameter(0)
+  %g = f32[4,4] slice(%wgu), slice={[0:4], [0:4]}
+  %u = f32[4,4] slice(%wgu), slice={[4:8], [0:4]}
+  ROOT %y = f32[4,4] multiply(%g, %u)
+}
+"""
+FUSED_DISTRIBUTED = """\
+HloModule dist
+ENTRY %main (g: f32[2,4], u: f32[2,4]) -> f32[2,4] {
+  %g = f32[2,4] parameter(0)
+  %u = f32[2,4] parameter(1)
+  ROOT %y = f32[2,4] multiply(%g, %u)
+}
+"""
+FUSED_RELATIONS = """\
+version: 1
+parameters:
+  g: {reference: wgu, window: {0: [0, 4]}, split: {0: tp}}
+  u: {reference: wgu, window: {0: [UP, UP_END]}, split: {0: tp}}
+outputs:
+  0: {reference: 0, split: {0: tp}}
+"""
+
+
+@pytest.mark.parametrize("up, verified", [((4, 8), True), ((0, 4), False)])
+def test_windows_of_one_fused_reference_parameter(tmp_path, up, verified):
+    """Gate and up blocks cut from one fused reference weight (each device's block taken by its
+    device index); near miss: the up window declared where the gate lives."""
+    relations = FUSED_RELATIONS.replace("UP_END", str(up[1])).replace("UP", str(up[0]))
+    manifest, model = _model(tmp_path, reference=FUSED_REFERENCE, distributed=FUSED_DISTRIBUTED, relations=relations)
+    assert (_verify(manifest, model).status.value == "verified") is verified
+
+
+SCALE_REFERENCE = REFERENCE
+SCALE_DISTRIBUTED = """\
+HloModule dist
+ENTRY %main (x: f32[1,8]) -> f32[1,8] {
+  %x = f32[1,8] parameter(0)
+  %two = f32[] constant(2)
+  %b = f32[1,8] broadcast(%two), dimensions={}
+  ROOT %y = f32[1,8] multiply(%x, %b)
+}
+"""
+
+
+@pytest.mark.parametrize("order, verified", [("[dp, tp]", True), ("[tp, dp]", False)])
+def test_split_over_two_axes_follows_their_order(tmp_path, order, verified):
+    """Rows split over dp then tp (dp major) on a 2 x 2 mesh; near miss: the input declared tp
+    major while the output is dp major (devices 1 and 2 swap rows)."""
+    relations = (f"version: 1\nparameters:\n  x: {{reference: x, split: {{0: {order}}}}}\n"
+                 "outputs:\n  0: {reference: 0, split: {0: [dp, tp]}}\n")
+    manifest, model = _model(tmp_path, reference=SCALE_REFERENCE, distributed=SCALE_DISTRIBUTED, relations=relations,
+                             mesh="{dp: 2, tp: 2}")
+    assert (_verify(manifest, model).status.value == "verified") is verified
+
+
+TUPLE_REFERENCE = REFERENCE.replace("-> f32[4,8]", "-> (f32[4,8], f32[4,8])").replace(
+    "ROOT %y = f32[4,8] multiply(%x, %b)", "%y = f32[4,8] multiply(%x, %b)\n  ROOT %t = (f32[4,8], f32[4,8]) tuple(%y, %x)")
+TUPLE_DISTRIBUTED = SCALE_DISTRIBUTED.replace("1,8", "2,8").replace("-> f32[2,8]", "-> (f32[2,8], f32[2,8])").replace(
+    "ROOT %y = f32[2,8] multiply(%x, %b)", "%y = f32[2,8] multiply(%x, %b)\n  ROOT %t = (f32[2,8], f32[2,8]) tuple(%x, %y)")
+
+
+@pytest.mark.parametrize("mapping, verified", [((1, 0), True), ((0, 1), False)])
+def test_outputs_are_matched_as_the_relation_file_says(tmp_path, mapping, verified):
+    """The distributed result lists (x, 2x), the reference's (2x, x); near miss: matched in order."""
+    relations = ("version: 1\nparameters:\n  x: {reference: x, split: {0: tp}}\noutputs:\n"
+                 f"  0: {{reference: {mapping[0]}, split: {{0: tp}}}}\n  1: {{reference: {mapping[1]}, split: {{0: tp}}}}\n")
+    manifest, model = _model(tmp_path, reference=TUPLE_REFERENCE, distributed=TUPLE_DISTRIBUTED, relations=relations)
+    assert (_verify(manifest, model).status.value == "verified") is verified
