@@ -184,7 +184,9 @@ def _rewrite_calls(text: str, module: Module, builder: "_Builder", num_devices: 
                 continue
             for k in index.get(inst.name, ()):
                 lines[k] = builder.rewrite(lines[k], inst, num_devices, display)
-    return "\n".join(lines + builder.reducers()) + "\n"
+    # Reducers before their users, as XLA's own text parser wants them.
+    head = next((k + 1 for k, line in enumerate(lines) if line.startswith("HloModule")), 0)
+    return "\n".join(lines[:head] + builder.reducers() + lines[head:]) + "\n"
 
 
 # --- the distributed entry ------------------------------------------------------------------------
