@@ -43,7 +43,8 @@ from equivci.manifest import Manifest, ModelSpec
 PROTO_SUFFIXES = (".pb", ".proto", ".hlo.pb")
 _ELIDED = re.compile(r"constant\(\{\.\.\.\}\)")
 _SOURCE_FILE = re.compile(r'source_file="((?:[^"\\]|\\.)*)"')
-_ENTRY = re.compile(r"^(\s*)ENTRY\s+", re.MULTILINE)
+_ENTRY = re.compile(r"^(\s*)ENTRY\s+%?[\w.\-]+", re.MULTILINE)
+PROGRAM = "byo.program"  # the distributed entry, called from the new one (XLA names the entry `main`)
 HLO_TO_NUMPY = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "s8": "int8",
                 "s16": "int16", "s32": "int32", "s64": "int64", "u8": "uint8", "u16": "uint16",
                 "u32": "uint32", "u64": "uint64", "pred": "bool"}
@@ -446,7 +447,7 @@ class _Builder:
 
     def distributed_text(self, text: str) -> str:
         """The program with a new entry that takes the reference's parameters."""
-        text = _ENTRY.sub(r"\1", text)
+        text = _ENTRY.sub(rf"\1%{PROGRAM}", text)
         emit = _Emit()
         header, args = [], {}
         inputs = self.inputs()
@@ -481,7 +482,7 @@ class _Builder:
                            f"parameter {p.name} is {p.shape}", "fix the split, window or parts")
             operands.append(name)
         result = self.dist_entry.root.shape
-        call = emit(result, f"call({', '.join('%' + o for o in operands)}), to_apply=%{self.dist_entry.name}")
+        call = emit(result, f"call({', '.join('%' + o for o in operands)}), to_apply=%{PROGRAM}")
         outs: list[tuple[str, Shape]] = []
         for dist, _ in self.output_map:
             name, shape = call, result
