@@ -64,7 +64,7 @@ def _run(request: dict) -> NumericComparison:
     from jax._src.lib import xla_client
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from equivci.capture.oracle import compare_outputs, random_inputs
+    from equivci.capture.oracle import compare_outputs, random_inputs, tolerance_for
 
     backend = xla_bridge.get_backend("cpu")
     n = request["devices"]
@@ -92,8 +92,10 @@ def _run(request: dict) -> NumericComparison:
         return [[np.asarray(x) for x in out] for out in outs]
 
     reference = compile_(request["reference"], 1)
-    # Run as replicas: the device index is the replica id.
-    distributed = compile_(request["distributed"].replace("partition-id()", "replica-id()"), n)
+    # Run as replicas: the device index is the replica id, and a `replica-id` the program reads
+    # is 0, as in an SPMD program of one replica (and as the verifier reads it).
+    distributed = compile_(request["distributed"].replace("replica-id()", "constant(0)")
+                           .replace("partition-id()", "replica-id()"), n)
     inputs, outputs = request["inputs"], request["outputs"]
     abstract = [jax.ShapeDtypeStruct(tuple(x["shape"]), np.dtype(x["dtype"]) if x["dtype"] != "bfloat16"
                                      else jax.numpy.bfloat16) for x in inputs]
@@ -112,7 +114,19 @@ def _run(request: dict) -> NumericComparison:
                 name = f"{leaf['path']} on device {d}"
                 ref_outs[seed][name] = ref[k][tuple(slice(lo, hi) for lo, hi in leaf["device_slices"][d])]
                 dist_outs[seed][name] = dist[k][d]
-    return compare_outputs(ref_outs, dist_outs, request["seeds"])
+    return compare_outputs(ref_outs, dist_outs, request["seeds"],
+                           tolerance=tolerance_for(_narrowest_float(request["reference"] + request["distributed"])))
+
+
+# Float types, narrowest first, as HLO prints them, with their numpy names.
+FLOATS = (("f8e", "float8_e4m3fn"), ("bf16[", "bfloat16"), ("f16[", "float16"), ("f32[", "float32"), ("f64[", "float64"))
+
+
+def _narrowest_float(text: str) -> str:
+    """The narrowest float type the programs compute in: a correct program that computes in bf16
+    moves an f32 output by bf16 roundings, so the tolerance is bf16's (the JAX oracle measures
+    this by re-rounding; here the programs are only run)."""
+    return next((name for token, name in FLOATS if token in text), "float32")
 
 
 def main(argv: list[str]) -> int:

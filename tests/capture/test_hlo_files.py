@@ -312,3 +312,11 @@ def test_outputs_are_matched_as_the_relation_file_says(tmp_path, mapping, status
                  f"  0: {{reference: {mapping[0]}, split: {{0: tp}}}}\n  1: {{reference: {mapping[1]}, split: {{0: tp}}}}\n")
     manifest, model = _model(tmp_path, reference=TUPLE_REFERENCE, distributed=TUPLE_DISTRIBUTED, relations=relations)
     assert _verify(manifest, model).status.value == status
+
+
+@pytest.mark.parametrize("text, name", [("f32[4] add(f32[4] a, f32[4] b)", "float32"),
+                                        ("f32[4] convert(bf16[4] a)", "bfloat16"), ("s32[4] x", "float32")])
+def test_numeric_check_judges_by_the_narrowest_float_the_programs_compute_in(text, name):
+    from equivci.capture.hlo_oracle import _narrowest_float
+
+    assert _narrowest_float(text) == name
