@@ -22,7 +22,11 @@ MAX_DEVICES = 64  # fake CPU devices per capture child; more makes capture impra
 
 TOP_KEYS = ("version", "models")
 REQUIRED_MODEL_KEYS = ("name", "reference", "distributed", "inputs", "mesh")
-MODEL_KEYS = REQUIRED_MODEL_KEYS + ("tags", "capture_timeout", "oracle")
+MODEL_KEYS = REQUIRED_MODEL_KEYS + ("kind", "tags", "capture_timeout", "oracle")
+# `kind: hlo`: programs given as HLO files (another compiler's dumps) and a relation file.
+HLO_REQUIRED_KEYS = ("name", "kind", "reference", "distributed", "relations", "mesh")
+HLO_MODEL_KEYS = HLO_REQUIRED_KEYS + ("tags",)
+KINDS = ("jax", "hlo")
 ORACLE_KEYS = ("rtol", "atol", "inputs")
 DEFAULT_CAPTURE_TIMEOUT = 900.0  # seconds for importing, tracing and partitioning one model
 
@@ -61,6 +65,20 @@ class OracleSpec:
         return self.rtol is not None or self.atol is not None
 
 
+@dataclasses.dataclass(frozen=True)
+class HloSources:
+    """A model given as HLO files (`kind: hlo`): each program as HLO text or a serialized
+    HloModuleProto, and the relation file saying how the distributed program's parameters and
+    outputs relate to the reference's (docs/byo-hlo.md). Absolute paths."""
+
+    reference: Path
+    distributed: Path
+    relations: Path
+
+    def files(self) -> tuple[Path, ...]:
+        return (self.reference, self.distributed, self.relations)
+
+
 def mesh_size(mesh: tuple[tuple[str, int], ...]) -> int:
     return math.prod(size for _, size in mesh)
 
@@ -68,17 +86,24 @@ def mesh_size(mesh: tuple[tuple[str, int], ...]) -> int:
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     name: str
-    reference: Entrypoint
-    distributed: Entrypoint
-    inputs: Entrypoint
+    reference: Entrypoint | None  # None for an HLO model (`hlo` holds its files)
+    distributed: Entrypoint | None
+    inputs: Entrypoint | None
     mesh: tuple[tuple[str, int], ...]
     tags: tuple[str, ...] = ()
     capture_timeout: float = DEFAULT_CAPTURE_TIMEOUT  # seconds; `capture_timeout:` or --capture-timeout
     oracle: OracleSpec = OracleSpec()
+    hlo: HloSources | None = None
 
     @property
     def num_devices(self) -> int:
         return mesh_size(self.mesh)
+
+    def entrypoints(self) -> tuple[Entrypoint, Entrypoint, Entrypoint]:
+        """reference, distributed and inputs of a JAX model."""
+        if self.reference is None or self.distributed is None or self.inputs is None:
+            raise EquivciError(f"model '{self.name}' is given as HLO files: it has no Python entrypoints to import or run.")
+        return self.reference, self.distributed, self.inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,16 +131,16 @@ class _Seq(list):
     item_lines: list[int]
 
 
-class _Loader(yaml.SafeLoader):
+class LineLoader(yaml.SafeLoader):
     """SafeLoader that keeps line numbers and rejects duplicate keys (YAML silently keeps the last)."""
 
 
-class _DuplicateKey(Exception):
+class DuplicateKey(Exception):
     def __init__(self, key: Any, line: int):
         self.key, self.line = key, line
 
 
-def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _Map:
+def _construct_map(loader: LineLoader, node: yaml.MappingNode) -> _Map:
     loader.flatten_mapping(node)
     result = _Map()
     result.line = node.start_mark.line + 1
@@ -128,21 +153,21 @@ def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _Map:
                 "while reading a mapping", node.start_mark, f"found {_describe(key)} as a key", key_node.start_mark
             )
         if key in result.key_lines:
-            raise _DuplicateKey(key, line)
+            raise DuplicateKey(key, line)
         result.key_lines[key] = line
         result[key] = loader.construct_object(value_node, deep=True)
     return result
 
 
-def _construct_seq(loader: _Loader, node: yaml.SequenceNode) -> _Seq:
+def _construct_seq(loader: LineLoader, node: yaml.SequenceNode) -> _Seq:
     result = _Seq(loader.construct_object(child, deep=True) for child in node.value)
     result.line = node.start_mark.line + 1
     result.item_lines = [child.start_mark.line + 1 for child in node.value]
     return result
 
 
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_map)
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_seq)
+LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_map)
+LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_seq)
 
 
 # --- validation -----------------------------------------------------------------------------------
@@ -197,6 +222,8 @@ _HELP = {
     "distributed": "the sharded function, e.g. `models/llama_tp.py:forward`",
     "inputs": "a zero-argument function returning a tuple of jax.ShapeDtypeStruct, e.g. `models/llama.py:inputs`",
     "mesh": "mesh axis names and sizes, e.g. `{tp: 4}`",
+    "kind": "`kind: hlo` for a model given as HLO files",
+    "relations": "the relation file of an HLO model, e.g. `hlo/relations.yaml` (see docs/byo-hlo.md)",
 }
 
 
@@ -245,6 +272,17 @@ def _entrypoint(ctx: _Ctx, model: _Map, key: str, prefix: str) -> Entrypoint:
             f"write it as {example}",
         )
     return Entrypoint(spec=spec, function=function, module=target)
+
+
+def _file(ctx: _Ctx, model: _Map, key: str, prefix: str) -> Path:
+    where, line = f"{prefix}.{key}", model.key_lines.get(key)
+    value = model[key]
+    if not isinstance(value, str) or not value.strip():
+        ctx.fail(where, line, f"expected a file path, got {_describe(value)}", "write it relative to the manifest's folder, e.g. `hlo/model.hlo.txt`")
+    path = (ctx.root / value.strip()).resolve()
+    if not path.is_file():
+        ctx.fail(where, line, f"file '{value}' does not exist (looked for {path})", "paths are relative to the manifest's folder; fix the path")
+    return path
 
 
 def _mesh(ctx: _Ctx, model: _Map, prefix: str) -> tuple[tuple[str, int], ...]:
@@ -310,13 +348,24 @@ def _model(ctx: _Ctx, node: Any, index: int, line: int) -> ModelSpec:
             prefix, line, f"expected a mapping with keys {', '.join(REQUIRED_MODEL_KEYS)}, got {_describe(node)}",
             "write each model as `- name: ...` followed by its keys, indented",
         )
-    _check_keys(ctx, node, prefix, MODEL_KEYS, REQUIRED_MODEL_KEYS)
+    kind = node.get("kind", "jax")
+    if kind not in KINDS:
+        ctx.fail(f"{prefix}.kind", node.key_lines.get("kind"), f"unknown model kind {kind!r}",
+                 "write `kind: hlo` for a model given as HLO files, or leave it out for JAX entrypoints")
+    if kind == "hlo":
+        _check_keys(ctx, node, prefix, HLO_MODEL_KEYS, HLO_REQUIRED_KEYS)
+    else:
+        _check_keys(ctx, node, prefix, MODEL_KEYS, REQUIRED_MODEL_KEYS)
     name = node["name"]
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         ctx.fail(
             f"{prefix}.name", node.key_lines.get("name"), f"invalid model name {name!r}",
             "use only letters, digits, '_', '.' and '-', e.g. `llama-tp`",
         )
+    if kind == "hlo":
+        sources = HloSources(*(_file(ctx, node, key, prefix) for key in ("reference", "distributed", "relations")))
+        return ModelSpec(name=name, reference=None, distributed=None, inputs=None, mesh=_mesh(ctx, node, prefix),
+                         tags=_tags(ctx, node, prefix), hlo=sources)
     return ModelSpec(
         name=name,
         reference=_entrypoint(ctx, node, "reference", prefix),
@@ -342,13 +391,13 @@ def _read_yaml(ctx: _Ctx, path: Path) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise EquivciError(f"{ctx.display}: cannot read the manifest ({exc}); check the path and its permissions.") from None
     try:
-        return yaml.load(text, Loader=_Loader)
+        return yaml.load(text, Loader=LineLoader)
     except RecursionError:
         raise EquivciError(
             f"{ctx.display}: nested too deeply to read (hundreds of levels of lists or mappings); a manifest "
             "needs three levels: `models:`, each model's keys, and `mesh:` or `tags:`."
         ) from None
-    except _DuplicateKey as dup:
+    except DuplicateKey as dup:
         ctx.fail(str(dup.key), dup.line, "key written twice (YAML would silently keep the last one)", "remove one of them")
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark

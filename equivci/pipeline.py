@@ -108,9 +108,12 @@ def _verify(workspace: Workspace, model: ModelSpec, captured: CapturedModel, lap
 
 
 def _entrypoint_files(manifest: Manifest, model: ModelSpec, repo_root: Path) -> set[str]:
-    """Repository-relative files of the model's entrypoints (FILE.py, or package.module under the manifest folder)."""
+    """Repository-relative files of the model's entrypoints (FILE.py, or package.module under the
+    manifest folder), or of an HLO model its HLO and relation files."""
+    if model.hlo is not None:
+        return {f.relative_to(repo_root).as_posix() for f in model.hlo.files() if f.is_relative_to(repo_root)}
     out = set()
-    for ep in (model.reference, model.distributed, model.inputs):
+    for ep in model.entrypoints():
         candidates = [Path(ep.file)] if ep.file is not None else []
         if ep.module:
             rel = Path(*ep.module.split("."))

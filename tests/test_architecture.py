@@ -15,9 +15,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("equivci", "equivci.errors", "equivci.results", "equivci.timings", "equivci.options", "equivci.cache"),
     ("equivci.manifest",),
     ("equivci.git", "equivci.gitdiff", "equivci.ci.diff"),  # the git module (diff parsing included)
+    ("equivci.hlo",),  # the HLO parser: a leaf, which capture uses to read HLO files (kind: hlo)
     ("equivci.capture",),
     ("equivci.workspace", "equivci.memo"),
-    ("equivci.hlo",),
     ("equivci.terms",),
     ("equivci.layers",),
     ("equivci.translate",),

@@ -98,13 +98,13 @@ def capture(request: dict, laps: Laps) -> dict:
     except EquivciError:
         raise
     except Exception as exc:  # the user's reference failed to trace
-        raise EquivciError(_trace_failure("reference", model.reference, exc)) from exc
+        raise EquivciError(_trace_failure("reference", model.entrypoints()[0], exc)) from exc
     laps.lap("lower reference")
     try:
         with jax.set_mesh(mesh):
             dist_lowered = jax.jit(bound, keep_unused=True).lower(*args)
     except Exception as exc:
-        raise EquivciError(_trace_failure("distributed", model.distributed, exc)) from exc
+        raise EquivciError(_trace_failure("distributed", model.entrypoints()[1], exc)) from exc
     laps.lap("lower distributed")
     entrypoints.check_same_outputs(ref_lowered.out_info, dist_lowered.out_info, model.name)
 
@@ -169,7 +169,7 @@ def _full_compile(job: partitioned.BackgroundCompile, model):
         return job.result()
     except Exception as exc:
         raise EquivciError(
-            f"XLA could not partition the distributed entrypoint {model.distributed.spec} of model "
+            f"XLA could not partition the distributed entrypoint {model.entrypoints()[1].spec} of model "
             f"'{model.name}' for mesh {dict(model.mesh)}: {type(exc).__name__}: {str(exc).splitlines()[0]}. "
             "Check that the shardings and collectives match the mesh axes."
         ) from exc

@@ -183,9 +183,10 @@ class LoadedModel:
 
 
 def load_model(model: ModelSpec, root: Path) -> LoadedModel:
-    reference = load_function(model.reference, root)
-    distributed = load_function(model.distributed, root)
-    args = abstract_inputs(load_function(model.inputs, root), model.inputs)
+    reference_ep, distributed_ep, inputs_ep = model.entrypoints()
+    reference = load_function(reference_ep, root)
+    distributed = load_function(distributed_ep, root)
+    args = abstract_inputs(load_function(inputs_ep, root), inputs_ep)
     mesh = build_mesh(model)
     return LoadedModel(reference, bind_distributed(distributed, mesh), args, mesh)
 

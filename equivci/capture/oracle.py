@@ -409,15 +409,16 @@ def _run_failure(side: str, spec: str, exc: BaseException) -> str:
 def _compare_model(model, root: Path, seeds: tuple[int, ...]) -> NumericComparison:
     from equivci.capture import entrypoints
 
-    reference = entrypoints.load_function(model.reference, root)
-    distributed = entrypoints.load_function(model.distributed, root)
-    inputs = model.oracle.inputs or model.inputs
+    reference_ep, distributed_ep, inputs_ep = model.entrypoints()
+    reference = entrypoints.load_function(reference_ep, root)
+    distributed = entrypoints.load_function(distributed_ep, root)
+    inputs = model.oracle.inputs or inputs_ep
     args = entrypoints.abstract_inputs(entrypoints.load_function(inputs, root), inputs)
     mesh = entrypoints.build_mesh(model)
     bound = entrypoints.bind_distributed(distributed, mesh)
     ranges = index_ranges(reference, tuple(args))
     tolerance = Tolerance(model.oracle.rtol or 0.0, model.oracle.atol or 0.0) if model.oracle.tolerance_set else None
-    return _run_and_compare(reference, bound, args, mesh, seeds, model.reference.spec, model.distributed.spec,
+    return _run_and_compare(reference, bound, args, mesh, seeds, reference_ep.spec, distributed_ep.spec,
                             tolerance=tolerance, index_ranges=ranges)
 
 

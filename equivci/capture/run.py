@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from equivci.capture import partitioned
+from equivci.capture import hlo_files, partitioned
 from equivci.capture.types import CapturedModel, LeafPlacement
 from equivci.errors import EquivciError
 from equivci.git import repo_root
@@ -71,7 +71,10 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, mem
     """`memo`: {"fingerprint", "repo_root", "cache_dir" (or None), "known": {key: loc digest or None}}
     asks the child for the content key and sources, and to stop before compiling when the key is
     known (then the result has cached=True and no HLO). `on_compile()` runs here while the child
-    compiles (the result will have to be verified): work the parent can do meanwhile."""
+    compiles (the result will have to be verified): work the parent can do meanwhile.
+    A model given as HLO files is read here, without a child (capture/hlo_files.py)."""
+    if model.hlo is not None:
+        return hlo_files.capture_model(model, manifest, memo)
     with tempfile.TemporaryDirectory(prefix="equivci-capture-") as tmp:
         request, result_path, dump_dir = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "dump")
         fields = {"manifest": str(manifest.path), "model": model.name}

@@ -42,7 +42,9 @@ def recorded_sources(manifest: Manifest, model: ModelSpec) -> set[Path]:
 
 
 def model_files(manifest: Manifest, model: ModelSpec) -> set[Path]:
-    files = {entrypoint_file(ep, manifest.root) for ep in (model.reference, model.distributed, model.inputs)}
+    if model.hlo is not None:
+        return set(model.hlo.files()) | recorded_sources(manifest, model)
+    files = {entrypoint_file(ep, manifest.root) for ep in model.entrypoints()}
     return {f for f in files if f is not None} | recorded_sources(manifest, model)
 
 

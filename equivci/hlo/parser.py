@@ -48,7 +48,7 @@ def _special(sep: str) -> re.Pattern:
     return re.compile(r'["\\{}\[\]()' + re.escape(sep) + "]")
 
 
-def _balanced_end(text: str, start: int) -> int:
+def balanced_end(text: str, start: int) -> int:
     """Index just past the bracket group that opens at text[start]."""
     depth, quote = 0, False
     for i in range(start, len(text)):
@@ -74,7 +74,7 @@ _ARRAY_SHAPE = re.compile(r"^([a-z][a-z0-9]*)\[([0-9,\s]*)\](\{[^}]*\})?$")
 def parse_shape(text: str) -> Shape:
     text = text.strip()
     if text.startswith("("):
-        inner = text[1 : _balanced_end(text, 0) - 1]
+        inner = text[1 : balanced_end(text, 0) - 1]
         return Shape("tuple", (), tuple(parse_shape(p) for p in split_top(inner)) if inner.strip() else ())
     m = _ARRAY_SHAPE.match(text)
     if not m:
@@ -92,7 +92,7 @@ _OPCODE = re.compile(r"([\w\-]+)\(")
 def _scan_shape(text: str, pos: int) -> int:
     """End index of the shape starting at text[pos]."""
     if text[pos] == "(":
-        return _balanced_end(text, pos)
+        return balanced_end(text, pos)
     m = _SHAPE_AT.match(text, pos)
     if not m:
         raise HloParseError(f"expected a shape at: {text[pos:pos + 60]!r}")
@@ -180,7 +180,7 @@ def _parse_instruction(line: str, tables: _Tables) -> Instruction:
         raise HloParseError(f"cannot parse opcode in: {line.strip()[:120]!r}")
     opcode = om.group(1)
     args_start = om.end() - 1
-    args_end = _balanced_end(rest, args_start)
+    args_end = balanced_end(rest, args_start)
     args_text = rest[args_start + 1 : args_end - 1]
     attrs_text = rest[args_end:].lstrip().lstrip(",")
     attrs: dict[str, str] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from equivci.cache import Memo
+from equivci.capture.hlo_oracle import compare_hlo_in_child
 from equivci.capture.oracle import NumericComparison, compare_in_child
 from equivci.capture.types import CapturedModel
 from equivci.diagnose.findings import defect_findings, with_counterexample, with_note
@@ -78,7 +79,7 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
 
     defect = defect_with_loops(programs, proof, captured.mesh)
     laps.lap("localize")
-    comparison = _comparison(model, manifest, captured)
+    comparison = _comparison(model, manifest, captured, programs.assumed)
     laps.lap("counterexample")
     if defect is None:
         findings = [_output_finding(proof, captured)]
@@ -124,9 +125,22 @@ def _output_finding(proof, captured: CapturedModel) -> Finding:
                    "(out_specs / out_shardings) may not match what the devices hold")
 
 
-def _comparison(model: ModelSpec, manifest: Manifest, captured: CapturedModel) -> NumericComparison | str:
-    """Both programs run on random inputs (the numeric oracle), or why that did not happen."""
+def _comparison(model: ModelSpec, manifest: Manifest, captured: CapturedModel,
+                assumed: dict) -> NumericComparison | str:
+    """Both programs run on random inputs (the numeric oracle), or why that did not happen.
+    `assumed`: the integer inputs the reference indexes with and their ranges (Programs.assumed)."""
     total = sum(_size(leaf.shape) for leaf in captured.inputs)
+    if model.hlo is not None:
+        # Programs given as HLO files: XLA runs them as the capture rewrote them.
+        if total > MAX_ORACLE_ELEMENTS:
+            return (f"the numeric check did not run: the inputs have {total:,} elements, more than the "
+                    f"{MAX_ORACLE_ELEMENTS:,} it runs on a CPU, so this is `unproven`, never `mismatch` by a "
+                    "counterexample; dump the programs at smaller sizes to have them run")
+        ranges = {k: int(hi) + 1 for k, ((lo, hi), _) in assumed.items() if lo >= 0}
+        try:
+            return compare_hlo_in_child(captured, ranges)
+        except EquivciError as exc:
+            return f"the numeric check could not run: {exc}; so this is `unproven`, never `mismatch` by a counterexample"
     if total > MAX_ORACLE_ELEMENTS and model.oracle.inputs is None:
         return (f"the numeric check did not run: the inputs have {total:,} elements, more than the "
                 f"{MAX_ORACLE_ELEMENTS:,} it runs on a CPU; give it smaller inputs the entrypoints accept with "
