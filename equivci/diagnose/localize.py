@@ -300,8 +300,9 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
                 traced = None
             if traced is not None:
                 return traced
-        return Defect(event.inst, f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a "
-                                  "copy of any reference value, although its operands are")
+        plain = (f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a copy of any "
+                 "reference value, although its operands are")
+        return _index_origin(event, by_name, plain) or Defect(event.inst, plain)
 
     def scaled_sum(event: Event) -> Defect | None:
         """The reduction that completed a sum into a multiple of the reference value which reaches `event`."""
@@ -366,6 +367,39 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
     # Every value is related, yet an output is not its part of the reference: values may have
     # been sent to the wrong devices.
     return wrong_permutation(events, proof, evaluator, None)
+
+
+INDEXED_READS = {"gather", "dynamic-slice"}
+
+
+def _index_origin(event: Event, by_name: dict[str, Event], plain: str) -> Defect | None:
+    """An indexed read (gather, dynamic slice) whose operands are related but whose value is not:
+    what it reads is chosen by its indices. When they are computed on one other line of the
+    user's code, that line leads and the read is the tied alternative."""
+    if event.inst.opcode not in INDEXED_READS:
+        return None
+    here = _loc(event.inst)
+    computed: dict[tuple[str, int], Event] = {}
+    stack = [by_name.get(name) for name in event.inst.operands[1:]]
+    seen: set[str] = set()
+    while stack and len(seen) < 200:
+        e = stack.pop()
+        if e is None or e.inst.name in seen or (e.inst.opcode in TRIVIAL_OPS and not e.inst.operands):
+            continue  # constants, iotas, the device's index and inputs are no computation of an index
+        seen.add(e.inst.name)
+        loc = _loc(e.inst)
+        if loc is not None and loc != here and e.inst.opcode not in LAYOUT_OPS | TRIVIAL_OPS:
+            computed.setdefault(loc, e)
+            continue
+        stack.extend(by_name.get(name) for name in e.inst.operands)
+    if len(computed) != 1:
+        return None
+    loc, made = next(iter(computed.items()))
+    return Defect(made.inst, f"the indices computed here choose what the `{event.inst.opcode}` at {_where(here)} "
+                             "reads; its data is related to the reference, yet what it reads is not a slice, a "
+                             "partial sum or a copy of any reference value, so these indices (or how the read uses "
+                             "them) differ from the reference's",
+                  alternative=(event.inst, plain + f"; its indices are computed at {_where(loc)}."))
 
 
 def _all_routed(event: Event, by_name: dict[str, Event], routed: set[int]) -> bool:
