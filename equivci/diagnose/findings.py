@@ -118,32 +118,32 @@ def _defect_findings(defect: Defect, captured: CapturedModel, events: list[Event
 
 def _library_callers(findings: list[tuple[Finding, Instruction | None]], captured: CapturedModel,
                       reference_lines: frozenset[tuple[str, int]]) -> list[Finding]:
-    """A finding on an op that library code made moves to where the distributed program's own call
-    chain into the library starts; the repository's call into the library stays as a tied note."""
+    """An error on an op made while a shared adapter runs a library moves to where the distributed
+    program's own call chain into the adapter starts; the op's own line stays as a tied note."""
     out: list[Finding] = []
     ties = max((f.tie for f, _ in findings if f.tie is not None), default=-1)
     for finding, inst in findings:
         found = library_call(inst, captured.repo_root, reference_lines) if inst is not None else None
-        if inst is None or found is None or finding.severity == "note" or finding.tie is not None:
+        if inst is None or found is None or finding.severity != "error" or finding.tie is not None:
             out.append(finding)
             continue
-        call, start = found
+        call, library, start = found
         lead_path, lead_line = source_of(dataclasses.replace(inst, stack=(start,) + inst.stack), captured.repo_root)
+        call_path, call_line = source_of(dataclasses.replace(inst, stack=(call,)), captured.repo_root)
         if (lead_path, lead_line) == (finding.path, finding.line):
             out.append(finding)
             continue
         ties += 1
-        library = inst.stack[0]
         out.append(dataclasses.replace(
             finding, path=lead_path, line=lead_line, tie=ties,
-            message=f"{finding.message} The `{inst.opcode}` is made inside library code ({Path(library.file).name}:"
-                    f"{library.line}, which the reference runs too), called from {finding.path}:{finding.line}; this "
-                    "line, which the reference does not run, is where the distributed program's call into it starts, "
+            message=f"{finding.message} The `{inst.opcode}` is made while {call_path}:{call_line}, which the "
+                    f"reference runs too, runs library code ({Path(library.file).name}:{library.line}); this line, "
+                    "which the reference does not run, is where the distributed program's call chain into it starts, "
                     "with the arguments it passes down."))
         out.append(dataclasses.replace(
             finding, severity="note", tie=ties,
-            message=f"the library code that makes this `{inst.opcode}` is called here (the finding at "
-                    f"{lead_path}:{lead_line} says why)."))
+            message=f"the `{inst.opcode}` that the finding at {lead_path}:{lead_line} is about is made here, "
+                    f"called through {call_path}:{call_line}."))
     return out
 
 

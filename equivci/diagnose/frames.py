@@ -38,25 +38,29 @@ def in_repository(loc: SourceLoc, root: Path) -> bool:
 
 
 def library_call(inst: Instruction, repo_root: str,
-                 reference_lines: frozenset[tuple[str, int]]) -> tuple[SourceLoc, SourceLoc] | None:
-    """For an op a third-party library made through code the reference runs too: (the repository's
-    call into the library, the outermost repository frame on its stack that the reference does
-    not run).
+                 reference_lines: frozenset[tuple[str, int]]) -> tuple[SourceLoc, SourceLoc, SourceLoc] | None:
+    """For an op made while a shared adapter runs a library: (the adapter's frame, the library frame
+    inside it, the outermost repository frame on the op's stack that the reference does not run).
 
-    JAX leaves its own frames out of an op's stack, so an innermost frame outside the repository
-    is library code. When the repository's call into it is a line the reference runs as well (a
-    shared adapter), neither differs; what the distributed program decides is how it reaches that
-    adapter, written where its own call chain starts (the entrypoint that passes the configuration
-    down). None when the op is the repository's own, or the call into the library is
-    distributed-only (then that call is the place).
+    JAX leaves its own frames out of an op's stack, so a frame outside the repository (and outside
+    equivci) is library code. When the op's stack passes through a repository line the reference
+    runs as well (an adapter calling the library, which runs the same for both), what the
+    distributed program decides is how it reaches that adapter: the arguments it passes down from
+    where its own call chain starts. None when no shared adapter calls a library on the stack, or
+    when every frame outside the adapter is the reference's too.
     """
     root = Path(repo_root).resolve()
-    if not inst.stack or in_repository(inst.stack[0], root):
+    frames = list(inst.stack)
+    for k, loc in enumerate(frames):
+        if not in_repository(loc, root) or (loc.file, loc.line) not in reference_lines:
+            continue
+        library = next((f for f in frames[:k] if _is_library(f, root)), None)
+        own = [f for f in frames[k + 1:] if in_repository(f, root) and (f.file, f.line) not in reference_lines]
+        if library is not None and own:
+            return loc, library, own[-1]
         return None
-    ours = [loc for loc in inst.stack if in_repository(loc, root)]
-    if not ours or (ours[0].file, ours[0].line) not in reference_lines:
-        return None
-    own = [loc for loc in ours if (loc.file, loc.line) not in reference_lines]
-    if not own:
-        return None
-    return ours[0], own[-1]
+    return None
+
+
+def _is_library(loc: SourceLoc, root: Path) -> bool:
+    return not in_repository(loc, root) and not loc.file.startswith(_PACKAGE) and not loc.file.startswith("<")

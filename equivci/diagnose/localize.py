@@ -284,7 +284,10 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
             return wrong_way
         slip = misplaced_slice(events, [list(e.values) for e in operand_events if e and _terms(e)])
         if slip is not None:
-            return Defect(slip[0].inst, slip[1], context=event.inst)
+            lines = {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]}
+            origin = at_index_origin(slip[0], slip[1], events, lines)
+            return dataclasses.replace(origin, context=event.inst) if origin else Defect(slip[0].inst, slip[1],
+                                                                                         context=event.inst)
         partial_operand = any(e is not None and _terms(e) and status.get(id(_terms(e)[0])) == "partial"
                               for e in operand_events)
         if any(e is not None and _terms(e) and all(id(t) in routed for t in _terms(e)) for e in operand_events):
@@ -958,27 +961,44 @@ class _Tracer:
         return None
 
     def at_index_origin(self, cut: Event, lead: str) -> Defect | None:
-        """Point at the Python line that computes the device-dependent index a dynamic slice starts
-        at (`kv_head = i % n` used as `kv_head * HEAD_DIM`): where the device-to-part map is written."""
-        loc = _loc(cut.inst)
-        found = _statement(*loc)
-        calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "dynamic_slice" in _callee(n)] if found else []
-        if len(calls) != 1 or len(calls[0].args) < 2:
-            return None
-        names = [n.id for n in ast.walk(calls[0].args[1]) if isinstance(n, ast.Name)]
-        for func in reversed(found[1]):
-            for name in names:
-                line = _assigned_at(func, name, loc[1])
-                bound = _statement(loc[0], line) if line is not None else None
-                value = getattr(bound[0], "value", None) if bound else None
-                # computed on the device (it emitted ops), from more than the device index itself
-                if value is None or (loc[0], line) not in self.op_lines or \
-                        (isinstance(value, ast.Call) and _callee(value) == "axis_index"):
-                    continue
-                stack = (SourceLoc(loc[0], line, func.name),) + tuple(cut.inst.stack)
-                return Defect(dataclasses.replace(cut.inst, stack=stack),
-                              f"`{name}` is computed here and gives the start of the slice at {_where(loc)}: {lead}.")
+        return at_index_origin(cut, lead, self.events, self.op_lines)
+
+
+def at_index_origin(cut: Event, lead: str, events: list[Event], op_lines: set[tuple[str, int]]) -> Defect | None:
+    """Point at the Python line that computes the device-dependent index a dynamic slice starts
+    at (`kv_head = i % n` used as `kv_head * HEAD_DIM`): where the device-to-part map is written.
+    An index the enclosing function receives as a parameter is computed where its caller passes it."""
+    loc = _loc(cut.inst)
+    found = _statement(*loc) if loc else None
+    calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "dynamic_slice" in _callee(n)] if found else []
+    if not found or len(calls) != 1 or len(calls[0].args) < 2:
         return None
+    names = [n.id for n in ast.walk(calls[0].args[1]) if isinstance(n, ast.Name)]
+    for func in reversed(found[1]):
+        for name in names:
+            line = _assigned_at(func, name, loc[1])
+            if line is None and name in _parameters(func):
+                site = _call_argument(loc[0], func, name, events)
+                if site is None or not _device_index(site[0], site[1].lineno, site[1], op_lines):
+                    continue
+                stack = (SourceLoc(site[0], site[1].lineno, ""),) + tuple(cut.inst.stack)
+                return Defect(dataclasses.replace(cut.inst, stack=stack),
+                              f"`{ast.unparse(site[1])}` is passed here as `{name}` and gives the start of the slice "
+                              f"at {_where(loc)}: {lead}.")
+            bound = _statement(loc[0], line) if line is not None else None
+            value = getattr(bound[0], "value", None) if bound else None
+            if line is None or value is None or not _device_index(loc[0], line, value, op_lines):
+                continue
+            stack = (SourceLoc(loc[0], line, func.name),) + tuple(cut.inst.stack)
+            return Defect(dataclasses.replace(cut.inst, stack=stack),
+                          f"`{name}` is computed here and gives the start of the slice at {_where(loc)}: {lead}.")
+    return None
+
+
+def _device_index(file: str, line: int, value: ast.expr, op_lines: set[tuple[str, int]]) -> bool:
+    """`value`, written at `line`, is computed on the device (it emitted ops) from more than the
+    device index itself."""
+    return (file, line) in op_lines and not (isinstance(value, ast.Call) and _callee(value) == "axis_index")
 
 
 def _window(t: Term | None) -> tuple[Term, tuple] | None:
