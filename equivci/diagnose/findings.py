@@ -16,7 +16,7 @@ from pathlib import Path
 
 from equivci.capture.types import CapturedModel
 from equivci.diagnose.frames import innermost, library_call
-from equivci.diagnose.localize import Defect, source_of
+from equivci.diagnose.localize import Defect, call_chain_start, source_of
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.hlo.ir import Instruction
 from equivci.layers.segments import Layering, layer_of, leaves
@@ -71,7 +71,8 @@ def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event]
     `outputs_equal`: the numeric oracle ran and found the outputs equal (an unproven model);
     `reference_lines`: the (file, line) pairs on the reference program's op stacks."""
     return _located_first(_library_callers(_defect_findings(defect, captured, events, layering, failed_layers,
-                                                            frontier, outputs_equal), captured, reference_lines))
+                                                            frontier, outputs_equal), captured, events,
+                                           reference_lines))
 
 
 def _defect_findings(defect: Defect, captured: CapturedModel, events: list[Event], layering: Layering | None,
@@ -117,7 +118,7 @@ def _defect_findings(defect: Defect, captured: CapturedModel, events: list[Event
 
 
 def _library_callers(findings: list[tuple[Finding, Instruction | None]], captured: CapturedModel,
-                      reference_lines: frozenset[tuple[str, int]]) -> list[Finding]:
+                      events: list[Event], reference_lines: frozenset[tuple[str, int]]) -> list[Finding]:
     """An error on an op made while a shared adapter runs a library moves to where the distributed
     program's own call chain into the adapter starts; the op's own line stays as a tied note."""
     out: list[Finding] = []
@@ -128,6 +129,7 @@ def _library_callers(findings: list[tuple[Finding, Instruction | None]], capture
             out.append(finding)
             continue
         call, library, start = found
+        start = call_chain_start(start, events)
         lead_path, lead_line = source_of(dataclasses.replace(inst, stack=(start,) + inst.stack), captured.repo_root)
         call_path, call_line = source_of(dataclasses.replace(inst, stack=(call,)), captured.repo_root)
         if (lead_path, lead_line) == (finding.path, finding.line):

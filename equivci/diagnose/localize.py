@@ -609,6 +609,25 @@ def _expr_origin(file: str, line: int, expr: ast.expr, events: list[Event], dept
     return None
 
 
+def call_chain_start(loc: SourceLoc, events: list[Event], depth: int = 5) -> SourceLoc:
+    """Where the user's call chain that reaches `loc` starts: from the module-level function around
+    `loc` to its call seen on the ops' stacks, and so on up. An op's own stack may end early (the
+    stacks of a shard_map body's ops end at the body), so the calls come from every op's stack."""
+    for _ in range(depth):
+        found = _statement(loc.file, loc.line)
+        if not found or not found[1]:
+            return loc
+        scope = found[1][0]
+        first, last = scope.lineno, scope.end_lineno or scope.lineno
+        caller = next((outer for e in events for inner, outer in zip(e.inst.stack, e.inst.stack[1:])
+                       if inner.file == loc.file and first <= inner.line <= last and is_user_frame(outer)
+                       and not (outer.file == loc.file and first <= outer.line <= last)), None)
+        if caller is None:
+            return loc
+        loc = caller
+    return loc
+
+
 def _parameters(func: ast.AST) -> list[str]:
     args = func.args
     return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
