@@ -293,15 +293,14 @@ def test_fresh_program_ring_pairs_bound_to_a_name(tmp_manifest):
     assert "the other way" in message
 
 
-def test_fresh_program_window_picked_by_an_argument_points_at_the_call(tmp_manifest):
+@pytest.mark.parametrize("name, mark, words", [
     # The helper slices at `group * cols` for whatever group it is given: the caller's argument
     # is where the device-to-part map is written.
-    where, message, _ = localize(tmp_manifest, "rotated-argument")
-    assert where.endswith(f"models.py:{line_of('argument')}")
-    assert "passed here as `group`" in message and "moves back" in message
-
-
-def test_fresh_program_gather_rows_point_at_the_index_line(tmp_manifest):
-    where, message, _ = localize(tmp_manifest, "table-rows")
-    assert where.endswith(f"models.py:{line_of('rows')}")
-    assert "indices computed here" in message and "`gather`" in message
+    ("rotated-argument", "argument", ("passed here as `group`", "moves back")),
+    # The gather reads the right table at rows computed on the line before.
+    ("table-rows", "rows", ("indices computed here", "`gather`")),
+])
+def test_fresh_program_index_written_elsewhere_points_at_where_it_is_written(tmp_manifest, name, mark, words):
+    where, message, _ = localize(tmp_manifest, name)
+    assert where.endswith(f"models.py:{line_of(mark)}")
+    assert all(w in message for w in words)
