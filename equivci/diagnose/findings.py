@@ -12,10 +12,11 @@ the pull request changed first.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from equivci.capture.types import CapturedModel
-from equivci.diagnose.frames import innermost
-from equivci.diagnose.localize import Defect, source_of
+from equivci.diagnose.frames import innermost, library_call
+from equivci.diagnose.localize import Defect, call_chain_start, source_of
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.hlo.ir import Instruction
 from equivci.layers.segments import Layering, layer_of, leaves
@@ -63,10 +64,20 @@ def _finding(inst: Instruction, message: str, captured: CapturedModel, events: l
 
 def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event], layering: Layering | None,
                     failed_layers: set[str], frontier: NumericFrontier | None = None,
-                    outputs_equal: bool = False) -> list[Finding]:
+                    outputs_equal: bool = False,
+                    reference_lines: frozenset[tuple[str, int]] = frozenset()) -> list[Finding]:
     """The findings for `defect`, ranked with the numeric frontier when there is one.
 
-    `outputs_equal`: the numeric oracle ran and found the outputs equal (an unproven model)."""
+    `outputs_equal`: the numeric oracle ran and found the outputs equal (an unproven model);
+    `reference_lines`: the (file, line) pairs on the reference program's op stacks."""
+    return _located_first(_library_callers(_defect_findings(defect, captured, events, layering, failed_layers,
+                                                            frontier, outputs_equal), captured, events,
+                                           reference_lines))
+
+
+def _defect_findings(defect: Defect, captured: CapturedModel, events: list[Event], layering: Layering | None,
+                     failed_layers: set[str], frontier: NumericFrontier | None,
+                     outputs_equal: bool) -> list[tuple[Finding, Instruction | None]]:
     message = defect.message
     if defect.context is not None:
         cpath, cline = source_of(defect.context, captured.repo_root)
@@ -89,19 +100,63 @@ def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event]
         later = _finding(defect.inst, "the proof cannot relate the value here to the reference, but on random "
                                       f"inputs it matches one, so this may be a missing rule, not the defect: {message}",
                          captured, events, layering, severity="warning")
-        return [first, later]
+        return [(first, numeric.inst), (later, defect.inst)]
     if numeric is not None:
         message += " On random inputs, this is where the values first differ from the reference's."
     elif frontier is not None and frontier.event is None and frontier.note is None and outputs_equal:
         message = ("the proof cannot relate the value here to the reference, yet on random inputs every distributed "
                    "value matches a reference value and the outputs agree: likely a rule equivci lacks, not a "
                    f"defect. The proof's view: {message}")
-    findings = [_finding(defect.inst, message, captured, events, layering, tie=0 if defect.alternative else None)]
+    findings: list[tuple[Finding, Instruction | None]] = [
+        (_finding(defect.inst, message, captured, events, layering, tie=0 if defect.alternative else None), defect.inst)]
     if defect.alternative is not None:
         inst, why = defect.alternative
-        findings.append(_finding(inst, why, captured, events, layering, severity="note", tie=0))
+        findings.append((_finding(inst, why, captured, events, layering, severity="note", tie=0), inst))
     if frontier is not None and frontier.note:
-        findings.append(Finding(None, None, "note", None, frontier.note))
+        findings.append((Finding(None, None, "note", None, frontier.note), None))
+    return findings
+
+
+def _library_callers(findings: list[tuple[Finding, Instruction | None]], captured: CapturedModel,
+                      events: list[Event], reference_lines: frozenset[tuple[str, int]]) -> list[Finding]:
+    """An error on an op made while a shared adapter runs a library moves to where the distributed
+    program's own call chain into the adapter starts; the op's own line stays as a tied note."""
+    out: list[Finding] = []
+    ties = max((f.tie for f, _ in findings if f.tie is not None), default=-1)
+    for finding, inst in findings:
+        found = library_call(inst, captured.repo_root, reference_lines) if inst is not None else None
+        if inst is None or found is None or finding.severity != "error" or finding.tie is not None:
+            out.append(finding)
+            continue
+        call, library, start = found
+        start = call_chain_start(start, events)
+        lead_path, lead_line = source_of(dataclasses.replace(inst, stack=(start,) + inst.stack), captured.repo_root)
+        call_path, call_line = source_of(dataclasses.replace(inst, stack=(call,)), captured.repo_root)
+        if (lead_path, lead_line) == (finding.path, finding.line):
+            out.append(finding)
+            continue
+        ties += 1
+        out.append(dataclasses.replace(
+            finding, path=lead_path, line=lead_line, tie=ties,
+            message=f"{finding.message} The `{inst.opcode}` is made while {call_path}:{call_line}, which the "
+                    f"reference runs too, runs library code ({Path(library.file).name}:{library.line}); this line, "
+                    "which the reference does not run, is where the distributed program's call chain into it starts, "
+                    "with the arguments it passes down."))
+        out.append(dataclasses.replace(
+            finding, severity="note", tie=ties,
+            message=f"the `{inst.opcode}` that the finding at {lead_path}:{lead_line} is about is made here, "
+                    f"called through {call_path}:{call_line}."))
+    return out
+
+
+def _located_first(findings: list[Finding]) -> list[Finding]:
+    """A finding without a place never leads while one with a place exists."""
+    if findings and findings[0].path is None:
+        k = next((k for k, f in enumerate(findings) if f.path is not None and f.severity != "note"), None)
+        if k is not None:
+            lead = findings[k]
+            findings = [dataclasses.replace(lead, severity=findings[0].severity)] + [
+                f for j, f in enumerate(findings) if j != k]
     return findings
 
 

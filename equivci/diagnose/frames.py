@@ -25,3 +25,42 @@ def user_frames(inst: Instruction) -> list[SourceLoc]:
 def innermost(inst: Instruction) -> tuple[str, int] | None:
     """(file, line) of the innermost frame of `inst` in the user's code."""
     return next(((loc.file, loc.line) for loc in inst.stack if is_user_frame(loc)), None)
+
+
+def in_repository(loc: SourceLoc, root: Path) -> bool:
+    if not is_user_frame(loc):
+        return False
+    try:
+        Path(loc.file).resolve().relative_to(root)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def library_call(inst: Instruction, repo_root: str,
+                 reference_lines: frozenset[tuple[str, int]]) -> tuple[SourceLoc, SourceLoc, SourceLoc] | None:
+    """For an op made while a shared adapter runs a library: (the adapter's frame, the library frame
+    inside it, the outermost repository frame on the op's stack that the reference does not run).
+
+    JAX leaves its own frames out of an op's stack, so a frame outside the repository (and outside
+    equivci) is library code. When the op's stack passes through a repository line the reference
+    runs as well (an adapter calling the library, which runs the same for both), what the
+    distributed program decides is how it reaches that adapter: the arguments it passes down from
+    where its own call chain starts. None when no shared adapter calls a library on the stack, or
+    when every frame outside the adapter is the reference's too.
+    """
+    root = Path(repo_root).resolve()
+    frames = list(inst.stack)
+    for k, loc in enumerate(frames):
+        if not in_repository(loc, root) or (loc.file, loc.line) not in reference_lines:
+            continue
+        library = next((f for f in frames[:k] if _is_library(f, root)), None)
+        own = [f for f in frames[k + 1:] if in_repository(f, root) and (f.file, f.line) not in reference_lines]
+        if library is not None and own:
+            return loc, library, own[-1]
+        return None
+    return None
+
+
+def _is_library(loc: SourceLoc, root: Path) -> bool:
+    return not in_repository(loc, root) and not loc.file.startswith(_PACKAGE) and not loc.file.startswith("<")

@@ -284,7 +284,10 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
             return wrong_way
         slip = misplaced_slice(events, [list(e.values) for e in operand_events if e and _terms(e)])
         if slip is not None:
-            return Defect(slip[0].inst, slip[1], context=event.inst)
+            lines = {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]}
+            origin = at_index_origin(slip[0], slip[1], events, lines)
+            return dataclasses.replace(origin, context=event.inst) if origin else Defect(slip[0].inst, slip[1],
+                                                                                         context=event.inst)
         partial_operand = any(e is not None and _terms(e) and status.get(id(_terms(e)[0])) == "partial"
                               for e in operand_events)
         if any(e is not None and _terms(e) and all(id(t) in routed for t in _terms(e)) for e in operand_events):
@@ -300,8 +303,9 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
                 traced = None
             if traced is not None:
                 return traced
-        return Defect(event.inst, f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a "
-                                  "copy of any reference value, although its operands are")
+        plain = (f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a copy of any "
+                 "reference value, although its operands are")
+        return _index_origin(event, by_name, plain) or Defect(event.inst, plain)
 
     def scaled_sum(event: Event) -> Defect | None:
         """The reduction that completed a sum into a multiple of the reference value which reaches `event`."""
@@ -366,6 +370,39 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
     # Every value is related, yet an output is not its part of the reference: values may have
     # been sent to the wrong devices.
     return wrong_permutation(events, proof, evaluator, None)
+
+
+INDEXED_READS = {"gather", "dynamic-slice"}
+
+
+def _index_origin(event: Event, by_name: dict[str, Event], plain: str) -> Defect | None:
+    """An indexed read (gather, dynamic slice) whose operands are related but whose value is not:
+    what it reads is chosen by its indices. When they are computed on one other line of the
+    user's code, that line leads and the read is the tied alternative."""
+    if event.inst.opcode not in INDEXED_READS:
+        return None
+    here = _loc(event.inst)
+    computed: dict[tuple[str, int], Event] = {}
+    stack = [by_name.get(name) for name in event.inst.operands[1:]]
+    seen: set[str] = set()
+    while stack and len(seen) < 200:
+        e = stack.pop()
+        if e is None or e.inst.name in seen or (e.inst.opcode in TRIVIAL_OPS and not e.inst.operands):
+            continue  # constants, iotas, the device's index and inputs are no computation of an index
+        seen.add(e.inst.name)
+        loc = _loc(e.inst)
+        if loc is not None and loc != here and e.inst.opcode not in LAYOUT_OPS | TRIVIAL_OPS:
+            computed.setdefault(loc, e)
+            continue
+        stack.extend(by_name.get(name) for name in e.inst.operands)
+    if len(computed) != 1:
+        return None
+    loc, made = next(iter(computed.items()))
+    return Defect(made.inst, f"the indices computed here choose what the `{event.inst.opcode}` at {_where(here)} "
+                             "reads; its data is related to the reference, yet what it reads is not a slice, a "
+                             "partial sum or a copy of any reference value, so these indices (or how the read uses "
+                             "them) differ from the reference's",
+                  alternative=(event.inst, plain + f"; its indices are computed at {_where(loc)}."))
 
 
 def _all_routed(event: Event, by_name: dict[str, Event], routed: set[int]) -> bool:
@@ -570,6 +607,25 @@ def _expr_origin(file: str, line: int, expr: ast.expr, events: list[Event], dept
             cfile, arg = site
             return _expr_origin(cfile, arg.lineno, arg, events, depth - 1)
     return None
+
+
+def call_chain_start(loc: SourceLoc, events: list[Event], depth: int = 5) -> SourceLoc:
+    """Where the user's call chain that reaches `loc` starts: from the module-level function around
+    `loc` to its call seen on the ops' stacks, and so on up. An op's own stack may end early (the
+    stacks of a shard_map body's ops end at the body), so the calls come from every op's stack."""
+    for _ in range(depth):
+        found = _statement(loc.file, loc.line)
+        if not found or not found[1]:
+            return loc
+        scope = found[1][0]
+        first, last = scope.lineno, scope.end_lineno or scope.lineno
+        caller = next((outer for e in events for inner, outer in zip(e.inst.stack, e.inst.stack[1:])
+                       if inner.file == loc.file and first <= inner.line <= last and is_user_frame(outer)
+                       and not (outer.file == loc.file and first <= outer.line <= last)), None)
+        if caller is None:
+            return loc
+        loc = caller
+    return loc
 
 
 def _parameters(func: ast.AST) -> list[str]:
@@ -924,27 +980,44 @@ class _Tracer:
         return None
 
     def at_index_origin(self, cut: Event, lead: str) -> Defect | None:
-        """Point at the Python line that computes the device-dependent index a dynamic slice starts
-        at (`kv_head = i % n` used as `kv_head * HEAD_DIM`): where the device-to-part map is written."""
-        loc = _loc(cut.inst)
-        found = _statement(*loc)
-        calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "dynamic_slice" in _callee(n)] if found else []
-        if len(calls) != 1 or len(calls[0].args) < 2:
-            return None
-        names = [n.id for n in ast.walk(calls[0].args[1]) if isinstance(n, ast.Name)]
-        for func in reversed(found[1]):
-            for name in names:
-                line = _assigned_at(func, name, loc[1])
-                bound = _statement(loc[0], line) if line is not None else None
-                value = getattr(bound[0], "value", None) if bound else None
-                # computed on the device (it emitted ops), from more than the device index itself
-                if value is None or (loc[0], line) not in self.op_lines or \
-                        (isinstance(value, ast.Call) and _callee(value) == "axis_index"):
-                    continue
-                stack = (SourceLoc(loc[0], line, func.name),) + tuple(cut.inst.stack)
-                return Defect(dataclasses.replace(cut.inst, stack=stack),
-                              f"`{name}` is computed here and gives the start of the slice at {_where(loc)}: {lead}.")
+        return at_index_origin(cut, lead, self.events, self.op_lines)
+
+
+def at_index_origin(cut: Event, lead: str, events: list[Event], op_lines: set[tuple[str, int]]) -> Defect | None:
+    """Point at the Python line that computes the device-dependent index a dynamic slice starts
+    at (`kv_head = i % n` used as `kv_head * HEAD_DIM`): where the device-to-part map is written.
+    An index the enclosing function receives as a parameter is computed where its caller passes it."""
+    loc = _loc(cut.inst)
+    found = _statement(*loc) if loc else None
+    calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "dynamic_slice" in _callee(n)] if found else []
+    if not found or len(calls) != 1 or len(calls[0].args) < 2:
         return None
+    names = [n.id for n in ast.walk(calls[0].args[1]) if isinstance(n, ast.Name)]
+    for func in reversed(found[1]):
+        for name in names:
+            line = _assigned_at(func, name, loc[1])
+            if line is None and name in _parameters(func):
+                site = _call_argument(loc[0], func, name, events)
+                if site is None or not _device_index(site[0], site[1].lineno, site[1], op_lines):
+                    continue
+                stack = (SourceLoc(site[0], site[1].lineno, ""),) + tuple(cut.inst.stack)
+                return Defect(dataclasses.replace(cut.inst, stack=stack),
+                              f"`{ast.unparse(site[1])}` is passed here as `{name}` and gives the start of the slice "
+                              f"at {_where(loc)}: {lead}.")
+            bound = _statement(loc[0], line) if line is not None else None
+            value = getattr(bound[0], "value", None) if bound else None
+            if line is None or value is None or not _device_index(loc[0], line, value, op_lines):
+                continue
+            stack = (SourceLoc(loc[0], line, func.name),) + tuple(cut.inst.stack)
+            return Defect(dataclasses.replace(cut.inst, stack=stack),
+                          f"`{name}` is computed here and gives the start of the slice at {_where(loc)}: {lead}.")
+    return None
+
+
+def _device_index(file: str, line: int, value: ast.expr, op_lines: set[tuple[str, int]]) -> bool:
+    """`value`, written at `line`, is computed on the device (it emitted ops) from more than the
+    device index itself."""
+    return (file, line) in op_lines and not (isinstance(value, ast.Call) and _callee(value) == "axis_index")
 
 
 def _window(t: Term | None) -> tuple[Term, tuple] | None:

@@ -89,8 +89,10 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
                                     programs.routed)
         laps.lap("numeric localization")
         failed = {o.name for o in layered.layers if not o.proved and o.name} if layering is not None else set()
+        reference_lines = frozenset((loc.file, loc.line) for e in programs.reference_events for loc in e.inst.stack)
         findings = defect_findings(defect, captured, programs.distributed_events, layering, failed, frontier,
-                                   outputs_equal=isinstance(comparison, NumericComparison) and comparison.equal)
+                                   outputs_equal=isinstance(comparison, NumericComparison) and comparison.equal,
+                                   reference_lines=reference_lines)
     if isinstance(comparison, NumericComparison) and not comparison.equal:
         findings = with_counterexample(findings, _counterexample(comparison))
         return _finish(model, Status.MISMATCH, t0, tuple(findings), layers, laps)

@@ -82,6 +82,42 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P()), out_specs=P())(x, w, wo)
 
 
+    def _pick(w, group, cols):
+        return lax.dynamic_slice_in_dim(w, H + group * cols, cols, axis=1)
+
+
+    def gated_tp_rotated_argument(x, w, wo, *, mesh):
+        n, cols = mesh.shape[TP], H // mesh.shape[TP]
+
+        def body(x, w, wo):
+            i = lax.axis_index(TP)
+            w_a = lax.dynamic_slice_in_dim(w, i * cols, cols, axis=1)
+            w_b = _pick(w, (i + 1) % n, cols)  # MARK:argument
+            return lax.psum(((x @ w_a) * (x @ w_b)) @ lax.dynamic_slice_in_dim(wo, i * cols, cols, axis=0), TP)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P()), out_specs=P())(x, w, wo)
+
+
+    TABLE = jnp.arange(64.0).reshape(16, 4)
+
+
+    def table_inputs():
+        return (jax.ShapeDtypeStruct((16, 4), jnp.float32),)
+
+
+    def scaled_by_table(x):
+        return x * TABLE[: x.shape[0]]
+
+
+    def scaled_by_table_sp(x, *, mesh):
+        def body(x):
+            s = x.shape[0]
+            rows = ((lax.axis_index(TP) + 1) % mesh.shape[TP]) * s + jnp.arange(s)  # MARK:rows
+            return x * TABLE[rows]
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None),), out_specs=P(TP, None))(x)
+
+
     def norm_inputs():
         return (jax.ShapeDtypeStruct((4, 16), jnp.float32),)
 
@@ -128,6 +164,10 @@ MANIFEST = textwrap.dedent(
          inputs: models.py:inputs, mesh: {tp: 4}}
       - {name: rotated-named, reference: models.py:gated, distributed: models.py:gated_tp_rotated_named,
          inputs: models.py:inputs, mesh: {tp: 4}}
+      - {name: rotated-argument, reference: models.py:gated, distributed: models.py:gated_tp_rotated_argument,
+         inputs: models.py:inputs, mesh: {tp: 4}}
+      - {name: table-rows, reference: models.py:scaled_by_table, distributed: models.py:scaled_by_table_sp,
+         inputs: models.py:table_inputs, mesh: {tp: 4}}
       - {name: rms, reference: models.py:rms, distributed: models.py:rms_tp_local_width,
          inputs: models.py:norm_inputs, mesh: {tp: 2}}
       - {name: roll, reference: models.py:roll, distributed: models.py:roll_ring_left,
@@ -251,3 +291,16 @@ def test_fresh_program_ring_pairs_bound_to_a_name(tmp_manifest):
     where, message, _ = localize(tmp_manifest, "roll")
     assert where.endswith(f"models.py:{line_of('pairs')}")
     assert "the other way" in message
+
+
+@pytest.mark.parametrize("name, mark, words", [
+    # The helper slices at `group * cols` for whatever group it is given: the caller's argument
+    # is where the device-to-part map is written.
+    ("rotated-argument", "argument", ("passed here as `group`", "moves back")),
+    # The gather reads the right table at rows computed on the line before.
+    ("table-rows", "rows", ("indices computed here", "`gather`")),
+])
+def test_fresh_program_index_written_elsewhere_points_at_where_it_is_written(tmp_manifest, name, mark, words):
+    where, message, _ = localize(tmp_manifest, name)
+    assert where.endswith(f"models.py:{line_of(mark)}")
+    assert all(w in message for w in words)
