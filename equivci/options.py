@@ -8,8 +8,6 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from equivci.errors import EquivciError
-
 ENV_VERIFY_TIMEOUT = "EQUIVCI_VERIFY_TIMEOUT"
 ENV_VERIFY_MEMORY = "EQUIVCI_VERIFY_MEMORY"
 ENV_CACHE_DIR = "EQUIVCI_CACHE_DIR"
@@ -34,14 +32,9 @@ class Options:
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Options:
         memory = int(environ.get(ENV_VERIFY_MEMORY, 0))
         cache_dir = environ.get(ENV_CACHE_DIR)
-        iterations = environ.get(ENV_SATURATION_ITERATIONS, str(SATURATION_ITERATIONS))
-        if not iterations.isdigit() or int(iterations) < 1:
-            raise EquivciError(f"{ENV_SATURATION_ITERATIONS} is {iterations!r}: it must be a whole number of saturation "
-                               f"iterations, at least 1 (the default is {SATURATION_ITERATIONS}); unset it or set, "
-                               f"say, {ENV_SATURATION_ITERATIONS}={2 * SATURATION_ITERATIONS}")
         return cls(
             verify_timeout_seconds=float(environ.get(ENV_VERIFY_TIMEOUT, 900)),
             verify_memory_bytes=memory or _three_quarters_of_memory(),
             cache_dir=Path(cache_dir).resolve() if cache_dir else None,
-            saturation_iterations=int(iterations),
+            saturation_iterations=int(environ.get(ENV_SATURATION_ITERATIONS, SATURATION_ITERATIONS)),
         )

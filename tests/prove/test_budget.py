@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from egglog import EGraph
 
+from equivci.cli import _check_environment
 from equivci.errors import EquivciError
 from equivci.options import ENV_SATURATION_ITERATIONS, Options
 from equivci.prove.saturate import _run, proved_equal, saturate_terms
@@ -58,12 +59,13 @@ def test_the_budget_is_at_least_the_depth_of_the_terms() -> None:
     assert proof.all_proved and proof.exhausted == 0
 
 
-def test_the_budget_setting_is_read_once_and_checked() -> None:
+def test_the_budget_setting_is_read_once_and_a_bad_value_is_a_usage_error(monkeypatch) -> None:
     assert Options.from_env({}).saturation_iterations == 120
     assert Options.from_env({ENV_SATURATION_ITERATIONS: "400"}).saturation_iterations == 400
-    for bad in ("0", "many", "-5"):
+    for bad in ("0", "many", "-5", "1.5"):
+        monkeypatch.setenv(ENV_SATURATION_ITERATIONS, bad)
         with pytest.raises(EquivciError, match=ENV_SATURATION_ITERATIONS):
-            Options.from_env({ENV_SATURATION_ITERATIONS: bad})
+            _check_environment()
 
 
 def test_unproven_for_lack_of_budget_names_the_budget_and_how_to_raise_it() -> None:
