@@ -135,6 +135,14 @@ def run_measured(cmd: list[str], cwd: Path, env: dict, timeout: float) -> dict:
             "stages": timings.read(err_file.read().decode(errors="replace"))}
 
 
+def equivci_fingerprint(env: dict) -> str:
+    """equivci's cache identity (its sources among it) as a fresh process computes it: when it changes
+    between the cold and the warm run (an edit or checkout of equivci meanwhile), the warm run
+    cannot find the cold run's result, and its figure is that of a cold run."""
+    code = "from equivci.cache import fingerprint; print(fingerprint())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+
+
 def best_of(runs: list[dict]) -> dict:
     """The fastest of the runs, with the largest peak RSS seen."""
     best = min(runs, key=lambda r: r["seconds"])
@@ -209,6 +217,7 @@ def bench_config(cfg: str, timeout: float, layers: int | None = None, repeat: in
     bare_cmd = [sys.executable, "-c", BARE.format(models=str(repo / "models"), cfg=cfg, module=spec.module,
                                                   names=tuple(spec.mesh), sizes=tuple(spec.mesh.values()))]
     verify = [*EQUIVCI, "verify", "--format", "json", "--timings"]
+    identity = equivci_fingerprint(env)
     cold = run_measured(verify, repo, env, timeout)
     # Rounds of bare, warm and warm-cs: whatever else loads the machine weighs on all three alike.
     runs: dict[str, list[dict]] = {"bare": [], "warm": [], "warm-cs": []}
@@ -223,6 +232,7 @@ def bench_config(cfg: str, timeout: float, layers: int | None = None, repeat: in
         shutil.rmtree(tmp, ignore_errors=True)
         return rows
     rows["warm"], rows["warm-cs"] = best_of(runs["warm"]), best_of(runs["warm-cs"])
+    rows["identity_changed"] = equivci_fingerprint(env) != identity
     if not change:
         shutil.rmtree(tmp, ignore_errors=True)
         return rows
@@ -239,6 +249,9 @@ def print_rows(title: str, rows: dict) -> None:
     lower, bare = rows["bare"]["lowering_s"], rows["bare"]["seconds"]
     print(f"\n{title}: bare JAX lowering of both programs {lower:.2f} s in-process; "
           f"{bare:.2f} s for a process that only imports jax and lowers both ({rows['bare']['rss_mb']:.0f} MB)")
+    if rows.get("identity_changed"):
+        print("  equivci's sources changed between the cold and the warm runs: the warm runs could not reuse the "
+              "cold run's results (their figures are cold figures)")
     print(f"  {'run':8} {'seconds':>8} {'x lower':>8} {'x bare':>7} {'peak RSS':>10}  result")
     for name in ("cold", "warm", "warm-cs", "1-line"):
         r = rows.get(name)
@@ -269,7 +282,8 @@ def _figure(rows: dict, name: str, lower: float) -> str:
         return "not run"
     if r["exit"] is None:
         return f"TIMEOUT (> {r['seconds']:.0f} s)"
-    return f"{r['seconds']:.1f} s ({r['seconds'] / lower:.1f}×)"
+    changed = " (equivci changed after the cold run)" if name != "cold" and rows.get("identity_changed") else ""
+    return f"{r['seconds']:.1f} s ({r['seconds'] / lower:.1f}×){changed}"
 
 
 def summary_table(measured: list[tuple[str, str, dict]]) -> list[str]:

@@ -19,7 +19,7 @@ import time
 from equivci import cache
 from equivci.layers.canonical import canonical_form
 from equivci.layers.segments import Layering, Segment, leaves
-from equivci.prove.saturate import Proof, add_terms, proved_equal, saturate_terms
+from equivci.prove.saturate import MAX_ITERATIONS, Proof, add_terms, proved_equal, saturate_terms
 from equivci.terms.ir import Term
 from equivci.translate.programs import Programs
 
@@ -38,6 +38,7 @@ class LayerOutcome:
     proved: bool  # its obligations hold and each value it passes on is related to the reference
     reused: bool  # the proof of an identical layer (this run or the cache) was reused
     seconds: float
+    exhausted: int = 0  # > 0: not proved, and its saturation stopped at this budget, not at a fixed point
 
 
 @dataclasses.dataclass
@@ -93,8 +94,10 @@ class _Abstraction:
         return self.entry_leaves[t]
 
 
-def prove_layers(programs: Programs, layering: Layering, memo: cache.Memo, progress=None) -> LayeredProof:
-    """Prove every layer of `layering` in order; `progress(done, total)` after each."""
+def prove_layers(programs: Programs, layering: Layering, memo: cache.Memo, progress=None,
+                 iterations: int = MAX_ITERATIONS) -> LayeredProof:
+    """Prove every layer of `layering` in order, each with a saturation budget of at least
+    `iterations`; `progress(done, total)` after each."""
     relations: dict[Term, tuple[Term, Window]] = {}
     entry_leaves: dict[Term, Term] = {}
     proved = [[False] * len(row) for row in programs.device_outputs]
@@ -105,9 +108,9 @@ def prove_layers(programs: Programs, layering: Layering, memo: cache.Memo, progr
         t0 = time.perf_counter()
         abstraction = _Abstraction(programs, layering, segment.name, relations, entry_leaves)
         problem = _Problem.of(segment, programs, abstraction, index)
-        key = cache.key(cache.fingerprint(), "layer", problem.form.digest)
+        key = cache.key(cache.fingerprint(), "layer", problem.form.digest, str(iterations))
         stored = _valid(memo.get("layers", key), problem)
-        result = stored or _prove(problem, programs)
+        result = stored or _prove(problem, programs, iterations)
         if stored is None:
             memo.put("layers", key, result)
         for (d, k), ok in zip(segment.obligations, result["proved"]):
@@ -117,7 +120,8 @@ def prove_layers(programs: Programs, layering: Layering, memo: cache.Memo, progr
                 i, window = relation
                 relations[t] = (segment.reference_outputs[i], tuple(map(tuple, window)))
         ok = all(result["proved"]) and all(r is not None for r in result["relations"])
-        outcomes.append(LayerOutcome(segment.name, ok, stored is not None, time.perf_counter() - t0))
+        exhausted = 0 if ok else result.get("exhausted", 0)
+        outcomes.append(LayerOutcome(segment.name, ok, stored is not None, time.perf_counter() - t0, exhausted))
         if progress is not None:
             progress(n + 1, len(layering.segments))
     return LayeredProof(proved, outcomes)
@@ -180,9 +184,9 @@ class _Problem:
         return cls(reference_outputs, distributed_outputs, pairs, marked, groups, canonical_form(roots, marked, groups))
 
 
-def _prove(problem: _Problem, programs: Programs) -> dict:
+def _prove(problem: _Problem, programs: Programs, iterations: int) -> dict:
     proof = saturate_terms(problem.reference_outputs, problem.marked, [problem.pairs], problem.groups,
-                           problem.distributed_outputs)
+                           problem.distributed_outputs, iterations=iterations)
     relations: list = [None] * len(problem.distributed_outputs)
 
     def holds(a: Term, b: Term) -> bool:
@@ -203,7 +207,7 @@ def _prove(problem: _Problem, programs: Programs) -> dict:
     for (j, i, window), s in candidates.items():
         if relations[j] is None and holds(problem.distributed_outputs[j], s):
             relations[j] = [i, [list(w) for w in window]]
-    return {"proved": proof.proved[0], "relations": relations}
+    return {"proved": proof.proved[0], "relations": relations, "exhausted": proof.exhausted}
 
 
 def _windows(t: Term, r: Term) -> list[Window]:
@@ -228,6 +232,8 @@ def _valid(payload, problem: _Problem) -> dict | None:
         return None
     if not (isinstance(relations, list) and len(relations) == len(problem.distributed_outputs)):
         return None
+    if not isinstance(payload.get("exhausted", 0), int):
+        return None
     for relation, t in zip(relations, problem.distributed_outputs):
         if relation is None:
             continue
@@ -241,7 +247,8 @@ def _valid(payload, problem: _Problem) -> dict | None:
     return payload
 
 
-def prefix_proof(programs: Programs, layering: Layering, outcomes: list[LayerOutcome]) -> Proof:
+def prefix_proof(programs: Programs, layering: Layering, outcomes: list[LayerOutcome],
+                 iterations: int = MAX_ITERATIONS) -> Proof:
     """The whole-program proof restricted to the layers up to the first unproved one: what the
     localization needs on a model too big to saturate whole. Obligations outside it stay unproved."""
     first_bad = next((i for i, o in enumerate(outcomes) if not o.proved), len(outcomes) - 1)
@@ -256,7 +263,7 @@ def prefix_proof(programs: Programs, layering: Layering, outcomes: list[LayerOut
     rows = [[(o, t) if inside(o) and inside(t) else None for o, t in zip(row, targets)]
             for row, targets in zip(programs.device_outputs, programs.targets)]
     proof = saturate_terms(reference_values, reference_values, [[p for p in row if p] for row in rows],
-                           programs.evaluator.equal_terms, distributed_values)
+                           programs.evaluator.equal_terms, distributed_values, iterations=iterations)
     proved = []
     for row, results in zip(rows, proof.proved):
         answers = iter(results)

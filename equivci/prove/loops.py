@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from equivci.hlo.ir import Instruction, Module
-from equivci.prove.saturate import Proof, saturate
+from equivci.prove.saturate import MAX_ITERATIONS, Proof, saturate
 from equivci.terms.ir import Term
 from equivci.translate.evaluator import Evaluator, Loop
 from equivci.translate.programs import Programs
@@ -182,9 +182,10 @@ def _slice_starts(values: list[Term], dim: int, size: int, width: int, limit: in
 class LoopMatcher:
     """Evaluates the distributed program's `while` ops against the reference program's."""
 
-    def __init__(self, reference: Module, reference_loops: list[Loop]):
+    def __init__(self, reference: Module, reference_loops: list[Loop], iterations: int = MAX_ITERATIONS):
         self.reference = reference
         self.reference_loops = reference_loops
+        self.iterations = iterations  # the saturation budget of each step proof
         self.attempts: list[LoopAttempt] = []
         self._matched: set[int] = set()
 
@@ -238,7 +239,7 @@ class LoopMatcher:
         ref_cond = ref.run(_called(self.reference, ref_loop.inst, "condition"), [[state]])[0]
 
         dist = evaluator.child(evaluator.module, n)
-        inner = LoopMatcher(self.reference, ref.loops)
+        inner = LoopMatcher(self.reference, ref.loops, self.iterations)
         dist.loop_handler = inner
         dist_state = [tuple(dist.slice_nd(state[r.ref_index], r.windows[dev]) for r in relations) for dev in range(n)]
         dist_next = dist.run(_called(evaluator.module, inst, "body"), [dist_state])
@@ -249,7 +250,7 @@ class LoopMatcher:
         outputs = [list(dist_next[dev]) + [dist_cond[dev]] for dev in range(n)]
         step = Programs(list(state), list(ref_next) + [ref_cond], outputs, targets, ref.events, dist.events, dist,
                         obligations=dist.obligations, loops=inner.attempts)
-        return step, saturate(step)
+        return step, saturate(step, iterations=self.iterations)
 
 
 def _called(module: Module, inst: Instruction, key: str):

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+
 from equivci.capture.types import LeafPlacement
 from equivci.hlo.ir import Module
 from equivci.prove.loops import LoopMatcher
+from equivci.prove.saturate import MAX_ITERATIONS
 from equivci.translate.programs import Programs, translate
 
 
 def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPlacement, ...],
-                   outputs: tuple[LeafPlacement, ...], num_devices: int) -> Programs:
-    return translate(reference, distributed, inputs, outputs, num_devices, loops=LoopMatcher)
+                   outputs: tuple[LeafPlacement, ...], num_devices: int, iterations: int = MAX_ITERATIONS) -> Programs:
+    """`iterations`: the saturation budget of the loop step proofs."""
+    return translate(reference, distributed, inputs, outputs, num_devices,
+                     loops=functools.partial(LoopMatcher, iterations=iterations))

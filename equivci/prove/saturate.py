@@ -7,13 +7,16 @@ import time
 
 from egglog import EGraph, eq, union
 
+from equivci.options import SATURATION_ITERATIONS
 from equivci.terms import language as L
 from equivci.terms.ir import Term
 from equivci.terms.load import Loader
 from equivci.terms.rules import DIMS, RELATIONS, REWRITES
 from equivci.translate.programs import Programs, flatten
 
-MAX_ITERATIONS = 120
+# The saturation budget: at least this many iterations (EQUIVCI_SATURATION_ITERATIONS sets it), and
+# at least the depth of the terms, since a fact about an op can need one iteration per op below it.
+MAX_ITERATIONS = SATURATION_ITERATIONS
 
 
 @dataclasses.dataclass
@@ -24,6 +27,8 @@ class Proof:
     seconds: float
     obligations: list[bool] = dataclasses.field(default_factory=list)
     targets: list[list[Term]] = dataclasses.field(default_factory=list)  # [device][leaf], as in Programs
+    iterations: int = MAX_ITERATIONS  # the budget asked for (each run allows at least the terms' depth)
+    exhausted: int = 0  # > 0: a run used this many iterations and the rules could still change the e-graph
 
     @property
     def all_proved(self) -> bool:
@@ -67,27 +72,32 @@ def saturate_terms(reference_outputs: list[Term], reference_values: list[Term], 
             first = loader.expr(group[0])
             facts += [union(first).with_(loader.expr(t)) for t in group[1:]]
         loader.facts += facts
-    _run(egraph, iterations)
+    exhausted = _run(egraph, max(iterations, loader.depth))
     proved = [[proved_equal(egraph, loader.expr(o), loader.expr(target)) for o, target in row] for row in pairs]
     held = [proved_equal(egraph, loader.expr(a), loader.expr(b)) for a, b in obligations]
     targets = [[target for _, target in row] for row in pairs]
-    return Proof(proved, egraph, loader, time.perf_counter() - t0, held, targets)
+    return Proof(proved, egraph, loader, time.perf_counter() - t0, held, targets, iterations, exhausted)
 
 
-def _run(egraph: EGraph, iterations: int) -> None:
-    egraph.run((DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate() + REWRITES) * iterations)
+def _run(egraph: EGraph, iterations: int) -> int:
+    """Saturate for at most `iterations`; 0 when the rules reached a fixed point, else `iterations`
+    (one more pass still changed the e-graph: the budget, not the rules, ended the search)."""
+    step = DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate() + REWRITES
+    egraph.run(step * iterations)  # egglog stops repeating at the first pass that changes nothing
+    more = egraph.run(step).updated
     egraph.run(DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate())
+    return iterations if more else 0
 
 
-def add_terms(proof: Proof, terms: list[Term], iterations: int = MAX_ITERATIONS) -> None:
-    """Load more terms (hypotheses for localization) and saturate again."""
+def add_terms(proof: Proof, terms: list[Term]) -> None:
+    """Load more terms (hypotheses for localization) and saturate again, within the proof's budget."""
     new = [t for t in terms if t not in proof.loader.exprs]
     if not new:
         return
     with proof.loader.bulk():
         for t in new:
             proof.loader.expr(t)
-    _run(proof.egraph, iterations)
+    proof.exhausted = max(proof.exhausted, _run(proof.egraph, max(proof.iterations, proof.loader.depth)))
 
 
 def is_related(proof: Proof, term: Term, constants: dict) -> bool:

@@ -32,6 +32,11 @@ class T(Expr):
     def param(cls, index: i64Like) -> T: ...
 
     @classmethod
+    def handle(cls, number: i64Like) -> T:
+        """The term the loader numbered `number`: how later terms and checks name it (one table for
+        all of them; a `let` per term made every egglog command cost time in the number of terms)."""
+
+    @classmethod
     def const(cls, key: StringLike, dtype: StringLike) -> T: ...
 
     @classmethod

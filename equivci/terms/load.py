@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from egglog import EGraph, String, i64, let, set_, union
-from egglog.declarations import LetRefDecl, TypedExprDecl
-from egglog.egraph import to_runtime_expr
-from egglog.runtime import RuntimeExpr
+from egglog import EGraph, String, i64, set_, union
 
 from equivci.terms import language as L
 from equivci.terms.ir import Term, bcast_form
@@ -34,6 +31,8 @@ class Loader:
         self._bcasts: dict[tuple, set[str]] = {}
         self._count = 0
         self._bulk = False
+        self._depth: dict[Term, int] = {}
+        self.depth = 0  # the longest chain of ops among the loaded terms
 
     def expr(self, term: Term) -> T:
         """The e-graph expression for `term`, loading it and its arguments on first use."""
@@ -49,6 +48,9 @@ class Loader:
                 continue
             stack.pop()
             self.exprs[t] = self._let(t)
+            level = 1 + max((self._depth[a] for a in t.args), default=0)
+            self._depth[t] = level
+            self.depth = max(self.depth, level)
         return self.exprs[term]
 
     def _let(self, t: Term) -> T:
@@ -119,19 +121,19 @@ class Loader:
         else:
             raise ValueError(f"unknown term op {op}")
         self._count += 1
-        ex = self._bind(f"t{self._count}", ex)
+        ex = self._bind(self._count, ex)
         for k, size in enumerate(t.shape):
             self.facts.append(set_(L.dim(ex, k)).to(i64(size)))
         return ex
 
-    def _bind(self, name: str, ex: T) -> T:
-        if not self._bulk:
-            return self.egraph.let(name, ex)
-        # EGraph.let registers at once, one egglog call (~1-2 ms) per term: in bulk, the let is
-        # queued with the facts and a reference to its name is built the way EGraph.let builds it.
-        self.facts.append(let(name, ex))
-        runtime = to_runtime_expr(ex)
-        return RuntimeExpr.__from_values__(runtime.__egg_decls__, TypedExprDecl(runtime.__egg_typed_expr__.tp, LetRefDecl(name)))
+    def _bind(self, number: int, ex: T) -> T:
+        handle = T.handle(i64(number))
+        fact = union(handle).with_(ex)
+        if self._bulk:
+            self.facts.append(fact)
+        else:
+            self.egraph.register(fact)
+        return handle
 
     @contextlib.contextmanager
     def bulk(self):

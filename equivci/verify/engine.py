@@ -18,9 +18,10 @@ from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import HloParseError, parse_module
 from equivci.layers.segments import split
 from equivci.manifest import Manifest, ModelSpec
+from equivci.options import ENV_SATURATION_ITERATIONS
 from equivci.prove.layered import prefix_proof, prove_layers
 from equivci.prove.programs import build_programs
-from equivci.prove.saturate import saturate
+from equivci.prove.saturate import MAX_ITERATIONS, saturate
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
 from equivci.translate.evaluator import Unsupported
@@ -33,9 +34,10 @@ WHOLE_PROGRAM_TERMS = 20_000
 
 
 def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo: Memo | None = None,
-                 on_layer=None) -> ModelResult:
+                 on_layer=None, iterations: int = MAX_ITERATIONS) -> ModelResult:
     """`memo` serves and stores layer proofs (kind "layers"); without one, identical layers are
-    still proved once within the model. `on_layer(done, total)` after each layer."""
+    still proved once within the model. `on_layer(done, total)` after each layer. `iterations`:
+    the saturation budget (each saturation allows at least the depth of its terms)."""
     t0 = time.perf_counter()
     laps = Laps(t0)
     try:
@@ -45,7 +47,8 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         changed = dtype_findings(reference, distributed, [leaf.path for leaf in captured.outputs], captured.repo_root)
         if changed:
             return _finish(model, Status.MISMATCH, t0, tuple(changed), LayerCounts(1, 0, 0), laps)
-        programs = build_programs(reference, distributed, captured.inputs, captured.outputs, captured.num_devices)
+        programs = build_programs(reference, distributed, captured.inputs, captured.outputs, captured.num_devices,
+                                  iterations)
         laps.lap("build programs")
     except (HloParseError, Unsupported) as exc:
         finding = Finding(None, None, "error", None, f"equivci cannot model this program yet: {exc}")
@@ -57,7 +60,7 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
     laps.lap("split layers")
     layers = LayerCounts(1, 0, 0)
     if layering is not None:
-        layered = prove_layers(programs, layering, memo if memo is not None else Memo(None), on_layer)
+        layered = prove_layers(programs, layering, memo if memo is not None else Memo(None), on_layer, iterations)
         outcomes = layered.layers
         layers = LayerCounts(len(outcomes), sum(o.proved for o in outcomes), sum(o.reused for o in outcomes))
         laps.lap(f"prove layers ({layers.total - layers.reused} new, {layers.reused} reused)")
@@ -68,10 +71,10 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
     # real defect): prove the whole program, which also gives the localization its e-graph; on a
     # big model only up to the first unproved layer, where the first defect is.
     if layering is not None and len(programs.evaluator.table) > WHOLE_PROGRAM_TERMS:
-        proof = prefix_proof(programs, layering, layered.layers)
+        proof = prefix_proof(programs, layering, layered.layers, iterations)
         laps.lap("prove up to the first unproved layer")
     else:
-        proof = saturate(programs)
+        proof = saturate(programs, iterations=iterations)
         laps.lap("prove whole program")
     if proof.all_proved:
         return _finish(model, Status.VERIFIED, t0, _assumptions(programs, captured),
@@ -97,7 +100,27 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         findings = with_counterexample(findings, _counterexample(comparison))
         return _finish(model, Status.MISMATCH, t0, tuple(findings), layers, laps)
     findings = with_note(findings, _numeric_note(comparison))
-    return _finish(model, Status.UNPROVEN, t0, tuple(findings), layers, laps)
+    budget = _budget_note(programs, proof, layered.layers if layering is not None else [])
+    return _finish(model, Status.UNPROVEN, t0, tuple(findings) + budget, layers, laps)
+
+
+def _budget_note(programs, proof, layers) -> tuple[Finding, ...]:
+    """Say so when `unproven` may be the budget's doing: a saturation that failed to prove what it was
+    asked stopped at its iteration budget while the rules could still add facts."""
+    stopped = [(f"layer {o.name}" if o.name else "a layer", o.exhausted) for o in layers if o.exhausted]
+    stopped += [("a loop body", a.proof.exhausted) for a in programs.loops
+                if not a.proved and a.proof is not None and a.proof.exhausted]
+    if proof.exhausted:
+        stopped.append(("the whole program", proof.exhausted))
+    if not stopped:
+        return ()
+    where, budget = stopped[0]
+    more = f" and {len(stopped) - 1} more" if len(stopped) > 1 else ""
+    return (Finding(None, None, "note", None,
+                    f"the proof search of {where}{more} stopped at its budget of {budget} saturation iterations while "
+                    "its rules could still add facts, so a larger budget may prove it: the budget is the larger of "
+                    f"the terms' depth and {ENV_SATURATION_ITERATIONS} ({proof.iterations} now); set "
+                    f"{ENV_SATURATION_ITERATIONS}={2 * budget} to raise it"),)
 
 
 def _assumptions(programs, captured: CapturedModel) -> tuple[Finding, ...]:

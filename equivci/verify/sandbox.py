@@ -45,8 +45,8 @@ def memory_cap(wanted: int) -> tuple[int, str]:
     return wanted, "EQUIVCI_VERIFY_MEMORY"
 
 
-def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo, memory_bytes: int) -> None:
-    cap, _ = memory_cap(memory_bytes)
+def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo, options: Options) -> None:
+    cap, _ = memory_cap(options.verify_memory_bytes)
     resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
     numeric.JAX_FORKED = "jaxlib" in sys.modules
 
@@ -66,7 +66,7 @@ def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
             os._exit(0)
 
         _at_return(engine.verify_model, answer)
-        answer(engine.verify_model(model, manifest, captured, memo, layer_done))
+        answer(engine.verify_model(model, manifest, captured, memo, layer_done, options.saturation_iterations))
     except EquivciError as err:
         conn.send(("user", str(err)))
     except MemoryError:
@@ -104,7 +104,7 @@ def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedMode
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(send, model, manifest, captured, memo, options.verify_memory_bytes),
+    child = ctx.Process(target=_child, args=(send, model, manifest, captured, memo, options),
                         daemon=True)
     child.start()
     send.close()
