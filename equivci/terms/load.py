@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import cast
 
 from egglog import EGraph, String, i64, let, set_, union
 from egglog.declarations import LetRefDecl, TypedExprDecl
@@ -131,7 +132,7 @@ class Loader:
         # queued with the facts and a reference to its name is built the way EGraph.let builds it.
         self.facts.append(let(name, ex))
         runtime = to_runtime_expr(ex)
-        return RuntimeExpr.__from_values__(runtime.__egg_decls__, TypedExprDecl(runtime.__egg_typed_expr__.tp, LetRefDecl(name)))
+        return cast(T, RuntimeExpr.__from_values__(runtime.__egg_decls__, TypedExprDecl(runtime.__egg_typed_expr__.tp, LetRefDecl(name))))
 
     @contextlib.contextmanager
     def bulk(self):
