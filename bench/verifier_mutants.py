@@ -75,7 +75,8 @@ def rule_instance(name: str) -> str:
                                 for s in range(4))
 
 
-CACHE = "pytest:tests/soundness/test_cache_key.py"
+# The fingerprint's unit tests (the end-to-end cache test, slower, is in the default suite anyway).
+CACHE = "pytest:tests/soundness/test_cache_key.py::"
 
 MUTANTS: tuple[Mutant, ...] = (
     # -- range masks (vocabulary parallelism) ------------------------------------------------------
@@ -207,9 +208,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "clause alone stops the near miss)", "model:moe-ep-no-return"),
     # -- the cache -----------------------------------------------------------------------------------
     M("fingerprint-source", "equivci.__version__, h.hexdigest(), sys.version,", "equivci.__version__, sys.version,",
-      "a changed verifier must not reuse old verdicts", CACHE),
+      "a changed verifier must not reuse old verdicts", CACHE + "test_an_edit_to_the_verifier_source_changes_the_fingerprint"),
     M("fingerprint-egglog", '"egglog", _dist_version("egglog"),', '"egglog",',
-      "another egglog may prove other things", CACHE),
+      "another egglog may prove other things", CACHE + "test_each_dependency_version_changes_the_fingerprint"),
 )
 
 
