@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from equivci.manifest import Manifest, load_manifest
+from equivci.capture.run import capture_model
+from equivci.manifest import Manifest, ModelSpec, load_manifest
+from equivci.results import ModelResult
+from equivci.verify.engine import verify_model
 
 
 def line_of(source: str, mark: str) -> int:
@@ -21,3 +24,13 @@ def write_package(root: Path, module: str, source: str, manifest: str) -> Manife
     (root / module).write_text(source)
     (root / "equivci.yaml").write_text(manifest)
     return load_manifest(root / "equivci.yaml")
+
+
+def model_named(manifest: Manifest, name: str) -> ModelSpec:
+    return next(m for m in manifest.models if m.name == name)
+
+
+def verify_named(manifest: Manifest, name: str) -> ModelResult:
+    """Capture one model of the manifest and verify it in this process (no cache, no sandbox)."""
+    model = model_named(manifest, name)
+    return verify_model(model, manifest, capture_model(model, manifest))
