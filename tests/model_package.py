@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from equivci.capture.run import capture_model
+from equivci.capture.types import CapturedModel
 from equivci.manifest import Manifest, ModelSpec, load_manifest
 from equivci.results import ModelResult
 from equivci.verify.engine import verify_model
@@ -30,7 +31,18 @@ def model_named(manifest: Manifest, name: str) -> ModelSpec:
     return next(m for m in manifest.models if m.name == name)
 
 
+_captures: dict[tuple[Path, str], CapturedModel] = {}
+
+
+def capture_named(manifest: Manifest, name: str) -> CapturedModel:
+    """One model of the manifest, captured once per test session (the tests do not edit the files of
+    their manifests after writing them)."""
+    key = (manifest.path, name)
+    if key not in _captures:
+        _captures[key] = capture_model(model_named(manifest, name), manifest)
+    return _captures[key]
+
+
 def verify_named(manifest: Manifest, name: str) -> ModelResult:
-    """Capture one model of the manifest and verify it in this process (no cache, no sandbox)."""
-    model = model_named(manifest, name)
-    return verify_model(model, manifest, capture_model(model, manifest))
+    """Verify one model of the manifest in this process (no cache, no sandbox)."""
+    return verify_model(model_named(manifest, name), manifest, capture_named(manifest, name))

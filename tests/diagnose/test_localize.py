@@ -14,7 +14,6 @@ from pathlib import Path
 import model_package
 import pytest
 
-from equivci.capture.run import capture_model
 from equivci.diagnose.localize import first_defect, source_of
 from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import parse_module
@@ -150,15 +149,8 @@ def zoo_manifest():
     return load_manifest(REPO / "configs/zoo.yaml")
 
 
-_captures: dict[tuple, object] = {}
-
-
 def localize(manifest, name: str, with_reference: bool = True):
-    model = next(m for m in manifest.models if m.name == name)
-    key = (manifest.path, name)
-    if key not in _captures:  # a model localized twice is captured once
-        _captures[key] = capture_model(model, manifest)
-    captured = _captures[key]
+    captured = model_package.capture_named(manifest, name)
     programs = build_programs(parse_module(captured.reference_hlo), parse_module(captured.distributed_hlo),
                               captured.inputs, captured.outputs, captured.num_devices)
     proof = saturate(programs)
