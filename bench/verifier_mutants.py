@@ -49,12 +49,19 @@ class Mutant:
     replacement: str
     reason: str
     kills: tuple[str, ...]
+    # (text, replacement) once more in the snippet's file: the import of a name the replacement uses
+    imports: tuple[str, str] | None = None
 
 
-def M(name: str, snippet: str, replacement: str, reason: str, *kills: str) -> Mutant:
-    return Mutant(name, snippet, replacement, reason, kills)
+def M(name: str, snippet: str, replacement: str, reason: str, *kills: str,
+      imports: tuple[str, str] | None = None) -> Mutant:
+    return Mutant(name, snippet, replacement, reason, kills, imports)
 
 
+def fresh_vars(*names: str) -> tuple[str, str]:
+    """The import edit for rule variables a replacement uses that its rules file does not import."""
+    line = "from equivci.terms.language import "
+    return line, f"{line}{', '.join(names)}\n{line}"
 
 
 def near_miss(*names: str) -> str:
@@ -68,7 +75,8 @@ def rule_instance(name: str) -> str:
                                 for s in range(4))
 
 
-CACHE = "pytest:tests/soundness/test_cache_key.py"
+# The fingerprint's unit tests (the end-to-end cache test, slower, is in the default suite anyway).
+CACHE = "pytest:tests/soundness/test_cache_key.py::"
 
 MUTANTS: tuple[Mutant, ...] = (
     # -- range masks (vocabulary parallelism) ------------------------------------------------------
@@ -168,7 +176,8 @@ MUTANTS: tuple[Mutant, ...] = (
       near_miss("concat_out_of_order", "all_gather_out_of_device_order")),
     M("contraction-merge-adjacent", "T.dot(spec, x.slice(k, b, c), y.slice(j, b, c)))), eq(j).to(dot_contract(spec, k))",
       "T.dot(spec, x.slice(k, g, c), y.slice(j, g, c)))), eq(j).to(dot_contract(spec, k))",
-      "partial dots join only over adjacent windows", near_miss("contraction_merge_gap", "contraction_merge_overlap")),
+      "partial dots join only over adjacent windows", near_miss("contraction_merge_gap", "contraction_merge_overlap"),
+      imports=fresh_vars("g")),
     M("reduce-merge-combiner", "eq(e).to(T.binary(r, T.reduce(r, key, x.slice(k, a, b))",
       'eq(e).to(T.binary("add", T.reduce(r, key, x.slice(k, a, b))',
       "partial reductions join with their own reducer (dropping `reduced` is ill-typed: a crash, no kill)",
@@ -181,11 +190,12 @@ MUTANTS: tuple[Mutant, ...] = (
     M("dupdate-same-window", "eq(e).to(T.dupdate(d, x.slice(k, a, b), y.slice(k, a, b), z)), ne(k).to(d),",
       "eq(e).to(T.dupdate(d, x.slice(k, a, b), y.slice(k, c, g), z)), ne(k).to(d),",
       "a buffer's window is updated by the same window of the update (the dslice rule's `k != d` guard "
-      "is ill-typed without it: a crash, no kill)", near_miss("dupdate_other_window")),
+      "is ill-typed without it: a crash, no kill)", near_miss("dupdate_other_window"), imports=fresh_vars("c", "g")),
     M("aligned-same-window", "eq(e).to(T.aligned(key, x.slice(k, a, b), y.slice(j, a, b))), eq(o).to(aligned_lhs(key, k)),",
       "eq(e).to(T.aligned(key, x.slice(k, a, b), y.slice(j, c, g))), eq(o).to(aligned_lhs(key, k)),",
       "aligned operands must be sliced at the same window", near_miss("aligned_reduce_misaligned_windows",
-                                                                      "aligned_gather_misaligned_rows")),
+                                                                      "aligned_gather_misaligned_rows"),
+      imports=fresh_vars("c", "g")),
     # -- routing -------------------------------------------------------------------------------------
     M("routing-slot-once", "np.all(in_expert == 1) and np.all(m.sum(axis=0) <= 1))", "np.all(in_expert == 1))",
       "no slot may hold two tokens", "model:moe-ep-shared-slot", "model:moe-ep"),
@@ -198,9 +208,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "clause alone stops the near miss)", "model:moe-ep-no-return"),
     # -- the cache -----------------------------------------------------------------------------------
     M("fingerprint-source", "equivci.__version__, h.hexdigest(), sys.version,", "equivci.__version__, sys.version,",
-      "a changed verifier must not reuse old verdicts", CACHE),
+      "a changed verifier must not reuse old verdicts", CACHE + "test_an_edit_to_the_verifier_source_changes_the_fingerprint"),
     M("fingerprint-egglog", '"egglog", _dist_version("egglog"),', '"egglog",',
-      "another egglog may prove other things", CACHE),
+      "another egglog may prove other things", CACHE + "test_each_dependency_version_changes_the_fingerprint"),
 )
 
 
@@ -214,14 +224,25 @@ def locate(mutant: Mutant, package: Path = PACKAGE) -> Path:
     return hits[0][0]
 
 
+def mutated_source(mutant: Mutant) -> tuple[Path, str]:
+    """The file the mutant edits (in equivci/) and its mutated text."""
+    path = locate(mutant)
+    text = path.read_text().replace(mutant.snippet, mutant.replacement, 1)
+    if mutant.imports is not None:
+        old, new = mutant.imports
+        if text.count(old) != 1:
+            raise LookupError(f"mutant {mutant.name}: {old!r} must occur once in {path.name}")
+        text = text.replace(old, new, 1)
+    return path, text
+
+
 def mutated_copy(mutant: Mutant | None, root: Path) -> Path:
     """root/equivci: a copy of the package with the mutant applied."""
     target = root / "equivci"
     shutil.copytree(PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__"))
     if mutant is not None:
-        path = target / locate(mutant).relative_to(PACKAGE)
-        text = path.read_text()
-        path.write_text(text.replace(mutant.snippet, mutant.replacement, 1))
+        path, text = mutated_source(mutant)
+        (target / path.relative_to(PACKAGE)).write_text(text)
     return target
 
 
@@ -253,7 +274,11 @@ def batch_main(spec_path: str) -> int:
         pid = os.fork()
         if pid == 0:
             try:
-                out.write_text(json.dumps(_observe(job, spec["captures"])))
+                try:
+                    observed = _observe(job, spec["captures"])
+                except BaseException as exc:  # noqa: BLE001 - e.g. a mutant that breaks an import: a crash
+                    observed = {"error": f"{type(exc).__name__}: {exc}"}
+                out.write_text(json.dumps(observed))
             finally:
                 os._exit(0)
         deadline = time.monotonic() + CHILD_TIMEOUT
@@ -325,6 +350,8 @@ def judge(name: str, observed: dict, package: Path) -> Outcome:
     engine that ran to the end, or a test failing on an AssertionError). A crash is not a kill."""
     if observed.get("timeout"):
         return Outcome(name, "timeout", f"no answer in {CHILD_TIMEOUT} s")
+    if "error" in observed:
+        return Outcome(name, "crashed", observed["error"][:200])
     assert Path(observed["package"]).resolve().parent == package.resolve(), ("the fork imported", observed["package"])
     crashes = []
     for model, r in observed["models"].items():
@@ -379,7 +406,7 @@ def run(mutants: list[Mutant], work: Path, workers: int = 2, baseline_tests: boo
     outcomes = []
     for job in jobs:
         out = Path(job["out"])
-        observed = json.loads(out.read_text()) if out.exists() else {"timeout": True}
+        observed = json.loads(out.read_text()) if out.exists() else {"error": "the fork died without an answer"}
         outcome = judge(job["name"], observed, Path(job["root"]) / "equivci")
         log(f"{outcome.verdict:9s} {outcome.mutant:28s} {outcome.how}")
         outcomes.append(outcome)

@@ -181,6 +181,7 @@ class _Git:
         except ImportError as exc:  # GitPython imports fine without a git binary only until used
             raise EquivciError(f"{purpose} needs git, and it cannot be run here ({exc}); install git, or drop {purpose}.") from None
         self._git = git
+        self.purpose = purpose
         try:
             self.repo = git.Repo(root, search_parent_directories=True)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:

@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Hashable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import yaml
 
@@ -235,6 +235,7 @@ def _oracle(ctx: _Ctx, model: _Map, prefix: str) -> OracleSpec:
     if not isinstance(node, dict):
         ctx.fail(where, line, f"expected a mapping, got {_describe(node)}",
                  "write e.g. `oracle: {rtol: 1e-2, atol: 1e-3}` or `oracle: {inputs: models/llama.py:small_inputs}`")
+    node = cast(_Map, node)  # every mapping the loader builds is a _Map
     _check_keys(ctx, node, where, ORACLE_KEYS, ())
     bounds: dict[str, float] = {}
     for key in ("rtol", "atol"):
@@ -293,6 +294,7 @@ def _mesh(ctx: _Ctx, model: _Map, prefix: str) -> tuple[tuple[str, int], ...]:
         ctx.fail(where, line, f"expected a mapping, got {_describe(mesh)}", fix)
     if not mesh:
         ctx.fail(where, line, "the mesh has no axes", fix)
+    mesh = cast(_Map, mesh)
     axes: list[tuple[str, int]] = []
     for axis, size in mesh.items():
         axis_where, axis_line = f"{where}.{axis}", mesh.key_lines.get(axis, line)
@@ -324,6 +326,7 @@ def _tags(ctx: _Ctx, model: _Map, prefix: str) -> tuple[str, ...]:
     fix = "write it as a list of strings, e.g. `tags: [nightly, tp]`"
     if not isinstance(tags, list):
         ctx.fail(where, line, f"expected a list of strings, got {_describe(tags)}", fix)
+    tags = cast(_Seq, tags)  # every sequence the loader builds is a _Seq
     for i, tag in enumerate(tags):
         if not isinstance(tag, str) or not tag:
             ctx.fail(f"{where}[{i}]", tags.item_lines[i], f"expected a non-empty string, got {_describe(tag)}", fix)
@@ -348,6 +351,7 @@ def _model(ctx: _Ctx, node: Any, index: int, line: int) -> ModelSpec:
             prefix, line, f"expected a mapping with keys {', '.join(REQUIRED_MODEL_KEYS)}, got {_describe(node)}",
             "write each model as `- name: ...` followed by its keys, indented",
         )
+    node = cast(_Map, node)
     kind = node.get("kind", "jax")
     if kind not in KINDS:
         ctx.fail(f"{prefix}.kind", node.key_lines.get("kind"), f"unknown model kind {kind!r}",
@@ -421,6 +425,7 @@ def load_manifest(path: Path) -> Manifest:
             "<top level>", getattr(doc, "line", None), f"expected a mapping with `version` and `models`, got {_describe(doc)}",
             "start the file with `version: 1` and `models:`",
         )
+    doc = cast(_Map, doc)
     _check_keys(ctx, doc, "", TOP_KEYS, TOP_KEYS)
     version = doc["version"]
     if type(version) is not int or version != SUPPORTED_VERSION:  # rejects True, 1.0 and '1'
@@ -434,6 +439,7 @@ def load_manifest(path: Path) -> Manifest:
         ctx.fail("models", models_line, f"expected a list of models, got {_describe(models)}", "write `models:` followed by `- name: ...` entries")
     if not models:
         ctx.fail("models", models_line, "the list is empty", "add at least one model with name, reference, distributed, inputs and mesh")
+    models = cast(_Seq, models)
     specs: list[ModelSpec] = []
     first_line: dict[str, int] = {}
     for i, node in enumerate(models):

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from equivci.manifest import Manifest, load_manifest
+from equivci.capture.run import capture_model
+from equivci.capture.types import CapturedModel
+from equivci.manifest import Manifest, ModelSpec, load_manifest
+from equivci.results import ModelResult
+from equivci.verify.engine import verify_model
 
 
 def line_of(source: str, mark: str) -> int:
@@ -21,3 +25,24 @@ def write_package(root: Path, module: str, source: str, manifest: str) -> Manife
     (root / module).write_text(source)
     (root / "equivci.yaml").write_text(manifest)
     return load_manifest(root / "equivci.yaml")
+
+
+def model_named(manifest: Manifest, name: str) -> ModelSpec:
+    return next(m for m in manifest.models if m.name == name)
+
+
+_captures: dict[tuple[Path, str], CapturedModel] = {}
+
+
+def capture_named(manifest: Manifest, name: str) -> CapturedModel:
+    """One model of the manifest, captured once per test session (the tests do not edit the files of
+    their manifests after writing them)."""
+    key = (manifest.path, name)
+    if key not in _captures:
+        _captures[key] = capture_model(model_named(manifest, name), manifest)
+    return _captures[key]
+
+
+def verify_named(manifest: Manifest, name: str) -> ModelResult:
+    """Verify one model of the manifest in this process (no cache, no sandbox)."""
+    return verify_model(model_named(manifest, name), manifest, capture_named(manifest, name))

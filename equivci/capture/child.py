@@ -143,7 +143,7 @@ def capture(request: dict, laps: Laps) -> dict:
     out_leaves = [(keystr(p), leaf) for p, leaf in tree_flatten_with_path(dist_lowered.out_info)[0]]
     placements = _dump_placements(spmd, dist_lowered, in_leaves, out_leaves, device_order) if spmd else None
     partitioned_early = placements is not None
-    if partitioned_early:
+    if placements is not None and spmd is not None:  # (placements come from spmd only)
         distributed_hlo = spmd.text
         laps.lap("placements")
     else:
@@ -240,7 +240,7 @@ class _MemoKeys:
         )
         self.store = memo.Memo(Path(memo_request["cache_dir"])) if memo_request.get("cache_dir") else None
         try:
-            self.programs = memo.key("programs", *self.common, self.repo_root, *map(_bytecode, self.lowered))
+            self.programs: str | None = memo.key("programs", *self.common, self.repo_root, *map(_bytecode, self.lowered))
         except Exception:  # noqa: BLE001 - a shortcut only: without it the texts give the keys
             self.programs = None
         self.stored = self.store.program_keys(self.programs) if self.store is not None and self.programs else None
@@ -265,7 +265,7 @@ class _MemoKeys:
             if self.store is not None and self.programs:
                 self.store.put_program_keys(self.programs, **keys)
         key, loc_digest = keys["content_key"], keys["loc_digest"]
-        skip = str(Path(memo.__file__).resolve().parent)  # equivci itself is in the fingerprint
+        skip = str(Path(str(memo.__file__)).resolve().parent)  # equivci itself is in the fingerprint
         imported = [
             f for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
             if f and not f.startswith(skip + os.sep)

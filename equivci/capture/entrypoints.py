@@ -17,7 +17,7 @@ import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, cast
 
 from equivci.errors import EquivciError
 from equivci.manifest import Entrypoint, ModelSpec
@@ -61,6 +61,8 @@ def _import_file(file: Path, root: Path) -> ModuleType:
     if cached is not None and Path(getattr(cached, "__file__", "")) == file:
         return cached
     spec = importlib.util.spec_from_file_location(mod_name, file)
+    if spec is None or spec.loader is None:  # no loader for the suffix: reported like any import error
+        raise ImportError(f"no module loader for {file.name}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     try:
@@ -78,7 +80,7 @@ def load_function(entry: Entrypoint, root: Path) -> Callable[..., Any]:
         if folder is not None and str(folder) not in sys.path:
             sys.path.insert(0, str(folder))
     try:
-        module = _import_file(entry.file, root) if entry.file else importlib.import_module(entry.module)
+        module = _import_file(entry.file, root) if entry.file else importlib.import_module(cast(str, entry.module))
     except (Exception, SystemExit) as exc:  # SystemExit: scripts that parse argv at import time
         raise EquivciError(
             f"importing {entry.source} (entrypoint {entry.spec}) failed{where_in_user_code(exc, root)}: {_short(exc)}. "
@@ -163,6 +165,7 @@ def build_mesh(model: ModelSpec):
 
 def bind_distributed(fn: Callable[..., Any], mesh) -> Callable[..., Any]:
     """The distributed entrypoint as a function of the positional inputs only."""
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -207,7 +210,7 @@ def check_same_outputs(ref_out: Any, dist_out: Any, model_name: str) -> None:
     ref_leaves, ref_tree = tree_flatten_with_path(ref_out)
     dist_leaves, dist_tree = tree_flatten_with_path(dist_out)
     fix = "the distributed entrypoint must return the same global-shaped outputs as the reference"
-    if ref_tree != dist_tree:
+    if ref_tree != dist_tree:  # type: ignore[operator]  # jaxlib's PyTreeDef stub declares no __ne__
         ref_paths = [keystr(p) for p, _ in ref_leaves]
         dist_paths = [keystr(p) for p, _ in dist_leaves]
         only_ref = [p for p in ref_paths if p not in dist_paths]

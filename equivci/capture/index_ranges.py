@@ -26,7 +26,7 @@ def index_ranges(reference: Callable, args_abstract: tuple) -> dict[int, int]:
     import jax
 
     closed = jax.make_jaxpr(reference)(*args_abstract)
-    sources = {v: {i} for i, v in enumerate(closed.jaxpr.invars) if _is_int(v.aval.dtype)}
+    sources = {v: {i} for i, v in enumerate(closed.jaxpr.invars) if _is_int(v.aval.dtype)}  # type: ignore[attr-defined]  # ShapedArrays
     found: dict[int, int] = {}
     _walk(closed.jaxpr, sources, {}, found)
     return found

@@ -114,8 +114,8 @@ class NumericComparison:
     @classmethod
     def from_json(cls, d: dict) -> "NumericComparison":
         return cls(
-            max_abs_diff=_from_json_float(d["max_abs_diff"]),
-            max_rel_diff=_from_json_float(d["max_rel_diff"]),
+            max_abs_diff=float(d["max_abs_diff"]),  # never None: to_json writes a number or 'inf'/'nan'
+            max_rel_diff=float(d["max_rel_diff"]),
             worst_leaf=d["worst_leaf"],
             worst_index=tuple(d["worst_index"]),
             ref_value=_from_json_float(d["ref_value"]),
@@ -315,7 +315,7 @@ def compare_outputs(ref_outs: dict, dist_outs: dict, seeds: Sequence[int], shado
     for seed in seeds:
         ref_leaves, ref_tree = jax.tree_util.tree_flatten_with_path(ref_outs[seed])
         dist_leaves, dist_tree = jax.tree_util.tree_flatten_with_path(dist_outs[seed])
-        if ref_tree != dist_tree:
+        if ref_tree != dist_tree:  # type: ignore[operator]  # jaxlib's PyTreeDef stub declares no __ne__
             return _structural(seeds, f"the outputs have different structures: reference {ref_tree}, distributed {dist_tree}")
         seed_ok = True
         shadow_leaves = jax.tree_util.tree_leaves(shadow_outs[seed]) if shadow_outs else [None] * len(ref_leaves)

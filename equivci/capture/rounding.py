@@ -231,6 +231,7 @@ def _round_either_way(x, dtype, bound: float):
     distance = jnp.abs(wide - boundary) / jnp.maximum(jnp.abs(wide), jnp.finfo(jnp.float32).tiny)
     distance = jnp.where(jnp.isfinite(other.astype(jnp.float32)) & (near_w != wide), distance, jnp.inf)
     flat = distance.reshape(-1)
+    threshold: Any  # an array, or the bound itself
     if flat.size:
         k = max(1, math.ceil(FLIP_FRACTION * flat.size))
         kth = jnp.sort(flat)[k - 1]

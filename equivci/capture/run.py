@@ -77,7 +77,7 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, mem
         return hlo_files.capture_model(model, manifest, memo)
     with tempfile.TemporaryDirectory(prefix="equivci-capture-") as tmp:
         request, result_path, dump_dir = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "dump")
-        fields = {"manifest": str(manifest.path), "model": model.name}
+        fields: dict[str, object] = {"manifest": str(manifest.path), "model": model.name}
         if memo is not None:
             fields["memo"] = memo
         env = child_env(

@@ -68,7 +68,8 @@ def _pull_request(payload: dict[str, Any]) -> PullRequest | None:
     if not isinstance(pr, dict):
         return None
     try:
-        number = int(pr.get("number") or payload.get("number"))
+        raw: Any = pr.get("number") or payload.get("number")  # None fails int(): no pull request
+        number = int(raw)
         base = pr["base"]
         head = pr["head"]
         base_sha, head_sha = str(base["sha"]), str(head["sha"])

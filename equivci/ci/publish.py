@@ -12,8 +12,6 @@
 - `outputs`: the step outputs (status, counts, paths).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import hashlib
 import re
@@ -67,7 +65,7 @@ class ReviewComment:
 
 def _review_body(items: list[tuple[ModelResult, Finding]], key: str) -> str:
     model_name = items[0][0].name
-    lines = []
+    lines: list[str] = []
     for model, f in items:
         status = f"{md.ICON[model.status]} **equivci** · `{md.escape(model.name)}` is **{model.status.value}**"
         if not lines:

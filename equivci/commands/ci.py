@@ -124,7 +124,8 @@ def publish_pull_request(ctx: ActionsContext, report: Report, repo_root: Path, c
     diff = pr_diff(ctx, client, repo_root)
     notes: list[str] = []
     if diff is None:
-        comments, outside = [], publish.ordered_findings(report)
+        comments: list[publish.ReviewComment] = []
+        outside = publish.ordered_findings(report)
         notes.append("The pull request diff could not be read, so every finding is listed here instead of as a line comment.")
     else:
         comments, outside = publish.split_review(report, diff)

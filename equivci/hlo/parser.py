@@ -195,7 +195,8 @@ def _parse_instruction(line: str, tables: _Tables) -> Instruction:
         for part in split_top(args_text):
             # Operands may be printed with their shape in front ("f32[8] %x").
             operands.append(part.split()[-1].lstrip("%"))
-    op_name, stack = "", ()
+    op_name = ""
+    stack: tuple[SourceLoc, ...] = ()
     if "metadata" in attrs:
         meta = _parse_kv_braces(attrs["metadata"])
         op_name = meta.get("op_name", "")

@@ -99,7 +99,7 @@ def label_terms(events_per_side: list[list], roots: Iterable[Term]) -> tuple[dic
     closed: dict[Term, bool] = {}  # no input below: a constant, whichever layer computes it
 
     def latest(terms) -> str | None:
-        names = [label[a] for a in terms if label[a] is not None]
+        names = [name for a in terms if (name := label[a]) is not None]
         return max(names, key=rank.__getitem__) if names else None
 
     def settle(value: Term, scope: str | None) -> None:
@@ -146,10 +146,10 @@ def split(reference_events: list, distributed_events: list, reference_outputs: l
             home = max((label[o], label[target]), key=lambda n: -1 if n is None else rank[n])
             obligations.setdefault(home, []).append((d, k))
             for t in (o, target):
-                if label[t] is not None and label[t] != home:
-                    outputs[label[t]][t] = None
+                if (theirs := label[t]) is not None and theirs != home:
+                    outputs[theirs][t] = None
                     if home is not None:
-                        depends[home].add(label[t])
+                        depends[home].add(theirs)
     order = _topological(depends, rank)
     if order is None:
         return None

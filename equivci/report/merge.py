@@ -37,11 +37,11 @@ def read_report(path: Path) -> tuple[Report, str | None]:
 
 def _check_shards(named: list[tuple[Path, Report]]) -> tuple[str, ...]:
     """The models of the whole selection, in manifest order, when the shard reports cover it."""
-    plans = [(path, r.shard) for path, r in named]
-    unsharded = [str(path) for path, plan in plans if plan is None]
+    unsharded = [str(path) for path, r in named if r.shard is None]
     if unsharded:
         raise EquivciError(f"{', '.join(unsharded)} {'is' if len(unsharded) == 1 else 'are'} not a shard report "
                            f"(no --shard) but the other reports are. {FIX}")
+    plans = [(path, r.shard) for path, r in named if r.shard is not None]
     first_path, first = plans[0]
     for path, plan in plans[1:]:
         if (plan.count, plan.selected) != (first.count, first.selected):

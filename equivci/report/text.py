@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from rich.progress import Progress
+    from rich.progress import Progress, TaskID
 
 from equivci.results import ModelResult, Report, Status
 
@@ -94,7 +94,7 @@ class RunProgress:
         self.done = 0
         self.console = _console(out or sys.stderr)
         self._bar: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
         self._last_line = time.monotonic()
 
     def __enter__(self) -> RunProgress:
@@ -120,11 +120,11 @@ class RunProgress:
             self._bar.stop()
 
     def started(self, name: str) -> None:
-        if self._bar is not None:
+        if self._bar is not None and self._task is not None:
             self._bar.update(self._task, description=f"{name}: capturing and verifying")
 
     def layer(self, name: str, done: int, total: int) -> None:
-        if self._bar is not None:
+        if self._bar is not None and self._task is not None:
             self._bar.update(self._task, description=f"{name}: layer {done}/{total}")
         elif time.monotonic() - self._last_line >= LAYER_LINE_SECONDS or done == total:
             self._last_line = time.monotonic()
@@ -135,7 +135,7 @@ class RunProgress:
         line = Text(f"equivci: [{self.done}/{self.total}] {result.name}: ")
         line.append(result.status.value, style=STATUS_STYLE[result.status])
         line.append(f" ({result.seconds:.1f} s)")
-        if self._bar is not None:
+        if self._bar is not None and self._task is not None:
             self._bar.console.print(line)  # printed above the live bar
             self._bar.advance(self._task)
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import cast
 
 from egglog import EGraph, String, i64, set_, union
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import model_package
 import pytest
 
-from equivci.capture.run import capture_model
 from equivci.diagnose.localize import first_defect, source_of
 from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import parse_module
@@ -191,8 +190,7 @@ def zoo_manifest():
 
 
 def localize(manifest, name: str, with_reference: bool = True):
-    model = next(m for m in manifest.models if m.name == name)
-    captured = capture_model(model, manifest)
+    captured = model_package.capture_named(manifest, name)
     programs = build_programs(parse_module(captured.reference_hlo), parse_module(captured.distributed_hlo),
                               captured.inputs, captured.outputs, captured.num_devices)
     proof = saturate(programs)
@@ -209,10 +207,15 @@ def localize(manifest, name: str, with_reference: bool = True):
     return f"{path}:{line}", defect.message, seconds
 
 
+def assert_says(message: str, *words: str) -> None:
+    missing = [w for w in words if w not in message]
+    assert not missing, (missing, message)
+
+
 def test_wrong_fused_offset_points_at_the_slice_not_at_the_scores(zoo_manifest):
     where, message, seconds = localize(zoo_manifest, "fused-qkv-tp-wrong-k-offset")
     assert where == "examples/zoo/fused_qkv.py:55"
-    assert "`k`" in message and "reference's q" in message and "common.py:16" in message
+    assert_says(message, "`k`", "reference's q", "common.py:16")
     assert seconds < 2
 
 
@@ -221,86 +224,51 @@ def test_downstream_op_alone_without_reference_events(zoo_manifest):
     assert where == "examples/zoo/common.py:16"
 
 
-def test_wrong_head_size_points_at_the_python_line_that_computed_it(zoo_manifest):
-    where, message, _ = localize(zoo_manifest, "attention-tp-global-heads")
-    assert where == "examples/zoo/attention.py:50"
-    assert "`head_dim`" in message and "(2, 8, 4, 2)" in message and "(2, 8, 4, 8)" in message
-
-
-def test_missing_position_offset_points_at_the_positions(zoo_manifest):
-    where, message, _ = localize(zoo_manifest, "rope-sp-no-offset")
-    assert where == "examples/zoo/rope.py:39"
-    assert "same window" in message and "common.py" in message
-
-
-def test_local_width_points_at_the_width(zoo_manifest):
-    where, message, _ = localize(zoo_manifest, "layernorm-tp-local-width")
-    assert where == "examples/zoo/norms.py:61"
-    assert "`width`" in message and " 8 " in message and "32" in message
-
-
-def test_partial_operand_is_not_traced_back(zoo_manifest):
+# zoo model -> (the line of the defect, words its message must say)
+ZOO = {
+    # the wrong head size: the Python line that computed it
+    "attention-tp-global-heads": ("examples/zoo/attention.py:50", ("`head_dim`", "(2, 8, 4, 2)", "(2, 8, 4, 8)")),
+    # a missing position offset: the positions
+    "rope-sp-no-offset": ("examples/zoo/rope.py:39", ("same window", "common.py")),
+    "layernorm-tp-local-width": ("examples/zoo/norms.py:61", ("`width`", " 8 ", "32")),
     # The residual added before the reduce-scatter: the add itself is the defect, its partial-sum
-    # operand is as it should be.
-    where, _, _ = localize(zoo_manifest, "sp-block-residual-before-scatter")
-    assert where == "examples/zoo/sequence_parallel.py:47"
-
-
-def test_fresh_program_wrong_offset(tmp_manifest):
-    where, message, _ = localize(tmp_manifest, "gated")
-    assert where.endswith(f"models.py:{line_of('offset')}")
-    assert "wrong window" in message and "`x @ w_b`" in message and "reference's a" in message and "uses b" in message
-
-
-def test_round_robin_kv_head_points_at_the_index_that_picks_it(zoo_manifest):
+    # operand is as it should be (not traced back).
+    "sp-block-residual-before-scatter": ("examples/zoo/sequence_parallel.py:47", ()),
     # Every operand of the scores is a slice of the right reference value, but shard 1's KV head
     # window comes back to KV head 0's on shard 2: the map from device to KV head is the defect.
-    where, message, _ = localize(zoo_manifest, "gqa-tp4-kv2-round-robin")
-    assert where == "examples/zoo/gqa.py:86"
-    assert "`kv_head`" in message and "moves back" in message and "gqa.py:87" in message
-
-
-def test_fresh_program_window_moving_back_points_at_the_slice(tmp_manifest):
-    # The start is computed in the slice call itself from the device index: the slice is the line.
-    where, message, _ = localize(tmp_manifest, "rotated-inline")
-    assert where.endswith(f"models.py:{line_of('rotated')}")
-    assert "moves back" in message and "[16:20)" in message
-
-
-def test_fresh_program_window_moving_back_points_at_the_named_index(tmp_manifest):
-    where, message, _ = localize(tmp_manifest, "rotated-named")
-    assert where.endswith(f"models.py:{line_of('index')}")
-    assert "`j`" in message and "moves back" in message
-
-
-def test_fresh_program_local_width(tmp_manifest):
-    where, message, _ = localize(tmp_manifest, "rms")
-    assert where.endswith(f"models.py:{line_of('width')}")
-    assert "`n`" in message and "16" in message
-
-
-def test_ring_the_wrong_way_points_at_the_pairs(zoo_manifest):
+    "gqa-tp4-kv2-round-robin": ("examples/zoo/gqa.py:86", ("`kv_head`", "moves back", "gqa.py:87")),
     # The first unrelated op is a block write; sent the other way round the ring, every output is
     # proved, so the finding is the permutation, at the caller's line that writes it.
-    where, message, _ = localize(zoo_manifest, "ring-matmul-wrong-direction")
-    assert where == "examples/zoo/ring.py:49"
-    assert "collective-permute" in message and "j-1 mod 4" in message and "j+1 mod 4" in message
+    "ring-matmul-wrong-direction": ("examples/zoo/ring.py:49", ("collective-permute", "j-1 mod 4", "j+1 mod 4")),
+}
 
-
-def test_fresh_program_ring_pairs_bound_to_a_name(tmp_manifest):
-    where, message, _ = localize(tmp_manifest, "roll")
-    assert where.endswith(f"models.py:{line_of('pairs')}")
-    assert "the other way" in message
-
-
-@pytest.mark.parametrize("name, mark, words", [
+# model of MODELS above -> (the MARK of the defect's line, words its message must say)
+FRESH = {
+    "gated": ("offset", ("wrong window", "`x @ w_b`", "reference's a", "uses b")),
+    # the start computed in the slice call itself from the device index: the slice is the line
+    "rotated-inline": ("rotated", ("moves back", "[16:20)")),
+    "rotated-named": ("index", ("`j`", "moves back")),
+    "rms": ("width", ("`n`", "16")),
+    "roll": ("pairs", ("the other way",)),  # the ring's pairs, bound to a name
     # The helper slices at `group * cols` for whatever group it is given: the caller's argument
     # is where the device-to-part map is written.
-    ("rotated-argument", "argument", ("passed here as `group`", "moves back")),
+    "rotated-argument": ("argument", ("passed here as `group`", "moves back")),
     # The gather reads the right table at rows computed on the line before.
-    ("table-rows", "rows", ("indices computed here", "`gather`")),
-])
-def test_fresh_program_index_written_elsewhere_points_at_where_it_is_written(tmp_manifest, name, mark, words):
+    "table-rows": ("rows", ("indices computed here", "`gather`")),
+}
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_zoo_defect_is_found_where_it_was_made(zoo_manifest, name):
+    line, words = ZOO[name]
+    where, message, _ = localize(zoo_manifest, name)
+    assert where == line
+    assert_says(message, *words)
+
+
+@pytest.mark.parametrize("name", list(FRESH))
+def test_fresh_program_defect_is_found_where_it_was_made(tmp_manifest, name):
+    mark, words = FRESH[name]
     where, message, _ = localize(tmp_manifest, name)
     assert where.endswith(f"models.py:{line_of(mark)}")
-    assert all(w in message for w in words)
+    assert_says(message, *words)

@@ -12,7 +12,6 @@ import textwrap
 import model_package
 import pytest
 
-from equivci.capture.run import capture_model
 from equivci.hlo.parser import parse_module
 from equivci.prove.loops import StateRelation, infer_relations, window_within
 from equivci.prove.programs import build_programs
@@ -236,8 +235,7 @@ def manifest(tmp_path_factory):
 
 
 def _captured(manifest, name):
-    model = next(m for m in manifest.models if m.name == name)
-    return model, capture_model(model, manifest)
+    return model_package.model_named(manifest, name), model_package.capture_named(manifest, name)
 
 
 def _verify(manifest, name):

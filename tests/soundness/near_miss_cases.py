@@ -47,3 +47,16 @@ EXPECTED = {**{n: "verified" for n in VERIFIED}, **{n: "mismatch" for n in MISMA
 def agrees(name: str, status: str) -> bool:
     want = EXPECTED[name]
     return status in ("unproven", "mismatch") if want == "not verified" else status == want
+
+# The default suite's share (`pytest -m slow` runs the rest; docs/soundness.md): for each family of
+# side conditions, a correct variant (a guard made too strict loses it) and a buggy one (a guard
+# made too loose verifies it), and one buggy model the oracle cannot tell apart.
+DEFAULT = {
+    "embed-ge-lt", "embed-gt-drops-first",  # range masks of vocabulary-parallel lookups
+    "guard-always", "guard-ge",  # comparisons decided by the ids' bounds
+    "abs-of-positive", "abs-of-sum", "max-with-inf",  # elementwise side conditions
+    "concat-straddle", "rows-then-reshape",  # rewrite rules: slices, reshapes, concatenations
+    "pmax-of-max", "ppermute-self-only",  # collectives
+    "moe-ep", "moe-ep-shared-slot",  # the routing lemma
+    "guard-lt",  # not verified, though the oracle's draws do not show the difference
+}

@@ -13,14 +13,13 @@ from pathlib import Path
 import model_package
 import numpy as np
 import pytest
+from model_package import verify_named as _verify
 
-from equivci.capture.run import capture_model
 from equivci.capture.types import LeafPlacement
 from equivci.hlo.parser import parse_module
 from equivci.prove.programs import build_programs
 from equivci.prove.saturate import saturate
 from equivci.results import Status
-from equivci.verify.engine import verify_model
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -204,11 +203,6 @@ def line_of(mark: str) -> int:
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory):
     return model_package.write_package(tmp_path_factory.mktemp("verify_models"), "mlp.py", MODELS, MANIFEST)
-
-
-def _verify(manifest, name):
-    model = next(m for m in manifest.models if m.name == name)
-    return verify_model(model, manifest, capture_model(model, manifest))
 
 
 def test_verify_tp_mlp(manifest):

@@ -15,10 +15,9 @@ import textwrap
 
 import model_package
 import pytest
+from model_package import verify_named as _verify
 
-from equivci.capture.run import capture_model
 from equivci.results import Status
-from equivci.verify.engine import verify_model
 
 MODELS = textwrap.dedent(
     """\
@@ -164,11 +163,6 @@ NEAR_MISSES = ["embed-dp-rolled", "fsdp-flat-colmajor", "rotate-half-swapped"]
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory):
     return model_package.write_package(tmp_path_factory.mktemp("facts"), "m.py", MODELS, MANIFEST)
-
-
-def _verify(manifest, name):
-    model = next(m for m in manifest.models if m.name == name)
-    return verify_model(model, manifest, capture_model(model, manifest))
 
 
 @pytest.mark.parametrize("name", EQUIVALENT)

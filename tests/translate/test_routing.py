@@ -9,11 +9,10 @@ import textwrap
 import model_package
 import numpy as np
 import pytest
+from model_package import verify_named as _verify
 
-from equivci.capture.run import capture_model
 from equivci.results import Status
 from equivci.translate.routing import _one_slot_each
-from equivci.verify.engine import verify_model
 
 MODELS = textwrap.dedent(
     """\
@@ -96,11 +95,6 @@ MANIFEST = textwrap.dedent(
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory):
     return model_package.write_package(tmp_path_factory.mktemp("moe_models"), "moe.py", MODELS, MANIFEST)
-
-
-def _verify(manifest, name):
-    model = next(m for m in manifest.models if m.name == name)
-    return verify_model(model, manifest, capture_model(model, manifest))
 
 
 def test_dispatch_and_combine_with_replicated_weights_verify(manifest):

@@ -13,6 +13,7 @@ import textwrap
 import model_package
 import numpy as np
 import pytest
+from model_package import model_named as _model
 
 from equivci.capture.run import capture_model
 from equivci.hlo.ir import Shape
@@ -141,10 +142,6 @@ MANIFEST = textwrap.dedent(
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory):
     return model_package.write_package(tmp_path_factory.mktemp("vocab_models"), "vocab.py", MODELS, MANIFEST)
-
-
-def _model(manifest, name):
-    return next(m for m in manifest.models if m.name == name)
 
 
 @pytest.mark.parametrize("name", ["embed", "row_max", "xent"])
