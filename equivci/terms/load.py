@@ -1,9 +1,8 @@
-"""Load Python terms into an e-graph: one `let` per term, dimensions and static tables seeded."""
+"""Load Python terms into an e-graph: one handle per term (one table, not a `let` each), dimensions and static tables seeded."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import cast
 
 from egglog import EGraph, String, i64, set_, union
 
