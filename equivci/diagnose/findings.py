@@ -63,10 +63,16 @@ def _finding(inst: Instruction, message: str, captured: CapturedModel, events: l
 
 def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event], layering: Layering | None,
                     failed_layers: set[str], frontier: NumericFrontier | None = None,
-                    outputs_equal: bool = False) -> list[Finding]:
+                    outputs_equal: bool = False, shown: bool = True,
+                    reference_events: list[Event] = ()) -> list[Finding]:
     """The findings for `defect`, ranked with the numeric frontier when there is one.
 
-    `outputs_equal`: the numeric oracle ran and found the outputs equal (an unproven model)."""
+    `outputs_equal`: the numeric oracle ran and found the outputs equal (an unproven model).
+    `shown`: a check showed the programs differ (a counterexample); without one, the finding says
+    what could not be related and where the reference computes it, and claims no defect."""
+    if not shown:
+        return [_finding(defect.frontier or defect.inst, _unrelated(defect, captured, reference_events, outputs_equal),
+                         captured, events, layering)]
     message = defect.message
     if defect.context is not None:
         cpath, cline = source_of(defect.context, captured.repo_root)
@@ -103,6 +109,27 @@ def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event]
     if frontier is not None and frontier.note:
         findings.append(Finding(None, None, "note", None, frontier.note))
     return findings
+
+
+def _unrelated(defect: Defect, captured: CapturedModel, reference_events: list[Event], outputs_equal: bool) -> str:
+    """What the proof could not relate, for a model no check showed wrong: the op, its shape and the
+    reference op it should correspond to (the one of the same kind at the same line, if any)."""
+    inst = defect.frontier or defect.inst
+    message = (f"equivci cannot relate this `{inst.opcode}` ({inst.shape} on each device) to the reference: the proof "
+               "could not show that it is a window, a partial sum or a copy of any reference value")
+    here = innermost(inst)
+    same_line = [e.inst for e in reference_events if here is not None and innermost(e.inst) == here]
+    counterpart = next((i for i in same_line if i.opcode == inst.opcode), same_line[0] if same_line else None)
+    if counterpart is not None:
+        path, line = source_of(counterpart, captured.repo_root)
+        where = f"{path}:{line}" if path else "the same line"
+        message += f"; it should correspond to the reference's `{counterpart.opcode}` ({counterpart.shape}) at {where}"
+    else:
+        message += "; the reference runs no op at this line"
+    if outputs_equal:
+        return message + ". No check shows the programs differ (likely a rule equivci lacks, not a defect)."
+    guess = defect.message if defect.message.endswith((".", "!")) else defect.message + "."
+    return message + f". No check shows the programs differ; an unchecked guess at a cause: {guess}"
 
 
 def _before(numeric: Instruction, defect: Defect, events: list[Event]) -> bool:

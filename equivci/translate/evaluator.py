@@ -35,7 +35,7 @@ from equivci.terms.spec import (
     transpose_text,
 )
 from equivci.translate import masks
-from equivci.translate.constants import ConstantPool
+from equivci.translate.constants import ConstantPool, Window
 
 UNARY = {
     "abs", "ceil", "cos", "exp", "exponential", "exponential-minus-one", "floor", "log", "log-plus-one",
@@ -170,7 +170,7 @@ class Evaluator:
                 # Device-local tables (RoPE angles at a shard's positions, a mask's rows) are windows
                 # of the reference's tables; saying so relates them. One that repeats along the dim
                 # (a mask broadcast over heads) is every such window.
-                slices = [self.slice_term(w.source, w.dim, w.start, w.start + value.shape[w.dim]) for w in windows]
+                slices = [self.window_term(w, value.shape, dtype) for w in windows]
                 if len(slices) > 1:
                     self.equal_terms.append(slices)
                 term = slices[0]
@@ -180,6 +180,11 @@ class Evaluator:
             self.constants.add(term, value, dtype, source=not windows)
         self.values[term] = value
         return term
+
+    def window_term(self, window: Window, shape: tuple[int, ...], dtype: str) -> Term:
+        """The term of a constant pool window, laid out as `shape` (which differs in unit dims only)."""
+        term = self.slice_term(window.source, window.dim, window.start, window.start + window.width)
+        return self.reshape_term(term, Shape(dtype, shape)) if window.reshaped else term
 
     def folded(self, term: Term) -> np.ndarray | None:
         return self.values.get(term)
@@ -262,6 +267,11 @@ class Evaluator:
             window = value[tuple(index)]
             if _uniform(window):
                 return self.const(window, x.dtype)
+            # A window of a table the program made itself (a device's rows of a longer RoPE table)
+            # that a constant known before it holds (the reference's table) is that constant's.
+            moved = self.constants.older_windows(window, x.dtype, x) if x.op == "const" else []
+            if moved:
+                return self.window_term(moved[0], window.shape, x.dtype)
         factor, base = self.scale_of(x)
         if factor != 1 and (term := self.scaled(self.slice_term(base, dim, start, stop), factor)) is not None:
             return term

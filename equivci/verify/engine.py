@@ -7,15 +7,17 @@ import time
 from equivci.cache import Memo
 from equivci.capture.oracle import NumericComparison, compare_in_child
 from equivci.capture.types import CapturedModel
+from equivci.diagnose import numeric
 from equivci.diagnose.findings import defect_findings, with_counterexample, with_note
 from equivci.diagnose.localize import source_of
 from equivci.diagnose.loops import defect_with_loops
-from equivci.diagnose.numeric import numeric_frontier
+from equivci.diagnose.numeric import MAX_ELEMENTS, MAX_TERMS, draw_inputs, numeric_frontier
 from equivci.errors import EquivciError
 from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import HloParseError, parse_module
 from equivci.layers.segments import split
 from equivci.manifest import Manifest, ModelSpec
+from equivci.prove.candidates import window_candidates
 from equivci.prove.layered import prefix_proof, prove_layers
 from equivci.prove.programs import build_programs
 from equivci.prove.saturate import saturate
@@ -68,6 +70,11 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
     else:
         proof = saturate(programs)
         laps.lap("prove whole program")
+        if not proof.all_proved:
+            hints = _candidates(programs, captured)
+            if hints:
+                proof = saturate(programs, extra_terms=hints)
+                laps.lap(f"prove whole program with {len(hints)} proposed windows")
     if proof.all_proved:
         return _finish(model, Status.VERIFIED, t0, _assumptions(programs, captured),
                        LayerCounts(layers.total, layers.total, layers.reused), laps)
@@ -85,12 +92,27 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         laps.lap("numeric localization")
         failed = {o.name for o in layered.layers if not o.proved and o.name} if layering is not None else set()
         findings = defect_findings(defect, captured, programs.distributed_events, layering, failed, frontier,
-                                   outputs_equal=isinstance(comparison, NumericComparison) and comparison.equal)
+                                   outputs_equal=isinstance(comparison, NumericComparison) and comparison.equal,
+                                   shown=isinstance(comparison, NumericComparison) and not comparison.equal,
+                                   reference_events=programs.reference_events)
     if isinstance(comparison, NumericComparison) and not comparison.equal:
         findings = with_counterexample(findings, _counterexample(comparison))
         return _finish(model, Status.MISMATCH, t0, tuple(findings), layers, laps)
     findings = with_note(findings, _numeric_note(comparison))
     return _finish(model, Status.UNPROVEN, t0, tuple(findings), layers, laps)
+
+
+def _candidates(programs, captured: CapturedModel) -> list:
+    """Windows of reference values that distributed values equal on the oracle's first draw: terms
+    for the proof to meet (candidates only; the proof decides). None where that draw is not cheap."""
+    if len(programs.evaluator.table) > MAX_TERMS or sum(_size(leaf.shape) for leaf in captured.inputs) > MAX_ELEMENTS \
+            or numeric.JAX_FORKED:
+        return []
+    try:
+        params = draw_inputs(captured.inputs)
+    except Exception:  # noqa: BLE001 - hints only: without them the proof stands as it is
+        return []
+    return window_candidates(programs.reference_events, programs.distributed_events, programs.evaluator, params)
 
 
 def _assumptions(programs, captured: CapturedModel) -> tuple[Finding, ...]:
