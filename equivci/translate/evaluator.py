@@ -467,9 +467,15 @@ class Evaluator:
             return self.factored("transpose", attrs, args, shape) or self.mk("transpose", attrs, args, shape)
         if op == "slice":
             ranges = re.findall(r"\[(-?\d+):(-?\d+)(?::(\d+))?\]", attrs["slice"])
-            if any(step not in ("", "1") for _, _, step in ranges):
-                return self.opaque(inst, args)
-            return self.slice_nd(args[0], [(int(a), int(b)) for a, b, _ in ranges])
+            x = args[0]
+            for dim, (a, b, step) in enumerate(ranges):
+                if step not in ("", "1"):
+                    strided = self.strided_slice(x, dim, int(a), int(b), int(step))
+                    if strided is None:
+                        return self.opaque(inst, args)
+                    x = strided
+            return self.slice_nd(x, [(int(a), int(b)) if step in ("", "1") else (0, x.shape[dim])
+                                     for dim, (a, b, step) in enumerate(ranges)])
         if op == "dynamic-slice":
             sizes = dims_attr(attrs.get("dynamic_slice_sizes"))
             starts = [self.folded(a) for a in args[1:]]
@@ -501,6 +507,23 @@ class Evaluator:
         if op == "gather":
             return self.gather(inst, args)
         return self.opaque(inst, args)
+
+    def strided_slice(self, x: Term, dim: int, start: int, stop: int, step: int) -> Term | None:
+        """x[start:stop:step] along `dim` as windows of x with `dim` split into (n / step, step):
+        element i of the result is x's start + i * step, row (start // step + i), column start % step.
+        Interleaved RoPE's x[..., 1::2] is then a window like any other, which slices of the other
+        dims pass through. None when step does not divide the dim."""
+        n = x.shape[dim]
+        count = len(range(start, stop, step))
+        if n % step or count == 0:
+            return None
+        split = Shape(x.dtype, x.shape[:dim] + (n // step, step) + x.shape[dim + 1:])
+        grid = self.reshape_term(x, split)
+        row, column = divmod(start, step)
+        picked = self.slice_term(self.slice_term(grid, dim + 1, column, column + 1), dim, row, row + count)
+        out = list(x.shape)
+        out[dim] = count
+        return self.reshape_term(picked, Shape(x.dtype, tuple(out)))
 
     def reshape_term(self, operand: Term, shape: Shape) -> Term:
         if operand.op == "reshape":  # a reshape of a reshape is one reshape

@@ -559,3 +559,27 @@ def rope_table_sp_tp(x, wq, wk, *, mesh):
 def rope_table_sp_tp_shifted(x, wq, wk, *, mesh):
     # BUG: q takes the table's rows one position later than its tokens (k the right ones)
     return _rope_table_sp_tp(x, wq, wk, mesh, 1)
+
+
+# --- strided slices (interleaved RoPE's x[..., ::2]): windows of x with the dim split by the step --
+def _interleaved(x, first=0):
+    rot = jnp.stack([-x[..., 1 - first::2], x[..., first::2]], axis=-1).reshape(x.shape)
+    return x * 0.5 + rot
+
+
+def interleaved(x, wq, wk):
+    return _interleaved(jnp.einsum("bsd,dhk->bshk", x, wq))
+
+
+def _interleaved_tp(x, wq, mesh, first):
+    return jax.shard_map(lambda x, wq: _interleaved(jnp.einsum("bsd,dhk->bshk", x, wq), first), mesh=mesh,
+                         in_specs=(P(), P(None, TP)), out_specs=P(None, None, TP))(x, wq)
+
+
+def interleaved_tp(x, wq, wk, *, mesh):
+    return _interleaved_tp(x, wq, mesh, 0)
+
+
+def interleaved_tp_odd_first(x, wq, wk, *, mesh):
+    # BUG: the even and odd elements of each pair trade places
+    return _interleaved_tp(x, wq, mesh, 1)
