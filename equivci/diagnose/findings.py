@@ -71,7 +71,8 @@ def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event]
     `shown`: a check showed the programs differ (a counterexample); without one, the finding says
     what could not be related and where the reference computes it, and claims no defect."""
     if not shown:
-        return [_finding(defect.frontier or defect.inst, _unrelated(defect, captured, reference_events, outputs_equal),
+        return [_finding(defect.frontier or defect.inst, _unrelated(defect, captured, events, reference_events,
+                                                                    outputs_equal),
                          captured, events, layering)]
     message = defect.message
     if defect.context is not None:
@@ -111,7 +112,8 @@ def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event]
     return findings
 
 
-def _unrelated(defect: Defect, captured: CapturedModel, reference_events: list[Event], outputs_equal: bool) -> str:
+def _unrelated(defect: Defect, captured: CapturedModel, events: list[Event], reference_events: list[Event],
+               outputs_equal: bool) -> str:
     """What the proof could not relate, for a model no check showed wrong: the op, its shape and the
     reference op it should correspond to (the one of the same kind at the same line, if any)."""
     inst = defect.frontier or defect.inst
@@ -124,12 +126,30 @@ def _unrelated(defect: Defect, captured: CapturedModel, reference_events: list[E
         path, line = source_of(counterpart, captured.repo_root)
         where = f"{path}:{line}" if path else "the same line"
         message += f"; it should correspond to the reference's `{counterpart.opcode}` ({counterpart.shape}) at {where}"
+    elif (nearest := _nearest_shard_of(inst, events, reference_events)) is not None:
+        path, line = source_of(nearest, captured.repo_root)
+        where = f" at {path}:{line}" if path else ""
+        message += (f"; the reference runs no op at this line, and its `{inst.opcode}` nearest in program order whose "
+                    f"shape this one's divides is {nearest.shape}{where}")
     else:
         message += "; the reference runs no op at this line"
     if outputs_equal:
         return message + ". No check shows the programs differ (likely a rule equivci lacks, not a defect)."
     guess = defect.message if defect.message.endswith((".", "!")) else defect.message + "."
     return message + f". No check shows the programs differ; an unchecked guess at a cause: {guess}"
+
+
+def _nearest_shard_of(inst: Instruction, events: list[Event], reference_events: list[Event]) -> Instruction | None:
+    """The reference op of the same kind, nearest in relative program order, whose shape `inst`'s
+    could be a block of (every dim divides)."""
+    position = next((k for k, e in enumerate(events) if e.inst is inst), None)
+    dims = inst.shape.dims
+    shards = [(k, e.inst) for k, e in enumerate(reference_events) if e.inst.opcode == inst.opcode
+              and len(e.inst.shape.dims) == len(dims) and all(m and n % m == 0 for m, n in zip(dims, e.inst.shape.dims))]
+    if position is None or not shards:
+        return None
+    at = position / max(1, len(events))
+    return min(shards, key=lambda pair: abs(pair[0] / max(1, len(reference_events)) - at))[1]
 
 
 def _before(numeric: Instruction, defect: Defect, events: list[Event]) -> bool:
