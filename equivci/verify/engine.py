@@ -22,6 +22,7 @@ from equivci.prove.layered import prefix_proof, prove_layers
 from equivci.prove.programs import build_programs
 from equivci.prove.saturate import saturate
 from equivci.results import Finding, LayerCounts, ModelResult, Status
+from equivci.terms.rules import REWRITES
 from equivci.timings import Laps
 from equivci.translate.evaluator import Unsupported
 
@@ -30,6 +31,9 @@ MAX_ORACLE_ELEMENTS = 1 << 22
 # Past this many terms, a model the layers do not prove is saturated only up to its first
 # unproved layer (the whole e-graph of a 100-layer model costs minutes).
 WHOLE_PROGRAM_TERMS = 20_000
+# The saturation with proposed windows is bounded tighter: the windows are pushed into the reference
+# terms a few levels deep, and where they keep the rules growing the e-graph it stops early.
+HINTED_ITERATIONS = 16
 
 
 def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo: Memo | None = None,
@@ -70,10 +74,12 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
     else:
         proof = saturate(programs)
         laps.lap("prove whole program")
-        if not proof.all_proved:
+        # Proposed windows only join an e-graph the rules saturated: one still growing would
+        # grow the more with them (and a proof there is the budget's, not the hints').
+        if not proof.all_proved and not proof.egraph.run(REWRITES).updated:
             hints = _candidates(programs, captured)
             if hints:
-                proof = saturate(programs, extra_terms=hints)
+                proof = saturate(programs, extra_terms=hints, iterations=HINTED_ITERATIONS)
                 laps.lap(f"prove whole program with {len(hints)} proposed windows")
     if proof.all_proved:
         return _finish(model, Status.VERIFIED, t0, _assumptions(programs, captured),
