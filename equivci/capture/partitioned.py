@@ -27,8 +27,11 @@ from pathlib import Path
 from typing import Any
 
 # Flags for the capture child: the pass dumps around SPMD partitioning, as text (for the HLO
-# parser) and as protos (for the shardings XLA records on the partitioned module).
-DUMP_FLAGS = "--xla_dump_hlo_pass_re=spmd-partitioning --xla_dump_hlo_as_text --xla_dump_hlo_as_proto"
+# parser) and as protos (for the shardings XLA records on the partitioned module). Large constants
+# are printed in full: an elided one (`{...}`) is opaque, so a table the program slices per device
+# (RoPE's cos/sin at a shard's positions) could not be related to the reference's.
+DUMP_FLAGS = ("--xla_dump_hlo_pass_re=spmd-partitioning --xla_dump_hlo_as_text --xla_dump_hlo_as_proto "
+              "--xla_dump_large_constants")
 
 _AFTER_SPMD_TEXT = re.compile(r".*\.jit_.*after_spmd-partitioning.*\.txt$")
 _PROTO_SUFFIX = ".hlo.pb"  # `<same stem>.hlo.pb` next to `<stem>.txt`

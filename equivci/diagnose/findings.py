@@ -64,15 +64,21 @@ def _finding(inst: Instruction, message: str, captured: CapturedModel, events: l
 
 def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event], layering: Layering | None,
                     failed_layers: set[str], frontier: NumericFrontier | None = None,
-                    outputs_equal: bool = False,
+                    outputs_equal: bool = False, shown: bool = True, reference_events: list[Event] | None = None,
                     reference_lines: frozenset[tuple[str, int]] = frozenset()) -> list[Finding]:
     """The findings for `defect`, ranked with the numeric frontier when there is one.
 
-    `outputs_equal`: the numeric oracle ran and found the outputs equal (an unproven model);
+    `outputs_equal`: the numeric oracle ran and found the outputs equal (an unproven model).
+    `shown`: a check showed the programs differ (a counterexample); without one, the finding says
+    what could not be related and where the reference computes it, and claims no defect.
     `reference_lines`: the (file, line) pairs on the reference program's op stacks."""
-    return _located_first(_library_callers(_defect_findings(defect, captured, events, layering, failed_layers,
-                                                            frontier, outputs_equal), captured, events,
-                                           reference_lines))
+    if shown:
+        found = _defect_findings(defect, captured, events, layering, failed_layers, frontier, outputs_equal)
+    else:
+        inst = defect.frontier or defect.inst
+        found = [(_finding(inst, _unrelated(defect, captured, events, reference_events or [], outputs_equal), captured,
+                           events, layering), inst)]
+    return _located_first(_library_callers(found, captured, events, reference_lines))
 
 
 def _defect_findings(defect: Defect, captured: CapturedModel, events: list[Event], layering: Layering | None,
@@ -158,6 +164,46 @@ def _located_first(findings: list[Finding]) -> list[Finding]:
             findings = [dataclasses.replace(lead, severity=findings[0].severity)] + [
                 f for j, f in enumerate(findings) if j != k]
     return findings
+
+
+def _unrelated(defect: Defect, captured: CapturedModel, events: list[Event], reference_events: list[Event],
+               outputs_equal: bool) -> str:
+    """What the proof could not relate, for a model no check showed wrong: the op, its shape and the
+    reference op it should correspond to (the one of the same kind at the same line, if any)."""
+    inst = defect.frontier or defect.inst
+    message = (f"equivci cannot relate this `{inst.opcode}` ({inst.shape} on each device) to the reference: the proof "
+               "could not show that it is a window, a partial sum or a copy of any reference value")
+    here = innermost(inst)
+    same_line = [e.inst for e in reference_events if here is not None and innermost(e.inst) == here]
+    counterpart = next((i for i in same_line if i.opcode == inst.opcode), same_line[0] if same_line else None)
+    if counterpart is not None:
+        path, line = source_of(counterpart, captured.repo_root)
+        where = f"{path}:{line}" if path else "the same line"
+        message += f"; it should correspond to the reference's `{counterpart.opcode}` ({counterpart.shape}) at {where}"
+    elif (nearest := _nearest_shard_of(inst, events, reference_events)) is not None:
+        path, line = source_of(nearest, captured.repo_root)
+        where = f" at {path}:{line}" if path else ""
+        message += (f"; the reference runs no op at this line, and its `{inst.opcode}` nearest in program order whose "
+                    f"shape this one's divides is {nearest.shape}{where}")
+    else:
+        message += "; the reference runs no op at this line"
+    if outputs_equal:
+        return message + ". No check shows the programs differ (likely a rule equivci lacks, not a defect)."
+    guess = defect.message if defect.message.endswith((".", "!")) else defect.message + "."
+    return message + f". No check shows the programs differ; an unchecked guess at a cause: {guess}"
+
+
+def _nearest_shard_of(inst: Instruction, events: list[Event], reference_events: list[Event]) -> Instruction | None:
+    """The reference op of the same kind, nearest in relative program order, whose shape `inst`'s
+    could be a block of (every dim divides)."""
+    position = next((k for k, e in enumerate(events) if e.inst is inst), None)
+    dims = inst.shape.dims
+    shards = [(k, e.inst) for k, e in enumerate(reference_events) if e.inst.opcode == inst.opcode
+              and len(e.inst.shape.dims) == len(dims) and all(m and n % m == 0 for m, n in zip(dims, e.inst.shape.dims))]
+    if position is None or not shards:
+        return None
+    at = position / max(1, len(events))
+    return min(shards, key=lambda pair: abs(pair[0] / max(1, len(reference_events)) - at))[1]
 
 
 def _before(numeric: Instruction, defect: Defect, events: list[Event]) -> bool:

@@ -8,6 +8,11 @@ seen before is found by its content digest, and a window by the digest of its fi
 dimension it is narrower in, looked up among the rows of every known constant; only windows whose
 first rows hash alike are compared element by element (`comparisons` counts those, for the
 work-count test).
+
+Unit dims do not change which elements a table holds, and programs insert them at different
+places (the reference's table folded to [1, s, 1, d] for its broadcast, a device's [s/n, d] cut
+from a longer table): a constant is also known with its unit dims squeezed, and a window found
+there is the window along the matching dim of the constant itself.
 """
 
 from __future__ import annotations
@@ -25,12 +30,15 @@ def _digest(value: np.ndarray) -> bytes:
 
 @dataclasses.dataclass(frozen=True)
 class Window:
-    """`array[start:start + width]` along `dim` of the known constant `source` (a Term)."""
+    """`array[start:start + width]` along `dim` of the known constant `source` (a Term); the value
+    sought is that window with its unit dims laid out differently when `reshaped`."""
 
     source: object
     dim: int
     start: int
+    width: int
     order: int  # of the source among the known constants
+    reshaped: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +53,11 @@ class ConstantPool:
     def __init__(self) -> None:
         self._by_content: dict[tuple, object] = {}
         # (dtype, dim, shape without dim) -> digest of a row (the sub-array at one index along dim)
-        # -> (the known constant, that index), for every row of every known constant
-        self._rows: dict[tuple, dict[bytes, list[tuple[_Known, int]]]] = {}
+        # -> (the known constant, that index, its own dim), for every row of every known constant,
+        # and of every known constant with its unit dims squeezed
+        self._rows: dict[tuple, dict[bytes, list[tuple[_Known, int, int]]]] = {}
         self._known: list[_Known] = []
+        self._order: dict[object, int] = {}  # source term -> its order
         self.comparisons = 0  # element-by-element comparisons made (work units, see tests)
 
     def extend(self, other: "ConstantPool") -> None:
@@ -66,28 +76,56 @@ class ConstantPool:
             return
         known = _Known(len(self._known), term, value, dtype)
         self._known.append(known)
-        for k in range(value.ndim):
-            rows = self._rows.setdefault(_frame(dtype, value.shape, k), {})
-            for i in range(value.shape[k]):
-                rows.setdefault(_digest(np.take(value, i, axis=k)), []).append((known, i))
+        self._order.setdefault(term, known.order)
+        kept = _kept(value.shape)
+        views = [(value, list(range(value.ndim)))]
+        if len(kept) < value.ndim:
+            views.append((value.reshape([value.shape[k] for k in kept]), kept))
+        for view, dims in views:
+            for k in range(view.ndim):
+                rows = self._rows.setdefault(_frame(dtype, view.shape, k), {})
+                for i in range(view.shape[k]):
+                    rows.setdefault(_digest(np.take(view, i, axis=k)), []).append((known, i, dims[k]))
 
     def windows(self, value: np.ndarray, dtype: str) -> list[Window]:
         """Every window of the oldest known constant that holds `value` as a window along one dim
-        (several when it repeats along that dim)."""
-        candidates = sorted(
-            (known.order, k, start, known)
-            for k in range(value.ndim) if value.shape[k]
-            for known, start in self._rows.get(_frame(dtype, value.shape, k), {}).get(_digest(np.take(value, 0, axis=k)), ())
-            if value.shape[k] < known.value.shape[k] and start + value.shape[k] <= known.value.shape[k])
+        (several when it repeats along that dim), as it is or with unit dims squeezed on either side."""
+        kept = _kept(value.shape)
+        views = [value] + ([value.reshape([value.shape[k] for k in kept])] if len(kept) < value.ndim else [])
+        candidates: dict[tuple[int, int, int], tuple[_Known, np.ndarray, int]] = {}
+        for view in views:
+            for k in range(view.ndim):
+                if not view.shape[k]:
+                    continue
+                for known, start, own in self._rows.get(_frame(dtype, view.shape, k), {}).get(
+                        _digest(np.take(view, 0, axis=k)), ()):
+                    if view.shape[k] < known.value.shape[own] and start + view.shape[k] <= known.value.shape[own]:
+                        candidates.setdefault((known.order, own, start), (known, view, k))
         found: list[Window] = []
-        for order, k, start, known in candidates:
-            if found and (order, k) != (found[0].order, found[0].dim):
+        for (order, own, start), (known, view, k) in sorted(candidates.items(), key=lambda item: item[0]):
+            if found and (order, own) != (found[0].order, found[0].dim):
                 break
+            width = view.shape[k]
             self.comparisons += 1
-            if np.array_equal(np.take(known.value, range(start, start + value.shape[k]), axis=k), value, equal_nan=True):
-                found.append(Window(known.term, k, start, order))
+            window = np.take(known.value, range(start, start + width), axis=own)
+            if np.array_equal(window.reshape(view.shape), view, equal_nan=True):
+                found.append(Window(known.term, own, start, width, order, reshaped=window.shape != value.shape))
         return found
+
+
+    def older_windows(self, value: np.ndarray, dtype: str, than) -> list[Window]:
+        """`windows(value)` when they are windows of a constant known before the source `than`."""
+        order = self._order.get(than)
+        if order is None:
+            return []
+        found = self.windows(value, dtype)
+        return found if found and found[0].order < order else []
 
 
 def _frame(dtype: str, shape: tuple[int, ...], dim: int) -> tuple:
     return (dtype, dim, shape[:dim] + shape[dim + 1:])
+
+
+def _kept(shape: tuple[int, ...]) -> list[int]:
+    """The dims that are not unit dims."""
+    return [k for k, size in enumerate(shape) if size != 1]

@@ -35,7 +35,7 @@ from equivci.terms.spec import (
     transpose_text,
 )
 from equivci.translate import masks
-from equivci.translate.constants import ConstantPool
+from equivci.translate.constants import ConstantPool, Window
 
 UNARY = {
     "abs", "ceil", "cos", "exp", "exponential", "exponential-minus-one", "floor", "log", "log-plus-one",
@@ -170,7 +170,7 @@ class Evaluator:
                 # Device-local tables (RoPE angles at a shard's positions, a mask's rows) are windows
                 # of the reference's tables; saying so relates them. One that repeats along the dim
                 # (a mask broadcast over heads) is every such window.
-                slices = [self.slice_term(w.source, w.dim, w.start, w.start + value.shape[w.dim]) for w in windows]
+                slices = [self.window_term(w, value.shape, dtype) for w in windows]
                 if len(slices) > 1:
                     self.equal_terms.append(slices)
                 term = slices[0]
@@ -180,6 +180,11 @@ class Evaluator:
             self.constants.add(term, value, dtype, source=not windows)
         self.values[term] = value
         return term
+
+    def window_term(self, window: Window, shape: tuple[int, ...], dtype: str) -> Term:
+        """The term of a constant pool window, laid out as `shape` (which differs in unit dims only)."""
+        term = self.slice_term(window.source, window.dim, window.start, window.start + window.width)
+        return self.reshape_term(term, Shape(dtype, shape)) if window.reshaped else term
 
     def folded(self, term: Term) -> np.ndarray | None:
         return self.values.get(term)
@@ -262,6 +267,11 @@ class Evaluator:
             window = value[tuple(index)]
             if _uniform(window):
                 return self.const(window, x.dtype)
+            # A window of a table the program made itself (a device's rows of a longer RoPE table)
+            # that a constant known before it holds (the reference's table) is that constant's.
+            moved = self.constants.older_windows(window, x.dtype, x) if x.op == "const" else []
+            if moved:
+                return self.window_term(moved[0], window.shape, x.dtype)
         factor, base = self.scale_of(x)
         if factor != 1 and (term := self.scaled(self.slice_term(base, dim, start, stop), factor)) is not None:
             return term
@@ -457,9 +467,15 @@ class Evaluator:
             return self.factored("transpose", attrs, args, shape) or self.mk("transpose", attrs, args, shape)
         if op == "slice":
             ranges = re.findall(r"\[(-?\d+):(-?\d+)(?::(\d+))?\]", attrs["slice"])
-            if any(step not in ("", "1") for _, _, step in ranges):
-                return self.opaque(inst, args)
-            return self.slice_nd(args[0], [(int(a), int(b)) for a, b, _ in ranges])
+            x = args[0]
+            for dim, (a, b, step) in enumerate(ranges):
+                if step not in ("", "1"):
+                    strided = self.strided_slice(x, dim, int(a), int(b), int(step))
+                    if strided is None:
+                        return self.opaque(inst, args)
+                    x = strided
+            return self.slice_nd(x, [(int(a), int(b)) if step in ("", "1") else (0, x.shape[dim])
+                                     for dim, (a, b, step) in enumerate(ranges)])
         if op == "dynamic-slice":
             sizes = dims_attr(attrs.get("dynamic_slice_sizes"))
             starts = [self.folded(a) for a in args[1:]]
@@ -491,6 +507,23 @@ class Evaluator:
         if op == "gather":
             return self.gather(inst, args)
         return self.opaque(inst, args)
+
+    def strided_slice(self, x: Term, dim: int, start: int, stop: int, step: int) -> Term | None:
+        """x[start:stop:step] along `dim` as windows of x with `dim` split into (n / step, step):
+        element i of the result is x's start + i * step, row (start // step + i), column start % step.
+        Interleaved RoPE's x[..., 1::2] is then a window like any other, which slices of the other
+        dims pass through. None when step does not divide the dim."""
+        n = x.shape[dim]
+        count = len(range(start, stop, step))
+        if n % step or count == 0:
+            return None
+        split = Shape(x.dtype, x.shape[:dim] + (n // step, step) + x.shape[dim + 1:])
+        grid = self.reshape_term(x, split)
+        row, column = divmod(start, step)
+        picked = self.slice_term(self.slice_term(grid, dim + 1, column, column + 1), dim, row, row + count)
+        out = list(x.shape)
+        out[dim] = count
+        return self.reshape_term(picked, Shape(x.dtype, tuple(out)))
 
     def reshape_term(self, operand: Term, shape: Shape) -> Term:
         if operand.op == "reshape":  # a reshape of a reshape is one reshape

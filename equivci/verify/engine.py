@@ -8,10 +8,11 @@ from equivci.cache import Memo
 from equivci.capture.hlo_oracle import compare_hlo_in_child
 from equivci.capture.oracle import NumericComparison, compare_in_child
 from equivci.capture.types import CapturedModel
+from equivci.diagnose import numeric
 from equivci.diagnose.findings import defect_findings, with_counterexample, with_note
 from equivci.diagnose.localize import source_of
 from equivci.diagnose.loops import defect_with_loops
-from equivci.diagnose.numeric import numeric_frontier
+from equivci.diagnose.numeric import MAX_ELEMENTS, MAX_TERMS, draw_inputs, numeric_frontier
 from equivci.diagnose.outputs import dtype_findings
 from equivci.errors import EquivciError
 from equivci.hlo.collectives import axis_groups
@@ -19,10 +20,12 @@ from equivci.hlo.parser import HloParseError, parse_module
 from equivci.layers.segments import split
 from equivci.manifest import Manifest, ModelSpec
 from equivci.options import ENV_SATURATION_ITERATIONS
+from equivci.prove.candidates import window_candidates
 from equivci.prove.layered import prefix_proof, prove_layers
 from equivci.prove.programs import build_programs
 from equivci.prove.saturate import MAX_ITERATIONS, saturate
 from equivci.results import Finding, LayerCounts, ModelResult, Status
+from equivci.terms.rules import REWRITES
 from equivci.timings import Laps
 from equivci.translate.evaluator import Unsupported
 
@@ -31,6 +34,9 @@ MAX_ORACLE_ELEMENTS = 1 << 22
 # Past this many terms, a model the layers do not prove is saturated only up to its first
 # unproved layer (the whole e-graph of a 100-layer model costs minutes).
 WHOLE_PROGRAM_TERMS = 20_000
+# The saturation with proposed windows is bounded tighter: the windows are pushed into the reference
+# terms a few levels deep, and where they keep the rules growing the e-graph it stops early.
+HINTED_ITERATIONS = 16
 
 
 def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo: Memo | None = None,
@@ -76,6 +82,13 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
     else:
         proof = saturate(programs, iterations=iterations)
         laps.lap("prove whole program")
+        # Proposed windows only join an e-graph the rules saturated: one still growing would
+        # grow the more with them (and a proof there is the budget's, not the hints').
+        if not proof.all_proved and not proof.egraph.run(REWRITES).updated:
+            hints = _candidates(programs, captured)
+            if hints:
+                proof = saturate(programs, extra_terms=hints, iterations=HINTED_ITERATIONS)
+                laps.lap(f"prove whole program with {len(hints)} proposed windows")
     if proof.all_proved:
         return _finish(model, Status.VERIFIED, t0, _assumptions(programs, captured),
                        LayerCounts(layers.total, layers.total, layers.reused), laps)
@@ -95,7 +108,8 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         reference_lines = frozenset((loc.file, loc.line) for e in programs.reference_events for loc in e.inst.stack)
         findings = defect_findings(defect, captured, programs.distributed_events, layering, failed, frontier,
                                    outputs_equal=isinstance(comparison, NumericComparison) and comparison.equal,
-                                   reference_lines=reference_lines)
+                                   shown=isinstance(comparison, NumericComparison) and not comparison.equal,
+                                   reference_events=programs.reference_events, reference_lines=reference_lines)
     if isinstance(comparison, NumericComparison) and not comparison.equal:
         findings = with_counterexample(findings, _counterexample(comparison))
         return _finish(model, Status.MISMATCH, t0, tuple(findings), layers, laps)
@@ -121,6 +135,19 @@ def _budget_note(programs, proof, layers) -> tuple[Finding, ...]:
                     "its rules could still add facts, so a larger budget may prove it: the budget is the larger of "
                     f"the terms' depth and {ENV_SATURATION_ITERATIONS} ({proof.iterations} now); set "
                     f"{ENV_SATURATION_ITERATIONS}={2 * budget} to raise it"),)
+
+
+def _candidates(programs, captured: CapturedModel) -> list:
+    """Windows of reference values that distributed values equal on the oracle's first draw: terms
+    for the proof to meet (candidates only; the proof decides). None where that draw is not cheap."""
+    if len(programs.evaluator.table) > MAX_TERMS or sum(_size(leaf.shape) for leaf in captured.inputs) > MAX_ELEMENTS \
+            or numeric.JAX_FORKED:
+        return []
+    try:
+        params = draw_inputs(captured.inputs)
+    except Exception:  # noqa: BLE001 - hints only: without them the proof stands as it is
+        return []
+    return window_candidates(programs.reference_events, programs.distributed_events, programs.evaluator, params)
 
 
 def _assumptions(programs, captured: CapturedModel) -> tuple[Finding, ...]:

@@ -497,3 +497,89 @@ T_BIG = 32  # 16 tokens per device: 2 ** 16 index vectors, past the routing lemm
 
 def moe_big_inputs():
     return (spec(T_BIG, D), spec(D, E), spec(E, D, F), spec(E, F, D))
+
+
+# --- precomputed tables: a device's rows of a longer constant table (translate/constants.py) -----
+# The reference folds its rows into a [1, s, 1, d] constant; a device slices a [64, d] table at its
+# positions. Over a 2-D mesh (positions x heads) the attention scores of the rotated q and k are
+# proved through windows the numeric values propose (equivci/prove/candidates.py).
+ROPE_LEN, ROPE_S, ROPE_H, ROPE_HD = 64, 8, 4, 4
+
+
+def _rope_table(fn):
+    import numpy as np
+
+    inv = 1.0 / 10_000.0 ** (np.arange(0, ROPE_HD, 2) / ROPE_HD)
+    return fn(np.outer(np.arange(ROPE_LEN), inv)).astype(np.float32)
+
+
+def _rotate(q, cos, sin):
+    q1, q2 = jnp.split(q, 2, axis=-1)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return jnp.concatenate([q1 * cos - q2 * sin, q1 * sin + q2 * cos], axis=-1)
+
+
+def _rope_scores(x, wq, wk, q_rows, k_rows, gather=lambda k: k):
+    q = _rotate(jnp.einsum("bsd,dhk->bshk", x, wq), *q_rows)
+    k = gather(_rotate(jnp.einsum("bsd,dhk->bshk", x, wk), *k_rows))
+    return jnp.einsum("bqhk,bthk->bhqt", q, k)
+
+
+def rope_table(x, wq, wk):
+    import numpy as np
+
+    rows = (_rope_table(np.cos)[:ROPE_S], _rope_table(np.sin)[:ROPE_S])
+    return _rope_scores(x, wq, wk, rows, rows)
+
+
+def rope_table_inputs():
+    return (spec(B, ROPE_S, D), spec(D, ROPE_H, ROPE_HD), spec(D, ROPE_H, ROPE_HD))
+
+
+def _rope_table_sp_tp(x, wq, wk, mesh, shift):
+    import numpy as np
+
+    def body(x, wq, wk):
+        def rows(start):
+            return tuple(lax.dynamic_slice_in_dim(jnp.asarray(_rope_table(fn)), start, x.shape[1])
+                         for fn in (np.cos, np.sin))
+
+        start = lax.axis_index("sp") * x.shape[1]
+        return _rope_scores(x, wq, wk, rows(start + shift), rows(start),
+                            lambda k: lax.all_gather(k, "sp", axis=1, tiled=True))
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(None, "sp"), P(None, TP), P(None, TP)),
+                         out_specs=P(None, TP, "sp"))(x, wq, wk)
+
+
+def rope_table_sp_tp(x, wq, wk, *, mesh):
+    return _rope_table_sp_tp(x, wq, wk, mesh, 0)
+
+
+def rope_table_sp_tp_shifted(x, wq, wk, *, mesh):
+    # BUG: q takes the table's rows one position later than its tokens (k the right ones)
+    return _rope_table_sp_tp(x, wq, wk, mesh, 1)
+
+
+# --- strided slices (interleaved RoPE's x[..., ::2]): windows of x with the dim split by the step --
+def _interleaved(x, first=0):
+    rot = jnp.stack([-x[..., 1 - first::2], x[..., first::2]], axis=-1).reshape(x.shape)
+    return x * 0.5 + rot
+
+
+def interleaved(x, wq, wk):
+    return _interleaved(jnp.einsum("bsd,dhk->bshk", x, wq))
+
+
+def _interleaved_tp(x, wq, mesh, first):
+    return jax.shard_map(lambda x, wq: _interleaved(jnp.einsum("bsd,dhk->bshk", x, wq), first), mesh=mesh,
+                         in_specs=(P(), P(None, TP)), out_specs=P(None, None, TP))(x, wq)
+
+
+def interleaved_tp(x, wq, wk, *, mesh):
+    return _interleaved_tp(x, wq, mesh, 0)
+
+
+def interleaved_tp_odd_first(x, wq, wk, *, mesh):
+    # BUG: the even and odd elements of each pair trade places
+    return _interleaved_tp(x, wq, mesh, 1)
