@@ -5,8 +5,8 @@ starts at zero, a scatter at constant indices.
 Correct programs in two styles verify: gradient accumulation over microbatches in a fori_loop that
 has no reference loop, and a GPipe schedule (ppermute between stages, each stage's output written
 with `.at[k].set`). Near misses (one microbatch fewer, a result written to the wrong slot, a slot
-written twice, a write past the end that HLO drops, a scatter that adds) are mismatches, and two
-writes of one slot are never taken in program order.
+written twice, a write past the end that HLO drops, a scatter that adds, a trip count that differs
+between devices) are mismatches, and two writes of one slot are never taken in program order.
 """
 
 from __future__ import annotations
@@ -137,7 +137,23 @@ MODELS = textwrap.dedent(
 
 
     def rows_dropped(w, x, *, mesh):
-        return _written(w, x, mesh, np.array([2, 8, 4, 5, 6, 7, 0, 1]))  # MARK:dropped
+        return _written(w, x, mesh, np.array([2, 3, 4, 5, 6, 8, 0, 1]))  # MARK:dropped
+
+
+    def carry_inputs():
+        return (jax.ShapeDtypeStruct((B, D), jnp.float32),)
+
+
+    def carry(x):
+        return lax.fori_loop(0, 2, lambda i, h: jnp.tanh(h) * 2.0, x)
+
+
+    def carry_device_trips(x, *, mesh):
+        def body(x):
+            trips = 2 + lax.axis_index("dp")  # MARK:trips
+            return lax.fori_loop(0, trips, lambda i, h: jnp.tanh(h) * 2.0, x)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=P("dp"), out_specs=P("dp"))(x)
 
 
     def until(w, x):
@@ -169,6 +185,8 @@ MANIFEST = textwrap.dedent(
       - {name: added, reference: m.py:rows, distributed: m.py:rows_added, inputs: m.py:inputs, mesh: {dp: 2}}
       - {name: twice-last, reference: m.py:rows_last_of_two, distributed: m.py:rows_twice, inputs: m.py:inputs,
          mesh: {dp: 2}}
+      - {name: trips, reference: m.py:carry, distributed: m.py:carry_device_trips, inputs: m.py:carry_inputs,
+         mesh: {dp: 2}}
       - {name: until, reference: m.py:until, distributed: m.py:until_dp, inputs: m.py:inputs, mesh: {dp: 2}}
     """
 )
@@ -195,7 +213,7 @@ def test_unrolled_loops_and_constant_scatters_verify(manifest, name):
     assert result.status is Status.VERIFIED, result.findings
 
 
-@pytest.mark.parametrize("name", ["accum-short", "pipe-wrong-slot", "twice", "dropped", "added"])
+@pytest.mark.parametrize("name", ["accum-short", "pipe-wrong-slot", "twice", "dropped", "added", "trips"])
 def test_near_misses_are_mismatches(manifest, name):
     result = _verify(manifest, name)
     assert result.status is Status.MISMATCH, (result.status, result.findings)
