@@ -14,10 +14,11 @@ induction over the iterations:
 
 The step is a program like any other (inputs S, outputs the new states and the condition) and is
 proved by the same saturation. Only then does each distributed loop output become the
-relation's window of the reference loop's output. A loop with no related reference loop, or whose
-step is not proved, is unrolled when its trip count is a small constant (equivci.translate.unroll),
-else stays opaque, and its proof is kept so that localization (equivci.diagnose.loops) can point
-inside the body.
+relation's window of the reference loop's output. A loop that no reference loop relates to, or
+whose step is not proved, is unrolled when its trip count is a small constant
+(equivci.translate.unroll: a microbatch accumulation, a pipeline schedule, a stage's layers
+against all of the reference's), else stays opaque; a failed step proof is kept so that
+localization (equivci.diagnose.loops) can point inside the body.
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ class LoopAttempt:
     unrolled: bool = False  # not proved by induction but evaluated iteration by iteration instead
 
     @property
-    def settled(self) -> bool:
-        """Its results are not opaque: proved by induction, or unrolled."""
-        return self.proved or self.unrolled
+    def failed_step(self) -> bool:
+        """A step proof was tried and failed (whether or not the loop was then unrolled), or the loop
+        stayed opaque: localization looks inside its body."""
+        return not self.proved and (self.proof is not None or not self.unrolled)
 
     @property
     def proved(self) -> bool:
@@ -211,7 +213,7 @@ class LoopMatcher:
             return self._unrolled(evaluator, attempt)
         ref_loop, relations = match
         attempt.step, attempt.proof = self._prove_step(evaluator, inst, ref_loop, relations)
-        if not attempt.proved:
+        if not attempt.proved:  # (localization still looks inside the body whose step failed)
             return self._unrolled(evaluator, attempt)
         self._matched.add(id(ref_loop))
         for dev in range(evaluator.n):

@@ -216,12 +216,18 @@ class Evaluator:
         return self.table.make("binary", ("multiply",), (base, self.const(np.broadcast_to(scalar, base.shape), base.dtype)),
                                base.shape, base.dtype)
 
-    def plus_zero(self, args: list[Term], shape: Shape) -> Term | None:
-        """x + 0 as x: an accumulator that starts at zero (a loop over microbatches, unrolled) then
-        carries the same constant factors as its terms, and sums of them meet the reference's."""
+    def plus_zero(self, inst: Instruction, ops: list[list]) -> list | None:
+        """x + 0 as x, when every device adds zero: an accumulator that starts at zero (a loop over
+        microbatches, unrolled) then carries the constant factors of its terms, and sums of them meet
+        the reference's. (A device that adds a non-zero offset keeps the add on every device, so
+        that localization compares the same op across devices.)"""
+        if inst.opcode != "add" or len(ops) != 2:
+            return None
         for k in (0, 1):
-            if self.uniform(args[k]) == 0 and args[1 - k].shape == shape.dims and args[1 - k].dtype == shape.dtype:
-                return args[1 - k]
+            others = ops[1 - k]
+            if all(isinstance(v, Term) and isinstance(z, Term) and self.uniform(z) == 0 and v.shape == inst.shape.dims
+                   and v.dtype == inst.shape.dtype for z, v in zip(ops[k], others)):
+                return others
         return None
 
     def factored(self, kind: str, attrs: tuple, args: list[Term], shape: Shape) -> Term | None:
@@ -229,8 +235,6 @@ class Evaluator:
         if shape.dtype not in SCALABLE or any(isinstance(a, tuple) or a.dtype != shape.dtype for a in args):
             return None
         op = attrs[0] if kind in ("binary", "reduce") else kind
-        if op == "add" and kind == "binary" and (kept := self.plus_zero(args, shape)) is not None:
-            return kept
         scales = [self.scale_of(a) for a in args]
         factors, bases = [f for f, _ in scales], [b for _, b in scales]
         if op == "multiply":
@@ -377,6 +381,8 @@ class Evaluator:
                 self.calls.pop()
         if op == "while":
             return self.loop(inst, ops[0])
+        if (kept := self.plus_zero(inst, ops)) is not None:
+            return kept
         return [self.local(inst, [o[d] for o in ops], d) for d in range(self.n)]
 
     def loop(self, inst: Instruction, init: list) -> list:
@@ -979,6 +985,8 @@ class Evaluator:
 
     def combine(self, reducer: str, members: list[Term]) -> Term:
         """The elementwise reduction of the members, in group order."""
+        if reducer == "add" and 0 < len(nonzero := [m for m in members if self.uniform(m) != 0]) < len(members):
+            members = nonzero  # devices that hold zeros add nothing (a pipeline's idle stages)
         inner = [m.args[0] for m in members if m.op == "reshape"]
         if len(inner) == len(members) > 1 and len({t.shape for t in inner}) == 1:
             # Reshaped alike (keepdims after a local reduction): reduce, then reshape once, so that
