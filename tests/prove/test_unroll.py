@@ -16,11 +16,9 @@ import textwrap
 import model_package
 import pytest
 
-from equivci.capture.run import capture_model
 from equivci.hlo.parser import parse_module
 from equivci.prove.programs import build_programs
 from equivci.results import Status
-from equivci.verify.engine import verify_model
 
 MODELS = textwrap.dedent(
     """\
@@ -199,36 +197,26 @@ def manifest(tmp_path_factory):
     return model_package.write_package(tmp_path_factory.mktemp("unroll"), "m.py", MODELS, MANIFEST)
 
 
-def _captured(manifest, name):
-    model = next(m for m in manifest.models if m.name == name)
-    return model, capture_model(model, manifest)
-
-
-def _verify(manifest, name):
-    model, captured = _captured(manifest, name)
-    return verify_model(model, manifest, captured)
-
-
 @pytest.mark.parametrize("name", ["accum", "pipe", "scattered"])
 def test_unrolled_loops_and_constant_scatters_verify(manifest, name):
-    result = _verify(manifest, name)
+    result = model_package.verify(manifest, name)
     assert result.status is Status.VERIFIED, result.findings
 
 
 @pytest.mark.parametrize("name", ["accum-short", "pipe-wrong-slot", "twice", "dropped", "added", "trips"])
 def test_near_misses_are_mismatches(manifest, name):
-    result = _verify(manifest, name)
+    result = model_package.verify(manifest, name)
     assert result.status is Status.MISMATCH, (result.status, result.findings)
 
 
 def test_two_writes_to_one_slot_are_not_taken_in_program_order(manifest):
     """Which of two updates of one slot a scatter keeps is unspecified: never proved to be the last."""
-    result = _verify(manifest, "twice-last")
+    result = model_package.verify(manifest, "twice-last")
     assert result.status is not Status.VERIFIED, result.findings
 
 
 def test_a_loop_whose_trip_count_depends_on_the_input_is_not_unrolled(manifest):
-    _, c = _captured(manifest, "until")
+    _, c = model_package.captured(manifest, "until")
     programs = build_programs(parse_module(c.reference_hlo), parse_module(c.distributed_hlo), c.inputs, c.outputs,
                               c.num_devices)
     assert programs.loops and not any(a.unrolled for a in programs.loops)
