@@ -206,6 +206,20 @@ MUTANTS: tuple[Mutant, ...] = (
     M("routing-own-slots", "if tuple(r.slots[a, b]) != (dev, pos[e_row], pos[c_row]) or r.ex[a, b] != pos[e_row]:",
       "if False:", "the combine must read this device's own slots, each with its expert's output (either "
       "clause alone stops the near miss)", "model:moe-ep-no-return"),
+    # -- unrolled loops and scatters at constant indices ---------------------------------------------
+    M("unroll-devices-agree", "return found.pop() if len(found) == 1 else None", "return found.pop()",
+      "a loop is unrolled only when every device runs it the same number of times",
+      "pytest:tests/prove/test_unroll.py::test_near_misses_are_mismatches[trips]"),
+    M("scatter-overlap", "return None  # overlapping writes: which one wins is unspecified", "pass",
+      "two writes of one slot are in no specified order",
+      "pytest:tests/prove/test_unroll.py::test_two_writes_to_one_slot_are_not_taken_in_program_order"),
+    M("scatter-drop-out-of-range", "if any(s < 0 or s + n > full for s, n, full in zip(starts, sizes, x.shape)):\n"
+      "                continue", "starts = [min(max(s, 0), full - n) for s, n, full in zip(starts, sizes, x.shape)]",
+      "a scatter skips an update whose window leaves the operand (it does not clamp)",
+      "pytest:tests/prove/test_unroll.py::test_near_misses_are_mismatches[dropped]"),
+    M("scatter-overwrite-only", 'or not _overwrites(self.called(inst, "to_apply")):', "or False:",
+      "only a scatter that overwrites is a window write (one that adds is not)",
+      "pytest:tests/prove/test_unroll.py::test_near_misses_are_mismatches[added]"),
     # -- the cache -----------------------------------------------------------------------------------
     M("fingerprint-source", "equivci.__version__, h.hexdigest(), sys.version,", "equivci.__version__, sys.version,",
       "a changed verifier must not reuse old verdicts", CACHE + "test_an_edit_to_the_verifier_source_changes_the_fingerprint"),

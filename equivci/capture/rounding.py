@@ -317,7 +317,9 @@ def _flat_params(params: dict):
 
 def _map_jaxprs(value, fn):
     if isinstance(value, tuple):
-        return tuple(_map_jaxprs(v, fn) for v in value)
+        mapped = tuple(_map_jaxprs(v, fn) for v in value)
+        # a params tuple of another type (scatter's dimension numbers, a NamedTuple) is kept as is
+        return value if all(m is v for m, v in zip(mapped, value)) else mapped
     return fn(value) if _is_jaxpr(value) else value
 
 

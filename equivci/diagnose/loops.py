@@ -20,7 +20,7 @@ def defect_with_loops(programs: Programs, proof: Proof, mesh: tuple[tuple[str, i
     found = first_defect(programs.distributed_events, proof, programs.evaluator, axis_groups(mesh), outputs,
                          routed=programs.routed,
                          reference_events=programs.reference_events)
-    failed = next((a for a in programs.loops if not a.proved), None)
+    failed = next((a for a in programs.loops if a.failed_step), None)
     if failed is not None and (found is None or _position(programs, found) > failed.position):
         return _inside(failed, mesh)
     if found is None:

@@ -14,8 +14,11 @@ induction over the iterations:
 
 The step is a program like any other (inputs S, outputs the new states and the condition) and is
 proved by the same saturation. Only then does each distributed loop output become the
-relation's window of the reference loop's output; a loop whose step is not proved stays opaque,
-and its proof is kept so that localization (equivci.diagnose.loops) can point inside the body.
+relation's window of the reference loop's output. A loop that no reference loop relates to, or
+whose step is not proved, is unrolled when its trip count is a small constant
+(equivci.translate.unroll: a microbatch accumulation, a pipeline schedule, a stage's layers
+against all of the reference's), else stays opaque; a failed step proof is kept so that
+localization (equivci.diagnose.loops) can point inside the body.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from equivci.prove.saturate import MAX_ITERATIONS, Proof, saturate
 from equivci.terms.ir import Term
 from equivci.translate.evaluator import Evaluator, Loop
 from equivci.translate.programs import Programs
+from equivci.translate.unroll import unroll
 
 Window = tuple[tuple[int, int], ...]  # (start, stop) per dim
 
@@ -50,6 +54,13 @@ class LoopAttempt:
     reason: str | None = None  # why no step proof was attempted
     step: Programs | None = None
     proof: Proof | None = None
+    unrolled: bool = False  # not proved by induction but evaluated iteration by iteration instead
+
+    @property
+    def failed_step(self) -> bool:
+        """A step proof was tried and failed (whether or not the loop was then unrolled), or the loop
+        stayed opaque: localization looks inside its body."""
+        return not self.proved and (self.proof is not None or not self.unrolled)
 
     @property
     def proved(self) -> bool:
@@ -187,6 +198,7 @@ class LoopMatcher:
         self.reference_loops = reference_loops
         self.iterations = iterations  # the saturation budget of each step proof
         self.attempts: list[LoopAttempt] = []
+        self.unrolled = 0
         self._matched: set[int] = set()
 
     def evaluate(self, evaluator: Evaluator, inst: Instruction, init: list) -> list | None:
@@ -199,11 +211,11 @@ class LoopMatcher:
         if match is None:
             attempt.reason = ("no reference loop has a state that this loop's state is a window of, element by "
                               "element")
-            return None
+            return self._unrolled(evaluator, attempt)
         ref_loop, relations = match
         attempt.step, attempt.proof = self._prove_step(evaluator, inst, ref_loop, relations)
-        if not attempt.proved:
-            return None
+        if not attempt.proved:  # (localization still looks inside the body whose step failed)
+            return self._unrolled(evaluator, attempt)
         self._matched.add(id(ref_loop))
         for dev in range(evaluator.n):
             for rel, value in zip(relations, init[dev]):
@@ -212,6 +224,13 @@ class LoopMatcher:
                     evaluator.obligations.append((value, target))
         return [tuple(evaluator.slice_nd(ref_loop.out[0][rel.ref_index], rel.windows[dev]) for rel in relations)
                 for dev in range(evaluator.n)]
+
+    def _unrolled(self, evaluator: Evaluator, attempt: LoopAttempt) -> list | None:
+        """The loop evaluated iteration by iteration, when its trip count is a small constant."""
+        out = unroll(evaluator, attempt.inst, attempt.init)
+        attempt.unrolled = out is not None
+        self.unrolled += attempt.unrolled
+        return out
 
     def _match(self, init: list) -> tuple[Loop, list[StateRelation]] | None:
         """The reference loop whose state relates to `init`: not matched before if possible, then the

@@ -221,6 +221,20 @@ class Evaluator:
         return self.table.make("binary", ("multiply",), (base, self.const(np.broadcast_to(scalar, base.shape), base.dtype)),
                                base.shape, base.dtype)
 
+    def plus_zero(self, inst: Instruction, ops: list[list]) -> list | None:
+        """x + 0 as x, when every device adds zero: an accumulator that starts at zero (a loop over
+        microbatches, unrolled) then carries the constant factors of its terms, and sums of them meet
+        the reference's. (A device that adds a non-zero offset keeps the add on every device, so
+        that localization compares the same op across devices.)"""
+        if inst.opcode != "add" or len(ops) != 2:
+            return None
+        for k in (0, 1):
+            others = ops[1 - k]
+            if all(isinstance(v, Term) and isinstance(z, Term) and self.uniform(z) == 0 and v.shape == inst.shape.dims
+                   and v.dtype == inst.shape.dtype for z, v in zip(ops[k], others)):
+                return others
+        return None
+
     def factored(self, kind: str, attrs: tuple, args: list[Term], shape: Shape) -> Term | None:
         """The op with its operands' constant factors pulled in front, if any (else None)."""
         if shape.dtype not in SCALABLE or any(isinstance(a, tuple) or a.dtype != shape.dtype for a in args):
@@ -377,6 +391,8 @@ class Evaluator:
                 self.calls.pop()
         if op == "while":
             return self.loop(inst, ops[0])
+        if (kept := self.plus_zero(inst, ops)) is not None:
+            return kept
         return [self.local(inst, [o[d] for o in ops], d) for d in range(self.n)]
 
     def loop(self, inst: Instruction, init: list) -> list:
@@ -506,6 +522,8 @@ class Evaluator:
             return self.reduce(inst, args)
         if op == "gather":
             return self.gather(inst, args)
+        if op == "scatter" and (written := self.scatter_at_constants(inst, args)) is not None:
+            return written
         return self.opaque(inst, args)
 
     def strided_slice(self, x: Term, dim: int, start: int, stop: int, step: int) -> Term | None:
@@ -536,12 +554,42 @@ class Evaluator:
         factor, base = self.scale_of(operand)
         if factor != 1 and (term := self.scaled(self.reshape_term(base, shape), factor)) is not None:
             return term
+        if value is None and (term := self.reshaped_window(operand, shape)) is not None:
+            return term
         # Tables stay symbolic (a device's table is a window of the reference's); the value is
         # kept so that index arithmetic on it still folds.
         term = self.mk("reshape", (reshape_spec(operand.shape, shape.dims),), [operand], shape)
         if value is not None:
             self.values[term] = value.reshape(shape.dims)
         return term
+
+    def reshaped_window(self, operand: Term, shape: Shape) -> Term | None:
+        """reshape(slices and reshapes of y) as (a reshape of) one window of y, when it is one: a
+        microbatch taken as reshape(x, (m, b, d))[k] is the rows x[k*b:(k+1)*b].
+
+        Checked exactly on labels (every element of y numbered) through the chain of ops."""
+        chain, base = [], operand
+        while base.op in ("slice", "reshape") and len(chain) < 8:
+            chain.append(base)
+            base = base.args[0]
+        if not any(t.op == "reshape" for t in chain) or not any(t.op == "slice" for t in chain) \
+                or int(np.prod(base.shape)) > MAX_LABELS:
+            return None
+        labels = np.arange(int(np.prod(base.shape))).reshape(base.shape)
+        for t in reversed(chain):
+            if t.op == "reshape":
+                labels = labels.reshape(t.shape)
+            else:
+                dim, start, stop = t.attrs
+                labels = np.take(labels, np.arange(start, stop), axis=dim)
+        coords = np.unravel_index(labels.ravel(), base.shape)
+        box = tuple((int(c.min()), int(c.max()) + 1) for c in coords) if labels.size else None
+        if box is None or int(np.prod([b - a for a, b in box])) != labels.size:
+            return None
+        whole = np.arange(int(np.prod(base.shape))).reshape(base.shape)
+        if not np.array_equal(whole[tuple(slice(a, b) for a, b in box)].ravel(), labels.ravel()):
+            return None
+        return self.reshape_term(self.slice_nd(base, box), shape)
 
     def eval_broadcast(self, operand: Term, shape: Shape, dims: tuple[int, ...]) -> Term:
         expanded = [i for i, o in enumerate(dims) if operand.shape[i] == 1 and shape.dims[o] != 1]
@@ -689,16 +737,90 @@ class Evaluator:
                 return update
             return self.mk("dupdate", (dim,), (x, update, idx[dim]), Shape(x.dtype, x.shape))
         starts = [int(np.clip(int(s), 0, n - u)) for s, n, u in zip(starts, x.shape, update.shape)]
-        differing = [d for d in range(len(x.shape)) if update.shape[d] != x.shape[d]]
+        return self.write_window(x, update, starts)
+
+    def scatter_at_constants(self, inst: Instruction, args: list) -> Term | None:
+        """A scatter that overwrites, at indices known as constants, into windows that do not overlap:
+        the operand with those windows replaced (`outs.at[k].set(y)` at an unrolled loop's step k).
+        An index vector whose window leaves the operand writes nothing (XLA skips it, no clamping)."""
+        if len(args) != 3 or inst.shape.is_tuple or not _overwrites(self.called(inst, "to_apply")):
+            return None
+        x, idx, update = args
+        indices = self.folded(idx)
+        attrs = inst.attrs
+        if indices is None or attrs.get("input_batching_dims") or any(a.dtype != x.dtype for a in (update,)):
+            return None
+        vector_dim = int(attrs["index_vector_dim"])
+        window_dims = dims_attr(attrs.get("update_window_dims"))
+        inserted = dims_attr(attrs.get("inserted_window_dims"))
+        to_operand = dims_attr(attrs.get("scatter_dims_to_operand_dims"))
+        if vector_dim == indices.ndim:
+            indices = indices[..., None]
+        else:
+            indices = np.moveaxis(indices, vector_dim, -1)
+        if indices.shape[:-1] and int(np.prod(indices.shape[:-1])) > 64:
+            return None
+        scatter_dims = [d for d in range(len(update.shape)) if d not in window_dims]
+        operand_window = [d for d in range(len(x.shape)) if d not in inserted]
+        sizes = [1] * len(x.shape)
+        for d, u in zip(operand_window, window_dims):
+            sizes[d] = update.shape[u]
+        boxes, result = [], x
+        for pos in np.ndindex(*indices.shape[:-1]):
+            starts = [0] * len(x.shape)
+            for k, d in enumerate(to_operand):
+                starts[d] = int(indices[pos][k])
+            if any(s < 0 or s + n > full for s, n, full in zip(starts, sizes, x.shape)):
+                continue
+            box = [(s, s + n) for s, n in zip(starts, sizes)]
+            if any(all(a < d and c < b for (a, b), (c, d) in zip(box, other)) for other in boxes):
+                return None  # overlapping writes: which one wins is unspecified
+            boxes.append(box)
+            ranges = [(0, n) for n in update.shape]
+            for d, p in zip(scatter_dims, pos):
+                ranges[d] = (p, p + 1)
+            piece = self.reshape_term(self.slice_nd(update, ranges), Shape(x.dtype, tuple(sizes)))
+            result = self.write_window(result, piece, starts)
+        return result
+
+    def write_window(self, x: Term, piece: Term, starts: list[int]) -> Term:
+        """x with the block at `starts` replaced by `piece`: concatenations of x's windows and it."""
+        differing = [d for d in range(len(x.shape)) if piece.shape[d] != x.shape[d]]
         if not differing:
-            return update
-        if len(differing) > 1:
-            return self.opaque(inst, args)
+            return piece
         d = differing[0]
-        s, u = starts[d], update.shape[d]
-        parts = [p for p in (self.slice_term(x, d, 0, s) if s > 0 else None, update,
-                             self.slice_term(x, d, s + u, x.shape[d]) if s + u < x.shape[d] else None) if p is not None]
-        return self.concat(parts, d)
+        s, u = starts[d], piece.shape[d]
+        band = piece if differing == [d] else \
+            self.write_window(self.slice_term(x, d, s, s + u), piece, [0 if k == d else v for k, v in enumerate(starts)])
+        # x's parts along d around the band (x may be earlier writes), so writes compose flat
+        before, after, lo = [], [], 0
+        for part in _parts_along(x, d):
+            hi = lo + part.shape[d]
+            if lo < s:
+                before.append(self.slice_term(part, d, 0, min(hi, s) - lo))
+            if hi > s + u:
+                after.append(self.slice_term(part, d, max(lo, s + u) - lo, hi - lo))
+            lo = hi
+        return self.concat(self.merged(before + [band] + after, d), d)
+
+    def merged(self, parts: list[Term], d: int) -> list[Term]:
+        """Adjacent parts that are one window together joined: contiguous slices of one term along
+        `d`, or constants of one value, so that writes in any order build the same concatenation."""
+        out: list[Term] = []
+        for part in parts:
+            prev = out[-1] if out else None
+            if prev is not None and prev.op == part.op == "slice" and prev.args[0] is part.args[0] \
+                    and prev.attrs[0] == part.attrs[0] == d and prev.attrs[2] == part.attrs[1]:
+                out[-1] = self.slice_term(part.args[0], d, prev.attrs[1], part.attrs[2])
+                continue
+            a, b = (self.uniform(prev), self.uniform(part)) if prev is not None else (None, None)
+            if a is not None and a == b and prev is not None and prev.dtype == part.dtype:
+                shape = list(part.shape)
+                shape[d] += prev.shape[d]
+                out[-1] = self.const(np.full(shape, self.folded(part).flat[0]), part.dtype)
+                continue
+            out.append(part)
+        return out
 
     def dot(self, inst: Instruction, args: list) -> Term:
         a = inst.attrs
@@ -896,6 +1018,8 @@ class Evaluator:
 
     def combine(self, reducer: str, members: list[Term]) -> Term:
         """The elementwise reduction of the members, in group order."""
+        if reducer == "add" and 0 < len(nonzero := [m for m in members if self.uniform(m) != 0]) < len(members):
+            members = nonzero  # devices that hold zeros add nothing (a pipeline's idle stages)
         inner = [m.args[0] for m in members if m.op == "reshape"]
         if len(inner) == len(members) > 1 and len({t.shape for t in inner}) == 1:
             # Reshaped alike (keepdims after a local reduction): reduce, then reshape once, so that
@@ -933,6 +1057,19 @@ class Evaluator:
             chunk = members[0].shape[dim] // len(members)
             return self.concat([self.slice_term(m, dim, pos * chunk, (pos + 1) * chunk) for m in members], dim)
         raise Unsupported(op)
+
+
+def _parts_along(x: Term, dim: int) -> list[Term]:
+    """The operands of nested concatenations along `dim`, in order (x itself when it is none)."""
+    if x.op == "concat" and x.attrs[0] == dim:
+        return [p for arg in x.args for p in _parts_along(arg, dim)]
+    return [x]
+
+
+def _overwrites(comp: Computation) -> bool:
+    """A scatter combiner that returns the update (its second parameter)."""
+    params = {int(p.attrs["_number"]): p.name for p in comp.parameters()}
+    return len(params) == 2 and comp.root.opcode == "parameter" and comp.root.name == params.get(1)
 
 
 def _lookup(env: dict[str, list], name: str) -> list:

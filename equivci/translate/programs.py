@@ -11,10 +11,12 @@ from equivci.hlo.ir import Module
 from equivci.terms.ir import Term, TermTable
 from equivci.translate.evaluator import Evaluator, Event, Loop, LoopHandler
 from equivci.translate.routing import Router
+from equivci.translate.unroll import Unroller
 
 
 class LoopProver(LoopHandler, Protocol):
     attempts: list  # what became of each distributed `while` (equivci.prove.loops.LoopAttempt)
+    unrolled: int  # how many of them were unrolled
 
 
 @dataclasses.dataclass
@@ -34,6 +36,8 @@ class Programs:
     loops: list = dataclasses.field(default_factory=list)  # prove.loops.LoopAttempt, in program order
     # input index -> (its assumed [lo, hi], the reference gather that makes it an index and the calls it is in)
     assumed: dict = dataclasses.field(default_factory=dict)
+    # what the verifier did not try, and why (a dispatch mask past the routing lemma's enumeration bound)
+    limits: list[str] = dataclasses.field(default_factory=list)
 
 
 def flatten(value) -> list[Term]:
@@ -45,11 +49,26 @@ def translate(reference: Module, distributed: Module, inputs: tuple[LeafPlacemen
               outputs: tuple[LeafPlacement, ...], num_devices: int,
               loops: Callable[[Module, list[Loop]], LoopProver]) -> Programs:
     """Both programs as terms over the reference inputs. `loops(reference, reference_loops)` makes
-    the handler of the distributed program's `while` ops (equivci.prove.loops.LoopMatcher)."""
+    the handler of the distributed program's `while` ops (equivci.prove.loops.LoopMatcher).
+
+    The reference's loops are kept whole (a distributed loop is best related to one by an invariant)
+    unless the handler unrolled a distributed loop (equivci.translate.unroll): the reference's loops
+    with a constant trip count are then unrolled too, so that both programs are straight-line code."""
+    programs, again = _translate(reference, distributed, inputs, outputs, num_devices, loops, unroll=False)
+    if again:
+        programs, _ = _translate(reference, distributed, inputs, outputs, num_devices, loops, unroll=True)
+    return programs
+
+
+def _translate(reference: Module, distributed: Module, inputs: tuple[LeafPlacement, ...],
+               outputs: tuple[LeafPlacement, ...], num_devices: int,
+               loops: Callable[[Module, list[Loop]], LoopProver], unroll: bool) -> tuple[Programs, bool]:
+    """The programs, and whether to build them again with the reference's loops unrolled."""
     table = TermTable()
     params = [table.make("param", (k,), (), leaf.shape, _short_dtype(leaf.dtype)) for k, leaf in enumerate(inputs)]
 
     ref_eval = Evaluator(reference, table, 1)
+    ref_eval.loop_handler = Unroller() if unroll else None
     ref_root = ref_eval.run(reference.entry, [[p] for p in params])[0]
     # Integer inputs the reference uses as indices are taken to be valid indices, [0, size): the
     # programs are compared on the inputs the reference is written for (the numeric oracle draws
@@ -58,6 +77,7 @@ def translate(reference: Module, distributed: Module, inputs: tuple[LeafPlacemen
     bounds = {p: b for p, (b, _) in domains.items()}
     if domains:
         ref_eval = Evaluator(reference, table, 1)
+        ref_eval.loop_handler = Unroller() if unroll else None
         ref_eval.bounds.update(bounds)
         ref_root = ref_eval.run(reference.entry, [[p] for p in params])[0]
     reference_outputs = flatten(ref_root)
@@ -77,9 +97,10 @@ def translate(reference: Module, distributed: Module, inputs: tuple[LeafPlacemen
     router = Router(dist_eval, num_devices)
     router.run(dist_eval.events)
     dist_eval.equal_terms.extend([a, b] for a, b in router.facts)
-    return Programs(params, reference_outputs, device_outputs, targets, ref_eval.events, dist_eval.events, dist_eval,
-                    router.exempt, dist_eval.obligations, matcher.attempts,
-                    {p.attrs[0]: domain for p, domain in domains.items()})
+    programs = Programs(params, reference_outputs, device_outputs, targets, ref_eval.events, dist_eval.events,
+                        dist_eval, router.exempt, dist_eval.obligations, matcher.attempts,
+                        {p.attrs[0]: domain for p, domain in domains.items()}, router.limits)
+    return programs, not unroll and matcher.unrolled > 0 and bool(ref_eval.loops)
 
 
 def _short_dtype(dtype: str) -> str:

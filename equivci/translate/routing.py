@@ -39,6 +39,7 @@ from equivci.terms.spec import DotSpec, GatherDims
 from equivci.translate.evaluator import NP_DTYPES
 
 MAX_CASES = 1 << 12  # index vectors enumerated for the mask lemma
+MAX_LIMIT_ELEMENTS = 1 << 18  # larger 3-D dot operands are activations: not walked to say why
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,8 @@ class Router:
         self.routed: dict[Term, Routed | None] = {}
         self.facts: list[tuple[Term, Term]] = []
         self.exempt: set[int] = set()  # ids of mask and routed terms (fine for localization)
+        self.limits: list[str] = []  # dispatch masks the lemma did not enumerate, and why
+        self._limited: set[tuple[int, ...]] = set()
 
     # -- driver ------------------------------------------------------------------------------
     def run(self, events) -> None:
@@ -129,6 +132,29 @@ class Router:
                 return None
         self.exempt.update(id(s) for s in self.subterms(m, q))
         return Mask(m, t, roles[0][0], roles[0][1], q)
+
+    def note_limit(self, m: Term, t: int) -> None:
+        """Say so when `m` looks like a dispatch mask (a function of one bounded index vector over its
+        tokens) that has more index vectors than the lemma enumerates: routing of that size is
+        left unproven, and the user should know it is the size, not a defect."""
+        if len(m.shape) != 3 or m.shape in self._limited or int(np.prod(m.shape)) > MAX_LIMIT_ELEMENTS:
+            return
+        leaves = self.free_leaves(m)
+        if leaves is None or len(leaves) != 1:
+            return
+        (q,) = leaves
+        bounds = self.ev.bounds_of(q)
+        if bounds is None or q.shape != (m.shape[t],):
+            return
+        cases = (int(bounds[1]) - int(bounds[0]) + 1) ** q.shape[0]
+        if cases <= MAX_CASES:
+            return
+        self._limited.add(m.shape)
+        self.limits.append(
+            f"the routing lemma did not check the dispatch mask of shape {list(m.shape)}: its {q.shape[0]} tokens "
+            f"take expert indices in [{int(bounds[0])}, {int(bounds[1])}], {cases:.3g} index vectors, and it "
+            f"enumerates at most {MAX_CASES}; expert-parallel routing is proved only up to that size "
+            "(12 tokens per device with 2 experts, 6 with 4): verify a smaller configuration of the same code")
 
     def free_leaves(self, m: Term) -> set[Term] | None:
         """The subterms `m` depends on that `evaluate` cannot compute (other than constants)."""
@@ -194,6 +220,8 @@ class Router:
                 return
             m, x = v.args
             mask = self.mask(m, spec.lc[0])
+            if mask is None and spec.rc[0] == 0 and dev == 0:
+                self.note_limit(m, spec.lc[0])
             if mask is None or spec.rc[0] != 0:
                 return
             parts.append((dev, v, mask, x))

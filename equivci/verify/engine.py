@@ -114,6 +114,8 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         findings = with_counterexample(findings, _counterexample(comparison))
         return _finish(model, Status.MISMATCH, t0, tuple(findings), layers, laps)
     findings = with_note(findings, _numeric_note(comparison))
+    for limit in programs.limits:
+        findings = with_note(findings, limit)
     budget = _budget_note(programs, proof, layered.layers if layering is not None else [])
     return _finish(model, Status.UNPROVEN, t0, tuple(findings) + budget, layers, laps)
 

@@ -63,8 +63,6 @@ def test_near_miss_verdict(results, name):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known gap (issue 12): the finding of a MoE layer past the routing "
-                   "lemma's enumeration limit does not name the limit")
 def test_routing_limit_is_named(results):
     """A correct MoE layer past the routing lemma's enumeration limit (16 tokens per device) is
     `unproven`, and its finding says the limit was the reason."""

@@ -30,6 +30,12 @@ MODELS = textwrap.dedent(
                 jax.ShapeDtypeStruct((E, D, F), f), jax.ShapeDtypeStruct((E, F, D), f))
 
 
+    def wide_inputs():
+        f = jnp.float32
+        return (jax.ShapeDtypeStruct((4 * T, D), f), jax.ShapeDtypeStruct((D, E), f),
+                jax.ShapeDtypeStruct((E, D, F), f), jax.ShapeDtypeStruct((E, F, D), f))
+
+
     def expert(x, w1, w2):
         return jnp.tanh(x @ w1) @ w2
 
@@ -88,6 +94,7 @@ MANIFEST = textwrap.dedent(
       - {name: correct, reference: moe.py:reference, distributed: moe.py:correct, inputs: moe.py:inputs, mesh: {ep: 2}}
       - {name: other_expert, reference: moe.py:reference, distributed: moe.py:other_expert, inputs: moe.py:inputs, mesh: {ep: 2}}
       - {name: other_mask, reference: moe.py:reference, distributed: moe.py:other_mask, inputs: moe.py:inputs, mesh: {ep: 2}}
+      - {name: wide, reference: moe.py:reference, distributed: moe.py:correct, inputs: moe.py:wide_inputs, mesh: {ep: 2}}
     """
 )
 
@@ -107,6 +114,14 @@ def test_near_misses_are_not_verified(manifest, name):
     result = _verify(manifest, name)
     assert result.status in (Status.MISMATCH, Status.UNPROVEN), name
     assert (result.findings[0].path, result.findings[0].line) == ("moe.py", model_package.line_of(MODELS, name))
+
+
+def test_routing_past_the_enumeration_bound_is_reported(manifest):
+    """16 tokens per device: 2**16 index vectors, past the lemma's bound. Unproven, and it says why."""
+    result = _verify(manifest, "wide")
+    assert result.status is Status.UNPROVEN, result.findings
+    notes = [f.message for f in result.findings if "routing lemma did not check" in f.message]
+    assert notes and "16 tokens" in notes[0] and "4096" in notes[0], result.findings
 
 
 def _mask(q: list[int], experts: int, slots: int) -> np.ndarray:
