@@ -6,7 +6,7 @@ import time
 
 from equivci.cache import Memo
 from equivci.capture.hlo_oracle import compare_hlo_in_child
-from equivci.capture.oracle import NumericComparison, compare_in_child
+from equivci.capture.oracle import NOISE_MARGIN, NumericComparison, compare_in_child
 from equivci.capture.types import CapturedModel
 from equivci.diagnose import numeric
 from equivci.diagnose.findings import defect_findings, with_counterexample, with_note
@@ -208,9 +208,12 @@ def _comparison(model: ModelSpec, manifest: Manifest, captured: CapturedModel,
 def _numeric_note(comparison: NumericComparison | str) -> str:
     if isinstance(comparison, str):
         return comparison
+    # The floor is printed because a large one (an ill-conditioned output: Adam's first step is
+    # about sign(g)) makes "agree" weak evidence, and the reader should see how weak.
+    floor = (f"; rounding alone moves the reference's outputs by up to {comparison.noise_floor:.3g}, and "
+             f"differences up to {NOISE_MARGIN:g}x that are not counted" if comparison.noise_floor else "")
     return (f"numeric check: the outputs agree on {len(comparison.seeds)} random inputs (largest difference "
-            f"{comparison.max_abs_diff:.3g}, within what rounding explains); that is evidence, not a proof: "
-            "review the op above")
+            f"{comparison.max_abs_diff:.3g}{floor}); that is evidence, not a proof: review the op above")
 
 
 def _counterexample(result: NumericComparison) -> str:
