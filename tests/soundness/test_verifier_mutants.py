@@ -1,23 +1,21 @@
 """The curated verifier mutants of bench/verifier_mutants.py: each one must be killed by an assertion
 on a verdict (a near-miss model `verified`, a correct one refused, or a test's AssertionError),
 never merely by a crash. The unmutated package must pass every model check first, so that a kill
-means the mutation, not a broken harness. The default suite runs a share of them, `-m slow` the rest."""
+means the mutation, not a broken harness."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
 
-import pytest
 from near_miss_cases import EXPECTED
 
 from equivci.testing.zoo import REPO
 
-# The ones issue 12 names, then one or two of each other family of side conditions (masks, bounds,
-# elementwise facts, rewrite rules, routing, the cache key); `pytest -m slow` runs the rest.
+# Issue 12 asks for every curated mutant in the default CI (they cost about a minute on two idle cores);
+# these are the ones it names, which the table must keep.
 ISSUE_NAMES = {"vocab-gt-offset", "routing-slot-once", "abs-any", "fingerprint-source", "reshape-lift-guard",
                "reshape-push-guard", "concat-left-bound"}
-DEFAULT = ISSUE_NAMES | {"tiles-gap", "decide-ge", "permute-zero-fill", "contraction-merge-adjacent"}
 
 _spec = importlib.util.spec_from_file_location("verifier_mutants", REPO / "bench" / "verifier_mutants.py")
 vm = sys.modules["verifier_mutants"] = importlib.util.module_from_spec(_spec)
@@ -36,7 +34,7 @@ def test_the_mutant_table_is_well_formed():
             assert kind in ("model", "pytest"), kill
             if kind == "model":
                 assert what in EXPECTED, f"{m.name}: no near-miss model {what}"
-    assert ISSUE_NAMES <= DEFAULT <= set(names)
+    assert ISSUE_NAMES <= set(names)
 
 
 def test_a_mutant_is_applied_to_a_copy_only(tmp_path):
@@ -59,10 +57,5 @@ def _assert_killed(mutants: list, work) -> None:
     assert not not_killed, f"mutants not killed by an assertion:\n{table}"
 
 
-def test_the_default_share_of_mutants_is_killed_by_an_assertion(tmp_path):
-    _assert_killed([m for m in vm.MUTANTS if m.name in DEFAULT], tmp_path)
-
-
-@pytest.mark.slow
-def test_the_other_mutants_are_killed_by_an_assertion(tmp_path):
-    _assert_killed([m for m in vm.MUTANTS if m.name not in DEFAULT], tmp_path)
+def test_every_curated_mutant_is_killed_by_an_assertion(tmp_path):
+    _assert_killed(list(vm.MUTANTS), tmp_path)
