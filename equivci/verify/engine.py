@@ -212,8 +212,10 @@ def _numeric_note(comparison: NumericComparison | str) -> str:
     # about sign(g)) makes "agree" weak evidence, and the reader should see how weak.
     floor = (f"; rounding alone moves the reference's outputs by up to {comparison.noise_floor:.3g}, and "
              f"differences up to {NOISE_MARGIN:g}x that are not counted" if comparison.noise_floor else "")
+    # A seed excused by a near-tie (comparison.note) may differ far beyond the floor: say why.
+    excused = f"; {comparison.note}" if comparison.note else ""
     return (f"numeric check: the outputs agree on {len(comparison.seeds)} random inputs (largest difference "
-            f"{comparison.max_abs_diff:.3g}{floor}); that is evidence, not a proof: review the op above")
+            f"{comparison.max_abs_diff:.3g}{floor}{excused}); that is evidence, not a proof: review the op above")
 
 
 def _counterexample(result: NumericComparison) -> str:
