@@ -106,6 +106,32 @@ def test_a_routing_decision_within_rounding_of_a_tie_is_reported():
     assert bool(shadow.run(x, twins)[1])
 
 
+def test_a_max_compared_with_its_own_elements_or_a_mask_value_is_no_tie():
+    """max's derivative compares each element with the max taken over it (equal to the bit), and masks
+    compare with -inf: neither is near a tie, so a training step's seeds are not all excused; two
+    values within rounding of each other still are."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from equivci.capture.rounding import shadow_reference
+
+    def loss(x, w):
+        logits = jnp.dot(x, w)
+        scores = jnp.where(jnp.arange(8) < 6, logits, -jnp.inf)
+        return jax.grad(lambda s: jnp.sum(jnp.max(jnp.where(jnp.isfinite(s), s, -1e9), axis=-1)))(scores)
+
+    def near(x, w):
+        logits = jnp.dot(x, w)
+        return jnp.where(logits[:, 0] > logits[:, 1], 1.0, 0.0)
+
+    args = (jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((32, 8), jnp.float32))
+    x, w = jax.random.normal(jax.random.key(1), (64, 32)), jax.random.normal(jax.random.key(2), (32, 8))
+    assert not bool(shadow_reference(loss, args).run(x, w)[1])
+    twins = w.at[:, 1].set(w[:, 0] * (1 + 1e-7))  # the two columns' dots within f32 re-association of each other
+    assert bool(shadow_reference(near, args).run(x, twins)[1])
+    assert not bool(shadow_reference(near, args).run(x, w)[1])
+
+
 def test_seeds_near_a_tie_are_no_counterexample():
     from equivci.capture.oracle import NumericComparison, without_near_ties
 
