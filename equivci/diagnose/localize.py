@@ -478,6 +478,9 @@ SLICE_OF = family(
           slice_of(_x, _r), eq(_e).to(T.transpose(_spec, _x))).then(slice_of(_e, _r)),
 )
 CUTTERS = {"slice", "dynamic-slice"}
+# Ops that read a part of their first operand, chosen by attributes or index operands.
+WINDOW_READS = {"slice", "dynamic-slice", "gather"}
+_WINDOW_KEYS = {"slice": "slice", "dynamic-slice": "dynamic_slice_sizes", "gather": "slice_sizes"}
 _BINOPS = {"add": ast.Add, "subtract": ast.Sub, "multiply": ast.Mult, "divide": ast.Div, "power": ast.Pow,
            "dot": ast.MatMult}
 _CALLS = {"dot": ("einsum", "matmul", "dot", "tensordot"), "reshape": ("reshape",), "broadcast": ("broadcast_to",)}
@@ -555,6 +558,12 @@ def _operand_exprs(stmt: ast.stmt, opcode: str, count: int) -> list[ast.expr] | 
                 if len(args) == count:
                     return args
     return None
+
+
+def _window_attrs(inst: Instruction) -> str:
+    """How a window read picks its part, as HLO writes it (a strided slice shows its step)."""
+    key = _WINDOW_KEYS[inst.opcode]
+    return f"{key}={inst.attrs[key]}" if key in inst.attrs else "a part"
 
 
 def _operand_name(inst: Instruction, index: int) -> str | None:
@@ -748,7 +757,10 @@ class _Tracer:
         for r in here or same:
             ops, rops = self.operands(event), self.operands(r, refs=True)
             bad = [k for k, (o, ro) in enumerate(zip(ops, rops)) if not self.matches(o, ro, dev)]
-            if not here and len(bad) == len(ops):
+            # Away from the op's own line, only an operand seen to match ties an op to the
+            # reference's: one whose values are not recorded (an input) matches vacuously.
+            if not here and not any(o is not None and ro is not None and k not in bad
+                                    for k, (o, ro) in enumerate(zip(ops, rops))):
                 continue
             if best is None or len(bad) < len(best[1]):
                 best = (r, bad)
@@ -878,6 +890,10 @@ class _Tracer:
         lead = (f"so `{name}`, which feeds the `{event.inst.opcode}` at {here}, is not a slice of the reference's "
                 f"{rname} ({_where(_loc(r_op.inst))}) on device {dev}")
         # The operands of `end` match the reference's, so its own attributes differ (a shape, a window).
+        if end.inst.opcode in WINDOW_READS and end.inst.opcode == rend.inst.opcode and _loc(end.inst) is not None:
+            return Defect(end.inst, f"this `{end.inst.opcode}` reads {_window_attrs(end.inst)} of a value related to the "
+                                    f"reference's, where the reference's `{rend.inst.opcode}` ({_where(_loc(rend.inst))}) "
+                                    f"reads {_window_attrs(rend.inst)} of it: it picks other elements, {lead}.")
         d_shape, r_shape = self.value(end, dev), self.value(rend, 0)
         shapes = ""
         if d_shape is not None and r_shape is not None and d_shape.shape != r_shape.shape:

@@ -143,7 +143,7 @@ class MissingWorkFinder:
             works = [[e for e in self.chain(reach, rop) if e.inst.opcode not in PASSIVE] if reach is not None else []
                      for rop, reach in zip(r.inst.operands, reached)]
             k = next((k for k, w in enumerate(works) if w), None)
-            if k is None:
+            if k is None or self.wrong_window(works[k], ops[k], owners[k], dev):
                 continue
             key = (sum(map(len, works)), here is None or innermost(r.inst) != here, self.order[name])
             if best is None or key < best[0]:
@@ -153,6 +153,25 @@ class MissingWorkFinder:
         _, r, k, work = best
         owner = owners[k]
         return self.placed(r, k, owner, work) if owner is not None else None
+
+    def wrong_window(self, work: list[Event], operand: Event | None, owner: Event | None, dev: int) -> bool:
+        """The reference only cuts a window of `owner` here, and the distributed program cut one of
+        it too (strided, reshaped, indexed): a window from the wrong place, not a missing cut."""
+        if operand is None or owner is None or any(e.inst.opcode not in CUTTERS for e in work):
+            return False
+        ref = self.tracer.value(owner, 0)
+        stack, seen = [operand], set[str]()
+        while stack and len(seen) < MAX_CHAIN:
+            e = stack.pop()
+            if e.inst.name in seen or not self.tracer.is_slice_of(self.tracer.value(e, dev), ref):
+                continue
+            seen.add(e.inst.name)
+            ops = self.tracer.operands(e)
+            if e.inst.opcode in CUTTERS and ops and ops[0] is not None \
+                    and self.tracer.is_slice_of(self.tracer.value(ops[0], dev), ref):
+                return True
+            stack.extend(o for o in ops if o is not None)
+        return False
 
     def placed(self, consumer: Event, k: int, owner: Event, work: list[Event]) -> MissingWork:
         """Where the reference writes the work: with its consumer or with the op that made the value."""

@@ -150,6 +150,60 @@ MODELS = textwrap.dedent(
             return lax.ppermute(x, TP, pairs)
 
         return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None),), out_specs=P(TP, None))(x)
+
+
+    def pair_inputs():
+        return (jax.ShapeDtypeStruct((8, 16), jnp.float32), jax.ShapeDtypeStruct((8, 8), jnp.float32))
+
+
+    def first_half(x, c):
+        y = x * x
+        return y[:, :8] * jnp.cos(c)
+
+
+    def second_half(x, c):
+        y = x * x
+        return y[:, 8:] * jnp.cos(c)
+
+
+    def _evens_strided(y):
+        return lax.slice(y, (0, 0), y.shape, (1, 2))  # MARK:strided
+
+
+    def _evens_reshaped(y):
+        return y.reshape(y.shape[0], -1, 2)[:, :, 0]  # MARK:reshaped
+
+
+    def _evens_gathered(y):
+        return y[:, jnp.arange(0, y.shape[1], 2)]  # MARK:gathered
+
+
+    def _rows_picked(pick, mesh, x, c):
+        def body(x, c):
+            y = x * x
+            return pick(y) * jnp.cos(c)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P(TP, None)), out_specs=P(TP, None))(x, c)
+
+
+    def evens_strided(x, c, *, mesh):
+        return _rows_picked(_evens_strided, mesh, x, c)
+
+
+    def evens_reshaped(x, c, *, mesh):
+        return _rows_picked(_evens_reshaped, mesh, x, c)
+
+
+    def evens_gathered(x, c, *, mesh):
+        return _rows_picked(_evens_gathered, mesh, x, c)
+
+
+    def columns_uncut(x, c, *, mesh):
+        def body(x, c):
+            y = x * x
+            return y * jnp.cos(c)  # MARK:uncut
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(None, TP), P()), out_specs=P(), check_vma=False)(x, c)
     """
 )
 
@@ -171,6 +225,14 @@ MANIFEST = textwrap.dedent(
          inputs: models.py:norm_inputs, mesh: {tp: 2}}
       - {name: roll, reference: models.py:roll, distributed: models.py:roll_ring_left,
          inputs: models.py:roll_inputs, mesh: {tp: 4}}
+      - {name: evens-strided, reference: models.py:first_half, distributed: models.py:evens_strided,
+         inputs: models.py:pair_inputs, mesh: {tp: 2}}
+      - {name: evens-reshaped, reference: models.py:first_half, distributed: models.py:evens_reshaped,
+         inputs: models.py:pair_inputs, mesh: {tp: 2}}
+      - {name: evens-gathered, reference: models.py:first_half, distributed: models.py:evens_gathered,
+         inputs: models.py:pair_inputs, mesh: {tp: 2}}
+      - {name: uncut, reference: models.py:second_half, distributed: models.py:columns_uncut,
+         inputs: models.py:pair_inputs, mesh: {tp: 2}}
     """
 )
 
@@ -240,6 +302,9 @@ ZOO = {
     # The first unrelated op is a block write; sent the other way round the ring, every output is
     # proved, so the finding is the permutation, at the caller's line that writes it.
     "ring-matmul-wrong-direction": ("examples/zoo/ring.py:49", ("collective-permute", "j-1 mod 4", "j+1 mod 4")),
+    # x[..., ::2] is a window of the reference's q, but not the half the reference's multiply
+    # takes: the slice, not the rotation's multiply on the next line (the first unrelated op).
+    "llama-block-tp4-interleaved-rope": ("examples/zoo/llama_block.py:27", ("[0:8:2]", "common.py:46")),
 }
 
 # model of MODELS above -> (the MARK of the defect's line, words its message must say)
@@ -255,6 +320,13 @@ FRESH = {
     "rotated-argument": ("argument", ("passed here as `group`", "moves back")),
     # The gather reads the right table at rows computed on the line before.
     "table-rows": ("rows", ("indices computed here", "`gather`")),
+    # Every other column where the reference takes the first half, written three ways: each is a
+    # window of the reference's y, just not the one its multiply takes, so the pick is the line.
+    "evens-strided": ("strided", ("[0:16:2]", "y[:, :8]")),
+    "evens-reshaped": ("reshaped", ("wrong window", "y[:, :8]")),
+    "evens-gathered": ("gathered", ("`gather`",)),
+    # The near miss: no window is cut at all, so the reference's slice is missing work.
+    "uncut": ("uncut", ("without the `slice`",)),
 }
 
 

@@ -22,12 +22,7 @@ ZOO = [c for c in cases() if c.manifest_rel == "configs/zoo.yaml"]
 # correct model -> the relation or rule it lacks
 NOT_PROVEN_YET: dict[str, str] = {}
 # buggy model -> where the finding lands instead of the defective line
-NOT_LOCALIZED_YET: dict[str, str] = {
-    # Since strided slices are windows (Evaluator.strided_slice), x[..., ::2] is related to the
-    # reference's q and the first unrelated op is the multiply on the next line (28); the tracer
-    # does not yet follow its operand back to the slice that picked the wrong elements (line 27).
-    "llama-block-tp4-interleaved-rope": "the first unrelated op is the rotation's multiply, one line after the slice",
-}
+NOT_LOCALIZED_YET: dict[str, str] = {}
 # buggy model -> why it is `unproven`, not `mismatch`, although test_zoo_oracle.py shows the oracle
 # tells it apart (every buggy zoo model is labelled `different` there, and must be refuted here)
 NOT_REFUTED_YET: dict[str, str] = {}
