@@ -25,7 +25,6 @@ from equivci.prove.layered import prefix_proof, prove_layers
 from equivci.prove.programs import build_programs
 from equivci.prove.saturate import MAX_ITERATIONS, saturate
 from equivci.results import Finding, LayerCounts, ModelResult, Status
-from equivci.terms.rules import REWRITES
 from equivci.timings import Laps
 from equivci.translate.evaluator import Unsupported
 
@@ -84,7 +83,7 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         laps.lap("prove whole program")
         # Proposed windows only join an e-graph the rules saturated: one still growing would
         # grow the more with them (and a proof there is the budget's, not the hints').
-        if not proof.all_proved and not proof.egraph.run(REWRITES).updated:
+        if not proof.all_proved and not proof.exhausted:
             hints = _candidates(programs, captured)
             if hints:
                 proof = saturate(programs, extra_terms=hints, iterations=HINTED_ITERATIONS)
