@@ -89,8 +89,16 @@ def fingerprint() -> str:
             h.update(str(path.relative_to(pkg)).encode())
             h.update(path.read_bytes())
         _FINGERPRINT = key(
-            "equivci", equivci.__version__, h.hexdigest(), sys.version,
-            "egglog", _dist_version("egglog"), "jax", _dist_version("jax"), "jaxlib", _dist_version("jaxlib"),
+            "equivci",
+            equivci.__version__,
+            h.hexdigest(),
+            sys.version,
+            "egglog",
+            _dist_version("egglog"),
+            "jax",
+            _dist_version("jax"),
+            "jaxlib",
+            _dist_version("jaxlib"),
         )
     return _FINGERPRINT
 
@@ -148,7 +156,7 @@ def repository_files(paths: Iterable[str], repo_root: str | Path) -> list[str]:
                 folders[folder] = os.path.realpath(folder)
             real = os.path.join(folders[folder], name)
         if real.startswith(prefix):
-            found.add(real[len(prefix):].replace(os.sep, "/"))
+            found.add(real[len(prefix) :].replace(os.sep, "/"))
     return sorted(f for f in found if not f.startswith(".equivci/"))
 
 
@@ -315,8 +323,10 @@ class Memo:
         if payload is None:
             return None
         files = payload.get("files") if isinstance(payload, dict) else None
-        if not (isinstance(files, list) and all(isinstance(v, str) for v in
-                                                [payload.get("content_key"), payload.get("loc_digest"), *files])):
+        if not (
+            isinstance(files, list)
+            and all(isinstance(v, str) for v in [payload.get("content_key"), payload.get("loc_digest"), *files])
+        ):
             self.ignored.append(self.path("programs", k) if self.root else Path(k))
             return None
         return payload

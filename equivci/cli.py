@@ -97,7 +97,8 @@ def run(argv: list[str] | None = None, started: float | None = None) -> int:
             raise
         print(
             f"equivci: internal error: {type(exc).__name__}: {exc}. This is a bug in equivci; rerun with "
-            "--debug for the traceback and report it.", file=sys.stderr,
+            "--debug for the traceback and report it.",
+            file=sys.stderr,
         )
         return 2
     finally:

@@ -27,9 +27,7 @@ from equivci.errors import EquivciError
 from equivci.results import ModelResult
 
 FETCH_TIMEOUT_SECONDS = 120
-FETCH_DEPTH_HINT = (
-    "In GitHub Actions, check out the whole history: actions/checkout with `fetch-depth: 0`."
-)
+FETCH_DEPTH_HINT = "In GitHub Actions, check out the whole history: actions/checkout with `fetch-depth: 0`."
 
 
 def repo_root(folder: str | Path) -> Path:
@@ -179,7 +177,9 @@ class _Git:
         try:
             import git
         except ImportError as exc:  # GitPython imports fine without a git binary only until used
-            raise EquivciError(f"{purpose} needs git, and it cannot be run here ({exc}); install git, or drop {purpose}.") from None
+            raise EquivciError(
+                f"{purpose} needs git, and it cannot be run here ({exc}); install git, or drop {purpose}."
+            ) from None
         self._git = git
         self.purpose = purpose
         try:
@@ -206,7 +206,9 @@ class _Git:
             return self.repo.git.execute(
                 ["git", "-c", "core.quotepath=off", "-c", "color.ui=false", *args],
                 # A fetch must fail, not wait for a password; messages in English.
-                env={"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0"}, strip_newline_in_stdout=False, **kwargs,
+                env={"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0"},
+                strip_newline_in_stdout=False,
+                **kwargs,
             )
         except self._git.CommandError as exc:  # a failing command, or no git binary at all
             lines = str(getattr(exc, "stderr", "") or exc).strip().strip("'").splitlines()
@@ -237,8 +239,10 @@ class _Git:
             # --depth only where the clone is shallow already: a complete history stays complete.
             attempts.append(("fetch", "--quiet", "--no-tags", *(["--depth=1"] if shallow else []), remote, ref))
         if shallow:
-            attempts += [("fetch", "--quiet", "--no-tags", "--deepen=50", remote),
-                         ("fetch", "--quiet", "--no-tags", "--unshallow", remote)]
+            attempts += [
+                ("fetch", "--quiet", "--no-tags", "--deepen=50", remote),
+                ("fetch", "--quiet", "--no-tags", "--unshallow", remote),
+            ]
         for args in attempts:
             log(f"equivci: {ref} is not in this clone; running `git {' '.join(args)}`")
             if self.try_run(*args, timeout=FETCH_TIMEOUT_SECONDS) is None:

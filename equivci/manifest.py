@@ -102,7 +102,9 @@ class ModelSpec:
     def entrypoints(self) -> tuple[Entrypoint, Entrypoint, Entrypoint]:
         """reference, distributed and inputs of a JAX model."""
         if self.reference is None or self.distributed is None or self.inputs is None:
-            raise EquivciError(f"model '{self.name}' is given as HLO files: it has no Python entrypoints to import or run.")
+            raise EquivciError(
+                f"model '{self.name}' is given as HLO files: it has no Python entrypoints to import or run."
+            )
         return self.reference, self.distributed, self.inputs
 
 
@@ -233,8 +235,12 @@ def _oracle(ctx: _Ctx, model: _Map, prefix: str) -> OracleSpec:
         return OracleSpec()
     where, line = f"{prefix}.oracle", model.key_lines.get("oracle")
     if not isinstance(node, dict):
-        ctx.fail(where, line, f"expected a mapping, got {_describe(node)}",
-                 "write e.g. `oracle: {rtol: 1e-2, atol: 1e-3}` or `oracle: {inputs: models/llama.py:small_inputs}`")
+        ctx.fail(
+            where,
+            line,
+            f"expected a mapping, got {_describe(node)}",
+            "write e.g. `oracle: {rtol: 1e-2, atol: 1e-3}` or `oracle: {inputs: models/llama.py:small_inputs}`",
+        )
     node = cast(_Map, node)  # every mapping the loader builds is a _Map
     _check_keys(ctx, node, where, ORACLE_KEYS, ())
     bounds: dict[str, float] = {}
@@ -243,8 +249,12 @@ def _oracle(ctx: _Ctx, model: _Map, prefix: str) -> OracleSpec:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
-            ctx.fail(f"{where}.{key}", node.key_lines.get(key), f"expected a non-negative number, got {_describe(value)}",
-                     f"write e.g. `{key}: 1e-3`")
+            ctx.fail(
+                f"{where}.{key}",
+                node.key_lines.get(key),
+                f"expected a non-negative number, got {_describe(value)}",
+                f"write e.g. `{key}: 1e-3`",
+            )
         bounds[key] = float(value)
     inputs = _entrypoint(ctx, node, "inputs", where) if "inputs" in node else None
     return OracleSpec(rtol=bounds.get("rtol"), atol=bounds.get("atol"), inputs=inputs)
@@ -258,18 +268,24 @@ def _entrypoint(ctx: _Ctx, model: _Map, key: str, prefix: str) -> Entrypoint:
         ctx.fail(where, line, f"expected an entrypoint string, got {_describe(spec)}", f"write it as {example}")
     target, sep, function = spec.strip().rpartition(":")
     if not sep or not target or not _IDENT_RE.fullmatch(function):
-        ctx.fail(where, line, f"'{spec}' is not of the form FILE.py:FUNC or package.module:FUNC", f"write it as {example}")
+        ctx.fail(
+            where, line, f"'{spec}' is not of the form FILE.py:FUNC or package.module:FUNC", f"write it as {example}"
+        )
     if target.endswith(".py"):
         file = (ctx.root / target).resolve()
         if not file.is_file():
             ctx.fail(
-                where, line, f"file '{target}' does not exist (looked for {file})",
+                where,
+                line,
+                f"file '{target}' does not exist (looked for {file})",
                 "entrypoint files are relative to the manifest's folder; fix the path",
             )
         return Entrypoint(spec=spec, function=function, file=file)
     if not all(_IDENT_RE.fullmatch(part) for part in target.split(".")):
         ctx.fail(
-            where, line, f"'{target}' is neither a .py file nor a dotted module name",
+            where,
+            line,
+            f"'{target}' is neither a .py file nor a dotted module name",
             f"write it as {example}",
         )
     return Entrypoint(spec=spec, function=function, module=target)
@@ -279,10 +295,20 @@ def _file(ctx: _Ctx, model: _Map, key: str, prefix: str) -> Path:
     where, line = f"{prefix}.{key}", model.key_lines.get(key)
     value = model[key]
     if not isinstance(value, str) or not value.strip():
-        ctx.fail(where, line, f"expected a file path, got {_describe(value)}", "write it relative to the manifest's folder, e.g. `hlo/model.hlo.txt`")
+        ctx.fail(
+            where,
+            line,
+            f"expected a file path, got {_describe(value)}",
+            "write it relative to the manifest's folder, e.g. `hlo/model.hlo.txt`",
+        )
     path = (ctx.root / value.strip()).resolve()
     if not path.is_file():
-        ctx.fail(where, line, f"file '{value}' does not exist (looked for {path})", "paths are relative to the manifest's folder; fix the path")
+        ctx.fail(
+            where,
+            line,
+            f"file '{value}' does not exist (looked for {path})",
+            "paths are relative to the manifest's folder; fix the path",
+        )
     return path
 
 
@@ -302,9 +328,16 @@ def _mesh(ctx: _Ctx, model: _Map, prefix: str) -> tuple[tuple[str, int], ...]:
             ctx.fail(axis_where, axis_line, f"axis name {axis!r} is not an identifier", "use names like dp, tp, sp, ep")
         # bool is an int subclass in Python, and YAML reads `yes`/`on` as true.
         if isinstance(size, bool) or not isinstance(size, int):
-            ctx.fail(axis_where, axis_line, f"axis size must be a positive integer, got {_describe(size)}", f"write e.g. `{axis}: 4`")
+            ctx.fail(
+                axis_where,
+                axis_line,
+                f"axis size must be a positive integer, got {_describe(size)}",
+                f"write e.g. `{axis}: 4`",
+            )
         if size <= 0:
-            ctx.fail(axis_where, axis_line, f"axis size must be a positive integer, got {size}", f"write e.g. `{axis}: 4`")
+            ctx.fail(
+                axis_where, axis_line, f"axis size must be a positive integer, got {size}", f"write e.g. `{axis}: 4`"
+            )
         axes.append((axis, size))
     total = 1
     for _, size in axes:
@@ -312,7 +345,9 @@ def _mesh(ctx: _Ctx, model: _Map, prefix: str) -> tuple[tuple[str, int], ...]:
     if total > MAX_DEVICES:
         shape = " x ".join(f"{a}={s}" for a, s in axes)
         ctx.fail(
-            where, line, f"the mesh {shape} needs {total} devices, more than the {MAX_DEVICES} fake CPU devices equivci supports",
+            where,
+            line,
+            f"the mesh {shape} needs {total} devices, more than the {MAX_DEVICES} fake CPU devices equivci supports",
             "verify a smaller mesh of the same shape (the parallel code is the same at smaller sizes)",
         )
     return tuple(axes)
@@ -337,7 +372,8 @@ def _capture_timeout(ctx: _Ctx, model: _Map, prefix: str) -> float:
     value = model.get("capture_timeout", DEFAULT_CAPTURE_TIMEOUT)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         ctx.fail(
-            f"{prefix}.capture_timeout", model.key_lines.get("capture_timeout"),
+            f"{prefix}.capture_timeout",
+            model.key_lines.get("capture_timeout"),
             f"expected a positive number of seconds, got {_describe(value)}",
             f"write e.g. `capture_timeout: 1800` (the default is {DEFAULT_CAPTURE_TIMEOUT:g})",
         )
@@ -348,14 +384,20 @@ def _model(ctx: _Ctx, node: Any, index: int, line: int) -> ModelSpec:
     prefix = f"models[{index}]"
     if not isinstance(node, dict):
         ctx.fail(
-            prefix, line, f"expected a mapping with keys {', '.join(REQUIRED_MODEL_KEYS)}, got {_describe(node)}",
+            prefix,
+            line,
+            f"expected a mapping with keys {', '.join(REQUIRED_MODEL_KEYS)}, got {_describe(node)}",
             "write each model as `- name: ...` followed by its keys, indented",
         )
     node = cast(_Map, node)
     kind = node.get("kind", "jax")
     if kind not in KINDS:
-        ctx.fail(f"{prefix}.kind", node.key_lines.get("kind"), f"unknown model kind {kind!r}",
-                 "write `kind: hlo` for a model given as HLO files, or leave it out for JAX entrypoints")
+        ctx.fail(
+            f"{prefix}.kind",
+            node.key_lines.get("kind"),
+            f"unknown model kind {kind!r}",
+            "write `kind: hlo` for a model given as HLO files, or leave it out for JAX entrypoints",
+        )
     if kind == "hlo":
         _check_keys(ctx, node, prefix, HLO_MODEL_KEYS, HLO_REQUIRED_KEYS)
     else:
@@ -363,13 +405,22 @@ def _model(ctx: _Ctx, node: Any, index: int, line: int) -> ModelSpec:
     name = node["name"]
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         ctx.fail(
-            f"{prefix}.name", node.key_lines.get("name"), f"invalid model name {name!r}",
+            f"{prefix}.name",
+            node.key_lines.get("name"),
+            f"invalid model name {name!r}",
             "use only letters, digits, '_', '.' and '-', e.g. `llama-tp`",
         )
     if kind == "hlo":
         sources = HloSources(*(_file(ctx, node, key, prefix) for key in ("reference", "distributed", "relations")))
-        return ModelSpec(name=name, reference=None, distributed=None, inputs=None, mesh=_mesh(ctx, node, prefix),
-                         tags=_tags(ctx, node, prefix), hlo=sources)
+        return ModelSpec(
+            name=name,
+            reference=None,
+            distributed=None,
+            inputs=None,
+            mesh=_mesh(ctx, node, prefix),
+            tags=_tags(ctx, node, prefix),
+            hlo=sources,
+        )
     return ModelSpec(
         name=name,
         reference=_entrypoint(ctx, node, "reference", prefix),
@@ -393,7 +444,9 @@ def _read_yaml(ctx: _Ctx, path: Path) -> Any:
             "or pass its path with --manifest PATH."
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise EquivciError(f"{ctx.display}: cannot read the manifest ({exc}); check the path and its permissions.") from None
+        raise EquivciError(
+            f"{ctx.display}: cannot read the manifest ({exc}); check the path and its permissions."
+        ) from None
     try:
         return yaml.load(text, Loader=LineLoader)
     except RecursionError:
@@ -402,7 +455,9 @@ def _read_yaml(ctx: _Ctx, path: Path) -> Any:
             "needs three levels: `models:`, each model's keys, and `mesh:` or `tags:`."
         ) from None
     except DuplicateKey as dup:
-        ctx.fail(str(dup.key), dup.line, "key written twice (YAML would silently keep the last one)", "remove one of them")
+        ctx.fail(
+            str(dup.key), dup.line, "key written twice (YAML would silently keep the last one)", "remove one of them"
+        )
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = " ".join(filter(None, [exc.context, exc.problem]))
@@ -422,7 +477,9 @@ def load_manifest(path: Path) -> Manifest:
     doc = _read_yaml(ctx, path)
     if not isinstance(doc, dict):
         ctx.fail(
-            "<top level>", getattr(doc, "line", None), f"expected a mapping with `version` and `models`, got {_describe(doc)}",
+            "<top level>",
+            getattr(doc, "line", None),
+            f"expected a mapping with `version` and `models`, got {_describe(doc)}",
             "start the file with `version: 1` and `models:`",
         )
     doc = cast(_Map, doc)
@@ -430,15 +487,27 @@ def load_manifest(path: Path) -> Manifest:
     version = doc["version"]
     if type(version) is not int or version != SUPPORTED_VERSION:  # rejects True, 1.0 and '1'
         ctx.fail(
-            "version", doc.key_lines["version"], f"unsupported manifest version {version!r}",
+            "version",
+            doc.key_lines["version"],
+            f"unsupported manifest version {version!r}",
             f"this equivci reads version {SUPPORTED_VERSION}; write `version: {SUPPORTED_VERSION}`",
         )
     models = doc["models"]
     models_line = doc.key_lines["models"]
     if not isinstance(models, list):
-        ctx.fail("models", models_line, f"expected a list of models, got {_describe(models)}", "write `models:` followed by `- name: ...` entries")
+        ctx.fail(
+            "models",
+            models_line,
+            f"expected a list of models, got {_describe(models)}",
+            "write `models:` followed by `- name: ...` entries",
+        )
     if not models:
-        ctx.fail("models", models_line, "the list is empty", "add at least one model with name, reference, distributed, inputs and mesh")
+        ctx.fail(
+            "models",
+            models_line,
+            "the list is empty",
+            "add at least one model with name, reference, distributed, inputs and mesh",
+        )
     models = cast(_Seq, models)
     specs: list[ModelSpec] = []
     first_line: dict[str, int] = {}
@@ -446,7 +515,8 @@ def load_manifest(path: Path) -> Manifest:
         spec = _model(ctx, node, i, models.item_lines[i])
         if spec.name in first_line:
             ctx.fail(
-                f"models[{i}].name", node.key_lines["name"],
+                f"models[{i}].name",
+                node.key_lines["name"],
                 f"duplicate model name '{spec.name}' (already used on line {first_line[spec.name]})",
                 "give each model a unique name",
             )

@@ -47,7 +47,9 @@ def select_models(manifest: Manifest, names: list[str], tags: list[str]) -> list
     missing = [t for t in tags if t not in all_tags]
     if missing:
         defined = f"the manifest uses {', '.join(all_tags)}" if all_tags else "no model in the manifest has tags"
-        raise EquivciError(f"{manifest.path.name}: no model is tagged {', '.join(repr(t) for t in missing)}; {defined}.")
+        raise EquivciError(
+            f"{manifest.path.name}: no model is tagged {', '.join(repr(t) for t in missing)}; {defined}."
+        )
     if not names and not tags:
         return list(manifest.models)
     return [m for m in manifest.models if m.name in names or set(m.tags) & set(tags)]
@@ -100,8 +102,9 @@ def _capture(model: ModelSpec, manifest: Manifest, laps: Laps, **kwargs) -> Capt
     return captured
 
 
-def _verify(workspace: Workspace, model: ModelSpec, captured: CapturedModel, laps: Laps, memo: Memo,
-            on_layer=None) -> ModelResult:
+def _verify(
+    workspace: Workspace, model: ModelSpec, captured: CapturedModel, laps: Laps, memo: Memo, on_layer=None
+) -> ModelResult:
     result = verify_isolated(model, workspace.manifest, captured, memo, on_layer, workspace.options)
     laps.lap("verify", result.timings)
     return result
@@ -134,8 +137,9 @@ def _all_reused(result: ModelResult, name: str) -> ModelResult:
     return dataclasses.replace(result, name=name, layers=LayerCounts(total, result.layers.verified, total))
 
 
-def _run_memoized(workspace: Workspace, model: ModelSpec, debug: bool, memo: Memo, laps: Laps,
-                  on_layer=None) -> ModelResult:
+def _run_memoized(
+    workspace: Workspace, model: ModelSpec, debug: bool, memo: Memo, laps: Laps, on_layer=None
+) -> ModelResult:
     manifest, repo_root = workspace.manifest, workspace.repo_root
     request = {
         "fingerprint": fingerprint(),
@@ -156,13 +160,17 @@ def _run_memoized(workspace: Workspace, model: ModelSpec, debug: bool, memo: Mem
         memo.put_result(captured.content_key, result, captured.loc_digest)
     manifest_rel = workspace.manifest_rel
     tracked = set(captured.sources) | _entrypoint_files(manifest, model, repo_root) | {manifest_rel}
-    memo.record_capture(manifest_rel, model.name, {
-        "key": captured.content_key,
-        "loc_digest": captured.loc_digest,
-        "fingerprint": fingerprint(),
-        "sources": sorted(captured.sources),
-        "digests": file_digests(repo_root, tracked),
-    })
+    memo.record_capture(
+        manifest_rel,
+        model.name,
+        {
+            "key": captured.content_key,
+            "loc_digest": captured.loc_digest,
+            "fingerprint": fingerprint(),
+            "sources": sorted(captured.sources),
+            "digests": file_digests(repo_root, tracked),
+        },
+    )
     laps.lap("memo: record")
     return result
 
@@ -213,10 +221,17 @@ def run_models(
             result = _reuse_unchanged(workspace, model, memo, changes)
             if result is not None:
                 seconds = time.perf_counter() - t0
-                result = dataclasses.replace(result, seconds=seconds, timings=(("unchanged since REF: from the memo", seconds),))
+                result = dataclasses.replace(
+                    result, seconds=seconds, timings=(("unchanged since REF: from the memo", seconds),)
+                )
         if result is None:
-            result = run_model(workspace, model, memo, debug,
-                               on_layer=lambda done, total, name=model.name: progress.layer(name, done, total))
+            result = run_model(
+                workspace,
+                model,
+                memo,
+                debug,
+                on_layer=lambda done, total, name=model.name: progress.layer(name, done, total),
+            )
         result = git.mark_changed(result, changes)
         result = dataclasses.replace(result, findings=changed_first(result.findings))
         progress.finished(result)

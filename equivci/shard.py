@@ -71,13 +71,15 @@ def recorded_costs(manifest, names: Sequence[str], cache_dir: Path | None) -> di
     return costs
 
 
-def plan(spec: str, manifest, models: list, *, by_cost: bool, no_cache: bool,
-         cache_dir: Path | None) -> tuple[list, ShardPlan]:
+def plan(
+    spec: str, manifest, models: list, *, by_cost: bool, no_cache: bool, cache_dir: Path | None
+) -> tuple[list, ShardPlan]:
     """This shard's models (in manifest order) and the partition its report records."""
     index, count = parse(spec)
     names = [m.name for m in models]
     costs = recorded_costs(manifest, names, cache_dir) if by_cost and not no_cache else None
     shards, by = assign(names, count, costs)
     mine = [m for m in models if shards[m.name] == index]
-    return mine, ShardPlan(index=index, count=count, selected=tuple(names),
-                           assigned=tuple(m.name for m in mine), balanced_by=by)
+    return mine, ShardPlan(
+        index=index, count=count, selected=tuple(names), assigned=tuple(m.name for m in mine), balanced_by=by
+    )

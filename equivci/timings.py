@@ -57,7 +57,7 @@ def read(text: str) -> dict[str, float]:
         return {}
     rows: dict[str, float] = {}
     path: list[str] = []
-    for line in text[text.index(HEADER) + len(HEADER):].splitlines()[1:]:
+    for line in text[text.index(HEADER) + len(HEADER) :].splitlines()[1:]:
         m = ROW.fullmatch(line)
         if not m:
             break

@@ -220,7 +220,9 @@ class _MemoKeys:
         from equivci import memo
 
         def leaves(tree) -> str:
-            return json.dumps([[keystr(p), list(map(int, x.shape)), str(x.dtype)] for p, x in tree_flatten_with_path(tree)[0]])
+            return json.dumps(
+                [[keystr(p), list(map(int, x.shape)), str(x.dtype)] for p, x in tree_flatten_with_path(tree)[0]]
+            )
 
         self.memo = memo
         self.request = memo_request
@@ -240,7 +242,9 @@ class _MemoKeys:
         )
         self.store = memo.Memo(Path(memo_request["cache_dir"])) if memo_request.get("cache_dir") else None
         try:
-            self.programs: str | None = memo.key("programs", *self.common, self.repo_root, *map(_bytecode, self.lowered))
+            self.programs: str | None = memo.key(
+                "programs", *self.common, self.repo_root, *map(_bytecode, self.lowered)
+            )
         except Exception:  # noqa: BLE001 - a shortcut only: without it the texts give the keys
             self.programs = None
         self.stored = self.store.program_keys(self.programs) if self.store is not None and self.programs else None
@@ -267,18 +271,21 @@ class _MemoKeys:
         key, loc_digest = keys["content_key"], keys["loc_digest"]
         skip = str(Path(str(memo.__file__)).resolve().parent)  # equivci itself is in the fingerprint
         imported = [
-            f for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
+            f
+            for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
             if f and not f.startswith(skip + os.sep)
         ]
         sources = [
-            s for s in memo.repository_files(keys["files"] + imported + sorted(self.read.paths), self.repo_root)
+            s
+            for s in memo.repository_files(keys["files"] + imported + sorted(self.read.paths), self.repo_root)
             if not any(part in ("site-packages", "dist-packages", "__pycache__", ".git") for part in Path(s).parts)
             and not str(Path(self.repo_root, s).resolve()).startswith(skip + os.sep)
             and os.path.isfile(os.path.join(self.repo_root, s))
         ]
         known = self.request.get("known") or {}
         cached = (key in known and known[key] in (None, loc_digest)) or (
-            self.store is not None and self.store.usable(key, loc_digest))
+            self.store is not None and self.store.usable(key, loc_digest)
+        )
         return {"content_key": key, "loc_digest": loc_digest, "sources": sources, "cached": bool(cached)}
 
 
@@ -303,9 +310,9 @@ def main(argv: list[str]) -> int:
 
         result = {
             "error": f"capturing model '{request['model']}' stopped: the model's code called "
-                     f"sys.exit({exc.code!r}){where_in_user_code(exc, Path.cwd())}. "
-                     "Entrypoints and inputs() must return values; move command-line handling under "
-                     "`if __name__ == \"__main__\":`.",
+            f"sys.exit({exc.code!r}){where_in_user_code(exc, Path.cwd())}. "
+            "Entrypoints and inputs() must return values; move command-line handling under "
+            '`if __name__ == "__main__":`.',
             "traceback": traceback.format_exc(),
         }
     except Exception as exc:  # anything else is still reported as a capture error, with details for --debug

@@ -7,7 +7,6 @@ exception and the last frame of the user's own code, so the message points at th
 from __future__ import annotations
 
 import dataclasses
-
 import difflib
 import importlib
 import importlib.util
@@ -84,7 +83,7 @@ def load_function(entry: Entrypoint, root: Path) -> Callable[..., Any]:
     except (Exception, SystemExit) as exc:  # SystemExit: scripts that parse argv at import time
         raise EquivciError(
             f"importing {entry.source} (entrypoint {entry.spec}) failed{where_in_user_code(exc, root)}: {_short(exc)}. "
-            f"Fix the error, or check it with `python -c \"import ...\"` from {root}; entrypoint "
+            f'Fix the error, or check it with `python -c "import ..."` from {root}; entrypoint '
             "modules must import without side effects (no argv parsing, no device allocation)."
         ) from exc
     try:
@@ -138,9 +137,7 @@ def abstract_inputs(fn: Callable[[], Any], entry: Entrypoint) -> tuple:
         else:
             what = f"{type(leaf).__name__} {leaf!r}"[:120]
             fix = "every leaf must be a jax.ShapeDtypeStruct; pass constants through closures instead"
-        raise EquivciError(
-            f"the inputs entrypoint {entry.spec}() returned {what} at args{keystr(path)}; {fix}."
-        )
+        raise EquivciError(f"the inputs entrypoint {entry.spec}() returned {what} at args{keystr(path)}; {fix}.")
     return tuple(args)
 
 
@@ -217,10 +214,13 @@ def check_same_outputs(ref_out: Any, dist_out: Any, model_name: str) -> None:
         only_dist = [p for p in dist_paths if p not in ref_paths]
         if only_ref or only_dist:
             detail = "; ".join(
-                filter(None, [
-                    f"only the reference returns output{only_ref[0]}" if only_ref else "",
-                    f"only the distributed returns output{only_dist[0]}" if only_dist else "",
-                ])
+                filter(
+                    None,
+                    [
+                        f"only the reference returns output{only_ref[0]}" if only_ref else "",
+                        f"only the distributed returns output{only_dist[0]}" if only_dist else "",
+                    ],
+                )
             )
         else:
             detail = f"reference {ref_tree}, distributed {dist_tree}"

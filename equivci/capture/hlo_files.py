@@ -45,9 +45,21 @@ _ELIDED = re.compile(r"constant\(\{\.\.\.\}\)")
 _SOURCE_FILE = re.compile(r'source_file="((?:[^"\\]|\\.)*)"')
 _ENTRY = re.compile(r"^(\s*)ENTRY\s+%?[\w.\-]+", re.MULTILINE)
 PROGRAM = "byo.program"  # the distributed entry, called from the new one (XLA names the entry `main`)
-HLO_TO_NUMPY = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat16", "s8": "int8",
-                "s16": "int16", "s32": "int32", "s64": "int64", "u8": "uint8", "u16": "uint16",
-                "u32": "uint32", "u64": "uint64", "pred": "bool"}
+HLO_TO_NUMPY = {
+    "f32": "float32",
+    "f64": "float64",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "s8": "int8",
+    "s16": "int16",
+    "s32": "int32",
+    "s64": "int64",
+    "u8": "uint8",
+    "u16": "uint16",
+    "u32": "uint32",
+    "u64": "uint64",
+    "pred": "bool",
+}
 
 
 def capture_model(model: ModelSpec, manifest: Manifest, memo: dict | None = None) -> CapturedModel:
@@ -63,20 +75,41 @@ def capture_model(model: ModelSpec, manifest: Manifest, memo: dict | None = None
     key = cache.key(memo["fingerprint"] if memo else "", "hlo-files", repr(model.mesh), *texts, relations.text)
     sources = tuple(sorted(p.relative_to(root).as_posix() for p in files.files() if p.is_relative_to(root)))
     # The texts are the whole content: where the ops come from is part of the key already.
-    known = CapturedModel(name=model.name, mesh=model.mesh, reference_hlo="", distributed_hlo="", inputs=(), outputs=(),
-                          repo_root=str(root), content_key=key, loc_digest=key, sources=sources, cached=True)
+    known = CapturedModel(
+        name=model.name,
+        mesh=model.mesh,
+        reference_hlo="",
+        distributed_hlo="",
+        inputs=(),
+        outputs=(),
+        repo_root=str(root),
+        content_key=key,
+        loc_digest=key,
+        sources=sources,
+        cached=True,
+    )
     if memo is not None and _known(memo, key):
         return known
-    texts = [_absolute_sources(text, path.parent, manifest.root) for text, path in zip(texts, (files.reference, files.distributed))]
+    texts = [
+        _absolute_sources(text, path.parent, manifest.root)
+        for text, path in zip(texts, (files.reference, files.distributed))
+    ]
     reference = _parse(texts[0], display[files.reference])
     distributed = _parse(texts[1], display[files.distributed])
     builder = _Builder(model, relations, display[files.relations], reference, distributed)
     ref_text = builder.reference_text(_rewrite_calls(texts[0], reference, builder, 1, display[files.reference]))
-    dist_text = builder.distributed_text(_rewrite_calls(texts[1], distributed, builder, model.num_devices,
-                                                        display[files.distributed]))
-    return dataclasses.replace(known, reference_hlo=ref_text, distributed_hlo=dist_text, inputs=builder.inputs(),
-                               outputs=builder.outputs(), cached=False,
-                               timings=(("read HLO files", time.perf_counter() - t0),))
+    dist_text = builder.distributed_text(
+        _rewrite_calls(texts[1], distributed, builder, model.num_devices, display[files.distributed])
+    )
+    return dataclasses.replace(
+        known,
+        reference_hlo=ref_text,
+        distributed_hlo=dist_text,
+        inputs=builder.inputs(),
+        outputs=builder.outputs(),
+        cached=False,
+        timings=(("read HLO files", time.perf_counter() - t0),),
+    )
 
 
 def _known(memo: dict, key: str) -> bool:
@@ -101,7 +134,8 @@ def _read_program(path: Path, display: str) -> str:
     except UnicodeDecodeError:
         raise EquivciError(
             f"{display}: not HLO text (not UTF-8); name a serialized HloModuleProto with a .pb suffix, or dump the "
-            "module as text.") from None
+            "module as text."
+        ) from None
     elided = _ELIDED.search(text)
     if elided:
         line = text.count("\n", 0, elided.start()) + 1
@@ -109,7 +143,8 @@ def _read_program(path: Path, display: str) -> str:
             f"{display}:{line}: an elided constant (`constant({{...}})`): the dump left out its values, and equivci "
             "never guesses a constant (two different tables would compare equal); dump the module as a serialized "
             "HloModuleProto (XLA: --xla_dump_hlo_as_proto) and name the .pb file in the manifest, or dump the text "
-            "with large constants printed (XLA: print_large_constants).")
+            "with large constants printed (XLA: print_large_constants)."
+        )
     return text
 
 
@@ -124,18 +159,25 @@ sys.stdout.write(text)
 
 
 def _proto_text(data: bytes, display: str) -> str:
-    proc = subprocess.run([sys.executable, "-c", _PRINT_PROTO], input=data, capture_output=True,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRINT_PROTO],
+        input=data,
+        capture_output=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     if proc.returncode != 0:
         lines = proc.stderr.decode(errors="replace").strip().splitlines()
-        raise EquivciError(f"{display}: jaxlib cannot read it as a serialized HloModuleProto ({lines[-1] if lines else 'no message'}); "
-                           "name HLO text with a .txt or .hlo suffix, or dump the module proto again.")
+        raise EquivciError(
+            f"{display}: jaxlib cannot read it as a serialized HloModuleProto ({lines[-1] if lines else 'no message'}); "
+            "name HLO text with a .txt or .hlo suffix, or dump the module proto again."
+        )
     return proc.stdout.decode("utf-8")
 
 
 def _absolute_sources(text: str, folder: Path, root: Path) -> str:
     """Relative `source_file` metadata, resolved against the HLO file's folder, then the manifest's,
     so that findings point at the file (frontends record paths relative to where they ran)."""
+
     def resolve(m: re.Match) -> str:
         name = m.group(1)
         if Path(name).is_absolute():
@@ -152,8 +194,10 @@ def _parse(text: str, display: str) -> Module:
     try:
         return parse_module(text)
     except (HloParseError, KeyError, ValueError) as exc:
-        raise EquivciError(f"{display}: not HLO text equivci can read ({exc}); give the module as XLA prints it "
-                           "(HloModule ..., ENTRY ...), or as a serialized HloModuleProto (.pb).") from None
+        raise EquivciError(
+            f"{display}: not HLO text equivci can read ({exc}); give the module as XLA prints it "
+            "(HloModule ..., ENTRY ...), or as a serialized HloModuleProto (.pb)."
+        ) from None
 
 
 def _leaves(shape: Shape, path: str = "") -> list[tuple[str, Shape]]:
@@ -163,8 +207,9 @@ def _leaves(shape: Shape, path: str = "") -> list[tuple[str, Shape]]:
 
 
 def _placement(path: str, shape: Shape, slices: list[tuple[tuple[int, int], ...]]) -> LeafPlacement:
-    return LeafPlacement(path=path, shape=shape.dims, dtype=HLO_TO_NUMPY.get(shape.dtype, shape.dtype),
-                         device_slices=tuple(slices))
+    return LeafPlacement(
+        path=path, shape=shape.dims, dtype=HLO_TO_NUMPY.get(shape.dtype, shape.dtype), device_slices=tuple(slices)
+    )
 
 
 # --- custom calls ---------------------------------------------------------------------------------
@@ -181,7 +226,9 @@ def _rewrite_calls(text: str, module: Module, builder: "_Builder", num_devices: 
             index.setdefault(m.group(1), []).append(k)
     for comp in module.computations.values():
         for inst in comp.instructions:
-            if inst.opcode != "custom-call" and not (inst.opcode == "replica-id" and builder.relations.device_index == "replica-id"):
+            if inst.opcode != "custom-call" and not (
+                inst.opcode == "replica-id" and builder.relations.device_index == "replica-id"
+            ):
                 continue
             for k in index.get(inst.name, ()):
                 lines[k] = builder.rewrite(lines[k], inst, num_devices, display)
@@ -218,8 +265,10 @@ class _Builder:
         self._reducers: dict[str, str] = {}
         for p in self.ref_params + self.dist_params:
             if p.shape.is_tuple:
-                raise EquivciError(f"{display}: parameter {p.name} is a tuple; equivci reads entry parameters that "
-                                   "are arrays (flatten the tuple in the dump).")
+                raise EquivciError(
+                    f"{display}: parameter {p.name} is a tuple; equivci reads entry parameters that "
+                    "are arrays (flatten the tuple in the dump)."
+                )
         # Each distributed parameter's relation, checked against both programs.
         self.by_param: dict[int, Relation] = {}
         for rel in relations.parameters:
@@ -229,24 +278,36 @@ class _Builder:
             self.by_param[int(param.attrs["_number"])] = rel
         self.index_param = None
         if relations.index_parameter is not None:
-            self.index_param = self._param(self.dist_params, relations.index_parameter, "device_index.parameter", 0,
-                                           "distributed")
+            self.index_param = self._param(
+                self.dist_params, relations.index_parameter, "device_index.parameter", 0, "distributed"
+            )
             if self.index_param.shape.dims not in ((), (1,)) or self.index_param.shape.dtype[0] not in "su":
-                self._fail("device_index.parameter", 0, f"parameter {self.index_param.name} is {self.index_param.shape}",
-                           "the device index is an integer scalar (or a one-element array)")
+                self._fail(
+                    "device_index.parameter",
+                    0,
+                    f"parameter {self.index_param.name} is {self.index_param.shape}",
+                    "the device index is an integer scalar (or a one-element array)",
+                )
         for p in self.dist_params:
             number = int(p.attrs["_number"])
             if number not in self.by_param and p is not self.index_param:
-                self._fail("parameters", 0, f"distributed parameter {number} ({p.name}, {p.shape}) has no relation",
-                           f"add `{p.name}: {{reference: NAME, split: {{DIM: AXIS}}}}` under `parameters:`")
+                self._fail(
+                    "parameters",
+                    0,
+                    f"distributed parameter {number} ({p.name}, {p.shape}) has no relation",
+                    f"add `{p.name}: {{reference: NAME, split: {{DIM: AXIS}}}}` under `parameters:`",
+                )
         # A reference parameter only split (one part, no window) by one distributed parameter is
         # passed in as that split; every other one whole, and the new entry cuts it.
         uses: dict[int, list[Part]] = {}
         for rel in self.by_param.values():
             for part in rel.parts:
                 uses.setdefault(self._ref_number(part), []).append(part)
-        self.direct = {k: parts[0] for k, parts in uses.items()
-                       if len(parts) == 1 and not parts[0].window and self._single(parts[0])}
+        self.direct = {
+            k: parts[0]
+            for k, parts in uses.items()
+            if len(parts) == 1 and not parts[0].window and self._single(parts[0])
+        }
         self.output_map = self._outputs()
 
     # -- checks ---------------------------------------------------------------------------------
@@ -260,12 +321,20 @@ class _Builder:
                 return p
         names = [p.name for p in params]
         close = difflib.get_close_matches(str(key), names, n=1)
-        hint = f"did you mean '{close[0]}'?" if close else f"the {side} entry parameters are " + ", ".join(
-            f"{int(p.attrs['_number'])} ({p.name})" for p in params)
+        hint = (
+            f"did you mean '{close[0]}'?"
+            if close
+            else f"the {side} entry parameters are "
+            + ", ".join(f"{int(p.attrs['_number'])} ({p.name})" for p in params)
+        )
         self._fail(where, line, f"no {side} parameter named {key!r}", hint)
 
     def _ref_number(self, part: Part) -> int:
-        return int(self._param(self.ref_params, part.reference, f"{part.where}.reference", part.line, "reference").attrs["_number"])
+        return int(
+            self._param(self.ref_params, part.reference, f"{part.where}.reference", part.line, "reference").attrs[
+                "_number"
+            ]
+        )
 
     def _single(self, part: Relation | Part) -> bool:
         return not isinstance(part, Relation) or len(part.parts) == 1
@@ -278,8 +347,13 @@ class _Builder:
         window = {d: (lo, hi) for d, lo, hi in part.window}
         for d, lo, hi in part.window:
             if d >= len(shape) or hi > shape[d]:
-                self._fail(f"{part.where}.window", part.line, f"window [{lo}, {hi}) of dimension {d} is outside "
-                           f"reference parameter {part.reference!r} of shape {list(shape)}", "fix the window")
+                self._fail(
+                    f"{part.where}.window",
+                    part.line,
+                    f"window [{lo}, {hi}) of dimension {d} is outside "
+                    f"reference parameter {part.reference!r} of shape {list(shape)}",
+                    "fix the window",
+                )
         base = [window.get(d, (0, n)) for d, n in enumerate(shape)]
         out = []
         for device in range(self.n):
@@ -287,13 +361,23 @@ class _Builder:
             block = list(base)
             for d, split_axes in part.split:
                 if d >= len(shape):
-                    self._fail(f"{part.where}.split", part.line, f"dimension {d} is not a dimension of reference "
-                               f"parameter {part.reference!r} of shape {list(shape)}", "fix the dimension")
+                    self._fail(
+                        f"{part.where}.split",
+                        part.line,
+                        f"dimension {d} is not a dimension of reference "
+                        f"parameter {part.reference!r} of shape {list(shape)}",
+                        "fix the dimension",
+                    )
                 count = int(np.prod([sizes[a] for a in split_axes]))
                 lo, hi = base[d]
                 if (hi - lo) % count:
-                    self._fail(f"{part.where}.split", part.line, f"dimension {d} of size {hi - lo} does not divide "
-                               f"into {count} blocks over {', '.join(split_axes)}", "equivci takes even splits only")
+                    self._fail(
+                        f"{part.where}.split",
+                        part.line,
+                        f"dimension {d} of size {hi - lo} does not divide "
+                        f"into {count} blocks over {', '.join(split_axes)}",
+                        "equivci takes even splits only",
+                    )
                 chunk = int(np.ravel_multi_index([int(coords[a]) for a in split_axes], [sizes[a] for a in split_axes]))
                 size = (hi - lo) // count
                 block[d] = (lo + chunk * size, lo + (chunk + 1) * size)
@@ -313,30 +397,49 @@ class _Builder:
         """For each reference output leaf: the distributed output leaf that holds it, and how."""
         if self.relations.outputs is None:
             if len(self.dist_outputs) != len(self.ref_outputs):
-                self._fail("outputs", 0, f"the distributed program has {len(self.dist_outputs)} outputs and the "
-                           f"reference {len(self.ref_outputs)}", "say which is which under `outputs:`")
+                self._fail(
+                    "outputs",
+                    0,
+                    f"the distributed program has {len(self.dist_outputs)} outputs and the "
+                    f"reference {len(self.ref_outputs)}",
+                    "say which is which under `outputs:`",
+                )
             return [(k, None) for k in range(len(self.ref_outputs))]
         found: dict[int, tuple[int, Relation]] = {}
         for rel in self.relations.outputs:
             dist = self._output(rel.key, self.dist_outputs, rel.where, rel.line, "distributed")
             if not self._single(rel) or rel.parts[0].window:
-                self._fail(rel.where, rel.line, "an output relation is a split or a replica of one reference output",
-                           "write `{reference: K, split: {DIM: AXIS}}`")
-            ref = self._output(rel.parts[0].reference, self.ref_outputs, f"{rel.where}.reference", rel.line, "reference")
+                self._fail(
+                    rel.where,
+                    rel.line,
+                    "an output relation is a split or a replica of one reference output",
+                    "write `{reference: K, split: {DIM: AXIS}}`",
+                )
+            ref = self._output(
+                rel.parts[0].reference, self.ref_outputs, f"{rel.where}.reference", rel.line, "reference"
+            )
             if ref in found:
                 self._fail(rel.where, rel.line, f"reference output {ref} is given twice", "map each once")
             found[ref] = (dist, rel)
         missing = [k for k in range(len(self.ref_outputs)) if k not in found]
         if missing:
-            self._fail("outputs", 0, f"reference output(s) {missing} have no distributed output",
-                       "map every reference output under `outputs:`")
+            self._fail(
+                "outputs",
+                0,
+                f"reference output(s) {missing} have no distributed output",
+                "map every reference output under `outputs:`",
+            )
         return [found[k] for k in range(len(self.ref_outputs))]
 
     def _output(self, key: Key, leaves: list, where: str, line: int, side: str) -> int:
         if isinstance(key, int) and 0 <= key < len(leaves):
             return key
-        self._fail(where, line, f"no {side} output {key!r}", f"outputs are numbered 0 to {len(leaves) - 1} in the "
-                   "order of the flattened result")
+        self._fail(
+            where,
+            line,
+            f"no {side} output {key!r}",
+            f"outputs are numbered 0 to {len(leaves) - 1} in the order of the flattened result",
+        )
 
     def outputs(self) -> tuple[LeafPlacement, ...]:
         out: list[LeafPlacement] = []
@@ -345,8 +448,13 @@ class _Builder:
             local = self.dist_outputs[dist][1]
             if tuple(hi - lo for lo, hi in blocks[0]) != local.dims:
                 where, line = (rel.where, rel.line) if rel else ("outputs", 0)
-                self._fail(where, line, f"distributed output {dist} is {local} but the relation makes a block of shape "
-                           f"{[hi - lo for lo, hi in blocks[0]]}", "fix the split")
+                self._fail(
+                    where,
+                    line,
+                    f"distributed output {dist} is {local} but the relation makes a block of shape "
+                    f"{[hi - lo for lo, hi in blocks[0]]}",
+                    "fix the split",
+                )
             out.append(_placement(path or f"[{len(out)}]", shape, [tuple(b) for b in blocks]))
         return tuple(out)
 
@@ -358,18 +466,21 @@ class _Builder:
         call = self.relations.custom_calls.get(target)
         if call is None:
             raise EquivciError(
-                f"{display}: {inst.name} calls custom call \"{target}\", which {self.display} does not declare under "
+                f'{display}: {inst.name} calls custom call "{target}", which {self.display} does not declare under '
                 f"`custom_calls:`; equivci cannot know what it computes: add `{target}: identity`, `opaque`, or a "
-                "collective such as `{all-reduce: add, groups: [tp]}` there (docs/byo-hlo.md).")
+                "collective such as `{all-reduce: add, groups: [tp]}` there (docs/byo-hlo.md)."
+            )
         start = line.index("custom-call(")
         end = balanced_end(line, start + len("custom-call"))
-        operands = line[start + len("custom-call("):end - 1]
+        operands = line[start + len("custom-call(") : end - 1]
         meta = f", metadata={inst.attrs['metadata']}" if "metadata" in inst.attrs else ""
         if call.kind == "opaque":
             return line
         if len(inst.operands) != 1 or inst.shape.is_tuple:
-            raise EquivciError(f"{self.display}: {call.where}: {inst.name} has {len(inst.operands)} operands and shape "
-                               f"{inst.shape}; a declared custom call takes one array, or is declared `opaque`.")
+            raise EquivciError(
+                f"{self.display}: {call.where}: {inst.name} has {len(inst.operands)} operands and shape "
+                f"{inst.shape}; a declared custom call takes one array, or is declared `opaque`."
+            )
         head = line[:start]
         if call.kind == "identity":
             return f"{head}copy({operands}){meta}"
@@ -389,8 +500,10 @@ class _Builder:
 
     def _reducer(self, op: str, dtype: str) -> str:
         name = f"byo.{op}.{dtype}"
-        self._reducers[name] = (f"%{name} (a: {dtype}[], b: {dtype}[]) -> {dtype}[] {{\n  %a = {dtype}[] parameter(0)\n"
-                                f"  %b = {dtype}[] parameter(1)\n  ROOT %r = {dtype}[] {op}(%a, %b)\n}}\n")
+        self._reducers[name] = (
+            f"%{name} (a: {dtype}[], b: {dtype}[]) -> {dtype}[] {{\n  %a = {dtype}[] parameter(0)\n"
+            f"  %b = {dtype}[] parameter(1)\n  ROOT %r = {dtype}[] {op}(%a, %b)\n}}\n"
+        )
         return name
 
     def reducers(self) -> list[str]:
@@ -418,8 +531,15 @@ class _Builder:
                     box = tuple(self._blocks(part, param.shape.dims)[device])
                     size = tuple(hi - lo for lo, hi in box)
                     dtype = param.shape.dtype
-                    pieces.append((emit(Shape(dtype, size), f"slice(%{param.name}), slice={{"
-                                        + ", ".join(f"[{lo}:{hi}]" for lo, hi in box) + "}"), size))
+                    pieces.append(
+                        (
+                            emit(
+                                Shape(dtype, size),
+                                f"slice(%{param.name}), slice={{" + ", ".join(f"[{lo}:{hi}]" for lo, hi in box) + "}",
+                            ),
+                            size,
+                        )
+                    )
                 key = tuple(p for p, _ in pieces)
                 if any(len(s) <= rel.concat for _, s in pieces):
                     return text  # reported with the distributed entry
@@ -427,13 +547,18 @@ class _Builder:
                 shape = list(pieces[0][1])
                 shape[rel.concat] = width
                 if key not in seen:
-                    seen[key] = emit(Shape(dtype, tuple(shape)), f"concatenate({', '.join('%' + p for p, _ in pieces)}), "
-                                     f"dimensions={{{rel.concat}}}")
+                    seen[key] = emit(
+                        Shape(dtype, tuple(shape)),
+                        f"concatenate({', '.join('%' + p for p, _ in pieces)}), dimensions={{{rel.concat}}}",
+                    )
                     blocks.append(seen[key])
             if len(blocks) > 1:
                 total = list(shape)
                 total[rel.concat] = width * len(blocks)
-                emit(Shape(dtype, tuple(total)), f"concatenate({', '.join('%' + b for b in blocks)}), dimensions={{{rel.concat}}}")
+                emit(
+                    Shape(dtype, tuple(total)),
+                    f"concatenate({', '.join('%' + b for b in blocks)}), dimensions={{{rel.concat}}}",
+                )
         if not emit.lines:
             return text
         lines = text.splitlines()
@@ -471,15 +596,25 @@ class _Builder:
                 name, dims = pieces[0]
             else:
                 if any(len(s) != len(shapes[0]) or rel.concat >= len(s) for s in shapes):
-                    self._fail(f"{rel.where}.concat", rel.line, f"parts of shapes {shapes} do not concatenate along "
-                               f"dimension {rel.concat}", "fix the parts or the dimension")
+                    self._fail(
+                        f"{rel.where}.concat",
+                        rel.line,
+                        f"parts of shapes {shapes} do not concatenate along dimension {rel.concat}",
+                        "fix the parts or the dimension",
+                    )
                 width = sum(s[rel.concat] for s in shapes)
-                dims = shapes[0][:rel.concat] + (width,) + shapes[0][rel.concat + 1:]
-                name = emit(Shape(p.shape.dtype, dims),
-                            f"concatenate({', '.join('%' + n for n, _ in pieces)}), dimensions={{{rel.concat}}}")
+                dims = shapes[0][: rel.concat] + (width,) + shapes[0][rel.concat + 1 :]
+                name = emit(
+                    Shape(p.shape.dtype, dims),
+                    f"concatenate({', '.join('%' + n for n, _ in pieces)}), dimensions={{{rel.concat}}}",
+                )
             if dims != p.shape.dims:
-                self._fail(rel.where, rel.line, f"the relation makes a {p.shape.dtype}{list(dims)} but distributed "
-                           f"parameter {p.name} is {p.shape}", "fix the split, window or parts")
+                self._fail(
+                    rel.where,
+                    rel.line,
+                    f"the relation makes a {p.shape.dtype}{list(dims)} but distributed parameter {p.name} is {p.shape}",
+                    "fix the split, window or parts",
+                )
             operands.append(name)
         result = self.dist_entry.root.shape
         call = emit(result, f"call({', '.join('%' + o for o in operands)}), to_apply=%{PROGRAM}")
@@ -516,9 +651,11 @@ class _Builder:
             table = emit(f"s32[{self.n}]", f"constant({{{', '.join(map(str, starts))}}})")
             one = emit("s32[1]", f"dynamic-slice(%{table}, %{pid}), dynamic_slice_sizes={{1}}")
             offsets.append(emit("s32[]", f"reshape(%{one})"))
-        block = emit(Shape(param.shape.dtype, size),
-                     f"dynamic-slice(%{args[number]}, {', '.join('%' + o for o in offsets)}), "
-                     f"dynamic_slice_sizes={{{','.join(map(str, size))}}}")
+        block = emit(
+            Shape(param.shape.dtype, size),
+            f"dynamic-slice(%{args[number]}, {', '.join('%' + o for o in offsets)}), "
+            f"dynamic_slice_sizes={{{','.join(map(str, size))}}}",
+        )
         return block, size
 
 

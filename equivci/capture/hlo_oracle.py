@@ -25,21 +25,38 @@ from equivci.capture.types import CapturedModel, LeafPlacement
 from equivci.errors import EquivciError
 
 
-def compare_hlo_in_child(captured: CapturedModel, ranges: dict[int, int] | None = None,
-                         seeds: Sequence[int] = DEFAULT_SEEDS, timeout: float = NUMERIC_TIMEOUT_SECONDS) -> NumericComparison:
+def compare_hlo_in_child(
+    captured: CapturedModel,
+    ranges: dict[int, int] | None = None,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    timeout: float = NUMERIC_TIMEOUT_SECONDS,
+) -> NumericComparison:
     """`ranges`: input index -> n, for integer inputs drawn in [0, n) (indices the reference takes)."""
     from equivci.capture.run import child_env  # the parent's module: imported where it is used
 
     with tempfile.TemporaryDirectory(prefix="equivci-hlo-oracle-") as tmp:
         request, result = Path(tmp, "request.json"), Path(tmp, "result.json")
-        request.write_text(json.dumps({
-            "reference": captured.reference_hlo, "distributed": captured.distributed_hlo,
-            "inputs": [_leaf(x) for x in captured.inputs], "outputs": [_leaf(x) for x in captured.outputs],
-            "devices": captured.num_devices, "seeds": list(seeds), "ranges": {str(k): n for k, n in (ranges or {}).items()},
-        }))
+        request.write_text(
+            json.dumps(
+                {
+                    "reference": captured.reference_hlo,
+                    "distributed": captured.distributed_hlo,
+                    "inputs": [_leaf(x) for x in captured.inputs],
+                    "outputs": [_leaf(x) for x in captured.outputs],
+                    "devices": captured.num_devices,
+                    "seeds": list(seeds),
+                    "ranges": {str(k): n for k, n in (ranges or {}).items()},
+                }
+            )
+        )
         try:
-            proc = subprocess.run([sys.executable, "-m", "equivci.capture.hlo_oracle", str(request), str(result)],
-                                  env=child_env(captured.num_devices), capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(
+                [sys.executable, "-m", "equivci.capture.hlo_oracle", str(request), str(result)],
+                env=child_env(captured.num_devices),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             raise EquivciError(f"running the HLO programs on random inputs took longer than {timeout:g} s") from None
         if not result.exists():
@@ -52,8 +69,12 @@ def compare_hlo_in_child(captured: CapturedModel, ranges: dict[int, int] | None 
 
 
 def _leaf(leaf: LeafPlacement) -> dict:
-    return {"path": leaf.path, "shape": list(leaf.shape), "dtype": leaf.dtype,
-            "device_slices": [[list(s) for s in dev] for dev in leaf.device_slices]}
+    return {
+        "path": leaf.path,
+        "shape": list(leaf.shape),
+        "dtype": leaf.dtype,
+        "device_slices": [[list(s) for s in dev] for dev in leaf.device_slices],
+    }
 
 
 def _run(request: dict) -> NumericComparison:
@@ -84,29 +105,40 @@ def _run(request: dict) -> NumericComparison:
         the replicated sharding only carries the buffers)."""
         count = len(per_device)
         mesh = Mesh(np.array(devices[:count]), ("d",))
-        args = [jax.make_array_from_single_device_arrays(
-                    np.shape(per_device[0][k]), NamedSharding(mesh, PartitionSpec()),
-                    [jax.device_put(per_device[d][k], devices[d]) for d in range(count)])
-                for k in range(len(per_device[0]))]
+        args = [
+            jax.make_array_from_single_device_arrays(
+                np.shape(per_device[0][k]),
+                NamedSharding(mesh, PartitionSpec()),
+                [jax.device_put(per_device[d][k], devices[d]) for d in range(count)],
+            )
+            for k in range(len(per_device[0]))
+        ]
         outs = executable.execute_sharded(args).disassemble_into_single_device_arrays()
         return [[np.asarray(x) for x in out] for out in outs]
 
     reference = compile_(request["reference"], 1)
     # Run as replicas: the device index is the replica id, and a `replica-id` the program reads
     # is 0, as in an SPMD program of one replica (and as the verifier reads it).
-    distributed = compile_(request["distributed"].replace("replica-id()", "constant(0)")
-                           .replace("partition-id()", "replica-id()"), n)
+    distributed = compile_(
+        request["distributed"].replace("replica-id()", "constant(0)").replace("partition-id()", "replica-id()"), n
+    )
     inputs, outputs = request["inputs"], request["outputs"]
-    abstract = [jax.ShapeDtypeStruct(tuple(x["shape"]), np.dtype(x["dtype"]) if x["dtype"] != "bfloat16"
-                                     else jax.numpy.bfloat16) for x in inputs]
+    abstract = [
+        jax.ShapeDtypeStruct(
+            tuple(x["shape"]), np.dtype(x["dtype"]) if x["dtype"] != "bfloat16" else jax.numpy.bfloat16
+        )
+        for x in inputs
+    ]
     ranges = {int(k): v for k, v in request["ranges"].items()}
     ref_outs: dict[int, dict[str, np.ndarray]] = {}
     dist_outs: dict[int, dict[str, np.ndarray]] = {}
     for seed in request["seeds"]:
         args = [np.asarray(a) for a in random_inputs(abstract, seed, ranges)]
         ref = [values[0] for values in run(reference, [args])]
-        blocks = [[a[tuple(slice(lo, hi) for lo, hi in x["device_slices"][d])] for a, x in zip(args, inputs)]
-                  for d in range(n)]
+        blocks = [
+            [a[tuple(slice(lo, hi) for lo, hi in x["device_slices"][d])] for a, x in zip(args, inputs)]
+            for d in range(n)
+        ]
         dist = run(distributed, blocks)
         ref_outs[seed], dist_outs[seed] = {}, {}
         for k, leaf in enumerate(outputs):
@@ -114,12 +146,22 @@ def _run(request: dict) -> NumericComparison:
                 name = f"{leaf['path']} on device {d}"
                 ref_outs[seed][name] = ref[k][tuple(slice(lo, hi) for lo, hi in leaf["device_slices"][d])]
                 dist_outs[seed][name] = dist[k][d]
-    return compare_outputs(ref_outs, dist_outs, request["seeds"],
-                           tolerance=tolerance_for(_narrowest_float(request["reference"] + request["distributed"])))
+    return compare_outputs(
+        ref_outs,
+        dist_outs,
+        request["seeds"],
+        tolerance=tolerance_for(_narrowest_float(request["reference"] + request["distributed"])),
+    )
 
 
 # Float types, narrowest first, as HLO prints them, with their numpy names.
-FLOATS = (("f8e", "float8_e4m3fn"), ("bf16[", "bfloat16"), ("f16[", "float16"), ("f32[", "float32"), ("f64[", "float64"))
+FLOATS = (
+    ("f8e", "float8_e4m3fn"),
+    ("bf16[", "bfloat16"),
+    ("f16[", "float16"),
+    ("f32[", "float32"),
+    ("f64[", "float64"),
+)
 
 
 def _narrowest_float(text: str) -> str:
@@ -136,7 +178,9 @@ def main(argv: list[str]) -> int:
     try:
         answer = {"comparison": _run(request).to_json()}
     except Exception as exc:  # noqa: BLE001 - XLA's errors have no common type; the parent says the check did not run
-        answer = {"error": f"XLA could not run the HLO programs: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"}
+        answer = {
+            "error": f"XLA could not run the HLO programs: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        }
     Path(result_path).write_text(json.dumps(answer))
     return 0
 

@@ -16,8 +16,19 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-_SAME_VALUES = {"convert_element_type", "reshape", "broadcast_in_dim", "squeeze", "expand_dims",
-                "slice", "transpose", "concatenate", "copy", "copy_p", "select_n"}
+_SAME_VALUES = {
+    "convert_element_type",
+    "reshape",
+    "broadcast_in_dim",
+    "squeeze",
+    "expand_dims",
+    "slice",
+    "transpose",
+    "concatenate",
+    "copy",
+    "copy_p",
+    "select_n",
+}
 _CALLS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
 

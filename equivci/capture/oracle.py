@@ -148,8 +148,7 @@ class NumericComparison:
         """The difference at the worst element against what rounding explains there."""
         diff = abs((self.dist_value or 0.0) - (self.ref_value or 0.0))
         computed = f"; the reference computes in {self.precision}" if self.precision else ""
-        return (f"|diff| {diff:.3g}, rounding explains up to {self.noise_floor:.3g}{computed}: "
-                f"{self.ratio:.3g}x that")
+        return f"|diff| {diff:.3g}, rounding explains up to {self.noise_floor:.3g}{computed}: {self.ratio:.3g}x that"
 
 
 def _json_float(x: float | None) -> Any:
@@ -282,9 +281,17 @@ def _compare_leaf(ref, dist, tol: Tolerance, floor=None):
 
 def _structural(seeds, note: str, leaf: str = "") -> NumericComparison:
     return NumericComparison(
-        max_abs_diff=math.inf, max_rel_diff=math.inf, worst_leaf=leaf, worst_index=(),
-        ref_value=None, dist_value=None, seeds=tuple(seeds), equal=False,
-        worst_seed=seeds[0] if seeds else None, failing_seeds=tuple(seeds), note=note,
+        max_abs_diff=math.inf,
+        max_rel_diff=math.inf,
+        worst_leaf=leaf,
+        worst_index=(),
+        ref_value=None,
+        dist_value=None,
+        seeds=tuple(seeds),
+        equal=False,
+        worst_seed=seeds[0] if seeds else None,
+        failing_seeds=tuple(seeds),
+        note=note,
     )
 
 
@@ -299,8 +306,13 @@ def rounding_floor(ref, shadow) -> float:
     return float(moved.max()) if moved.size else 0.0
 
 
-def compare_outputs(ref_outs: dict, dist_outs: dict, seeds: Sequence[int], shadow_outs: dict | None = None,
-                    tolerance: Tolerance | None = None) -> NumericComparison:
+def compare_outputs(
+    ref_outs: dict,
+    dist_outs: dict,
+    seeds: Sequence[int],
+    shadow_outs: dict | None = None,
+    tolerance: Tolerance | None = None,
+) -> NumericComparison:
     """Compare {seed: output pytree} of both programs (concrete arrays). `shadow_outs` (same
     form) are the reference's outputs with its roundings moved as re-association may move them
     (see rounding.py); `tolerance` replaces the per-dtype one (the manifest's `oracle` key)."""
@@ -316,17 +328,27 @@ def compare_outputs(ref_outs: dict, dist_outs: dict, seeds: Sequence[int], shado
         ref_leaves, ref_tree = jax.tree_util.tree_flatten_with_path(ref_outs[seed])
         dist_leaves, dist_tree = jax.tree_util.tree_flatten_with_path(dist_outs[seed])
         if ref_tree != dist_tree:  # type: ignore[operator]  # jaxlib's PyTreeDef stub declares no __ne__
-            return _structural(seeds, f"the outputs have different structures: reference {ref_tree}, distributed {dist_tree}")
+            return _structural(
+                seeds, f"the outputs have different structures: reference {ref_tree}, distributed {dist_tree}"
+            )
         seed_ok = True
         shadow_leaves = jax.tree_util.tree_leaves(shadow_outs[seed]) if shadow_outs else [None] * len(ref_leaves)
         for (path, r), (_, d), sh in zip(ref_leaves, dist_leaves, shadow_leaves):
             name = keystr(path)
             r_shape, d_shape = tuple(np.shape(r)), tuple(np.shape(d))
             if r_shape != d_shape:
-                return _structural(seeds, f"output{name} has shape {r_shape} in the reference but {d_shape} in the distributed program", name)
+                return _structural(
+                    seeds,
+                    f"output{name} has shape {r_shape} in the reference but {d_shape} in the distributed program",
+                    name,
+                )
             r_dtype, d_dtype = np.asarray(r).dtype, np.asarray(d).dtype
             if r_dtype != d_dtype:
-                return _structural(seeds, f"output{name} has dtype {r_dtype} in the reference but {d_dtype} in the distributed program", name)
+                return _structural(
+                    seeds,
+                    f"output{name} has dtype {r_dtype} in the reference but {d_dtype} in the distributed program",
+                    name,
+                )
             floor = None if sh is None else rounding_floor(r, sh)
             leaf_abs, leaf_rel, score, allowed, ok = _compare_leaf(r, d, tolerance or tolerance_for(r_dtype), floor)
             max_abs, max_rel = max(max_abs, leaf_abs), max(max_rel, leaf_rel)
@@ -337,18 +359,38 @@ def compare_outputs(ref_outs: dict, dist_outs: dict, seeds: Sequence[int], shado
                 if s > worst.score:
                     index = tuple(int(i) for i in np.unravel_index(flat, r_shape)) if r_shape else ()
                     at = float(np.broadcast_to(allowed, r_shape)[index])
-                    worst = _Worst(s, name, index, _scalar(np.asarray(r)[index]), _scalar(np.asarray(d)[index]), seed, at)
+                    worst = _Worst(
+                        s, name, index, _scalar(np.asarray(r)[index]), _scalar(np.asarray(d)[index]), seed, at
+                    )
         if not seed_ok:
             failing.append(seed)
     return NumericComparison(
-        max_abs_diff=max_abs, max_rel_diff=max_rel, worst_leaf=worst.leaf, worst_index=worst.index,
-        ref_value=worst.ref, dist_value=worst.dist, seeds=seeds, equal=not failing,
-        worst_seed=worst.seed, failing_seeds=tuple(failing), noise_floor=worst.floor, ratio=max(worst.score, 0.0),
+        max_abs_diff=max_abs,
+        max_rel_diff=max_rel,
+        worst_leaf=worst.leaf,
+        worst_index=worst.index,
+        ref_value=worst.ref,
+        dist_value=worst.dist,
+        seeds=seeds,
+        equal=not failing,
+        worst_seed=worst.seed,
+        failing_seeds=tuple(failing),
+        noise_floor=worst.floor,
+        ratio=max(worst.score, 0.0),
     )
 
 
-def _run_and_compare(reference, bound, args_abstract, mesh, seeds, ref_name="reference", dist_name="distributed",
-                     tolerance: Tolerance | None = None, index_ranges: dict[int, int] | None = None):
+def _run_and_compare(
+    reference,
+    bound,
+    args_abstract,
+    mesh,
+    seeds,
+    ref_name="reference",
+    dist_name="distributed",
+    tolerance: Tolerance | None = None,
+    index_ranges: dict[int, int] | None = None,
+):
     """jit both, run them on one random draw per seed (the distributed one under the mesh), compare."""
     import jax
 
@@ -389,8 +431,10 @@ def without_near_ties(comparison: NumericComparison, near_ties: Sequence[int]) -
     if not excused:
         return comparison
     failing = tuple(s for s in comparison.failing_seeds if s not in near_ties)
-    note = (f"on seed{'s' if len(excused) > 1 else ''} {', '.join(map(str, excused))} a comparison, argmax, top_k or "
-            "sort of the reference was within rounding of a tie, so the difference there is not a counterexample")
+    note = (
+        f"on seed{'s' if len(excused) > 1 else ''} {', '.join(map(str, excused))} a comparison, argmax, top_k or "
+        "sort of the reference was within rounding of a tie, so the difference there is not a counterexample"
+    )
     return dataclasses.replace(comparison, failing_seeds=failing, equal=not failing, note=note)
 
 
@@ -418,8 +462,17 @@ def _compare_model(model, root: Path, seeds: tuple[int, ...]) -> NumericComparis
     bound = entrypoints.bind_distributed(distributed, mesh)
     ranges = index_ranges(reference, tuple(args))
     tolerance = Tolerance(model.oracle.rtol or 0.0, model.oracle.atol or 0.0) if model.oracle.tolerance_set else None
-    return _run_and_compare(reference, bound, args, mesh, seeds, reference_ep.spec, distributed_ep.spec,
-                            tolerance=tolerance, index_ranges=ranges)
+    return _run_and_compare(
+        reference,
+        bound,
+        args,
+        mesh,
+        seeds,
+        reference_ep.spec,
+        distributed_ep.spec,
+        tolerance=tolerance,
+        index_ranges=ranges,
+    )
 
 
 def _without_device_count(flags: str) -> str:
@@ -458,8 +511,9 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     flags = _without_device_count(os.environ.get("XLA_FLAGS", ""))
     # Both programs round exactly where their code says: XLA may otherwise keep a value wider than
     # its type inside a fusion in one program and not in the other.
-    os.environ["XLA_FLAGS"] = (f"{flags} --xla_force_host_platform_device_count={devices} "
-                               "--xla_allow_excess_precision=false").strip()
+    os.environ["XLA_FLAGS"] = (
+        f"{flags} --xla_force_host_platform_device_count={devices} --xla_allow_excess_precision=false"
+    ).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.chdir(manifest.root)  # entrypoints.abstract_inputs reports paths relative to the cwd
@@ -473,7 +527,10 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     for name in opts.model:
         model = by_name.get(name)
         if model is None:
-            row = {"model": name, "error": f"{opts.manifest}: no model named '{name}'; the manifest defines {', '.join(by_name)}"}
+            row = {
+                "model": name,
+                "error": f"{opts.manifest}: no model named '{name}'; the manifest defines {', '.join(by_name)}",
+            }
             status = 2
         else:
             try:
@@ -502,8 +559,15 @@ def compare_many_in_child(
     names = list(model_names)
     if not names:
         return {}
-    cmd = [sys.executable, "-m", "equivci.capture.oracle", "--manifest", str(Path(manifest_path).absolute()),
-           "--seeds", ",".join(str(int(s)) for s in seeds)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "equivci.capture.oracle",
+        "--manifest",
+        str(Path(manifest_path).absolute()),
+        "--seeds",
+        ",".join(str(int(s)) for s in seeds),
+    ]
     for name in names:
         cmd += ["--model", name]
     env = dict(os.environ)

@@ -30,8 +30,9 @@ from typing import Any
 # parser) and as protos (for the shardings XLA records on the partitioned module). Large constants
 # are printed in full: an elided one (`{...}`) is opaque, so a table the program slices per device
 # (RoPE's cos/sin at a shard's positions) could not be related to the reference's.
-DUMP_FLAGS = ("--xla_dump_hlo_pass_re=spmd-partitioning --xla_dump_hlo_as_text --xla_dump_hlo_as_proto "
-              "--xla_dump_large_constants")
+DUMP_FLAGS = (
+    "--xla_dump_hlo_pass_re=spmd-partitioning --xla_dump_hlo_as_text --xla_dump_hlo_as_proto --xla_dump_large_constants"
+)
 
 _AFTER_SPMD_TEXT = re.compile(r".*\.jit_.*after_spmd-partitioning.*\.txt$")
 _PROTO_SUFFIX = ".hlo.pb"  # `<same stem>.hlo.pb` next to `<stem>.txt`
@@ -213,4 +214,6 @@ def shardings_for_leaves(op_shardings: tuple[Any, ...], count: int, device_list,
         return None
     # The partitioner records Shardy's named (V3) shardings; the executable reports them as
     # tile assignments (V2), which is what jax's index maps were written for.
-    return [GSPMDSharding(device_list, xla_client.HloSharding.from_proto(op).v3_to_v2_sharding()) for op in op_shardings]
+    return [
+        GSPMDSharding(device_list, xla_client.HloSharding.from_proto(op).v3_to_v2_sharding()) for op in op_shardings
+    ]

@@ -121,8 +121,12 @@ def _axes(ctx: _Ctx, value: Any, where: str, line: int) -> tuple[str, ...]:
         ctx.fail(where, line, f"expected a mesh axis or a list of them, got {value!r}", "write e.g. `tp` or `[dp, tp]`")
     for axis in axes:
         if axis not in ctx.mesh:
-            ctx.fail(where, line, f"'{axis}' is not an axis of the model's mesh ({', '.join(ctx.mesh)})",
-                     "use the axis names of the manifest's `mesh:`")
+            ctx.fail(
+                where,
+                line,
+                f"'{axis}' is not an axis of the model's mesh ({', '.join(ctx.mesh)})",
+                "use the axis names of the manifest's `mesh:`",
+            )
     if len(set(axes)) != len(axes):
         ctx.fail(where, line, f"axis listed twice in {axes}", "list each mesh axis once")
     return tuple(axes)
@@ -138,25 +142,45 @@ def _part(ctx: _Ctx, node: Any, where: str, line: int) -> Part:
         split.append((dim, _axes(ctx, axes, f"{where}.split.{dim}", at)))
     used = [a for _, axes in split for a in axes]
     if len(set(used)) != len(used):
-        ctx.fail(f"{where}.split", _line(node, "split", line), "a mesh axis splits two dimensions",
-                 "each mesh axis can split one dimension")
+        ctx.fail(
+            f"{where}.split",
+            _line(node, "split", line),
+            "a mesh axis splits two dimensions",
+            "each mesh axis can split one dimension",
+        )
     for dim, bounds, at in _by_dim(ctx, node, "window", where, line, "[start, stop]", "`window: {1: [512, 1024]}`"):
-        if not (isinstance(bounds, list) and len(bounds) == 2 and all(type(b) is int and b >= 0 for b in bounds)
-                and bounds[0] < bounds[1]):
-            ctx.fail(f"{where}.window.{dim}", at, f"expected [start, stop] with 0 <= start < stop, got {bounds!r}",
-                     "write e.g. `[512, 1024]`")
+        if not (
+            isinstance(bounds, list)
+            and len(bounds) == 2
+            and all(type(b) is int and b >= 0 for b in bounds)
+            and bounds[0] < bounds[1]
+        ):
+            ctx.fail(
+                f"{where}.window.{dim}",
+                at,
+                f"expected [start, stop] with 0 <= start < stop, got {bounds!r}",
+                "write e.g. `[512, 1024]`",
+            )
         window.append((dim, bounds[0], bounds[1]))
     return Part(reference, where, line, tuple(sorted(window)), tuple(sorted(split)))
 
 
-def _by_dim(ctx: _Ctx, node: dict, key: str, where: str, line: int, what: str, example: str) -> list[tuple[int, Any, int]]:
+def _by_dim(
+    ctx: _Ctx, node: dict, key: str, where: str, line: int, what: str, example: str
+) -> list[tuple[int, Any, int]]:
     """(dimension, value, line) of a mapping from dimension numbers (`split:`, `window:`)."""
     raw = node.get(key) or {}
     if not isinstance(raw, dict):
-        ctx.fail(f"{where}.{key}", _line(node, key, line), f"expected a mapping from dimension to {what}",
-                 f"write e.g. {example}")
-    return [(_dim(ctx, dim, f"{where}.{key}", _line(raw, dim, line)), value, _line(raw, dim, line))
-            for dim, value in raw.items()]
+        ctx.fail(
+            f"{where}.{key}",
+            _line(node, key, line),
+            f"expected a mapping from dimension to {what}",
+            f"write e.g. {example}",
+        )
+    return [
+        (_dim(ctx, dim, f"{where}.{key}", _line(raw, dim, line)), value, _line(raw, dim, line))
+        for dim, value in raw.items()
+    ]
 
 
 def _relation(ctx: _Ctx, key: Any, node: Any, where: str, line: int) -> Relation:
@@ -166,11 +190,16 @@ def _relation(ctx: _Ctx, key: Any, node: Any, where: str, line: int) -> Relation
         dim = _dim(ctx, node["concat"], f"{where}.concat", _line(node, "concat", line))
         parts = node.get("parts")
         if not isinstance(parts, list) or len(parts) < 2:
-            ctx.fail(f"{where}.parts", _line(node, "parts", line), "a concatenation needs a list of two or more parts",
-                     "write e.g. `parts: [{reference: wq, split: {1: tp}}, {reference: wk, split: {1: tp}}]`")
+            ctx.fail(
+                f"{where}.parts",
+                _line(node, "parts", line),
+                "a concatenation needs a list of two or more parts",
+                "write e.g. `parts: [{reference: wq, split: {1: tp}}, {reference: wk, split: {1: tp}}]`",
+            )
         lines = getattr(parts, "item_lines", [line] * len(parts))
-        return Relation(key, where, line, tuple(_part(ctx, p, f"{where}.parts[{i}]", lines[i])
-                                                for i, p in enumerate(parts)), dim)
+        return Relation(
+            key, where, line, tuple(_part(ctx, p, f"{where}.parts[{i}]", lines[i]) for i, p in enumerate(parts)), dim
+        )
     return Relation(key, where, line, (_part(ctx, node, where, line),))
 
 
@@ -178,8 +207,12 @@ def _relations(ctx: _Ctx, doc: dict, name: str) -> tuple[Relation, ...]:
     node = doc[name]
     line = _line(doc, name)
     if not isinstance(node, dict) or not node:
-        ctx.fail(name, line, "expected a mapping from distributed parameter (name or number) to its relation",
-                 f"write e.g. `{name}: {{0: {{reference: 0, split: {{1: tp}}}}}}`")
+        ctx.fail(
+            name,
+            line,
+            "expected a mapping from distributed parameter (name or number) to its relation",
+            f"write e.g. `{name}: {{0: {{reference: 0, split: {{1: tp}}}}}}`",
+        )
     return tuple(_relation(ctx, k, v, f"{name}.{k}", _line(node, k, line)) for k, v in node.items())
 
 
@@ -188,13 +221,21 @@ def _custom_call(ctx: _Ctx, target: Any, node: Any, line: int) -> CustomCall:
     if node in ("identity", "opaque"):
         return CustomCall(str(target), where, line, node)
     if not isinstance(node, dict):
-        ctx.fail(where, line, f"expected identity, opaque or a collective, got {node!r}",
-                 "write e.g. `identity` or `{all-reduce: add, groups: [tp]}`")
+        ctx.fail(
+            where,
+            line,
+            f"expected identity, opaque or a collective, got {node!r}",
+            "write e.g. `identity` or `{all-reduce: add, groups: [tp]}`",
+        )
     node = _keys(ctx, node, where, line, CALL_KEYS)
     kinds = [k for k in COLLECTIVES if k in node]
     if len(kinds) != 1:
-        ctx.fail(where, line, "name exactly one collective", "write one of `all-reduce: add`, `all-gather: DIM`, "
-                 "`reduce-scatter: DIM` (with `reduce: add`)")
+        ctx.fail(
+            where,
+            line,
+            "name exactly one collective",
+            "write one of `all-reduce: add`, `all-gather: DIM`, `reduce-scatter: DIM` (with `reduce: add`)",
+        )
     kind = kinds[0]
     reduce, dim = "add", 0
     if kind == "all-reduce":
@@ -215,7 +256,9 @@ def load_relations(path: Path, mesh: tuple[str, ...], display: str | None = None
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise EquivciError(f"{ctx.display}: cannot read the relation file ({exc}); check the manifest's `relations:` path.") from None
+        raise EquivciError(
+            f"{ctx.display}: cannot read the relation file ({exc}); check the manifest's `relations:` path."
+        ) from None
     try:
         doc = yaml.load(text, Loader=LineLoader)
     except DuplicateKey as dup:
@@ -224,8 +267,12 @@ def load_relations(path: Path, mesh: tuple[str, ...], display: str | None = None
         raise EquivciError(f"{ctx.display}: not valid YAML: {' '.join(str(exc).split())}; fix the syntax.") from None
     doc = _keys(ctx, doc, "<top level>", 1, TOP_KEYS)
     if doc.get("version") != VERSION or type(doc.get("version")) is not int:
-        ctx.fail("version", _line(doc, "version", 1), f"expected `version: {VERSION}`, got {doc.get('version')!r}",
-                 f"start the file with `version: {VERSION}`")
+        ctx.fail(
+            "version",
+            _line(doc, "version", 1),
+            f"expected `version: {VERSION}`, got {doc.get('version')!r}",
+            f"start the file with `version: {VERSION}`",
+        )
     if "parameters" not in doc:
         ctx.fail("parameters", 1, "missing", "say how each distributed parameter relates to the reference's")
     source = doc.get("device_index", "partition-id")
@@ -234,12 +281,20 @@ def load_relations(path: Path, mesh: tuple[str, ...], display: str | None = None
         index_parameter = _key(ctx, source["parameter"], "device_index.parameter", _line(doc, "device_index"))
         source = "parameter"
     elif source not in DEVICE_INDEX:
-        ctx.fail("device_index", _line(doc, "device_index"), f"unknown device index source {source!r}",
-                 "write `partition-id`, `replica-id` or `{parameter: NAME}`")
+        ctx.fail(
+            "device_index",
+            _line(doc, "device_index"),
+            f"unknown device index source {source!r}",
+            "write `partition-id`, `replica-id` or `{parameter: NAME}`",
+        )
     calls = doc.get("custom_calls") or {}
     if not isinstance(calls, dict):
-        ctx.fail("custom_calls", _line(doc, "custom_calls"), "expected a mapping from target to declaration",
-                 "write e.g. `custom_calls: {AwsNeuronAllReduce: {all-reduce: add, groups: [tp]}}`")
+        ctx.fail(
+            "custom_calls",
+            _line(doc, "custom_calls"),
+            "expected a mapping from target to declaration",
+            "write e.g. `custom_calls: {AwsNeuronAllReduce: {all-reduce: add, groups: [tp]}}`",
+        )
     return Relations(
         path=path,
         device_index=source,

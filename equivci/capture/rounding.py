@@ -47,8 +47,18 @@ LAMBDA = 4.0
 FLIP_FRACTION = 0.01
 
 # Primitives that call one jaxpr with their own operands: evaluated inline.
-_CALLS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
-          "custom_vjp_call_jaxpr", "remat", "checkpoint", "custom_lin"}
+_CALLS = {
+    "jit",
+    "pjit",
+    "closed_call",
+    "core_call",
+    "custom_jvp_call",
+    "custom_vjp_call",
+    "custom_vjp_call_jaxpr",
+    "remat",
+    "checkpoint",
+    "custom_lin",
+}
 _CALL_JAXPR_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 _ACCUMULATIONS = {"dot_general", "reduce_sum", "cumsum", "conv_general_dilated", "reduce_window_sum"}
 
@@ -69,8 +79,10 @@ def shadow_reference(reference: Callable, args_abstract: tuple) -> Shadow:
     out_tree = jax.tree_util.tree_structure(jax.eval_shape(reference, *args_abstract))
     stats = _Stats()
     # A dry evaluation on abstract values counts the rounding points.
-    jax.eval_shape(lambda *a: _Interpreter(stats).run(closed, list(a), [0.0] * len(a))[0],
-                   *jax.tree_util.tree_leaves(args_abstract))
+    jax.eval_shape(
+        lambda *a: _Interpreter(stats).run(closed, list(a), [0.0] * len(a))[0],
+        *jax.tree_util.tree_leaves(args_abstract),
+    )
 
     def run(*args):
         import jax.numpy as jnp

@@ -62,12 +62,19 @@ def _address_space_hint() -> str:
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft == resource.RLIM_INFINITY:
         return ""
-    return (f" equivci runs under a `ulimit -v` (RLIMIT_AS) of {soft / 2**30:.1f} GiB, which the capture inherits; "
-            "JAX and XLA reserve more address space than they use, so raise or remove that limit.")
+    return (
+        f" equivci runs under a `ulimit -v` (RLIMIT_AS) of {soft / 2**30:.1f} GiB, which the capture inherits; "
+        "JAX and XLA reserve more address space than they use, so raise or remove that limit."
+    )
 
 
-def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, memo: dict | None = None,
-                  on_compile: Callable[[], None] | None = None) -> CapturedModel:
+def capture_model(
+    model: ModelSpec,
+    manifest: Manifest,
+    debug: bool = False,
+    memo: dict | None = None,
+    on_compile: Callable[[], None] | None = None,
+) -> CapturedModel:
     """`memo`: {"fingerprint", "repo_root", "cache_dir" (or None), "known": {key: loc digest or None}}
     asks the child for the content key and sources, and to stop before compiling when the key is
     known (then the result has cached=True and no HLO). `on_compile()` runs here while the child
@@ -97,7 +104,11 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, mem
             try:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "equivci.capture.child", str(request), str(result_path)],
-                    env=env, stdout=out, stderr=err, cwd=manifest.root, pass_fds=(compiling_w,),
+                    env=env,
+                    stdout=out,
+                    stderr=err,
+                    cwd=manifest.root,
+                    pass_fds=(compiling_w,),
                 )
             finally:
                 os.close(compiling_w)
@@ -137,7 +148,16 @@ def capture_model(model: ModelSpec, manifest: Manifest, debug: bool = False, mem
             ) from None
     if "error" in result:
         message = result["error"]
-        if any(sign in message for sign in ("MemoryError", "bad_alloc", "pthread_create", "Cannot allocate memory", "Resource temporarily unavailable")):
+        if any(
+            sign in message
+            for sign in (
+                "MemoryError",
+                "bad_alloc",
+                "pthread_create",
+                "Cannot allocate memory",
+                "Resource temporarily unavailable",
+            )
+        ):
             message += _address_space_hint()
         if debug:
             message += "\n\n" + result.get("traceback", "")

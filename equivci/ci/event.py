@@ -104,7 +104,9 @@ def load_context(env: Mapping[str, str] | None = None) -> ActionsContext:
         try:
             payload = json.loads(Path(event_path).read_text(encoding="utf-8"))
         except OSError as exc:
-            raise EquivciError(f"GITHUB_EVENT_PATH={event_path}: cannot read the event file ({exc.strerror}).") from None
+            raise EquivciError(
+                f"GITHUB_EVENT_PATH={event_path}: cannot read the event file ({exc.strerror})."
+            ) from None
         except ValueError as exc:
             raise EquivciError(f"GITHUB_EVENT_PATH={event_path}: not valid JSON ({exc}).") from None
         if not isinstance(payload, dict):

@@ -95,11 +95,7 @@ def is_rate_limited(status: int, headers: dict[str, str], message: str) -> bool:
         return True
     if status != 403:
         return False
-    return (
-        headers.get("x-ratelimit-remaining") == "0"
-        or "retry-after" in headers
-        or "rate limit" in message.lower()
-    )
+    return headers.get("x-ratelimit-remaining") == "0" or "retry-after" in headers or "rate limit" in message.lower()
 
 
 def retry_delay(headers: dict[str, str], attempt: int, backoff: float, now: float | None = None) -> float:
@@ -155,16 +151,16 @@ class GitHubClient:
         if path_or_url.startswith(("http://", "https://")):
             url = path_or_url
             if urllib.parse.urlsplit(url)[:2] != self._origin:
-                raise GitHubError("GET", urllib.parse.urlsplit(url).path, 0, "refusing to follow a link to another host")
+                raise GitHubError(
+                    "GET", urllib.parse.urlsplit(url).path, 0, "refusing to follow a link to another host"
+                )
         else:
             url = self.api_url + "/" + path_or_url.lstrip("/")
         if params:
             url += ("&" if "?" in url else "?") + urllib.parse.urlencode(params)
         return url
 
-    def request(
-        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
-    ) -> Response:
+    def request(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None) -> Response:
         url = self._url(path, params)
         shown = urllib.parse.urlsplit(url).path  # for messages: no query, no host, no token
         if urllib.parse.urlsplit(url).scheme not in ("http", "https"):  # retrying cannot help
@@ -189,7 +185,12 @@ class GitHubClient:
                     try:
                         data = json.loads(raw) if raw.strip() else None
                     except ValueError:
-                        raise GitHubError(method, shown, resp.status, f"the answer is not JSON (is GITHUB_API_URL={self.api_url} the API?)") from None
+                        raise GitHubError(
+                            method,
+                            shown,
+                            resp.status,
+                            f"the answer is not JSON (is GITHUB_API_URL={self.api_url} the API?)",
+                        ) from None
                     return Response(resp.status, resp_headers, data)
             except urllib.error.HTTPError as exc:
                 resp_headers = {k.lower(): v for k, v in (exc.headers or {}).items()}

@@ -75,7 +75,11 @@ def _review_body(items: list[tuple[ModelResult, Finding]], key: str) -> str:
         lines.append(f"- {md.escape(f.message)}{context}")
     lines.append("")
     lines.append(FINDING_MARKER.format(key=key, model=model_name))
-    return truncate("\n".join(lines), COMMENT_LIMIT, "this comment was cut at GitHub's size limit; the job summary has every finding.")
+    return truncate(
+        "\n".join(lines),
+        COMMENT_LIMIT,
+        "this comment was cut at GitHub's size limit; the job summary has every finding.",
+    )
 
 
 def _line_groups(report: Report, keep: Callable[[Finding], bool]) -> tuple[dict, list[tuple[ModelResult, Finding]]]:
@@ -94,9 +98,7 @@ def _group_key(items: list[tuple[ModelResult, Finding]]) -> str:
     return hashlib.sha256("\0".join(finding_key(m, f) for m, f in items).encode()).hexdigest()[:16]
 
 
-def split_review(
-    report: Report, diff: DiffLines
-) -> tuple[list[ReviewComment], list[tuple[ModelResult, Finding]]]:
+def split_review(report: Report, diff: DiffLines) -> tuple[list[ReviewComment], list[tuple[ModelResult, Finding]]]:
     """(comments on lines inside the diff, findings that go to the summary comment instead).
 
     Findings of one model on the same line share one comment.
@@ -105,7 +107,9 @@ def split_review(
     comments = []
     for (_, path, line), items in grouped.items():
         key = _group_key(items)
-        comments.append(ReviewComment(path=path, line=line, body=_review_body(items, key), key=key, findings=len(items)))
+        comments.append(
+            ReviewComment(path=path, line=line, body=_review_body(items, key), key=key, findings=len(items))
+        )
     return comments, outside
 
 
@@ -180,8 +184,11 @@ def summary_comment(
         lines += ["", f"> {note}"]
     footer = ["", f"<sub>[workflow run]({run_url}) · equivci</sub>", ""] if run_url else [""]
     where = f"the [job summary]({run_url})" if run_url else "the job summary"
-    body = truncate("\n".join(lines), COMMENT_LIMIT - len("\n".join(footer)),
-                    f"The report was cut at GitHub's comment size limit; {where} and the `equivci.md` report file have all of it.")
+    body = truncate(
+        "\n".join(lines),
+        COMMENT_LIMIT - len("\n".join(footer)),
+        f"The report was cut at GitHub's comment size limit; {where} and the `equivci.md` report file have all of it.",
+    )
     return body + "\n".join(footer)
 
 
@@ -228,17 +235,38 @@ def annotation(model: ModelResult, f: Finding) -> str:
     return f"::{command} {','.join(props)}::{escape_data(f.message)}"
 
 
-def annotations(report: Report, limit: int = ANNOTATION_LIMIT, job_limit: int = JOB_ANNOTATION_LIMIT) -> tuple[list[str], int]:
+def annotations(
+    report: Report, limit: int = ANNOTATION_LIMIT, job_limit: int = JOB_ANNOTATION_LIMIT
+) -> tuple[list[str], int]:
     """Workflow-command lines, worst first: at most `limit` per type and `job_limit` in all, and
     when any finding is left out, a last notice "+N more" counted within both; and how many
     findings were left out."""
     # A model that failed without any finding still deserves one error line.
-    entries = [(_SEVERITY_RANK.get(f.severity, 3), _STATUS_RANK[m.status], i, j, _COMMAND.get(f.severity, "warning"), annotation(m, f))
-               for i, m in enumerate(report.models) for j, f in enumerate(m.findings)]
+    entries = [
+        (
+            _SEVERITY_RANK.get(f.severity, 3),
+            _STATUS_RANK[m.status],
+            i,
+            j,
+            _COMMAND.get(f.severity, "warning"),
+            annotation(m, f),
+        )
+        for i, m in enumerate(report.models)
+        for j, f in enumerate(m.findings)
+    ]
     for i, m in enumerate(report.models):
         if m.status is not Status.VERIFIED and not m.findings:
             title = escape_property(f"equivci: {m.name} is {m.status.value}")
-            entries.append((0, _STATUS_RANK[m.status], i, -1, "error", f"::error title={title}::{escape_data(f'{m.name} is {m.status.value}')}"))
+            entries.append(
+                (
+                    0,
+                    _STATUS_RANK[m.status],
+                    i,
+                    -1,
+                    "error",
+                    f"::error title={title}::{escape_data(f'{m.name} is {m.status.value}')}",
+                )
+            )
     entries.sort(key=lambda e: e[:4])
     used = {"error": 0, "warning": 0, "notice": 0}
     kept: list[tuple[str, str]] = []
@@ -254,8 +282,10 @@ def annotations(report: Report, limit: int = ANNOTATION_LIMIT, job_limit: int = 
     lines = [line for _, line in kept]
     if dropped:
         noun = "finding is" if dropped == 1 else "findings are"
-        lines.append(f"::notice title=equivci::+{dropped} more: {dropped} {noun} not annotated "
-                     f"(GitHub shows {limit} per type per step); see the job summary.")
+        lines.append(
+            f"::notice title=equivci::+{dropped} more: {dropped} {noun} not annotated "
+            f"(GitHub shows {limit} per type per step); see the job summary."
+        )
     return lines, dropped
 
 

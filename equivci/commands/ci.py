@@ -57,9 +57,7 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def run_pipeline(
-    manifest: Manifest, models: list, *, changed_since: str | None, no_cache: bool, debug: bool
-) -> Report:
+def run_pipeline(manifest: Manifest, models: list, *, changed_since: str | None, no_cache: bool, debug: bool) -> Report:
     with RunProgress(len(models)) as progress, contextlib.redirect_stdout(sys.stderr):
         return run_models(manifest, models, progress, debug=debug, changed_since=changed_since, no_cache=no_cache)
 
@@ -76,7 +74,9 @@ def _default_report_dir(ctx: ActionsContext) -> Path:
     return Path(".equivci/report")
 
 
-def write_report_files(report: Report, folder: Path, repo_root: Path, manifest_rel: str, link_base: str | None) -> dict[str, str]:
+def write_report_files(
+    report: Report, folder: Path, repo_root: Path, manifest_rel: str, link_base: str | None
+) -> dict[str, str]:
     """equivci.json, equivci.sarif and equivci.md in `folder`: their paths, or none of them (with a
     warning) when the folder cannot be written; the verdict does not depend on them."""
     files = {
@@ -89,7 +89,9 @@ def write_report_files(report: Report, folder: Path, repo_root: Path, manifest_r
         for path, render in files.values():
             path.write_text(render(), encoding="utf-8")
     except OSError as exc:
-        _log(f"equivci: warning: cannot write the report files to {folder} ({exc.strerror or exc}); the run's verdict is unchanged.")
+        _log(
+            f"equivci: warning: cannot write the report files to {folder} ({exc.strerror or exc}); the run's verdict is unchanged."
+        )
         return {}
     return {k: str(path) for k, (path, _) in files.items()}
 
@@ -111,12 +113,16 @@ def pr_diff(ctx: ActionsContext, client: GitHubClient | None, repo_root: Path) -
         return None
 
 
-def publish_pull_request(ctx: ActionsContext, report: Report, repo_root: Path, client: GitHubClient | None) -> tuple[list[str], bool]:
+def publish_pull_request(
+    ctx: ActionsContext, report: Report, repo_root: Path, client: GitHubClient | None
+) -> tuple[list[str], bool]:
     """Review and sticky comment. Returns (notes for the job summary, whether GitHub was written to)."""
     pr = ctx.pull_request
     assert pr is not None
     if client is None or not ctx.token:
-        return ["No GitHub token was given (GITHUB_TOKEN): equivci reported through workflow annotations and the job summary only."], False
+        return [
+            "No GitHub token was given (GITHUB_TOKEN): equivci reported through workflow annotations and the job summary only."
+        ], False
     if not ctx.repository:
         return ["GITHUB_REPOSITORY is not set: equivci cannot comment on the pull request."], False
     repo = ctx.repository
@@ -126,7 +132,9 @@ def publish_pull_request(ctx: ActionsContext, report: Report, repo_root: Path, c
     if diff is None:
         comments: list[publish.ReviewComment] = []
         outside = publish.ordered_findings(report)
-        notes.append("The pull request diff could not be read, so every finding is listed here instead of as a line comment.")
+        notes.append(
+            "The pull request diff could not be read, so every finding is listed here instead of as a line comment."
+        )
     else:
         comments, outside = publish.split_review(report, diff)
 
@@ -138,8 +146,12 @@ def publish_pull_request(ctx: ActionsContext, report: Report, repo_root: Path, c
             fresh = publish.new_review_comments(comments, [c.get("body") or "" for c in existing])
             if fresh:
                 create_review(
-                    client, repo, pr.number, pr.head_sha,
-                    publish.review_body(report, len(fresh)), [c.payload() for c in fresh],
+                    client,
+                    repo,
+                    pr.number,
+                    pr.head_sha,
+                    publish.review_body(report, len(fresh)),
+                    [c.payload() for c in fresh],
                 )
                 _log(f"equivci: posted a review with {len(fresh)} line comment(s)")
             else:
@@ -203,17 +215,25 @@ def ci(
     all_models: Annotated[
         bool, typer.Option("--all", help="Verify every selected model, whatever the pull request changed.")
     ] = False,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Trust no memoized result: verify everything anew.")] = False,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Trust no memoized result: verify everything anew.")
+    ] = False,
     changed_since: Annotated[
         str | None,
-        typer.Option("--changed-since", help="Git ref whose changes select the models (default on a pull request: its base)."),
+        typer.Option(
+            "--changed-since", help="Git ref whose changes select the models (default on a pull request: its base)."
+        ),
     ] = None,
     report_dir: Annotated[
         Path | None,
-        typer.Option("--report-dir", help="Folder for equivci.json, equivci.sarif and equivci.md (default: $RUNNER_TEMP/equivci-report)."),
+        typer.Option(
+            "--report-dir",
+            help="Folder for equivci.json, equivci.sarif and equivci.md (default: $RUNNER_TEMP/equivci-report).",
+        ),
     ] = None,
     comment: Annotated[
-        bool, typer.Option("--comment/--no-comment", help="Comment and review on the pull request (when the token allows).")
+        bool,
+        typer.Option("--comment/--no-comment", help="Comment and review on the pull request (when the token allows)."),
     ] = True,
     capture_timeout: CaptureTimeoutOption = None,
     debug: DebugOption = False,
@@ -230,14 +250,20 @@ def ci(
         file = publish.escape_property(str(manifest))
         title = publish.escape_property("equivci: manifest error")
         print(f"::error file={file},title={title}::{publish.escape_data(str(err))}", flush=True)
-        _append(ctx.step_summary, f"### 🛑 equivci: manifest error\n\n{markdown.escape(str(err))}\n", "GITHUB_STEP_SUMMARY")
+        _append(
+            ctx.step_summary, f"### 🛑 equivci: manifest error\n\n{markdown.escape(str(err))}\n", "GITHUB_STEP_SUMMARY"
+        )
         _append(ctx.output, publish.format_outputs({"status": "error"}), "GITHUB_OUTPUT")
         raise
 
     pr = ctx.pull_request
     base = changed_since or (pr.base_sha if pr is not None and not all_models else None)
     if base:
-        _log(f"equivci: pull request #{pr.number}: checking changes since {base[:12]}" if pr and not changed_since else f"equivci: checking changes since {base}")
+        _log(
+            f"equivci: pull request #{pr.number}: checking changes since {base[:12]}"
+            if pr and not changed_since
+            else f"equivci: checking changes since {base}"
+        )
     report = run_pipeline(loaded, models, changed_since=base, no_cache=no_cache, debug=debug)
 
     repo_root, manifest_rel = _repo_paths(loaded)
@@ -265,10 +291,19 @@ def ci(
         summary += "\n" + "\n".join(f"> {note}\n" for note in notes)
     full = f"`{files['markdown']}`" if files else "the run log"
     where = f"{full} (in the folder the step output `report-dir` names)" if files else full
-    summary = publish.truncate(summary, publish.SUMMARY_LIMIT, f"The report was cut at GitHub's job summary size limit; {where} has all of it.", size=publish.utf8_size)
+    summary = publish.truncate(
+        summary,
+        publish.SUMMARY_LIMIT,
+        f"The report was cut at GitHub's job summary size limit; {where} has all of it.",
+        size=publish.utf8_size,
+    )
     _append(ctx.step_summary, summary, "GITHUB_STEP_SUMMARY")
-    paths = {"sarif": files.get("sarif"), "json": files.get("json"), "markdown": files.get("markdown"),
-             "report_dir": str(folder) if files else None}
+    paths = {
+        "sarif": files.get("sarif"),
+        "json": files.get("json"),
+        "markdown": files.get("markdown"),
+        "report_dir": str(folder) if files else None,
+    }
     _append(ctx.output, publish.format_outputs(publish.outputs(report, **paths)), "GITHUB_OUTPUT")
     raise typer.Exit(report.exit_code())
 

@@ -69,7 +69,9 @@ def dump(
         (out / "distributed.hlo.txt").write_text(captured.distributed_hlo)
         (out / "sourcemap.json").write_text(json.dumps(source_map(captured), indent=2) + "\n")
     except OSError as exc:
-        raise EquivciError(f"--out {out}: cannot write the files there ({exc.strerror or exc}); pass a folder you can write to.") from None
+        raise EquivciError(
+            f"--out {out}: cannot write the files there ({exc.strerror or exc}); pass a folder you can write to."
+        ) from None
     typer.echo(f"equivci: wrote reference.hlo.txt, distributed.hlo.txt and sourcemap.json to {out}")
 
 

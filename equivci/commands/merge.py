@@ -21,13 +21,23 @@ class MergeFormat(str, enum.Enum):
 
 
 def merge(
-    reports: Annotated[list[Path], typer.Argument(metavar="REPORT.json", help="JSON reports of the shards (`verify --shard I/N --format json`).")],
-    output_format: Annotated[MergeFormat, typer.Option("--format", help="Format of the merged report on stdout.")] = MergeFormat.text,
+    reports: Annotated[
+        list[Path],
+        typer.Argument(metavar="REPORT.json", help="JSON reports of the shards (`verify --shard I/N --format json`)."),
+    ],
+    output_format: Annotated[
+        MergeFormat, typer.Option("--format", help="Format of the merged report on stdout.")
+    ] = MergeFormat.text,
     link_base: Annotated[
-        str | None, typer.Option("--link-base", help="Make finding locations links: https://github.com/OWNER/REPO/blob/SHA.")
+        str | None,
+        typer.Option("--link-base", help="Make finding locations links: https://github.com/OWNER/REPO/blob/SHA."),
     ] = None,
     publish: Annotated[
-        bool, typer.Option("--publish", help="In GitHub Actions: the pull-request comment and review, and the job summary, as `equivci ci` writes them.")
+        bool,
+        typer.Option(
+            "--publish",
+            help="In GitHub Actions: the pull-request comment and review, and the job summary, as `equivci ci` writes them.",
+        ),
     ] = False,
 ) -> None:
     """Merge the JSON reports of parallel runs into one report; exit 0/1/2 as `verify` would."""

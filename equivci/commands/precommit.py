@@ -69,7 +69,9 @@ def finding_lines(report: Report, manifest_rel: str) -> list[str]:
 
 
 def precommit(
-    filenames: Annotated[list[Path] | None, typer.Argument(help="Changed files (pre-commit passes the staged ones).")] = None,
+    filenames: Annotated[
+        list[Path] | None, typer.Argument(help="Changed files (pre-commit passes the staged ones).")
+    ] = None,
     manifest: ManifestOption = Path("equivci.yaml"),
     all_models: Annotated[bool, typer.Option("--all", help="Verify every model, whatever the files.")] = False,
     debug: DebugOption = False,

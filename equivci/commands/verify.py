@@ -42,7 +42,9 @@ DebugOption = Annotated[bool, typer.Option("--debug", help="Show tracebacks of e
 CaptureTimeoutOption = Annotated[
     float | None,
     typer.Option(
-        "--capture-timeout", metavar="SECONDS", min=1,
+        "--capture-timeout",
+        metavar="SECONDS",
+        min=1,
         help="Stop importing, tracing and partitioning a model after this long (default: the model's "
         "capture_timeout in the manifest, else 900).",
     ),
@@ -57,7 +59,9 @@ def verify(
     manifest: ManifestOption = Path("equivci.yaml"),
     model: Annotated[list[str], typer.Option("--model", help="Verify only this model (repeatable).")] = [],
     tag: Annotated[list[str], typer.Option("--tag", help="Verify only models with this tag (repeatable).")] = [],
-    output_format: Annotated[OutputFormat, typer.Option("--format", help="Report format on stdout.")] = OutputFormat.text,
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", help="Report format on stdout.")
+    ] = OutputFormat.text,
     changed_since: Annotated[
         str | None,
         typer.Option(
@@ -70,7 +74,10 @@ def verify(
         bool, typer.Option("--all", help="Verify every selected model, even with --changed-since.")
     ] = False,
     no_cache: Annotated[
-        bool, typer.Option("--no-cache", help="Neither read nor write the cache: verify everything anew (nightly: --all --no-cache).")
+        bool,
+        typer.Option(
+            "--no-cache", help="Neither read nor write the cache: verify everything anew (nightly: --all --no-cache)."
+        ),
     ] = False,
     cache_dir: Annotated[
         Path | None,
@@ -79,10 +86,17 @@ def verify(
     capture_timeout: CaptureTimeoutOption = None,
     shard: Annotated[
         str | None,
-        typer.Option("--shard", metavar="I/N", help="Verify only the I-th of N shares of the selected models (parallel jobs; join their JSON reports with `equivci merge`)."),
+        typer.Option(
+            "--shard",
+            metavar="I/N",
+            help="Verify only the I-th of N shares of the selected models (parallel jobs; join their JSON reports with `equivci merge`).",
+        ),
     ] = None,
     shard_by: Annotated[
-        ShardBy, typer.Option("--shard-by", help="Balance the shards by model name (stable), or by the times recorded in the cache.")
+        ShardBy,
+        typer.Option(
+            "--shard-by", help="Balance the shards by model name (stable), or by the times recorded in the cache."
+        ),
     ] = ShardBy.name,
     debug: DebugOption = False,
     timings: TimingsOption = False,
@@ -96,13 +110,20 @@ def verify(
         loaded = load_manifest(manifest)
         models = with_capture_timeout(select_models(loaded, model, tag), capture_timeout)
         if shard is not None:
-            models, plan = shard_mod.plan(shard, loaded, models, by_cost=shard_by is ShardBy.cost,
-                                          no_cache=no_cache, cache_dir=cache_dir)
+            models, plan = shard_mod.plan(
+                shard, loaded, models, by_cost=shard_by is ShardBy.cost, no_cache=no_cache, cache_dir=cache_dir
+            )
         # stdout carries the report only; anything else printed during the run goes to stderr.
         with RunProgress(len(models)) as progress, contextlib.redirect_stdout(sys.stderr):
             report = run_models(
-                loaded, models, progress, debug=debug,
-                changed_since=changed_since, no_cache=no_cache, cache_dir=cache_dir, all_models=all_models,
+                loaded,
+                models,
+                progress,
+                debug=debug,
+                changed_since=changed_since,
+                no_cache=no_cache,
+                cache_dir=cache_dir,
+                all_models=all_models,
             )
     except EquivciError as err:
         if as_json:  # consumers of --format json always get a document to parse

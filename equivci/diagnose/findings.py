@@ -56,16 +56,31 @@ def _more_layers(names: list[str]) -> str:
     return f" The same line runs in {len(names)} more {noun} ({shown}), whose proof fails too."
 
 
-def _finding(inst: Instruction, message: str, captured: CapturedModel, events: list[Event],
-             layering: Layering | None, severity: str = "error", tie: int | None = None) -> Finding:
+def _finding(
+    inst: Instruction,
+    message: str,
+    captured: CapturedModel,
+    events: list[Event],
+    layering: Layering | None,
+    severity: str = "error",
+    tie: int | None = None,
+) -> Finding:
     path, line = source_of(inst, captured.repo_root)
     return Finding(path, line, severity, layer_label(inst, events, layering), message, op=inst.name, tie=tie)
 
 
-def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event], layering: Layering | None,
-                    failed_layers: set[str], frontier: NumericFrontier | None = None,
-                    outputs_equal: bool = False, shown: bool = True, reference_events: list[Event] | None = None,
-                    reference_lines: frozenset[tuple[str, int]] = frozenset()) -> list[Finding]:
+def defect_findings(
+    defect: Defect,
+    captured: CapturedModel,
+    events: list[Event],
+    layering: Layering | None,
+    failed_layers: set[str],
+    frontier: NumericFrontier | None = None,
+    outputs_equal: bool = False,
+    shown: bool = True,
+    reference_events: list[Event] | None = None,
+    reference_lines: frozenset[tuple[str, int]] = frozenset(),
+) -> list[Finding]:
     """The findings for `defect`, ranked with the numeric frontier when there is one.
 
     `outputs_equal`: the numeric oracle ran and found the outputs equal (an unproven model).
@@ -76,14 +91,30 @@ def defect_findings(defect: Defect, captured: CapturedModel, events: list[Event]
         found = _defect_findings(defect, captured, events, layering, failed_layers, frontier, outputs_equal)
     else:
         inst = defect.frontier or defect.inst
-        found = [(_finding(inst, _unrelated(defect, captured, events, reference_events or [], outputs_equal), captured,
-                           events, layering), inst)]
+        found = [
+            (
+                _finding(
+                    inst,
+                    _unrelated(defect, captured, events, reference_events or [], outputs_equal),
+                    captured,
+                    events,
+                    layering,
+                ),
+                inst,
+            )
+        ]
     return _located_first(_library_callers(found, captured, events, reference_lines))
 
 
-def _defect_findings(defect: Defect, captured: CapturedModel, events: list[Event], layering: Layering | None,
-                     failed_layers: set[str], frontier: NumericFrontier | None,
-                     outputs_equal: bool) -> list[tuple[Finding, Instruction | None]]:
+def _defect_findings(
+    defect: Defect,
+    captured: CapturedModel,
+    events: list[Event],
+    layering: Layering | None,
+    failed_layers: set[str],
+    frontier: NumericFrontier | None,
+    outputs_equal: bool,
+) -> list[tuple[Finding, Instruction | None]]:
     message = defect.message
     if defect.context is not None:
         cpath, cline = source_of(defect.context, captured.repo_root)
@@ -99,22 +130,37 @@ def _defect_findings(defect: Defect, captured: CapturedModel, events: list[Event
         # match to a single reference value: the proof's order stands.
         numeric = None
     if frontier is not None and numeric is not None and not _agrees(defect, numeric.inst):
-        first = _finding(numeric.inst, f"on random inputs (the numeric oracle's seed 0) this `{numeric.inst.opcode}` "
-                                       f"gives device {frontier.device} the first distributed value that is no shard, "
-                                       "copy or partial sum of any reference value; every value before it matches "
-                                       "one. The proof stops elsewhere (next finding).", captured, events, layering)
-        later = _finding(defect.inst, "the proof cannot relate the value here to the reference, but on random "
-                                      f"inputs it matches one, so this may be a missing rule, not the defect: {message}",
-                         captured, events, layering, severity="warning")
+        first = _finding(
+            numeric.inst,
+            f"on random inputs (the numeric oracle's seed 0) this `{numeric.inst.opcode}` "
+            f"gives device {frontier.device} the first distributed value that is no shard, "
+            "copy or partial sum of any reference value; every value before it matches "
+            "one. The proof stops elsewhere (next finding).",
+            captured,
+            events,
+            layering,
+        )
+        later = _finding(
+            defect.inst,
+            "the proof cannot relate the value here to the reference, but on random "
+            f"inputs it matches one, so this may be a missing rule, not the defect: {message}",
+            captured,
+            events,
+            layering,
+            severity="warning",
+        )
         return [(first, numeric.inst), (later, defect.inst)]
     if numeric is not None:
         message += " On random inputs, this is where the values first differ from the reference's."
     elif frontier is not None and frontier.event is None and frontier.note is None and outputs_equal:
-        message = ("the proof cannot relate the value here to the reference, yet on random inputs every distributed "
-                   "value matches a reference value and the outputs agree: likely a rule equivci lacks, not a "
-                   f"defect. The proof's view: {message}")
+        message = (
+            "the proof cannot relate the value here to the reference, yet on random inputs every distributed "
+            "value matches a reference value and the outputs agree: likely a rule equivci lacks, not a "
+            f"defect. The proof's view: {message}"
+        )
     findings: list[tuple[Finding, Instruction | None]] = [
-        (_finding(defect.inst, message, captured, events, layering, tie=0 if defect.alternative else None), defect.inst)]
+        (_finding(defect.inst, message, captured, events, layering, tie=0 if defect.alternative else None), defect.inst)
+    ]
     if defect.alternative is not None:
         inst, why = defect.alternative
         findings.append((_finding(inst, why, captured, events, layering, severity="note", tie=0), inst))
@@ -123,8 +169,12 @@ def _defect_findings(defect: Defect, captured: CapturedModel, events: list[Event
     return findings
 
 
-def _library_callers(findings: list[tuple[Finding, Instruction | None]], captured: CapturedModel,
-                      events: list[Event], reference_lines: frozenset[tuple[str, int]]) -> list[Finding]:
+def _library_callers(
+    findings: list[tuple[Finding, Instruction | None]],
+    captured: CapturedModel,
+    events: list[Event],
+    reference_lines: frozenset[tuple[str, int]],
+) -> list[Finding]:
     """An error on an op made while a shared adapter runs a library moves to where the distributed
     program's own call chain into the adapter starts; the op's own line stays as a tied note."""
     out: list[Finding] = []
@@ -142,16 +192,27 @@ def _library_callers(findings: list[tuple[Finding, Instruction | None]], capture
             out.append(finding)
             continue
         ties += 1
-        out.append(dataclasses.replace(
-            finding, path=lead_path, line=lead_line, tie=ties,
-            message=f"{finding.message} The `{inst.opcode}` is made while {call_path}:{call_line}, which the "
-                    f"reference runs too, runs library code ({Path(library.file).name}:{library.line}); this line, "
-                    "which the reference does not run, is where the distributed program's call chain into it starts, "
-                    "with the arguments it passes down."))
-        out.append(dataclasses.replace(
-            finding, severity="note", tie=ties,
-            message=f"the `{inst.opcode}` that the finding at {lead_path}:{lead_line} is about is made here, "
-                    f"called through {call_path}:{call_line}."))
+        out.append(
+            dataclasses.replace(
+                finding,
+                path=lead_path,
+                line=lead_line,
+                tie=ties,
+                message=f"{finding.message} The `{inst.opcode}` is made while {call_path}:{call_line}, which the "
+                f"reference runs too, runs library code ({Path(library.file).name}:{library.line}); this line, "
+                "which the reference does not run, is where the distributed program's call chain into it starts, "
+                "with the arguments it passes down.",
+            )
+        )
+        out.append(
+            dataclasses.replace(
+                finding,
+                severity="note",
+                tie=ties,
+                message=f"the `{inst.opcode}` that the finding at {lead_path}:{lead_line} is about is made here, "
+                f"called through {call_path}:{call_line}.",
+            )
+        )
     return out
 
 
@@ -162,17 +223,21 @@ def _located_first(findings: list[Finding]) -> list[Finding]:
         if k is not None:
             lead = findings[k]
             findings = [dataclasses.replace(lead, severity=findings[0].severity)] + [
-                f for j, f in enumerate(findings) if j != k]
+                f for j, f in enumerate(findings) if j != k
+            ]
     return findings
 
 
-def _unrelated(defect: Defect, captured: CapturedModel, events: list[Event], reference_events: list[Event],
-               outputs_equal: bool) -> str:
+def _unrelated(
+    defect: Defect, captured: CapturedModel, events: list[Event], reference_events: list[Event], outputs_equal: bool
+) -> str:
     """What the proof could not relate, for a model no check showed wrong: the op, its shape and the
     reference op it should correspond to (the one of the same kind at the same line, if any)."""
     inst = defect.frontier or defect.inst
-    message = (f"equivci cannot relate this `{inst.opcode}` ({inst.shape} on each device) to the reference: the proof "
-               "could not show that it is a window, a partial sum or a copy of any reference value")
+    message = (
+        f"equivci cannot relate this `{inst.opcode}` ({inst.shape} on each device) to the reference: the proof "
+        "could not show that it is a window, a partial sum or a copy of any reference value"
+    )
     here = innermost(inst)
     same_line = [e.inst for e in reference_events if here is not None and innermost(e.inst) == here]
     counterpart = next((i for i in same_line if i.opcode == inst.opcode), same_line[0] if same_line else None)
@@ -183,8 +248,10 @@ def _unrelated(defect: Defect, captured: CapturedModel, events: list[Event], ref
     elif (nearest := _nearest_shard_of(inst, events, reference_events)) is not None:
         path, line = source_of(nearest, captured.repo_root)
         where = f" at {path}:{line}" if path else ""
-        message += (f"; the reference runs no op at this line, and its `{inst.opcode}` nearest in program order whose "
-                    f"shape this one's divides is {nearest.shape}{where}")
+        message += (
+            f"; the reference runs no op at this line, and its `{inst.opcode}` nearest in program order whose "
+            f"shape this one's divides is {nearest.shape}{where}"
+        )
     else:
         message += "; the reference runs no op at this line"
     if outputs_equal:
@@ -198,8 +265,13 @@ def _nearest_shard_of(inst: Instruction, events: list[Event], reference_events: 
     could be a block of (every dim divides)."""
     position = next((k for k, e in enumerate(events) if e.inst is inst), None)
     dims = inst.shape.dims
-    shards = [(k, e.inst) for k, e in enumerate(reference_events) if e.inst.opcode == inst.opcode
-              and len(e.inst.shape.dims) == len(dims) and all(m and n % m == 0 for m, n in zip(dims, e.inst.shape.dims))]
+    shards = [
+        (k, e.inst)
+        for k, e in enumerate(reference_events)
+        if e.inst.opcode == inst.opcode
+        and len(e.inst.shape.dims) == len(dims)
+        and all(m and n % m == 0 for m, n in zip(dims, e.inst.shape.dims))
+    ]
     if position is None or not shards:
         return None
     at = position / max(1, len(events))

@@ -7,8 +7,20 @@ from pathlib import Path
 from equivci.hlo.ir import Instruction, SourceLoc
 
 # Ops that hand a value on (or make one from nothing) without computing on it.
-TRIVIAL_OPS = {"parameter", "copy", "tuple", "get-tuple-element", "call", "opt-barrier", "custom-call", "bitcast",
-               "constant", "partition-id", "replica-id", "iota"}
+TRIVIAL_OPS = {
+    "parameter",
+    "copy",
+    "tuple",
+    "get-tuple-element",
+    "call",
+    "opt-barrier",
+    "custom-call",
+    "bitcast",
+    "constant",
+    "partition-id",
+    "replica-id",
+    "iota",
+}
 LAYOUT_OPS = {"reshape", "broadcast", "transpose", "convert"}
 _PACKAGE = str(Path(__file__).resolve().parents[1]) + "/"  # equivci's own frames (the capture child)
 
@@ -37,8 +49,9 @@ def in_repository(loc: SourceLoc, root: Path) -> bool:
     return True
 
 
-def library_call(inst: Instruction, repo_root: str,
-                 reference_lines: frozenset[tuple[str, int]]) -> tuple[SourceLoc, SourceLoc, SourceLoc] | None:
+def library_call(
+    inst: Instruction, repo_root: str, reference_lines: frozenset[tuple[str, int]]
+) -> tuple[SourceLoc, SourceLoc, SourceLoc] | None:
     """For an op made while a shared adapter runs a library: (the adapter's frame, the library frame
     inside it, the outermost repository frame on the op's stack that the reference does not run).
 
@@ -55,7 +68,7 @@ def library_call(inst: Instruction, repo_root: str,
         if not in_repository(loc, root) or (loc.file, loc.line) not in reference_lines:
             continue
         library = next((f for f in frames[:k] if _is_library(f, root)), None)
-        own = [f for f in frames[k + 1:] if in_repository(f, root) and (f.file, f.line) not in reference_lines]
+        own = [f for f in frames[k + 1 :] if in_repository(f, root) and (f.file, f.line) not in reference_lines]
         if library is not None and own:
             return loc, library, own[-1]
         return None

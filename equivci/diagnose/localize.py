@@ -96,8 +96,12 @@ def cutter(events: list[Event], leaf: int, dim: int, ranges: list[tuple[int, int
     target = {(leaf, dim) + r for r in ranges}
     for event in events:
         terms = _terms(event)
-        if terms and any(t.op == "slice" and t.args[0].op == "param"
-                         and (t.args[0].attrs[0], t.attrs[0], t.attrs[1], t.attrs[2]) in target for t in terms):
+        if terms and any(
+            t.op == "slice"
+            and t.args[0].op == "param"
+            and (t.args[0].attrs[0], t.attrs[0], t.attrs[1], t.attrs[2]) in target
+            for t in terms
+        ):
             return event
     return None
 
@@ -115,10 +119,12 @@ def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Ev
         if any(prev[1] != cur[0] for prev, cur in zip(spans, spans[1:])):
             event = cutter(events, leaf, dim, ranges)
             if event is not None:
-                return event, (f"this slice of input #{leaf} along dim {dim} takes {_shown(ranges)} on devices "
-                               f"0..{len(ranges) - 1}: these are not consecutive shards in device "
-                               "order (overlapping, out of order or with gaps), so the devices do not hold the "
-                               "parts the other operand expects")
+                return event, (
+                    f"this slice of input #{leaf} along dim {dim} takes {_shown(ranges)} on devices "
+                    f"0..{len(ranges) - 1}: these are not consecutive shards in device "
+                    "order (overlapping, out of order or with gaps), so the devices do not hold the "
+                    "parts the other operand expects"
+                )
     return None
 
 
@@ -215,17 +221,27 @@ def wrong_permutation(events: list[Event], proof: Proof, evaluator, first: Event
             except Exception:  # a what-if the evaluator cannot model is no evidence either way
                 continue
             add_terms(proof, [t for dev in outputs for t in dev])
-            if all(proved_equal(proof.egraph, proof.loader.expr(o), proof.loader.expr(t))
-                   for dev_out, dev_targets in zip(outputs, proof.targets) for o, t in zip(dev_out, dev_targets)):
+            if all(
+                proved_equal(proof.egraph, proof.loader.expr(o), proof.loader.expr(t))
+                for dev_out, dev_targets in zip(outputs, proof.targets)
+                for o, t in zip(dev_out, dev_targets)
+            ):
                 inst = next(iter(insts.values()))
-                how = ("as if they came the other way" if candidate == sorted((t, s) for s, t in pairs)
-                       else "as if they came from other devices")
-                message = (f"this collective-permute sends along {_describe_pairs(pairs, evaluator.n)}, but sent "
-                           f"along {_describe_pairs(candidate, evaluator.n)} every output would equal its part of "
-                           f"the reference: the received values are used {how}")
+                how = (
+                    "as if they came the other way"
+                    if candidate == sorted((t, s) for s, t in pairs)
+                    else "as if they came from other devices"
+                )
+                message = (
+                    f"this collective-permute sends along {_describe_pairs(pairs, evaluator.n)}, but sent "
+                    f"along {_describe_pairs(candidate, evaluator.n)} every output would equal its part of "
+                    f"the reference: the received values are used {how}"
+                )
                 if first is not None:
-                    message += (f" (the first value not related to the reference is the `{first.inst.opcode}` at "
-                                f"{_where(_loc(first.inst))})")
+                    message += (
+                        f" (the first value not related to the reference is the `{first.inst.opcode}` at "
+                        f"{_where(_loc(first.inst))})"
+                    )
                 return Defect(_at_pairs_origin(inst, events), message)
     return None
 
@@ -241,9 +257,15 @@ def _at_pairs_origin(inst: Instruction, events: list[Event]) -> Instruction:
     return dataclasses.replace(inst, stack=(SourceLoc(*origin),) + tuple(inst.stack))
 
 
-def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: dict[str, list[list[int]]],
-                 output_terms: set[int], reference_events: list[Event] | None = None,
-                 routed: set[int] = frozenset()) -> Defect | None:
+def first_defect(
+    events: list[Event],
+    proof: Proof,
+    evaluator,
+    groups_by_axis: dict[str, list[list[int]]],
+    output_terms: set[int],
+    reference_events: list[Event] | None = None,
+    routed: set[int] = frozenset(),
+) -> Defect | None:
     """`routed`: ids of dispatch masks and routed values (equivci/translate/routing.py), which are
     related to the reference only through the combine that undoes the dispatch."""
     routed = set(routed)
@@ -274,11 +296,18 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
     def explain_at(event: Event, terms: list[Term]) -> Defect:
         """Why `event`, unrelated although its operands are related or partial, is the defect."""
         operand_events = [by_name.get(name) for name in event.inst.operands]
-        if event.inst.opcode == "all-reduce" and operand_events and operand_events[0] is not None \
-                and status.get(id(_terms(operand_events[0])[0])) == "related":
-            return Defect(event.inst, "this all-reduce sums a value that is already the full reference value on every "
-                                      "device, which multiplies it by the group size: the value was reduced before; "
-                                      "remove one of the two reductions")
+        if (
+            event.inst.opcode == "all-reduce"
+            and operand_events
+            and operand_events[0] is not None
+            and status.get(id(_terms(operand_events[0])[0])) == "related"
+        ):
+            return Defect(
+                event.inst,
+                "this all-reduce sums a value that is already the full reference value on every "
+                "device, which multiplies it by the group size: the value was reduced before; "
+                "remove one of the two reductions",
+            )
         wrong_way = wrong_permutation(events, proof, evaluator, event)
         if wrong_way is not None:
             return wrong_way
@@ -286,15 +315,22 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
         if slip is not None:
             lines = {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]}
             origin = at_index_origin(slip[0], slip[1], events, lines)
-            return dataclasses.replace(origin, context=event.inst) if origin else Defect(slip[0].inst, slip[1],
-                                                                                         context=event.inst)
-        partial_operand = any(e is not None and _terms(e) and status.get(id(_terms(e)[0])) == "partial"
-                              for e in operand_events)
+            return (
+                dataclasses.replace(origin, context=event.inst)
+                if origin
+                else Defect(slip[0].inst, slip[1], context=event.inst)
+            )
+        partial_operand = any(
+            e is not None and _terms(e) and status.get(id(_terms(e)[0])) == "partial" for e in operand_events
+        )
         if any(e is not None and _terms(e) and all(id(t) in routed for t in _terms(e)) for e in operand_events):
-            return Defect(event.inst, f"this `{event.inst.opcode}` uses rows routed to the experts, but on some device "
-                                      "they are not that device's own tokens, each in its dispatch slot with its "
-                                      "expert's output: the rows must be sent back to their tokens' devices (the "
-                                      "return all_to_all) before they are combined")
+            return Defect(
+                event.inst,
+                f"this `{event.inst.opcode}` uses rows routed to the experts, but on some device "
+                "they are not that device's own tokens, each in its dispatch slot with its "
+                "expert's output: the rows must be sent back to their tokens' devices (the "
+                "return all_to_all) before they are combined",
+            )
         if reference_events and not partial_operand:
             devices = [dev for dev, t in enumerate(terms) if not is_related(proof, t, constants)]
             try:
@@ -303,8 +339,10 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
                 traced = None
             if traced is not None:
                 return traced
-        plain = (f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a copy of any "
-                 "reference value, although its operands are")
+        plain = (
+            f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a copy of any "
+            "reference value, although its operands are"
+        )
         return _index_origin(event, by_name, plain) or Defect(event.inst, plain)
 
     def scaled_sum(event: Event) -> Defect | None:
@@ -339,13 +377,18 @@ def first_defect(events: list[Event], proof: Proof, evaluator, groups_by_axis: d
             continue
         sums_by_axis = axis_sums(evaluator, terms, groups_by_axis)
         add_terms(proof, [t for sums in sums_by_axis.values() for t in sums])
-        partial_axes = [axis for axis, sums in sums_by_axis.items() if all(is_related(proof, t, constants) for t in sums)]
+        partial_axes = [
+            axis for axis, sums in sums_by_axis.items() if all(is_related(proof, t, constants) for t in sums)
+        ]
         if partial_axes:
             status[id(terms[0])] = "partial"
             partial_axis[id(terms[0])] = partial_axes[0]
             if id(terms[0]) in output_terms:
-                return Defect(event.inst, f"this value is a partial sum over mesh axis '{partial_axes[0]}' but it is "
-                                          "returned as the full value: a psum (all-reduce) over that axis is missing")
+                return Defect(
+                    event.inst,
+                    f"this value is a partial sum over mesh axis '{partial_axes[0]}' but it is "
+                    "returned as the full value: a psum (all-reduce) over that axis is missing",
+                )
             continue
         # Multiples of related values and of partial sums are deferred: a later reduction may
         # divide the factor out (a per-shard mean before its pmean).
@@ -398,17 +441,21 @@ def _index_origin(event: Event, by_name: dict[str, Event], plain: str) -> Defect
     if len(computed) != 1:
         return None
     loc, made = next(iter(computed.items()))
-    return Defect(made.inst, f"the indices computed here choose what the `{event.inst.opcode}` at {_where(here)} "
-                             "reads; its data is related to the reference, yet what it reads is not a slice, a "
-                             "partial sum or a copy of any reference value, so these indices (or how the read uses "
-                             "them) differ from the reference's",
-                  alternative=(event.inst, plain + f"; its indices are computed at {_where(loc)}."))
+    return Defect(
+        made.inst,
+        f"the indices computed here choose what the `{event.inst.opcode}` at {_where(here)} "
+        "reads; its data is related to the reference, yet what it reads is not a slice, a "
+        "partial sum or a copy of any reference value, so these indices (or how the read uses "
+        "them) differ from the reference's",
+        alternative=(event.inst, plain + f"; its indices are computed at {_where(loc)}."),
+    )
 
 
 def _all_routed(event: Event, by_name: dict[str, Event], routed: set[int]) -> bool:
     operands = [by_name.get(name) for name in event.inst.operands]
-    return bool(operands) and all(e is not None and _terms(e) and all(id(t) in routed for t in _terms(e))
-                                  for e in operands)
+    return bool(operands) and all(
+        e is not None and _terms(e) and all(id(t) in routed for t in _terms(e)) for e in operands
+    )
 
 
 def _unloaded(events: list[Event], loaded, constants) -> list[Term]:
@@ -418,8 +465,13 @@ def _unloaded(events: list[Event], loaded, constants) -> list[Term]:
     new: dict[Term, None] = {}
     for event in events:
         for t in _terms(event) or ():
-            if t not in loaded and t not in new and t not in constants and t.args \
-                    and all(a in loaded or a in new or a in constants for a in t.args):
+            if (
+                t not in loaded
+                and t not in new
+                and t not in constants
+                and t.args
+                and all(a in loaded or a in new or a in constants for a in t.args)
+            ):
                 new[t] = None
     return list(new)
 
@@ -433,16 +485,22 @@ def _scaled_reduction(event: Event, factor: Fraction, axis: str) -> Defect:
     times = f"{float(factor):g} x the reference value"
     grad_call = _grad_call_frame(event.inst) if "transpose(" in event.inst.op_name else None
     if grad_call is None:
-        return Defect(event.inst, f"this all-reduce completes the sum over mesh axis '{axis}' as {times}, and the "
-                                  "factor is never divided out: the per-device terms are summed where the reference "
-                                  "averages (pmean, or divide by the axis size), or the value was summed before")
+        return Defect(
+            event.inst,
+            f"this all-reduce completes the sum over mesh axis '{axis}' as {times}, and the "
+            "factor is never divided out: the per-device terms are summed where the reference "
+            "averages (pmean, or divide by the axis size), or the value was summed before",
+        )
     # Autodiff made this reduction (the transpose of using a value that is the same on every
     # device of the axis): the user's line is the grad call, not the forward op JAX attributes it to.
     inst = dataclasses.replace(event.inst, stack=event.inst.stack[grad_call:])
-    return Defect(inst, f"the gradient computed here is already summed over mesh axis '{axis}' by autodiff, because "
-                        "the differentiated inputs are invariant over that axis, and comes out as "
-                        f"{times}: the factor is never divided out (lax.pcast(..., to='varying') gives per-device "
-                        "gradients to average)")
+    return Defect(
+        inst,
+        f"the gradient computed here is already summed over mesh axis '{axis}' by autodiff, because "
+        "the differentiated inputs are invariant over that axis, and comes out as "
+        f"{times}: the factor is never divided out (lax.pcast(..., to='varying') gives per-device "
+        "gradients to average)",
+    )
 
 
 def _grad_call_frame(inst: Instruction) -> int | None:
@@ -470,19 +528,34 @@ _d, _a, _b = vars_("_d _a _b", i64)
 (_spec,) = vars_("_spec", String)
 SLICE_OF = family(
     "slice_of",
-    named("slice_of/slice", "a slice of a slice of r is a slice of r",
-          slice_of(_x, _r), eq(_e).to(_x.slice(_d, _a, _b))).then(slice_of(_e, _r)),
-    named("slice_of/reshape", "a reshape of a slice of r is a re-layout of r",
-          slice_of(_x, _r), eq(_e).to(T.reshape(_spec, _x))).then(slice_of(_e, _r)),
-    named("slice_of/transpose", "a transpose of a slice of r is a re-layout of r",
-          slice_of(_x, _r), eq(_e).to(T.transpose(_spec, _x))).then(slice_of(_e, _r)),
+    named(
+        "slice_of/slice", "a slice of a slice of r is a slice of r", slice_of(_x, _r), eq(_e).to(_x.slice(_d, _a, _b))
+    ).then(slice_of(_e, _r)),
+    named(
+        "slice_of/reshape",
+        "a reshape of a slice of r is a re-layout of r",
+        slice_of(_x, _r),
+        eq(_e).to(T.reshape(_spec, _x)),
+    ).then(slice_of(_e, _r)),
+    named(
+        "slice_of/transpose",
+        "a transpose of a slice of r is a re-layout of r",
+        slice_of(_x, _r),
+        eq(_e).to(T.transpose(_spec, _x)),
+    ).then(slice_of(_e, _r)),
 )
 CUTTERS = {"slice", "dynamic-slice"}
 # Ops that read a part of their first operand, chosen by attributes or index operands.
 WINDOW_READS = {"slice", "dynamic-slice", "gather"}
 _WINDOW_KEYS = {"slice": "slice", "dynamic-slice": "dynamic_slice_sizes", "gather": "slice_sizes"}
-_BINOPS = {"add": ast.Add, "subtract": ast.Sub, "multiply": ast.Mult, "divide": ast.Div, "power": ast.Pow,
-           "dot": ast.MatMult}
+_BINOPS = {
+    "add": ast.Add,
+    "subtract": ast.Sub,
+    "multiply": ast.Mult,
+    "divide": ast.Div,
+    "power": ast.Pow,
+    "dot": ast.MatMult,
+}
 _CALLS = {"dot": ("einsum", "matmul", "dot", "tensordot"), "reshape": ("reshape",), "broadcast": ("broadcast_to",)}
 
 
@@ -628,9 +701,18 @@ def call_chain_start(loc: SourceLoc, events: list[Event], depth: int = 5) -> Sou
             return loc
         scope = found[1][0]
         first, last = scope.lineno, scope.end_lineno or scope.lineno
-        caller = next((outer for e in events for inner, outer in zip(e.inst.stack, e.inst.stack[1:])
-                       if inner.file == loc.file and first <= inner.line <= last and is_user_frame(outer)
-                       and not (outer.file == loc.file and first <= outer.line <= last)), None)
+        caller = next(
+            (
+                outer
+                for e in events
+                for inner, outer in zip(e.inst.stack, e.inst.stack[1:])
+                if inner.file == loc.file
+                and first <= inner.line <= last
+                and is_user_frame(outer)
+                and not (outer.file == loc.file and first <= outer.line <= last)
+            ),
+            None,
+        )
         if caller is None:
             return loc
         loc = caller
@@ -649,8 +731,11 @@ def _call_argument(file: str, func: ast.AST, name: str, events: list[Event]) -> 
     for event in events:
         stack = event.inst.stack
         for inner, outer in zip(stack, stack[1:]):
-            if inner.file == file and inner.function.split(".")[-1] == func.name \
-                    and func.lineno <= inner.line <= (func.end_lineno or func.lineno):
+            if (
+                inner.file == file
+                and inner.function.split(".")[-1] == func.name
+                and func.lineno <= inner.line <= (func.end_lineno or func.lineno)
+            ):
                 callers.add((outer.file, outer.line))
     for cfile, cline in sorted(callers):
         found = _statement(cfile, cline)
@@ -660,7 +745,7 @@ def _call_argument(file: str, func: ast.AST, name: str, events: list[Event]) -> 
             if keyword is not None:
                 return cfile, keyword
             k = positional.index(name) if name in positional else len(call.args)
-            if k < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[:k + 1]):
+            if k < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[: k + 1]):
                 return cfile, call.args[k]
     return None
 
@@ -682,16 +767,29 @@ def _python_origin(loc: tuple[str, int], exprs: list[ast.expr], op_lines: set[tu
 
 def _assigned_at(scope: ast.AST, name: str, before: int) -> int | None:
     """The last line before `before` that assigns `name` inside `scope`."""
-    lines = [node.lineno for node in ast.walk(scope) if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
-             and node.lineno < before and any(isinstance(t, ast.Name) and t.id == name
-                                               for tgt in (node.targets if isinstance(node, ast.Assign) else [node.target])
-                                               for t in ast.walk(tgt))]
+    lines = [
+        node.lineno
+        for node in ast.walk(scope)
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+        and node.lineno < before
+        and any(
+            isinstance(t, ast.Name) and t.id == name
+            for tgt in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            for t in ast.walk(tgt)
+        )
+    ]
     return max(lines) if lines else None
 
 
 class _Tracer:
-    def __init__(self, events: list[Event], reference_events: list[Event], proof: Proof, evaluator,
-                 groups_by_axis: dict[str, list[list[int]]]):
+    def __init__(
+        self,
+        events: list[Event],
+        reference_events: list[Event],
+        proof: Proof,
+        evaluator,
+        groups_by_axis: dict[str, list[list[int]]],
+    ):
         self.proof, self.evaluator, self.groups_by_axis = proof, evaluator, groups_by_axis
         self.events = events
         self.by_name = {e.inst.name: e for e in events}
@@ -750,8 +848,11 @@ class _Tracer:
     def counterpart(self, event: Event, dev: int) -> tuple[Event, list[int]] | None:
         """The reference op `event` stands for, and the positions of its operands that do not match."""
         loc = _loc(event.inst)
-        same = [r for r in self.reference_events if r.inst.opcode == event.inst.opcode
-                and len(r.inst.operands) == len(event.inst.operands)]
+        same = [
+            r
+            for r in self.reference_events
+            if r.inst.opcode == event.inst.opcode and len(r.inst.operands) == len(event.inst.operands)
+        ]
         here = [r for r in same if loc is not None and _loc(r.inst) == loc]
         best = None
         for r in here or same:
@@ -759,8 +860,9 @@ class _Tracer:
             bad = [k for k, (o, ro) in enumerate(zip(ops, rops)) if not self.matches(o, ro, dev)]
             # Away from the op's own line, only an operand seen to match ties an op to the
             # reference's: one whose values are not recorded (an input) matches vacuously.
-            if not here and not any(o is not None and ro is not None and k not in bad
-                                    for k, (o, ro) in enumerate(zip(ops, rops))):
+            if not here and not any(
+                o is not None and ro is not None and k not in bad for k, (o, ro) in enumerate(zip(ops, rops))
+            ):
                 continue
             if best is None or len(bad) < len(best[1]):
                 best = (r, bad)
@@ -774,8 +876,9 @@ class _Tracer:
             path[-1], rpath[-1] = d, r
             if d.inst.opcode != r.inst.opcode or len(d.inst.operands) != len(r.inst.operands):
                 return path, rpath, "diverge"
-            bad = [(o, ro) for o, ro in zip(self.operands(d), self.operands(r, refs=True))
-                   if not self.matches(o, ro, dev)]
+            bad = [
+                (o, ro) for o, ro in zip(self.operands(d), self.operands(r, refs=True)) if not self.matches(o, ro, dev)
+            ]
             if not bad:
                 return path, rpath, "own"
             d, r = bad[0]
@@ -836,8 +939,11 @@ class _Tracer:
         if found is None:
             return None
         owner = found.owner
-        held = (f"input #{self.value(owner, 0).attrs[0]}" if owner.inst.opcode == "parameter"
-                else f"the reference's `{owner.inst.opcode}` ({_where(_loc(owner.inst))})")
+        held = (
+            f"input #{self.value(owner, 0).attrs[0]}"
+            if owner.inst.opcode == "parameter"
+            else f"the reference's `{owner.inst.opcode}` ({_where(_loc(owner.inst))})"
+        )
         applies = f"the reference applies {found.what} here: {_where((found.anchor.file, found.anchor.line))}"
         snippet = source_text(found.anchor) if found.anchor.file else ""
         applies += f" (`{snippet}`)" if snippet else ""
@@ -846,11 +952,17 @@ class _Tracer:
         made = self.skip(operand, dev) if operand is not None else None
         at_producer = None
         if made is not None and _loc(made.inst) is not None:
-            at_producer = (made.inst, f"this value is {held}, which the reference passes through {found.what} before "
-                                      f"its {consumer}, and the distributed program does not: {applies}.")
+            at_producer = (
+                made.inst,
+                f"this value is {held}, which the reference passes through {found.what} before "
+                f"its {consumer}, and the distributed program does not: {applies}.",
+            )
         name = _operand_name(event.inst, found.operand) or f"operand {found.operand + 1}"
-        at_consumer = (event.inst, f"`{name}` goes into this `{event.inst.opcode}` as {held}, without the "
-                                   f"{found.what} the reference applies to it before its {consumer}: {applies}.")
+        at_consumer = (
+            event.inst,
+            f"`{name}` goes into this `{event.inst.opcode}` as {held}, without the "
+            f"{found.what} the reference applies to it before its {consumer}: {applies}.",
+        )
         if found.tied and at_producer is not None:
             return Defect(*at_consumer, work=found, alternative=at_producer)
         return Defect(*(at_producer if found.at_producer and at_producer else at_consumer), work=found)
@@ -865,8 +977,10 @@ class _Tracer:
         value = self.value(d_op, dev)
         c_mine, c_ref = self.constant(self.value(end, dev)), self.constant(self.value(rend, 0))
         if c_mine is not None and c_ref is not None:
-            lead = (f"`{name}` in the `{event.inst.opcode}` there is {c_mine:g} on device {dev}, where the "
-                    f"reference's `{ref.inst.opcode}` ({_where(_loc(ref.inst))}) uses {c_ref:g}")
+            lead = (
+                f"`{name}` in the `{event.inst.opcode}` there is {c_mine:g} on device {dev}, where the "
+                f"reference's `{ref.inst.opcode}` ({_where(_loc(ref.inst))}) uses {c_ref:g}"
+            )
             return self.at_python_origin(event, k, lead, path) or Defect(event.inst, lead + ".")
         if kind == "diverge":
             others = [o for j, o in enumerate(self.operands(ref, refs=True)) if j != k]
@@ -877,30 +991,44 @@ class _Tracer:
                 what = f"is a slice of the reference's {own_name} ({_where(_loc(own.inst))})"
             else:
                 what = "is not a slice of any reference value it should be"
-            lead = (f"`{name}`, which feeds the `{event.inst.opcode}` at {here}, {what} on device {dev}, but the "
-                    f"reference's `{ref.inst.opcode}` there uses {rname} ({_where(_loc(r_op.inst))})")
-            cutters = [a for a in self.ancestors(end, dev) if a.inst.opcode in CUTTERS
-                       and self.constant(self.value(a, dev)) is None and _loc(a.inst) is not None]
+            lead = (
+                f"`{name}`, which feeds the `{event.inst.opcode}` at {here}, {what} on device {dev}, but the "
+                f"reference's `{ref.inst.opcode}` there uses {rname} ({_where(_loc(r_op.inst))})"
+            )
+            cutters = [
+                a
+                for a in self.ancestors(end, dev)
+                if a.inst.opcode in CUTTERS and self.constant(self.value(a, dev)) is None and _loc(a.inst) is not None
+            ]
             if cutters:
                 cut = max(cutters, key=lambda a: self.order.get(a.inst.name, -1))
                 window = _window(self.value(cut, dev))
                 shown = ", ".join(f"[{a}:{b}) along dim {d}" for d, a, b in window[1]) if window else ""
                 return Defect(cut.inst, f"this slice takes the wrong window ({shown} on device {dev}): {lead}.")
             return Defect(end.inst, f"{lead}; the value is made here.")
-        lead = (f"so `{name}`, which feeds the `{event.inst.opcode}` at {here}, is not a slice of the reference's "
-                f"{rname} ({_where(_loc(r_op.inst))}) on device {dev}")
+        lead = (
+            f"so `{name}`, which feeds the `{event.inst.opcode}` at {here}, is not a slice of the reference's "
+            f"{rname} ({_where(_loc(r_op.inst))}) on device {dev}"
+        )
         # The operands of `end` match the reference's, so its own attributes differ (a shape, a window).
         if end.inst.opcode in WINDOW_READS and end.inst.opcode == rend.inst.opcode and _loc(end.inst) is not None:
-            return Defect(end.inst, f"this `{end.inst.opcode}` reads {_window_attrs(end.inst)} of a value related to the "
-                                    f"reference's, where the reference's `{rend.inst.opcode}` ({_where(_loc(rend.inst))}) "
-                                    f"reads {_window_attrs(rend.inst)} of it: it picks other elements, {lead}.")
+            return Defect(
+                end.inst,
+                f"this `{end.inst.opcode}` reads {_window_attrs(end.inst)} of a value related to the "
+                f"reference's, where the reference's `{rend.inst.opcode}` ({_where(_loc(rend.inst))}) "
+                f"reads {_window_attrs(rend.inst)} of it: it picks other elements, {lead}.",
+            )
         d_shape, r_shape = self.value(end, dev), self.value(rend, 0)
         shapes = ""
         if d_shape is not None and r_shape is not None and d_shape.shape != r_shape.shape:
             shapes = f": it gives shape {d_shape.shape} where the reference's gives {r_shape.shape}"
         lead = f"the `{end.inst.opcode}` at {_where(_loc(end.inst))} differs from the reference's ({_where(_loc(rend.inst))}){shapes}, {lead}"
-        if end.inst.opcode == "reshape" and d_shape is not None and r_shape is not None \
-                and len(d_shape.shape) == len(r_shape.shape):
+        if (
+            end.inst.opcode == "reshape"
+            and d_shape is not None
+            and r_shape is not None
+            and len(d_shape.shape) == len(r_shape.shape)
+        ):
             differ = [j for j, (m, n) in enumerate(zip(d_shape.shape, r_shape.shape)) if m != n]
             refined = self.at_python_origin(end, None, lead, path, dims=differ)
             if refined is not None:
@@ -909,8 +1037,9 @@ class _Tracer:
             return None
         return Defect(end.inst, lead + ".")
 
-    def at_python_origin(self, event: Event, k: int | None, lead: str, path: list[Event],
-                         dims: list[int] | None = None) -> Defect | None:
+    def at_python_origin(
+        self, event: Event, k: int | None, lead: str, path: list[Event], dims: list[int] | None = None
+    ) -> Defect | None:
         """Point at the Python line that set a static value (a width, a head size) the op uses."""
         loc = _loc(event.inst)
         found = _statement(*loc) if loc else None
@@ -961,18 +1090,24 @@ class _Tracer:
         if not varying or not fixed:
             return None
         k = fixed[0]
-        slices = [a for a in self.ancestors(ops[k], 0) if (w := _window(self.value(a, 0))) is not None and w[1]
-                  and _loc(a.inst) is not None]
+        slices = [
+            a
+            for a in self.ancestors(ops[k], 0)
+            if (w := _window(self.value(a, 0))) is not None and w[1] and _loc(a.inst) is not None
+        ]
         if not slices:
             return None
         first = min(slices, key=lambda a: self.order.get(a.inst.name, 1 << 30))
         name = _operand_name(event.inst, k) or f"operand {k + 1}"
         other = _operand_name(event.inst, varying[0]) or f"operand {varying[0] + 1}"
         dims = ", ".join(f"[{a}:{b})" for _, a, b in _window(self.value(first, 0))[1])
-        return Defect(first.inst, f"this value takes the same window {dims} of the reference's on every device, so "
-                                  f"`{name}` in the `{event.inst.opcode}` at {_where(_loc(event.inst))} does not line "
-                                  f"up with `{other}`, whose window moves with the device: an offset by the device's "
-                                  "position (axis_index) is missing.")
+        return Defect(
+            first.inst,
+            f"this value takes the same window {dims} of the reference's on every device, so "
+            f"`{name}` in the `{event.inst.opcode}` at {_where(_loc(event.inst))} does not line "
+            f"up with `{other}`, whose window moves with the device: an offset by the device's "
+            "position (axis_index) is missing.",
+        )
 
     def misaligned_window(self, event: Event) -> Defect | None:
         """Operands that are slices of the right values, but one's window moves back along a mesh
@@ -987,11 +1122,13 @@ class _Tracer:
                     continue
                 axis, a, b = back
                 name = _operand_name(event.inst, k) or f"operand {k + 1}"
-                lead = (f"this slice of input #{leaf} along dim {dim} takes {_shown(ranges)} on devices "
-                        f"0..{len(ranges) - 1}: along mesh axis '{axis}' the window moves back (device {b} takes "
-                        f"[{ranges[b][0]}:{ranges[b][1]}) after device {a}'s [{ranges[a][0]}:{ranges[a][1]})), so "
-                        f"`{name}` in the `{event.inst.opcode}` at {_where(_loc(event.inst))} is a part of the "
-                        "reference's that does not line up with the other operands' parts")
+                lead = (
+                    f"this slice of input #{leaf} along dim {dim} takes {_shown(ranges)} on devices "
+                    f"0..{len(ranges) - 1}: along mesh axis '{axis}' the window moves back (device {b} takes "
+                    f"[{ranges[b][0]}:{ranges[b][1]}) after device {a}'s [{ranges[a][0]}:{ranges[a][1]})), so "
+                    f"`{name}` in the `{event.inst.opcode}` at {_where(_loc(event.inst))} is a part of the "
+                    "reference's that does not line up with the other operands' parts"
+                )
                 return self.at_index_origin(cut, lead) or Defect(cut.inst, lead + ".")
         return None
 
@@ -1005,7 +1142,9 @@ def at_index_origin(cut: Event, lead: str, events: list[Event], op_lines: set[tu
     An index the enclosing function receives as a parameter is computed where its caller passes it."""
     loc = _loc(cut.inst)
     found = _statement(*loc) if loc else None
-    calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "dynamic_slice" in _callee(n)] if found else []
+    calls = (
+        [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "dynamic_slice" in _callee(n)] if found else []
+    )
     if not found or len(calls) != 1 or len(calls[0].args) < 2:
         return None
     names = [n.id for n in ast.walk(calls[0].args[1]) if isinstance(n, ast.Name)]
@@ -1017,16 +1156,20 @@ def at_index_origin(cut: Event, lead: str, events: list[Event], op_lines: set[tu
                 if site is None or not _device_index(site[0], site[1].lineno, site[1], op_lines):
                     continue
                 stack = (SourceLoc(site[0], site[1].lineno, ""),) + tuple(cut.inst.stack)
-                return Defect(dataclasses.replace(cut.inst, stack=stack),
-                              f"`{ast.unparse(site[1])}` is passed here as `{name}` and gives the start of the slice "
-                              f"at {_where(loc)}: {lead}.")
+                return Defect(
+                    dataclasses.replace(cut.inst, stack=stack),
+                    f"`{ast.unparse(site[1])}` is passed here as `{name}` and gives the start of the slice "
+                    f"at {_where(loc)}: {lead}.",
+                )
             bound = _statement(loc[0], line) if line is not None else None
             value = getattr(bound[0], "value", None) if bound else None
             if line is None or value is None or not _device_index(loc[0], line, value, op_lines):
                 continue
             stack = (SourceLoc(loc[0], line, func.name),) + tuple(cut.inst.stack)
-            return Defect(dataclasses.replace(cut.inst, stack=stack),
-                          f"`{name}` is computed here and gives the start of the slice at {_where(loc)}: {lead}.")
+            return Defect(
+                dataclasses.replace(cut.inst, stack=stack),
+                f"`{name}` is computed here and gives the start of the slice at {_where(loc)}: {lead}.",
+            )
     return None
 
 

@@ -140,8 +140,10 @@ class MissingWorkFinder:
                 continue
             if any(reach is not None and rop not in reach for rop, reach in zip(r.inst.operands, reached)):
                 continue
-            works = [[e for e in self.chain(reach, rop) if e.inst.opcode not in PASSIVE] if reach is not None else []
-                     for rop, reach in zip(r.inst.operands, reached)]
+            works = [
+                [e for e in self.chain(reach, rop) if e.inst.opcode not in PASSIVE] if reach is not None else []
+                for rop, reach in zip(r.inst.operands, reached)
+            ]
             k = next((k for k, w in enumerate(works) if w), None)
             if k is None or self.wrong_window(works[k], ops[k], owners[k], dev):
                 continue
@@ -167,8 +169,12 @@ class MissingWorkFinder:
                 continue
             seen.add(e.inst.name)
             ops = self.tracer.operands(e)
-            if e.inst.opcode in CUTTERS and ops and ops[0] is not None \
-                    and self.tracer.is_slice_of(self.tracer.value(ops[0], dev), ref):
+            if (
+                e.inst.opcode in CUTTERS
+                and ops
+                and ops[0] is not None
+                and self.tracer.is_slice_of(self.tracer.value(ops[0], dev), ref)
+            ):
                 return True
             stack.extend(o for o in ops if o is not None)
         return False
@@ -180,14 +186,23 @@ class MissingWorkFinder:
         with_producer = -1 if owner.inst.opcode == "parameter" else shared_frames(frames, user_frames(owner.inst))
         score = max(with_consumer, with_producer)
         if not frames:
-            return MissingWork(consumer, k, owner, tuple(work), with_producer > with_consumer,
-                               with_producer == with_consumer, SourceLoc("", 0), _ops(work))
+            return MissingWork(
+                consumer,
+                k,
+                owner,
+                tuple(work),
+                with_producer > with_consumer,
+                with_producer == with_consumer,
+                SourceLoc("", 0),
+                _ops(work),
+            )
         at = max(len(frames) - score, 0) if score > 0 else 0
         anchor = frames[at]
         inner = frames[at - 1].function.split(".")[-1] if at > 0 and frames[at - 1].function else ""
         what = inner if inner and not inner.startswith("<") else _ops(work)
-        return MissingWork(consumer, k, owner, tuple(work), with_producer > with_consumer,
-                           with_producer == with_consumer, anchor, what)
+        return MissingWork(
+            consumer, k, owner, tuple(work), with_producer > with_consumer, with_producer == with_consumer, anchor, what
+        )
 
 
 def _ops(work: list[Event]) -> str:

@@ -136,9 +136,15 @@ def _tiles(r: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return blocks.reshape((-1,) + tuple(shape))
 
 
-def numeric_frontier(reference_events: list[Event], distributed_events: list[Event], consts: dict,
-                     inputs: tuple[LeafPlacement, ...], groups_by_axis: dict[str, list[list[int]]],
-                     term_count: int, routed: frozenset[int] | set[int] = frozenset()) -> NumericFrontier:
+def numeric_frontier(
+    reference_events: list[Event],
+    distributed_events: list[Event],
+    consts: dict,
+    inputs: tuple[LeafPlacement, ...],
+    groups_by_axis: dict[str, list[list[int]]],
+    term_count: int,
+    routed: frozenset[int] | set[int] = frozenset(),
+) -> NumericFrontier:
     """The first distributed op whose value is no window of any reference value, on any device.
     `routed`: ids of MoE dispatch masks and routed rows (related only through their combine)."""
     if term_count > MAX_TERMS:
@@ -146,8 +152,11 @@ def numeric_frontier(reference_events: list[Event], distributed_events: list[Eve
     if sum(math.prod(leaf.shape) for leaf in inputs) > MAX_ELEMENTS:
         return NumericFrontier(None, note=f"numeric localization skipped: inputs over {MAX_ELEMENTS} elements")
     if JAX_FORKED:
-        return NumericFrontier(None, note="numeric localization skipped: the verifier was forked from a process "
-                                          "running jax, whose runtime a fork does not carry")
+        return NumericFrontier(
+            None,
+            note="numeric localization skipped: the verifier was forked from a process "
+            "running jax, whose runtime a fork does not carry",
+        )
     try:
         params = draw_inputs(inputs)
     except Exception as exc:  # noqa: BLE001 - an aid to the finding: its failure must not cost the verdict
@@ -175,15 +184,17 @@ def numeric_frontier(reference_events: list[Event], distributed_events: list[Eve
         compared += 1
         for dev, (t, a) in enumerate(zip(terms, arrays)):
             if id(t) not in verdict:
-                verdict[id(t)] = id(t) in reference_ids or index.matches(a) or _partial(index, arrays, dev,
-                                                                                        groups_by_axis)
+                verdict[id(t)] = (
+                    id(t) in reference_ids or index.matches(a) or _partial(index, arrays, dev, groups_by_axis)
+                )
             if not verdict[id(t)]:
                 return NumericFrontier(event, dev, compared)
     return NumericFrontier(None, compared=compared)
 
 
-def _partial(index: _ReferenceIndex, arrays: list[np.ndarray], dev: int,
-             groups_by_axis: dict[str, list[list[int]]]) -> bool:
+def _partial(
+    index: _ReferenceIndex, arrays: list[np.ndarray], dev: int, groups_by_axis: dict[str, list[list[int]]]
+) -> bool:
     """The sum over the devices of some mesh axis matches: a partial sum awaiting its all-reduce."""
     for groups in groups_by_axis.values():
         group = next((g for g in groups if dev in g), None)

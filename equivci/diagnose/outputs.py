@@ -30,10 +30,17 @@ def dtype_findings(reference: Module, distributed: Module, leaf_paths: list[str]
         inst = _maker(distributed, distributed.entry, _output_operand(distributed.entry, k, len(dist_leaves)))
         path, line = source_of(inst, repo_root) if inst is not None else (None, None)
         where = "" if path else f" (HLO instruction `{inst.name}`)" if inst is not None else ""
-        findings.append(Finding(path, line, "error", None,
-                                f"output {name} is {dist.dtype} in the distributed program but {ref.dtype} in the "
-                                f"reference{where}: a changed dtype is a different function; cast it back to "
-                                f"{ref.dtype} or change the reference"))
+        findings.append(
+            Finding(
+                path,
+                line,
+                "error",
+                None,
+                f"output {name} is {dist.dtype} in the distributed program but {ref.dtype} in the "
+                f"reference{where}: a changed dtype is a different function; cast it back to "
+                f"{ref.dtype} or change the reference",
+            )
+        )
     return findings
 
 
@@ -67,8 +74,11 @@ def _maker(module: Module, comp: Computation, inst: Instruction | None) -> Instr
         if inst.opcode == "call":
             comp = module.computations[inst.attrs["to_apply"].lstrip("%")]
             nxt = comp.root
-        elif inst.opcode == "get-tuple-element" and (src := _by_name(comp, inst.operands[0])) is not None \
-                and src.opcode in ("call", "tuple"):
+        elif (
+            inst.opcode == "get-tuple-element"
+            and (src := _by_name(comp, inst.operands[0])) is not None
+            and src.opcode in ("call", "tuple")
+        ):
             index = int(inst.attrs.get("index", "0"))
             if src.opcode == "tuple":
                 nxt = _by_name(comp, src.operands[index])

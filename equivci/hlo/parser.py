@@ -65,7 +65,7 @@ def balanced_end(text: str, start: int) -> int:
             depth -= 1
             if depth == 0:
                 return i + 1
-    raise HloParseError(f"unbalanced brackets in: {text[start:start + 80]!r}")
+    raise HloParseError(f"unbalanced brackets in: {text[start : start + 80]!r}")
 
 
 _ARRAY_SHAPE = re.compile(r"^([a-z][a-z0-9]*)\[([0-9,\s]*)\](\{[^}]*\})?$")
@@ -95,7 +95,7 @@ def _scan_shape(text: str, pos: int) -> int:
         return balanced_end(text, pos)
     m = _SHAPE_AT.match(text, pos)
     if not m:
-        raise HloParseError(f"expected a shape at: {text[pos:pos + 60]!r}")
+        raise HloParseError(f"expected a shape at: {text[pos : pos + 60]!r}")
     return m.end()
 
 

@@ -21,7 +21,9 @@ class CanonicalForm:
     ids: dict[Term, int]  # term -> its position in the canonical text
 
 
-def canonical_form(roots: Sequence[Term], marked: Sequence[Term] = (), groups: Sequence[Sequence[Term]] = ()) -> CanonicalForm:
+def canonical_form(
+    roots: Sequence[Term], marked: Sequence[Term] = (), groups: Sequence[Sequence[Term]] = ()
+) -> CanonicalForm:
     """Digest of the DAG under `roots` (in this order), of which of its terms are `marked`, and of
     the `groups` of its terms known equal. Param indices are replaced by their order of first use."""
     ids: dict[Term, int] = {}

@@ -122,8 +122,13 @@ def label_terms(events_per_side: list[list], roots: Iterable[Term]) -> tuple[dic
     return label, rank
 
 
-def split(reference_events: list, distributed_events: list, reference_outputs: list[Term],
-          device_outputs: list[list[Term]], targets: list[list[Term]]) -> Layering | None:
+def split(
+    reference_events: list,
+    distributed_events: list,
+    reference_outputs: list[Term],
+    device_outputs: list[list[Term]],
+    targets: list[list[Term]],
+) -> Layering | None:
     """The model's layers in dependency order, or None when it has fewer than two or when its
     layers depend on each other both ways (e.g. a backward pass under the forward pass's scopes)."""
     roots = list(reference_outputs) + [t for row in device_outputs + targets for t in row]
@@ -154,8 +159,12 @@ def split(reference_events: list, distributed_events: list, reference_outputs: l
     if order is None:
         return None
     segments = [
-        Segment(name, [t for t in outputs[name] if t in reference_terms],
-                [t for t in outputs[name] if t not in reference_terms], obligations.get(name, []))
+        Segment(
+            name,
+            [t for t in outputs[name] if t in reference_terms],
+            [t for t in outputs[name] if t not in reference_terms],
+            obligations.get(name, []),
+        )
         for name in order
     ]
     if None in obligations:

@@ -29,15 +29,28 @@ from equivci.translate.evaluator import Evaluator, Event
 
 MAX_CANDIDATES = 2000
 # Ops whose value is an operand's or carries no computation of its own: nothing to propose.
-_SKIPPED = {"parameter", "copy", "tuple", "get-tuple-element", "call", "opt-barrier", "custom-call", "constant",
-            "partition-id", "replica-id", "iota", "bitcast"}
+_SKIPPED = {
+    "parameter",
+    "copy",
+    "tuple",
+    "get-tuple-element",
+    "call",
+    "opt-barrier",
+    "custom-call",
+    "constant",
+    "partition-id",
+    "replica-id",
+    "iota",
+    "bitcast",
+}
 # Values agree to this relative distance when the programs compute them alike (a proposal only
 # costs a term: it does not need to be tight, only not to match everything).
 _RTOL, _ATOL = 1e-4, 1e-5
 
 
-def window_candidates(reference_events: list[Event], distributed_events: list[Event], evaluator: Evaluator,
-                      params: dict[int, np.ndarray]) -> list[Term]:
+def window_candidates(
+    reference_events: list[Event], distributed_events: list[Event], evaluator: Evaluator, params: dict[int, np.ndarray]
+) -> list[Term]:
     """The blocks of reference values that distributed values equal on the draw `params`."""
     memo: dict[int, np.ndarray] = {}
 
@@ -83,8 +96,12 @@ def _block_of(values: list[tuple[int, Term, np.ndarray]], a: np.ndarray, near: i
         return None
     positions = [p for p, _, _ in values]
     start = bisect.bisect_left(positions, near)
-    order = (k for pair in itertools.zip_longest(range(start, len(values)), range(start - 1, -1, -1))
-             for k in pair if k is not None)
+    order = (
+        k
+        for pair in itertools.zip_longest(range(start, len(values)), range(start - 1, -1, -1))
+        for k in pair
+        if k is not None
+    )
     finite = np.abs(a[np.isfinite(a)])
     atol = _ATOL * max(1.0, float(finite.max())) if finite.size else _ATOL
     for k in order:
@@ -96,4 +113,3 @@ def _block_of(values: list[tuple[int, Term, np.ndarray]], a: np.ndarray, near: i
             if np.allclose(r[index], a, rtol=_RTOL, atol=atol, equal_nan=True):
                 return position, term, [(s.start, s.stop) for s in index]
     return None
-

@@ -54,8 +54,14 @@ class LayeredProof:
 class _Abstraction:
     """One layer's terms with the values entering it replaced by leaves."""
 
-    def __init__(self, programs: Programs, layering: Layering, name: str | None,
-                 relations: dict[Term, tuple[Term, Window]], entry_leaves: dict[Term, Term]):
+    def __init__(
+        self,
+        programs: Programs,
+        layering: Layering,
+        name: str | None,
+        relations: dict[Term, tuple[Term, Window]],
+        entry_leaves: dict[Term, Term],
+    ):
         self.evaluator = programs.evaluator
         self.layering = layering
         self.name = name
@@ -94,8 +100,9 @@ class _Abstraction:
         return self.entry_leaves[t]
 
 
-def prove_layers(programs: Programs, layering: Layering, memo: cache.Memo, progress=None,
-                 iterations: int = MAX_ITERATIONS) -> LayeredProof:
+def prove_layers(
+    programs: Programs, layering: Layering, memo: cache.Memo, progress=None, iterations: int = MAX_ITERATIONS
+) -> LayeredProof:
     """Prove every layer of `layering` in order, each with a saturation budget of at least
     `iterations`; `progress(done, total)` after each."""
     relations: dict[Term, tuple[Term, Window]] = {}
@@ -157,7 +164,11 @@ class _ModelIndex:
                 self._empty.append(j)
         self._indexed = len(self.equal_terms)
         found = {j for t in terms for j in self._groups_of.get(t, ())}
-        return [self.equal_terms[j] for j in sorted(found.union(self._empty)) if all(t in terms for t in self.equal_terms[j])]
+        return [
+            self.equal_terms[j]
+            for j in sorted(found.union(self._empty))
+            if all(t in terms for t in self.equal_terms[j])
+        ]
 
 
 @dataclasses.dataclass
@@ -175,8 +186,10 @@ class _Problem:
     def of(cls, segment: Segment, programs: Programs, abstraction: _Abstraction, index: _ModelIndex):
         reference_outputs = [abstraction(t) for t in segment.reference_outputs]
         distributed_outputs = [abstraction(t) for t in segment.distributed_outputs]
-        pairs = [(abstraction(programs.device_outputs[d][k]), abstraction(programs.targets[d][k]))
-                 for d, k in segment.obligations]
+        pairs = [
+            (abstraction(programs.device_outputs[d][k]), abstraction(programs.targets[d][k]))
+            for d, k in segment.obligations
+        ]
         seen = abstraction.map
         marked = [seen[v] for v in index.reference_values_among(seen)]
         groups = [[seen[t] for t in g] for g in index.groups_among(seen)]
@@ -185,16 +198,28 @@ class _Problem:
 
 
 def _prove(problem: _Problem, programs: Programs, iterations: int) -> dict:
-    proof = saturate_terms(problem.reference_outputs, problem.marked, [problem.pairs], problem.groups,
-                           problem.distributed_outputs, iterations=iterations)
+    proof = saturate_terms(
+        problem.reference_outputs,
+        problem.marked,
+        [problem.pairs],
+        problem.groups,
+        problem.distributed_outputs,
+        iterations=iterations,
+    )
     relations: list = [None] * len(problem.distributed_outputs)
 
     def holds(a: Term, b: Term) -> bool:
         return proved_equal(proof.egraph, proof.loader.expr(a), proof.loader.expr(b))
 
     for j, t in enumerate(problem.distributed_outputs):
-        i = next((i for i, r in enumerate(problem.reference_outputs)
-                  if (r.shape, r.dtype) == (t.shape, t.dtype) and holds(t, r)), None)
+        i = next(
+            (
+                i
+                for i, r in enumerate(problem.reference_outputs)
+                if (r.shape, r.dtype) == (t.shape, t.dtype) and holds(t, r)
+            ),
+            None,
+        )
         if i is not None:
             relations[j] = [i, [[0, s] for s in t.shape]]
     candidates = {}
@@ -228,7 +253,9 @@ def _valid(payload, problem: _Problem) -> dict | None:
     if not isinstance(payload, dict):
         return None
     proved, relations = payload.get("proved"), payload.get("relations")
-    if not (isinstance(proved, list) and len(proved) == len(problem.pairs) and all(isinstance(p, bool) for p in proved)):
+    if not (
+        isinstance(proved, list) and len(proved) == len(problem.pairs) and all(isinstance(p, bool) for p in proved)
+    ):
         return None
     if not (isinstance(relations, list) and len(relations) == len(problem.distributed_outputs)):
         return None
@@ -247,8 +274,9 @@ def _valid(payload, problem: _Problem) -> dict | None:
     return payload
 
 
-def prefix_proof(programs: Programs, layering: Layering, outcomes: list[LayerOutcome],
-                 iterations: int = MAX_ITERATIONS) -> Proof:
+def prefix_proof(
+    programs: Programs, layering: Layering, outcomes: list[LayerOutcome], iterations: int = MAX_ITERATIONS
+) -> Proof:
     """The whole-program proof restricted to the layers up to the first unproved one: what the
     localization needs on a model too big to saturate whole. Obligations outside it stay unproved."""
     first_bad = next((i for i, o in enumerate(outcomes) if not o.proved), len(outcomes) - 1)
@@ -258,12 +286,21 @@ def prefix_proof(programs: Programs, layering: Layering, outcomes: list[LayerOut
         return layering.label.get(t) in names
 
     reference_values = list(programs.params) + [
-        v for e in programs.reference_events for v in leaves(e.values[0]) if inside(v)]
+        v for e in programs.reference_events for v in leaves(e.values[0]) if inside(v)
+    ]
     distributed_values = [v for e in programs.distributed_events for dv in e.values for v in leaves(dv) if inside(v)]
-    rows = [[(o, t) if inside(o) and inside(t) else None for o, t in zip(row, targets)]
-            for row, targets in zip(programs.device_outputs, programs.targets)]
-    proof = saturate_terms(reference_values, reference_values, [[p for p in row if p] for row in rows],
-                           programs.evaluator.equal_terms, distributed_values, iterations=iterations)
+    rows = [
+        [(o, t) if inside(o) and inside(t) else None for o, t in zip(row, targets)]
+        for row, targets in zip(programs.device_outputs, programs.targets)
+    ]
+    proof = saturate_terms(
+        reference_values,
+        reference_values,
+        [[p for p in row if p] for row in rows],
+        programs.evaluator.equal_terms,
+        distributed_values,
+        iterations=iterations,
+    )
     proved = []
     for row, results in zip(rows, proof.proved):
         answers = iter(results)

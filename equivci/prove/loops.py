@@ -131,15 +131,20 @@ def _windowed(ref_init: tuple[Term, ...], values: list[Term]) -> list[StateRelat
 
 
 def _equal(ref_init: tuple[Term, ...], values: list[Term]) -> list[StateRelation]:
-    return [StateRelation(k, tuple(_full(ref) for _ in values), False) for k, ref in enumerate(ref_init)
-            if _comparable(ref, values) and all(v.shape == ref.shape for v in values)]
+    return [
+        StateRelation(k, tuple(_full(ref) for _ in values), False)
+        for k, ref in enumerate(ref_init)
+        if _comparable(ref, values) and all(v.shape == ref.shape for v in values)
+    ]
 
 
 def _full(term: Term) -> Window:
     return tuple((0, n) for n in term.shape)
 
 
-def _block_offsets(relations: list[StateRelation], ref_init: tuple[Term, ...]) -> dict[tuple[int, int], tuple[int, ...]]:
+def _block_offsets(
+    relations: list[StateRelation], ref_init: tuple[Term, ...]
+) -> dict[tuple[int, int], tuple[int, ...]]:
     """(reference size, block size) -> each device's block start, from windows known by construction."""
     offsets: dict[tuple[int, int], tuple[int, ...]] = {}
     for r in relations:
@@ -151,22 +156,31 @@ def _block_offsets(relations: list[StateRelation], ref_init: tuple[Term, ...]) -
     return offsets
 
 
-def _blocks(ref_init: tuple[Term, ...], values: list[Term],
-            offsets: dict[tuple[int, int], tuple[int, ...]]) -> list[StateRelation]:
+def _blocks(
+    ref_init: tuple[Term, ...], values: list[Term], offsets: dict[tuple[int, int], tuple[int, ...]]
+) -> list[StateRelation]:
     found = []
     shape = values[0].shape
     for k, ref in enumerate(ref_init):
-        if not _comparable(ref, values) or any(v.shape != shape for v in values) \
-                or any(m > n for m, n in zip(shape, ref.shape)) or shape == ref.shape:
+        if (
+            not _comparable(ref, values)
+            or any(v.shape != shape for v in values)
+            or any(m > n for m, n in zip(shape, ref.shape))
+            or shape == ref.shape
+        ):
             continue
         per_dim = []
         for dim, (width, size) in enumerate(zip(shape, ref.shape)):
-            starts = (0,) * len(values) if width == size else \
-                _slice_starts(values, dim, size, width) or offsets.get((size, width))
+            starts = (
+                (0,) * len(values)
+                if width == size
+                else _slice_starts(values, dim, size, width) or offsets.get((size, width))
+            )
             per_dim.append(starts)
         if all(s is not None for s in per_dim):
-            windows = tuple(tuple((s[dev], s[dev] + width) for s, width in zip(per_dim, shape))
-                            for dev in range(len(values)))
+            windows = tuple(
+                tuple((s[dev], s[dev] + width) for s, width in zip(per_dim, shape)) for dev in range(len(values))
+            )
             found.append(StateRelation(k, windows, False))
     return found
 
@@ -181,7 +195,12 @@ def _slice_starts(values: list[Term], dim: int, size: int, width: int, limit: in
             if id(t) in seen:
                 continue
             seen.add(id(t))
-            if t.op == "slice" and t.attrs[0] == dim and t.attrs[2] - t.attrs[1] == width and t.args[0].shape[dim] == size:
+            if (
+                t.op == "slice"
+                and t.attrs[0] == dim
+                and t.attrs[2] - t.attrs[1] == width
+                and t.args[0].shape[dim] == size
+            ):
                 start = t.attrs[1]
             queue.extend(t.args)
         if start is None:
@@ -209,8 +228,7 @@ class LoopMatcher:
             return None
         match = self._match(init)
         if match is None:
-            attempt.reason = ("no reference loop has a state that this loop's state is a window of, element by "
-                              "element")
+            attempt.reason = "no reference loop has a state that this loop's state is a window of, element by element"
             return self._unrolled(evaluator, attempt)
         ref_loop, relations = match
         attempt.step, attempt.proof = self._prove_step(evaluator, inst, ref_loop, relations)
@@ -222,8 +240,10 @@ class LoopMatcher:
                 target = evaluator.slice_nd(ref_loop.init[0][rel.ref_index], rel.windows[dev])
                 if value is not target:
                     evaluator.obligations.append((value, target))
-        return [tuple(evaluator.slice_nd(ref_loop.out[0][rel.ref_index], rel.windows[dev]) for rel in relations)
-                for dev in range(evaluator.n)]
+        return [
+            tuple(evaluator.slice_nd(ref_loop.out[0][rel.ref_index], rel.windows[dev]) for rel in relations)
+            for dev in range(evaluator.n)
+        ]
 
     def _unrolled(self, evaluator: Evaluator, attempt: LoopAttempt) -> list | None:
         """The loop evaluated iteration by iteration, when its trip count is a small constant."""
@@ -247,12 +267,15 @@ class LoopMatcher:
                 best, best_key = (ref_loop, relations), key
         return best
 
-    def _prove_step(self, evaluator: Evaluator, inst: Instruction, ref_loop: Loop,
-                    relations: list[StateRelation]) -> tuple[Programs, Proof]:
+    def _prove_step(
+        self, evaluator: Evaluator, inst: Instruction, ref_loop: Loop, relations: list[StateRelation]
+    ) -> tuple[Programs, Proof]:
         n, table = evaluator.n, evaluator.table
         # The reference state at the top of an arbitrary iteration: unknowns, equal only to themselves.
-        state = tuple(table.make("opaque", (f"loop state {ref_loop.inst.name}[{k}]",), (), t.shape, t.dtype)
-                      for k, t in enumerate(ref_loop.init[0]))
+        state = tuple(
+            table.make("opaque", (f"loop state {ref_loop.inst.name}[{k}]",), (), t.shape, t.dtype)
+            for k, t in enumerate(ref_loop.init[0])
+        )
         ref = evaluator.child(self.reference, 1)
         ref_next = ref.run(_called(self.reference, ref_loop.inst, "body"), [[state]])[0]
         ref_cond = ref.run(_called(self.reference, ref_loop.inst, "condition"), [[state]])[0]
@@ -264,11 +287,21 @@ class LoopMatcher:
         dist_next = dist.run(_called(evaluator.module, inst, "body"), [dist_state])
         dist_cond = dist.run(_called(evaluator.module, inst, "condition"), [dist_state])
 
-        targets = [[dist.slice_nd(ref_next[r.ref_index], r.windows[dev]) for r in relations] + [ref_cond]
-                   for dev in range(n)]
+        targets = [
+            [dist.slice_nd(ref_next[r.ref_index], r.windows[dev]) for r in relations] + [ref_cond] for dev in range(n)
+        ]
         outputs = [list(dist_next[dev]) + [dist_cond[dev]] for dev in range(n)]
-        step = Programs(list(state), list(ref_next) + [ref_cond], outputs, targets, ref.events, dist.events, dist,
-                        obligations=dist.obligations, loops=inner.attempts)
+        step = Programs(
+            list(state),
+            list(ref_next) + [ref_cond],
+            outputs,
+            targets,
+            ref.events,
+            dist.events,
+            dist,
+            obligations=dist.obligations,
+            loops=inner.attempts,
+        )
         return step, saturate(step, iterations=self.iterations)
 
 
@@ -278,5 +311,8 @@ def _called(module: Module, inst: Instruction, key: str):
 
 def _flat_state(inst: Instruction, init: list) -> bool:
     """A tuple of arrays, held as a tuple of terms on every device."""
-    return (inst.shape.is_tuple and not any(e.is_tuple for e in inst.shape.elements)
-            and all(isinstance(v, tuple) and all(isinstance(t, Term) for t in v) for v in init))
+    return (
+        inst.shape.is_tuple
+        and not any(e.is_tuple for e in inst.shape.elements)
+        and all(isinstance(v, tuple) and all(isinstance(t, Term) for t in v) for v in init)
+    )

@@ -11,8 +11,20 @@ from equivci.prove.saturate import MAX_ITERATIONS
 from equivci.translate.programs import Programs, translate
 
 
-def build_programs(reference: Module, distributed: Module, inputs: tuple[LeafPlacement, ...],
-                   outputs: tuple[LeafPlacement, ...], num_devices: int, iterations: int = MAX_ITERATIONS) -> Programs:
+def build_programs(
+    reference: Module,
+    distributed: Module,
+    inputs: tuple[LeafPlacement, ...],
+    outputs: tuple[LeafPlacement, ...],
+    num_devices: int,
+    iterations: int = MAX_ITERATIONS,
+) -> Programs:
     """`iterations`: the saturation budget of the loop step proofs."""
-    return translate(reference, distributed, inputs, outputs, num_devices,
-                     loops=functools.partial(LoopMatcher, iterations=iterations))
+    return translate(
+        reference,
+        distributed,
+        inputs,
+        outputs,
+        num_devices,
+        loops=functools.partial(LoopMatcher, iterations=iterations),
+    )

@@ -40,13 +40,26 @@ def saturate(programs: Programs, extra_terms: list[Term] = (), iterations: int =
     for event in programs.reference_events:
         reference_values.extend(flatten(event.values[0]))
     pairs = [list(zip(dev_out, dev_targets)) for dev_out, dev_targets in zip(programs.device_outputs, programs.targets)]
-    return saturate_terms(programs.reference_outputs, reference_values, pairs, programs.evaluator.equal_terms,
-                          extra_terms, programs.obligations, iterations)
+    return saturate_terms(
+        programs.reference_outputs,
+        reference_values,
+        pairs,
+        programs.evaluator.equal_terms,
+        extra_terms,
+        programs.obligations,
+        iterations,
+    )
 
 
-def saturate_terms(reference_outputs: list[Term], reference_values: list[Term], pairs: list[list[tuple[Term, Term]]],
-                   equal_groups: list[list[Term]], extra_terms: list[Term] = (),
-                   obligations: list[tuple[Term, Term]] = (), iterations: int = MAX_ITERATIONS) -> Proof:
+def saturate_terms(
+    reference_outputs: list[Term],
+    reference_values: list[Term],
+    pairs: list[list[tuple[Term, Term]]],
+    equal_groups: list[list[Term]],
+    extra_terms: list[Term] = (),
+    obligations: list[tuple[Term, Term]] = (),
+    iterations: int = MAX_ITERATIONS,
+) -> Proof:
     """Saturate the terms of both programs; `pairs[d]` are (distributed output, target) to prove
     equal, `reference_values` the terms that are values of the reference program, `obligations`
     more (term, target) pairs the proof needs (the initial states loops assumed)."""

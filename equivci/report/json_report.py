@@ -41,9 +41,13 @@ def report_from_dict(doc: dict[str, Any]) -> tuple[Report, str | None]:
     models = tuple(dataclasses.replace(result_from_json(m), reused=bool(m.get("reused"))) for m in doc["models"])
     shard = doc.get("shard")
     if shard is not None:
-        shard = ShardPlan(index=int(shard["index"]), count=int(shard["count"]),
-                          selected=tuple(map(str, shard["selected"])), assigned=tuple(map(str, shard["assigned"])),
-                          balanced_by=str(shard["balanced_by"]))
+        shard = ShardPlan(
+            index=int(shard["index"]),
+            count=int(shard["count"]),
+            selected=tuple(map(str, shard["selected"])),
+            assigned=tuple(map(str, shard["assigned"])),
+            balanced_by=str(shard["balanced_by"]),
+        )
     error = doc.get("error")
     return Report(models=models, shard=shard), None if error is None else str(error)
 

@@ -82,9 +82,7 @@ def status_table(report: Report) -> list[str]:
     return lines
 
 
-def finding_sections(
-    items: Iterable[tuple[ModelResult, Finding]], link_base: str | None = None
-) -> list[str]:
+def finding_sections(items: Iterable[tuple[ModelResult, Finding]], link_base: str | None = None) -> list[str]:
     """Findings grouped by model, in the given order."""
     lines: list[str] = []
     current: str | None = None

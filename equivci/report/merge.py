@@ -17,8 +17,7 @@ from equivci.errors import EquivciError
 from equivci.report.json_report import report_from_dict
 from equivci.results import Report
 
-FIX = ("Pass the report.json of every shard of one run (`equivci verify --shard I/N --format json`), "
-       "each exactly once.")
+FIX = "Pass the report.json of every shard of one run (`equivci verify --shard I/N --format json`), each exactly once."
 
 
 def read_report(path: Path) -> tuple[Report, str | None]:
@@ -39,21 +38,25 @@ def _check_shards(named: list[tuple[Path, Report]]) -> tuple[str, ...]:
     """The models of the whole selection, in manifest order, when the shard reports cover it."""
     unsharded = [str(path) for path, r in named if r.shard is None]
     if unsharded:
-        raise EquivciError(f"{', '.join(unsharded)} {'is' if len(unsharded) == 1 else 'are'} not a shard report "
-                           f"(no --shard) but the other reports are. {FIX}")
+        raise EquivciError(
+            f"{', '.join(unsharded)} {'is' if len(unsharded) == 1 else 'are'} not a shard report "
+            f"(no --shard) but the other reports are. {FIX}"
+        )
     plans = [(path, r.shard) for path, r in named if r.shard is not None]
     first_path, first = plans[0]
     for path, plan in plans[1:]:
         if (plan.count, plan.selected) != (first.count, first.selected):
             raise EquivciError(
                 f"{path} is shard {plan.index}/{plan.count} of a different run than {first_path} "
-                f"(shard {first.index}/{first.count}): the shard counts or the selected models differ. {FIX}")
+                f"(shard {first.index}/{first.count}): the shard counts or the selected models differ. {FIX}"
+            )
     seen = Counter(plan.index for _, plan in plans)
     twice = sorted(i for i, n in seen.items() if n > 1)
     missing = sorted(set(range(1, first.count + 1)) - set(seen))
     if twice or missing:
         parts = ([f"shard(s) {', '.join(map(str, twice))} given more than once"] if twice else []) + (
-            [f"shard(s) {', '.join(map(str, missing))} of {first.count} missing"] if missing else [])
+            [f"shard(s) {', '.join(map(str, missing))} of {first.count} missing"] if missing else []
+        )
         raise EquivciError(f"the reports do not make one whole run: {'; '.join(parts)}. {FIX}")
     taken = Counter(name for _, plan in plans for name in plan.assigned)
     doubled = sorted(n for n, c in taken.items() if c > 1)
@@ -64,7 +67,8 @@ def _check_shards(named: list[tuple[Path, Report]]) -> tuple[str, ...]:
             + (f": {', '.join(doubled)} verified by more than one shard" if doubled else "")
             + (f"; {', '.join(left)} by none" if left else "")
             + ". With --shard-by cost every job must start from the same cache; use --shard-by name "
-            "(the default) otherwise, and rerun the shards.")
+            "(the default) otherwise, and rerun the shards."
+        )
     return first.selected
 
 

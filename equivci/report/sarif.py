@@ -124,7 +124,10 @@ def to_sarif(report: Report, repo_root: str | Path | None = None, manifest_path:
                 "locations": [
                     {
                         "physicalLocation": {
-                            "artifactLocation": {"uri": quote(Path(path).as_posix(), safe="/"), "uriBaseId": "%SRCROOT%"},
+                            "artifactLocation": {
+                                "uri": quote(Path(path).as_posix(), safe="/"),
+                                "uriBaseId": "%SRCROOT%",
+                            },
                             "region": region,
                         }
                     }

@@ -112,7 +112,11 @@ def dot_contract(spec: StringLike, k: i64Like) -> i64: ...  # lhs contracting di
 def reduce_out(key: StringLike, k: i64Like) -> i64: ...  # kept operand dim -> output dim
 @function
 def reduce_in(key: StringLike, o: i64Like) -> i64: ...
+
+
 reduced = relation("reduced", String, i64)  # (key, operand dim) is reduced
+
+
 @function
 def bcast_out(spec: StringLike, k: i64Like) -> i64: ...  # operand dim -> output dim
 @function
@@ -147,6 +151,8 @@ def aligned_fixed(key: StringLike, o: i64Like) -> i64: ...  # size of an output 
 def repeat_dim(reshape: StringLike, bcast: StringLike) -> i64: ...  # reshape(bcast(y)) repeats y along this dim
 @function
 def repeat_count(reshape: StringLike, bcast: StringLike) -> i64: ...  # ... this many times (spec.repeat_form)
+
+
 repeat_window = relation("repeat_window", i64, i64, i64)  # (n, width, c): 0 <= c <= n - width, for repeat counts n
 
 

@@ -163,8 +163,14 @@ class Loader:
     def _seed_dot(self, spec: str, dot: DotSpec) -> None:
         if not self._once("dot", spec):
             return
-        lb, rb, lc, rc, lr, rr = (dot.lhs_batch, dot.rhs_batch, dot.lhs_contract, dot.rhs_contract, dot.lhs_rank,
-                                  dot.rhs_rank)
+        lb, rb, lc, rc, lr, rr = (
+            dot.lhs_batch,
+            dot.rhs_batch,
+            dot.lhs_contract,
+            dot.rhs_contract,
+            dot.lhs_rank,
+            dot.rhs_rank,
+        )
         out = 0
         for i, jb in zip(lb, rb):
             self._table(L.dot_batch, spec, i, jb)
@@ -243,8 +249,9 @@ class Loader:
         self.facts.append(set_(L.repeat_dim(String(reshape), String(bcast))).to(i64(d)))
         self.facts.append(set_(L.repeat_count(String(reshape), String(bcast))).to(i64(n)))
         if self._once("repeat_window", str(n)):
-            self.facts += [L.repeat_window(i64(n), i64(width), i64(c))
-                           for width in range(1, n + 1) for c in range(n - width + 1)]
+            self.facts += [
+                L.repeat_window(i64(n), i64(width), i64(c)) for width in range(1, n + 1) for c in range(n - width + 1)
+            ]
 
     def _seed_aligned(self, key: str, spec: str) -> None:
         if not self._once("aligned", key):

@@ -99,21 +99,49 @@ BINARY = {
     "xor": lambda a, b: np.logical_xor(a, b) if a.dtype == np.bool_ else np.bitwise_xor(a, b),
 }
 
-COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal, "GT": np.greater,
-           "GE": np.greater_equal}
+COMPARE = {
+    "EQ": np.equal,
+    "NE": np.not_equal,
+    "LT": np.less,
+    "LE": np.less_equal,
+    "GT": np.greater,
+    "GE": np.greater_equal,
+}
 
-REDUCERS = {"add": np.add, "maximum": np.maximum, "minimum": np.minimum, "multiply": np.multiply,
-            "and": np.logical_and, "or": np.logical_or}
+REDUCERS = {
+    "add": np.add,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "multiply": np.multiply,
+    "and": np.logical_and,
+    "or": np.logical_or,
+}
 
-_NP_DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "s32": np.int32, "s64": np.int64,
-              "u32": np.uint32, "u64": np.uint64, "s8": np.int8, "u8": np.uint8, "pred": np.bool_}
+_NP_DTYPES = {
+    "f32": np.float32,
+    "f64": np.float64,
+    "f16": np.float16,
+    "s32": np.int32,
+    "s64": np.int64,
+    "u32": np.uint32,
+    "u64": np.uint64,
+    "s8": np.int8,
+    "u8": np.uint8,
+    "pred": np.bool_,
+}
 
 
 def dot_general(lhs: np.ndarray, rhs: np.ndarray, spec: str) -> np.ndarray:
     """HLO dot_general as the evaluator encodes it in the dot spec."""
     dot = DotSpec.parse(spec)
-    lb, rb, lc, rc, lr, rr = (dot.lhs_batch, dot.rhs_batch, dot.lhs_contract, dot.rhs_contract, dot.lhs_rank,
-                              dot.rhs_rank)
+    lb, rb, lc, rc, lr, rr = (
+        dot.lhs_batch,
+        dot.rhs_batch,
+        dot.lhs_contract,
+        dot.rhs_contract,
+        dot.lhs_rank,
+        dot.rhs_rank,
+    )
     if lhs.ndim != lr or rhs.ndim != rr or len(lb) != len(rb) or len(lc) != len(rc):
         raise TermEvalError(f"dot spec {spec} does not fit operands {lhs.shape} x {rhs.shape}")
     letters = iter("abcdefghijklmnopqrstuvwxyz")
@@ -152,8 +180,9 @@ def broadcast(x: np.ndarray, spec: str, out_shape: tuple[int, ...]) -> np.ndarra
     for o, (kind, value) in enumerate(parts):
         if kind == "i":
             if x.shape[value] != out_shape[o]:
-                raise TermEvalError(f"bcast {spec}: operand dim {value} ({x.shape[value]}) != output dim {o} "
-                                    f"({out_shape[o]})")
+                raise TermEvalError(
+                    f"bcast {spec}: operand dim {value} ({x.shape[value]}) != output dim {o} ({out_shape[o]})"
+                )
             operand_dims.append(value)
         elif value != out_shape[o]:
             raise TermEvalError(f"bcast {spec}: new dim {o} has size {out_shape[o]}")
@@ -171,7 +200,7 @@ def reshape_out_shape(in_shape: tuple[int, ...], spec: str) -> tuple[int, ...]:
     for group in ReshapeSpec.parse(spec).groups:
         n_in, n_out = group.n_in, group.n_out
         in_tail_dims, out_tail_dims = list(group.in_tail), list(group.out_tail)
-        dims = list(in_shape[i:i + n_in])
+        dims = list(in_shape[i : i + n_in])
         if len(dims) != n_in or (n_in and dims[1:] != in_tail_dims):
             raise TermEvalError(f"reshape spec {spec} does not fit operand shape {in_shape}")
         i += n_in
@@ -189,8 +218,9 @@ def reshape_out_shape(in_shape: tuple[int, ...], spec: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def evaluate(term: Term, params: dict[int, np.ndarray], consts: dict | None = None,
-             memo: dict[int, np.ndarray] | None = None) -> np.ndarray:
+def evaluate(
+    term: Term, params: dict[int, np.ndarray], consts: dict | None = None, memo: dict[int, np.ndarray] | None = None
+) -> np.ndarray:
     """The value of `term`; `params` maps reference input index -> array. `memo` (id(term) ->
     value) carries values over calls that share subterms."""
     consts = consts or {}
@@ -331,8 +361,11 @@ def gather(x: np.ndarray, idx: np.ndarray, op_key: str, out_shape: tuple[int, ..
     out = np.zeros(out_shape, dtype=x.dtype)
     for pos in np.ndindex(*out_shape):
         at_idx = dict(zip(idx_dims, (pos[o] for o in batch_out)))
-        vec = [idx[tuple(at_idx[j] if j != vector_dim else v for j in range(idx.ndim))]
-               for v in range(len(start_map))] if vector_dim < idx.ndim else [idx[tuple(at_idx[j] for j in idx_dims)]]
+        vec = (
+            [idx[tuple(at_idx[j] if j != vector_dim else v for j in range(idx.ndim))] for v in range(len(start_map))]
+            if vector_dim < idx.ndim
+            else [idx[tuple(at_idx[j] for j in idx_dims)]]
+        )
         start = [0] * x.ndim
         for v, k in zip(vec, start_map):
             start[k] = int(np.clip(int(v), 0, x.shape[k] - sizes[k]))

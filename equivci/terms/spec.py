@@ -41,8 +41,10 @@ class DotSpec:
     dtypes: tuple[str, str]
 
     def text(self) -> str:
-        return (f"{_join(self.lhs_batch)}|{_join(self.rhs_batch)}|{_join(self.lhs_contract)}|"
-                f"{_join(self.rhs_contract)}|{self.lhs_rank}|{self.rhs_rank}|{self.dtypes[0]},{self.dtypes[1]}")
+        return (
+            f"{_join(self.lhs_batch)}|{_join(self.rhs_batch)}|{_join(self.lhs_contract)}|"
+            f"{_join(self.rhs_contract)}|{self.lhs_rank}|{self.rhs_rank}|{self.dtypes[0]},{self.dtypes[1]}"
+        )
 
     @staticmethod
     def parse(text: str) -> DotSpec:
@@ -123,8 +125,14 @@ class ReshapeSpec:
             ins, outs = part.split(">")
             n_in, in_tail = ins.split(":")
             n_out, out_tail = outs.split(":")
-            groups.append(ReshapeGroup(int(n_in), tuple(int(v) for v in in_tail.split("x") if v),
-                                       int(n_out), tuple(int(v) for v in out_tail.split("x") if v)))
+            groups.append(
+                ReshapeGroup(
+                    int(n_in),
+                    tuple(int(v) for v in in_tail.split("x") if v),
+                    int(n_out),
+                    tuple(int(v) for v in out_tail.split("x") if v),
+                )
+            )
         return ReshapeSpec(tuple(groups))
 
     def tables(self) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int]]]:
@@ -162,7 +170,7 @@ def parse_compare(name: str) -> tuple[str, str] | None:
     """(direction, operand dtype) of a comparison's op name, None for any other binary op."""
     if not name.startswith(COMPARE_PREFIX):
         return None
-    direction, _, dtype = name[len(COMPARE_PREFIX):].partition(":")
+    direction, _, dtype = name[len(COMPARE_PREFIX) :].partition(":")
     return direction, dtype
 
 
@@ -176,8 +184,9 @@ def compose_bcast(inner: str, outer: str) -> str:
     return BcastSpec.parse(inner).compose(BcastSpec.parse(outer)).text()
 
 
-def reshape_groups(in_shape: tuple[int, ...], out_shape: tuple[int, ...],
-                   singletons: bool = False) -> list[tuple[list[int], list[int]]] | None:
+def reshape_groups(
+    in_shape: tuple[int, ...], out_shape: tuple[int, ...], singletons: bool = False
+) -> list[tuple[list[int], list[int]]] | None:
     """Partition both shapes into consecutive dim groups with equal element counts.
 
     A size-1 dim is ambiguous: (8,) -> (1, 8) may add a unit dim before the 8, while
@@ -228,8 +237,12 @@ def reshape_spec(in_shape: tuple[int, ...], out_shape: tuple[int, ...], singleto
     groups = reshape_groups(in_shape, out_shape, singletons)
     if groups is None:
         return None
-    return ReshapeSpec(tuple(ReshapeGroup(len(gi), tuple(in_shape[k] for k in gi[1:]),
-                                          len(gj), tuple(out_shape[k] for k in gj[1:])) for gi, gj in groups)).text()
+    return ReshapeSpec(
+        tuple(
+            ReshapeGroup(len(gi), tuple(in_shape[k] for k in gi[1:]), len(gj), tuple(out_shape[k] for k in gj[1:]))
+            for gi, gj in groups
+        )
+    ).text()
 
 
 def repeat_form(reshape: str, bcast: str) -> tuple[int, int] | None:
@@ -243,7 +256,9 @@ def repeat_form(reshape: str, bcast: str) -> tuple[int, int] | None:
         return None
     p = new[0]
     n = parts[p][1]
-    if n < 2 or parts != tuple([("i", o) for o in range(p)] + [("n", n)] + [("i", o) for o in range(p, len(parts) - 1)]):
+    if n < 2 or parts != tuple(
+        [("i", o) for o in range(p)] + [("n", n)] + [("i", o) for o in range(p, len(parts) - 1)]
+    ):
         return None
     expected = [ReshapeGroup(1, (), 1, ())] * (len(parts) - 1)
     expected[p - 1] = ReshapeGroup(2, (n,), 1, ())
@@ -274,6 +289,7 @@ class AlignedMap:
     @staticmethod
     def parse(key: str) -> "AlignedMap":
         fields = dict(part.split("=", 1) for part in key.split("|")[-3:])
+
         def dec(text: str) -> tuple[tuple[int, int], ...]:
             pairs = (p.split(":") for p in text.split(",") if p)
             return tuple((int(a), int(b)) for a, b in pairs)
@@ -296,9 +312,15 @@ class GatherDims:
     @staticmethod
     def parse(attrs: dict[str, str], indices_rank: int) -> "GatherDims":
         ints = lambda name: tuple(int(v) for v in re.findall(r"-?\d+", attrs.get(name, "")))  # noqa: E731
-        return GatherDims(ints("offset_dims"), ints("collapsed_slice_dims"), ints("start_index_map"),
-                          ints("operand_batching_dims"), ints("start_indices_batching_dims"),
-                          int(attrs.get("index_vector_dim", indices_rank)), ints("slice_sizes"))
+        return GatherDims(
+            ints("offset_dims"),
+            ints("collapsed_slice_dims"),
+            ints("start_index_map"),
+            ints("operand_batching_dims"),
+            ints("start_indices_batching_dims"),
+            int(attrs.get("index_vector_dim", indices_rank)),
+            ints("slice_sizes"),
+        )
 
     def key(self) -> str:
         return "gather:" + ";".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
@@ -306,12 +328,21 @@ class GatherDims:
     @staticmethod
     def from_key(key: str) -> "GatherDims":
         """The dims `key()` wrote."""
-        fields = dict(part.split("=", 1) for part in key[len("gather:"):].split(";"))
+        fields = dict(part.split("=", 1) for part in key[len("gather:") :].split(";"))
         ints = lambda name: tuple(int(v) for v in re.findall(r"-?\d+", fields[name]))  # noqa: E731
-        return GatherDims(ints("offset"), ints("collapsed"), ints("start_map"), ints("operand_batch"),
-                          ints("indices_batch"), int(fields["vector_dim"]), ints("slice_sizes"))
+        return GatherDims(
+            ints("offset"),
+            ints("collapsed"),
+            ints("start_map"),
+            ints("operand_batch"),
+            ints("indices_batch"),
+            int(fields["vector_dim"]),
+            ints("slice_sizes"),
+        )
 
-    def without_unit_index_dims(self, indices_shape: tuple[int, ...], out_rank: int) -> tuple["GatherDims", list[int], list[int]]:
+    def without_unit_index_dims(
+        self, indices_shape: tuple[int, ...], out_rank: int
+    ) -> tuple["GatherDims", list[int], list[int]]:
         """The same gather without size-1 index dims that are neither batching dims nor the index
         vector (take_along_axis keeps one): (dims, kept index dims, kept output dims)."""
         idx_dims = [j for j in range(len(indices_shape)) if j != self.vector_dim]
@@ -322,6 +353,10 @@ class GatherDims:
         kept_out = [o for o in range(out_rank) if o not in drop_out]
         renum = lambda dims, kept: tuple(kept.index(v) for v in dims)  # noqa: E731
         vector = kept_idx.index(self.vector_dim) if self.vector_dim in kept_idx else len(kept_idx)
-        dims = dataclasses.replace(self, offset=renum(self.offset, kept_out),
-                                   indices_batch=renum(self.indices_batch, kept_idx), vector_dim=vector)
+        dims = dataclasses.replace(
+            self,
+            offset=renum(self.offset, kept_out),
+            indices_batch=renum(self.indices_batch, kept_idx),
+            vector_dim=vector,
+        )
         return dims, kept_idx, kept_out

@@ -63,8 +63,15 @@ def cases(manifests: dict[str, str] = MANIFESTS) -> list[Case]:
             label = labels.get(model.name)
             if label is None:
                 raise KeyError(f"{rel}: model '{model.name}' has no label in {sidecar}")
-            out.append(Case(
-                manifest=manifest.path, manifest_rel=rel, model=model, verdict=label["verdict"],
-                bug_line=label.get("bug_line"), note=label.get("note", ""), pattern=label.get("pattern"),
-            ))
+            out.append(
+                Case(
+                    manifest=manifest.path,
+                    manifest_rel=rel,
+                    model=model,
+                    verdict=label["verdict"],
+                    bug_line=label.get("bug_line"),
+                    note=label.get("note", ""),
+                    pattern=label.get("pattern"),
+                )
+            )
     return out

@@ -98,7 +98,8 @@ class ConstantPool:
                 if not view.shape[k]:
                     continue
                 for known, start, own in self._rows.get(_frame(dtype, view.shape, k), {}).get(
-                        _digest(np.take(view, 0, axis=k)), ()):
+                    _digest(np.take(view, 0, axis=k)), ()
+                ):
                     if view.shape[k] < known.value.shape[own] and start + view.shape[k] <= known.value.shape[own]:
                         candidates.setdefault((known.order, own, start), (known, view, k))
         found: list[Window] = []
@@ -112,7 +113,6 @@ class ConstantPool:
                 found.append(Window(known.term, own, start, width, order, reshaped=window.shape != value.shape))
         return found
 
-
     def older_windows(self, value: np.ndarray, dtype: str, than) -> list[Window]:
         """`windows(value)` when they are windows of a constant known before the source `than`."""
         order = self._order.get(than)
@@ -123,7 +123,7 @@ class ConstantPool:
 
 
 def _frame(dtype: str, shape: tuple[int, ...], dim: int) -> tuple:
-    return (dtype, dim, shape[:dim] + shape[dim + 1:])
+    return (dtype, dim, shape[:dim] + shape[dim + 1 :])
 
 
 def _kept(shape: tuple[int, ...]) -> list[int]:

@@ -38,16 +38,61 @@ from equivci.translate import masks
 from equivci.translate.constants import ConstantPool, Window
 
 UNARY = {
-    "abs", "ceil", "cos", "exp", "exponential", "exponential-minus-one", "floor", "log", "log-plus-one",
-    "logistic", "negate", "not", "rsqrt", "sign", "sine", "cosine", "sqrt", "tanh", "erf", "cbrt",
-    "round-nearest-even", "round-nearest-afz", "is-finite", "tan", "popcnt", "real", "imag",
+    "abs",
+    "ceil",
+    "cos",
+    "exp",
+    "exponential",
+    "exponential-minus-one",
+    "floor",
+    "log",
+    "log-plus-one",
+    "logistic",
+    "negate",
+    "not",
+    "rsqrt",
+    "sign",
+    "sine",
+    "cosine",
+    "sqrt",
+    "tanh",
+    "erf",
+    "cbrt",
+    "round-nearest-even",
+    "round-nearest-afz",
+    "is-finite",
+    "tan",
+    "popcnt",
+    "real",
+    "imag",
 }
 BINARY = {
-    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "remainder", "and", "or",
-    "xor", "atan2", "shift-left", "shift-right-arithmetic", "shift-right-logical",
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "maximum",
+    "minimum",
+    "power",
+    "remainder",
+    "and",
+    "or",
+    "xor",
+    "atan2",
+    "shift-left",
+    "shift-right-arithmetic",
+    "shift-right-logical",
 }
-IDENTITY_CUSTOM_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "xla.sdy.GlobalToLocalShape",
-                         "xla.sdy.LocalToGlobalShape", "xla.sdy.FuncResultSharding", "X64Combine", "LayoutConstraint"}
+IDENTITY_CUSTOM_CALLS = {
+    "Sharding",
+    "SPMDFullToShardShape",
+    "SPMDShardToFullShape",
+    "xla.sdy.GlobalToLocalShape",
+    "xla.sdy.LocalToGlobalShape",
+    "xla.sdy.FuncResultSharding",
+    "X64Combine",
+    "LayoutConstraint",
+}
 # Ops whose elements are elements of their first operand.
 BOUND_PRESERVING = {"reshape", "bitcast", "broadcast", "slice", "dynamic-slice", "transpose", "copy", "convert"}
 REDUCERS = {"add": "add", "maximum": "maximum", "minimum": "minimum", "multiply": "multiply", "and": "and", "or": "or"}
@@ -58,9 +103,20 @@ MAX_FOLD_ELEMENTS = 1 << 16
 # Layout identities are checked on one label per element up to this many elements.
 MAX_LABELS = 1 << 20
 
-NP_DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "s32": np.int32, "s64": np.int64,
-              "u32": np.uint32, "u64": np.uint64, "s8": np.int8, "u8": np.uint8, "s16": np.int16,
-              "u16": np.uint16, "pred": np.bool_}
+NP_DTYPES = {
+    "f32": np.float32,
+    "f64": np.float64,
+    "f16": np.float16,
+    "s32": np.int32,
+    "s64": np.int64,
+    "u32": np.uint32,
+    "u64": np.uint64,
+    "s8": np.int8,
+    "u8": np.uint8,
+    "s16": np.int16,
+    "u16": np.uint16,
+    "pred": np.bool_,
+}
 
 
 class Unsupported(Exception):
@@ -97,8 +153,11 @@ def fingerprint(name: str, module: Module) -> str:
     """A name-free digest of a computation, for opaque ops that call one (sort, while, scatter)."""
     comp = module.computations[name]
     index = {inst.name: k for k, inst in enumerate(comp.instructions)}
-    rows = [f"{inst.opcode}|{inst.shape}|{[index.get(o, o) for o in inst.operands]}|"
-            f"{sorted(semantic_attrs(inst, module).items())}|{inst.is_root}" for inst in comp.instructions]
+    rows = [
+        f"{inst.opcode}|{inst.shape}|{[index.get(o, o) for o in inst.operands]}|"
+        f"{sorted(semantic_attrs(inst, module).items())}|{inst.is_root}"
+        for inst in comp.instructions
+    ]
     return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
 
 
@@ -218,8 +277,13 @@ class Evaluator:
         scalar = np.asarray(float(factor), dtype=NP_DTYPES[base.dtype])
         if Fraction(float(scalar)) != factor:
             return None
-        return self.table.make("binary", ("multiply",), (base, self.const(np.broadcast_to(scalar, base.shape), base.dtype)),
-                               base.shape, base.dtype)
+        return self.table.make(
+            "binary",
+            ("multiply",),
+            (base, self.const(np.broadcast_to(scalar, base.shape), base.dtype)),
+            base.shape,
+            base.dtype,
+        )
 
     def plus_zero(self, inst: Instruction, ops: list[list]) -> list | None:
         """x + 0 as x, when every device adds zero: an accumulator that starts at zero (a loop over
@@ -230,8 +294,14 @@ class Evaluator:
             return None
         for k in (0, 1):
             others = ops[1 - k]
-            if all(isinstance(v, Term) and isinstance(z, Term) and self.uniform(z) == 0 and v.shape == inst.shape.dims
-                   and v.dtype == inst.shape.dtype for z, v in zip(ops[k], others)):
+            if all(
+                isinstance(v, Term)
+                and isinstance(z, Term)
+                and self.uniform(z) == 0
+                and v.shape == inst.shape.dims
+                and v.dtype == inst.shape.dtype
+                for z, v in zip(ops[k], others)
+            ):
                 return others
         return None
 
@@ -247,12 +317,16 @@ class Evaluator:
                 value = self.uniform(args[k])
                 if value is not None:
                     return self.scaled(bases[1 - k], value * factors[1 - k])
-            return self.scaled(self.mk(kind, attrs, bases, shape), factors[0] * factors[1]) if factors != [1, 1] else None
+            return (
+                self.scaled(self.mk(kind, attrs, bases, shape), factors[0] * factors[1]) if factors != [1, 1] else None
+            )
         if op == "divide":
             value = self.uniform(args[1])
             if value:
                 return self.scaled(bases[0], factors[0] / value)
-            return self.scaled(self.mk(kind, attrs, [bases[0], args[1]], shape), factors[0]) if factors[0] != 1 else None
+            return (
+                self.scaled(self.mk(kind, attrs, [bases[0], args[1]], shape), factors[0]) if factors[0] != 1 else None
+            )
         if op == "dot" and factors != [1, 1]:
             return self.scaled(self.mk(kind, attrs, bases, shape), factors[0] * factors[1])
         linear = op in ("add", "subtract") or kind in ("concat", "transpose") or (kind == "reduce" and op == "add")
@@ -337,9 +411,9 @@ class Evaluator:
         out_shape = list(parts[0].shape)
         out_shape[dim] = sum(p.shape[dim] for p in parts)
         for k in range(rank):
-            if any(y.shape[:k] + y.shape[k + 1:] != inner[0].shape[:k] + inner[0].shape[k + 1:] for y in inner):
+            if any(y.shape[:k] + y.shape[k + 1 :] != inner[0].shape[:k] + inner[0].shape[k + 1 :] for y in inner):
                 continue
-            whole = np.arange(total).reshape(*inner[0].shape[:k], -1, *inner[0].shape[k + 1:])
+            whole = np.arange(total).reshape(*inner[0].shape[:k], -1, *inner[0].shape[k + 1 :])
             bounds = np.cumsum([0] + [y.shape[k] for y in inner])
             pieces = [np.take(whole, np.arange(lo, hi), axis=k) for lo, hi in zip(bounds[:-1], bounds[1:])]
             gathered = np.concatenate([piece.reshape(p.shape) for piece, p in zip(pieces, parts)], axis=dim)
@@ -430,7 +504,9 @@ class Evaluator:
             dim = int(attrs["iota_dimension"])
             if np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
                 ar = np.arange(shape.dims[dim]).reshape([-1 if k == dim else 1 for k in range(len(shape.dims))])
-                return self.const(np.broadcast_to(ar, shape.dims).astype(NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
+                return self.const(
+                    np.broadcast_to(ar, shape.dims).astype(NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype
+                )
             return self.mk("iota", (dim,), (), shape)
         if op in ("copy", "opt-barrier") or (op == "custom-call" and _target(attrs) in IDENTITY_CUSTOM_CALLS):
             return args[0]
@@ -446,7 +522,9 @@ class Evaluator:
             if args[0].dtype == shape.dtype and op == "convert":
                 return args[0]
             exact = op == "convert" and shape.dtype in NP_DTYPES  # bitcasts are not folded
-            return self.fold_or("unary", (op,), args, shape, lambda v: v.astype(NP_DTYPES[shape.dtype]) if exact else None)
+            return self.fold_or(
+                "unary", (op,), args, shape, lambda v: v.astype(NP_DTYPES[shape.dtype]) if exact else None
+            )
         if (plain := self.without_guard(op, args)) is not None:
             return plain
         if op in UNARY:
@@ -490,8 +568,13 @@ class Evaluator:
                     if strided is None:
                         return self.opaque(inst, args)
                     x = strided
-            return self.slice_nd(x, [(int(a), int(b)) if step in ("", "1") else (0, x.shape[dim])
-                                     for dim, (a, b, step) in enumerate(ranges)])
+            return self.slice_nd(
+                x,
+                [
+                    (int(a), int(b)) if step in ("", "1") else (0, x.shape[dim])
+                    for dim, (a, b, step) in enumerate(ranges)
+                ],
+            )
         if op == "dynamic-slice":
             sizes = dims_attr(attrs.get("dynamic_slice_sizes"))
             starts = [self.folded(a) for a in args[1:]]
@@ -535,7 +618,7 @@ class Evaluator:
         count = len(range(start, stop, step))
         if n % step or count == 0:
             return None
-        split = Shape(x.dtype, x.shape[:dim] + (n // step, step) + x.shape[dim + 1:])
+        split = Shape(x.dtype, x.shape[:dim] + (n // step, step) + x.shape[dim + 1 :])
         grid = self.reshape_term(x, split)
         row, column = divmod(start, step)
         picked = self.slice_term(self.slice_term(grid, dim + 1, column, column + 1), dim, row, row + count)
@@ -572,8 +655,11 @@ class Evaluator:
         while base.op in ("slice", "reshape") and len(chain) < 8:
             chain.append(base)
             base = base.args[0]
-        if not any(t.op == "reshape" for t in chain) or not any(t.op == "slice" for t in chain) \
-                or int(np.prod(base.shape)) > MAX_LABELS:
+        if (
+            not any(t.op == "reshape" for t in chain)
+            or not any(t.op == "slice" for t in chain)
+            or int(np.prod(base.shape)) > MAX_LABELS
+        ):
             return None
         labels = np.arange(int(np.prod(base.shape))).reshape(base.shape)
         for t in reversed(chain):
@@ -675,12 +761,20 @@ class Evaluator:
         init = self.folded(args[1]) if len(args) == 2 else None
         window = inst.attrs.get("window", "")
         fields = dict(f.split("=", 1) for f in window.strip("{}").split() if "=" in f)
-        if self.reducer(inst) != "add" or init is None or init.ndim or init.item() != 0 \
-                or set(fields) - {"size", "pad"}:
+        if (
+            self.reducer(inst) != "add"
+            or init is None
+            or init.ndim
+            or init.item() != 0
+            or set(fields) - {"size", "pad"}
+        ):
             return
         sizes = [int(v) for v in fields["size"].split("x")]
-        pads = [tuple(int(v) for v in p.split("_")) for p in fields["pad"].split("x")] if "pad" in fields \
+        pads = (
+            [tuple(int(v) for v in p.split("_")) for p in fields["pad"].split("x")]
+            if "pad" in fields
             else [(0, 0)] * len(sizes)
+        )
         if len(sizes) == len(pads) == len(args[0].shape):
             self.window_sums[term] = (sizes, pads)
 
@@ -790,8 +884,13 @@ class Evaluator:
             return piece
         d = differing[0]
         s, u = starts[d], piece.shape[d]
-        band = piece if differing == [d] else \
-            self.write_window(self.slice_term(x, d, s, s + u), piece, [0 if k == d else v for k, v in enumerate(starts)])
+        band = (
+            piece
+            if differing == [d]
+            else self.write_window(
+                self.slice_term(x, d, s, s + u), piece, [0 if k == d else v for k, v in enumerate(starts)]
+            )
+        )
         # x's parts along d around the band (x may be earlier writes), so writes compose flat
         before, after, lo = [], [], 0
         for part in _parts_along(x, d):
@@ -809,8 +908,13 @@ class Evaluator:
         out: list[Term] = []
         for part in parts:
             prev = out[-1] if out else None
-            if prev is not None and prev.op == part.op == "slice" and prev.args[0] is part.args[0] \
-                    and prev.attrs[0] == part.attrs[0] == d and prev.attrs[2] == part.attrs[1]:
+            if (
+                prev is not None
+                and prev.op == part.op == "slice"
+                and prev.args[0] is part.args[0]
+                and prev.attrs[0] == part.attrs[0] == d
+                and prev.attrs[2] == part.attrs[1]
+            ):
                 out[-1] = self.slice_term(part.args[0], d, prev.attrs[1], part.attrs[2])
                 continue
             a, b = (self.uniform(prev), self.uniform(part)) if prev is not None else (None, None)
@@ -843,9 +947,13 @@ class Evaluator:
         dims = dims_attr(inst.attrs.get("dimensions"))
         value = self.folded(x)
         if value is not None and reducer in ("and", "or"):  # masks of range checks fold away
-            return self.const(np.all(value, axis=dims) if reducer == "and" else np.any(value, axis=dims), inst.shape.dtype)
+            return self.const(
+                np.all(value, axis=dims) if reducer == "and" else np.any(value, axis=dims), inst.shape.dtype
+            )
         key = ReduceSpec(len(x.shape), tuple(sorted(dims))).text()
-        return self.factored("reduce", (reducer, key), [x], inst.shape) or self.mk("reduce", (reducer, key), (x,), inst.shape)
+        return self.factored("reduce", (reducer, key), [x], inst.shape) or self.mk(
+            "reduce", (reducer, key), (x,), inst.shape
+        )
 
     def reduce_pair(self, inst: Instruction, args: list) -> tuple:
         """A reduce of two operands at once (argmax, argmin): each output element depends only on
@@ -856,10 +964,14 @@ class Evaluator:
             return self.opaque(inst, args)
         dims = dims_attr(inst.attrs.get("dimensions"))
         aligned = reduce_pair_map(len(x.shape), dims)
-        op_key = (f"reduce2:{fingerprint(self.called(inst, 'to_apply').name, self.module)}:"
-                  f"{[v.item() for v in init_values]}:{len(x.shape)}:{sorted(dims)}")
-        out = tuple(self.mk("aligned", (aligned.key(f"{op_key}:{k}"),), (x, y), element)
-                    for k, element in enumerate(inst.shape.elements))
+        op_key = (
+            f"reduce2:{fingerprint(self.called(inst, 'to_apply').name, self.module)}:"
+            f"{[v.item() for v in init_values]}:{len(x.shape)}:{sorted(dims)}"
+        )
+        out = tuple(
+            self.mk("aligned", (aligned.key(f"{op_key}:{k}"),), (x, y), element)
+            for k, element in enumerate(inst.shape.elements)
+        )
         for k, term in enumerate(out):
             if self.picks_operand(inst, k):  # an argmax index is one of the operand's (or the init)
                 self.bound(term, (x, y)[k], inits[k])
@@ -876,8 +988,11 @@ class Evaluator:
         chosen = by_name.get(root.operands[k])
         if chosen is None or chosen.opcode != "select":
             return False
-        numbers = {by_name[o].attrs.get("_number") for o in chosen.operands[1:] if o in by_name
-                   and by_name[o].opcode == "parameter"}
+        numbers = {
+            by_name[o].attrs.get("_number")
+            for o in chosen.operands[1:]
+            if o in by_name and by_name[o].opcode == "parameter"
+        }
         return numbers == {str(k), str(k + 2)}
 
     # -- bounds of integer values (folds range checks such as a gather's index validation) ---------
@@ -927,9 +1042,16 @@ class Evaluator:
             idx = idx.args[0]
         if idx.op == "ternary" and idx.attrs == ("select",):
             test, wrapped, i = idx.args
-            if test.op == "binary" and (parse_compare(test.attrs[0]) or ("",))[0] == "LT" and test.args[0] is i \
-                    and masks.scalar_int(self, test.args[1]) == 0 and wrapped.op == "binary" \
-                    and wrapped.attrs == ("add",) and wrapped.args[0] is i and masks.scalar_int(self, wrapped.args[1]) == size:
+            if (
+                test.op == "binary"
+                and (parse_compare(test.attrs[0]) or ("",))[0] == "LT"
+                and test.args[0] is i
+                and masks.scalar_int(self, test.args[1]) == 0
+                and wrapped.op == "binary"
+                and wrapped.attrs == ("add",)
+                and wrapped.args[0] is i
+                and masks.scalar_int(self, wrapped.args[1]) == size
+            ):
                 return self.unwrapped_index(i, size)
         return idx
 
@@ -938,10 +1060,22 @@ class Evaluator:
         ra, rb = self.bounds_of(a), self.bounds_of(b)
         if ra is None or rb is None:
             return None
-        always = {"LT": ra[1] < rb[0], "LE": ra[1] <= rb[0], "GT": ra[0] > rb[1], "GE": ra[0] >= rb[1],
-                  "EQ": ra[0] == ra[1] == rb[0] == rb[1], "NE": ra[1] < rb[0] or ra[0] > rb[1]}
-        never = {"LT": ra[0] >= rb[1], "LE": ra[0] > rb[1], "GT": ra[1] <= rb[0], "GE": ra[1] < rb[0],
-                 "EQ": ra[1] < rb[0] or ra[0] > rb[1], "NE": ra[0] == ra[1] == rb[0] == rb[1]}
+        always = {
+            "LT": ra[1] < rb[0],
+            "LE": ra[1] <= rb[0],
+            "GT": ra[0] > rb[1],
+            "GE": ra[0] >= rb[1],
+            "EQ": ra[0] == ra[1] == rb[0] == rb[1],
+            "NE": ra[1] < rb[0] or ra[0] > rb[1],
+        }
+        never = {
+            "LT": ra[0] >= rb[1],
+            "LE": ra[0] > rb[1],
+            "GT": ra[1] <= rb[0],
+            "GE": ra[1] < rb[0],
+            "EQ": ra[1] < rb[0] or ra[0] > rb[1],
+            "NE": ra[0] == ra[1] == rb[0] == rb[1],
+        }
         if direction not in always or not (always[direction] or never[direction]):
             return None
         return self.const(np.full(shape.dims, always[direction], dtype=np.bool_), shape.dtype)
@@ -992,7 +1126,11 @@ class Evaluator:
                 if d in source:
                     out.append(ops[0][source[d]])
                 else:
-                    out.append(self.const(np.zeros(inst.shape.dims, NP_DTYPES.get(inst.shape.dtype, np.float32)), inst.shape.dtype))
+                    out.append(
+                        self.const(
+                            np.zeros(inst.shape.dims, NP_DTYPES.get(inst.shape.dtype, np.float32)), inst.shape.dtype
+                        )
+                    )
             return out
         group_of = {d: g for g in groups for d in g}
         tuple_valued = isinstance(ops[0][0], tuple) or len(ops) > 1
@@ -1030,8 +1168,13 @@ class Evaluator:
             return tiled
         acc = members[0]
         for m in members[1:]:
-            acc = self.fold_or("binary", (reducer,), [acc, m], Shape(acc.dtype, acc.shape),
-                               lambda a, b: _np_binary(reducer, a, b, acc.dtype))
+            acc = self.fold_or(
+                "binary",
+                (reducer,),
+                [acc, m],
+                Shape(acc.dtype, acc.shape),
+                lambda a, b: _np_binary(reducer, a, b, acc.dtype),
+            )
         return acc
 
     def collective_value(self, inst: Instruction, members: list[Term], pos: int, shape: Shape) -> Term:
@@ -1087,7 +1230,9 @@ def _nonnegative(t: Term) -> bool:
     products and layout changes of such."""
     if t.op == "unary" and t.attrs[0] in ("exponential", "abs"):
         return True
-    if (t.op == "binary" and t.attrs[0] in ("add", "multiply", "maximum")) or (t.op == "reduce" and t.attrs[0] in ("add", "multiply")):
+    if (t.op == "binary" and t.attrs[0] in ("add", "multiply", "maximum")) or (
+        t.op == "reduce" and t.attrs[0] in ("add", "multiply")
+    ):
         return all(_nonnegative(a) for a in t.args)  # (an empty reduce-max would be -inf)
     return t.op in ("reshape", "bcast", "slice", "transpose", "concat") and all(_nonnegative(a) for a in t.args)
 
@@ -1105,9 +1250,14 @@ def _is_identity(reducer: str, value: np.ndarray) -> bool:
     v = value.item() if value.ndim == 0 else None
     if v is None:
         return False
-    return {"add": v == 0, "multiply": v == 1, "maximum": v == float("-inf") or (isinstance(v, int) and v <= -(2**31)),
-            "minimum": v == float("inf") or (isinstance(v, int) and v >= 2**31 - 1), "and": v is True or v == 1,
-            "or": v is False or v == 0}[reducer]
+    return {
+        "add": v == 0,
+        "multiply": v == 1,
+        "maximum": v == float("-inf") or (isinstance(v, int) and v <= -(2**31)),
+        "minimum": v == float("inf") or (isinstance(v, int) and v >= 2**31 - 1),
+        "and": v is True or v == 1,
+        "or": v is False or v == 0,
+    }[reducer]
 
 
 def parse_literal(text: str, shape: Shape) -> np.ndarray | None:
@@ -1125,11 +1275,24 @@ def parse_literal(text: str, shape: Shape) -> np.ndarray | None:
 
 
 def _np_unary(op: str, v: np.ndarray):
-    table = {"negate": np.negative, "abs": np.abs, "exponential": np.exp, "log": np.log, "sqrt": np.sqrt,
-             "tanh": np.tanh, "not": lambda x: ~x if x.dtype != np.bool_ else np.logical_not(x),
-             "sign": np.sign, "floor": np.floor, "ceil": np.ceil, "cosine": np.cos, "sine": np.sin,
-             "rsqrt": lambda x: 1 / np.sqrt(x), "logistic": lambda x: 1 / (1 + np.exp(-x)),
-             "exponential-minus-one": np.expm1, "log-plus-one": np.log1p}
+    table = {
+        "negate": np.negative,
+        "abs": np.abs,
+        "exponential": np.exp,
+        "log": np.log,
+        "sqrt": np.sqrt,
+        "tanh": np.tanh,
+        "not": lambda x: ~x if x.dtype != np.bool_ else np.logical_not(x),
+        "sign": np.sign,
+        "floor": np.floor,
+        "ceil": np.ceil,
+        "cosine": np.cos,
+        "sine": np.sin,
+        "rsqrt": lambda x: 1 / np.sqrt(x),
+        "logistic": lambda x: 1 / (1 + np.exp(-x)),
+        "exponential-minus-one": np.expm1,
+        "log-plus-one": np.log1p,
+    }
     return table[op](v) if op in table else None
 
 
@@ -1139,12 +1302,27 @@ def _np_binary(op: str, a, b, dtype: str):
         return np.trunc(np.true_divide(a, b))
     if op == "remainder" and integer:
         return np.fmod(a, b)
-    table = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
-             "maximum": np.maximum, "minimum": np.minimum, "and": np.logical_and if dtype == "pred" else np.bitwise_and,
-             "or": np.logical_or if dtype == "pred" else np.bitwise_or, "power": np.power, "remainder": np.fmod}
+    table = {
+        "add": np.add,
+        "subtract": np.subtract,
+        "multiply": np.multiply,
+        "divide": np.divide,
+        "maximum": np.maximum,
+        "minimum": np.minimum,
+        "and": np.logical_and if dtype == "pred" else np.bitwise_and,
+        "or": np.logical_or if dtype == "pred" else np.bitwise_or,
+        "power": np.power,
+        "remainder": np.fmod,
+    }
     return table[op](a, b) if op in table else None
 
 
 def _np_compare(direction: str, a, b):
-    return {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal, "GT": np.greater,
-            "GE": np.greater_equal}[direction](a, b)
+    return {
+        "EQ": np.equal,
+        "NE": np.not_equal,
+        "LT": np.less,
+        "LE": np.less_equal,
+        "GT": np.greater,
+        "GE": np.greater_equal,
+    }[direction](a, b)

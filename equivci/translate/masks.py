@@ -162,8 +162,13 @@ def laid_out_window(ev: Evaluator, m: Term) -> tuple[Window, np.ndarray] | None:
 def masked_lookup(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shape) -> MaskedRows | None:
     """A gather from the window [s, e) of T along its one indexed dim, at where(mask, ids - s, z)
     (reshaped), with mask a range test of ids inside [s, e): T[ids] wherever the mask holds."""
-    if x.op != "slice" or len(dims.start_map) != 1 or dims.start_map[0] != x.attrs[0] \
-            or dims.start_map[0] not in dims.collapsed or int(np.prod(idx.shape)) > MAX_LABELS:
+    if (
+        x.op != "slice"
+        or len(dims.start_map) != 1
+        or dims.start_map[0] != x.attrs[0]
+        or dims.start_map[0] not in dims.collapsed
+        or int(np.prod(idx.shape)) > MAX_LABELS
+    ):
         return None
     table, (_, s, e) = x.args[0], x.attrs
     chosen = idx
@@ -258,7 +263,9 @@ def tiled_reduce(ev: Evaluator, reducer: str, members: list[Term]) -> Term | Non
     if reducer not in ("maximum", "minimum") or any(m.op != "reduce" or m.attrs != members[0].attrs for m in members):
         return None
     operands = [m.args[0] for m in members]
-    if any(o.op != "slice" or o.args[0] is not operands[0].args[0] or o.attrs[0] != operands[0].attrs[0] for o in operands):
+    if any(
+        o.op != "slice" or o.args[0] is not operands[0].args[0] or o.attrs[0] != operands[0].attrs[0] for o in operands
+    ):
         return None
     whole, dim = operands[0].args[0], operands[0].attrs[0]
     reduced = set(ReduceSpec.parse(members[0].attrs[1]).dims)

@@ -45,9 +45,14 @@ def flatten(value) -> list[Term]:
     return [leaf for item in value for leaf in flatten(item)] if isinstance(value, tuple) else [value]
 
 
-def translate(reference: Module, distributed: Module, inputs: tuple[LeafPlacement, ...],
-              outputs: tuple[LeafPlacement, ...], num_devices: int,
-              loops: Callable[[Module, list[Loop]], LoopProver]) -> Programs:
+def translate(
+    reference: Module,
+    distributed: Module,
+    inputs: tuple[LeafPlacement, ...],
+    outputs: tuple[LeafPlacement, ...],
+    num_devices: int,
+    loops: Callable[[Module, list[Loop]], LoopProver],
+) -> Programs:
     """Both programs as terms over the reference inputs. `loops(reference, reference_loops)` makes
     the handler of the distributed program's `while` ops (equivci.prove.loops.LoopMatcher).
 
@@ -60,9 +65,15 @@ def translate(reference: Module, distributed: Module, inputs: tuple[LeafPlacemen
     return programs
 
 
-def _translate(reference: Module, distributed: Module, inputs: tuple[LeafPlacement, ...],
-               outputs: tuple[LeafPlacement, ...], num_devices: int,
-               loops: Callable[[Module, list[Loop]], LoopProver], unroll: bool) -> tuple[Programs, bool]:
+def _translate(
+    reference: Module,
+    distributed: Module,
+    inputs: tuple[LeafPlacement, ...],
+    outputs: tuple[LeafPlacement, ...],
+    num_devices: int,
+    loops: Callable[[Module, list[Loop]], LoopProver],
+    unroll: bool,
+) -> tuple[Programs, bool]:
     """The programs, and whether to build them again with the reference's loops unrolled."""
     table = TermTable()
     params = [table.make("param", (k,), (), leaf.shape, _short_dtype(leaf.dtype)) for k, leaf in enumerate(inputs)]
@@ -88,21 +99,46 @@ def _translate(reference: Module, distributed: Module, inputs: tuple[LeafPlaceme
     dist_eval.constants.extend(ref_eval.constants)
     matcher = loops(reference, ref_eval.loops)
     dist_eval.loop_handler = matcher
-    dist_args = [[dist_eval.slice_nd(p, leaf.device_slices[dev]) for dev in range(num_devices)]
-                 for p, leaf in zip(params, inputs)]
+    dist_args = [
+        [dist_eval.slice_nd(p, leaf.device_slices[dev]) for dev in range(num_devices)]
+        for p, leaf in zip(params, inputs)
+    ]
     dist_root = dist_eval.run(distributed.entry, dist_args)
     device_outputs = [flatten(dist_root[dev]) for dev in range(num_devices)]
-    targets = [[dist_eval.slice_nd(r, leaf.device_slices[dev]) for r, leaf in zip(reference_outputs, outputs)]
-               for dev in range(num_devices)]
+    targets = [
+        [dist_eval.slice_nd(r, leaf.device_slices[dev]) for r, leaf in zip(reference_outputs, outputs)]
+        for dev in range(num_devices)
+    ]
     router = Router(dist_eval, num_devices)
     router.run(dist_eval.events)
     dist_eval.equal_terms.extend([a, b] for a, b in router.facts)
-    programs = Programs(params, reference_outputs, device_outputs, targets, ref_eval.events, dist_eval.events,
-                        dist_eval, router.exempt, dist_eval.obligations, matcher.attempts,
-                        {p.attrs[0]: domain for p, domain in domains.items()}, router.limits)
+    programs = Programs(
+        params,
+        reference_outputs,
+        device_outputs,
+        targets,
+        ref_eval.events,
+        dist_eval.events,
+        dist_eval,
+        router.exempt,
+        dist_eval.obligations,
+        matcher.attempts,
+        {p.attrs[0]: domain for p, domain in domains.items()},
+        router.limits,
+    )
     return programs, not unroll and matcher.unrolled > 0 and bool(ref_eval.loops)
 
 
 def _short_dtype(dtype: str) -> str:
-    return {"float32": "f32", "float64": "f64", "bfloat16": "bf16", "float16": "f16", "int32": "s32",
-            "int64": "s64", "uint32": "u32", "uint8": "u8", "int8": "s8", "bool": "pred"}.get(dtype, dtype)
+    return {
+        "float32": "f32",
+        "float64": "f64",
+        "bfloat16": "bf16",
+        "float16": "f16",
+        "int32": "s32",
+        "int64": "s64",
+        "uint32": "u32",
+        "uint8": "u8",
+        "int8": "s8",
+        "bool": "pred",
+    }.get(dtype, dtype)

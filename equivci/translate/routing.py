@@ -85,8 +85,12 @@ class Router:
     # -- driver ------------------------------------------------------------------------------
     def run(self, events) -> None:
         # a dot whose operand carries a constant factor is built as factor * dot (Evaluator.factored)
-        dots = [e.values for e in events if len(e.values) == self.n
-                and all(isinstance(v, Term) and self.ev.scale_of(v)[1].op == "dot" for v in e.values)]
+        dots = [
+            e.values
+            for e in events
+            if len(e.values) == self.n
+            and all(isinstance(v, Term) and self.ev.scale_of(v)[1].op == "dot" for v in e.values)
+        ]
         for values in dots:
             self.dispatch(values)
         for values in dots:
@@ -154,7 +158,8 @@ class Router:
             f"the routing lemma did not check the dispatch mask of shape {list(m.shape)}: its {q.shape[0]} tokens "
             f"take expert indices in [{int(bounds[0])}, {int(bounds[1])}], {cases:.3g} index vectors, and it "
             f"enumerates at most {MAX_CASES}; expert-parallel routing is proved only up to that size "
-            "(12 tokens per device with 2 experts, 6 with 4): verify a smaller configuration of the same code")
+            "(12 tokens per device with 2 experts, 6 with 4): verify a smaller configuration of the same code"
+        )
 
     def free_leaves(self, m: Term) -> set[Term] | None:
         """The subterms `m` depends on that `evaluate` cannot compute (other than constants)."""
@@ -261,8 +266,7 @@ class Router:
             d, a, b = t.attrs
             index = [slice(None)] * 2
             index[d] = slice(a, b)
-            return dataclasses.replace(r, slots=r.slots[tuple(index)],
-                                       ex=None if r.ex is None else r.ex[tuple(index)])
+            return dataclasses.replace(r, slots=r.slots[tuple(index)], ex=None if r.ex is None else r.ex[tuple(index)])
         if t.op == "concat" and t.attrs[0] in (0, 1):
             r1, r2 = self.info(t.args[0]), self.info(t.args[1])
             if r1 is None or r2 is None or not _same_dense(r1, r2):
@@ -274,7 +278,9 @@ class Router:
             r = self.info(t.args[0])
             if r is None:
                 return None
-            return dataclasses.replace(r, dense=self.ev.normal("unary", t.attrs, (r.dense,), Shape(t.dtype, r.dense.shape)))
+            return dataclasses.replace(
+                r, dense=self.ev.normal("unary", t.attrs, (r.dense,), Shape(t.dtype, r.dense.shape))
+            )
         if t.op == "binary":
             return self.binary(t)
         if t.op == "dot":
@@ -286,8 +292,13 @@ class Router:
         ra, rb = self.info(a), self.info(b)
         if ra is not None and rb is not None:
             # elementwise on rows that hold the same slots of two dense terms of one layout
-            same_layout = (ra.td, ra.ed, ra.per_device, ra.dense.shape, ra.masks) \
-                == (rb.td, rb.ed, rb.per_device, rb.dense.shape, rb.masks)
+            same_layout = (ra.td, ra.ed, ra.per_device, ra.dense.shape, ra.masks) == (
+                rb.td,
+                rb.ed,
+                rb.per_device,
+                rb.dense.shape,
+                rb.masks,
+            )
             if not same_layout or not np.array_equal(ra.slots, rb.slots) or not _same_ex(ra, rb):
                 return None
             dense = self.ev.normal("binary", t.attrs, (ra.dense, rb.dense), Shape(t.dtype, ra.dense.shape))
@@ -365,9 +376,15 @@ class Router:
             return
         rows = self.ev.slice_term(r.dense, r.td, dev * tokens, (dev + 1) * tokens)
         idx = self.ev.reshape_term(mask.index, Shape(mask.index.dtype, (tokens, 1)))
-        dims = GatherDims(offset=tuple(range(1, 1 + len(rest))), collapsed=(r.ed,), start_map=(r.ed,),
-                          operand_batch=(r.td,), indices_batch=(0,), vector_dim=1,
-                          slice_sizes=tuple(1 if k in (r.td, r.ed) else s for k, s in enumerate(r.dense.shape)))
+        dims = GatherDims(
+            offset=tuple(range(1, 1 + len(rest))),
+            collapsed=(r.ed,),
+            start_map=(r.ed,),
+            operand_batch=(r.td,),
+            indices_batch=(0,),
+            vector_dim=1,
+            slice_sizes=tuple(1 if k in (r.td, r.ed) else s for k, s in enumerate(r.dense.shape)),
+        )
         picked = self.ev.gather_term(rows, idx, dims, Shape(out.dtype, out.shape))
         if picked is not None:
             self.facts.append((product, picked))
@@ -394,8 +411,11 @@ def _dot_spec(t: Term) -> _Dot | None:
 
 def _make_dot(ev, x: Term, y: Term, lb, rb, lc, rc, dtype: str) -> Term:
     spec = DotSpec(tuple(lb), tuple(rb), tuple(lc), tuple(rc), len(x.shape), len(y.shape), (x.dtype, y.dtype)).text()
-    out = [x.shape[i] for i in lb] + [x.shape[i] for i in range(len(x.shape)) if i not in lb and i not in lc] \
+    out = (
+        [x.shape[i] for i in lb]
+        + [x.shape[i] for i in range(len(x.shape)) if i not in lb and i not in lc]
         + [y.shape[i] for i in range(len(y.shape)) if i not in rb and i not in rc]
+    )
     return ev.normal("dot", (spec,), (x, y), Shape(dtype, tuple(out)))
 
 
@@ -407,7 +427,7 @@ def _stacked_slice(w: Term) -> tuple[Term, int, int] | None:
     p, a, b = inner.attrs
     if b - a != 1:
         return None
-    dropped = inner.shape[:p] + inner.shape[p + 1:]
+    dropped = inner.shape[:p] + inner.shape[p + 1 :]
     if w.shape != dropped:
         return None
     return inner.args[0], p, a

@@ -68,8 +68,10 @@ def trip_count(ev: Evaluator, inst: Instruction, init: list) -> int | None:
             if step.name in names and step.opcode != "parameter":
                 env[step.name] = scratch.eval(step, [_lookup(env, o) for o in step.operands])
         new = [_lookup(env, body.root.operands[k]) for k in indices]
-        state = [tuple(new[indices.index(k)][dev] if k in indices else old for k, old in enumerate(state[dev]))
-                 for dev in range(ev.n)]
+        state = [
+            tuple(new[indices.index(k)][dev] if k in indices else old for k, old in enumerate(state[dev]))
+            for dev in range(ev.n)
+        ]
     return None
 
 

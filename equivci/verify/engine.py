@@ -38,8 +38,14 @@ WHOLE_PROGRAM_TERMS = 20_000
 HINTED_ITERATIONS = 16
 
 
-def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo: Memo | None = None,
-                 on_layer=None, iterations: int = MAX_ITERATIONS) -> ModelResult:
+def verify_model(
+    model: ModelSpec,
+    manifest: Manifest,
+    captured: CapturedModel,
+    memo: Memo | None = None,
+    on_layer=None,
+    iterations: int = MAX_ITERATIONS,
+) -> ModelResult:
     """`memo` serves and stores layer proofs (kind "layers"); without one, identical layers are
     still proved once within the model. `on_layer(done, total)` after each layer. `iterations`:
     the saturation budget (each saturation allows at least the depth of its terms)."""
@@ -52,16 +58,25 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         changed = dtype_findings(reference, distributed, [leaf.path for leaf in captured.outputs], captured.repo_root)
         if changed:
             return _finish(model, Status.MISMATCH, t0, tuple(changed), LayerCounts(1, 0, 0), laps)
-        programs = build_programs(reference, distributed, captured.inputs, captured.outputs, captured.num_devices,
-                                  iterations)
+        programs = build_programs(
+            reference, distributed, captured.inputs, captured.outputs, captured.num_devices, iterations
+        )
         laps.lap("build programs")
     except (HloParseError, Unsupported) as exc:
         finding = Finding(None, None, "error", None, f"equivci cannot model this program yet: {exc}")
         return _finish(model, Status.UNPROVEN, t0, (finding,), LayerCounts(1, 0, 0), laps)
     # The layer proofs do not carry the initial-state obligations of loops: such models are proved whole.
-    layering = None if programs.obligations else split(
-        programs.reference_events, programs.distributed_events, programs.reference_outputs,
-        programs.device_outputs, programs.targets)
+    layering = (
+        None
+        if programs.obligations
+        else split(
+            programs.reference_events,
+            programs.distributed_events,
+            programs.reference_outputs,
+            programs.device_outputs,
+            programs.targets,
+        )
+    )
     laps.lap("split layers")
     layers = LayerCounts(1, 0, 0)
     if layering is not None:
@@ -70,8 +85,14 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
         layers = LayerCounts(len(outcomes), sum(o.proved for o in outcomes), sum(o.reused for o in outcomes))
         laps.lap(f"prove layers ({layers.total - layers.reused} new, {layers.reused} reused)")
         if layered.all_proved:
-            return _finish(model, Status.VERIFIED, t0, _assumptions(programs, captured),
-                           LayerCounts(layers.total, layers.total, layers.reused), laps)
+            return _finish(
+                model,
+                Status.VERIFIED,
+                t0,
+                _assumptions(programs, captured),
+                LayerCounts(layers.total, layers.total, layers.reused),
+                laps,
+            )
     # The layers alone do not prove it (a relation between layers that is not a window, or a
     # real defect): prove the whole program, which also gives the localization its e-graph; on a
     # big model only up to the first unproved layer, where the first defect is.
@@ -89,8 +110,14 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
                 proof = saturate(programs, extra_terms=hints, iterations=HINTED_ITERATIONS)
                 laps.lap(f"prove whole program with {len(hints)} proposed windows")
     if proof.all_proved:
-        return _finish(model, Status.VERIFIED, t0, _assumptions(programs, captured),
-                       LayerCounts(layers.total, layers.total, layers.reused), laps)
+        return _finish(
+            model,
+            Status.VERIFIED,
+            t0,
+            _assumptions(programs, captured),
+            LayerCounts(layers.total, layers.total, layers.reused),
+            laps,
+        )
 
     defect = defect_with_loops(programs, proof, captured.mesh)
     laps.lap("localize")
@@ -99,16 +126,30 @@ def verify_model(model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
     if defect is None:
         findings = [_output_finding(proof, captured)]
     else:
-        frontier = numeric_frontier(programs.reference_events, programs.distributed_events, programs.evaluator.values,
-                                    captured.inputs, axis_groups(captured.mesh), len(programs.evaluator.table),
-                                    programs.routed)
+        frontier = numeric_frontier(
+            programs.reference_events,
+            programs.distributed_events,
+            programs.evaluator.values,
+            captured.inputs,
+            axis_groups(captured.mesh),
+            len(programs.evaluator.table),
+            programs.routed,
+        )
         laps.lap("numeric localization")
         failed = {o.name for o in layered.layers if not o.proved and o.name} if layering is not None else set()
         reference_lines = frozenset((loc.file, loc.line) for e in programs.reference_events for loc in e.inst.stack)
-        findings = defect_findings(defect, captured, programs.distributed_events, layering, failed, frontier,
-                                   outputs_equal=isinstance(comparison, NumericComparison) and comparison.equal,
-                                   shown=isinstance(comparison, NumericComparison) and not comparison.equal,
-                                   reference_events=programs.reference_events, reference_lines=reference_lines)
+        findings = defect_findings(
+            defect,
+            captured,
+            programs.distributed_events,
+            layering,
+            failed,
+            frontier,
+            outputs_equal=isinstance(comparison, NumericComparison) and comparison.equal,
+            shown=isinstance(comparison, NumericComparison) and not comparison.equal,
+            reference_events=programs.reference_events,
+            reference_lines=reference_lines,
+        )
     if isinstance(comparison, NumericComparison) and not comparison.equal:
         findings = with_counterexample(findings, _counterexample(comparison))
         return _finish(model, Status.MISMATCH, t0, tuple(findings), layers, laps)
@@ -123,26 +164,39 @@ def _budget_note(programs, proof, layers) -> tuple[Finding, ...]:
     """Say so when `unproven` may be the budget's doing: a saturation that failed to prove what it was
     asked stopped at its iteration budget while the rules could still add facts."""
     stopped = [(f"layer {o.name}" if o.name else "a layer", o.exhausted) for o in layers if o.exhausted]
-    stopped += [("a loop body", a.proof.exhausted) for a in programs.loops
-                if not a.proved and a.proof is not None and a.proof.exhausted]
+    stopped += [
+        ("a loop body", a.proof.exhausted)
+        for a in programs.loops
+        if not a.proved and a.proof is not None and a.proof.exhausted
+    ]
     if proof.exhausted:
         stopped.append(("the whole program", proof.exhausted))
     if not stopped:
         return ()
     where, budget = stopped[0]
     more = f" and {len(stopped) - 1} more" if len(stopped) > 1 else ""
-    return (Finding(None, None, "note", None,
-                    f"the proof search of {where}{more} stopped at its budget of {budget} saturation iterations while "
-                    "its rules could still add facts, so a larger budget may prove it: the budget is the larger of "
-                    f"the terms' depth and {ENV_SATURATION_ITERATIONS} ({proof.iterations} now); set "
-                    f"{ENV_SATURATION_ITERATIONS}={2 * budget} to raise it"),)
+    return (
+        Finding(
+            None,
+            None,
+            "note",
+            None,
+            f"the proof search of {where}{more} stopped at its budget of {budget} saturation iterations while "
+            "its rules could still add facts, so a larger budget may prove it: the budget is the larger of "
+            f"the terms' depth and {ENV_SATURATION_ITERATIONS} ({proof.iterations} now); set "
+            f"{ENV_SATURATION_ITERATIONS}={2 * budget} to raise it",
+        ),
+    )
 
 
 def _candidates(programs, captured: CapturedModel) -> list:
     """Windows of reference values that distributed values equal on the oracle's first draw: terms
     for the proof to meet (candidates only; the proof decides). None where that draw is not cheap."""
-    if len(programs.evaluator.table) > MAX_TERMS or sum(_size(leaf.shape) for leaf in captured.inputs) > MAX_ELEMENTS \
-            or numeric.JAX_FORKED:
+    if (
+        len(programs.evaluator.table) > MAX_TERMS
+        or sum(_size(leaf.shape) for leaf in captured.inputs) > MAX_ELEMENTS
+        or numeric.JAX_FORKED
+    ):
         return []
     try:
         params = draw_inputs(captured.inputs)
@@ -158,46 +212,67 @@ def _assumptions(programs, captured: CapturedModel) -> tuple[Finding, ...]:
     for k, ((lo, hi), site) in sorted(programs.assumed.items()):
         path, line = next((loc for loc in (source_of(i, captured.repo_root) for i in site) if loc[0]), (None, None))
         leaf = captured.inputs[k].path or f"#{k}"
-        notes.append(Finding(path, line, "note", None, f"proved for input {leaf} in [{int(lo)}, {int(hi)}]: "
-                             "the reference uses it as an index here, and other values are taken not to occur"))
+        notes.append(
+            Finding(
+                path,
+                line,
+                "note",
+                None,
+                f"proved for input {leaf} in [{int(lo)}, {int(hi)}]: "
+                "the reference uses it as an index here, and other values are taken not to occur",
+            )
+        )
     return tuple(notes)
 
 
 def _finish(model, status, t0, findings, layers: LayerCounts, laps: Laps) -> ModelResult:
-    return ModelResult(model.name, status, round(time.perf_counter() - t0, 3), layers, tuple(findings),
-                       timings=tuple(laps.rows))
+    return ModelResult(
+        model.name, status, round(time.perf_counter() - t0, 3), layers, tuple(findings), timings=tuple(laps.rows)
+    )
 
 
 def _output_finding(proof, captured: CapturedModel) -> Finding:
     bad = [(dev, k) for dev, row in enumerate(proof.proved) for k, ok in enumerate(row) if not ok]
     dev, k = bad[0]
     leaf = captured.outputs[k]
-    return Finding(None, None, "error", None,
-                   f"output {leaf.path or '#' + str(k)} on device {dev} could not be shown equal to its part of the "
-                   "reference output, and every op before it is related to the reference: the output placement "
-                   "(out_specs / out_shardings) may not match what the devices hold")
+    return Finding(
+        None,
+        None,
+        "error",
+        None,
+        f"output {leaf.path or '#' + str(k)} on device {dev} could not be shown equal to its part of the "
+        "reference output, and every op before it is related to the reference: the output placement "
+        "(out_specs / out_shardings) may not match what the devices hold",
+    )
 
 
-def _comparison(model: ModelSpec, manifest: Manifest, captured: CapturedModel,
-                assumed: dict) -> NumericComparison | str:
+def _comparison(
+    model: ModelSpec, manifest: Manifest, captured: CapturedModel, assumed: dict
+) -> NumericComparison | str:
     """Both programs run on random inputs (the numeric oracle), or why that did not happen.
     `assumed`: the integer inputs the reference indexes with and their ranges (Programs.assumed)."""
     total = sum(_size(leaf.shape) for leaf in captured.inputs)
     if model.hlo is not None:
         # Programs given as HLO files: XLA runs them as the capture rewrote them.
         if total > MAX_ORACLE_ELEMENTS:
-            return (f"the numeric check did not run: the inputs have {total:,} elements, more than the "
-                    f"{MAX_ORACLE_ELEMENTS:,} it runs on a CPU, so this is `unproven`, never `mismatch` by a "
-                    "counterexample; dump the programs at smaller sizes to have them run")
+            return (
+                f"the numeric check did not run: the inputs have {total:,} elements, more than the "
+                f"{MAX_ORACLE_ELEMENTS:,} it runs on a CPU, so this is `unproven`, never `mismatch` by a "
+                "counterexample; dump the programs at smaller sizes to have them run"
+            )
         ranges = {k: int(hi) + 1 for k, ((lo, hi), _) in assumed.items() if lo >= 0}
         try:
             return compare_hlo_in_child(captured, ranges)
         except EquivciError as exc:
-            return f"the numeric check could not run: {exc}; so this is `unproven`, never `mismatch` by a counterexample"
+            return (
+                f"the numeric check could not run: {exc}; so this is `unproven`, never `mismatch` by a counterexample"
+            )
     if total > MAX_ORACLE_ELEMENTS and model.oracle.inputs is None:
-        return (f"the numeric check did not run: the inputs have {total:,} elements, more than the "
-                f"{MAX_ORACLE_ELEMENTS:,} it runs on a CPU; give it smaller inputs the entrypoints accept with "
-                "`oracle: {inputs: FILE.py:FUNC}` in the manifest")
+        return (
+            f"the numeric check did not run: the inputs have {total:,} elements, more than the "
+            f"{MAX_ORACLE_ELEMENTS:,} it runs on a CPU; give it smaller inputs the entrypoints accept with "
+            "`oracle: {inputs: FILE.py:FUNC}` in the manifest"
+        )
     try:
         return compare_in_child(manifest.path, model.name)
     except EquivciError as exc:
@@ -209,19 +284,27 @@ def _numeric_note(comparison: NumericComparison | str) -> str:
         return comparison
     # The floor is printed because a large one (an ill-conditioned output: Adam's first step is
     # about sign(g)) makes "agree" weak evidence, and the reader should see how weak.
-    floor = (f"; rounding alone moves the reference's outputs by up to {comparison.noise_floor:.3g}, and "
-             f"differences up to {NOISE_MARGIN:g}x that are not counted" if comparison.noise_floor else "")
+    floor = (
+        f"; rounding alone moves the reference's outputs by up to {comparison.noise_floor:.3g}, and "
+        f"differences up to {NOISE_MARGIN:g}x that are not counted"
+        if comparison.noise_floor
+        else ""
+    )
     # A seed excused by a near-tie (comparison.note) may differ far beyond the floor: say why.
     excused = f"; {comparison.note}" if comparison.note else ""
-    return (f"numeric check: the outputs agree on {len(comparison.seeds)} random inputs (largest difference "
-            f"{comparison.max_abs_diff:.3g}{floor}{excused}); that is evidence, not a proof: review the op above")
+    return (
+        f"numeric check: the outputs agree on {len(comparison.seeds)} random inputs (largest difference "
+        f"{comparison.max_abs_diff:.3g}{floor}{excused}); that is evidence, not a proof: review the op above"
+    )
 
 
 def _counterexample(result: NumericComparison) -> str:
     index = ",".join(map(str, result.worst_index))
-    return (f"counterexample: on random inputs output {result.worst_leaf}[{index}] is {result.dist_value:.6g} "
-            f"distributed vs {result.ref_value:.6g} reference ({result.figures()}; largest difference "
-            f"{result.max_abs_diff:.3g})")
+    return (
+        f"counterexample: on random inputs output {result.worst_leaf}[{index}] is {result.dist_value:.6g} "
+        f"distributed vs {result.ref_value:.6g} reference ({result.figures()}; largest difference "
+        f"{result.max_abs_diff:.3g})"
+    )
 
 
 def _size(shape) -> int:

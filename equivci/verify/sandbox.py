@@ -41,7 +41,10 @@ def memory_cap(wanted: int) -> tuple[int, str]:
     RAM), or a lower `ulimit -v` equivci itself runs under, which no child may exceed."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
     if soft != resource.RLIM_INFINITY and soft < wanted:
-        return soft, f"the `ulimit -v` (RLIMIT_AS) equivci runs under, below EQUIVCI_VERIFY_MEMORY's {wanted / 2**30:.1f} GiB"
+        return (
+            soft,
+            f"the `ulimit -v` (RLIMIT_AS) equivci runs under, below EQUIVCI_VERIFY_MEMORY's {wanted / 2**30:.1f} GiB",
+        )
     return wanted, "EQUIVCI_VERIFY_MEMORY"
 
 
@@ -94,8 +97,14 @@ def _at_return(function, callback) -> None:
         return
 
 
-def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo=None,
-                    on_layer=None, options: Options | None = None) -> ModelResult:
+def verify_isolated(
+    model: ModelSpec,
+    manifest: Manifest,
+    captured: CapturedModel,
+    memo=None,
+    on_layer=None,
+    options: Options | None = None,
+) -> ModelResult:
     """verify_model in a child with the time and memory limits of `options` (default: from the
     environment); layer proofs go through `memo` (an equivci.cache.Memo; the child writes new
     ones to its folder); `on_layer(done, total)` as the child proves layers."""
@@ -104,8 +113,7 @@ def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedMode
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(send, model, manifest, captured, memo, options),
-                        daemon=True)
+    child = ctx.Process(target=_child, args=(send, model, manifest, captured, memo, options), daemon=True)
     child.start()
     send.close()
     answer = _answer(receive, t0 + limit, on_layer)
@@ -116,8 +124,12 @@ def verify_isolated(model: ModelSpec, manifest: Manifest, captured: CapturedMode
         return _unproven(model, t0, f"the proof search exceeded its time limit ({limit:g} s, EQUIVCI_VERIFY_TIMEOUT)")
     if answer is None or answer[0] == "memory":
         cap, source = memory_cap(options.verify_memory_bytes)
-        return _unproven(model, t0, f"the proof search ran out of memory or crashed (exit code {child.exitcode}; "
-                                    f"memory cap {cap / 2**30:.1f} GiB, {source})")
+        return _unproven(
+            model,
+            t0,
+            f"the proof search ran out of memory or crashed (exit code {child.exitcode}; "
+            f"memory cap {cap / 2**30:.1f} GiB, {source})",
+        )
     kind, payload = answer
     if kind == "ok":
         return payload

@@ -23,9 +23,27 @@ from equivci.terms.rules.repeats import REPEATS
 from equivci.terms.rules.slices import SLICES
 
 # The identities between values, in the order they are combined for saturation.
-REWRITE_FAMILIES: tuple[Family, ...] = (SLICES, ELEMENTWISE, CONCATS, DOTS, REDUCTIONS, ALIGNED, LAYOUTS, REPEATS,
-                                        DYNAMIC)
+REWRITE_FAMILIES: tuple[Family, ...] = (
+    SLICES,
+    ELEMENTWISE,
+    CONCATS,
+    DOTS,
+    REDUCTIONS,
+    ALIGNED,
+    LAYOUTS,
+    REPEATS,
+    DYNAMIC,
+)
 FAMILIES: dict[str, Family] = {f.name: f for f in (DIMS, *REWRITE_FAMILIES, RELATIONS)}
 
-REWRITES = SLICES.ruleset | ELEMENTWISE.ruleset | CONCATS.ruleset | DOTS.ruleset | REDUCTIONS.ruleset \
-    | ALIGNED.ruleset | LAYOUTS.ruleset | REPEATS.ruleset | DYNAMIC.ruleset
+REWRITES = (
+    SLICES.ruleset
+    | ELEMENTWISE.ruleset
+    | CONCATS.ruleset
+    | DOTS.ruleset
+    | REDUCTIONS.ruleset
+    | ALIGNED.ruleset
+    | LAYOUTS.ruleset
+    | REPEATS.ruleset
+    | DYNAMIC.ruleset
+)

@@ -29,24 +29,46 @@ from equivci.terms.rules.registry import family, named
 
 DOTS = family(
     "dots",
-    named("dots/lhs_free_lift", "dot(x[a:b along a free dim], y) = dot(x, y)[a:b along its output dim]",
-          eq(e).to(T.dot(spec, x.slice(k, a, b), y)), eq(o).to(dot_lhs_out(spec, k))).then(
-        union(e).with_(T.dot(spec, x, y).slice(o, a, b))),
-    named("dots/rhs_free_lift", "dot(x, y[a:b along a free dim]) = dot(x, y)[a:b along its output dim]",
-          eq(e).to(T.dot(spec, x, y.slice(k, a, b))), eq(o).to(dot_rhs_out(spec, k))).then(
-        union(e).with_(T.dot(spec, x, y).slice(o, a, b))),
-    named("dots/lhs_free_push", "dot(x, y)[a:b along an lhs free dim] = dot(x[a:b], y)",
-          eq(e).to(T.dot(spec, x, y).slice(o, a, b)), eq(k).to(dot_out_lhs(spec, o))).then(
-        union(e).with_(T.dot(spec, x.slice(k, a, b), y))),
-    named("dots/rhs_free_push", "dot(x, y)[a:b along an rhs free dim] = dot(x, y[a:b])",
-          eq(e).to(T.dot(spec, x, y).slice(o, a, b)), eq(k).to(dot_out_rhs(spec, o))).then(
-        union(e).with_(T.dot(spec, x, y.slice(k, a, b)))),
-    named("dots/batch_lift", "dot(x[a:b], y[a:b] along a batch dim pair) = dot(x, y)[a:b along its output dim]",
-          eq(e).to(T.dot(spec, x.slice(k, a, b), y.slice(j, a, b))), eq(j).to(dot_batch(spec, k)),
-          eq(o).to(dot_batch_out(spec, k)), eq(dim(x, k)).to(dim(y, j))).then(
-        union(e).with_(T.dot(spec, x, y).slice(o, a, b))),
-    named("dots/contraction_merge", "dot(x[a:b], y[a:b]) + dot(x[b:c], y[b:c]) = dot(x[a:c], y[a:c]) along a contraction",
-          eq(e).to(T.binary("add", T.dot(spec, x.slice(k, a, b), y.slice(j, a, b)),
-                            T.dot(spec, x.slice(k, b, c), y.slice(j, b, c)))), eq(j).to(dot_contract(spec, k))).then(
-        union(e).with_(T.dot(spec, x.slice(k, a, c), y.slice(j, a, c)))),
+    named(
+        "dots/lhs_free_lift",
+        "dot(x[a:b along a free dim], y) = dot(x, y)[a:b along its output dim]",
+        eq(e).to(T.dot(spec, x.slice(k, a, b), y)),
+        eq(o).to(dot_lhs_out(spec, k)),
+    ).then(union(e).with_(T.dot(spec, x, y).slice(o, a, b))),
+    named(
+        "dots/rhs_free_lift",
+        "dot(x, y[a:b along a free dim]) = dot(x, y)[a:b along its output dim]",
+        eq(e).to(T.dot(spec, x, y.slice(k, a, b))),
+        eq(o).to(dot_rhs_out(spec, k)),
+    ).then(union(e).with_(T.dot(spec, x, y).slice(o, a, b))),
+    named(
+        "dots/lhs_free_push",
+        "dot(x, y)[a:b along an lhs free dim] = dot(x[a:b], y)",
+        eq(e).to(T.dot(spec, x, y).slice(o, a, b)),
+        eq(k).to(dot_out_lhs(spec, o)),
+    ).then(union(e).with_(T.dot(spec, x.slice(k, a, b), y))),
+    named(
+        "dots/rhs_free_push",
+        "dot(x, y)[a:b along an rhs free dim] = dot(x, y[a:b])",
+        eq(e).to(T.dot(spec, x, y).slice(o, a, b)),
+        eq(k).to(dot_out_rhs(spec, o)),
+    ).then(union(e).with_(T.dot(spec, x, y.slice(k, a, b)))),
+    named(
+        "dots/batch_lift",
+        "dot(x[a:b], y[a:b] along a batch dim pair) = dot(x, y)[a:b along its output dim]",
+        eq(e).to(T.dot(spec, x.slice(k, a, b), y.slice(j, a, b))),
+        eq(j).to(dot_batch(spec, k)),
+        eq(o).to(dot_batch_out(spec, k)),
+        eq(dim(x, k)).to(dim(y, j)),
+    ).then(union(e).with_(T.dot(spec, x, y).slice(o, a, b))),
+    named(
+        "dots/contraction_merge",
+        "dot(x[a:b], y[a:b]) + dot(x[b:c], y[b:c]) = dot(x[a:c], y[a:c]) along a contraction",
+        eq(e).to(
+            T.binary(
+                "add", T.dot(spec, x.slice(k, a, b), y.slice(j, a, b)), T.dot(spec, x.slice(k, b, c), y.slice(j, b, c))
+            )
+        ),
+        eq(j).to(dot_contract(spec, k)),
+    ).then(union(e).with_(T.dot(spec, x.slice(k, a, c), y.slice(j, a, c)))),
 )

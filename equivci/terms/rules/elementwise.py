@@ -11,52 +11,88 @@ COMMUTATIVE = ("add", "multiply", "maximum", "minimum", "and", "or", "xor")
 
 ELEMENTWISE = family(
     "elementwise",
-    named("elementwise/unary_lift", "op(x[a:b]) = op(x)[a:b]",
-          eq(e).to(T.unary(op, x.slice(d, a, b)))).then(union(e).with_(T.unary(op, x).slice(d, a, b))),
-    named("elementwise/unary_push", "op(x)[a:b] = op(x[a:b])",
-          eq(e).to(T.unary(op, x).slice(d, a, b))).then(union(e).with_(T.unary(op, x.slice(d, a, b)))),
-    named("elementwise/binary_lift", "x[a:b] op y[a:b] = (x op y)[a:b] where x and y have the same size along d",
-          eq(e).to(T.binary(op, x.slice(d, a, b), y.slice(d, a, b))), eq(dim(x, d)).to(dim(y, d)),
-          eq(z).to(T.binary(op, x, y))).then(union(e).with_(z.slice(d, a, b))),
-    named("elementwise/binary_push", "(x op y)[a:b] = x[a:b] op y[a:b]",
-          eq(e).to(T.binary(op, x, y).slice(d, a, b))).then(
-        union(e).with_(T.binary(op, x.slice(d, a, b), y.slice(d, a, b)))),
+    named("elementwise/unary_lift", "op(x[a:b]) = op(x)[a:b]", eq(e).to(T.unary(op, x.slice(d, a, b)))).then(
+        union(e).with_(T.unary(op, x).slice(d, a, b))
+    ),
+    named("elementwise/unary_push", "op(x)[a:b] = op(x[a:b])", eq(e).to(T.unary(op, x).slice(d, a, b))).then(
+        union(e).with_(T.unary(op, x.slice(d, a, b)))
+    ),
+    named(
+        "elementwise/binary_lift",
+        "x[a:b] op y[a:b] = (x op y)[a:b] where x and y have the same size along d",
+        eq(e).to(T.binary(op, x.slice(d, a, b), y.slice(d, a, b))),
+        eq(dim(x, d)).to(dim(y, d)),
+        eq(z).to(T.binary(op, x, y)),
+    ).then(union(e).with_(z.slice(d, a, b))),
+    named(
+        "elementwise/binary_push", "(x op y)[a:b] = x[a:b] op y[a:b]", eq(e).to(T.binary(op, x, y).slice(d, a, b))
+    ).then(union(e).with_(T.binary(op, x.slice(d, a, b), y.slice(d, a, b)))),
     # A broadcast along a new dim is the same at every offset of that dim: it is the slice of the
     # wider broadcast the unsliced operand pairs with (bcast_shrink only pairs new-dim sizes).
-    named("elementwise/binary_bcast_lift_left", "x[a:b] op bcast(y) = (x op bcast(y) widened along d)[a:b]",
-          eq(e).to(T.binary(op, x.slice(d, a, b), T.bcast(spec, y))), eq(n).to(dim(x, d)),
-          eq(spec2).to(bcast_shrink(spec, d, n))).then(union(e).with_(T.binary(op, x, T.bcast(spec2, y)).slice(d, a, b))),
-    named("elementwise/binary_bcast_lift_right", "bcast(y) op x[a:b] = (bcast(y) widened along d op x)[a:b]",
-          eq(e).to(T.binary(op, T.bcast(spec, y), x.slice(d, a, b))), eq(n).to(dim(x, d)),
-          eq(spec2).to(bcast_shrink(spec, d, n))).then(union(e).with_(T.binary(op, T.bcast(spec2, y), x).slice(d, a, b))),
+    named(
+        "elementwise/binary_bcast_lift_left",
+        "x[a:b] op bcast(y) = (x op bcast(y) widened along d)[a:b]",
+        eq(e).to(T.binary(op, x.slice(d, a, b), T.bcast(spec, y))),
+        eq(n).to(dim(x, d)),
+        eq(spec2).to(bcast_shrink(spec, d, n)),
+    ).then(union(e).with_(T.binary(op, x, T.bcast(spec2, y)).slice(d, a, b))),
+    named(
+        "elementwise/binary_bcast_lift_right",
+        "bcast(y) op x[a:b] = (bcast(y) widened along d op x)[a:b]",
+        eq(e).to(T.binary(op, T.bcast(spec, y), x.slice(d, a, b))),
+        eq(n).to(dim(x, d)),
+        eq(spec2).to(bcast_shrink(spec, d, n)),
+    ).then(union(e).with_(T.binary(op, T.bcast(spec2, y), x).slice(d, a, b))),
     # The same under a slice of another dim: canonical slice order buries the window along the
     # broadcast's new dim (a device's heads) beneath a window of a later dim (RoPE's half of each head).
-    named("elementwise/binary_bcast_lift_nested_left",
-          "x[a:b along d][c:g along d2] op bcast(y) = (x[c:g along d2] op bcast(y) widened along d)[a:b along d]",
-          eq(e).to(T.binary(op, x.slice(d, a, b).slice(d2, c, g), T.bcast(spec, y))), ne(d2).to(d), eq(n).to(dim(x, d)),
-          eq(spec2).to(bcast_shrink(spec, d, n))).then(
-        union(e).with_(T.binary(op, x.slice(d2, c, g), T.bcast(spec2, y)).slice(d, a, b))),
-    named("elementwise/binary_bcast_lift_nested_right",
-          "bcast(y) op x[a:b along d][c:g along d2] = (bcast(y) widened along d op x[c:g along d2])[a:b along d]",
-          eq(e).to(T.binary(op, T.bcast(spec, y), x.slice(d, a, b).slice(d2, c, g))), ne(d2).to(d), eq(n).to(dim(x, d)),
-          eq(spec2).to(bcast_shrink(spec, d, n))).then(
-        union(e).with_(T.binary(op, T.bcast(spec2, y), x.slice(d2, c, g)).slice(d, a, b))),
+    named(
+        "elementwise/binary_bcast_lift_nested_left",
+        "x[a:b along d][c:g along d2] op bcast(y) = (x[c:g along d2] op bcast(y) widened along d)[a:b along d]",
+        eq(e).to(T.binary(op, x.slice(d, a, b).slice(d2, c, g), T.bcast(spec, y))),
+        ne(d2).to(d),
+        eq(n).to(dim(x, d)),
+        eq(spec2).to(bcast_shrink(spec, d, n)),
+    ).then(union(e).with_(T.binary(op, x.slice(d2, c, g), T.bcast(spec2, y)).slice(d, a, b))),
+    named(
+        "elementwise/binary_bcast_lift_nested_right",
+        "bcast(y) op x[a:b along d][c:g along d2] = (bcast(y) widened along d op x[c:g along d2])[a:b along d]",
+        eq(e).to(T.binary(op, T.bcast(spec, y), x.slice(d, a, b).slice(d2, c, g))),
+        ne(d2).to(d),
+        eq(n).to(dim(x, d)),
+        eq(spec2).to(bcast_shrink(spec, d, n)),
+    ).then(union(e).with_(T.binary(op, T.bcast(spec2, y), x.slice(d2, c, g)).slice(d, a, b))),
     # x op y is y op x for a commutative op: only between terms that both exist (one side wrote
     # `gate * y`, the other `y * gate`), so the rule joins e-classes and never adds terms.
-    *[named(f"elementwise/commute_{c}", f"x {c} y = y {c} x, between existing terms",
-            eq(e).to(T.binary(c, x, y)), eq(w).to(T.binary(c, y, x))).then(union(e).with_(w)) for c in COMMUTATIVE],
+    *[
+        named(
+            f"elementwise/commute_{c}",
+            f"x {c} y = y {c} x, between existing terms",
+            eq(e).to(T.binary(c, x, y)),
+            eq(w).to(T.binary(c, y, x)),
+        ).then(union(e).with_(w))
+        for c in COMMUTATIVE
+    ],
     # Elementwise ops commute with reshapes: same spec and same output shape imply same input shape.
-    named("elementwise/unary_reshape_lift", "op(reshape(x)) = reshape(op(x))",
-          eq(e).to(T.unary(op, T.reshape(spec, x)))).then(union(e).with_(T.reshape(spec, T.unary(op, x)))),
-    named("elementwise/binary_reshape_lift", "reshape(x) op reshape(y) = reshape(x op y), one spec",
-          eq(e).to(T.binary(op, T.reshape(spec, x), T.reshape(spec, y)))).then(
-        union(e).with_(T.reshape(spec, T.binary(op, x, y)))),
-    named("elementwise/ternary_lift", "op(x[a:b], y[a:b], z[a:b]) = op(x, y, z)[a:b] where the sizes along d agree",
-          eq(e).to(T.ternary(op, x.slice(d, a, b), y.slice(d, a, b), z.slice(d, a, b))),
-          eq(dim(x, d)).to(dim(y, d)), eq(dim(y, d)).to(dim(z, d))).then(
-        union(e).with_(T.ternary(op, x, y, z).slice(d, a, b))),
-    named("elementwise/ternary_push", "op(x, y, z)[a:b] = op(x[a:b], y[a:b], z[a:b]) where the sizes along d agree",
-          eq(e).to(T.ternary(op, x, y, z).slice(d, a, b)), eq(dim(x, d)).to(dim(y, d)),
-          eq(dim(y, d)).to(dim(z, d))).then(
-        union(e).with_(T.ternary(op, x.slice(d, a, b), y.slice(d, a, b), z.slice(d, a, b)))),
+    named(
+        "elementwise/unary_reshape_lift", "op(reshape(x)) = reshape(op(x))", eq(e).to(T.unary(op, T.reshape(spec, x)))
+    ).then(union(e).with_(T.reshape(spec, T.unary(op, x)))),
+    named(
+        "elementwise/binary_reshape_lift",
+        "reshape(x) op reshape(y) = reshape(x op y), one spec",
+        eq(e).to(T.binary(op, T.reshape(spec, x), T.reshape(spec, y))),
+    ).then(union(e).with_(T.reshape(spec, T.binary(op, x, y)))),
+    named(
+        "elementwise/ternary_lift",
+        "op(x[a:b], y[a:b], z[a:b]) = op(x, y, z)[a:b] where the sizes along d agree",
+        eq(e).to(T.ternary(op, x.slice(d, a, b), y.slice(d, a, b), z.slice(d, a, b))),
+        eq(dim(x, d)).to(dim(y, d)),
+        eq(dim(y, d)).to(dim(z, d)),
+    ).then(union(e).with_(T.ternary(op, x, y, z).slice(d, a, b))),
+    named(
+        "elementwise/ternary_push",
+        "op(x, y, z)[a:b] = op(x[a:b], y[a:b], z[a:b]) where the sizes along d agree",
+        eq(e).to(T.ternary(op, x, y, z).slice(d, a, b)),
+        eq(dim(x, d)).to(dim(y, d)),
+        eq(dim(y, d)).to(dim(z, d)),
+    ).then(union(e).with_(T.ternary(op, x.slice(d, a, b), y.slice(d, a, b), z.slice(d, a, b)))),
 )

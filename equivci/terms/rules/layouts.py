@@ -40,51 +40,90 @@ from equivci.terms.rules.registry import family, named
 
 LAYOUTS = family(
     "layouts",
-    named("layouts/bcast_lift", "bcast(x[a:b]) = bcast(x)[a:b along the operand dim's output dim]",
-          eq(e).to(T.bcast(spec, x.slice(k, a, b))), eq(o).to(bcast_out(spec, k))).then(
-        union(e).with_(T.bcast(spec, x).slice(o, a, b))),
-    named("layouts/bcast_push", "bcast(x)[a:b along an operand dim's output dim] = bcast(x[a:b])",
-          eq(e).to(T.bcast(spec, x).slice(o, a, b)), eq(k).to(bcast_in(spec, o))).then(
-        union(e).with_(T.bcast(spec, x.slice(k, a, b)))),
-    named("layouts/bcast_shrink", "bcast(x)[a:b along a new dim] = bcast(x) to size b - a there",
-          eq(e).to(T.bcast(spec, x).slice(o, a, b)), eq(spec2).to(bcast_shrink(spec, o, b - a))).then(
-        union(e).with_(T.bcast(spec2, x))),
+    named(
+        "layouts/bcast_lift",
+        "bcast(x[a:b]) = bcast(x)[a:b along the operand dim's output dim]",
+        eq(e).to(T.bcast(spec, x.slice(k, a, b))),
+        eq(o).to(bcast_out(spec, k)),
+    ).then(union(e).with_(T.bcast(spec, x).slice(o, a, b))),
+    named(
+        "layouts/bcast_push",
+        "bcast(x)[a:b along an operand dim's output dim] = bcast(x[a:b])",
+        eq(e).to(T.bcast(spec, x).slice(o, a, b)),
+        eq(k).to(bcast_in(spec, o)),
+    ).then(union(e).with_(T.bcast(spec, x.slice(k, a, b)))),
+    named(
+        "layouts/bcast_shrink",
+        "bcast(x)[a:b along a new dim] = bcast(x) to size b - a there",
+        eq(e).to(T.bcast(spec, x).slice(o, a, b)),
+        eq(spec2).to(bcast_shrink(spec, o, b - a)),
+    ).then(union(e).with_(T.bcast(spec2, x))),
     # A broadcast is constant along its new dims: where a slice of the same size exists, the
     # narrow broadcast is that slice of the wider one (so ops mixing both lift like any slice).
     # Only onto a wider broadcast the reference computes (a mask or table over all heads): a
     # device's own broadcasts along a size-1 dim (one KV head) would otherwise get a copy at every
     # offset of every width-1 slice, and the lifts multiply the copies (a GQA layer with RoPE ran
     # out of memory).
-    named("layouts/bcast_as_slice", "bcast(y) to size b - a along a new dim = (the reference's wider bcast(y))[a:b]",
-          eq(e).to(T.bcast(spec, y)), eq(w).to(x.slice(d, a, b)), eq(b - a).to(bcast_new(spec, d)),
-          eq(n).to(dim(x, d)), eq(spec2).to(bcast_shrink(spec, d, n)), eq(z).to(T.bcast(spec2, y)), reference(z)).then(
-        union(e).with_(z.slice(d, a, b))),
+    named(
+        "layouts/bcast_as_slice",
+        "bcast(y) to size b - a along a new dim = (the reference's wider bcast(y))[a:b]",
+        eq(e).to(T.bcast(spec, y)),
+        eq(w).to(x.slice(d, a, b)),
+        eq(b - a).to(bcast_new(spec, d)),
+        eq(n).to(dim(x, d)),
+        eq(spec2).to(bcast_shrink(spec, d, n)),
+        eq(z).to(T.bcast(spec2, y)),
+        reference(z),
+    ).then(union(e).with_(z.slice(d, a, b))),
     # A broadcast to a smaller size along a new dim than the reference's broadcast of the same value
     # is its leading window (a shard repeating its KV head fewer times than the reference does).
-    named("layouts/bcast_onto_reference", "bcast(y) to size k < n along a new dim = (the reference's bcast(y) to n)[0:k]",
-          eq(e).to(T.bcast(spec, y)), eq(x).to(T.bcast(spec2, y)), reference(x), eq(spec).to(bcast_shrink(spec2, o, k)),
-          eq(n).to(bcast_new(spec2, o)), k < n).then(union(e).with_(x.slice(o, 0, k))),
-    named("layouts/transpose_lift", "transpose(x[a:b along k]) = transpose(x)[a:b along k's output dim]",
-          eq(e).to(T.transpose(spec, x.slice(k, a, b))), eq(o).to(perm_out(spec, k))).then(
-        union(e).with_(T.transpose(spec, x).slice(o, a, b))),
-    named("layouts/transpose_push", "transpose(x)[a:b along o] = transpose(x[a:b along p[o]])",
-          eq(e).to(T.transpose(spec, x).slice(o, a, b)), eq(k).to(perm_in(spec, o))).then(
-        union(e).with_(T.transpose(spec, x.slice(k, a, b)))),
+    named(
+        "layouts/bcast_onto_reference",
+        "bcast(y) to size k < n along a new dim = (the reference's bcast(y) to n)[0:k]",
+        eq(e).to(T.bcast(spec, y)),
+        eq(x).to(T.bcast(spec2, y)),
+        reference(x),
+        eq(spec).to(bcast_shrink(spec2, o, k)),
+        eq(n).to(bcast_new(spec2, o)),
+        k < n,
+    ).then(union(e).with_(x.slice(o, 0, k))),
+    named(
+        "layouts/transpose_lift",
+        "transpose(x[a:b along k]) = transpose(x)[a:b along k's output dim]",
+        eq(e).to(T.transpose(spec, x.slice(k, a, b))),
+        eq(o).to(perm_out(spec, k)),
+    ).then(union(e).with_(T.transpose(spec, x).slice(o, a, b))),
+    named(
+        "layouts/transpose_push",
+        "transpose(x)[a:b along o] = transpose(x[a:b along p[o]])",
+        eq(e).to(T.transpose(spec, x).slice(o, a, b)),
+        eq(k).to(perm_in(spec, o)),
+    ).then(union(e).with_(T.transpose(spec, x.slice(k, a, b)))),
     # Partial results transposed on each device are summed after the transpose (the gradient of
     # x @ w): the sum of transposes is the transpose of the sum, where the split dot merges.
-    named("layouts/binary_transpose_lift", "transpose(x) op transpose(y) = transpose(x op y), one permutation",
-          eq(e).to(T.binary(op, T.transpose(spec, x), T.transpose(spec, y)))).then(
-        union(e).with_(T.transpose(spec, T.binary(op, x, y)))),
-    named("layouts/reshape_lift",
-          "reshape(x[a:b along a group's lead]) = reshape(x)[a*s1/s2 : b*s1/s2 along its output lead], divisible",
-          eq(e).to(T.reshape(spec, x.slice(k, a, b))), eq(o).to(rs_lead_out(spec, k)),
-          eq(s1).to(rs_in_tail(spec, k)), eq(s2).to(rs_out_tail(spec, k)),
-          eq((a * s1) % s2).to(i64(0)), eq((b * s1) % s2).to(i64(0))).then(
-        union(e).with_(T.reshape(spec, x).slice(o, a * s1 / s2, b * s1 / s2))),
-    named("layouts/reshape_push",
-          "reshape(x)[a:b along a group's output lead] = reshape(x[a*s2/s1 : b*s2/s1 along its input lead]), divisible",
-          eq(e).to(T.reshape(spec, x).slice(o, a, b)), eq(k).to(rs_lead_in(spec, o)),
-          eq(s1).to(rs_in_tail(spec, k)), eq(s2).to(rs_out_tail(spec, k)),
-          eq((a * s2) % s1).to(i64(0)), eq((b * s2) % s1).to(i64(0))).then(
-        union(e).with_(T.reshape(spec, x.slice(k, a * s2 / s1, b * s2 / s1)))),
+    named(
+        "layouts/binary_transpose_lift",
+        "transpose(x) op transpose(y) = transpose(x op y), one permutation",
+        eq(e).to(T.binary(op, T.transpose(spec, x), T.transpose(spec, y))),
+    ).then(union(e).with_(T.transpose(spec, T.binary(op, x, y)))),
+    named(
+        "layouts/reshape_lift",
+        "reshape(x[a:b along a group's lead]) = reshape(x)[a*s1/s2 : b*s1/s2 along its output lead], divisible",
+        eq(e).to(T.reshape(spec, x.slice(k, a, b))),
+        eq(o).to(rs_lead_out(spec, k)),
+        eq(s1).to(rs_in_tail(spec, k)),
+        eq(s2).to(rs_out_tail(spec, k)),
+        eq((a * s1) % s2).to(i64(0)),
+        eq((b * s1) % s2).to(i64(0)),
+    ).then(union(e).with_(T.reshape(spec, x).slice(o, a * s1 / s2, b * s1 / s2))),
+    named(
+        "layouts/reshape_push",
+        "reshape(x)[a:b along a group's output lead] = reshape(x[a*s2/s1 : b*s2/s1 along its input lead]), divisible",
+        eq(e).to(T.reshape(spec, x).slice(o, a, b)),
+        eq(k).to(rs_lead_in(spec, o)),
+        eq(s1).to(rs_in_tail(spec, k)),
+        eq(s2).to(rs_out_tail(spec, k)),
+        eq((a * s2) % s1).to(i64(0)),
+        eq((b * s2) % s1).to(i64(0)),
+    ).then(union(e).with_(T.reshape(spec, x.slice(k, a * s2 / s1, b * s2 / s1)))),
 )

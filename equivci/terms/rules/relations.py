@@ -10,10 +10,13 @@ from equivci.terms.rules.registry import family, named
 
 RELATIONS = family(
     "relations",
-    named("relations/slice", "a slice of a related value is related",
-          related(x), eq(e).to(x.slice(d, a, b))).then(related(e)),
-    named("relations/reshape", "a reshape of a related value is related",
-          related(x), eq(e).to(T.reshape(spec, x))).then(related(e)),
-    named("relations/transpose", "a transpose of a related value is related",
-          related(x), eq(e).to(T.transpose(spec, x))).then(related(e)),
+    named("relations/slice", "a slice of a related value is related", related(x), eq(e).to(x.slice(d, a, b))).then(
+        related(e)
+    ),
+    named(
+        "relations/reshape", "a reshape of a related value is related", related(x), eq(e).to(T.reshape(spec, x))
+    ).then(related(e)),
+    named(
+        "relations/transpose", "a transpose of a related value is related", related(x), eq(e).to(T.transpose(spec, x))
+    ).then(related(e)),
 )

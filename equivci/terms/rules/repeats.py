@@ -37,14 +37,30 @@ from equivci.terms.rules.registry import family, named
 
 REPEATS = family(
     "repeats",
-    named("repeats/shift", "repeat(y, n)[a:b] inside one group = repeat(y, m)[(a/n)*m + c : ... + b - a] for m != n",
-          eq(e).to(T.reshape(spec, T.bcast(spec2, y)).slice(d, a, b)), eq(d).to(repeat_dim(spec, spec2)),
-          eq(n).to(repeat_count(spec, spec2)), eq(a / n).to((b - 1) / n),
-          eq(x).to(T.reshape(spec3, T.bcast(key, y))), reference(x), eq(d).to(repeat_dim(spec3, key)),
-          eq(m).to(repeat_count(spec3, key)), ne(m).to(n), eq(k).to(b - a), repeat_window(m, k, c)).then(
-        union(e).with_(x.slice(d, (a / n) * m + c, (a / n) * m + c + k))),
-    named("repeats/one_row", "y[a:a+1] = repeat(y, m)[a*m + c : a*m + c + 1] for 0 <= c < m",
-          eq(e).to(y.slice(d, a, b)), eq(b).to(a + 1), eq(x).to(T.reshape(spec, T.bcast(spec2, y))), reference(x),
-          eq(d).to(repeat_dim(spec, spec2)), eq(m).to(repeat_count(spec, spec2)), repeat_window(m, i64(1), c)).then(
-        union(e).with_(x.slice(d, a * m + c, a * m + c + 1))),
+    named(
+        "repeats/shift",
+        "repeat(y, n)[a:b] inside one group = repeat(y, m)[(a/n)*m + c : ... + b - a] for m != n",
+        eq(e).to(T.reshape(spec, T.bcast(spec2, y)).slice(d, a, b)),
+        eq(d).to(repeat_dim(spec, spec2)),
+        eq(n).to(repeat_count(spec, spec2)),
+        eq(a / n).to((b - 1) / n),
+        eq(x).to(T.reshape(spec3, T.bcast(key, y))),
+        reference(x),
+        eq(d).to(repeat_dim(spec3, key)),
+        eq(m).to(repeat_count(spec3, key)),
+        ne(m).to(n),
+        eq(k).to(b - a),
+        repeat_window(m, k, c),
+    ).then(union(e).with_(x.slice(d, (a / n) * m + c, (a / n) * m + c + k))),
+    named(
+        "repeats/one_row",
+        "y[a:a+1] = repeat(y, m)[a*m + c : a*m + c + 1] for 0 <= c < m",
+        eq(e).to(y.slice(d, a, b)),
+        eq(b).to(a + 1),
+        eq(x).to(T.reshape(spec, T.bcast(spec2, y))),
+        reference(x),
+        eq(d).to(repeat_dim(spec, spec2)),
+        eq(m).to(repeat_count(spec, spec2)),
+        repeat_window(m, i64(1), c),
+    ).then(union(e).with_(x.slice(d, a * m + c, a * m + c + 1))),
 )

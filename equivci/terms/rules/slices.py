@@ -10,18 +10,31 @@ from equivci.terms.rules.registry import family, named
 
 SLICES = family(
     "slices",
-    named("slices/compose", "x[a:b][c:g] = x[a+c : a+g] along one dim",
-          eq(e).to(x.slice(d, a, b).slice(d, c, g))).then(union(e).with_(x.slice(d, a + c, a + g))),
+    named("slices/compose", "x[a:b][c:g] = x[a+c : a+g] along one dim", eq(e).to(x.slice(d, a, b).slice(d, c, g))).then(
+        union(e).with_(x.slice(d, a + c, a + g))
+    ),
     # Slices of different dims commute; the canonical order has the higher dim outside. (Keeping
     # both orders lets push and lift rules multiply windows: a Llama layer stopped saturating.)
-    named("slices/reorder", "slices of different dims commute (the higher dim outside)",
-          eq(e).to(x.slice(d, a, b).slice(d2, c, g)), d2 < d).then(union(e).with_(x.slice(d2, c, g).slice(d, a, b))),
-    named("slices/full", "x[0 : dim(x, d)] along d = x",
-          eq(e).to(x.slice(d, a, b)), eq(a).to(i64(0)), eq(b).to(dim(x, d))).then(union(e).with_(x)),
+    named(
+        "slices/reorder",
+        "slices of different dims commute (the higher dim outside)",
+        eq(e).to(x.slice(d, a, b).slice(d2, c, g)),
+        d2 < d,
+    ).then(union(e).with_(x.slice(d2, c, g).slice(d, a, b))),
+    named(
+        "slices/full", "x[0 : dim(x, d)] along d = x", eq(e).to(x.slice(d, a, b)), eq(a).to(i64(0)), eq(b).to(dim(x, d))
+    ).then(union(e).with_(x)),
     # Re-base a slice on a wider slice of the same value that is a reference value (k from a fused
     # qkv is a window of the reference's k). Only onto reference values: re-basing onto every wider
     # slice multiplies the forms of each slice and, through the lifts, the terms of a layer.
-    named("slices/rebase", "x[a:b] = (x[c:g])[a-c : b-c] for c <= a <= b <= g, onto a reference value x[c:g]",
-          eq(e).to(x.slice(d, a, b)), eq(w).to(x.slice(d, c, g)), reference(w), c <= a, b <= g, ne(w).to(e)).then(
-        union(e).with_(w.slice(d, a - c, b - c))),
+    named(
+        "slices/rebase",
+        "x[a:b] = (x[c:g])[a-c : b-c] for c <= a <= b <= g, onto a reference value x[c:g]",
+        eq(e).to(x.slice(d, a, b)),
+        eq(w).to(x.slice(d, c, g)),
+        reference(w),
+        c <= a,
+        b <= g,
+        ne(w).to(e),
+    ).then(union(e).with_(w.slice(d, a - c, b - c))),
 )
