@@ -26,7 +26,7 @@ from equivci.prove.programs import build_programs
 from equivci.prove.saturate import MAX_ITERATIONS, saturate
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
-from equivci.translate.evaluator import Unsupported
+from equivci.translate.builder import Unsupported
 
 # Run the numeric oracle only where random inputs are cheap to draw and run on a CPU.
 MAX_ORACLE_ELEMENTS = 1 << 22
