@@ -80,12 +80,12 @@ class Loader:
             self._seed_reduce(at[1])
             ex = T.reduce(at[0], at[1], args[0])
         elif op == "bcast":
-            self._seed_bcast(at[0], len(t.args[0].shape))
+            self._seed_bcast(at[0])
             ex = T.bcast(at[0], args[0])
             inner = bcast_form(t.args[0])
             if inner is not None:  # a broadcast of a broadcast is one broadcast
                 spec = compose_bcast(inner[0], at[0])
-                self._seed_bcast(spec, len(inner[1].shape))
+                self._seed_bcast(spec)
                 self.facts.append(union(ex).with_(T.bcast(spec, self.expr(inner[1]))))
         elif op == "reshape":
             self._seed_reshape(at[0])
@@ -98,7 +98,7 @@ class Loader:
                 self._seed_repeat(at[0], t.args[0].attrs[0])
             as_bcast = bcast_form(t)
             if as_bcast is not None:  # inserting size-1 dims is also a broadcast (relates to wider ones)
-                self._seed_bcast(as_bcast[0], len(t.args[0].shape))
+                self._seed_bcast(as_bcast[0])
                 self.facts.append(union(ex).with_(T.bcast(as_bcast[0], args[0])))
         elif op == "transpose":
             self._seed_transpose(at[0])
@@ -203,24 +203,32 @@ class Loader:
                 self._table(L.reduce_in, key, out, k)
                 out += 1
 
-    def _seed_bcast(self, spec: str, operand_rank: int) -> None:
+    def _seed_bcast(self, spec: str) -> None:
+        """The tables of a broadcast spec that occurs in a loaded term, paired with its peers."""
+        self._bcast_tables(spec)
+        if not self._once("bcast_peer", spec):
+            return
+        # Slicing a new dim of a broadcast is the broadcast to the smaller size. Pair the specs
+        # that occur and differ only in new-dim sizes, through every intermediate spec, so that
+        # the rules can shrink one dim at a time (rules never invent a spec themselves). The
+        # intermediate specs are not peers in turn: pairing them too closes over every mix of the
+        # new-dim sizes of a layout (a backward pass: 512 specs became 71k).
+        parts = BcastSpec.parse(spec).parts
+        shape_key = tuple(p if p[0] == "i" else "n" for p in parts)
+        peers = self._bcasts.setdefault(shape_key, set())
+        for other in peers:
+            self._pair_bcasts(parts, BcastSpec.parse(other).parts)
+        peers.add(spec)
+
+    def _bcast_tables(self, spec: str) -> None:
         if not self._once("bcast", spec):
             return
-        parts = BcastSpec.parse(spec).parts
-        for o, (kind, value) in enumerate(parts):
+        for o, (kind, value) in enumerate(BcastSpec.parse(spec).parts):
             if kind == "i":
                 self._table(L.bcast_out, spec, value, o)
                 self._table(L.bcast_in, spec, o, value)
             else:
                 self._table(L.bcast_new, spec, o, value)
-        # Slicing a new dim of a broadcast is the broadcast to the smaller size. Pair the specs
-        # that occur and differ only in new-dim sizes, through every intermediate spec, so that
-        # the rules can shrink one dim at a time (rules never invent a spec themselves).
-        shape_key = tuple(p if p[0] == "i" else "n" for p in parts)
-        peers = self._bcasts.setdefault(shape_key, set())
-        for other in list(peers):
-            self._pair_bcasts(parts, BcastSpec.parse(other).parts)
-        peers.add(spec)
 
     def _pair_bcasts(self, parts: tuple[tuple[str, int], ...], oparts: tuple[tuple[str, int], ...]) -> None:
         diff = [o for o in range(len(parts)) if parts[o] != oparts[o]]
@@ -235,8 +243,10 @@ class Loader:
                 there = list(here)
                 there[o] = oparts[o] if here[o] == parts[o] else parts[o]
                 a, b = BcastSpec(tuple(here)).text(), BcastSpec(tuple(there)).text()
-                self._seed_bcast(a, 0)
-                self._seed_bcast(b, 0)
+                if not self._once("bcast_shrink", f"{a}/{o}/{b}"):
+                    continue
+                self._bcast_tables(a)
+                self._bcast_tables(b)
                 self.facts.append(set_(L.bcast_shrink(String(a), i64(o), i64(there[o][1]))).to(String(b)))
 
     def _seed_repeat(self, reshape: str, bcast: str) -> None:
