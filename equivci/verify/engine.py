@@ -23,7 +23,7 @@ from equivci.options import ENV_SATURATION_ITERATIONS
 from equivci.prove.candidates import window_candidates
 from equivci.prove.layered import prefix_proof, prove_layers
 from equivci.prove.programs import build_programs
-from equivci.prove.saturate import MAX_ITERATIONS, saturate
+from equivci.prove.saturate import MAX_ITERATIONS, saturate, with_hints
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
 from equivci.translate.builder import Unsupported
@@ -107,7 +107,7 @@ def verify_model(
         if not proof.all_proved and not proof.exhausted:
             hints = _candidates(programs, captured)
             if hints:
-                proof = saturate(programs, extra_terms=hints, iterations=HINTED_ITERATIONS)
+                proof = with_hints(proof, programs, hints, HINTED_ITERATIONS)
                 laps.lap(f"prove whole program with {len(hints)} proposed windows")
     if proof.all_proved:
         return _finish(

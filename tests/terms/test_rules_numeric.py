@@ -123,7 +123,7 @@ def fires(lhs: Term, rhs: Term, family, preload_rhs: bool = False) -> bool:
     a = loader.expr(lhs)
     if preload_rhs:  # rules that read static tables seeded from the right-hand side, or its terms
         loader.expr(rhs)  # as reference values
-        egraph.register(*[L.reference(ex) for ex in loader.exprs.values()])
+        egraph.register(*[L.reference(loader.expr(t)) for t in loader.exprs])
     loader.flush()
     egraph.run((F["dims"].saturate() + family) * FAMILY_ITERATIONS)
     egraph.run(F["dims"].saturate())
