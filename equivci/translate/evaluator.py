@@ -21,7 +21,8 @@ import numpy as np
 
 from equivci.hlo.collectives import UnsupportedGroups, parse_groups, parse_pairs
 from equivci.hlo.ir import Computation, Instruction, Module, Shape
-from equivci.terms.ir import Term, TermTable, gather_map, reduce_pair_map
+from equivci.terms.ir import Term, TermTable, gather_map, reduce_pair_map, sort_map
+from equivci.terms.semantics import sort_lanes
 from equivci.terms.spec import (
     BcastSpec,
     DotSpec,
@@ -607,6 +608,10 @@ class Evaluator:
             return self.gather(inst, args)
         if op == "scatter" and (written := self.scatter_at_constants(inst, args)) is not None:
             return written
+        if op == "sort" and (ordered := self.sort(inst, args)) is not None:
+            return ordered
+        if op == "topk":
+            return self.top_k(inst, args)
         return self.opaque(inst, args)
 
     def strided_slice(self, x: Term, dim: int, start: int, stop: int, step: int) -> Term | None:
@@ -977,6 +982,48 @@ class Evaluator:
                 self.bound(term, (x, y)[k], inits[k])
         return out
 
+    def sort(self, inst: Instruction, args: list) -> Term | tuple | None:
+        """A stable sort of one or two operands along one dim (a single operand is paired with
+        itself). An unstable sort may order ties by more than the lane: left opaque."""
+        dims = dims_attr(inst.attrs.get("dimensions"))
+        if inst.attrs.get("is_stable") != "true" or len(dims) != 1 or len(args) > 2 or args[0].shape != args[-1].shape:
+            return None
+        comp = self.called(inst, "to_apply")
+        order = _key_order(comp) or f"cmp-{fingerprint(comp.name, self.module)}"
+        elements = inst.shape.elements if inst.shape.is_tuple else (inst.shape,)
+        out = self.sorted_lanes(args[0], args[-1], dims[0], order, [e.dtype for e in elements])
+        return tuple(out) if inst.shape.is_tuple else out[0]
+
+    def top_k(self, inst: Instruction, args: list) -> tuple:
+        """HLO topk: along the last dim, the k largest (or smallest) values and their indices, ties in
+        index order: the first k of a stable sort of (x, iota) by x, so that a top-k and a sort-based
+        top-k (approx_max_k on CPU) are one term."""
+        x, dim = args[0], len(args[0].shape) - 1
+        values, indices = inst.shape.elements
+        if np.prod(x.shape) <= MAX_FOLD_ELEMENTS:
+            iota = self.const(
+                np.broadcast_to(np.arange(x.shape[dim]), x.shape).astype(NP_DTYPES[indices.dtype]), indices.dtype
+            )
+        else:
+            iota = self.mk("iota", (dim,), (), Shape(indices.dtype, x.shape))
+        order = "GT" if inst.attrs.get("largest", "true") == "true" else "LT"
+        ordered = self.sorted_lanes(x, iota, dim, order, [values.dtype, indices.dtype])
+        return tuple(self.slice_term(t, dim, 0, int(inst.attrs["k"])) for t in ordered)
+
+    def sorted_lanes(self, x: Term, y: Term, dim: int, order: str, dtypes: list[str]) -> list[Term]:
+        """The outputs of a stable sort of (x, y) along `dim` by comparator `order`: each lane along
+        `dim` is sorted on its own, whatever the comparator, so each output is an aligned map over
+        the other dims (slices of them pass through: rules/aligned.py)."""
+        aligned = sort_map(len(x.shape), dim, x.shape[dim])
+        out = []
+        for k, dtype in enumerate(dtypes):
+            op_key = f"sort:{order}:{dim}:{k}"
+            fold = (lambda a, b, key=op_key: sort_lanes(a, b, key)) if order in ("LT", "GT") else (lambda a, b: None)
+            term = self.fold_or("aligned", (aligned.key(op_key),), [x, y], Shape(dtype, x.shape), fold)
+            self.bound(term, (x, y)[k])  # a permutation of each lane of operand k
+            out.append(term)
+        return out
+
     def picks_operand(self, inst: Instruction, k: int) -> bool:
         """Whether output `k` of a two-operand reduce is always one of its two inputs: the reducer's
         result k is a select between its parameters k and k + 2."""
@@ -1213,6 +1260,17 @@ def _overwrites(comp: Computation) -> bool:
     """A scatter combiner that returns the update (its second parameter)."""
     params = {int(p.attrs["_number"]): p.name for p in comp.parameters()}
     return len(params) == 2 and comp.root.opcode == "parameter" and comp.root.name == params.get(1)
+
+
+def _key_order(comp: Computation) -> str | None:
+    """LT or GT when a sort comparator is `compare(param 0, param 1)` in that direction (a plain
+    ascending or descending sort by the first operand), else None."""
+    root = comp.root
+    params = {i.name: i.attrs.get("_number") for i in comp.instructions if i.opcode == "parameter"}
+    if root.opcode != "compare" or [params.get(o) for o in root.operands] != ["0", "1"]:
+        return None
+    direction = root.attrs.get("direction")
+    return direction if direction in ("LT", "GT") and root.attrs.get("type", "") != "TOTALORDER" else None
 
 
 def _lookup(env: dict[str, list], name: str) -> list:
