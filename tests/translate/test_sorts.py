@@ -21,6 +21,12 @@ COMPARATORS = """
   ROOT %lt = pred[] compare(%a, %b), direction=LT
 }
 
+%less1 (a: s32[], b: s32[]) -> pred[] {
+  %a = s32[] parameter(0)
+  %b = s32[] parameter(1)
+  ROOT %lt = pred[] compare(%a, %b), direction=LT
+}
+
 %greater (a: f32[], b: f32[], c: s32[], d: s32[]) -> pred[] {
   %a = f32[] parameter(0)
   %b = f32[] parameter(1)
@@ -85,3 +91,14 @@ def test_a_sort_of_constants_is_folded():
         [],
     )
     assert np.array_equal(ev.folded(out), [1, 3, 0, 2, 4])
+
+
+def test_a_one_operand_sort_is_paired_with_itself():
+    out, ev = _run(
+        """  %x = s32[2,4] parameter(0)
+  ROOT %s = s32[2,4] sort(%x), dimensions={0}, is_stable=true, to_apply=%less1""",
+        [((2, 4), "s32")],
+    )
+    assert out.op == "aligned" and out.args[0] is out.args[1]
+    x = np.array([[3, 1, 0, 2], [1, 1, 4, 0]], dtype=np.int32)
+    assert np.array_equal(evaluate(out, {0: x}, ev.values), np.sort(x, axis=0))
