@@ -27,13 +27,6 @@ COMPARATORS = """
   ROOT %lt = pred[] compare(%a, %b), direction=LT
 }
 
-%greater (a: f32[], b: f32[], c: s32[], d: s32[]) -> pred[] {
-  %a = f32[] parameter(0)
-  %b = f32[] parameter(1)
-  %c = s32[] parameter(2)
-  %d = s32[] parameter(3)
-  ROOT %gt = pred[] compare(%a, %b), direction=GT
-}
 """
 
 
