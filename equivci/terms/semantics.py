@@ -332,6 +332,8 @@ def _eval_one(t: Term, args: list[np.ndarray], params: dict[int, np.ndarray]) ->
             return gather(args[0], args[1], op_key, t.shape)
         if op_key.startswith("argmax2:"):
             return argmax2(args[0], args[1], op_key)
+        if op_key.startswith("sort:"):
+            return sort_lanes(args[0], args[1], op_key)
         raise TermEvalError(f"aligned op {op_key} has no numpy model")
     if op in ("dslice", "dupdate"):
         dim = at[0]
@@ -386,3 +388,19 @@ def argmax2(x: np.ndarray, y: np.ndarray, op_key: str) -> np.ndarray:
     if component == "0":
         return xs.max(axis=-1)
     return np.take_along_axis(ys, xs.argmax(axis=-1)[..., None], axis=-1)[..., 0]
+
+
+def sort_lanes(x: np.ndarray, y: np.ndarray, op_key: str) -> np.ndarray:
+    """Output `index` of HLO's stable sort of (x, y) along `dim` by x (a comparator `compare(x0, x1)`
+    with direction LT: ascending, GT: descending; ties keep their order). Key:
+    sort:DIRECTION:dim:index (from Evaluator.sort)."""
+    _, direction, dim_text, index = op_key.split(":")
+    if direction not in ("LT", "GT"):
+        raise TermEvalError(f"sort comparator {direction} has no numpy model")
+    dim = int(dim_text)
+    keys = np.moveaxis(x, dim, -1)
+    if direction == "GT":  # descending and stable: ascending on the negated keys, exactly
+        keys = -keys.astype(object) if keys.dtype.kind in "iu" else -keys
+    perm = np.argsort(keys, axis=-1, kind="stable")
+    chosen = np.moveaxis((x, y)[int(index)], dim, -1)
+    return np.moveaxis(np.take_along_axis(chosen, perm, axis=-1), -1, dim)

@@ -8,7 +8,7 @@ which turns `dynamic_slice(w, axis_index * k)` into a static slice of the refere
 Ops without a model become `opaque` terms: equal only to the same op on equal arguments.
 
 This module is the driver: it walks the instructions and hands each to the handler of its opcode
-(`HANDLERS`, one module per op family: literals, elementwise, shapes, reductions, collectives);
+(`HANDLERS`, one module per op family: literals, elementwise, shapes, reductions, sorts, collectives);
 the handlers build terms through the `Builder` the evaluator is. Calls are evaluated inline, and
 loops by the loop handler a caller installs (prove/loops.py, translate/unroll.py).
 """
@@ -20,7 +20,7 @@ from typing import Callable, Protocol
 
 from equivci.hlo.ir import Computation, Instruction, Module
 from equivci.terms.ir import Term, TermTable
-from equivci.translate import bounds, collectives, elementwise, literals, reductions, shapes
+from equivci.translate import bounds, collectives, elementwise, literals, reductions, shapes, sorts
 from equivci.translate.attributes import called
 from equivci.translate.builder import Builder, Unsupported, Value
 from equivci.translate.opaque import opaque
@@ -32,6 +32,7 @@ HANDLERS: dict[str, Handler] = {
     **elementwise.HANDLERS,
     **shapes.HANDLERS,
     **reductions.HANDLERS,
+    **sorts.HANDLERS,
 }
 
 

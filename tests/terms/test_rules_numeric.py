@@ -20,7 +20,7 @@ from egglog import EGraph
 
 from equivci.prove.saturate import _run, proved_equal
 from equivci.terms import language as L
-from equivci.terms.ir import Term, TermTable, gather_map, reduce_pair_map
+from equivci.terms.ir import Term, TermTable, gather_map, reduce_pair_map, sort_map
 from equivci.terms.load import Loader
 from equivci.terms.rules import FAMILIES, REWRITE_FAMILIES
 from equivci.terms.rules.elementwise import COMMUTATIVE
@@ -103,6 +103,11 @@ class B:
         shape = tuple(s for k, s in enumerate(x.shape) if k not in dims)
         key = aligned.key(f"argmax2:{','.join(map(str, dims))}:{component}")
         return self.t.make("aligned", (key,), (x, y), shape, x.dtype if component == 0 else y.dtype)
+
+    def sort(self, x: Term, y: Term, dim: int, direction: str, component: int) -> Term:
+        """Output `component` of a stable sort of (x, y) along `dim` by x (as Evaluator.sort builds it)."""
+        key = sort_map(len(x.shape), dim, x.shape[dim]).key(f"sort:{direction}:{dim}:{component}")
+        return self.t.make("aligned", (key,), (x, y), x.shape, (x, y)[component].dtype)
 
     def gather(self, x: Term, idx: Term, attrs: dict[str, str], out_shape) -> Term:
         dims = GatherDims.parse(attrs, len(idx.shape))
@@ -494,6 +499,19 @@ def aligned_reduce_lift(rng, b: B):
             b.sl(b.argmax2(x, y, dims, component), o, lo, hi))
 
 
+def aligned_sort_lift(rng, b: B):
+    """A sort (top-k, argsort) of lanes [lo, hi) along another dim than the sorted one is those
+    lanes of the sort: each lane is sorted on its own."""
+    x = b.param(0, rshape(rng, int(rng.integers(2, 4))))
+    y = b.param(1, x.shape, "s32")
+    dim = int(rng.integers(0, len(x.shape)))
+    k = int(rng.choice([v for v in range(len(x.shape)) if v != dim]))
+    lo, hi = rrange(rng, x.shape[k], proper=True)
+    direction, component = str(rng.choice(["LT", "GT"])), int(rng.integers(0, 2))
+    return (b.sort(b.sl(x, k, lo, hi), b.sl(y, k, lo, hi), dim, direction, component),
+            b.sl(b.sort(x, y, dim, direction, component), k, lo, hi))
+
+
 def _take_rows(b: B, table: Term, idx: Term) -> Term:
     """table[idx[..., 0]] for a 2-D table (jnp.take along axis 0; idx ends in the index vector dim)."""
     rank = len(idx.shape) - 1
@@ -812,6 +830,7 @@ RULES = {
     # One rule, read from the tables of two kinds of ops.
     "aligned/reduce_lift": (F["aligned"], aligned_reduce_lift, False),
     "aligned/gather_lift": (F["aligned"], aligned_gather_lift, False),
+    "aligned/sort_lift": (F["aligned"], aligned_sort_lift, False),
     "aligned/rhs_lift": (F["aligned"], aligned_gather_rhs_lift, False),
     "layouts/bcast_lift": (F["layouts"], bcast_lift, False),
     "layouts/bcast_push": (F["layouts"], bcast_push, False),
@@ -836,7 +855,7 @@ RULES = {
 
 # Instances named otherwise than the rule they cover: the one aligned rule, for each kind of op
 # that builds aligned terms.
-COVERS = {"aligned/reduce_lift": "aligned/lift", "aligned/gather_lift": "aligned/lift"}
+COVERS = {"aligned/reduce_lift": "aligned/lift", "aligned/gather_lift": "aligned/lift", "aligned/sort_lift": "aligned/lift"}
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -1025,6 +1044,13 @@ def _near_misses():
     table, ids = b.param(0, (5, 3)), b.param(1, (6, 4, 1), "s32")
     # the lookup of another shard of the ids than the rows it is taken for
     cases["aligned_gather_other_ids"] = (_take_rows(b, table, b.sl(ids, 0, 3, 6)), b.sl(_take_rows(b, table, ids), 0, 0, 3))
+    xs, ys = b.param(0, (6, 4)), b.param(1, (6, 4), "s32")
+    # a sort of a window of the sorted dim (top-k over a shard's experts) is not that window of the
+    # sort, nor are the lanes of one window sorted with the companions of another
+    cases["aligned_sort_window_of_sorted_dim"] = (b.sort(b.sl(xs, 1, 0, 2), b.sl(ys, 1, 0, 2), 1, "GT", 1),
+                                                  b.sl(b.sort(xs, ys, 1, "GT", 1), 1, 0, 2))
+    cases["aligned_sort_misaligned_lanes"] = (b.sort(b.sl(xs, 0, 0, 3), b.sl(ys, 0, 3, 6), 1, "LT", 1),
+                                              b.sl(b.sort(xs, ys, 1, "LT", 1), 0, 0, 3))
     x, i = b.param(0, (6, 4)), b.param(1, (), "s32")
     dyn = lambda t: b.t.make("dslice", (0, 2), (t, i), (2,) + t.shape[1:], F32)  # noqa: E731
     # a window of the dynamic dim itself moves the start: not the same rows as the whole's

@@ -583,3 +583,35 @@ def interleaved_tp(x, wq, wk, *, mesh):
 def interleaved_tp_odd_first(x, wq, wk, *, mesh):
     # BUG: the even and odd elements of each pair trade places
     return _interleaved_tp(x, wq, mesh, 1)
+
+
+# --- sorts along one dim (top-k routing): lanes of other dims are sorted on their own -------------
+TOK, EXP, TOPK = 8, 4, 2
+
+
+def topk_route(x, w_router):
+    """Renormalized top-k routing weights [tokens, experts] (zero off the chosen experts)."""
+    probs = jax.nn.softmax(x @ w_router, axis=-1)
+    top_p, top_i = lax.top_k(probs, TOPK)
+    top_p = top_p / top_p.sum(-1, keepdims=True)
+    return jnp.einsum("tk,tke->te", top_p, jax.nn.one_hot(top_i, probs.shape[-1]))
+
+
+def topk_inputs():
+    return (spec(TOK, D), spec(D, EXP))
+
+
+def topk_route_tokens(x, w_router, *, mesh):
+    """Tokens split over tp, the router replicated: each device routes its own tokens."""
+    return jax.shard_map(topk_route, mesh=mesh, in_specs=(P(TP), P()), out_specs=P(TP))(x, w_router)
+
+
+def topk_route_local_experts(x, w_router, *, mesh):
+    # BUG: the router's experts split over tp and top-k taken over each device's experts only (a
+    # window of the sorted dim): every token keeps two experts per device
+    def body(x, w):
+        logits = x @ w
+        top_p, top_i = lax.top_k(jax.nn.softmax(logits, axis=-1), TOPK)
+        return jnp.einsum("tk,tke->te", top_p / top_p.sum(-1, keepdims=True), jax.nn.one_hot(top_i, logits.shape[-1]))
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, TP)), out_specs=P(None, TP))(x, w_router)
