@@ -482,6 +482,10 @@ class Evaluator:
             self.bound(result, *[a for a in args[:1] if isinstance(a, Term)])
         if isinstance(result, Term) and inst.opcode == "select" and len(args) == 3 and result not in self.bounds:
             self.bound_select(result, *args)
+        if isinstance(result, Term) and inst.opcode in ("clamp", "minimum", "maximum") and result not in self.bounds:
+            # clamp(lo, x, hi) = min(max(x, lo), hi) lies in [lo, hi], whatever x
+            if (clamped := masks.clamp_form(self, result)) is not None:
+                self._set_bounds(result, clamped[0], clamped[2])
         return result
 
     def local_value(self, inst: Instruction, args: list, device: int):

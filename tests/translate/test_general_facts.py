@@ -7,6 +7,8 @@ several styles, with near misses that differ only where the fact's side conditio
   (flat-parameter FSDP: each weight flattened, sharded, gathered and reshaped back).
 - A concatenation of windows along d of the same window along another dim k is the window along k
   of the concatenation (rotate_half on a device's heads).
+- A sum regroups onto a grouping the other program computes (a residual added before the bias in
+  one program and after it in the other).
 """
 
 from __future__ import annotations
@@ -130,6 +132,29 @@ MODELS = textwrap.dedent(
             return q * cos + jnp.concatenate([q[..., half:], -q[..., :half]], axis=-1) * sin  # MARK:swapped
 
         return _heads(body, h, wq, mesh)
+
+
+    def linear_inputs():
+        return (jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((8, 8), jnp.float32),
+                jax.ShapeDtypeStruct((8,), jnp.float32))
+
+
+    def residual_then_bias(x, w, b):
+        return (x + x @ w) + b
+
+
+    def _row_parallel(x, w, b, mesh, body):
+        # the contraction split over tp: each device holds columns of x and rows of w
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, "tp"), P("tp", None), P()),
+                             out_specs=P())(x, x, w, b)
+
+
+    def bias_then_residual_tp(x, w, b, *, mesh):
+        return _row_parallel(x, w, b, mesh, lambda x, xs, ws, b: x + (lax.psum(xs @ ws, "tp") + b))
+
+
+    def bias_in_psum_tp(x, w, b, *, mesh):
+        return _row_parallel(x, w, b, mesh, lambda x, xs, ws, b: x + lax.psum(xs @ ws + b, "tp"))  # MARK:bias_in_psum
     """
 )
 
@@ -151,13 +176,17 @@ MANIFEST = textwrap.dedent(
          inputs: m.py:mlp_inputs, mesh: {fsdp: 4}}
       - {name: rotate-half-heads, reference: m.py:rope, distributed: m.py:rope_heads, inputs: m.py:rope_inputs,
          mesh: {tp: 2}}
+      - {name: residual-regrouped, reference: m.py:residual_then_bias, distributed: m.py:bias_then_residual_tp,
+         inputs: m.py:linear_inputs, mesh: {tp: 2}}
+      - {name: bias-in-psum, reference: m.py:residual_then_bias, distributed: m.py:bias_in_psum_tp,
+         inputs: m.py:linear_inputs, mesh: {tp: 2}}
       - {name: rotate-half-swapped, reference: m.py:rope, distributed: m.py:rope_heads_swapped,
          inputs: m.py:rope_inputs, mesh: {tp: 2}}
     """
 )
 
-EQUIVALENT = ["embed-dp-tp", "embed-dp", "fsdp-flat", "fsdp-flat-stacked", "rotate-half-heads"]
-NEAR_MISSES = ["embed-dp-rolled", "fsdp-flat-colmajor", "rotate-half-swapped"]
+EQUIVALENT = ["embed-dp-tp", "embed-dp", "fsdp-flat", "fsdp-flat-stacked", "rotate-half-heads", "residual-regrouped"]
+NEAR_MISSES = ["embed-dp-rolled", "fsdp-flat-colmajor", "rotate-half-swapped", "bias-in-psum"]
 
 
 @pytest.fixture(scope="module")
