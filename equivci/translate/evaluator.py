@@ -102,6 +102,7 @@ SCALABLE = {"f16", "f32", "f64"}
 MAX_FOLD_ELEMENTS = 1 << 16
 # Layout identities are checked on one label per element up to this many elements.
 MAX_LABELS = 1 << 20
+MAX_SELECT_RUNS = 4  # windows a select by a constant mask is split into (more: it stays a select)
 
 NP_DTYPES = {
     "f32": np.float32,
@@ -363,6 +364,14 @@ class Evaluator:
         factor, base = self.scale_of(x)
         if factor != 1 and (term := self.scaled(self.slice_term(base, dim, start, stop), factor)) is not None:
             return term
+        if x.op == "concat" and x.attrs[0] == dim:  # a window of a concatenation is windows of its parts
+            left, right = x.args
+            n = left.shape[dim]
+            if stop <= n:
+                return self.slice_term(left, dim, start, stop)
+            if start >= n:
+                return self.slice_term(right, dim, start - n, stop - n)
+            return self.concat([self.slice_term(left, dim, start, n), self.slice_term(right, dim, 0, stop - n)], dim)
         if x.op == "slice" and x.attrs[0] == dim:  # compose, so slices stay one level deep per dim
             inner_start = x.attrs[1]
             return self.slice_term(x.args[0], dim, inner_start + start, inner_start + stop)
@@ -387,6 +396,10 @@ class Evaluator:
             return regathered
         acc = parts[0]
         for p in parts[1:]:
+            if acc.op == p.op == "slice" and acc.args[0] is p.args[0] and acc.attrs[0] == p.attrs[0] == dim:
+                if acc.attrs[2] == p.attrs[1]:  # adjacent windows of one value are one window
+                    acc = self.slice_term(acc.args[0], dim, acc.attrs[1], p.attrs[2])
+                    continue
             shape = list(acc.shape)
             shape[dim] += p.shape[dim]
             pair = (dim,), [acc, p], Shape(acc.dtype, tuple(shape))
@@ -597,6 +610,8 @@ class Evaluator:
             return self.slice_nd(x, ranges)
         if op == "dynamic-update-slice":
             return self.update_slice(inst, args)
+        if op == "pad" and (padded := self.pad(args[0], args[1], attrs.get("padding", ""))) is not None:
+            return padded
         if op == "concatenate":
             dim = dims_attr(attrs.get("dimensions"))[0]
             values = [self.folded(a) for a in args]
@@ -720,11 +735,45 @@ class Evaluator:
         return None
 
     def select_by_constant(self, p: Term, a: Term, b: Term) -> Term | None:
-        """select(p, a, b) with p the same constant everywhere is one of its branches."""
+        """select(p, a, b) with p a constant is one of its branches where p is the same everywhere,
+        and the concatenation of windows of both where p changes along one dim only, in at most
+        MAX_SELECT_RUNS runs (the last shard of a padded buffer, its padding masked off)."""
         value = self.folded(p)
-        if value is None or not _uniform(value):
+        if value is None or not value.size:
             return None
-        return a if bool(value.flat[0]) else b
+        if _uniform(value):
+            return a if bool(value.flat[0]) else b
+        varying = [d for d in range(value.ndim) if not np.all(value == np.take(value, [0], axis=d))]
+        if len(varying) != 1:
+            return None
+        dim = varying[0]
+        line = value[tuple(slice(None) if d == dim else 0 for d in range(value.ndim))].astype(bool)
+        seams = [0, *(int(k) + 1 for k in np.flatnonzero(line[1:] != line[:-1])), len(line)]
+        if len(seams) - 1 > MAX_SELECT_RUNS:
+            return None
+        parts = [self.slice_term(a if line[lo] else b, dim, lo, hi) for lo, hi in zip(seams, seams[1:])]
+        return self.concat(parts, dim)
+
+    def pad(self, x: Term, fill: Term, padding: str) -> Term | None:
+        """pad(x, c) without interior padding: x between broadcasts of c along each dim (a negative
+        amount cuts x instead); None for interior padding."""
+        try:
+            amounts = [tuple(int(v) for v in part.split("_")) for part in padding.split("x")] if padding else []
+        except ValueError:
+            return None
+        if len(amounts) != len(x.shape) or any(
+            len(amount) not in (2, 3) or amount[2:] not in ((), (0,)) for amount in amounts
+        ):
+            return None
+        for dim, (low, high, *_) in enumerate(amounts):
+            x = self.slice_term(x, dim, max(0, -low), x.shape[dim] - max(0, -high))
+            parts = []
+            for size in (low, high):
+                shape = list(x.shape)
+                shape[dim] = size
+                parts.append(self.eval_broadcast(fill, Shape(x.dtype, tuple(shape)), ()) if size > 0 else None)
+            x = self.concat([t for t in (parts[0], x, parts[1]) if t is not None], dim) if any(parts) else x
+        return x
 
     def dynamic_window(self, x: Term, dim: int, start: Term, size: int) -> Term:
         """`size` elements of `x` along `dim` from a start known only as a term (a loop counter)."""

@@ -84,25 +84,23 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P("tp", None), P()), out_specs=P())(table, ids)
 
 
-    def embed_clipped(table, ids, *, mesh):
+    def _clipped(table, ids, mesh, short):
         # Offset ids first, then test and clip the local index (jnp.clip: max then min).
         def body(table, ids):
             n = table.shape[0]
             local = ids - lax.axis_index("tp") * n
-            rows = jnp.take(table, jnp.clip(local, 0, n - 1), axis=0)
+            rows = jnp.take(table, jnp.clip(local, 0, n - 1 - short), axis=0)
             return lax.psum(rows * ((local >= 0) & (local < n))[..., None].astype(rows.dtype), "tp")
 
         return jax.shard_map(body, mesh=mesh, in_specs=(P("tp", None), P()), out_specs=P())(table, ids)
+
+
+    def embed_clipped(table, ids, *, mesh):
+        return _clipped(table, ids, mesh, 0)
 
 
     def embed_clipped_short(table, ids, *, mesh):
-        def body(table, ids):
-            n = table.shape[0]
-            local = ids - lax.axis_index("tp") * n
-            rows = jnp.take(table, jnp.clip(local, 0, n - 2), axis=0)
-            return lax.psum(rows * ((local >= 0) & (local < n))[..., None].astype(rows.dtype), "tp")
-
-        return jax.shard_map(body, mesh=mesh, in_specs=(P("tp", None), P()), out_specs=P())(table, ids)
+        return _clipped(table, ids, mesh, 1)
 
 
     def head_inputs():
