@@ -110,7 +110,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("select-runs-branch", "parts = [self.slice_term(a if line[lo] else b, dim, lo, hi)",
       "parts = [self.slice_term(b if line[lo] else a, dim, lo, hi)",
       "a run where the constant mask holds is the first branch's window",
-      "pytest:tests/translate/test_general_facts.py::test_near_misses_are_mismatches[rows-masked-reversed]"),
+      "pytest:tests/translate/test_general_facts.py::test_equivalent_pairs_verify[rows-masked] "
+      "tests/translate/test_general_facts.py::test_near_misses_are_mismatches[rows-masked-reversed]"),
     M("pad-low-high", "for size in (low, high):", "for size in (high, low):",
       "low padding goes before the operand, high padding after it",
       "pytest:tests/translate/test_general_facts.py::test_near_misses_are_mismatches[rows-padded-in-front]"),

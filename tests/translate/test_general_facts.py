@@ -215,7 +215,7 @@ MODELS = textwrap.dedent(
 
 
     def rows_masked_reversed(x, w, *, mesh):
-        return _rows_masked_dp(x, w, mesh, lambda r: r[::-1])  # MARK:mask_reversed
+        return _rows_masked_dp(x, w, mesh, lambda r: 1 - r)  # MARK:mask_reversed
     """
 )
 
