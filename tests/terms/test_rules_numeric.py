@@ -990,6 +990,10 @@ def _near_misses():
     x = b.param(0, (6, 4))
     cases["concat_non_adjacent"] = (b.cat(b.sl(x, 0, 0, 2), b.sl(x, 0, 3, 5), 0), b.sl(x, 0, 0, 4))
     cases["concat_out_of_order"] = (b.cat(b.sl(x, 0, 2, 4), b.sl(x, 0, 0, 2), 0), b.sl(x, 0, 0, 4))
+    # slices of [u; v] that cross into v: v's rows count, from its row 0
+    u, v, w = b.param(1, (3, 4)), b.param(2, (3, 4)), b.param(3, (3, 4))
+    cases["concat_slice_past_left"] = (b.sl(b.cat(u, v, 0), 0, 2, 4), b.sl(b.cat(u, w, 0), 0, 2, 4))
+    cases["concat_straddle_shifted"] = (b.sl(b.cat(u, v, 0), 0, 2, 4), b.cat(b.sl(u, 0, 2, 3), b.sl(v, 0, 1, 2), 0))
     cases["all_gather_out_of_device_order"] = (
         b.cat(b.cat(b.sl(x, 0, 0, 2), b.sl(x, 0, 4, 6), 0), b.sl(x, 0, 2, 4), 0), x)
 
