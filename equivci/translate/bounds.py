@@ -19,11 +19,15 @@ BOUND_PRESERVING = {"reshape", "bitcast", "broadcast", "slice", "dynamic-slice",
 
 def note(ev: Builder, inst: Instruction, args: list, result) -> None:
     """Bounds of an op's result from its operands': a layout op keeps its operand's, a select
-    those of its branches."""
+    those of its branches, a clamp to constants its ends."""
     if isinstance(result, Term) and inst.opcode in BOUND_PRESERVING and result not in ev.bounds:
         ev.bound(result, *[a for a in args[:1] if isinstance(a, Term)])
     if isinstance(result, Term) and inst.opcode == "select" and len(args) == 3 and result not in ev.bounds:
         bound_select(ev, result, *args)
+    if isinstance(result, Term) and inst.opcode in ("clamp", "minimum", "maximum") and result not in ev.bounds:
+        # clamp(lo, x, hi) = min(max(x, lo), hi) lies in [lo, hi], whatever x
+        if (clamped := masks.clamp_form(ev, result)) is not None:
+            ev._set_bounds(result, clamped[0], clamped[2])
 
 
 def bound_select(ev: Builder, term: Term, p: Term, a: Term, b: Term) -> None:

@@ -198,6 +198,14 @@ class Builder:
         factor, base = self.scale_of(x)
         if factor != 1 and (term := self.scaled(self.slice_term(base, dim, start, stop), factor)) is not None:
             return term
+        if x.op == "concat" and x.attrs[0] == dim:  # a window of a concatenation is windows of its parts
+            left, right = x.args
+            n = left.shape[dim]
+            if stop <= n:
+                return self.slice_term(left, dim, start, stop)
+            if start >= n:
+                return self.slice_term(right, dim, start - n, stop - n)
+            return self.concat([self.slice_term(left, dim, start, n), self.slice_term(right, dim, 0, stop - n)], dim)
         if x.op == "slice" and x.attrs[0] == dim:  # compose, so slices stay one level deep per dim
             inner_start = x.attrs[1]
             return self.slice_term(x.args[0], dim, inner_start + start, inner_start + stop)
@@ -222,6 +230,10 @@ class Builder:
             return regathered
         acc = parts[0]
         for p in parts[1:]:
+            if acc.op == p.op == "slice" and acc.args[0] is p.args[0] and acc.attrs[0] == p.attrs[0] == dim:
+                if acc.attrs[2] == p.attrs[1]:  # adjacent windows of one value are one window
+                    acc = self.slice_term(acc.args[0], dim, acc.attrs[1], p.attrs[2])
+                    continue
             shape = list(acc.shape)
             shape[dim] += p.shape[dim]
             pair = (dim,), [acc, p], Shape(acc.dtype, tuple(shape))

@@ -14,6 +14,8 @@ from equivci.translate import bounds
 from equivci.translate.arrays import NP_DTYPES, all_equal, np_binary, np_compare, np_unary
 from equivci.translate.builder import Builder
 
+MAX_SELECT_RUNS = 4  # windows a select by a constant mask is split into (more: it stays a select)
+
 UNARY = {
     "abs",
     "ceil",
@@ -146,11 +148,24 @@ def without_guard(ev: Builder, op: str, args: list) -> Term | None:
 
 
 def select_by_constant(ev: Builder, p: Term, a: Term, b: Term) -> Term | None:
-    """select(p, a, b) with p the same constant everywhere is one of its branches."""
+    """select(p, a, b) with p a constant is one of its branches where p is the same everywhere,
+    and the concatenation of windows of both where p changes along one dim only, in at most
+    MAX_SELECT_RUNS runs (the last shard of a padded buffer, its padding masked off)."""
     value = ev.folded(p)
-    if value is None or not all_equal(value):
+    if value is None or not value.size:
         return None
-    return a if bool(value.flat[0]) else b
+    if all_equal(value):
+        return a if bool(value.flat[0]) else b
+    varying = [d for d in range(value.ndim) if not np.all(value == np.take(value, [0], axis=d))]
+    if len(varying) != 1:
+        return None
+    dim = varying[0]
+    line = value[tuple(slice(None) if d == dim else 0 for d in range(value.ndim))].astype(bool)
+    seams = [0, *(int(k) + 1 for k in np.flatnonzero(line[1:] != line[:-1])), len(line)]
+    if len(seams) - 1 > MAX_SELECT_RUNS:
+        return None
+    parts = [ev.slice_term(a if line[lo] else b, dim, lo, hi) for lo, hi in zip(seams, seams[1:])]
+    return ev.concat(parts, dim)
 
 
 def _nonnegative(t: Term) -> bool:

@@ -120,6 +120,28 @@ def concatenate(ev: Builder, inst: Instruction, args: list, device: int) -> Term
     return ev.concat(list(args), dim)
 
 
+def pad(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
+    """pad(x, c) without interior padding: x between broadcasts of c along each dim (a negative
+    amount cuts x instead); interior padding stays opaque."""
+    x, fill = args
+    padding = inst.attrs.get("padding", "")
+    try:
+        amounts = [tuple(int(v) for v in part.split("_")) for part in padding.split("x")] if padding else []
+    except ValueError:
+        return opaque(ev, inst, args)
+    if len(amounts) != len(x.shape) or any(len(a) not in (2, 3) or a[2:] not in ((), (0,)) for a in amounts):
+        return opaque(ev, inst, args)
+    for dim, (low, high, *_) in enumerate(amounts):
+        x = ev.slice_term(x, dim, max(0, -low), x.shape[dim] - max(0, -high))
+        parts = []
+        for size in (low, high):
+            shape = list(x.shape)
+            shape[dim] = size
+            parts.append(broadcast_term(ev, fill, Shape(x.dtype, tuple(shape)), ()) if size > 0 else None)
+        x = ev.concat([t for t in (parts[0], x, parts[1]) if t is not None], dim) if any(parts) else x
+    return x
+
+
 def scatter(ev: Builder, inst: Instruction, args: list, device: int):
     written = scatter_at_constants(ev, inst, args)
     return written if written is not None else opaque(ev, inst, args)
@@ -332,6 +354,7 @@ HANDLERS = {
     "dynamic-slice": dynamic_slice,
     "dynamic-update-slice": dynamic_update_slice,
     "concatenate": concatenate,
+    "pad": pad,
     "gather": gather,
     "scatter": scatter,
 }

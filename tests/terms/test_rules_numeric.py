@@ -753,6 +753,16 @@ def _commute_existing(op: str):
     return build
 
 
+def _add_regroup(right: bool):
+    def build(rng, b: B):
+        shape = rshape(rng, int(rng.integers(1, 4)))
+        x, y, z = b.param(0, shape), b.param(1, shape), b.param(2, shape)
+        if right:
+            return b.bi("add", b.bi("add", x, y), z), b.bi("add", x, b.bi("add", y, z))
+        return b.bi("add", x, b.bi("add", y, z)), b.bi("add", b.bi("add", x, y), z)
+    return build
+
+
 def concat_slice_straddle(rng, b: B):
     """A slice across the seam of a concatenation is the concatenation of the two parts."""
     shape, d, _, _ = _elementwise_setup(rng, b)
@@ -808,6 +818,9 @@ RULES = {
     "elementwise/ternary_lift": (F["elementwise"], ternary_lift, False),
     # The commuted term must exist already: the rhs is loaded too.
     **{f"elementwise/commute_{op}": (F["elementwise"], _commute_existing(op), True) for op in COMMUTATIVE},
+    # The regrouped inner sum must exist already: the rhs is loaded too.
+    "elementwise/add_regroup_right": (F["elementwise"], _add_regroup(True), True),
+    "elementwise/add_regroup_left": (F["elementwise"], _add_regroup(False), True),
     "elementwise/ternary_push": (F["elementwise"], ternary_push, False),
     "concats/merge": (F["concats"], concat_merge, False),
     "concats/slice_left": (F["concats"], concat_slice_left, False),
@@ -996,6 +1009,10 @@ def _near_misses():
     x = b.param(0, (6, 4))
     cases["concat_non_adjacent"] = (b.cat(b.sl(x, 0, 0, 2), b.sl(x, 0, 3, 5), 0), b.sl(x, 0, 0, 4))
     cases["concat_out_of_order"] = (b.cat(b.sl(x, 0, 2, 4), b.sl(x, 0, 0, 2), 0), b.sl(x, 0, 0, 4))
+    # slices of [u; v] that cross into v: v's rows count, from its row 0
+    u, v, w = b.param(1, (3, 4)), b.param(2, (3, 4)), b.param(3, (3, 4))
+    cases["concat_slice_past_left"] = (b.sl(b.cat(u, v, 0), 0, 2, 4), b.sl(b.cat(u, w, 0), 0, 2, 4))
+    cases["concat_straddle_shifted"] = (b.sl(b.cat(u, v, 0), 0, 2, 4), b.cat(b.sl(u, 0, 2, 3), b.sl(v, 0, 1, 2), 0))
     cases["all_gather_out_of_device_order"] = (
         b.cat(b.cat(b.sl(x, 0, 0, 2), b.sl(x, 0, 4, 6), 0), b.sl(x, 0, 2, 4), 0), x)
 
@@ -1068,6 +1085,13 @@ def _near_misses():
     whole = lambda lo, hi: b.bi("multiply", b.sl(x, 1, lo, hi), b.bcast(y, (4, 3), [1]))  # noqa: E731
     cases["bcast_nested_other_heads"] = (rope(0, 3), b.sl(whole(0, 3), 0, 2, 4), whole(0, 3))
     cases["bcast_nested_other_half"] = (rope(0, 3), b.sl(whole(3, 6), 0, 0, 2), whole(3, 6))
+
+    b = B()
+    x, y, z, v = (b.param(k, (3, 4)) for k in range(4))
+    # a residual and a bias regrouped, against a sum whose inner grouping adds another bias (or
+    # subtracts it): the existing term is not the regrouped one
+    cases["add_regroup_other_term"] = (b.bi("add", b.bi("add", x, y), z), b.bi("add", x, b.bi("add", y, v)))
+    cases["add_regroup_subtract"] = (b.bi("add", b.bi("add", x, y), z), b.bi("add", x, b.bi("subtract", y, z)))
     return cases
 
 
