@@ -950,6 +950,10 @@ class Evaluator:
             return self.const(
                 np.all(value, axis=dims) if reducer == "and" else np.any(value, axis=dims), inst.shape.dtype
             )
+        if all(x.shape[k] == 1 for k in dims) and x.dtype == inst.shape.dtype:
+            # Each output element reduces one element with the identity: a reshape. (The transpose of
+            # a broadcast through a unit dim, as in a bias's gradient, sums over it.)
+            return self.reshape_term(x, inst.shape)
         key = ReduceSpec(len(x.shape), tuple(sorted(dims))).text()
         return self.factored("reduce", (reducer, key), [x], inst.shape) or self.mk(
             "reduce", (reducer, key), (x,), inst.shape
@@ -1089,6 +1093,8 @@ class Evaluator:
         if attrs.get("indices_are_sorted", "false") != "false" or attrs.get("unique_indices", "false") != "false":
             return self.opaque(inst, args)
         dims = GatherDims.parse(attrs, len(idx.shape))
+        if (window := self.gather_at_constant(x, idx, dims, inst.shape)) is not None:
+            return window
         dims, kept_idx, kept_out = dims.without_unit_index_dims(idx.shape, len(inst.shape.dims))
         idx = self.reshape_term(idx, Shape(idx.dtype, tuple(idx.shape[j] for j in kept_idx)))
         out = Shape(inst.shape.dtype, tuple(inst.shape.dims[o] for o in kept_out))
@@ -1101,6 +1107,22 @@ class Evaluator:
         if lookup is not None:
             self.masked_rows[term] = lookup
         return self.reshape_term(term, inst.shape)
+
+    def gather_at_constant(self, x: Term, idx: Term, dims: GatherDims, shape: Shape) -> Term | None:
+        """A gather of one window at a start known as a constant (`y[..., 0]` written as a gather):
+        that static window, clamped into the operand as HLO clamps it, its collapsed dims and the
+        unit batch dims reshaped, since offset dims keep the operand's order."""
+        indices = self.folded(idx)
+        if indices is None or dims.operand_batch or x.dtype != shape.dtype:
+            return None
+        vectors = indices[..., None] if dims.vector_dim == indices.ndim else np.moveaxis(indices, dims.vector_dim, -1)
+        if vectors.size != len(dims.start_map) or len(dims.slice_sizes) != len(x.shape):
+            return None
+        starts = [0] * len(x.shape)
+        for k, start in zip(dims.start_map, vectors.reshape(-1)):
+            starts[k] = min(max(int(start), 0), x.shape[k] - dims.slice_sizes[k])
+        ranges = [(s, s + n) for s, n in zip(starts, dims.slice_sizes)]
+        return self.reshape_term(self.slice_nd(x, ranges), shape)
 
     def gather_term(self, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
         aligned = gather_map(dims, len(x.shape), len(idx.shape), len(out.dims))
