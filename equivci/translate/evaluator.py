@@ -23,6 +23,7 @@ from equivci.hlo.collectives import UnsupportedGroups, parse_groups, parse_pairs
 from equivci.hlo.ir import Computation, Instruction, Module, Shape
 from equivci.terms.ir import Term, TermTable, gather_map, reduce_pair_map
 from equivci.terms.spec import (
+    AlignedMap,
     BcastSpec,
     DotSpec,
     GatherDims,
@@ -307,9 +308,11 @@ class Evaluator:
 
     def factored(self, kind: str, attrs: tuple, args: list[Term], shape: Shape) -> Term | None:
         """The op with its operands' constant factors pulled in front, if any (else None)."""
+        if kind == "ternary" and attrs == ("select",):
+            return self.factored_select(args, shape)
         if shape.dtype not in SCALABLE or any(isinstance(a, tuple) or a.dtype != shape.dtype for a in args):
             return None
-        op = attrs[0] if kind in ("binary", "reduce") else kind
+        op = attrs[0] if kind in ("binary", "reduce", "unary") else kind
         scales = [self.scale_of(a) for a in args]
         factors, bases = [f for f, _ in scales], [b for _, b in scales]
         if op == "multiply":
@@ -324,15 +327,41 @@ class Evaluator:
             value = self.uniform(args[1])
             if value:
                 return self.scaled(bases[0], factors[0] / value)
+            numerator = self.uniform(args[0])
+            if numerator and (numerator != 1 or factors[1] != 1):  # c / (f * x) = (c / f) * (1 / x)
+                one = self.const(np.ones(shape.dims, NP_DTYPES[shape.dtype]), shape.dtype)
+                return self.scaled(self.mk(kind, attrs, [one, bases[1]], shape), numerator / factors[1])
             return (
                 self.scaled(self.mk(kind, attrs, [bases[0], args[1]], shape), factors[0]) if factors[0] != 1 else None
             )
         if op == "dot" and factors != [1, 1]:
             return self.scaled(self.mk(kind, attrs, bases, shape), factors[0] * factors[1])
-        linear = op in ("add", "subtract") or kind in ("concat", "transpose") or (kind == "reduce" and op == "add")
+        linear = (
+            op in ("add", "subtract", "negate") or kind in ("concat", "transpose") or (kind == "reduce" and op == "add")
+        )
         if linear and factors[0] != 1 and all(f == factors[0] for f in factors):
             return self.scaled(self.mk(kind, attrs, bases, shape), factors[0])
+        if op in ("add", "subtract") and 1 not in factors and 0 not in factors:
+            # f * a + g * b = f * (a + (g / f) * b) when g / f is exact: sums scaled alike up to one
+            # ratio meet (a gradient's two terms, each with the loss's scale, in a shard's and the
+            # whole batch's)
+            second = self.scaled(bases[1], factors[1] / factors[0])
+            if second is not None:
+                return self.scaled(self.mk(kind, attrs, [bases[0], second], shape), factors[0])
         return None
+
+    def factored_select(self, args: list[Term], shape: Shape) -> Term | None:
+        """select(p, f * a, f * b) = f * select(p, a, b), a zero branch taking any factor (a
+        gradient's guarded branch, select(s >= 0, c / s, 0), with the loss's scale in c)."""
+        p, *branches = args
+        if shape.dtype not in SCALABLE or any(b.dtype != shape.dtype for b in branches):
+            return None
+        scales = [(Fraction(0), b) if self.uniform(b) == 0 else self.scale_of(b) for b in branches]
+        factors = {f for f, _ in scales if f != 0}
+        if len(factors) != 1 or (factor := factors.pop()) == 1:
+            return None
+        bases = [base for _, base in scales]
+        return self.scaled(self.mk("ternary", ("select",), (p, *bases), shape), factor)
 
     # -- term constructors -------------------------------------------------------------------
     def normal(self, kind: str, attrs: tuple, args, shape: Shape) -> Term:
@@ -607,6 +636,10 @@ class Evaluator:
             return self.gather(inst, args)
         if op == "scatter" and (written := self.scatter_at_constants(inst, args)) is not None:
             return written
+        if op == "scatter" and (added := self.scatter_add_per_row(inst, args)) is not None:
+            return added
+        if op == "scatter" and (added := self.scatter_add_windows(inst, args)) is not None:
+            return added
         return self.opaque(inst, args)
 
     def strided_slice(self, x: Term, dim: int, start: int, stop: int, step: int) -> Term | None:
@@ -691,6 +724,9 @@ class Evaluator:
         value = self.folded(operand)
         if value is not None and value.ndim == 0:
             return self.const(np.broadcast_to(value, shape.dims), shape.dtype)
+        factor, base = self.scale_of(operand)
+        if factor != 1 and (term := self.scaled(self.eval_broadcast(base, shape, dims), factor)) is not None:
+            return term
         # A broadcast table stays a broadcast (the reference's and a device's differ only in the
         # sizes of new dims, which the rules relate); its value is kept for folding.
         term = self.mk("bcast", (bcast_spec(len(operand.shape), shape.dims, dims),), [operand], shape)
@@ -834,10 +870,14 @@ class Evaluator:
         return self.write_window(x, update, starts)
 
     def scatter_at_constants(self, inst: Instruction, args: list) -> Term | None:
-        """A scatter that overwrites, at indices known as constants, into windows that do not overlap:
-        the operand with those windows replaced (`outs.at[k].set(y)` at an unrolled loop's step k).
-        An index vector whose window leaves the operand writes nothing (XLA skips it, no clamping)."""
-        if len(args) != 3 or inst.shape.is_tuple or not _overwrites(self.called(inst, "to_apply")):
+        """A scatter that overwrites or adds, at indices known as constants, into windows that do not
+        overlap: the operand with those windows replaced (`outs.at[k].set(y)` at an unrolled loop's
+        step k) or increased (the gradient of a gather at a constant index). An index vector whose
+        window leaves the operand writes nothing (XLA skips it, no clamping)."""
+        if len(args) != 3 or inst.shape.is_tuple:
+            return None
+        adds = self.reducer(inst) == "add"
+        if not adds and not _overwrites(self.called(inst, "to_apply")):
             return None
         x, idx, update = args
         indices = self.folded(idx)
@@ -874,8 +914,116 @@ class Evaluator:
             for d, p in zip(scatter_dims, pos):
                 ranges[d] = (p, p + 1)
             piece = self.reshape_term(self.slice_nd(update, ranges), Shape(x.dtype, tuple(sizes)))
+            if adds and self.uniform(here := self.slice_nd(x, box)) != 0:
+                piece = self.binary("add", here, piece)
             result = self.write_window(result, piece, starts)
         return result
+
+    def scatter_add_per_row(self, inst: Instruction, args: list) -> Term | None:
+        """A scatter-add of one element per row at that row's own index along one dim (the gradient
+        of take_along_axis: every other operand dim a batching dim): the operand plus an aligned
+        map of (updates, indices) over the rows, so that a shard of the rows adds the shard."""
+        if len(args) != 3 or inst.shape.is_tuple or self.reducer(inst) != "add":
+            return None
+        x, idx, update = args
+        attrs = inst.attrs
+        batch, idx_batch = (
+            dims_attr(attrs.get("input_batching_dims")),
+            dims_attr(attrs.get("scatter_indices_batching_dims")),
+        )
+        inserted, to_operand = (
+            dims_attr(attrs.get("inserted_window_dims")),
+            dims_attr(attrs.get("scatter_dims_to_operand_dims")),
+        )
+        vector_dim = int(attrs.get("index_vector_dim", len(idx.shape)))
+        idx_dims = [j for j in range(len(idx.shape)) if j != vector_dim]
+        if (
+            dims_attr(attrs.get("update_window_dims"))
+            or len(inserted) != 1
+            or inserted != to_operand
+            or sorted((*batch, *inserted)) != list(range(len(x.shape)))
+            or (vector_dim < len(idx.shape) and idx.shape[vector_dim] != 1)
+            or update.shape != tuple(idx.shape[j] for j in idx_dims)
+            or any(idx.shape[j] != 1 for j in idx_dims if j not in idx_batch)
+            or update.dtype != x.dtype
+        ):
+            return None
+        # rows in the order of the indices' batching dims; the unit dims around them reshaped away
+        rows = [j for j in idx_dims if j in idx_batch]
+        out_of = {j: batch[idx_batch.index(j)] for j in rows}
+        if [out_of[j] for j in rows] != sorted(out_of.values()):
+            return None
+        shape = tuple(idx.shape[j] for j in rows)
+        update = self.reshape_term(update, Shape(update.dtype, shape))
+        idx = self.reshape_term(idx, Shape(idx.dtype, shape))
+        table = tuple((r, out_of[j]) for r, j in enumerate(rows))
+        fixed = ((inserted[0], x.shape[inserted[0]]),)
+        factor = self.uniform(update)
+        if factor is not None and update.dtype in SCALABLE:
+            # the same number c on every row: c times a function of the indices alone (their
+            # shard's rows), c a constant factor like any other
+            base, lhs = self.const(np.asarray(1, NP_DTYPES[update.dtype]), update.dtype), ()
+        else:
+            (factor, base), lhs = self.scale_of(update), table
+        key = AlignedMap(lhs, table, fixed).key("scatter-add")
+        added = self.scaled(self.mk("aligned", (key,), (base, idx), inst.shape), factor)
+        if added is None:
+            return None
+        return added if self.uniform(x) == 0 else self.binary("add", x, added)
+
+    def scatter_add_windows(self, inst: Instruction, args: list) -> Term | None:
+        """A scatter-add of whole windows at one index per row along one dim (an embedding table's
+        gradient: each token's row added at its id) is the update contracted over the rows with the
+        rows' one-hot of the indices, dot(update, onehot(idx)): a sum over rows like any other, so a
+        device's rows add their part (index outside the dim: nothing added, as HLO skips it)."""
+        if len(args) != 3 or inst.shape.is_tuple or self.reducer(inst) != "add":
+            return None
+        x, idx, update = args
+        attrs = inst.attrs
+        window = dims_attr(attrs.get("update_window_dims"))
+        inserted, to_operand = (
+            dims_attr(attrs.get("inserted_window_dims")),
+            dims_attr(attrs.get("scatter_dims_to_operand_dims")),
+        )
+        vector_dim = int(attrs.get("index_vector_dim", len(idx.shape)))
+        if attrs.get("input_batching_dims") or len(to_operand) != 1 or inserted not in ((), to_operand):
+            return None
+        k = to_operand[0]
+        rows = [u for u in range(len(update.shape)) if u not in window]
+        kept = [d for d in range(len(x.shape)) if d not in inserted]  # the operand dims the window spans
+        sizes = dict(zip(kept, (update.shape[u] for u in window)))
+        if (
+            (vector_dim < len(idx.shape) and idx.shape[vector_dim] != 1)
+            or len(kept) != len(window)
+            or sizes.get(k, 1) != 1
+            or any(sizes[d] != x.shape[d] for d in kept if d != k)
+            or [update.shape[u] for u in rows] != [idx.shape[j] for j in range(len(idx.shape)) if j != vector_dim]
+            or update.dtype != x.dtype
+            or update.dtype not in SCALABLE
+        ):
+            return None
+        # the update without its unit window dim at k: [window dims except k..., rows...] in its own order
+        free = [u for u, d in zip(window, kept) if d != k]
+        update = self.reshape_term(update, Shape(update.dtype, tuple(update.shape[u] for u in sorted(free + rows))))
+        position = {u: n for n, u in enumerate(sorted(free + rows))}
+        row_shape = tuple(update.shape[position[u]] for u in rows)
+        idx = self.reshape_term(idx, Shape(idx.dtype, row_shape))
+        one = self.const(np.asarray(1, NP_DTYPES[update.dtype]), update.dtype)
+        table = tuple((r, r) for r in range(len(rows)))
+        key = AlignedMap((), table, ((len(rows), x.shape[k]),)).key("scatter-add")
+        onehot = self.mk("aligned", (key,), (one, idx), Shape(update.dtype, (*row_shape, x.shape[k])))
+        contract = tuple(position[u] for u in rows)
+        spec = DotSpec(
+            (), (), contract, tuple(range(len(rows))), len(update.shape), len(onehot.shape), (update.dtype,) * 2
+        )
+        # dot output: the free window dims in operand order, then the indexed dim
+        out_dims = [d for d in range(len(x.shape)) if d != k] + [k]
+        dot_shape = Shape(x.dtype, tuple(x.shape[d] for d in out_dims))
+        added = self.normal("dot", (spec.text(),), [update, onehot], dot_shape)
+        if out_dims != list(range(len(x.shape))):
+            perm = tuple(out_dims.index(d) for d in range(len(x.shape)))
+            added = self.normal("transpose", (transpose_text(perm),), [added], Shape(x.dtype, x.shape))
+        return added if self.uniform(x) == 0 else self.binary("add", x, added)
 
     def write_window(self, x: Term, piece: Term, starts: list[int]) -> Term:
         """x with the block at `starts` replaced by `piece`: concatenations of x's windows and it."""
