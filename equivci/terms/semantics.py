@@ -18,7 +18,8 @@ loader and the rules read them:
 * transpose(perm), HLO semantics: output dim o is operand dim perm[o];
 * aligned(key) of two operands: a batched HLO gather ("gather:<attrs>|tables") or, standing for any
   two-operand reduce, "argmax2:<dims>:<component>" (the max of x over dims, or y where x is first
-  largest). The rules read only the tables at the end of the key.
+  largest), or "scatter-add" of (updates or one scalar update, indices): zeros with each row's
+  update added at its index along the one fixed dim. The rules read only the tables at the end of the key.
 * dslice(dim, size) of (x, start) and dupdate(dim) of (x, update, start): HLO dynamic-slice and
   dynamic-update-slice along `dim` at an integer scalar start, clamped into range as in HLO.
 
@@ -334,6 +335,8 @@ def _eval_one(t: Term, args: list[np.ndarray], params: dict[int, np.ndarray]) ->
             return argmax2(args[0], args[1], op_key)
         if op_key.startswith("sort:"):
             return sort_lanes(args[0], args[1], op_key)
+        if op_key == "scatter-add":
+            return scatter_add_rows(args[0], args[1], AlignedMap.parse(at[0]), t.shape)
         raise TermEvalError(f"aligned op {op_key} has no numpy model")
     if op in ("dslice", "dupdate"):
         dim = at[0]
@@ -376,6 +379,22 @@ def gather(x: np.ndarray, idx: np.ndarray, op_key: str, out_shape: tuple[int, ..
         for k, o in zip(window, sorted(offset)):
             start[k] += pos[o]
         out[pos] = x[tuple(start)]
+    return out
+
+
+def scatter_add_rows(update: np.ndarray, idx: np.ndarray, tables: AlignedMap, out_shape) -> np.ndarray:
+    """Zeros with each row's update added at that row's index along the one fixed dim; an index
+    outside the dim adds nothing (HLO scatter skips it)."""
+    ((dim, size),) = tables.fixed
+    out = np.zeros(out_shape, dtype=update.dtype)
+    update = np.broadcast_to(update, idx.shape)  # a scalar: the same update on every row
+    for row in np.ndindex(*idx.shape):
+        if 0 <= int(idx[row]) < size:
+            pos = [0] * len(out_shape)
+            for r, o in tables.rhs:
+                pos[o] = row[r]
+            pos[dim] = int(idx[row])
+            out[tuple(pos)] += update[row]
     return out
 
 

@@ -126,9 +126,11 @@ class Builder:
 
     def factored(self, kind: str, attrs: tuple, args: list[Term], shape: Shape) -> Term | None:
         """The op with its operands' constant factors pulled in front, if any (else None)."""
+        if kind == "ternary" and attrs == ("select",):
+            return self.factored_select(args, shape)
         if shape.dtype not in SCALABLE or any(isinstance(a, tuple) or a.dtype != shape.dtype for a in args):
             return None
-        op = attrs[0] if kind in ("binary", "reduce") else kind
+        op = attrs[0] if kind in ("binary", "reduce", "unary") else kind
         scales = [self.scale_of(a) for a in args]
         factors, bases = [f for f, _ in scales], [b for _, b in scales]
         if op == "multiply":
@@ -143,15 +145,41 @@ class Builder:
             value = self.uniform(args[1])
             if value:
                 return self.scaled(bases[0], factors[0] / value)
+            numerator = self.uniform(args[0])
+            if numerator and (numerator != 1 or factors[1] != 1):  # c / (f * x) = (c / f) * (1 / x)
+                one = self.const(np.ones(shape.dims, NP_DTYPES[shape.dtype]), shape.dtype)
+                return self.scaled(self.mk(kind, attrs, [one, bases[1]], shape), numerator / factors[1])
             return (
                 self.scaled(self.mk(kind, attrs, [bases[0], args[1]], shape), factors[0]) if factors[0] != 1 else None
             )
         if op == "dot" and factors != [1, 1]:
             return self.scaled(self.mk(kind, attrs, bases, shape), factors[0] * factors[1])
-        linear = op in ("add", "subtract") or kind in ("concat", "transpose") or (kind == "reduce" and op == "add")
+        linear = (
+            op in ("add", "subtract", "negate") or kind in ("concat", "transpose") or (kind == "reduce" and op == "add")
+        )
         if linear and factors[0] != 1 and all(f == factors[0] for f in factors):
             return self.scaled(self.mk(kind, attrs, bases, shape), factors[0])
+        if op in ("add", "subtract") and 1 not in factors and 0 not in factors:
+            # f * a + g * b = f * (a + (g / f) * b) when g / f is exact: sums scaled alike up to one
+            # ratio meet (a gradient's two terms, each with the loss's scale, in a shard's and the
+            # whole batch's)
+            second = self.scaled(bases[1], factors[1] / factors[0])
+            if second is not None:
+                return self.scaled(self.mk(kind, attrs, [bases[0], second], shape), factors[0])
         return None
+
+    def factored_select(self, args: list[Term], shape: Shape) -> Term | None:
+        """select(p, f * a, f * b) = f * select(p, a, b), a zero branch taking any factor (a
+        gradient's guarded branch, select(s >= 0, c / s, 0), with the loss's scale in c)."""
+        p, *branches = args
+        if shape.dtype not in SCALABLE or any(b.dtype != shape.dtype for b in branches):
+            return None
+        scales = [(Fraction(0), b) if self.uniform(b) == 0 else self.scale_of(b) for b in branches]
+        factors = {f for f, _ in scales if f != 0}
+        if len(factors) != 1 or (factor := factors.pop()) == 1:
+            return None
+        bases = [base for _, base in scales]
+        return self.scaled(self.mk("ternary", ("select",), (p, *bases), shape), factor)
 
     def normal(self, kind: str, attrs: tuple, args, shape: Shape) -> Term:
         """The term in the normal form every evaluated op gets (constant factors in front), so a

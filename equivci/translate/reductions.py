@@ -39,6 +39,10 @@ def reduce(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     value = ev.folded(x)
     if value is not None and reducer in ("and", "or"):  # masks of range checks fold away
         return ev.const(np.all(value, axis=dims) if reducer == "and" else np.any(value, axis=dims), inst.shape.dtype)
+    if all(x.shape[k] == 1 for k in dims) and x.dtype == inst.shape.dtype:
+        # Each output element reduces one element with the identity: a reshape. (The transpose of
+        # a broadcast through a unit dim, as in a bias's gradient, sums over it.)
+        return ev.reshape_term(x, inst.shape)
     key = ReduceSpec(len(x.shape), tuple(sorted(dims))).text()
     return ev.factored("reduce", (reducer, key), [x], inst.shape) or ev.mk("reduce", (reducer, key), (x,), inst.shape)
 

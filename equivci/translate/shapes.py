@@ -16,8 +16,15 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.spec import GatherDims, bcast_spec, reshape_spec, transpose_text
-from equivci.translate import masks
-from equivci.translate.attributes import called, custom_call_target, dims_attr, overwrites, semantic_attrs
+from equivci.translate import masks, scatter_adds
+from equivci.translate.attributes import (
+    called,
+    custom_call_target,
+    dims_attr,
+    overwrites,
+    reducer_of,
+    semantic_attrs,
+)
 from equivci.translate.builder import MAX_FOLD_ELEMENTS, Builder, Value
 from equivci.translate.opaque import opaque
 
@@ -143,8 +150,10 @@ def pad(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
 
 
 def scatter(ev: Builder, inst: Instruction, args: list, device: int):
-    written = scatter_at_constants(ev, inst, args)
-    return written if written is not None else opaque(ev, inst, args)
+    for handler in (scatter_at_constants, scatter_adds.per_row, scatter_adds.windows):
+        if (written := handler(ev, inst, args)) is not None:
+            return written
+    return opaque(ev, inst, args)
 
 
 def strided_slice(ev: Builder, x: Term, dim: int, start: int, stop: int, step: int) -> Term | None:
@@ -179,6 +188,9 @@ def broadcast_term(ev: Builder, operand: Term, shape: Shape, dims: tuple[int, ..
     value = ev.folded(operand)
     if value is not None and value.ndim == 0:
         return ev.const(np.broadcast_to(value, shape.dims), shape.dtype)
+    factor, base = ev.scale_of(operand)
+    if factor != 1 and (term := ev.scaled(broadcast_term(ev, base, shape, dims), factor)) is not None:
+        return term
     # A broadcast table stays a broadcast (the reference's and a device's differ only in the
     # sizes of new dims, which the rules relate); its value is kept for folding.
     term = ev.mk("bcast", (bcast_spec(len(operand.shape), shape.dims, dims),), [operand], shape)
@@ -216,10 +228,14 @@ def dynamic_update_slice(ev: Builder, inst: Instruction, args: list, device: int
 
 
 def scatter_at_constants(ev: Builder, inst: Instruction, args: list) -> Term | None:
-    """A scatter that overwrites, at indices known as constants, into windows that do not overlap:
-    the operand with those windows replaced (`outs.at[k].set(y)` at an unrolled loop's step k).
-    An index vector whose window leaves the operand writes nothing (XLA skips it, no clamping)."""
-    if len(args) != 3 or inst.shape.is_tuple or not overwrites(called(ev.module, inst, "to_apply")):
+    """A scatter that overwrites or adds, at indices known as constants, into windows that do not
+    overlap: the operand with those windows replaced (`outs.at[k].set(y)` at an unrolled loop's
+    step k) or increased (the gradient of a gather at a constant index). An index vector whose
+    window leaves the operand writes nothing (XLA skips it, no clamping)."""
+    if len(args) != 3 or inst.shape.is_tuple:
+        return None
+    adds = reducer_of(ev.module, inst) == "add"
+    if not adds and not overwrites(called(ev.module, inst, "to_apply")):
         return None
     x, idx, update = args
     indices = ev.folded(idx)
@@ -257,6 +273,8 @@ def scatter_at_constants(ev: Builder, inst: Instruction, args: list) -> Term | N
         for d, p in zip(scatter_dims, pos):
             ranges[d] = (p, p + 1)
         piece = ev.reshape_term(ev.slice_nd(update, ranges), Shape(x.dtype, tuple(sizes)))
+        if adds and ev.uniform(here := ev.slice_nd(x, box)) != 0:
+            piece = ev.binary("add", here, piece)
         result = write_window(ev, result, piece, starts)
     return result
 
@@ -319,6 +337,8 @@ def gather(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     if attrs.get("indices_are_sorted", "false") != "false" or attrs.get("unique_indices", "false") != "false":
         return opaque(ev, inst, args)
     dims = GatherDims.parse(attrs, len(idx.shape))
+    if (window := gather_at_constant(ev, x, idx, dims, inst.shape)) is not None:
+        return window
     dims, kept_idx, kept_out = dims.without_unit_index_dims(idx.shape, len(inst.shape.dims))
     idx = ev.reshape_term(idx, Shape(idx.dtype, tuple(idx.shape[j] for j in kept_idx)))
     out = Shape(inst.shape.dtype, tuple(inst.shape.dims[o] for o in kept_out))
@@ -331,6 +351,23 @@ def gather(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     if lookup is not None:
         ev.masked_rows[term] = lookup
     return ev.reshape_term(term, inst.shape)
+
+
+def gather_at_constant(ev: Builder, x: Term, idx: Term, dims: GatherDims, shape: Shape) -> Term | None:
+    """A gather of one window at a start known as a constant (`y[..., 0]` written as a gather):
+    that static window, clamped into the operand as HLO clamps it, its collapsed dims and the
+    unit batch dims reshaped, since offset dims keep the operand's order."""
+    indices = ev.folded(idx)
+    if indices is None or dims.operand_batch or x.dtype != shape.dtype:
+        return None
+    vectors = indices[..., None] if dims.vector_dim == indices.ndim else np.moveaxis(indices, dims.vector_dim, -1)
+    if vectors.size != len(dims.start_map) or len(dims.slice_sizes) != len(x.shape):
+        return None
+    starts = [0] * len(x.shape)
+    for k, start in zip(dims.start_map, vectors.reshape(-1)):
+        starts[k] = min(max(int(start), 0), x.shape[k] - dims.slice_sizes[k])
+    ranges = [(s, s + n) for s, n in zip(starts, dims.slice_sizes)]
+    return ev.reshape_term(ev.slice_nd(x, ranges), shape)
 
 
 def _parts_along(x: Term, dim: int) -> list[Term]:
