@@ -858,6 +858,9 @@ def test_every_rule_of_the_language_is_covered() -> None:
     named = {rule for family in REWRITE_FAMILIES for rule in family.rule_names}
     assert named - covered == set(), "rules without an instance here"
     assert covered - named == set(), "instances of rules the registry does not have"
+    for family in FAMILIES.values():  # each rule states its identity, in one line
+        for r in family.rules:
+            assert isinstance(r.identity, str) and r.identity.strip() and "\n" not in r.identity, r.name
 
 
 # -- end-to-end compositions (all rewrites, both sides loaded) ---------------------------------
