@@ -29,3 +29,13 @@ def test_a_scalar_constant_has_its_terms_dtype():
     assert evaluate(c, {}).dtype == np.float32
     assert evaluate(total, {0: np.zeros(2, np.float32)}).tolist() == [16777216.0, 16777216.0]
     assert evaluate(t.make("const", ("1",), (), (), "pred"), {}).dtype == np.bool_
+
+
+def test_select_takes_the_first_value_where_the_predicate_holds():
+    """Rule instances evaluate both sides with these semantics, so a wrong select would agree with
+    itself there: its meaning is checked against known values here."""
+    t = TermTable()
+    p, a, b = (t.make("param", (k,), (), (3,), dt) for k, dt in enumerate(("pred", "f32", "f32")))
+    chosen = t.make("ternary", ("select",), (p, a, b), (3,), "f32")
+    values = {0: np.array([True, False, True]), 1: np.array([1.0, 2.0, 3.0]), 2: np.array([-1.0, -2.0, -3.0])}
+    assert evaluate(chosen, values).tolist() == [1.0, -2.0, 3.0]
