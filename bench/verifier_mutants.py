@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
@@ -280,16 +281,23 @@ def mutated_source(mutant: Mutant) -> tuple[Path, str]:
 
 def mutated_copy(mutant: Mutant | None, root: Path) -> Path:
     """root/equivci: a copy of the package with the mutant applied."""
+    return edited_copy(None if mutant is None else mutated_source(mutant), root)
+
+
+def edited_copy(edit: tuple[Path, str] | None, root: Path) -> Path:
+    """root/equivci: a copy of the package with one file (a path in equivci/) replaced by a text."""
     target = root / "equivci"
     shutil.copytree(PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__"))
-    if mutant is not None:
-        path, text = mutated_source(mutant)
+    if edit is not None:
+        path, text = edit
         (target / path.relative_to(PACKAGE)).write_text(text)
     return target
 
 
 # -- captures (once, by the unmutated package) -------------------------------------------------------
 def capture_models(names: list[str], out: Path, workers: int = 2) -> Path:
+    if out.exists() and set(names) <= set(pickle.loads(out.read_bytes())):
+        return out  # captured by an earlier run (captures do not depend on the mutated engine)
     sys.path.insert(0, str(SOUNDNESS))
     import engine_api
     from near_miss_cases import MANIFEST
@@ -320,18 +328,25 @@ def batch_main(spec_path: str) -> int:
                     observed = _observe(job, spec["captures"])
                 except BaseException as exc:  # noqa: BLE001 - e.g. a mutant that breaks an import: a crash
                     observed = {"error": f"{type(exc).__name__}: {exc}"}
-                out.write_text(json.dumps(observed))
+                _write(out, observed)
             finally:
                 os._exit(0)
-        deadline = time.monotonic() + CHILD_TIMEOUT
+        deadline = time.monotonic() + job.get("timeout", CHILD_TIMEOUT)
         while os.waitpid(pid, os.WNOHANG) == (0, 0):
             if time.monotonic() > deadline:
                 os.kill(pid, 9)
                 os.waitpid(pid, 0)
-                out.write_text(json.dumps({"timeout": True}))
+                _write(out, {"timeout": True})
                 break
             time.sleep(0.05)
     return 0
+
+
+def _write(out: Path, observed: dict) -> None:
+    """Whole or not at all: the parent reads answers while the batches run."""
+    part = out.with_suffix(".part")
+    part.write_text(json.dumps(observed))
+    os.replace(part, out)
 
 
 class _Failures:
@@ -367,10 +382,14 @@ def _observe(job: dict, captures: str) -> dict:
                                         "crash": r.status.value == "error" or "internal error" in messages}
         except Exception as exc:  # noqa: BLE001 - a crash of the mutated engine: reported, not a kill
             observed["models"][name] = {"status": "error", "crash": True, "detail": f"{type(exc).__name__}: {exc}"[:300]}
+        if job.get("first") and (observed["models"][name]["status"] == "verified") != (_expected_model(name) == "verified"):
+            return observed  # the first wrong verdict decides (a sampled mutant needs no second one)
     for args in job["pytest"]:
         plugin = _Failures()
         code = pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), *args], plugins=[plugin])
         observed["pytest"].append({"args": args, "exit": int(code), "failed": plugin.failed})
+        if job.get("first") and code != 0:
+            break
     return observed
 
 
@@ -391,7 +410,7 @@ def judge(name: str, observed: dict, package: Path) -> Outcome:
     """Killed: an assertion on a verdict failed (a buggy model verified, a correct one refused by an
     engine that ran to the end, or a test failing on an AssertionError). A crash is not a kill."""
     if observed.get("timeout"):
-        return Outcome(name, "timeout", f"no answer in {CHILD_TIMEOUT} s")
+        return Outcome(name, "timeout", "no answer in the time allowed")
     if "error" in observed:
         return Outcome(name, "crashed", observed["error"][:200])
     assert Path(observed["package"]).resolve().parent == package.resolve(), ("the fork imported", observed["package"])
@@ -414,11 +433,10 @@ def judge(name: str, observed: dict, package: Path) -> Outcome:
     return Outcome(name, "crashed" if crashes else "survived", "; ".join(crashes))
 
 
-def _job(mutant: Mutant | None, kills: tuple[str, ...], work: Path) -> dict:
-    name = mutant.name if mutant else BASELINE
+def _job(name: str, edit: tuple[Path, str] | None, kills: tuple[str, ...], work: Path, first: bool = False) -> dict:
     root = work / f"pkg-{len(list(work.glob('pkg-*')))}"
-    mutated_copy(mutant, root)
-    return {"name": name, "root": str(root), "out": str(root / "observed.json"),
+    edited_copy(edit, root)
+    return {"name": name, "root": str(root), "out": str(root / "observed.json"), "first": first,
             "models": [k.split(":", 1)[1] for k in kills if k.startswith("model:")],
             "pytest": [k.split(":", 1)[1].split() for k in kills if k.startswith("pytest:")]}
 
@@ -430,29 +448,66 @@ def run(mutants: list[Mutant], work: Path, workers: int = 2, baseline_tests: boo
         log=print) -> tuple[Outcome, list[Outcome]]:
     """The unmutated baseline over every check (tests included unless `baseline_tests` is false:
     the default suite runs them anyway), then each mutant over its own checks."""
-    for m in mutants:
-        locate(m)  # every snippet still occurs once, before anything runs
-    models = sorted({k.split(":", 1)[1] for m in mutants for k in m.kills if k.startswith("model:")})
-    captures = capture_models(models, work / "captures.pkl", workers)
+    edits = [Edit(m.name, mutated_source(m), m.kills) for m in mutants]  # every snippet occurs once, up front
     checks = tuple(sorted({k for m in mutants for k in m.kills if baseline_tests or k.startswith("model:")}))
-    jobs = [_job(None, checks, work)] + [_job(m, m.kills, work) for m in mutants]
+    return run_edits(edits, checks, work, work / "captures.pkl", workers, log=log)
+
+
+@dataclasses.dataclass(frozen=True)
+class Edit:
+    """A mutant as the harness runs it: a name, the file it replaces (path in equivci/, new text) and
+    its checks."""
+
+    name: str
+    edit: tuple[Path, str]
+    kills: tuple[str, ...]
+
+
+def run_edits(edits: list[Edit], baseline_checks: tuple[str, ...], work: Path, captures: Path, workers: int = 2,
+              timeout: float = CHILD_TIMEOUT, first: bool = False, budget: float | None = None,
+              log=print) -> tuple[Outcome, list[Outcome]]:
+    """The unmutated package over `baseline_checks`, then each edit over its own checks, in `workers`
+    batch processes; `first`: a mutant's checks stop at the first one that fails. Each outcome is
+    logged as it comes; after `budget` seconds the batches are stopped and the mutants not run yet
+    are left out of the outcomes."""
+    models = sorted({k.split(":", 1)[1] for e in edits for k in (*e.kills, *baseline_checks) if k.startswith("model:")})
+    captures = capture_models(models, captures, workers)
+    jobs = [_job(BASELINE, None, baseline_checks, work)] + [_job(e.name, e.edit, e.kills, work, first) for e in edits]
+    for job in jobs[1:]:
+        job["timeout"] = timeout  # (the unmutated run keeps the default: it may run more checks than one mutant)
     batches = [jobs[k::workers] for k in range(workers)]
     procs = []
     for k, batch in enumerate(batches):
         spec = work / f"batch{k}.json"
         spec.write_text(json.dumps({"captures": str(captures), "jobs": batch}))
         procs.append(subprocess.Popen([sys.executable, "-P", __file__, "--batch", str(spec)], cwd=REPO,
-                                      env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}))
-    for proc in procs:
-        proc.wait()
-    outcomes = []
-    for job in jobs:
-        out = Path(job["out"])
-        observed = json.loads(out.read_text()) if out.exists() else {"error": "the fork died without an answer"}
-        outcome = judge(job["name"], observed, Path(job["root"]) / "equivci")
-        log(f"{outcome.verdict:9s} {outcome.mutant:28s} {outcome.how}")
-        outcomes.append(outcome)
-    return outcomes[0], outcomes[1:]
+                                      env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, start_new_session=True))
+    outcomes: dict[int, Outcome] = {}
+
+    def collect(ended: bool) -> None:
+        for k, job in enumerate(jobs):
+            out = Path(job["out"])
+            if k in outcomes or not (out.exists() or ended):
+                continue
+            observed = json.loads(out.read_text()) if out.exists() else {"error": "the fork died without an answer"}
+            outcomes[k] = judge(job["name"], observed, Path(job["root"]) / "equivci")
+            log(f"{outcomes[k].verdict:9s} {outcomes[k].mutant:28s} {outcomes[k].how}")
+
+    stop = None if budget is None else time.monotonic() + budget
+    while any(proc.poll() is None for proc in procs):
+        if stop is not None and time.monotonic() > stop:
+            for proc in procs:  # the batch and its fork
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, 9)
+                proc.wait()
+            break
+        collect(ended=False)
+        time.sleep(1)
+    else:
+        collect(ended=True)
+    if 0 not in outcomes:
+        raise RuntimeError("the unmutated package's checks did not finish within the budget")
+    return outcomes[0], [outcomes[k] for k in sorted(outcomes) if k]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from egglog import EGraph
 
 from equivci.prove.saturate import _run, proved_equal
 from equivci.terms import language as L
-from equivci.terms.ir import Term, TermTable, gather_map, reduce_pair_map, sort_map
+from equivci.terms.ir import Term, TermTable, gather_map, inserted_unit_dims, reduce_pair_map, sort_map
 from equivci.terms.load import Loader
 from equivci.terms.rules import FAMILIES, REWRITE_FAMILIES
 from equivci.terms.rules.elementwise import COMMUTATIVE
@@ -890,6 +890,9 @@ def test_every_rule_of_the_language_is_covered() -> None:
     named = {rule for family in REWRITE_FAMILIES for rule in family.rule_names}
     assert named - covered == set(), "rules without an instance here"
     assert covered - named == set(), "instances of rules the registry does not have"
+    for family in FAMILIES.values():  # each rule states its identity, in one line
+        for r in family.rules:
+            assert isinstance(r.identity, str) and r.identity.strip() and "\n" not in r.identity, r.name
 
 
 # -- end-to-end compositions (all rewrites, both sides loaded) ---------------------------------
@@ -940,6 +943,20 @@ def test_reshape_of_a_size_one_shard() -> None:
     target = b.sl(b.reshape(x, (32,)), 0, 12, 16)
     assert agree(device, target)
     assert proves(device, target)
+
+
+def test_a_reshape_that_only_inserts_unit_dims_is_a_broadcast() -> None:
+    """reshape (4, 3) -> (4, 1, 3) is x broadcast along a new size-1 dim (the loader states it), so
+    it is the first row of a wider broadcast along that dim; a reshape that moves elements is not."""
+    b = B()
+    x = b.param(0, (4, 3))
+    unit, wide = b.reshape(x, (4, 1, 3)), b.sl(b.bcast(x, (4, 2, 3), (0, 2)), 1, 0, 1)
+    assert agree(unit, wide)
+    assert proves(unit, wide)
+    assert inserted_unit_dims((4, 3), (1, 4, 3, 1)) == {0, 3}
+    assert inserted_unit_dims((4, 3), (4, 3)) is None  # nothing inserted
+    assert inserted_unit_dims((4, 3), (3, 4)) is None  # near miss: the elements move
+    assert inserted_unit_dims((4, 3), (12, 1)) is None
 
 
 @pytest.mark.parametrize("tp", [4, 8])
