@@ -198,6 +198,35 @@ MODELS = textwrap.dedent(
         return _rows_picked(_evens_gathered, mesh, x, c)
 
 
+    def _fused(w, i, cols, flip):  # this device's [a | b] columns of w as one fused weight
+        w_a = lax.dynamic_slice_in_dim(w, i * cols, cols, axis=1)
+        w_b = lax.dynamic_slice_in_dim(w, H + i * cols, cols, axis=1)
+        w_b = w_b[:, ::-1] if flip else w_b  # MARK:fused-flip
+        return jnp.concatenate([w_a, w_b], axis=1)
+
+
+    def gated_tp_fused_wrong_read(x, w, wo, *, mesh):
+        cols = H // mesh.shape[TP]
+
+        def body(x, w, wo):
+            y = x @ _fused(w, lax.axis_index(TP), cols, flip=False)
+            a, b = y[:, :cols], y[:, :cols]  # MARK:fused-read
+            return lax.psum((a * b) @ wo, TP)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(TP, None)), out_specs=P())(x, w, wo)
+
+
+    def gated_tp_fused_wrong_weight(x, w, wo, *, mesh):
+        cols = H // mesh.shape[TP]
+
+        def body(x, w, wo):
+            y = x @ _fused(w, lax.axis_index(TP), cols, flip=True)
+            a, b = y[:, :cols], y[:, cols:]
+            return lax.psum((a * b) @ wo, TP)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(TP, None)), out_specs=P())(x, w, wo)
+
+
     def columns_uncut(x, c, *, mesh):
         def body(x, c):
             y = x * x
@@ -233,6 +262,10 @@ MANIFEST = textwrap.dedent(
          inputs: models.py:pair_inputs, mesh: {tp: 2}}
       - {name: uncut, reference: models.py:second_half, distributed: models.py:columns_uncut,
          inputs: models.py:pair_inputs, mesh: {tp: 2}}
+      - {name: fused-read, reference: models.py:gated, distributed: models.py:gated_tp_fused_wrong_read,
+         inputs: models.py:inputs, mesh: {tp: 2}}
+      - {name: fused-weight, reference: models.py:gated, distributed: models.py:gated_tp_fused_wrong_weight,
+         inputs: models.py:inputs, mesh: {tp: 2}}
     """
 )
 
@@ -327,6 +360,12 @@ FRESH = {
     "evens-gathered": ("gathered", ("`gather`",)),
     # The near miss: no window is cut at all, so the reference's slice is missing work.
     "uncut": ("uncut", ("without the `slice`",)),
+    # A fused projection is a concatenation of windows of the reference's x @ w, no window itself;
+    # every read of it is related again, so the wrong read is the finding, not the projection.
+    "fused-read": ("fused-read", ("not the window", "[0:8]", "[16:32]", "`b`")),
+    # The near miss: a part of the fused weight is reversed, so a read of the projection is
+    # unrelated too and the projection is no mere layout: the finding is the weight's line.
+    "fused-weight": ("fused-flip", ()),
 }
 
 
