@@ -370,27 +370,102 @@ def first_defect(
                     stack.append(op)
         return None
 
-    uses: dict[str, list[Event]] = {}
-    for event in events:
-        for name in dict.fromkeys(event.inst.operands):
-            uses.setdefault(name, []).append(event)
-    verdicts: dict[str, bool] = {}
+    settled: dict[tuple[int, ...], str] = {}
 
-    def absorbed(event: Event, depth: int = 0) -> bool:
-        """Each use of the value that reaches an output is related, directly or through uses that
-        are absorbed in turn (bounded depth), and at least one such use is seen."""
-        name = event.inst.name
-        if name not in verdicts:
-            verdicts[name] = False  # a cycle (a loop's state) absorbs nothing
-            found = [u for u in uses.get(name, []) if (t := _terms(u)) is None or t[0] in loader.exprs]
-            verdicts[name] = (
-                depth < ABSORB_DEPTH
-                and bool(found)
-                and all(
-                    (t := _terms(u)) is not None and (classify(t) == "related" or absorbed(u, depth + 1)) for u in found
-                )
-            )
-        return verdicts[name]
+    def settle(event: Event, terms: list[Term]) -> str:
+        """related, partial (its sum over `partial_axis` is related), scaled (a multiple of a related
+        or partial value) or unrelated."""
+        key = _key(terms)
+        if key in settled:
+            return settled[key]
+        if event.inst.opcode in LAYOUT_OPS and _all_routed(event, by_name, routed):
+            routed.update(id(t) for t in terms)  # the same routed rows (or mask entries), laid out anew
+            settled[key] = "related"
+            return "related"
+        if classify(terms) == "related":
+            settled[key] = "related"
+            return "related"
+        sums_by_axis = axis_sums(evaluator, terms, groups_by_axis)
+        add_terms(proof, [t for sums in sums_by_axis.values() for t in sums])
+        partial_axes = [
+            axis for axis, sums in sums_by_axis.items() if all(is_related(proof, t, constants) for t in sums)
+        ]
+        settled[key] = "unrelated"
+        if partial_axes:
+            status[key], partial_axis[key], settled[key] = "partial", partial_axes[0], "partial"
+            return "partial"
+        # Multiples of related values and of partial sums are deferred: a later reduction may
+        # divide the factor out (a per-shard mean before its pmean).
+        scaled_axes = [axis for axis, sums in sums_by_axis.items() if scaling.factor(sums) is not None]
+        factor = scaling.factor(terms) if not scaled_axes else None
+        if scaled_axes:
+            status[key], partial_axis[key], settled[key] = "partial", scaled_axes[0], "scaled"
+        elif factor is not None:
+            status[key], factors[key], settled[key] = "scaled", factor, "scaled"
+        return settled[key]
+
+    # Each value's uses, by the terms that take it as an argument: through tuples, loop states and
+    # the iterations of an unrolled loop, which share instruction names. An argument that is no
+    # op's value (a sum of two microbatches whose common factor the evaluator pulled out) passes
+    # its use on to the terms inside it.
+    producer: dict[int, Event] = {}
+    for event in events:
+        if (terms := _terms(event)) and event.inst.opcode not in TRIVIAL_OPS:
+            producer.setdefault(id(terms[0]), event)
+    valued = set(producer)
+    users: dict[int, list[Event]] = {}
+    for event in events:
+        terms = _terms(event)
+        if terms is None or event.inst.opcode in TRIVIAL_OPS:
+            continue
+        inner, seen = [(a, 0) for a in terms[0].args], set()
+        while inner:
+            arg, level = inner.pop()
+            if id(arg) in seen:
+                continue
+            seen.add(id(arg))
+            users.setdefault(id(arg), []).append(event)
+            if id(arg) not in valued and level < USE_LEVELS:
+                inner.extend((a, level + 1) for a in arg.args)
+    verdicts: dict[tuple[int, ...], bool | None] = {}
+    budget = [ABSORB_BUDGET]
+
+    def absorbed(event: Event, depth: int = 0) -> bool | None:
+        """True when the value's uses that reach an output are related, partial sums or multiples of
+        one, or absorbed in turn (bounded depth and work), and at least one is; False when one is
+        unrelated (or the search gives up); None when no use shows either (its value reaches the
+        outputs only inside another term, as a sum of microbatches whose common factor was pulled
+        out does)."""
+        terms = _terms(event) or []
+        key = _key(terms)
+        if key in verdicts:
+            return verdicts[key]
+        verdicts[key] = None
+        found = [u for u in users.get(id(terms[0]), []) if (t := _terms(u)) and t[0] in loader.exprs]
+        seen: set[bool | None] = set()
+        for use in found:
+            budget[0] -= 1
+            if budget[0] <= 0 or depth >= ABSORB_DEPTH:
+                seen.add(False)
+                break
+            use_terms = _terms(use) or []
+            if settle(use, use_terms) != "unrelated":
+                seen.add(True)
+            else:
+                seen.add(False if _is_output(use_terms, output_terms) else absorbed(use, depth + 1))
+            if False in seen:
+                break
+        verdicts[key] = False if False in seen else True if True in seen else None
+        return verdicts[key]
+
+    def made_of_absorbed(event: Event) -> bool:
+        """A value no use shows (it reaches the outputs only inside another term) made from
+        absorbed values, and related ones, is absorbed with them: a step on their way."""
+        made = [producer.get(id(a)) for a in (_terms(event) or [])[0].args]
+        found = [e for e in made if e is not None and e is not event]
+        return any(absorbed(e) is True for e in found) and all(
+            settle(e, _terms(e) or []) != "unrelated" or absorbed(e) is True for e in found
+        )
 
     add_terms(proof, _unloaded(events, loader.exprs, constants))
     first_scaled: tuple[Event, list[Term]] | None = None
@@ -401,41 +476,25 @@ def first_defect(
         defined[_key(terms)] = event
         if event.inst.opcode in TRIVIAL_OPS or terms[0] not in loader.exprs:
             continue
-        if event.inst.opcode in LAYOUT_OPS and _all_routed(event, by_name, routed):
-            routed.update(id(t) for t in terms)  # the same routed rows (or mask entries), laid out anew
+        outcome = settle(event, terms)
+        if outcome == "related":
             continue
-        if classify(terms) == "related":
-            continue
-        sums_by_axis = axis_sums(evaluator, terms, groups_by_axis)
-        add_terms(proof, [t for sums in sums_by_axis.values() for t in sums])
-        partial_axes = [
-            axis for axis, sums in sums_by_axis.items() if all(is_related(proof, t, constants) for t in sums)
-        ]
-        if partial_axes:
-            status[_key(terms)] = "partial"
-            partial_axis[_key(terms)] = partial_axes[0]
-            if _is_output(terms, output_terms):
+        output = _is_output(terms, output_terms)
+        if outcome == "partial":
+            if output:
                 return Defect(
                     event.inst,
-                    f"this value is a partial sum over mesh axis '{partial_axes[0]}' but it is "
+                    f"this value is a partial sum over mesh axis '{partial_axis[_key(terms)]}' but it is "
                     "returned as the full value: a psum (all-reduce) over that axis is missing",
                 )
             continue
-        # Multiples of related values and of partial sums are deferred: a later reduction may
-        # divide the factor out (a per-shard mean before its pmean).
-        scaled_axes = [axis for axis, sums in sums_by_axis.items() if scaling.factor(sums) is not None]
-        factor = scaling.factor(terms) if not scaled_axes else None
-        if scaled_axes:
-            status[_key(terms)], partial_axis[_key(terms)] = "partial", scaled_axes[0]
-        elif factor is not None:
-            status[_key(terms)], factors[_key(terms)] = "scaled", factor
-        if scaled_axes or factor is not None:
+        if outcome == "scaled":
             first_scaled = first_scaled or (event, terms)
-            if not _is_output(terms, output_terms):
+            if not output:
                 continue
-        if not scaled_axes and factor is None and not _is_output(terms, output_terms) and absorbed(event):
-            # Every use of it is related again (a fused projection read in windows, a layout the
-            # program builds and takes apart): a representation, not where the programs part.
+        elif not output and (absorbed(event) is True or (absorbed(event) is None and made_of_absorbed(event))):
+            # Every use of it is related again (a fused projection read in windows, a microbatch's
+            # share of a sum): a step of the distributed program's own, not where the programs part.
             status[_key(terms)] = "absorbed"
             continue
         # A multiple that never turns back into the reference value: the sum that made it, or else
@@ -452,7 +511,10 @@ def first_defect(
 
 
 INDEXED_READS = {"gather", "dynamic-slice"}
-ABSORB_DEPTH = 8  # uses followed forward to show an unrelated value is taken apart again
+# Uses followed forward to show an unrelated value is related again, and values settled doing so.
+ABSORB_DEPTH = 8
+ABSORB_BUDGET = 64
+USE_LEVELS = 3  # levels of a term that is no op's value searched for the values it uses
 
 
 def _index_origin(event: Event, by_name: dict[str, Event], plain: str) -> Defect | None:
