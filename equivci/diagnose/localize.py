@@ -449,7 +449,13 @@ def first_defect(
                 seen.add(False)
                 break
             use_terms = _terms(use) or []
-            if settle(use, use_terms) != "unrelated":
+            # Settling a value (its sums over each axis, its multiples) costs saturation: only the
+            # nearest uses are settled, farther ones only classified.
+            if (settle(use, use_terms) if depth < SETTLED_DEPTH else classify(use_terms)) in (
+                "related",
+                "partial",
+                "scaled",
+            ):
                 seen.add(True)
             else:
                 seen.add(False if _is_output(use_terms, output_terms) else absorbed(use, depth + 1))
@@ -514,6 +520,7 @@ INDEXED_READS = {"gather", "dynamic-slice"}
 # Uses followed forward to show an unrelated value is related again, and values settled doing so.
 ABSORB_DEPTH = 8
 ABSORB_BUDGET = 64
+SETTLED_DEPTH = 2
 USE_LEVELS = 3  # levels of a term that is no op's value searched for the values it uses
 
 

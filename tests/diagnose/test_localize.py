@@ -227,6 +227,32 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(TP, None)), out_specs=P())(x, w, wo)
 
 
+    def rows_inputs():
+        return (jax.ShapeDtypeStruct((8, 4), jnp.float32),)
+
+
+    def row_sum(x):
+        return jnp.sum(x, axis=0)
+
+
+    def _halves(x, sign, offset, mesh):  # each shard sums its rows in two halves, then the shards
+        def body(x):
+            half = x.shape[0] // 2
+            a = jnp.sum(x[:half], axis=0)  # MARK:first-half
+            s = a + sign * jnp.sum(x[half:], axis=0)
+            return lax.psum(s, TP) + offset  # MARK:offset-sum
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None),), out_specs=P())(x)
+
+
+    def row_sum_offset(x, *, mesh):
+        return _halves(x, 1.0, 1.0, mesh)
+
+
+    def row_sum_difference(x, *, mesh):
+        return _halves(x, -1.0, 0.0, mesh)
+
+
     def columns_uncut(x, c, *, mesh):
         def body(x, c):
             y = x * x
@@ -262,6 +288,10 @@ MANIFEST = textwrap.dedent(
          inputs: models.py:pair_inputs, mesh: {tp: 2}}
       - {name: uncut, reference: models.py:second_half, distributed: models.py:columns_uncut,
          inputs: models.py:pair_inputs, mesh: {tp: 2}}
+      - {name: halves-offset, reference: models.py:row_sum, distributed: models.py:row_sum_offset,
+         inputs: models.py:rows_inputs, mesh: {tp: 2}}
+      - {name: halves-difference, reference: models.py:row_sum, distributed: models.py:row_sum_difference,
+         inputs: models.py:rows_inputs, mesh: {tp: 2}}
       - {name: fused-read, reference: models.py:gated, distributed: models.py:gated_tp_fused_wrong_read,
          inputs: models.py:inputs, mesh: {tp: 2}}
       - {name: fused-weight, reference: models.py:gated, distributed: models.py:gated_tp_fused_wrong_weight,
@@ -362,6 +392,12 @@ FRESH = {
     "uncut": ("uncut", ("without the `slice`",)),
     # A fused projection is a concatenation of windows of the reference's x @ w, no window itself;
     # every read of it is related again, so the wrong read is the finding, not the projection.
+    # The first half's sum is no partial sum of the reference's, but its one use is (both halves
+    # added): a step of the shard's own, so the finding is the offset added after the psum.
+    "halves-offset": ("offset-sum", ("`add`",)),
+    # The near miss: the halves are subtracted, so the use is unrelated too and the first half's
+    # sum is not passed over: the finding stays before the psum (not at the sum after it).
+    "halves-difference": ("first-half", ()),
     "fused-read": ("fused-read", ("not the window", "[0:8]", "[16:32]", "`b`")),
     # The near miss: a part of the fused weight is reversed, so a read of the projection is
     # unrelated too and the projection is no mere layout: the finding is the weight's line.
