@@ -205,26 +205,23 @@ MODELS = textwrap.dedent(
         return jnp.concatenate([w_a, w_b], axis=1)
 
 
-    def gated_tp_fused_wrong_read(x, w, wo, *, mesh):
+    def _gated_fused(x, w, wo, mesh, flip, b_start):
         cols = H // mesh.shape[TP]
 
         def body(x, w, wo):
-            y = x @ _fused(w, lax.axis_index(TP), cols, flip=False)
-            a, b = y[:, :cols], y[:, :cols]  # MARK:fused-read
+            y = x @ _fused(w, lax.axis_index(TP), cols, flip)
+            a, b = y[:, :cols], y[:, b_start * cols : (b_start + 1) * cols]  # MARK:fused-read
             return lax.psum((a * b) @ wo, TP)
 
         return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(TP, None)), out_specs=P())(x, w, wo)
+
+
+    def gated_tp_fused_wrong_read(x, w, wo, *, mesh):
+        return _gated_fused(x, w, wo, mesh, flip=False, b_start=0)
 
 
     def gated_tp_fused_wrong_weight(x, w, wo, *, mesh):
-        cols = H // mesh.shape[TP]
-
-        def body(x, w, wo):
-            y = x @ _fused(w, lax.axis_index(TP), cols, flip=True)
-            a, b = y[:, :cols], y[:, cols:]
-            return lax.psum((a * b) @ wo, TP)
-
-        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(TP, None)), out_specs=P())(x, w, wo)
+        return _gated_fused(x, w, wo, mesh, flip=True, b_start=1)
 
 
     def rows_inputs():
