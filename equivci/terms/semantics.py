@@ -2,8 +2,8 @@
 
 `evaluate(term, params, consts)` computes the value of `term` given the values of the reference
 inputs (`params`: param index -> array) and, optionally, of constant / opaque terms (`consts`:
-Term -> array; the evaluator keeps these in `Evaluator.values`). Every op follows the HLO op it is
-built from in equivci/translate/evaluator.py, and the attributes are decoded exactly the way the
+Term -> array; the evaluator keeps these in `Builder.values`). Every op follows the HLO op it is
+built from by the op handlers of equivci/translate/, and the attributes are decoded exactly the way the
 loader and the rules read them:
 
 * slice(dim, start, stop), concat(dim) of two operands;

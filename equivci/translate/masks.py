@@ -59,7 +59,7 @@ class MaskedRows:
 
 
 class Evaluator(Protocol):
-    """What these facts need of the evaluator (equivci.translate.evaluator.Evaluator), which uses them."""
+    """What these facts need of the evaluator (an equivci.translate.builder.Builder), which uses them."""
 
     masked_rows: dict[Term, MaskedRows]
 

@@ -37,7 +37,7 @@ F32 = "f32"
 
 # -- building terms ----------------------------------------------------------------------------
 class B:
-    """Term constructors that compute shapes the way equivci/translate/evaluator.py does."""
+    """Term constructors that compute shapes the way the op handlers of equivci/translate/ do."""
 
     def __init__(self) -> None:
         self.t = TermTable()

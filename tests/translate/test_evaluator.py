@@ -271,7 +271,7 @@ def test_a_start_known_only_as_a_term_gives_dynamic_terms():
     assert saturate(programs).all_proved
 
 
-# -- constant scalar factors pulled out of terms (Evaluator.factored) ---------------------------
+# -- constant scalar factors pulled out of terms (Builder.factored) ----------------------------
 def _scale_setup():
     from equivci.hlo.ir import Shape
     from equivci.terms.ir import TermTable
