@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from equivci.hlo.ir import Shape
+from equivci.options import Budgets
 from equivci.terms.ir import Term
 from equivci.terms.spec import GatherDims, ReduceSpec, parse_compare
 
@@ -27,7 +28,6 @@ from equivci.terms.spec import GatherDims, ReduceSpec, parse_compare
 ENDS = {"GE": ("lo", 0), "GT": ("lo", 1), "LT": ("hi", 0), "LE": ("hi", 1)}
 # Ops that only move (or, convert, retype) the elements of a mask.
 LAYOUT_OPS = ("reshape", "bcast", "transpose")
-MAX_LABELS = 1 << 16
 UNBOUNDED = 1 << 64  # an open end of a window
 
 
@@ -62,6 +62,7 @@ class Evaluator(Protocol):
     """What these facts need of the evaluator (an equivci.translate.builder.Builder), which uses them."""
 
     masked_rows: dict[Term, MaskedRows]
+    budgets: Budgets
 
     def folded(self, term: Term) -> np.ndarray | None: ...
 
@@ -127,8 +128,13 @@ def bounds_under_mask(ev: Evaluator, p: Term, a: Term) -> tuple[float, float] | 
     w = w.clipped(ev.bounds_of(w.x))
     if a is w.x:
         shift = 0
-    elif a.op == "binary" and a.attrs == ("subtract",) and a.args[0] is w.x and scalar_int(ev, a.args[1]) is not None:
-        shift = scalar_int(ev, a.args[1])
+    elif (
+        a.op == "binary"
+        and a.attrs == ("subtract",)
+        and a.args[0] is w.x
+        and (offset := scalar_int(ev, a.args[1])) is not None
+    ):
+        shift = offset
     else:
         return None
     if w.hi <= w.lo:  # the test never holds: `a` is never chosen
@@ -148,14 +154,15 @@ def laid_out_window(ev: Evaluator, m: Term) -> tuple[Window, np.ndarray] | None:
         chain.append(m)
         m = m.args[0]
     w = window_of(ev, m)
-    if w is None or int(np.prod(m.shape)) > MAX_LABELS:
+    if w is None or int(np.prod(m.shape)) > ev.budgets.mask_labels:
         return None
     labels = np.arange(int(np.prod(m.shape))).reshape(m.shape)
     for t in reversed(chain):
         if t.op != "unary":
-            labels = ev.numeric(t, [labels])
-            if labels is None:
+            moved = ev.numeric(t, [labels])
+            if moved is None:
                 return None
+            labels = moved
     return w, np.asarray(labels)
 
 
@@ -167,7 +174,7 @@ def masked_lookup(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shap
         or len(dims.start_map) != 1
         or dims.start_map[0] != x.attrs[0]
         or dims.start_map[0] not in dims.collapsed
-        or int(np.prod(idx.shape)) > MAX_LABELS
+        or int(np.prod(idx.shape)) > ev.budgets.mask_labels
     ):
         return None
     table, (_, s, e) = x.args[0], x.attrs
@@ -245,8 +252,8 @@ def tiles(windows: list[tuple[int, int]], lo: int, hi: int, overlap: bool = Fals
 
 def tiled_lookup(ev: Evaluator, members: list[Term]) -> Term | None:
     """The sum of rows masked by range tests that tile the range of the ids: the rows."""
-    found = [masked_member(ev, m) for m in members]
-    if any(f is None for f in found) or len({f[0] for f in found}) != 1 or len({f[1].x for f in found}) != 1:
+    found = [f for m in members if (f := masked_member(ev, m)) is not None]
+    if len(found) != len(members) or len({f[0] for f in found}) != 1 or len({f[1].x for f in found}) != 1:
         return None
     full, w = found[0]
     bounds = ev.bounds_of(w.x)

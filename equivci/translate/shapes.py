@@ -18,7 +18,7 @@ from equivci.terms.ir import Term
 from equivci.terms.spec import GatherDims, bcast_spec, reshape_spec, transpose_text
 from equivci.translate import masks
 from equivci.translate.attributes import called, custom_call_target, dims_attr, overwrites, semantic_attrs
-from equivci.translate.builder import MAX_FOLD_ELEMENTS, Builder, Value
+from equivci.translate.builder import Builder, Value
 from equivci.translate.opaque import opaque
 
 IDENTITY_CUSTOM_CALLS = {
@@ -160,7 +160,7 @@ def broadcast_term(ev: Builder, operand: Term, shape: Shape, dims: tuple[int, ..
     # A broadcast table stays a broadcast (the reference's and a device's differ only in the
     # sizes of new dims, which the rules relate); its value is kept for folding.
     term = ev.mk("bcast", (bcast_spec(len(operand.shape), shape.dims, dims),), [operand], shape)
-    if value is not None and np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
+    if value is not None and np.prod(shape.dims) <= ev.budgets.fold_elements:
         laid_out = value.reshape([value.shape[dims.index(o)] if o in dims else 1 for o in range(len(shape.dims))])
         ev.values[term] = np.broadcast_to(laid_out, shape.dims)
     return term
