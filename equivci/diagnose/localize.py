@@ -1004,7 +1004,8 @@ class _Tracer:
                 cut = max(cutters, key=lambda a: self.order.get(a.inst.name, -1))
                 window = _window(self.value(cut, dev))
                 shown = ", ".join(f"[{a}:{b}) along dim {d}" for d, a, b in window[1]) if window else ""
-                return Defect(cut.inst, f"this slice takes the wrong window ({shown} on device {dev}): {lead}.")
+                taken = f"the wrong window ({shown} on device {dev})" if shown else f"a wrong window on device {dev}"
+                return Defect(cut.inst, f"this slice takes {taken}: {lead}.")
             return Defect(end.inst, f"{lead}; the value is made here.")
         lead = (
             f"so `{name}`, which feeds the `{event.inst.opcode}` at {here}, is not a slice of the reference's "
