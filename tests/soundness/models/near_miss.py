@@ -617,6 +617,17 @@ def topk_route_local_experts(x, w_router, *, mesh):
     return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, TP)), out_specs=P(None, TP))(x, w_router)
 
 
+def argsort_route(x, w_router):
+    """Top-k by argsort (descending by negation): one-hot rows of each token's TOPK best experts."""
+    order = jnp.argsort(-(x @ w_router), axis=-1)[:, :TOPK]
+    return jax.nn.one_hot(order, EXP).sum(1)
+
+
+def argsort_route_tokens(x, w_router, *, mesh):
+    """Tokens split over tp: each device sorts its own tokens' expert logits (a sort's lanes)."""
+    return jax.shard_map(argsort_route, mesh=mesh, in_specs=(P(TP), P()), out_specs=P(TP))(x, w_router)
+
+
 # --- clipped local ids, and logits made from a window of the head (equivci/translate/windows.py) ---
 def _clipped(table, ids, mesh, top):
     """The local index clipped to [0, top(n)] instead of masked; the output masked by its own range."""
