@@ -1,90 +1,212 @@
-"""The full mutation tool (mutmut, pinned in the test extra) over the verdict-deciding modules, with a
-time budget; prints killed / survived / timed out / not checked.
+"""The mutation tool over the verdict-deciding modules: a seeded random sample of mutmut's mutants per
+module, each run against the verifier's checks with a timeout; prints killed / survived / timed out /
+total and the kill rate with a 95 % confidence interval.
 
-mutmut writes its `mutants/` folder into the project, so it runs in a temporary copy of the
-repository (the working tree is never touched). Its tests are the ones that run the engine in the
-pytest process (mutmut maps each mutated function to the tests that call it in-process; the
-near-miss models go through child processes, which it cannot see): the rule checks, the property
-test and the numeric checks of the evaluator's facts.
+mutmut (pinned in the test extra) generates the mutants: its operators (numbers, strings, operators,
+comparisons, names, arguments, ...) over every function and method of a module. Running mutmut itself
+takes hours here (one module has hundreds of mutants, and its first step re-runs the tests under
+trampolines), so this tool draws N of each module's mutants with a seed and runs them through the
+harness of bench/verifier_mutants.py: each mutant is a copy of the package with one file replaced,
+imported in a fork of a worker that has egglog, numpy and pytest loaded. Its checks:
 
-    python bench/mutation_tool.py --budget 1800                       # every verdict-deciding module
-    python bench/mutation_tool.py --budget 600 --only equivci/verify/masks.py
+* the default suite's near-miss models (`DEFAULT` of tests/soundness/near_miss_cases.py: for each
+  family of side conditions a correct model and a buggy one), captured once by the unmutated package
+  and verified by the mutated engine without the oracle: a buggy model `verified`, or a correct one not;
+* the in-process tests of the term language, rules, semantics and the evaluator's windows (`TESTS`).
+
+A mutant is killed when a check fails and the unmutated package passes them all; the checks stop at
+the first failure. "killed by an error" (the mutated engine raised, or a test failed on an exception
+other than AssertionError) is counted apart from "killed by an assertion", and both are detection.
+
+    nice -n 10 python bench/mutation_tool.py --per-module 8 --seed 1         # every verdict-deciding module
+    python bench/mutation_tool.py --per-module 20 --modules equivci/translate/masks.py
+    python bench/mutation_tool.py --list --modules equivci/prove/saturate.py  # the sampled mutants, not run
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import shutil
-import subprocess
+import contextlib
+import dataclasses
+import difflib
+import importlib.util
+import math
+import random
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-VERDICT_MODULES = ["equivci/verify/masks.py", "equivci/verify/routing.py", "equivci/verify/instantiate.py",
-                   "equivci/verify/language.py", "equivci/verify/prove.py", "equivci/verify/layered.py"]
-TESTS = ["tests/test_rules_numeric.py", "tests/soundness/test_rule_properties.py",
-         "tests/soundness/test_facts_numeric.py", "tests/test_vocab_parallel.py", "tests/test_routing.py"]
-COPY = ["equivci", "tests", "examples", "configs", "pyproject.toml"]
-STATES = ("killed", "survived", "timeout", "no tests", "suspicious", "skipped", "not checked", "segfault")
+# The engine: the term language and rules, HLO -> terms, the proofs and the layers they are split into.
+# (The oracle, capture/oracle.py, decides `mismatch` in a JAX child process: its mutants need a JAX run
+# per mutant and are left to the curated mutants and tests/capture.)
+VERDICT_PACKAGES = ("equivci/terms", "equivci/translate", "equivci/prove", "equivci/layers")
+TESTS = (
+    "tests/terms",
+    "tests/translate/test_strided_slices.py",
+    "tests/translate/test_constant_windows.py",
+    "tests/prove/test_budget.py",
+    "tests/soundness/test_rule_properties.py",
+)
 
 
-def configure(root: Path, modules: list[str], tests: list[str]) -> None:
-    text = (root / "pyproject.toml").read_text()
-    text += "\n[tool.mutmut]\n" + f"source_paths = [\"equivci/\"]\nonly_mutate = {modules!r}\n".replace("'", '"') \
-        + f"pytest_add_cli_args_test_selection = {tests!r}\n".replace("'", '"') \
-        + 'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]\n' + 'also_copy = ["examples", "configs"]\n'
-    (root / "pyproject.toml").write_text(text)
+def _harness():
+    spec = importlib.util.spec_from_file_location("verifier_mutants", REPO / "bench" / "verifier_mutants.py")
+    module = sys.modules.setdefault("verifier_mutants", importlib.util.module_from_spec(spec))
+    if not hasattr(module, "run_edits"):
+        spec.loader.exec_module(module)
+    return module
 
 
-def counts(root: Path, env: dict) -> dict[str, int]:
-    """Mutants per state, from `mutmut results --all true` (one `name: state` line per mutant)."""
-    out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=root, env=env, check=False,
-                         capture_output=True, text=True).stdout
-    found = {s: 0 for s in STATES}
-    for line in out.splitlines():
-        m = re.match(r"\s*\S+:\s*(.+?)\s*$", line)
-        if m and m.group(1) in found:
-            found[m.group(1)] += 1
-    return found
+@dataclasses.dataclass(frozen=True)
+class Sampled:
+    name: str  # module:line#k
+    path: Path
+    text: str  # the whole mutated module
+    change: str  # the changed line, before -> after
+
+
+class Mutants:
+    """The mutants mutmut makes of one module (it mutates only inside functions and methods); each
+    is rendered only when drawn (a module has hundreds, and a render re-prints the whole module)."""
+
+    def __init__(self, path: Path) -> None:
+        from mutmut.mutation.file_mutation import create_mutations
+
+        self.code = path.read_text()
+        with contextlib.chdir(REPO):  # mutmut reads its settings from ./pyproject.toml
+            self.module, mutations, _, _ = create_mutations(str(path), self.code)
+        self.mutations = [m for m in mutations if m.contained_by_top_level_function is not None]
+
+    def __len__(self) -> int:
+        return len(self.mutations)
+
+    def render(self, k: int) -> tuple[str, str]:
+        """Mutant k: the mutated module and its changed line, before -> after."""
+        import libcst as cst
+        from mutmut.mutation.file_mutation import deep_replace
+
+        m = self.mutations[k]
+        tree = deep_replace(self.module, m.original_node, m.mutated_node)
+        assert isinstance(tree, cst.Module)
+        return tree.code, _change(self.code, tree.code)
+
+
+def _change(before: str, after: str) -> str:
+    old, new = before.splitlines(), after.splitlines()
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if tag != "equal":
+            gone = " / ".join(s.strip() for s in old[i1:i2]) or "(nothing)"
+            came = " / ".join(s.strip() for s in new[j1:j2]) or "(nothing)"
+            return f"{i1 + 1}: {gone[:150]}  ->  {came[:150]}"
+    return "?"
+
+
+def modules(packages: tuple[str, ...]) -> list[Path]:
+    return [p for pkg in packages for p in sorted((REPO / pkg).rglob("*.py")) if "__pycache__" not in p.parts]
+
+
+def sample(paths: list[Path], per_module: int, seed: int) -> tuple[list[Sampled], dict[Path, int]]:
+    """`per_module` mutants of each module, drawn with `seed` (and the module's path, so one module's
+    draw does not depend on which others are sampled); also each module's number of mutants."""
+    chosen, population = [], {}
+    for path in paths:
+        every = Mutants(path)
+        population[path] = len(every)
+        picks = sorted(random.Random(f"{seed}:{path.relative_to(REPO)}").sample(range(len(every)), min(per_module, len(every))))
+        for k in picks:
+            text, change = every.render(k)
+            if text == every.code:
+                continue  # (a mutation that prints as the original: nothing to test)
+            where = f"{path.relative_to(REPO / 'equivci')}:{change.split(':', 1)[0]}#{k}"
+            chosen.append(Sampled(where, path, text, change))
+    return chosen, population
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % Wilson score interval of a proportion k / n."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def stratified(rows: list[tuple[int, int, int]], z: float = 1.96) -> tuple[float, float, float]:
+    """The kill rate over all the modules' mutants, from (population, killed, run) per module: each
+    module's rate weighted by its number of mutants, with a normal 95 % interval (finite population)."""
+    total = sum(n for n, _, r in rows if r)
+    rate = sum(n * k / r for n, k, r in rows if r) / total
+    var = sum((n / total) ** 2 * (k / r) * (1 - k / r) / max(r - 1, 1) * (1 - r / n) for n, k, r in rows if r)
+    return rate, max(0.0, rate - z * math.sqrt(var)), min(1.0, rate + z * math.sqrt(var))
+
+
+VERDICTS = ("killed by an assertion", "killed by an error", "survived", "timed out")
+
+
+def classify(outcome) -> str:
+    return {"killed": VERDICTS[0], "crashed": VERDICTS[1], "survived": VERDICTS[2], "timeout": VERDICTS[3]}[outcome.verdict]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--budget", type=float, default=1800, help="seconds for `mutmut run` (then it is stopped)")
-    parser.add_argument("--only", default=",".join(VERDICT_MODULES), help="comma-separated modules to mutate")
-    parser.add_argument("--children", type=int, default=2)
-    parser.add_argument("--keep", type=Path, help="run in this folder and keep it (default: a temporary one)")
+    parser.add_argument("--per-module", type=int, default=8, help="mutants drawn per module")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--modules", default="", help="comma-separated files (default: every module of "
+                        + ", ".join(VERDICT_PACKAGES) + ")")
+    parser.add_argument("--exclude", default="", help="comma-separated files to leave out")
+    parser.add_argument("--timeout", type=float, default=200, help="seconds per mutant (then it is a timeout)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--budget", type=float, help="seconds for the whole run: then the mutants not run yet are "
+                        "left out of the figures (they are drawn in module order: a budget shortens the last modules)")
+    parser.add_argument("--captures", type=Path, help="keep the near-miss captures in this file, for the next run")
+    parser.add_argument("--list", action="store_true", help="print the sampled mutants and stop")
     args = parser.parse_args(argv)
-    root = args.keep or Path(tempfile.mkdtemp(prefix="mutmut-"))
-    for name in COPY:
-        src = REPO / name
-        (shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
-         if src.is_dir() else shutil.copy(src, root / name))
-    configure(root, args.only.split(","), TESTS)
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.children)]
-    print(f"$ {' '.join(cmd)}   (in {root}, budget {args.budget:.0f} s)", flush=True)
-    try:
-        proc = subprocess.run(cmd, cwd=root, env=env, timeout=args.budget, capture_output=True, text=True, check=False)
-        ended = f"finished (exit {proc.returncode})"
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
-    except subprocess.TimeoutExpired as exc:
-        ended = f"stopped at the budget of {args.budget:.0f} s"
-        tail = [ln for ln in ((exc.stdout or b"") + (exc.stderr or b"")).decode(errors="replace").splitlines()][-3:]
-    found = counts(root, env)
-    total = sum(found.values())
-    print(f"mutmut {ended}; mutants generated: {total}")
-    print("  " + ", ".join(f"{state} {n}" for state, n in found.items() if n or state in STATES[:4]))
-    checked = found["killed"] + found["survived"] + found["timeout"]
-    if checked:
-        print(f"  killed {100 * found['killed'] / checked:.1f} % of the {checked} mutants it ran")
-    for line in tail:
-        print(f"  | {line[:200]}")
-    if not args.keep:
-        shutil.rmtree(root, ignore_errors=True)
+    paths = [REPO / m for m in args.modules.split(",") if m] or modules(VERDICT_PACKAGES)
+    paths = [p for p in paths if str(p.relative_to(REPO)) not in args.exclude.split(",")]
+    t0 = time.perf_counter()
+    chosen, population = sample(paths, args.per_module, args.seed)
+    print(f"{len(chosen)} mutants sampled (seed {args.seed}, {args.per_module} per module) of "
+          f"{sum(population.values())} in {len(paths)} modules", flush=True)
+    if args.list:
+        for s in chosen:
+            print(f"{s.name:34s} {s.change}")
+        return 0
+    vm = _harness()
+    sys.path.insert(0, str(vm.SOUNDNESS))
+    from near_miss_cases import DEFAULT
+
+    checks = tuple(f"model:{n}" for n in sorted(DEFAULT)) + tuple(f"pytest:{t} -x" for t in TESTS)
+    edits = [vm.Edit(s.name, (s.path, s.text), checks) for s in chosen]
+    with tempfile.TemporaryDirectory(prefix="mutation-tool-") as tmp:
+        captures = args.captures or Path(tmp) / "captures.pkl"
+        baseline, outcomes = vm.run_edits(edits, checks, Path(tmp), captures, args.workers, args.timeout, first=True,
+                                          budget=args.budget, log=lambda line: print(line, flush=True))
+    if baseline.verdict != "survived":
+        print(f"the unmutated package fails its own checks ({baseline.verdict}: {baseline.how}); no figures")
+        return 1
+    by_module: dict[Path, dict[str, int]] = {p: dict.fromkeys(VERDICTS, 0) for p in paths}
+    of = {s.name: s for s in chosen}
+    for o in outcomes:
+        s = of[o.mutant]
+        by_module[s.path][classify(o)] += 1
+        if o.verdict != "killed":
+            print(f"  {classify(o):22s} {s.name}: {s.change}")
+    print("\nper module: killed (assertion + error) / run, of the module's mutants")
+    for p, c in by_module.items():
+        print(f"  {str(p.relative_to(REPO)):40s} {c[VERDICTS[0]] + c[VERDICTS[1]]:3d} / {sum(c.values()):3d} of {population[p]}")
+    counts = {v: sum(c[v] for c in by_module.values()) for v in VERDICTS}
+    killed, total = counts[VERDICTS[0]] + counts[VERDICTS[1]], len(outcomes)
+    lo, hi = wilson(killed, total)
+    print(f"\n{total} mutants: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
+    print(f"kill rate {100 * killed / total:.1f} % (95 % CI {100 * lo:.1f}-{100 * hi:.1f} %, Wilson; a timeout counts "
+          f"as not killed); by an assertion alone {100 * counts[VERDICTS[0]] / total:.1f} %")
+    rate, slo, shi = stratified([(population[p], c[VERDICTS[0]] + c[VERDICTS[1]], sum(c.values()))
+                                 for p, c in by_module.items()])
+    print(f"weighted by each module's number of mutants: {100 * rate:.1f} % (95 % CI {100 * slo:.1f}-{100 * shi:.1f} %)")
+    print(f"({time.perf_counter() - t0:.0f} s)")
     return 0
 
 

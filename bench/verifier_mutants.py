@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
@@ -102,6 +103,19 @@ MUTANTS: tuple[Mutant, ...] = (
       "model:embed-mask-transposed"),
     M("member-inside", "(w.hi <= w.lo or known.window.lo <= w.lo and w.hi <= known.window.hi)", "True",
       "the output mask may keep only ids the lookup window holds", "model:embed-lookup-narrower"),
+    M("clamp-window", "return Window(ids, lo + shift, hi + shift + 1)", "return Window(ids, lo + shift, hi + shift + 2)",
+      "a clip to [lo, hi] leaves ids - c as it is only for ids in [lo + c, hi + c]", "model:embed-clipped-short"),
+    M("window-same-range", "if own is not None and (own.dim, own.start, own.stop) == (w.dim, w.start, w.stop):",
+      "if own is not None and own.dim == w.dim:", "both operands of an elementwise op must be the same window",
+      "model:head-max-first-bias"),
+    M("select-runs-branch", "parts = [ev.slice_term(a if line[lo] else b, dim, lo, hi)",
+      "parts = [ev.slice_term(b if line[lo] else a, dim, lo, hi)",
+      "a run where the constant mask holds is the first branch's window",
+      "pytest:tests/translate/test_general_facts.py::test_equivalent_pairs_verify[rows-masked] "
+      "tests/translate/test_general_facts.py::test_near_misses_are_mismatches[rows-masked-reversed]"),
+    M("pad-low-high", "for size in (low, high):", "for size in (high, low):",
+      "low padding goes before the operand, high padding after it",
+      "pytest:tests/translate/test_general_facts.py::test_near_misses_are_mismatches[rows-padded-in-front]"),
     M("reduce-same-reducer", "if members[0].attrs[0] != reducer or dim not in reduced:",
       "if dim not in reduced:", "a max of window minima is not the minimum", "model:pmax-of-min"),
     M("narrowing-convert", "if info.min <= lo and hi <= info.max:", "if True:",
@@ -135,10 +149,10 @@ MUTANTS: tuple[Mutant, ...] = (
     M("finite-same-value", 'args[0].attrs == ("is-finite",) and args[0].args[0] is args[1]',
       'args[0].attrs == ("is-finite",)', "select(is_finite(x), x, c) is x only for the same x",
       "model:finite-of-other"),
-    M("select-uniform", "if value is None or not _uniform(value):\n            return None\n        return a if bool",
-      "if value is None:\n            return None\n        return a if bool", "a constant predicate picks one branch only when uniform",
+    M("select-uniform", "if all_equal(value):\n        return a if bool", "if True:\n        return a if bool",
+      "a constant predicate picks one branch only when uniform",
       "model:select-by-iota"),
-    M("reduce-init", "if init_value is None or not _is_identity(reducer, init_value):", "if init_value is None:",
+    M("reduce-init", "if init_value is None or not is_identity(reducer, init_value):", "if init_value is None:",
       "a reduction from a non-neutral start adds the start", "model:reduce-from-one"),
     M("factor-all-equal", "if linear and factors[0] != 1 and all(f == factors[0] for f in factors):",
       "if linear and factors[0] != 1 and any(f == factors[0] for f in factors):",
@@ -148,8 +162,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("slice-compose", "return self.slice_term(x.args[0], dim, inner_start + start, inner_start + stop)",
       "return self.slice_term(x.args[0], dim, start, stop)", "a slice of a slice is offset by the outer start",
       "model:slice-of-slice"),
-    M("permute-zero-fill", "out.append(ops[0][source[d]])\n                else:\n                    out.append(\n                        self.const(",
-      "out.append(ops[0][source[d]])\n                else:\n                    out.append(\n                        ops[0][d] if True else self.const(",
+    M("permute-zero-fill", "out.append(ops[0][source[d]])\n            else:\n                out.append(\n                    ev.const(",
+      "out.append(ops[0][source[d]])\n            else:\n                out.append(\n                    ops[0][d] if True else ev.const(",
       "a device that no pair targets receives zeros", "model:ppermute-self-only"),
     # -- rewrite rules -------------------------------------------------------------------------------
     M("reshape-lift-guard", "eq((a * s1) % s2).to(i64(0)),\n        eq((b * s1) % s2).to(i64(0)),\n    ).then(",
@@ -162,11 +176,11 @@ MUTANTS: tuple[Mutant, ...] = (
     M("concat-left-bound", "eq(n).to(dim(x, d)),\n        b <= n,\n    ).then(union(e).with_(x.slice(d, a, b)))",
       "eq(n).to(dim(x, d)),\n    ).then(union(e).with_(x.slice(d, a, b)))",
       "a slice of [x; y] is a slice of x only when it ends inside x", "model:concat-left-only",
-      "model:concat-other-tail"),
+      "model:concat-other-tail", near_miss("concat_slice_past_left")),
     M("concat-straddle-offset", "union(e).with_(T.concat(x.slice(d, a, n), y.slice(d, 0, b - n), d))",
       "union(e).with_(T.concat(x.slice(d, a, n), y.slice(d, 1, b - n + 1), d))",
       "the part of a straddling slice from y starts at y's row 0", "model:concat-straddle-wrong",
-      "model:concat-straddle"),
+      "model:concat-straddle", near_miss("concat_straddle_shifted")),
     M("slice-compose-rule", "union(e).with_(x.slice(d, a + c, a + g))",
       "union(e).with_(x.slice(d, c, g))",
       "composed slices add their offsets", rule_instance("slices/compose")),
@@ -194,8 +208,23 @@ MUTANTS: tuple[Mutant, ...] = (
     M("aligned-same-window", "eq(e).to(T.aligned(key, x.slice(k, a, b), y.slice(j, a, b))),",
       "eq(e).to(T.aligned(key, x.slice(k, a, b), y.slice(j, c, g))),",
       "aligned operands must be sliced at the same window", near_miss("aligned_reduce_misaligned_windows",
-                                                                      "aligned_gather_misaligned_rows"),
+                                                                      "aligned_gather_misaligned_rows",
+                                                                      "aligned_sort_misaligned_lanes"),
       imports=fresh_vars("c", "g")),
+    # -- sorts and top-k -----------------------------------------------------------------------------
+    M("sort-dim-aligned",
+      "table = tuple((k, k) for k in range(rank) if k != dim)\n    return AlignedMap(table, table, ((dim, size),))",
+      "table = tuple((k, k) for k in range(rank))\n    return AlignedMap(table, table, ())",
+      "a sort's own dim is not aligned: sorting a window of it is no window of the sort (top-k over a "
+      "device's experts)", near_miss("aligned_sort_window_of_sorted_dim"), "model:topk-local-experts"),
+    M("sort-unstable", 'if inst.attrs.get("is_stable") != "true" or len(dims) != 1',
+      "if len(dims) != 1",
+      "an unstable sort may order ties by more than the lane: it stays opaque",
+      "pytest:tests/translate/test_sorts.py::test_an_unstable_sort_stays_opaque"),
+    M("topk-direction", 'order = "GT" if inst.attrs.get("largest", "true") == "true" else "LT"',
+      'order = "LT" if inst.attrs.get("largest", "true") == "true" else "GT"',
+      "top-k takes the largest values first",
+      "pytest:tests/translate/test_sorts.py::test_top_k_is_the_first_k_of_the_descending_sort_ties_in_index_order"),
     # -- routing -------------------------------------------------------------------------------------
     M("routing-slot-once", "np.all(in_expert == 1) and np.all(m.sum(axis=0) <= 1))", "np.all(in_expert == 1))",
       "no slot may hold two tokens", "model:moe-ep-shared-slot", "model:moe-ep"),
@@ -214,10 +243,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "two writes of one slot are in no specified order",
       "pytest:tests/prove/test_unroll.py::test_two_writes_to_one_slot_are_not_taken_in_program_order"),
     M("scatter-drop-out-of-range", "if any(s < 0 or s + n > full for s, n, full in zip(starts, sizes, x.shape)):\n"
-      "                continue", "starts = [min(max(s, 0), full - n) for s, n, full in zip(starts, sizes, x.shape)]",
+      "            continue", "starts = [min(max(s, 0), full - n) for s, n, full in zip(starts, sizes, x.shape)]",
       "a scatter skips an update whose window leaves the operand (it does not clamp)",
       "pytest:tests/prove/test_unroll.py::test_near_misses_are_mismatches[dropped]"),
-    M("scatter-overwrite-only", 'or not _overwrites(self.called(inst, "to_apply")):', "or False:",
+    M("scatter-overwrite-only", 'or not overwrites(called(ev.module, inst, "to_apply")):', "or False:",
       "only a scatter that overwrites is a window write (one that adds is not)",
       "pytest:tests/prove/test_unroll.py::test_near_misses_are_mismatches[added]"),
     # -- the cache -----------------------------------------------------------------------------------
@@ -252,16 +281,23 @@ def mutated_source(mutant: Mutant) -> tuple[Path, str]:
 
 def mutated_copy(mutant: Mutant | None, root: Path) -> Path:
     """root/equivci: a copy of the package with the mutant applied."""
+    return edited_copy(None if mutant is None else mutated_source(mutant), root)
+
+
+def edited_copy(edit: tuple[Path, str] | None, root: Path) -> Path:
+    """root/equivci: a copy of the package with one file (a path in equivci/) replaced by a text."""
     target = root / "equivci"
     shutil.copytree(PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__"))
-    if mutant is not None:
-        path, text = mutated_source(mutant)
+    if edit is not None:
+        path, text = edit
         (target / path.relative_to(PACKAGE)).write_text(text)
     return target
 
 
 # -- captures (once, by the unmutated package) -------------------------------------------------------
 def capture_models(names: list[str], out: Path, workers: int = 2) -> Path:
+    if out.exists() and set(names) <= set(pickle.loads(out.read_bytes())):
+        return out  # captured by an earlier run (captures do not depend on the mutated engine)
     sys.path.insert(0, str(SOUNDNESS))
     import engine_api
     from near_miss_cases import MANIFEST
@@ -292,18 +328,25 @@ def batch_main(spec_path: str) -> int:
                     observed = _observe(job, spec["captures"])
                 except BaseException as exc:  # noqa: BLE001 - e.g. a mutant that breaks an import: a crash
                     observed = {"error": f"{type(exc).__name__}: {exc}"}
-                out.write_text(json.dumps(observed))
+                _write(out, observed)
             finally:
                 os._exit(0)
-        deadline = time.monotonic() + CHILD_TIMEOUT
+        deadline = time.monotonic() + job.get("timeout", CHILD_TIMEOUT)
         while os.waitpid(pid, os.WNOHANG) == (0, 0):
             if time.monotonic() > deadline:
                 os.kill(pid, 9)
                 os.waitpid(pid, 0)
-                out.write_text(json.dumps({"timeout": True}))
+                _write(out, {"timeout": True})
                 break
             time.sleep(0.05)
     return 0
+
+
+def _write(out: Path, observed: dict) -> None:
+    """Whole or not at all: the parent reads answers while the batches run."""
+    part = out.with_suffix(".part")
+    part.write_text(json.dumps(observed))
+    os.replace(part, out)
 
 
 class _Failures:
@@ -339,10 +382,14 @@ def _observe(job: dict, captures: str) -> dict:
                                         "crash": r.status.value == "error" or "internal error" in messages}
         except Exception as exc:  # noqa: BLE001 - a crash of the mutated engine: reported, not a kill
             observed["models"][name] = {"status": "error", "crash": True, "detail": f"{type(exc).__name__}: {exc}"[:300]}
+        if job.get("first") and (observed["models"][name]["status"] == "verified") != (_expected_model(name) == "verified"):
+            return observed  # the first wrong verdict decides (a sampled mutant needs no second one)
     for args in job["pytest"]:
         plugin = _Failures()
         code = pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), *args], plugins=[plugin])
         observed["pytest"].append({"args": args, "exit": int(code), "failed": plugin.failed})
+        if job.get("first") and code != 0:
+            break
     return observed
 
 
@@ -363,7 +410,7 @@ def judge(name: str, observed: dict, package: Path) -> Outcome:
     """Killed: an assertion on a verdict failed (a buggy model verified, a correct one refused by an
     engine that ran to the end, or a test failing on an AssertionError). A crash is not a kill."""
     if observed.get("timeout"):
-        return Outcome(name, "timeout", f"no answer in {CHILD_TIMEOUT} s")
+        return Outcome(name, "timeout", "no answer in the time allowed")
     if "error" in observed:
         return Outcome(name, "crashed", observed["error"][:200])
     assert Path(observed["package"]).resolve().parent == package.resolve(), ("the fork imported", observed["package"])
@@ -386,11 +433,10 @@ def judge(name: str, observed: dict, package: Path) -> Outcome:
     return Outcome(name, "crashed" if crashes else "survived", "; ".join(crashes))
 
 
-def _job(mutant: Mutant | None, kills: tuple[str, ...], work: Path) -> dict:
-    name = mutant.name if mutant else BASELINE
+def _job(name: str, edit: tuple[Path, str] | None, kills: tuple[str, ...], work: Path, first: bool = False) -> dict:
     root = work / f"pkg-{len(list(work.glob('pkg-*')))}"
-    mutated_copy(mutant, root)
-    return {"name": name, "root": str(root), "out": str(root / "observed.json"),
+    edited_copy(edit, root)
+    return {"name": name, "root": str(root), "out": str(root / "observed.json"), "first": first,
             "models": [k.split(":", 1)[1] for k in kills if k.startswith("model:")],
             "pytest": [k.split(":", 1)[1].split() for k in kills if k.startswith("pytest:")]}
 
@@ -402,29 +448,66 @@ def run(mutants: list[Mutant], work: Path, workers: int = 2, baseline_tests: boo
         log=print) -> tuple[Outcome, list[Outcome]]:
     """The unmutated baseline over every check (tests included unless `baseline_tests` is false:
     the default suite runs them anyway), then each mutant over its own checks."""
-    for m in mutants:
-        locate(m)  # every snippet still occurs once, before anything runs
-    models = sorted({k.split(":", 1)[1] for m in mutants for k in m.kills if k.startswith("model:")})
-    captures = capture_models(models, work / "captures.pkl", workers)
+    edits = [Edit(m.name, mutated_source(m), m.kills) for m in mutants]  # every snippet occurs once, up front
     checks = tuple(sorted({k for m in mutants for k in m.kills if baseline_tests or k.startswith("model:")}))
-    jobs = [_job(None, checks, work)] + [_job(m, m.kills, work) for m in mutants]
+    return run_edits(edits, checks, work, work / "captures.pkl", workers, log=log)
+
+
+@dataclasses.dataclass(frozen=True)
+class Edit:
+    """A mutant as the harness runs it: a name, the file it replaces (path in equivci/, new text) and
+    its checks."""
+
+    name: str
+    edit: tuple[Path, str]
+    kills: tuple[str, ...]
+
+
+def run_edits(edits: list[Edit], baseline_checks: tuple[str, ...], work: Path, captures: Path, workers: int = 2,
+              timeout: float = CHILD_TIMEOUT, first: bool = False, budget: float | None = None,
+              log=print) -> tuple[Outcome, list[Outcome]]:
+    """The unmutated package over `baseline_checks`, then each edit over its own checks, in `workers`
+    batch processes; `first`: a mutant's checks stop at the first one that fails. Each outcome is
+    logged as it comes; after `budget` seconds the batches are stopped and the mutants not run yet
+    are left out of the outcomes."""
+    models = sorted({k.split(":", 1)[1] for e in edits for k in (*e.kills, *baseline_checks) if k.startswith("model:")})
+    captures = capture_models(models, captures, workers)
+    jobs = [_job(BASELINE, None, baseline_checks, work)] + [_job(e.name, e.edit, e.kills, work, first) for e in edits]
+    for job in jobs[1:]:
+        job["timeout"] = timeout  # (the unmutated run keeps the default: it may run more checks than one mutant)
     batches = [jobs[k::workers] for k in range(workers)]
     procs = []
     for k, batch in enumerate(batches):
         spec = work / f"batch{k}.json"
         spec.write_text(json.dumps({"captures": str(captures), "jobs": batch}))
         procs.append(subprocess.Popen([sys.executable, "-P", __file__, "--batch", str(spec)], cwd=REPO,
-                                      env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}))
-    for proc in procs:
-        proc.wait()
-    outcomes = []
-    for job in jobs:
-        out = Path(job["out"])
-        observed = json.loads(out.read_text()) if out.exists() else {"error": "the fork died without an answer"}
-        outcome = judge(job["name"], observed, Path(job["root"]) / "equivci")
-        log(f"{outcome.verdict:9s} {outcome.mutant:28s} {outcome.how}")
-        outcomes.append(outcome)
-    return outcomes[0], outcomes[1:]
+                                      env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, start_new_session=True))
+    outcomes: dict[int, Outcome] = {}
+
+    def collect(ended: bool) -> None:
+        for k, job in enumerate(jobs):
+            out = Path(job["out"])
+            if k in outcomes or not (out.exists() or ended):
+                continue
+            observed = json.loads(out.read_text()) if out.exists() else {"error": "the fork died without an answer"}
+            outcomes[k] = judge(job["name"], observed, Path(job["root"]) / "equivci")
+            log(f"{outcomes[k].verdict:9s} {outcomes[k].mutant:28s} {outcomes[k].how}")
+
+    stop = None if budget is None else time.monotonic() + budget
+    while any(proc.poll() is None for proc in procs):
+        if stop is not None and time.monotonic() > stop:
+            for proc in procs:  # the batch and its fork
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, 9)
+                proc.wait()
+            break
+        collect(ended=False)
+        time.sleep(1)
+    else:
+        collect(ended=True)
+    if 0 not in outcomes:
+        raise RuntimeError("the unmutated package's checks did not finish within the budget")
+    return outcomes[0], [outcomes[k] for k in sorted(outcomes) if k]
 
 
 def main(argv: list[str] | None = None) -> int:

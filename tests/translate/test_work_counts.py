@@ -81,6 +81,7 @@ def counts(tmp_path_factory):
 
 @pytest.mark.parametrize("unit", ["comparisons", "terms", "events"])
 def test_per_layer_work_does_not_grow(counts, unit):
+    assert 0 <= counts[2][unit] <= counts[4][unit] <= counts[8][unit], (unit, counts)  # work, counted up
     per_layer_small = (counts[4][unit] - counts[2][unit]) / 2
     per_layer_large = (counts[8][unit] - counts[4][unit]) / 4
     assert per_layer_large <= per_layer_small + 1, (unit, counts)

@@ -1,0 +1,38 @@
+"""bench/mutation_tool.py: its sample is reproducible, each drawn mutant is one change of the module
+that still compiles, and its interval is the Wilson score interval."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from equivci.testing.zoo import REPO
+
+_spec = importlib.util.spec_from_file_location("mutation_tool", REPO / "bench" / "mutation_tool.py")
+mt = sys.modules["mutation_tool"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mt)
+
+MODULE = REPO / "equivci" / "terms" / "rules" / "registry.py"
+
+
+def test_the_sample_is_seeded_and_each_mutant_is_one_compiling_change():
+    first, population = mt.sample([MODULE], 4, seed=3)
+    again, _ = mt.sample([MODULE], 4, seed=3)
+    other, _ = mt.sample([MODULE], 4, seed=4)
+    assert [m.text for m in first] == [m.text for m in again]
+    assert [m.text for m in first] != [m.text for m in other]
+    assert len(first) == 4 and population[MODULE] > 4
+    original = MODULE.read_text()
+    for m in first:
+        assert m.text != original and " -> " in m.change
+        compile(m.text, str(MODULE), "exec")
+
+
+def test_the_interval_is_wilsons():
+    lo, hi = mt.wilson(9, 10)
+    assert lo == pytest.approx(0.5958, abs=1e-3) and hi == pytest.approx(0.9821, abs=1e-3)
+    assert mt.wilson(0, 0) == (0.0, 1.0)
+    rate, slo, shi = mt.stratified([(100, 9, 10), (100, 10, 10)])
+    assert rate == pytest.approx(0.95) and slo < rate < shi
