@@ -246,9 +246,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "            continue", "starts = [min(max(s, 0), full - n) for s, n, full in zip(starts, sizes, x.shape)]",
       "a scatter skips an update whose window leaves the operand (it does not clamp)",
       "pytest:tests/prove/test_unroll.py::test_near_misses_are_mismatches[dropped]"),
-    M("scatter-overwrite-only", 'or not overwrites(called(ev.module, inst, "to_apply")):', "or False:",
-      "only a scatter that overwrites is a window write (one that adds is not)",
-      "pytest:tests/prove/test_unroll.py::test_near_misses_are_mismatches[added]"),
+    M("scatter-overwrite-only", 'if not adds and not overwrites(called(ev.module, inst, "to_apply")):', "if False:",
+      "only a scatter that overwrites (or adds) is a window write (one that takes a max is neither)",
+      "pytest:tests/prove/test_unroll.py::test_near_misses_are_mismatches[maxed]"),
     # -- the cache -----------------------------------------------------------------------------------
     M("fingerprint-source", "equivci.__version__,\n            h.hexdigest(),\n            sys.version,", "equivci.__version__,\n            sys.version,",
       "a changed verifier must not reuse old verdicts", CACHE + "test_an_edit_to_the_verifier_source_changes_the_fingerprint"),

@@ -21,12 +21,50 @@ def _three_quarters_of_memory() -> int:
 
 
 @dataclasses.dataclass(frozen=True)
+class Budgets:
+    """The engine's size and count limits, in one place. Past one, the engine keeps a value symbolic,
+    tries fewer candidates or skips a check: a proof it would have found may be missed (`unproven`),
+    a verdict it gives does not depend on them. Passed down from `Options` to each stage."""
+
+    # translate: constants folded up to this many elements (larger ones, weights-sized, stay symbolic)
+    fold_elements: int = 1 << 16
+    # translate: layout identities (a gather of reshaped shards, a microbatch window) checked on one
+    # label per element up to this many elements
+    layout_labels: int = 1 << 20
+    # translate/masks: a vocab mask's rows and a lookup's indices labelled up to this many elements
+    mask_labels: int = 1 << 16
+    # translate/routing: index vectors the routing lemma enumerates, and the largest 3-D dot operand
+    # walked back to say why a mask was not enumerated
+    routing_cases: int = 1 << 12
+    routing_limit_elements: int = 1 << 18
+    # translate/unroll: iterations of one loop, and body instructions over all its iterations
+    unroll_trips: int = 32
+    unroll_instructions: int = 20_000
+    # prove/layered: windows of a reference value tried as a layer's input
+    layer_windows: int = 64
+    # prove/candidates: reference blocks proposed as hints to a failed saturation
+    window_candidates: int = 2000
+    # verify: run the numeric oracle only where random inputs are cheap to draw and run on a CPU
+    oracle_elements: int = 1 << 22
+    # verify: past this many terms a model the layers do not prove is saturated only up to its first
+    # unproved layer (the whole e-graph of a 100-layer model costs minutes)
+    whole_program_terms: int = 20_000
+    # verify: the saturation with proposed windows is bounded tighter (the windows are pushed into the
+    # reference terms a few levels deep, and where they keep the rules growing it stops early)
+    hinted_iterations: int = 16
+    # diagnose/numeric: localization by values skipped past this many terms or input elements
+    numeric_terms: int = 50_000
+    numeric_elements: int = 1 << 22
+
+
+@dataclasses.dataclass(frozen=True)
 class Options:
     verify_timeout_seconds: float = 900.0  # EQUIVCI_VERIFY_TIMEOUT: the proof search of one model
     verify_memory_bytes: int = dataclasses.field(default_factory=_three_quarters_of_memory)  # EQUIVCI_VERIFY_MEMORY
     cache_dir: Path | None = None  # EQUIVCI_CACHE_DIR (--cache-dir wins over it)
     # EQUIVCI_SATURATION_ITERATIONS: the least saturation budget (a deeper program gets its depth)
     saturation_iterations: int = SATURATION_ITERATIONS
+    budgets: Budgets = Budgets()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Options:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from equivci import git
-from equivci.cache import Memo, file_digests, fingerprint
+from equivci.cache import Memo, file_digests, fingerprint, key
 from equivci.capture import run as capture_run
 from equivci.capture.types import CapturedModel
 from equivci.diagnose.ranking import changed_first
@@ -137,12 +137,18 @@ def _all_reused(result: ModelResult, name: str) -> ModelResult:
     return dataclasses.replace(result, name=name, layers=LayerCounts(total, result.layers.verified, total))
 
 
+def _verdict_fingerprint(workspace: Workspace) -> str:
+    """What decides a verdict besides the model: the verifier (its source fingerprint, which covers
+    the budgets in code) and the settings read from the environment (the saturation budget)."""
+    return key(fingerprint(), f"saturation_iterations={workspace.options.saturation_iterations}")
+
+
 def _run_memoized(
     workspace: Workspace, model: ModelSpec, debug: bool, memo: Memo, laps: Laps, on_layer=None
 ) -> ModelResult:
     manifest, repo_root = workspace.manifest, workspace.repo_root
     request = {
-        "fingerprint": fingerprint(),
+        "fingerprint": _verdict_fingerprint(workspace),
         "repo_root": str(repo_root),
         "cache_dir": str(memo.root) if memo.root is not None else None,
         "known": memo.known_results(),
@@ -166,7 +172,7 @@ def _run_memoized(
         {
             "key": captured.content_key,
             "loc_digest": captured.loc_digest,
-            "fingerprint": fingerprint(),
+            "fingerprint": _verdict_fingerprint(workspace),
             "sources": sorted(captured.sources),
             "digests": file_digests(repo_root, tracked),
         },
@@ -180,7 +186,7 @@ def _reuse_unchanged(workspace: Workspace, model: ModelSpec, memo: Memo, changes
     byte-for-byte those of its last capture (so the result is that of the current code)."""
     manifest_rel, repo_root = workspace.manifest_rel, workspace.repo_root
     record = memo.last_capture(manifest_rel, model.name)
-    if record is None or record.get("fingerprint") != fingerprint():
+    if record is None or record.get("fingerprint") != _verdict_fingerprint(workspace):
         return None
     files = git.model_files(_entrypoint_files(workspace.manifest, model, repo_root), record["sources"], manifest_rel)
     if changes.touches(files):

@@ -9,7 +9,8 @@ frontier: the proof's finding should agree with it, and where the proof's first 
 matches the reference numerically, the proof only lacked a rule there.
 
 Cost: every term is evaluated once (numpy) and each value is compared with the reference values
-of its dtype and rank; models past MAX_TERMS terms or MAX_ELEMENTS input elements are skipped.
+of its dtype and rank; models past `numeric_terms` terms or `numeric_elements` input elements
+(equivci.options.Budgets) are skipped.
 """
 
 from __future__ import annotations
@@ -23,12 +24,10 @@ import numpy as np
 
 from equivci.capture.types import LeafPlacement
 from equivci.diagnose.frames import TRIVIAL_OPS
+from equivci.options import Budgets
 from equivci.terms.ir import Term
 from equivci.terms.semantics import TermEvalError, evaluate
 from equivci.translate.evaluator import Event
-
-MAX_TERMS = 50_000
-MAX_ELEMENTS = 1 << 22
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,13 +143,18 @@ def numeric_frontier(
     groups_by_axis: dict[str, list[list[int]]],
     term_count: int,
     routed: frozenset[int] | set[int] = frozenset(),
+    budgets: Budgets = Budgets(),
 ) -> NumericFrontier:
     """The first distributed op whose value is no window of any reference value, on any device.
     `routed`: ids of MoE dispatch masks and routed rows (related only through their combine)."""
-    if term_count > MAX_TERMS:
-        return NumericFrontier(None, note=f"numeric localization skipped: {term_count} terms (limit {MAX_TERMS})")
-    if sum(math.prod(leaf.shape) for leaf in inputs) > MAX_ELEMENTS:
-        return NumericFrontier(None, note=f"numeric localization skipped: inputs over {MAX_ELEMENTS} elements")
+    if term_count > budgets.numeric_terms:
+        return NumericFrontier(
+            None, note=f"numeric localization skipped: {term_count} terms (limit {budgets.numeric_terms})"
+        )
+    if sum(math.prod(leaf.shape) for leaf in inputs) > budgets.numeric_elements:
+        return NumericFrontier(
+            None, note=f"numeric localization skipped: inputs over {budgets.numeric_elements} elements"
+        )
     if JAX_FORKED:
         return NumericFrontier(
             None,

@@ -12,8 +12,8 @@ device's value is that window, so a wrong proposal (values that agree on this dr
 costs a term and proves nothing.
 
 Cost: every term is evaluated once (numpy); each distributed value is compared with the reference
-values of its dtype and rank, nearest in program order first, and at most MAX_CANDIDATES blocks
-are proposed.
+values of its dtype and rank, nearest in program order first, and at most `window_candidates`
+(equivci.options.Budgets) blocks are proposed.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from equivci.terms.ir import Term
 from equivci.terms.semantics import TermEvalError, evaluate
 from equivci.translate.evaluator import Evaluator, Event
 
-MAX_CANDIDATES = 2000
 # Ops whose value is an operand's or carries no computation of its own: nothing to propose.
 _SKIPPED = {
     "parameter",
@@ -84,7 +83,7 @@ def window_candidates(
             block = evaluator.slice_nd(term, windows)
             if block is not term:
                 proposed.setdefault(block, None)
-            if len(proposed) >= MAX_CANDIDATES:
+            if len(proposed) >= evaluator.budgets.window_candidates:
                 return list(proposed)
     return list(proposed)
 

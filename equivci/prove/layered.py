@@ -26,8 +26,6 @@ from equivci.translate.programs import Programs
 # Leaves standing for values that enter a layer are params numbered from here (the model's own
 # inputs are numbered from 0), so they can never be confused with an input.
 LEAF_BASE = 1 << 40
-# Candidate windows tried per (distributed value, reference value) pair when inferring a relation.
-MAX_WINDOWS = 64
 
 Window = tuple[tuple[int, int], ...]
 
@@ -226,7 +224,7 @@ def _prove(problem: _Problem, programs: Programs, iterations: int) -> dict:
     for j, t in enumerate(problem.distributed_outputs):
         if relations[j] is None:
             for i, r in enumerate(problem.reference_outputs):
-                for window in _windows(t, r):
+                for window in _windows(t, r, programs.evaluator.budgets.layer_windows):
                     candidates[(j, i, window)] = programs.evaluator.slice_nd(r, window)
     add_terms(proof, list(candidates.values()))
     for (j, i, window), s in candidates.items():
@@ -235,8 +233,9 @@ def _prove(problem: _Problem, programs: Programs, iterations: int) -> dict:
     return {"proved": proof.proved[0], "relations": relations, "exhausted": proof.exhausted}
 
 
-def _windows(t: Term, r: Term) -> list[Window]:
-    """The windows of `r` with `t`'s shape on a grid of `t`-sized tiles (shards are tiles)."""
+def _windows(t: Term, r: Term, most: int) -> list[Window]:
+    """The windows of `r` with `t`'s shape on a grid of `t`-sized tiles (shards are tiles), if there are
+    at most `most` (candidate windows tried per distributed and reference value pair)."""
     if t.dtype != r.dtype or len(t.shape) != len(r.shape) or t.shape == r.shape:
         return []
     if any(b % a for a, b in zip(t.shape, r.shape) if a):
@@ -245,7 +244,7 @@ def _windows(t: Term, r: Term) -> list[Window]:
     count = 1
     for options in per_dim:
         count *= len(options)
-    return list(itertools.product(*per_dim)) if count <= MAX_WINDOWS else []
+    return list(itertools.product(*per_dim)) if count <= most else []
 
 
 def _valid(payload, problem: _Problem) -> dict | None:

@@ -125,8 +125,9 @@ def _windowed(ref_init: tuple[Term, ...], values: list[Term]) -> list[StateRelat
     found = []
     for k, ref in enumerate(ref_init):
         windows = [window_within(v, ref) for v in values] if _comparable(ref, values) else [None]
-        if all(w is not None for w in windows):
-            found.append(StateRelation(k, tuple(windows), True))
+        known = [w for w in windows if w is not None]
+        if len(known) == len(windows):
+            found.append(StateRelation(k, tuple(known), True))
     return found
 
 
@@ -177,9 +178,10 @@ def _blocks(
                 else _slice_starts(values, dim, size, width) or offsets.get((size, width))
             )
             per_dim.append(starts)
-        if all(s is not None for s in per_dim):
+        known = [s for s in per_dim if s is not None]
+        if len(known) == len(per_dim):
             windows = tuple(
-                tuple((s[dev], s[dev] + width) for s, width in zip(per_dim, shape)) for dev in range(len(values))
+                tuple((s[dev], s[dev] + width) for s, width in zip(known, shape)) for dev in range(len(values))
             )
             found.append(StateRelation(k, windows, False))
     return found
@@ -189,7 +191,8 @@ def _slice_starts(values: list[Term], dim: int, size: int, width: int, limit: in
     """Each device's start of the outermost slice inside its value that cuts `width` of `size` along `dim`."""
     starts = []
     for value in values:
-        queue, seen, start = [value], set(), None
+        queue, start = [value], None
+        seen: set[int] = set()
         while queue and len(seen) < limit and start is None:
             t = queue.pop(0)
             if id(t) in seen:

@@ -6,6 +6,7 @@ import functools
 
 from equivci.capture.types import LeafPlacement
 from equivci.hlo.ir import Module
+from equivci.options import Budgets
 from equivci.prove.loops import LoopMatcher
 from equivci.prove.saturate import MAX_ITERATIONS
 from equivci.translate.programs import Programs, translate
@@ -18,6 +19,7 @@ def build_programs(
     outputs: tuple[LeafPlacement, ...],
     num_devices: int,
     iterations: int = MAX_ITERATIONS,
+    budgets: Budgets = Budgets(),
 ) -> Programs:
     """`iterations`: the saturation budget of the loop step proofs."""
     return translate(
@@ -27,4 +29,5 @@ def build_programs(
         outputs,
         num_devices,
         loops=functools.partial(LoopMatcher, iterations=iterations),
+        budgets=budgets,
     )

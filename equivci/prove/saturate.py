@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 
 from egglog import EGraph, eq, union
 
@@ -76,8 +77,8 @@ def saturate_terms(
     reference_values: list[Term],
     pairs: list[list[tuple[Term, Term]]],
     equal_groups: list[list[Term]],
-    extra_terms: list[Term] = (),
-    obligations: list[tuple[Term, Term]] = (),
+    extra_terms: Sequence[Term] = (),
+    obligations: Sequence[tuple[Term, Term]] = (),
     iterations: int = MAX_ITERATIONS,
 ) -> Proof:
     """Saturate the terms of both programs; `pairs[d]` are (distributed output, target) to prove
@@ -89,7 +90,7 @@ def saturate_terms(
     with loader.bulk():
         for t in reference_outputs:
             loader.expr(t)
-        facts = []
+        facts: list = []
         for t in reference_values:
             facts += [L.related(loader.expr(t)), L.reference(loader.expr(t))]
         for row in pairs:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -58,7 +59,7 @@ def _erf(v):
     return np.vectorize(math.erf, otypes=[np.float64])(v)
 
 
-UNARY = {
+UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "negate": np.negative,
     "abs": np.abs,
     "exponential": np.exp,
@@ -85,7 +86,7 @@ UNARY = {
     "not": lambda v: np.logical_not(v) if v.dtype == np.bool_ else ~v,
 }
 
-BINARY = {
+BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "add": np.add,
     "subtract": np.subtract,
     "multiply": np.multiply,
@@ -146,9 +147,9 @@ def dot_general(lhs: np.ndarray, rhs: np.ndarray, spec: str) -> np.ndarray:
     if lhs.ndim != lr or rhs.ndim != rr or len(lb) != len(rb) or len(lc) != len(rc):
         raise TermEvalError(f"dot spec {spec} does not fit operands {lhs.shape} x {rhs.shape}")
     letters = iter("abcdefghijklmnopqrstuvwxyz")
-    lsub = [None] * lr
-    rsub = [None] * rr
-    out = []
+    lsub: list = [None] * lr
+    rsub: list = [None] * rr
+    out: list[str] = []
     for i, j in zip(lb, rb):
         ch = next(letters)
         lsub[i] = rsub[j] = ch

@@ -17,6 +17,7 @@ from fractions import Fraction
 import numpy as np
 
 from equivci.hlo.ir import Instruction, Module, Shape
+from equivci.options import Budgets
 from equivci.terms.ir import Term, TermTable, gather_map
 from equivci.terms.spec import BcastSpec, GatherDims, bcast_spec, parse_compare, parse_transpose, reshape_spec
 from equivci.translate import masks
@@ -25,10 +26,6 @@ from equivci.translate.constants import ConstantPool, Window
 
 # Float dtypes whose constants numpy holds exactly: constant scalar factors are pulled out of these.
 SCALABLE = {"f16", "f32", "f64"}
-# Folding constants bigger than this would copy weights-sized arrays around: keep them symbolic.
-MAX_FOLD_ELEMENTS = 1 << 16
-# Layout identities are checked on one label per element up to this many elements.
-MAX_LABELS = 1 << 20
 
 
 # One device's value of an instruction: a term, or a tuple of them (a tuple-shaped op).
@@ -40,10 +37,11 @@ class Unsupported(Exception):
 
 
 class Builder:
-    def __init__(self, module: Module, table: TermTable, num_devices: int):
+    def __init__(self, module: Module, table: TermTable, num_devices: int, budgets: Budgets = Budgets()):
         self.module = module
         self.table = table
         self.n = num_devices
+        self.budgets = budgets
         self.values: dict[Term, np.ndarray] = {}  # folded constant terms -> their value
         self.constants = ConstantPool()  # non-uniform constants, by content and as windows
         self.equal_terms: list[list[Term]] = []  # groups of terms known equal by evaluation
@@ -195,7 +193,7 @@ class Builder:
 
     def fold_or(self, kind: str, attrs: tuple, args: list, shape: Shape, fn) -> Term:
         values = [self.folded(a) for a in args]
-        if all(v is not None for v in values) and np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
+        if all(v is not None for v in values) and np.prod(shape.dims) <= self.budgets.fold_elements:
             try:
                 with np.errstate(all="ignore"):
                     result = fn(*values)
@@ -281,7 +279,7 @@ class Builder:
             return None
         rank = len(inner[0].shape)
         total = sum(int(np.prod(y.shape)) for y in inner)
-        if total > MAX_LABELS:
+        if total > self.budgets.layout_labels:
             return None
         out_shape = list(parts[0].shape)
         out_shape[dim] = sum(p.shape[dim] for p in parts)
@@ -329,7 +327,7 @@ class Builder:
         if (
             not any(t.op == "reshape" for t in chain)
             or not any(t.op == "slice" for t in chain)
-            or int(np.prod(base.shape)) > MAX_LABELS
+            or int(np.prod(base.shape)) > self.budgets.layout_labels
         ):
             return None
         labels = np.arange(int(np.prod(base.shape))).reshape(base.shape)

@@ -19,6 +19,7 @@ import dataclasses
 from typing import Callable, Protocol
 
 from equivci.hlo.ir import Computation, Instruction, Module
+from equivci.options import Budgets
 from equivci.terms.ir import Term, TermTable
 from equivci.translate import bounds, collectives, elementwise, literals, reductions, shapes, sorts
 from equivci.translate.attributes import called
@@ -59,8 +60,8 @@ class LoopHandler(Protocol):
 
 
 class Evaluator(Builder):
-    def __init__(self, module: Module, table: TermTable, num_devices: int):
-        super().__init__(module, table, num_devices)
+    def __init__(self, module: Module, table: TermTable, num_devices: int, budgets: Budgets = Budgets()):
+        super().__init__(module, table, num_devices, budgets)
         self.events: list[Event] = []
         self.loops: list[Loop] = []
         self.loop_handler: LoopHandler | None = None
@@ -71,7 +72,7 @@ class Evaluator(Builder):
 
     def child(self, module: Module, num_devices: int) -> "Evaluator":
         """An evaluator with its own events that shares what is known about constants."""
-        sub = Evaluator(module, self.table, num_devices)
+        sub = Evaluator(module, self.table, num_devices, self.budgets)
         sub.values, sub.constants, sub.equal_terms = self.values, self.constants, self.equal_terms
         return sub
 
@@ -80,7 +81,7 @@ class Evaluator(Builder):
 
         The same term table and constants are shared, so unchanged parts give the same terms.
         """
-        other = Evaluator(self.module, self.table, self.n)
+        other = Evaluator(self.module, self.table, self.n, self.budgets)
         other.values, other.constants, other.bounds = self.values, self.constants, self.bounds
         other.collectives = collectives.Collectives(pairs_override)
         assert self.entry_args is not None, "variant() of an evaluator that has not run"

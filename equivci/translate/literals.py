@@ -14,12 +14,12 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.translate.arrays import NP_DTYPES
-from equivci.translate.builder import MAX_FOLD_ELEMENTS, Builder
+from equivci.translate.builder import Builder
 
 
 def constant(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     shape, attrs = inst.shape, inst.attrs
-    value = parse_literal(attrs["_literal"], shape)
+    value = parse_literal(attrs["_literal"], shape, ev.budgets.fold_elements)
     if value is not None:
         return ev.const(value, shape.dtype)
     literal = attrs["_literal"]
@@ -41,14 +41,14 @@ def replica_id(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
 def iota(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     shape = inst.shape
     dim = int(inst.attrs["iota_dimension"])
-    if np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
+    if np.prod(shape.dims) <= ev.budgets.fold_elements:
         ar = np.arange(shape.dims[dim]).reshape([-1 if k == dim else 1 for k in range(len(shape.dims))])
         return ev.const(np.broadcast_to(ar, shape.dims).astype(NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
     return ev.mk("iota", (dim,), (), shape)
 
 
-def parse_literal(text: str, shape: Shape) -> np.ndarray | None:
-    if shape.is_tuple or shape.dtype not in NP_DTYPES or np.prod(shape.dims) > MAX_FOLD_ELEMENTS:
+def parse_literal(text: str, shape: Shape, fold_elements: int) -> np.ndarray | None:
+    if shape.is_tuple or shape.dtype not in NP_DTYPES or np.prod(shape.dims) > fold_elements:
         return None
     tokens = re.findall(r"-?inf|nan|true|false|-?[\d.]+(?:e[-+]?\d+)?", text.replace("{", " ").replace("}", " "))
     conv = {"true": 1, "false": 0, "inf": np.inf, "-inf": -np.inf, "nan": np.nan}

@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from equivci.hlo.ir import Shape
+from equivci.options import Budgets
 from equivci.terms.ir import Term
 from equivci.terms.spec import GatherDims, ReduceSpec, parse_compare
 from equivci.translate import windows
@@ -28,7 +29,6 @@ from equivci.translate import windows
 ENDS = {"GE": ("lo", 0), "GT": ("lo", 1), "LT": ("hi", 0), "LE": ("hi", 1)}
 # Ops that only move (or, convert, retype) the elements of a mask.
 LAYOUT_OPS = ("reshape", "bcast", "transpose")
-MAX_LABELS = 1 << 16
 UNBOUNDED = 1 << 64  # an open end of a window
 
 
@@ -63,6 +63,7 @@ class Evaluator(windows.Evaluator, Protocol):
     """What these facts need of the evaluator (an equivci.translate.builder.Builder), which uses them."""
 
     masked_rows: dict[Term, MaskedRows]
+    budgets: Budgets
 
     def folded(self, term: Term) -> np.ndarray | None: ...
 
@@ -179,14 +180,15 @@ def laid_out_window(ev: Evaluator, m: Term) -> tuple[Window, np.ndarray] | None:
         chain.append(m)
         m = m.args[0]
     w = window_of(ev, m)
-    if w is None or int(np.prod(m.shape)) > MAX_LABELS:
+    if w is None or int(np.prod(m.shape)) > ev.budgets.mask_labels:
         return None
     labels = np.arange(int(np.prod(m.shape))).reshape(m.shape)
     for t in reversed(chain):
         if t.op != "unary":
-            labels = ev.numeric(t, [labels])
-            if labels is None:
+            moved = ev.numeric(t, [labels])
+            if moved is None:
                 return None
+            labels = moved
     return w, np.asarray(labels)
 
 
@@ -200,7 +202,7 @@ def masked_lookup(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shap
         or len(dims.start_map) != 1
         or dims.start_map[0] != lifted.dim
         or dims.start_map[0] not in dims.collapsed
-        or int(np.prod(idx.shape)) > MAX_LABELS
+        or int(np.prod(idx.shape)) > ev.budgets.mask_labels
     ):
         return None
     table, s, e = lifted.whole, lifted.start, lifted.stop
@@ -320,8 +322,8 @@ def tiles(windows: list[tuple[int, int]], lo: int, hi: int, overlap: bool = Fals
 
 def tiled_lookup(ev: Evaluator, members: list[Term]) -> Term | None:
     """The sum of rows masked by range tests that tile the range of the ids: the rows."""
-    found = [masked_member(ev, m) for m in members]
-    if any(f is None for f in found) or len({f[0] for f in found}) != 1 or len({f[1].x for f in found}) != 1:
+    found = [f for m in members if (f := masked_member(ev, m)) is not None]
+    if len(found) != len(members) or len({f[0] for f in found}) != 1 or len({f[1].x for f in found}) != 1:
         return None
     full, w = found[0]
     bounds = ev.bounds_of(w.x)

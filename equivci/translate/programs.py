@@ -8,6 +8,7 @@ from typing import Protocol
 
 from equivci.capture.types import LeafPlacement
 from equivci.hlo.ir import Module
+from equivci.options import Budgets
 from equivci.terms.ir import Term, TermTable
 from equivci.translate.bounds import index_domains
 from equivci.translate.evaluator import Evaluator, Event, Loop, LoopHandler
@@ -53,6 +54,7 @@ def translate(
     outputs: tuple[LeafPlacement, ...],
     num_devices: int,
     loops: Callable[[Module, list[Loop]], LoopProver],
+    budgets: Budgets = Budgets(),
 ) -> Programs:
     """Both programs as terms over the reference inputs. `loops(reference, reference_loops)` makes
     the handler of the distributed program's `while` ops (equivci.prove.loops.LoopMatcher).
@@ -60,9 +62,9 @@ def translate(
     The reference's loops are kept whole (a distributed loop is best related to one by an invariant)
     unless the handler unrolled a distributed loop (equivci.translate.unroll): the reference's loops
     with a constant trip count are then unrolled too, so that both programs are straight-line code."""
-    programs, again = _translate(reference, distributed, inputs, outputs, num_devices, loops, unroll=False)
+    programs, again = _translate(reference, distributed, inputs, outputs, num_devices, loops, budgets, unroll=False)
     if again:
-        programs, _ = _translate(reference, distributed, inputs, outputs, num_devices, loops, unroll=True)
+        programs, _ = _translate(reference, distributed, inputs, outputs, num_devices, loops, budgets, unroll=True)
     return programs
 
 
@@ -73,13 +75,14 @@ def _translate(
     outputs: tuple[LeafPlacement, ...],
     num_devices: int,
     loops: Callable[[Module, list[Loop]], LoopProver],
+    budgets: Budgets,
     unroll: bool,
 ) -> tuple[Programs, bool]:
     """The programs, and whether to build them again with the reference's loops unrolled."""
     table = TermTable()
     params = [table.make("param", (k,), (), leaf.shape, _short_dtype(leaf.dtype)) for k, leaf in enumerate(inputs)]
 
-    ref_eval = Evaluator(reference, table, 1)
+    ref_eval = Evaluator(reference, table, 1, budgets)
     ref_eval.loop_handler = Unroller() if unroll else None
     ref_root = ref_eval.run(reference.entry, [[p] for p in params])[0]
     # Integer inputs the reference uses as indices are taken to be valid indices, [0, size): the
@@ -88,13 +91,13 @@ def _translate(
     domains = index_domains(ref_eval)
     bounds = {p: b for p, (b, _) in domains.items()}
     if domains:
-        ref_eval = Evaluator(reference, table, 1)
+        ref_eval = Evaluator(reference, table, 1, budgets)
         ref_eval.loop_handler = Unroller() if unroll else None
         ref_eval.bounds.update(bounds)
         ref_root = ref_eval.run(reference.entry, [[p] for p in params])[0]
     reference_outputs = flatten(ref_root)
 
-    dist_eval = Evaluator(distributed, table, num_devices)
+    dist_eval = Evaluator(distributed, table, num_devices, budgets)
     dist_eval.bounds.update(bounds)
     dist_eval.values.update(ref_eval.values)
     dist_eval.constants.extend(ref_eval.constants)

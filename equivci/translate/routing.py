@@ -38,9 +38,6 @@ from equivci.terms.ir import Term
 from equivci.terms.spec import DotSpec, GatherDims
 from equivci.translate.arrays import NP_DTYPES
 
-MAX_CASES = 1 << 12  # index vectors enumerated for the mask lemma
-MAX_LIMIT_ELEMENTS = 1 << 18  # larger 3-D dot operands are activations: not walked to say why
-
 
 @dataclasses.dataclass(frozen=True)
 class Mask:
@@ -112,7 +109,7 @@ class Router:
         # Past 12 tokens there are more index vectors than the lemma enumerates (unless all go to one
         # expert: no routing to check). Most 3-D dot operands are activations contracted over a
         # hidden dim, and walking their terms back through every layer cost 1.6 s at 405B shapes.
-        if len(m.shape) != 3 or 2 ** m.shape[t] > MAX_CASES:
+        if len(m.shape) != 3 or 2 ** m.shape[t] > self.ev.budgets.routing_cases:
             return None
         leaves = self.free_leaves(m)
         if leaves is None or len(leaves) != 1:
@@ -122,12 +119,12 @@ class Router:
         if bounds is None or q.shape != (m.shape[t],):
             return None
         lo, hi = int(bounds[0]), int(bounds[1])
-        if (hi - lo + 1) ** q.shape[0] > MAX_CASES:
+        if (hi - lo + 1) ** q.shape[0] > self.ev.budgets.routing_cases:
             return None
         others = [k for k in range(3) if k != t]
         roles = [tuple(others), tuple(others[::-1])]  # which of the other dims is the expert's
         for case in itertools.product(range(lo, hi + 1), repeat=q.shape[0]):
-            value = np.asarray(case, dtype=NP_DTYPES.get(q.dtype, np.int64))
+            value: np.ndarray = np.asarray(case, dtype=NP_DTYPES.get(q.dtype, np.int64))
             mv = self.evaluate(m, {q: value})
             if mv is None or not np.all((mv == 0) | (mv == 1)):
                 return None
@@ -141,7 +138,11 @@ class Router:
         """Say so when `m` looks like a dispatch mask (a function of one bounded index vector over its
         tokens) that has more index vectors than the lemma enumerates: routing of that size is
         left unproven, and the user should know it is the size, not a defect."""
-        if len(m.shape) != 3 or m.shape in self._limited or int(np.prod(m.shape)) > MAX_LIMIT_ELEMENTS:
+        if (
+            len(m.shape) != 3
+            or m.shape in self._limited
+            or int(np.prod(m.shape)) > self.ev.budgets.routing_limit_elements
+        ):
             return
         leaves = self.free_leaves(m)
         if leaves is None or len(leaves) != 1:
@@ -151,13 +152,13 @@ class Router:
         if bounds is None or q.shape != (m.shape[t],):
             return
         cases = (int(bounds[1]) - int(bounds[0]) + 1) ** q.shape[0]
-        if cases <= MAX_CASES:
+        if cases <= self.ev.budgets.routing_cases:
             return
         self._limited.add(m.shape)
         self.limits.append(
             f"the routing lemma did not check the dispatch mask of shape {list(m.shape)}: its {q.shape[0]} tokens "
             f"take expert indices in [{int(bounds[0])}, {int(bounds[1])}], {cases:.3g} index vectors, and it "
-            f"enumerates at most {MAX_CASES}; expert-parallel routing is proved only up to that size "
+            f"enumerates at most {self.ev.budgets.routing_cases}; expert-parallel routing is proved only up to that size "
             "(12 tokens per device with 2 experts, 6 with 4): verify a smaller configuration of the same code"
         )
 
@@ -358,7 +359,7 @@ class Router:
         if mask is None:
             return
         r = self.info(back)
-        if r is None or r.ed is None or sorted(spec.rc) != [0, 1] or r.masks[dev] is not m:
+        if r is None or r.ed is None or r.ex is None or sorted(spec.rc) != [0, 1] or r.masks[dev] is not m:
             return  # the combine must undo this device's own dispatch
         # back's row dim k is contracted with M's dim lc[rc.index(k)]
         role = {spec.lc[spec.rc.index(k)]: k for k in (0, 1)}

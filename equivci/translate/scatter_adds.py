@@ -60,7 +60,8 @@ def per_row(ev: Builder, inst: Instruction, args: list) -> Term | None:
     if factor is not None and update.dtype in SCALABLE:
         # the same number c on every row: c times a function of the indices alone (their
         # shard's rows), c a constant factor like any other
-        base, lhs = ev.const(np.asarray(1, NP_DTYPES[update.dtype]), update.dtype), ()
+        base = ev.const(np.asarray(1, NP_DTYPES[update.dtype]), update.dtype)
+        lhs: tuple[tuple[int, int], ...] = ()
     else:
         (factor, base), lhs = ev.scale_of(update), table
     key = AlignedMap(lhs, table, fixed).key("scatter-add")

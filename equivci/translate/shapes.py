@@ -25,7 +25,7 @@ from equivci.translate.attributes import (
     reducer_of,
     semantic_attrs,
 )
-from equivci.translate.builder import MAX_FOLD_ELEMENTS, Builder, Value
+from equivci.translate.builder import Builder, Value
 from equivci.translate.opaque import opaque
 
 IDENTITY_CUSTOM_CALLS = {
@@ -194,7 +194,7 @@ def broadcast_term(ev: Builder, operand: Term, shape: Shape, dims: tuple[int, ..
     # A broadcast table stays a broadcast (the reference's and a device's differ only in the
     # sizes of new dims, which the rules relate); its value is kept for folding.
     term = ev.mk("bcast", (bcast_spec(len(operand.shape), shape.dims, dims),), [operand], shape)
-    if value is not None and np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
+    if value is not None and np.prod(shape.dims) <= ev.budgets.fold_elements:
         laid_out = value.reshape([value.shape[dims.index(o)] if o in dims else 1 for o in range(len(shape.dims))])
         ev.values[term] = np.broadcast_to(laid_out, shape.dims)
     return term

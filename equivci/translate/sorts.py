@@ -14,7 +14,7 @@ from equivci.terms.ir import Term, sort_map
 from equivci.terms.semantics import sort_lanes
 from equivci.translate.arrays import NP_DTYPES
 from equivci.translate.attributes import called, dims_attr, fingerprint
-from equivci.translate.builder import MAX_FOLD_ELEMENTS, Builder, Value
+from equivci.translate.builder import Builder, Value
 from equivci.translate.opaque import opaque
 
 
@@ -35,8 +35,8 @@ def top_k(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     """Along the last dim, the k largest (or smallest) values and their indices, ties in index order."""
     x, dim = args[0], len(args[0].shape) - 1
     values, indices = inst.shape.elements
-    if np.prod(x.shape) <= MAX_FOLD_ELEMENTS:
-        ar = np.broadcast_to(np.arange(x.shape[dim]), x.shape).astype(NP_DTYPES[indices.dtype])
+    if np.prod(x.shape) <= ev.budgets.fold_elements:
+        ar: np.ndarray = np.broadcast_to(np.arange(x.shape[dim]), x.shape).astype(NP_DTYPES[indices.dtype])
         iota = ev.const(ar, indices.dtype)
     else:
         iota = ev.mk("iota", (dim,), (), Shape(indices.dtype, x.shape))

@@ -11,7 +11,8 @@ windows of the batch, a pipeline schedule a composition of its stages).
 The trip count is found first, cheaply and exactly: only the body instructions the condition's
 state elements depend on are evaluated, until the condition is false. A condition that is not a
 constant (it depends on an input), or that differs between devices, leaves the loop alone.
-The cost is bounded: at most MAX_TRIPS iterations and MAX_UNROLLED body instructions in all.
+The cost is bounded: at most `unroll_trips` iterations and `unroll_instructions` body instructions in
+all (equivci.options.Budgets).
 """
 
 from __future__ import annotations
@@ -21,9 +22,6 @@ import numpy as np
 from equivci.hlo.ir import Computation, Instruction
 from equivci.translate.attributes import called
 from equivci.translate.evaluator import Evaluator, _lookup
-
-MAX_TRIPS = 32
-MAX_UNROLLED = 20_000  # body instructions evaluated over all iterations of one loop
 
 
 class Unroller:
@@ -37,7 +35,7 @@ def unroll(ev: Evaluator, inst: Instruction, init: list) -> list | None:
     """The loop's per-device results as the body applied trip-count times, or None."""
     body = called(ev.module, inst, "body")
     trips = trip_count(ev, inst, init)
-    if trips is None or trips * len(body.instructions) > MAX_UNROLLED:
+    if trips is None or trips * len(body.instructions) > ev.budgets.unroll_instructions:
         return None
     state = init
     for _ in range(trips):
@@ -47,7 +45,7 @@ def unroll(ev: Evaluator, inst: Instruction, init: list) -> list | None:
 
 def trip_count(ev: Evaluator, inst: Instruction, init: list) -> int | None:
     """How many times the body runs, when the condition is the same constant on every device at
-    every iteration; None otherwise (or past MAX_TRIPS)."""
+    every iteration; None otherwise (or past the budget of trips)."""
     cond, body = called(ev.module, inst, "condition"), called(ev.module, inst, "body")
     if not all(isinstance(v, tuple) for v in init) or body.root.opcode != "tuple":
         return None
@@ -58,7 +56,7 @@ def trip_count(ev: Evaluator, inst: Instruction, init: list) -> int | None:
     scratch = ev.child(ev.module, ev.n)  # its events are dropped; folded values are shared
     scratch.bounds = ev.bounds
     state = init
-    for trips in range(MAX_TRIPS + 1):
+    for trips in range(ev.budgets.unroll_trips + 1):
         go = _flag(scratch, scratch.run(cond, [state]))
         if go is None:
             return None
@@ -88,9 +86,10 @@ def _flag(ev: Evaluator, values: list) -> bool | None:
 def _counter_slice(cond: Computation, body: Computation) -> tuple[list[int], set[str]] | None:
     """The state elements the condition depends on, closed under the body's dependencies, and the
     body instructions that compute them (None when an element is read other than one by one)."""
-    indices = _reads(cond)
-    if indices is None:
+    read = _reads(cond)
+    if read is None:
         return None
+    indices = sorted(read)
     producers = {i.name: i for i in body.instructions}
     while True:
         names: set[str] = set()

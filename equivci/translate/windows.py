@@ -88,14 +88,15 @@ def _binary(ev: Evaluator, t: Term, depth: int) -> Window | None:
     for w in (wa, wb):
         if w is None:
             continue
-        wholes = []
+        wholes: list[Term | None] = []
         for operand, own in ((a, wa), (b, wb)):
             if own is not None and (own.dim, own.start, own.stop) == (w.dim, w.start, w.stop):
                 wholes.append(own.whole)
             else:
                 wholes.append(widened(ev, operand, w.dim, w.whole.shape[w.dim]))
         if all(x is not None and x.shape == w.whole.shape for x in wholes):
-            return dataclasses.replace(w, whole=ev.mk("binary", t.attrs, tuple(wholes), Shape(t.dtype, w.whole.shape)))
+            terms = tuple(x for x in wholes if x is not None)
+            return dataclasses.replace(w, whole=ev.mk("binary", t.attrs, terms, Shape(t.dtype, w.whole.shape)))
     return None
 
 

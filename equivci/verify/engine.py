@@ -12,14 +12,14 @@ from equivci.diagnose import numeric
 from equivci.diagnose.findings import defect_findings, with_counterexample, with_note
 from equivci.diagnose.localize import source_of
 from equivci.diagnose.loops import defect_with_loops
-from equivci.diagnose.numeric import MAX_ELEMENTS, MAX_TERMS, draw_inputs, numeric_frontier
+from equivci.diagnose.numeric import draw_inputs, numeric_frontier
 from equivci.diagnose.outputs import dtype_findings
 from equivci.errors import EquivciError
 from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import HloParseError, parse_module
 from equivci.layers.segments import split
 from equivci.manifest import Manifest, ModelSpec
-from equivci.options import ENV_SATURATION_ITERATIONS
+from equivci.options import ENV_SATURATION_ITERATIONS, Budgets
 from equivci.prove.candidates import window_candidates
 from equivci.prove.layered import prefix_proof, prove_layers
 from equivci.prove.programs import build_programs
@@ -27,15 +27,6 @@ from equivci.prove.saturate import MAX_ITERATIONS, saturate, with_hints
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
 from equivci.translate.builder import Unsupported
-
-# Run the numeric oracle only where random inputs are cheap to draw and run on a CPU.
-MAX_ORACLE_ELEMENTS = 1 << 22
-# Past this many terms, a model the layers do not prove is saturated only up to its first
-# unproved layer (the whole e-graph of a 100-layer model costs minutes).
-WHOLE_PROGRAM_TERMS = 20_000
-# The saturation with proposed windows is bounded tighter: the windows are pushed into the reference
-# terms a few levels deep, and where they keep the rules growing the e-graph it stops early.
-HINTED_ITERATIONS = 16
 
 
 def verify_model(
@@ -45,10 +36,12 @@ def verify_model(
     memo: Memo | None = None,
     on_layer=None,
     iterations: int = MAX_ITERATIONS,
+    budgets: Budgets = Budgets(),
 ) -> ModelResult:
     """`memo` serves and stores layer proofs (kind "layers"); without one, identical layers are
     still proved once within the model. `on_layer(done, total)` after each layer. `iterations`:
-    the saturation budget (each saturation allows at least the depth of its terms)."""
+    the saturation budget (each saturation allows at least the depth of its terms); `budgets`: the
+    other limits of every stage."""
     t0 = time.perf_counter()
     laps = Laps(t0)
     try:
@@ -59,7 +52,7 @@ def verify_model(
         if changed:
             return _finish(model, Status.MISMATCH, t0, tuple(changed), LayerCounts(1, 0, 0), laps)
         programs = build_programs(
-            reference, distributed, captured.inputs, captured.outputs, captured.num_devices, iterations
+            reference, distributed, captured.inputs, captured.outputs, captured.num_devices, iterations, budgets
         )
         laps.lap("build programs")
     except (HloParseError, Unsupported) as exc:
@@ -96,7 +89,7 @@ def verify_model(
     # The layers alone do not prove it (a relation between layers that is not a window, or a
     # real defect): prove the whole program, which also gives the localization its e-graph; on a
     # big model only up to the first unproved layer, where the first defect is.
-    if layering is not None and len(programs.evaluator.table) > WHOLE_PROGRAM_TERMS:
+    if layering is not None and len(programs.evaluator.table) > budgets.whole_program_terms:
         proof = prefix_proof(programs, layering, layered.layers, iterations)
         laps.lap("prove up to the first unproved layer")
     else:
@@ -107,7 +100,7 @@ def verify_model(
         if not proof.all_proved and not proof.exhausted:
             hints = _candidates(programs, captured)
             if hints:
-                proof = with_hints(proof, programs, hints, HINTED_ITERATIONS)
+                proof = with_hints(proof, programs, hints, budgets.hinted_iterations)
                 laps.lap(f"prove whole program with {len(hints)} proposed windows")
     if proof.all_proved:
         return _finish(
@@ -121,7 +114,7 @@ def verify_model(
 
     defect = defect_with_loops(programs, proof, captured.mesh)
     laps.lap("localize")
-    comparison = _comparison(model, manifest, captured, programs.assumed)
+    comparison = _comparison(model, manifest, captured, programs.assumed, budgets.oracle_elements)
     laps.lap("counterexample")
     if defect is None:
         findings = [_output_finding(proof, captured)]
@@ -134,6 +127,7 @@ def verify_model(
             axis_groups(captured.mesh),
             len(programs.evaluator.table),
             programs.routed,
+            budgets,
         )
         laps.lap("numeric localization")
         failed = {o.name for o in layered.layers if not o.proved and o.name} if layering is not None else set()
@@ -195,8 +189,8 @@ def _candidates(programs, captured: CapturedModel) -> list:
     """Windows of reference values that distributed values equal on the oracle's first draw: terms
     for the proof to meet (candidates only; the proof decides). None where that draw is not cheap."""
     if (
-        len(programs.evaluator.table) > MAX_TERMS
-        or sum(_size(leaf.shape) for leaf in captured.inputs) > MAX_ELEMENTS
+        len(programs.evaluator.table) > programs.evaluator.budgets.numeric_terms
+        or sum(_size(leaf.shape) for leaf in captured.inputs) > programs.evaluator.budgets.numeric_elements
         or numeric.JAX_FORKED
     ):
         return []
@@ -249,17 +243,18 @@ def _output_finding(proof, captured: CapturedModel) -> Finding:
 
 
 def _comparison(
-    model: ModelSpec, manifest: Manifest, captured: CapturedModel, assumed: dict
+    model: ModelSpec, manifest: Manifest, captured: CapturedModel, assumed: dict, most: int
 ) -> NumericComparison | str:
     """Both programs run on random inputs (the numeric oracle), or why that did not happen.
-    `assumed`: the integer inputs the reference indexes with and their ranges (Programs.assumed)."""
+    `assumed`: the integer inputs the reference indexes with and their ranges (Programs.assumed);
+    `most`: the input elements the oracle runs on a CPU (Budgets.oracle_elements)."""
     total = sum(_size(leaf.shape) for leaf in captured.inputs)
     if model.hlo is not None:
         # Programs given as HLO files: XLA runs them as the capture rewrote them.
-        if total > MAX_ORACLE_ELEMENTS:
+        if total > most:
             return (
                 f"the numeric check did not run: the inputs have {total:,} elements, more than the "
-                f"{MAX_ORACLE_ELEMENTS:,} it runs on a CPU, so this is `unproven`, never `mismatch` by a "
+                f"{most:,} it runs on a CPU, so this is `unproven`, never `mismatch` by a "
                 "counterexample; dump the programs at smaller sizes to have them run"
             )
         ranges = {k: int(hi) + 1 for k, ((lo, hi), _) in assumed.items() if lo >= 0}
@@ -269,10 +264,10 @@ def _comparison(
             return (
                 f"the numeric check could not run: {exc}; so this is `unproven`, never `mismatch` by a counterexample"
             )
-    if total > MAX_ORACLE_ELEMENTS and model.oracle.inputs is None:
+    if total > most and model.oracle.inputs is None:
         return (
             f"the numeric check did not run: the inputs have {total:,} elements, more than the "
-            f"{MAX_ORACLE_ELEMENTS:,} it runs on a CPU; give it smaller inputs the entrypoints accept with "
+            f"{most:,} it runs on a CPU; give it smaller inputs the entrypoints accept with "
             "`oracle: {inputs: FILE.py:FUNC}` in the manifest"
         )
     try:

@@ -69,7 +69,11 @@ def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, 
             os._exit(0)
 
         _at_return(engine.verify_model, answer)
-        answer(engine.verify_model(model, manifest, captured, memo, layer_done, options.saturation_iterations))
+        answer(
+            engine.verify_model(
+                model, manifest, captured, memo, layer_done, options.saturation_iterations, options.budgets
+            )
+        )
     except EquivciError as err:
         conn.send(("user", str(err)))
     except MemoryError:

@@ -109,14 +109,16 @@ MODELS = textwrap.dedent(
         return y.at[2].set(y[3]).at[3].set(0.0)
 
 
-    def _written(w, x, mesh, where, add=False, rotate=True):
+    def _written(w, x, mesh, where, how="set", rotate=True):
         # numpy indices are literals of the program (a jax array would be lifted into an input)
         def body(w, x):
             y = jnp.tanh(x @ w)
             if rotate:  # rows in the order of `where` (XLA drops a scatter at 0, 1, ...)
                 y = jnp.concatenate([y[2:], y[:2]])
-            if add:
+            if how == "add":
                 return jnp.ones_like(y).at[where].add(y, mode="drop")  # MARK:added
+            if how == "max":  # neither a write nor a sum: max(0, y), not y
+                return jnp.zeros_like(y).at[where].max(y, mode="drop")  # MARK:maxed
             return jnp.zeros_like(y).at[where].set(y, mode="drop")
 
         return jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P())(w, x)
@@ -131,7 +133,11 @@ MODELS = textwrap.dedent(
 
 
     def rows_added(w, x, *, mesh):
-        return _written(w, x, mesh, np.array([2, 3, 4, 5, 6, 7, 0, 1]), add=True)
+        return _written(w, x, mesh, np.array([2, 3, 4, 5, 6, 7, 0, 1]), how="add")
+
+
+    def rows_maxed(w, x, *, mesh):
+        return _written(w, x, mesh, np.array([2, 3, 4, 5, 6, 7, 0, 1]), how="max")
 
 
     def rows_dropped(w, x, *, mesh):
@@ -183,6 +189,7 @@ MANIFEST = textwrap.dedent(
       - {name: dropped, reference: m.py:rows, distributed: m.py:rows_dropped, inputs: m.py:inputs,
          mesh: {dp: 2}}
       - {name: added, reference: m.py:rows, distributed: m.py:rows_added, inputs: m.py:inputs, mesh: {dp: 2}}
+      - {name: maxed, reference: m.py:rows, distributed: m.py:rows_maxed, inputs: m.py:inputs, mesh: {dp: 2}}
       - {name: twice-last, reference: m.py:rows_last_of_two, distributed: m.py:rows_twice, inputs: m.py:inputs,
          mesh: {dp: 2}}
       - {name: trips, reference: m.py:carry, distributed: m.py:carry_device_trips, inputs: m.py:carry_inputs,
@@ -203,7 +210,7 @@ def test_unrolled_loops_and_constant_scatters_verify(manifest, name):
     assert result.status is Status.VERIFIED, result.findings
 
 
-@pytest.mark.parametrize("name", ["accum-short", "pipe-wrong-slot", "twice", "dropped", "added", "trips"])
+@pytest.mark.parametrize("name", ["accum-short", "pipe-wrong-slot", "twice", "dropped", "added", "maxed", "trips"])
 def test_near_misses_are_mismatches(manifest, name):
     result = model_package.verify_named(manifest, name)
     assert result.status is Status.MISMATCH, (result.status, result.findings)

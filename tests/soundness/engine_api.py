@@ -9,6 +9,7 @@ tests/soundness and bench/verifier_mutants.py goes through these names or throug
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from equivci.capture.oracle import compare_many_in_child  # the numeric oracle
 from equivci.capture.run import capture_model
 from equivci.hlo.parser import parse_module
 from equivci.manifest import load_manifest
+from equivci.options import Budgets
 from equivci.prove.programs import build_programs
 from equivci.prove.saturate import _run as run_rewrites
 from equivci.prove.saturate import proved_equal
@@ -53,13 +55,8 @@ def verify_captured(manifest_path: Path, name: str, captured, oracle: bool = Fal
     oracle a model that is not proved is `unproven` (no JAX child is started)."""
     manifest = load_manifest(manifest_path)
     model = next(m for m in manifest.models if m.name == name)
-    saved = engine.MAX_ORACLE_ELEMENTS
-    if not oracle:
-        engine.MAX_ORACLE_ELEMENTS = -1
-    try:
-        return engine.verify_model(model, manifest, captured)
-    finally:
-        engine.MAX_ORACLE_ELEMENTS = saved
+    budgets = Budgets() if oracle else dataclasses.replace(Budgets(), oracle_elements=-1)
+    return engine.verify_model(model, manifest, captured, budgets=budgets)
 
 
 def oracle(manifest_path: Path, names: list[str]) -> dict:

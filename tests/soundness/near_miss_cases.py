@@ -38,7 +38,7 @@ NOT_VERIFIED = {
     "guard-le": "only the largest id differs",
     "finite-of-other": "only a non-finite y differs; random inputs are finite",
     "narrowed-id-mask": "only ids past the int8 range differ",
-    # The routing lemma enumerates index vectors up to routing.MAX_CASES: 16 tokens per device is
+    # The routing lemma enumerates index vectors up to Budgets.routing_cases: 16 tokens per device is
     # past it, so a correct layer is `unproven` (see test_routing_limit).
     "moe-ep-past-enumeration": "correct, but past the routing lemma's enumeration limit",
 }

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from engine_api import fingerprint_of, memo
 from near_miss_cases import MANIFEST
-from equivci.options import ENV_CACHE_DIR
+from equivci.options import ENV_CACHE_DIR, ENV_SATURATION_ITERATIONS, SATURATION_ITERATIONS
 from equivci.testing.zoo import REPO
 
 import equivci
@@ -80,7 +80,8 @@ def _reused(model: dict) -> bool:
 
 def test_a_warm_cache_misses_after_a_verifier_edit_or_another_xla_flag(tmp_path):
     """End to end on one model and one cache folder: the second run reuses the first's verdict;
-    a copy of equivci with one edited verifier file, or another XLA flag, verifies afresh."""
+    a copy of equivci with one edited verifier file, another XLA flag or another saturation budget
+    verifies afresh."""
     cache = tmp_path / "cache"
     first = _verify(cache)
     assert first["status"] == "verified" and not _reused(first), first
@@ -91,3 +92,5 @@ def test_a_warm_cache_misses_after_a_verifier_edit_or_another_xla_flag(tmp_path)
     assert not _reused(_verify(cache, package_root=package.parent)), "an edited verifier reused an old verdict"
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_fast_math=false"
     assert not _reused(_verify(cache, {"XLA_FLAGS": flags.strip()})), "another XLA flag reused an old verdict"
+    budget = {ENV_SATURATION_ITERATIONS: str(2 * SATURATION_ITERATIONS)}
+    assert not _reused(_verify(cache, budget)), "another saturation budget reused an old verdict"
