@@ -175,6 +175,7 @@ class _Git:
 
     def __init__(self, root: str | Path, purpose: str):
         try:
+            # lazy: GitPython is imported only by commands that read a repository; the error below names it
             import git
         except ImportError as exc:  # GitPython imports fine without a git binary only until used
             raise EquivciError(

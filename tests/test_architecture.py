@@ -154,3 +154,41 @@ def test_imports_flow_one_way_along_the_pipeline() -> None:
 def test_allowed_exceptions_still_exist() -> None:
     edges = graph()
     assert [pair for pair in ALLOWED if pair[1] not in edges.get(pair[0], ())] == []
+
+
+def unexplained_local_imports(source: str, filename: str) -> list[int]:
+    """Lines of function-local imports that carry no `# lazy: why` comment: on their line, on the
+    line above, or over the block of consecutive imports they continue."""
+    lines = source.splitlines()
+    local = sorted(
+        node.lineno
+        for fn in ast.walk(ast.parse(source, filename))
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for node in ast.walk(fn)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+    )
+    explained: set[int] = set()
+    for lineno in local:
+        line, above = lines[lineno - 1], lines[lineno - 2].strip() if lineno > 1 else ""
+        if "# lazy:" in line or above.startswith("# lazy:") or lineno - 1 in explained:
+            explained.add(lineno)
+    return [n for n in local if n not in explained]
+
+
+def test_the_local_import_check_finds_an_unexplained_import() -> None:
+    source = (
+        "def f():\n    # lazy: heavy\n    import a\n    import b\n\n    import c\n"
+        "def g():\n    import d  # lazy: heavy\n"
+    )
+    assert unexplained_local_imports(source, "x.py") == [6]
+
+
+def test_every_function_local_import_says_why() -> None:
+    """Imports belong at the top of their module; one inside a function stays only with a reason (a
+    heavy module the CLI's fast paths must not pay for, a cycle) in a `# lazy:` comment."""
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{lineno}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for lineno in unexplained_local_imports(path.read_text(), str(path))
+    ]
+    assert found == []

@@ -8,6 +8,7 @@ only moment the fake device count can be chosen.
 from __future__ import annotations
 
 import glob
+import importlib.metadata
 import io
 import json
 import os
@@ -17,8 +18,11 @@ import time
 import traceback
 from pathlib import Path
 
-from equivci.capture import partitioned
+from equivci import memo
+from equivci.capture import entrypoints, partitioned
+from equivci.capture.entrypoints import where_in_user_code
 from equivci.errors import EquivciError
+from equivci.manifest import load_manifest
 from equivci.timings import Laps
 
 
@@ -79,12 +83,11 @@ class FilesRead:
 
 
 def capture(request: dict, laps: Laps) -> dict:
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax
     from jax.tree_util import keystr, tree_flatten_with_path
 
     laps.lap("import jax")
-    from equivci.capture import entrypoints
-    from equivci.manifest import load_manifest
 
     manifest = load_manifest(Path(request["manifest"]))
     read = FilesRead()  # from here: what the user's code reads
@@ -181,6 +184,7 @@ def _dump_placements(spmd: partitioned.SpmdDump, lowered, in_leaves, out_leaves,
     full compile decides) where jax would make them differently (extended dtypes such as PRNG
     keys get logical shardings), the lowering hides its device list, or the records do not fit
     the leaves."""
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax
 
     if any(jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended) for _, leaf in in_leaves + out_leaves):
@@ -212,12 +216,9 @@ class _MemoKeys:
     them without printing anything."""
 
     def __init__(self, memo_request: dict, model, args, ref_lowered, dist_lowered, read: FilesRead) -> None:
-        import importlib.metadata
-
+        # lazy: jax is heavy; equivci's parent process loads this module without it
         import jax
         from jax.tree_util import keystr, tree_flatten_with_path
-
-        from equivci import memo
 
         def leaves(tree) -> str:
             return json.dumps(
@@ -306,8 +307,6 @@ def main(argv: list[str]) -> int:
     except EquivciError as err:
         result = {"error": str(err), "traceback": traceback.format_exc()}
     except SystemExit as exc:  # the user's code called sys.exit() (or exit()) while loading or tracing
-        from equivci.capture.entrypoints import where_in_user_code
-
         result = {
             "error": f"capturing model '{request['model']}' stopped: the model's code called "
             f"sys.exit({exc.code!r}){where_in_user_code(exc, Path.cwd())}. "

@@ -18,6 +18,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping, cast
 
+import numpy as np
+
 from equivci.errors import EquivciError
 from equivci.manifest import Entrypoint, ModelSpec
 
@@ -112,6 +114,7 @@ def load_function(entry: Entrypoint, root: Path) -> Callable[..., Any]:
 
 def abstract_inputs(fn: Callable[[], Any], entry: Entrypoint) -> tuple:
     """Call inputs() and check it returns a tuple of pytrees of jax.ShapeDtypeStruct."""
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax
     from jax.tree_util import keystr, tree_flatten_with_path
 
@@ -142,8 +145,8 @@ def abstract_inputs(fn: Callable[[], Any], entry: Entrypoint) -> tuple:
 
 
 def build_mesh(model: ModelSpec):
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax
-    import numpy as np
     from jax.sharding import AxisType, Mesh
 
     devices = jax.devices()
@@ -192,8 +195,6 @@ def load_model(model: ModelSpec, root: Path) -> LoadedModel:
 
 
 def _leaf_text(leaf: Any) -> str:
-    import numpy as np
-
     return f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}"
 
 
@@ -202,6 +203,7 @@ def check_same_outputs(ref_out: Any, dist_out: Any, model_name: str) -> None:
 
     A leaf whose dtype differs is no usage error but a different function: the verifier reports it
     as `mismatch` (equivci.diagnose.outputs)."""
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     from jax.tree_util import keystr, tree_flatten_with_path
 
     ref_leaves, ref_tree = tree_flatten_with_path(ref_out)

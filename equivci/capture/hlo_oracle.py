@@ -20,7 +20,17 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from equivci.capture.oracle import DEFAULT_SEEDS, NUMERIC_TIMEOUT_SECONDS, NumericComparison
+import numpy as np
+
+from equivci.capture.oracle import (
+    DEFAULT_SEEDS,
+    NUMERIC_TIMEOUT_SECONDS,
+    NumericComparison,
+    compare_outputs,
+    random_inputs,
+    tolerance_for,
+)
+from equivci.capture.run import child_env
 from equivci.capture.types import CapturedModel, LeafPlacement
 from equivci.errors import EquivciError
 
@@ -32,8 +42,6 @@ def compare_hlo_in_child(
     timeout: float = NUMERIC_TIMEOUT_SECONDS,
 ) -> NumericComparison:
     """`ranges`: input index -> n, for integer inputs drawn in [0, n) (indices the reference takes)."""
-    from equivci.capture.run import child_env  # the parent's module: imported where it is used
-
     with tempfile.TemporaryDirectory(prefix="equivci-hlo-oracle-") as tmp:
         request, result = Path(tmp, "request.json"), Path(tmp, "result.json")
         request.write_text(
@@ -78,14 +86,12 @@ def _leaf(leaf: LeafPlacement) -> dict:
 
 
 def _run(request: dict) -> NumericComparison:
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax
     import jax._src.lib as jaxlib
-    import numpy as np
     from jax._src import xla_bridge
     from jax._src.lib import xla_client
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    from equivci.capture.oracle import compare_outputs, random_inputs, tolerance_for
 
     backend = xla_bridge.get_backend("cpu")
     n = request["devices"]

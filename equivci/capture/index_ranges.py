@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 _SAME_VALUES = {
     "convert_element_type",
     "reshape",
@@ -34,6 +36,7 @@ _CALLS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
 def index_ranges(reference: Callable, args_abstract: tuple) -> dict[int, int]:
     """{flat input leaf index: n} for the integer leaves the reference uses as indices."""
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax
 
     closed = jax.make_jaxpr(reference)(*args_abstract)
@@ -44,8 +47,6 @@ def index_ranges(reference: Callable, args_abstract: tuple) -> dict[int, int]:
 
 
 def _is_int(dtype) -> bool:
-    import numpy as np
-
     return np.issubdtype(np.dtype(dtype), np.integer)
 
 

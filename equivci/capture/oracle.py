@@ -23,12 +23,16 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Sequence
 
-from equivci.capture import rounding
+import numpy as np
+
+from equivci.capture import entrypoints, rounding
 from equivci.capture.index_ranges import index_ranges
 from equivci.errors import EquivciError
+from equivci.manifest import load_manifest
 
 DEFAULT_SEEDS = (0, 1, 2)
 NUMERIC_TIMEOUT_SECONDS = 300
@@ -52,8 +56,6 @@ class Tolerance:
 
 def tolerance_for(dtype: Any) -> Tolerance:
     """Per-dtype tolerance. Integers and booleans must match exactly."""
-    import numpy as np
-
     name = np.dtype(dtype).name if not str(dtype).startswith("bfloat16") else "bfloat16"
     if name == "bfloat16":
         return Tolerance(rtol=2e-2, atol=1e-2)
@@ -173,12 +175,14 @@ def _from_json_float(x: Any) -> float | None:
 
 
 def _is_float(dtype) -> bool:
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax.numpy as jnp
 
     return jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating)
 
 
 def int_range(args_abstract: Sequence[Any]) -> int:
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax
 
     dims = [
@@ -195,6 +199,7 @@ def random_inputs(args_abstract: Sequence[Any], seed: int, ranges: dict[int, int
     """Concrete arguments for one seed: normal floats, fair booleans, integers in [0, n) with n
     from `ranges` (flat leaf index -> how many places the reference indexes with it, see
     index_ranges.py) or else small and non-negative."""
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax
     import jax.numpy as jnp
 
@@ -237,14 +242,13 @@ class _Worst:
 
 
 def _is_inexact(dtype) -> bool:
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax.numpy as jnp
 
     return bool(jnp.issubdtype(dtype, jnp.inexact))
 
 
 def _scalar(x) -> float:
-    import numpy as np
-
     x = np.asarray(x)
     if np.iscomplexobj(x):
         return float(abs(x))
@@ -255,8 +259,8 @@ def _compare_leaf(ref, dist, tol: Tolerance, floor=None):
     """Return (max_abs, max_rel, score array, allowance array, within-tolerance flag) for one
     output leaf. `floor`: the absolute amount rounding alone may move each element (rounding.py),
     allowed NOISE_MARGIN times on top of the dtype's tolerance."""
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax.numpy as jnp
-    import numpy as np
 
     r = np.asarray(ref).astype(np.complex128 if np.iscomplexobj(ref) else np.float64)
     d = np.asarray(dist).astype(r.dtype)
@@ -304,8 +308,6 @@ def rounding_floor(ref, shadow) -> float:
     """How far rounding alone may move any element of one output leaf: the largest move of the
     shadow reference anywhere in the leaf (a flipped rounding lands on other elements in the other
     program)."""
-    import numpy as np
-
     moved = np.abs(np.asarray(shadow).astype(np.float64) - np.asarray(ref).astype(np.float64))
     moved = moved[np.isfinite(moved)]
     return float(moved.max()) if moved.size else 0.0
@@ -321,8 +323,8 @@ def compare_outputs(
     """Compare {seed: output pytree} of both programs (concrete arrays). `shadow_outs` (same
     form) are the reference's outputs with its roundings moved as re-association may move them
     (see rounding.py); `tolerance` replaces the per-dtype one (the manifest's `oracle` key)."""
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax
-    import numpy as np
     from jax.tree_util import keystr
 
     seeds = tuple(seeds)
@@ -397,6 +399,7 @@ def _run_and_compare(
     index_ranges: dict[int, int] | None = None,
 ):
     """jit both, run them on one random draw per seed (the distributed one under the mesh), compare."""
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax
 
     ref_fn, dist_fn = jax.jit(reference), jax.jit(bound)
@@ -449,8 +452,6 @@ def without_near_ties(comparison: NumericComparison, near_ties: Sequence[int]) -
 
 
 def _run_failure(side: str, spec: str, exc: BaseException) -> str:
-    import traceback
-
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "site-packages" not in f.filename]
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
     first = (str(exc).strip().splitlines() or [""])[0]
@@ -458,8 +459,6 @@ def _run_failure(side: str, spec: str, exc: BaseException) -> str:
 
 
 def _compare_model(model, root: Path, seeds: tuple[int, ...]) -> NumericComparison:
-    from equivci.capture import entrypoints
-
     reference_ep, distributed_ep, inputs_ep = model.entrypoints()
     reference = entrypoints.load_function(reference_ep, root)
     distributed = entrypoints.load_function(distributed_ep, root)
@@ -505,7 +504,6 @@ def child_main(argv: Sequence[str] | None = None) -> int:
 
     if "jax" in sys.modules:
         raise RuntimeError("equivci.capture.oracle child: jax was imported before the device count was set")
-    from equivci.manifest import load_manifest  # yaml only; does not import jax
 
     try:
         manifest = load_manifest(opts.manifest)

@@ -141,6 +141,7 @@ def _read_dump(folder: Path, stem: str) -> SpmdDump | None:
     """The dumped text and the module's sharding records; None when a record is missing. Only
     the records are decoded: building the whole module from the proto would cost more than the
     rest of this (0.4 s for a 405B-shaped Llama)."""
+    # lazy: jax is heavy; the CLI's parent process must not import it
     from jax._src.lib import xla_client
 
     hlo_proto = _length_delimited_fields(Path(folder, stem + _PROTO_SUFFIX).read_bytes())
@@ -205,6 +206,7 @@ def shardings_for_leaves(op_shardings: tuple[Any, ...], count: int, device_list,
     """jax shardings for `count` leaves from XLA's entry shardings, as jax makes them for a
     compiled executable: one per leaf, or (outputs: `one_for_all`) XLA's single sharding for
     every leaf. None when the counts do not fit."""
+    # lazy: jax is heavy; the CLI's parent process must not import it
     from jax._src.lib import xla_client
     from jax._src.sharding_impls import GSPMDSharding
 

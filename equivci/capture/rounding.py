@@ -48,6 +48,8 @@ import dataclasses
 import math
 from typing import Any, Callable
 
+import numpy as np
+
 LAMBDA = 4.0
 FLIP_FRACTION = 0.01
 
@@ -78,6 +80,7 @@ class Shadow:
 
 
 def shadow_reference(reference: Callable, args_abstract: tuple) -> Shadow:
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax
 
     closed = jax.make_jaxpr(reference)(*args_abstract)
@@ -90,6 +93,7 @@ def shadow_reference(reference: Callable, args_abstract: tuple) -> Shadow:
     )
 
     def run(*args):
+        # lazy: jax is heavy; equivci's parent process loads this module without it
         import jax.numpy as jnp
 
         leaves = jax.tree_util.tree_leaves(args)
@@ -117,12 +121,11 @@ class _Stats:
 
 
 def _dtype_name(dtype) -> str:
-    import numpy as np
-
     return np.dtype(dtype).name
 
 
 def _eps(dtype) -> float | None:
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax.numpy as jnp
 
     if not jnp.issubdtype(dtype, jnp.floating):
@@ -193,6 +196,7 @@ class _Interpreter:
         return outs, [max(bounds, default=0.0)] * len(outs)
 
     def convert(self, eqn, x, b: float) -> tuple[list, list[float]]:
+        # lazy: jax is heavy; equivci's parent process loads this module without it
         import jax.numpy as jnp
 
         src, dst = eqn.invars[0].aval.dtype, eqn.params["new_dtype"]
@@ -205,6 +209,7 @@ class _Interpreter:
         return [_round_either_way(jnp.asarray(x), dst, b)], [dst_eps]
 
     def accumulate(self, eqn, vals: list, bounds: list[float]) -> tuple[list, list[float]]:
+        # lazy: jax is heavy; equivci's parent process loads this module without it
         import jax.numpy as jnp
 
         out_dtype = eqn.outvars[0].aval.dtype
@@ -226,6 +231,7 @@ class _Interpreter:
 
     def higher_order(self, eqn, vals: list, bounds: list[float]) -> tuple[list, list[float]]:
         """scan / while / cond: rewrite each body with every float input at the largest bound."""
+        # lazy: jax is heavy; equivci's parent process loads this module without it
         import jax
 
         b = max(bounds, default=0.0)
@@ -290,8 +296,6 @@ def _integer_magnitudes(eqn, ms: list[float | None]) -> list[float | None]:
 
 
 def _constant_magnitude(value) -> float | None:
-    import numpy as np
-
     try:
         a = np.asarray(value)
     except Exception:  # an opaque constant (a key, a token): no integer
@@ -312,6 +316,7 @@ def _exact_integers(magnitude: float | None, dtype) -> bool:
 def _round_either_way(x, dtype, bound: float):
     """Round x to dtype; elements within `bound` (relative) of a rounding boundary, and at least
     the FLIP_FRACTION closest to one, take the other neighbour instead."""
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax.numpy as jnp
 
     wide = x.astype(jnp.float32)
@@ -334,6 +339,7 @@ def _round_either_way(x, dtype, bound: float):
 
 
 def _within(gap, scale, bound: float):
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax.numpy as jnp
 
     # An infinite gap (a comparison with the -inf of a mask) or a NaN one is never near a tie.
@@ -342,6 +348,7 @@ def _within(gap, scale, bound: float):
 
 
 def _compare_tie(eqn, vals: list, bound: float):
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax.numpy as jnp
 
     a, c = (jnp.asarray(v).astype(jnp.float32) for v in vals[:2])
@@ -354,6 +361,7 @@ def _compare_tie(eqn, vals: list, bound: float):
 
 def _sorted_gaps(x, axis: int, count: int | None, bound: float):
     """Neighbouring values along `axis` (the largest `count`, or all) within `bound` of each other."""
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax.numpy as jnp
 
     ordered = -jnp.sort(-jnp.moveaxis(jnp.asarray(x).astype(jnp.float32), axis, -1), axis=-1)
@@ -365,6 +373,7 @@ def _sorted_gaps(x, axis: int, count: int | None, bound: float):
 
 
 def _near_integer(x, bound: float):
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax.numpy as jnp
 
     wide = x.astype(jnp.float32)
@@ -403,6 +412,7 @@ def _bind(eqn, vals: list) -> list:
 
 
 def _is_jaxpr(p) -> bool:
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax.extend as jex
 
     return isinstance(p, jex.core.ClosedJaxpr)
@@ -422,6 +432,7 @@ def _map_jaxprs(value, fn):
 
 
 def _call_jaxpr(eqn):
+    # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax.extend as jex
 
     for key in _CALL_JAXPR_PARAMS:

@@ -41,7 +41,7 @@ from equivci.commands.verify import (
 from equivci.errors import EquivciError
 from equivci.git import DiffLines, from_pull_files, pr_diff_lines, repo_root
 from equivci.manifest import Manifest, load_manifest
-from equivci.pipeline import run_models, select_models
+from equivci.pipeline import manifest_display_path, run_models, select_models
 from equivci.report import markdown, sarif
 from equivci.report.json_report import report_to_dict
 from equivci.report.text import RunProgress, write_text
@@ -63,8 +63,6 @@ def run_pipeline(manifest: Manifest, models: list, *, changed_since: str | None,
 
 
 def _repo_paths(manifest: Manifest) -> tuple[Path, str]:
-    from equivci.pipeline import manifest_display_path
-
     return repo_root(manifest.root), manifest_display_path(manifest)
 
 

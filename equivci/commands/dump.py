@@ -10,18 +10,18 @@ from typing import Annotated, Any
 
 import typer
 
+from equivci.capture import run as capture_run
 from equivci.capture.types import CapturedModel
 from equivci.commands.folders import require_folder
 from equivci.commands.verify import DebugOption, ManifestOption
 from equivci.errors import EquivciError
+from equivci.hlo.parser import parse_module
 from equivci.manifest import load_manifest
 from equivci.pipeline import select_models
 
 
 def _op_locations(hlo_text: str, repo_root: Path) -> dict[str, dict[str, Any]]:
     """HLO op name -> innermost source frame inside the repository, as {path, line}."""
-    from equivci.hlo.parser import parse_module
-
     ops: dict[str, dict[str, Any]] = {}
     for computation in parse_module(hlo_text).computations.values():
         for inst in computation.instructions:
@@ -57,12 +57,11 @@ def dump(
     debug: DebugOption = False,
 ) -> None:
     """Write reference.hlo.txt, distributed.hlo.txt and sourcemap.json for one model."""
-    from equivci.capture.run import capture_model
-
     require_folder("--out", out)
     loaded = load_manifest(manifest)
     (spec,) = select_models(loaded, [model], [])
-    captured = capture_model(spec, loaded, debug=debug)
+    # Through the module: tests stand a fake capture in for it there.
+    captured = capture_run.capture_model(spec, loaded, debug=debug)
     try:
         out.mkdir(parents=True, exist_ok=True)
         (out / "reference.hlo.txt").write_text(captured.reference_hlo)

@@ -10,7 +10,13 @@ from typing import Annotated
 
 import typer
 
+from equivci.ci import publish as publish_mod
+from equivci.ci.event import load_context
+from equivci.git import repo_root
+from equivci.report import markdown
+from equivci.report.json_report import write_json
 from equivci.report.merge import merge as merge_reports
+from equivci.report.text import write_text
 
 
 class MergeFormat(str, enum.Enum):
@@ -41,10 +47,6 @@ def merge(
     ] = False,
 ) -> None:
     """Merge the JSON reports of parallel runs into one report; exit 0/1/2 as `verify` would."""
-    from equivci.report import markdown
-    from equivci.report.json_report import write_json
-    from equivci.report.text import write_text
-
     report = merge_reports(reports)
     if output_format is MergeFormat.json:
         write_json(report, sys.stdout)
@@ -53,8 +55,6 @@ def merge(
     elif output_format is MergeFormat.markdown:
         sys.stdout.write(markdown.render(report, link_base=link_base))
     else:
-        from equivci.ci import publish as publish_mod
-
         sys.stdout.write(publish_mod.summary_comment(report, link_base=link_base))
     sys.stdout.flush()
     if publish:
@@ -63,11 +63,9 @@ def merge(
 
 
 def _publish(report) -> None:
-    from equivci.ci.event import load_context
+    # lazy: only with --publish: the GitHub client pulls HTTP modules, the ci command the pipeline (numpy)
     from equivci.ci.github import GitHubClient
     from equivci.commands.ci import _append, _log, publish_pull_request
-    from equivci.git import repo_root
-    from equivci.report import markdown
 
     ctx = load_context()
     root = repo_root(Path.cwd())

@@ -19,7 +19,7 @@ import typer
 from equivci import memo
 from equivci.commands.verify import DebugOption, ManifestOption
 from equivci.manifest import Entrypoint, Manifest, ModelSpec, load_manifest
-from equivci.pipeline import run_models, select_models
+from equivci.pipeline import manifest_display_path, run_models, select_models
 from equivci.report.text import RunProgress
 from equivci.results import Report
 
@@ -83,7 +83,6 @@ def precommit(
     if not selected:
         print("equivci: no model is fed by these files; nothing to verify", file=sys.stderr)
         raise typer.Exit(0)
-    from equivci.pipeline import manifest_display_path
 
     with RunProgress(len(selected)) as progress, contextlib.redirect_stdout(sys.stderr):
         report = run_models(loaded, selected, progress, debug=debug)

@@ -14,8 +14,10 @@ import typer
 
 from equivci import shard as shard_mod
 from equivci.errors import EquivciError
+from equivci.git import repo_root
 from equivci.manifest import ModelSpec, load_manifest
 from equivci.pipeline import run_models, select_models
+from equivci.report import markdown, sarif
 from equivci.report.json_report import write_json
 from equivci.report.text import RunProgress, write_text
 from equivci.results import Report
@@ -156,9 +158,6 @@ def _model_rows(result) -> list:
 
 
 def _render_document(output_format: OutputFormat, report: Report, manifest) -> str:
-    from equivci.git import repo_root
-    from equivci.report import markdown, sarif
-
     root = repo_root(manifest.root)
     if output_format is OutputFormat.sarif:
         return sarif.render(report, root, manifest.path.resolve().relative_to(root).as_posix())

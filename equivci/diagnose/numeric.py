@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from equivci.capture.oracle import random_inputs, tolerance_for
 from equivci.capture.types import LeafPlacement
 from equivci.diagnose.frames import TRIVIAL_OPS
 from equivci.options import Budgets
@@ -49,9 +50,8 @@ JAX_FORKED = False
 
 def draw_inputs(inputs: tuple[LeafPlacement, ...], seed: int = 0) -> dict[int, np.ndarray]:
     """The oracle's random draw for these input leaves (same leaf order, same per-leaf keys)."""
+    # lazy: jax is heavy; the CLI's parent process must not import it
     import jax
-
-    from equivci.capture.oracle import random_inputs
 
     drawn = random_inputs(tuple(jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in inputs), seed)
     return {k: np.asarray(v) for k, v in enumerate(drawn)}
@@ -76,8 +76,6 @@ class _Values:
 
 
 def _tolerance(dtype) -> tuple[float, float]:
-    from equivci.capture.oracle import tolerance_for
-
     try:
         tol = tolerance_for(dtype)
     except TypeError:

@@ -7,6 +7,7 @@ import json
 from typing import Any, TextIO
 
 from equivci import __version__
+from equivci.cache import result_from_json
 from equivci.results import ModelResult, Report, ShardPlan
 
 
@@ -34,8 +35,6 @@ def report_to_dict(report: Report, error: str | None = None) -> dict[str, Any]:
 def report_from_dict(doc: dict[str, Any]) -> tuple[Report, str | None]:
     """A report written by report_to_dict, and its run error. Raises KeyError, TypeError or
     ValueError on anything else."""
-    from equivci.cache import result_from_json
-
     if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
         raise TypeError("no 'models' list")
     models = tuple(dataclasses.replace(result_from_json(m), reused=bool(m.get("reused"))) for m in doc["models"])

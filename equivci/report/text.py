@@ -99,7 +99,7 @@ class RunProgress:
 
     def __enter__(self) -> RunProgress:
         if _interactive(self.console):
-            # Imported here: logs and pipes (CI) have no live bar.
+            # lazy: logs and pipes (CI) have no live bar, so they do not import rich.progress
             from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
             self._bar = Progress(
