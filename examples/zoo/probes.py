@@ -1,4 +1,4 @@
-"""Adversarial variants for the soundness sweep (bench/mutants.py --probes, tests/test_mutants.py).
+"""Adversarial variants for the soundness sweep (bench/mutants.py --probes, tests/bench/test_mutants.py).
 
 Each differs from its reference over the reals in a way random inputs do not show: a change
 inside the oracle's tolerance, one that depends on values random inputs never take, or one on

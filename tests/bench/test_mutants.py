@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_mutants", REPO / "bench" / "mutants.py")
 mutants = sys.modules["bench_mutants"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
 _spec.loader.exec_module(mutants)

@@ -20,7 +20,7 @@ import yaml
 from equivci import shard
 from equivci.ci.publish import MARKER
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAMES = ("rmsnorm-tp", "rmsnorm-tp-local-stats", "layernorm-tp", "layernorm-tp-local-width")
 SHARDS = 3
 

@@ -15,7 +15,7 @@ import yaml
 from equivci.ci import publish
 from equivci.results import Report
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ACTION = yaml.safe_load((ROOT / "action.yml").read_text())
 DOC = (ROOT / "docs" / "ci.md").read_text()
 

@@ -16,7 +16,7 @@ from equivci.commands.precommit import affected_models, entrypoint_file, finding
 from equivci.manifest import load_manifest
 from equivci.results import Finding, ModelResult, Report, Status
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_hook_definition():

@@ -177,7 +177,7 @@ def test_verify_writes_sarif_and_markdown_documents(tmp_path):
     """--format sarif|markdown go through the same run as text/json (real capture and proof)."""
     import subprocess
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     base = [sys.executable, "-m", "equivci", "verify", "--manifest", "configs/buggy.yaml", "--model",
             "mlp-tp-missing-psum"]
     env = {**os.environ, "EQUIVCI_CACHE_DIR": str(tmp_path / "cache")}  # a fresh cache, never the repository's

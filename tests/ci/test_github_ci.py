@@ -1,6 +1,6 @@
 """`equivci ci` against a real local stand-in for the GitHub API, a real git repository with base and
 head commits and a synthetic pull_request event. The verifier is replaced by a constructed report
-here (tests/test_ci_e2e.py runs the real one)."""
+here (tests/ci/test_ci_e2e.py runs the real one)."""
 
 from __future__ import annotations
 
