@@ -79,7 +79,9 @@ class NumericComparison:
     element of every seed is within tolerance (|d - r| <= atol * scale + rtol * |r|, scale =
     max(1, max |ref| of the leaf)); integers and booleans exactly. failing_seeds: the seeds
     with a difference beyond tolerance. note: why the comparison failed structurally, if it did
-    (different output structure, shapes or dtypes).
+    (different output structure, shapes or dtypes), or why seeds that differ are no counterexample.
+    excused_seeds: seeds that differ beyond tolerance but on which a discrete decision of the
+    reference was within rounding of a tie (not counted as failing).
     """
 
     max_abs_diff: float
@@ -101,6 +103,7 @@ class NumericComparison:
     ratio: float = 0.0
     precision: str = ""
     rounding_points: int = 0
+    excused_seeds: tuple[int, ...] = ()
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -109,6 +112,7 @@ class NumericComparison:
         d["worst_index"] = list(self.worst_index)
         d["seeds"] = list(self.seeds)
         d["failing_seeds"] = list(self.failing_seeds)
+        d["excused_seeds"] = list(self.excused_seeds)
         return d
 
     @classmethod
@@ -129,6 +133,7 @@ class NumericComparison:
             ratio=_from_json_float(d.get("ratio")) or 0.0,
             precision=d.get("precision", ""),
             rounding_points=int(d.get("rounding_points", 0)),
+            excused_seeds=tuple(d.get("excused_seeds", ())),
         )
 
     def describe(self) -> str:
@@ -435,7 +440,9 @@ def without_near_ties(comparison: NumericComparison, near_ties: Sequence[int]) -
         f"on seed{'s' if len(excused) > 1 else ''} {', '.join(map(str, excused))} a comparison, argmax, top_k or "
         "sort of the reference was within rounding of a tie, so the difference there is not a counterexample"
     )
-    return dataclasses.replace(comparison, failing_seeds=failing, equal=not failing, note=note)
+    return dataclasses.replace(
+        comparison, failing_seeds=failing, equal=not failing, note=note, excused_seeds=tuple(excused)
+    )
 
 
 # --- child process ---------------------------------------------------------------------------------

@@ -21,6 +21,11 @@ float32 logits, and why an output-dtype tolerance calls it a counterexample.
   closest to one, so that the floor never rests on zero flips by chance;
 - an accumulation whose result is itself narrow (a bf16 dot with a bf16 result) is computed wide
   and every element may round either way: sharded code sums partial results rounded to that type.
+A sum of integer-valued terms is exact in any order while every partial sum stays within the
+type's contiguous integers (|sum| <= 2 / eps): counts made by summing one-hot masks (capacity slots,
+bincounts, cumsum positions) are the same in every program, so they carry no bound, and comparing
+them with a capacity is no tie. Each value's largest possible magnitude is tracked where it is
+known to be an integer (from booleans, iota, integer constants, and sums and products of those).
 Rounding of values that no accumulation has touched (an input cast to bf16) is identical in both
 programs and is not perturbed, so a program that rounds where the reference does not (an
 all-reduce in bf16 of f32 partial sums) still differs by more than the floor. After a rounding that
@@ -132,41 +137,53 @@ class _Interpreter:
         self.stats = stats
         self.ties: list = []  # traced booleans: a decision on a value with a bound was near a tie
 
-    def run(self, closed, args: list, bounds: list[float]) -> tuple[list, list[float]]:
+    def run(
+        self, closed, args: list, bounds: list[float], integral: list[float | None] | None = None
+    ) -> tuple[list, list[float]]:
         jaxpr = closed.jaxpr
         env: dict = {}
         bound: dict = {}
+        magnitude: dict = {}  # the largest |value| of an integer-valued value, where known
 
         def read(v):
             if hasattr(v, "val"):  # a Literal
                 return v.val, 0.0
             return env[v], bound[v]
 
+        def integer_magnitude(v) -> float | None:
+            return _constant_magnitude(v.val) if hasattr(v, "val") else magnitude.get(v)
+
         for v, c in zip(jaxpr.constvars, closed.consts):
-            env[v], bound[v] = c, 0.0
-        for v, a, b in zip(jaxpr.invars, args, bounds):
-            env[v], bound[v] = a, b
+            env[v], bound[v], magnitude[v] = c, 0.0, _constant_magnitude(c)
+        for k, (v, a, b) in enumerate(zip(jaxpr.invars, args, bounds)):
+            env[v], bound[v], magnitude[v] = a, b, integral[k] if integral else None
         for eqn in jaxpr.eqns:
             vals, bs = zip(*(read(v) for v in eqn.invars)) if eqn.invars else ((), ())
-            outs, out_bounds = self.eqn(eqn, list(vals), list(bs))
-            for v, o, b in zip(eqn.outvars, outs, out_bounds):
-                env[v], bound[v] = o, b
+            ms = [integer_magnitude(v) for v in eqn.invars]
+            out_ms = _integer_magnitudes(eqn, ms)
+            outs, out_bounds = self.eqn(eqn, list(vals), list(bs), ms, out_ms)
+            for v, o, b, m in zip(eqn.outvars, outs, out_bounds, out_ms):
+                env[v], bound[v], magnitude[v] = o, b, m
         results = [read(v) for v in jaxpr.outvars]
         return [r for r, _ in results], [b for _, b in results]
 
-    def eqn(self, eqn, vals: list, bounds: list[float]) -> tuple[list, list[float]]:
+    def eqn(
+        self, eqn, vals: list, bounds: list[float], ms: list[float | None], out_ms: list[float | None]
+    ) -> tuple[list, list[float]]:
         name = eqn.primitive.name
         for v in eqn.outvars:
             self.stats.saw(v.aval.dtype)
         if name in _CALLS:
             inner = _call_jaxpr(eqn)
             if inner is not None:
-                return self.run(inner, vals, bounds)
+                return self.run(inner, vals, bounds, ms)
         if any(_is_jaxpr(p) for p in _flat_params(eqn.params)):
             return self.higher_order(eqn, vals, bounds)
         if name == "convert_element_type":
             return self.convert(eqn, vals[0], bounds[0])
         if name in _ACCUMULATIONS:
+            if max(bounds, default=0.0) == 0.0 and _exact_integers(out_ms[0], eqn.outvars[0].aval.dtype):
+                return _bind(eqn, vals), [0.0]
             return self.accumulate(eqn, vals, bounds)
         if max(bounds, default=0.0) > 0 and name in _DECISIONS:
             self.ties.append(_DECISIONS[name](eqn, vals, max(bounds)))
@@ -227,6 +244,69 @@ class _Interpreter:
         outs = eqn.primitive.bind(*vals, **params)
         outs = list(outs) if eqn.primitive.multiple_results else [outs]
         return outs, [b if _eps(v.aval.dtype) else 0.0 for v in eqn.outvars]
+
+
+# Ops whose integer-valued result is no larger than their largest (data) operand.
+_SAME_MAGNITUDE = {
+    "broadcast_in_dim", "reshape", "transpose", "slice", "squeeze", "expand_dims", "concatenate", "copy",
+    "copy_p", "rev", "pad", "tile", "reduce_max", "reduce_min", "max", "min", "neg", "abs", "convert_element_type",
+}  # fmt: skip
+# Ops whose first operand is the data and the rest are indices.
+_INDEXED = {"dynamic_slice", "gather"}
+
+
+def _integer_magnitudes(eqn, ms: list[float | None]) -> list[float | None]:
+    """For each output: its largest possible |value| if it is known to hold integers, else None."""
+    name = eqn.primitive.name
+    outs: list[float | None] = [None] * len(eqn.outvars)
+    if name == "convert_element_type" and _eps(eqn.invars[0].aval.dtype) is None:
+        if eqn.invars[0].aval.dtype == bool:
+            return [1.0]
+    if name == "iota":
+        return [float(max(eqn.params["shape"][eqn.params["dimension"]] - 1, 0))]
+    data = (
+        ms[1:]
+        if name == "select_n"
+        else ms[:1]
+        if name in _INDEXED
+        else ms[:2]
+        if name == "dynamic_update_slice"
+        else ms
+    )
+    if not data or any(m is None for m in data):
+        return outs
+    known = [float(m) for m in data if m is not None]
+    if name in _SAME_MAGNITUDE or name in _INDEXED or name in ("select_n", "dynamic_update_slice"):
+        return [max(known)]
+    if name in ("add", "sub"):
+        return [known[0] + known[1]]
+    if name == "mul":
+        return [known[0] * known[1]]
+    if name in ("reduce_sum", "cumsum"):
+        return [_terms(eqn) * known[0]]
+    if name == "dot_general":
+        return [_terms(eqn) * known[0] * known[1]]
+    return outs
+
+
+def _constant_magnitude(value) -> float | None:
+    import numpy as np
+
+    try:
+        a = np.asarray(value)
+    except Exception:  # an opaque constant (a key, a token): no integer
+        return None
+    if a.dtype.kind not in "biuf" or a.size == 0:
+        return None
+    if a.dtype.kind == "f" and not (np.all(np.isfinite(a)) and np.all(a == np.round(a))):
+        return None
+    return float(np.max(np.abs(a.astype(np.float64))))
+
+
+def _exact_integers(magnitude: float | None, dtype) -> bool:
+    """Integers up to `magnitude` are exact in `dtype`: every sum of them is computed exactly."""
+    eps = _eps(dtype)
+    return magnitude is not None and (eps is None or magnitude <= 2.0 / eps)
 
 
 def _round_either_way(x, dtype, bound: float):

@@ -257,7 +257,7 @@ def _unrelated(
     if outputs_equal:
         return message + ". No check shows the programs differ (likely a rule equivci lacks, not a defect)."
     guess = defect.message if defect.message.endswith((".", "!")) else defect.message + "."
-    return message + f". No check shows the programs differ; an unchecked guess at a cause: {guess}"
+    return message + f". No check shows a difference rounding cannot explain; an unchecked guess at a cause: {guess}"
 
 
 def _nearest_shard_of(inst: Instruction, events: list[Event], reference_events: list[Event]) -> Instruction | None:

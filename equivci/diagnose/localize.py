@@ -47,6 +47,14 @@ def _terms(event: Event) -> list[Term] | None:
     return list(event.values)
 
 
+def _key(terms: list[Term]) -> tuple[int, ...]:
+    return tuple(id(t) for t in terms)
+
+
+def _is_output(terms: list[Term], output_terms: set[int]) -> bool:
+    return any(id(t) in output_terms for t in terms)
+
+
 def axis_sums(evaluator, values: list[Term], groups_by_axis: dict[str, list[list[int]]]) -> dict[str, list[Term]]:
     """For each mesh axis, the sum of the value over that axis's device groups, per device."""
     out = {}
@@ -240,7 +248,7 @@ def wrong_permutation(events: list[Event], proof: Proof, evaluator, first: Event
                 if first is not None:
                     message += (
                         f" (the first value not related to the reference is the `{first.inst.opcode}` at "
-                        f"{_where(_loc(first.inst))})"
+                        f"{_at(first.inst)})"
                     )
                 return Defect(_at_pairs_origin(inst, events), message)
     return None
@@ -269,15 +277,16 @@ def first_defect(
     """`routed`: ids of dispatch masks and routed values (equivci/translate/routing.py), which are
     related to the reference only through the combine that undoes the dispatch."""
     routed = set(routed)
-    status: dict[int, str] = {}  # id(term) -> related | partial | scaled | unrelated
-    factors: dict[int, Fraction] = {}  # scaled values -> their factor
-    partial_axis: dict[int, str] = {}
+    # Keyed by every device's term: two ops can agree on device 0 and differ elsewhere.
+    status: dict[tuple[int, ...], str] = {}  # related | partial | scaled | unrelated
+    factors: dict[tuple[int, ...], Fraction] = {}  # scaled values -> their factor
+    partial_axis: dict[tuple[int, ...], str] = {}
     constants = evaluator.values
     loader = proof.loader
     scaling = _Scaling(proof, evaluator, reference_events)
 
     def classify(values: list[Term]) -> str:
-        key = id(values[0])
+        key = _key(values)
         if key in status:
             return status[key]
         if all(id(t) in routed or is_related(proof, t, constants) for t in values):
@@ -287,7 +296,7 @@ def first_defect(
         status[key] = result
         return result
 
-    defined: dict[int, Event] = {}
+    defined: dict[tuple[int, ...], Event] = {}
     by_name = {event.inst.name: event for event in events}
 
     def explain(event: Event, terms: list[Term]) -> Defect:
@@ -300,7 +309,7 @@ def first_defect(
             event.inst.opcode == "all-reduce"
             and operand_events
             and operand_events[0] is not None
-            and status.get(id(_terms(operand_events[0])[0])) == "related"
+            and status.get(_key(_terms(operand_events[0]))) == "related"
         ):
             return Defect(
                 event.inst,
@@ -321,7 +330,7 @@ def first_defect(
                 else Defect(slip[0].inst, slip[1], context=event.inst)
             )
         partial_operand = any(
-            e is not None and _terms(e) and status.get(id(_terms(e)[0])) == "partial" for e in operand_events
+            e is not None and _terms(e) and status.get(_key(_terms(e))) == "partial" for e in operand_events
         )
         if any(e is not None and _terms(e) and all(id(t) in routed for t in _terms(e)) for e in operand_events):
             return Defect(
@@ -354,54 +363,146 @@ def first_defect(
                 continue
             seen.add(e.inst.name)
             for op in (by_name.get(name) for name in e.inst.operands):
-                key = id(_terms(op)[0]) if op is not None and _terms(op) else None
-                if status.get(key) == "partial" and e.inst.opcode in REDUCTIONS and id(_terms(e)[0]) in factors:
-                    return _scaled_reduction(e, factors[id(_terms(e)[0])], partial_axis[key])
+                key = _key(_terms(op)) if op is not None and _terms(op) else None
+                if status.get(key) == "partial" and e.inst.opcode in REDUCTIONS and _key(_terms(e)) in factors:
+                    return _scaled_reduction(e, factors[_key(_terms(e))], partial_axis[key])
                 if status.get(key) == "scaled":
                     stack.append(op)
         return None
 
-    add_terms(proof, _unloaded(events, loader.exprs, constants))
-    first_scaled: tuple[Event, list[Term]] | None = None
-    for event in events:
-        terms = _terms(event)
-        if terms is None or id(terms[0]) in defined:
-            continue
-        defined[id(terms[0])] = event
-        if event.inst.opcode in TRIVIAL_OPS or terms[0] not in loader.exprs:
-            continue
+    settled: dict[tuple[int, ...], str] = {}
+
+    def settle(event: Event, terms: list[Term]) -> str:
+        """related, partial (its sum over `partial_axis` is related), scaled (a multiple of a related
+        or partial value) or unrelated."""
+        key = _key(terms)
+        if key in settled:
+            return settled[key]
         if event.inst.opcode in LAYOUT_OPS and _all_routed(event, by_name, routed):
             routed.update(id(t) for t in terms)  # the same routed rows (or mask entries), laid out anew
-            continue
+            settled[key] = "related"
+            return "related"
         if classify(terms) == "related":
-            continue
+            settled[key] = "related"
+            return "related"
         sums_by_axis = axis_sums(evaluator, terms, groups_by_axis)
         add_terms(proof, [t for sums in sums_by_axis.values() for t in sums])
         partial_axes = [
             axis for axis, sums in sums_by_axis.items() if all(is_related(proof, t, constants) for t in sums)
         ]
+        settled[key] = "unrelated"
         if partial_axes:
-            status[id(terms[0])] = "partial"
-            partial_axis[id(terms[0])] = partial_axes[0]
-            if id(terms[0]) in output_terms:
-                return Defect(
-                    event.inst,
-                    f"this value is a partial sum over mesh axis '{partial_axes[0]}' but it is "
-                    "returned as the full value: a psum (all-reduce) over that axis is missing",
-                )
-            continue
+            status[key], partial_axis[key], settled[key] = "partial", partial_axes[0], "partial"
+            return "partial"
         # Multiples of related values and of partial sums are deferred: a later reduction may
         # divide the factor out (a per-shard mean before its pmean).
         scaled_axes = [axis for axis, sums in sums_by_axis.items() if scaling.factor(sums) is not None]
         factor = scaling.factor(terms) if not scaled_axes else None
         if scaled_axes:
-            status[id(terms[0])], partial_axis[id(terms[0])] = "partial", scaled_axes[0]
+            status[key], partial_axis[key], settled[key] = "partial", scaled_axes[0], "scaled"
         elif factor is not None:
-            status[id(terms[0])], factors[id(terms[0])] = "scaled", factor
-        if scaled_axes or factor is not None:
-            first_scaled = first_scaled or (event, terms)
-            if id(terms[0]) not in output_terms:
+            status[key], factors[key], settled[key] = "scaled", factor, "scaled"
+        return settled[key]
+
+    # Each value's uses, by the terms that take it as an argument: through tuples, loop states and
+    # the iterations of an unrolled loop, which share instruction names. An argument that is no
+    # op's value (a sum of two microbatches whose common factor the evaluator pulled out) passes
+    # its use on to the terms inside it.
+    producer: dict[int, Event] = {}
+    for event in events:
+        if (terms := _terms(event)) and event.inst.opcode not in TRIVIAL_OPS:
+            producer.setdefault(id(terms[0]), event)
+    valued = set(producer)
+    users: dict[int, list[Event]] = {}
+    for event in events:
+        terms = _terms(event)
+        if terms is None or event.inst.opcode in TRIVIAL_OPS:
+            continue
+        inner, seen = [(a, 0) for a in terms[0].args], set()
+        while inner:
+            arg, level = inner.pop()
+            if id(arg) in seen:
                 continue
+            seen.add(id(arg))
+            users.setdefault(id(arg), []).append(event)
+            if id(arg) not in valued and level < USE_LEVELS:
+                inner.extend((a, level + 1) for a in arg.args)
+    verdicts: dict[tuple[int, ...], bool | None] = {}
+    budget = [ABSORB_BUDGET]
+
+    def absorbed(event: Event, depth: int = 0) -> bool | None:
+        """True when the value's uses that reach an output are related, partial sums or multiples of
+        one, or absorbed in turn (bounded depth and work), and at least one is; False when one is
+        unrelated (or the search gives up); None when no use shows either (its value reaches the
+        outputs only inside another term, as a sum of microbatches whose common factor was pulled
+        out does)."""
+        terms = _terms(event) or []
+        key = _key(terms)
+        if key in verdicts:
+            return verdicts[key]
+        verdicts[key] = None
+        found = [u for u in users.get(id(terms[0]), []) if (t := _terms(u)) and t[0] in loader.exprs]
+        seen: set[bool | None] = set()
+        for use in found:
+            budget[0] -= 1
+            if budget[0] <= 0 or depth >= ABSORB_DEPTH:
+                seen.add(False)
+                break
+            use_terms = _terms(use) or []
+            # Settling a value (its sums over each axis, its multiples) costs saturation: only the
+            # nearest uses are settled, farther ones only classified.
+            if (settle(use, use_terms) if depth < SETTLED_DEPTH else classify(use_terms)) in (
+                "related",
+                "partial",
+                "scaled",
+            ):
+                seen.add(True)
+            else:
+                seen.add(False if _is_output(use_terms, output_terms) else absorbed(use, depth + 1))
+            if False in seen:
+                break
+        verdicts[key] = False if False in seen else True if True in seen else None
+        return verdicts[key]
+
+    def made_of_absorbed(event: Event) -> bool:
+        """A value no use shows (it reaches the outputs only inside another term) made from
+        absorbed values, and related ones, is absorbed with them: a step on their way."""
+        made = [producer.get(id(a)) for a in (_terms(event) or [])[0].args]
+        found = [e for e in made if e is not None and e is not event]
+        return any(absorbed(e) is True for e in found) and all(
+            settle(e, _terms(e) or []) != "unrelated" or absorbed(e) is True for e in found
+        )
+
+    add_terms(proof, _unloaded(events, loader.exprs, constants))
+    first_scaled: tuple[Event, list[Term]] | None = None
+    for event in events:
+        terms = _terms(event)
+        if terms is None or _key(terms) in defined:
+            continue
+        defined[_key(terms)] = event
+        if event.inst.opcode in TRIVIAL_OPS or terms[0] not in loader.exprs:
+            continue
+        outcome = settle(event, terms)
+        if outcome == "related":
+            continue
+        output = _is_output(terms, output_terms)
+        if outcome == "partial":
+            if output:
+                return Defect(
+                    event.inst,
+                    f"this value is a partial sum over mesh axis '{partial_axis[_key(terms)]}' but it is "
+                    "returned as the full value: a psum (all-reduce) over that axis is missing",
+                )
+            continue
+        if outcome == "scaled":
+            first_scaled = first_scaled or (event, terms)
+            if not output:
+                continue
+        elif not output and (absorbed(event) is True or (absorbed(event) is None and made_of_absorbed(event))):
+            # Every use of it is related again (a fused projection read in windows, a microbatch's
+            # share of a sum): a step of the distributed program's own, not where the programs part.
+            status[_key(terms)] = "absorbed"
+            continue
         # A multiple that never turns back into the reference value: the sum that made it, or else
         # the first deferred op, as the plain rules would have said.
         found = scaled_sum(event)
@@ -416,6 +517,11 @@ def first_defect(
 
 
 INDEXED_READS = {"gather", "dynamic-slice"}
+# Uses followed forward to show an unrelated value is related again, and values settled doing so.
+ABSORB_DEPTH = 8
+ABSORB_BUDGET = 64
+SETTLED_DEPTH = 2
+USE_LEVELS = 3  # levels of a term that is no op's value searched for the values it uses
 
 
 def _index_origin(event: Event, by_name: dict[str, Event], plain: str) -> Defect | None:
@@ -568,6 +674,12 @@ def _repo_of(file: str) -> Path | None:
         if (parent / ".git").exists():
             return parent
     return None
+
+
+def _at(inst: Instruction) -> str:
+    """Where `inst` is in the source, or its HLO name when its metadata gives no line."""
+    loc = _loc(inst)
+    return _where(loc) if loc is not None else f"HLO `{inst.name}`"
 
 
 def _where(loc: tuple[str, int] | None) -> str:
@@ -876,6 +988,8 @@ class _Tracer:
             path[-1], rpath[-1] = d, r
             if d.inst.opcode != r.inst.opcode or len(d.inst.operands) != len(r.inst.operands):
                 return path, rpath, "diverge"
+            if self.other_window(d, r, dev):
+                return path, rpath, "window"
             bad = [
                 (o, ro) for o, ro in zip(self.operands(d), self.operands(r, refs=True)) if not self.matches(o, ro, dev)
             ]
@@ -885,6 +999,17 @@ class _Tracer:
             path.append(d)
             rpath.append(r)
         return path, rpath, "own"
+
+    def other_window(self, d: Event, r: Event, dev: int) -> bool:
+        """Both read a window, and the distributed one is a window of what the reference's reads
+        (made another way, a fused projection say): which window it takes is what differs."""
+        base = self.operands(r, refs=True)[0] if r.inst.operands else None
+        return (
+            d.inst.opcode in WINDOW_READS
+            and base is not None
+            and _loc(d.inst) is not None
+            and self.is_slice_of(self.value(d, dev), self.value(base, 0))
+        )
 
     def ancestors(self, event: Event, dev: int, limit: int = 400) -> list[Event]:
         out, stack, seen = [], [event], set()
@@ -942,12 +1067,12 @@ class _Tracer:
         held = (
             f"input #{self.value(owner, 0).attrs[0]}"
             if owner.inst.opcode == "parameter"
-            else f"the reference's `{owner.inst.opcode}` ({_where(_loc(owner.inst))})"
+            else f"the reference's `{owner.inst.opcode}` ({_at(owner.inst)})"
         )
         applies = f"the reference applies {found.what} here: {_where((found.anchor.file, found.anchor.line))}"
         snippet = source_text(found.anchor) if found.anchor.file else ""
         applies += f" (`{snippet}`)" if snippet else ""
-        consumer = f"`{found.consumer.inst.opcode}` ({_where(_loc(found.consumer.inst))})"
+        consumer = f"`{found.consumer.inst.opcode}` ({_at(found.consumer.inst)})"
         operand = self.operands(event)[found.operand]
         made = self.skip(operand, dev) if operand is not None else None
         at_producer = None
@@ -969,7 +1094,7 @@ class _Tracer:
 
     def wrong_operand(self, event: Event, ref: Event, k: int, dev: int) -> Defect | None:
         d_op, r_op = self.operands(event)[k], self.operands(ref, refs=True)[k]
-        here = _where(_loc(event.inst))
+        here = _at(event.inst)
         name = _operand_name(event.inst, k) or f"operand {k + 1}"
         rname = _operand_name(ref.inst, k) or f"operand {k + 1}"
         path, rpath, kind = self.descend(d_op, r_op, dev)
@@ -979,7 +1104,7 @@ class _Tracer:
         if c_mine is not None and c_ref is not None:
             lead = (
                 f"`{name}` in the `{event.inst.opcode}` there is {c_mine:g} on device {dev}, where the "
-                f"reference's `{ref.inst.opcode}` ({_where(_loc(ref.inst))}) uses {c_ref:g}"
+                f"reference's `{ref.inst.opcode}` ({_at(ref.inst)}) uses {c_ref:g}"
             )
             return self.at_python_origin(event, k, lead, path) or Defect(event.inst, lead + ".")
         if kind == "diverge":
@@ -988,12 +1113,12 @@ class _Tracer:
             if own is not None and own is not r_op:
                 which = next((j for j, o in enumerate(self.operands(ref, refs=True)) if o is own), None)
                 own_name = (_operand_name(ref.inst, which) if which is not None else None) or f"`{own.inst.opcode}`"
-                what = f"is a slice of the reference's {own_name} ({_where(_loc(own.inst))})"
+                what = f"is a slice of the reference's {own_name} ({_at(own.inst)})"
             else:
                 what = "is not a slice of any reference value it should be"
             lead = (
                 f"`{name}`, which feeds the `{event.inst.opcode}` at {here}, {what} on device {dev}, but the "
-                f"reference's `{ref.inst.opcode}` there uses {rname} ({_where(_loc(r_op.inst))})"
+                f"reference's `{ref.inst.opcode}` there uses {rname} ({_at(r_op.inst)})"
             )
             cutters = [
                 a
@@ -1004,25 +1129,33 @@ class _Tracer:
                 cut = max(cutters, key=lambda a: self.order.get(a.inst.name, -1))
                 window = _window(self.value(cut, dev))
                 shown = ", ".join(f"[{a}:{b}) along dim {d}" for d, a, b in window[1]) if window else ""
-                return Defect(cut.inst, f"this slice takes the wrong window ({shown} on device {dev}): {lead}.")
+                taken = f"the wrong window ({shown} on device {dev})" if shown else f"a wrong window on device {dev}"
+                return Defect(cut.inst, f"this slice takes {taken}: {lead}.")
             return Defect(end.inst, f"{lead}; the value is made here.")
         lead = (
             f"so `{name}`, which feeds the `{event.inst.opcode}` at {here}, is not a slice of the reference's "
-            f"{rname} ({_where(_loc(r_op.inst))}) on device {dev}"
+            f"{rname} ({_at(r_op.inst)}) on device {dev}"
         )
+        if kind == "window":
+            return Defect(
+                end.inst,
+                f"this `{end.inst.opcode}` reads {_window_attrs(end.inst)}, a window of the value the reference's "
+                f"`{rend.inst.opcode}` ({_at(rend.inst)}) reads {_window_attrs(rend.inst)} of, but not the window "
+                f"the reference takes: it picks other elements, {lead}.",
+            )
         # The operands of `end` match the reference's, so its own attributes differ (a shape, a window).
         if end.inst.opcode in WINDOW_READS and end.inst.opcode == rend.inst.opcode and _loc(end.inst) is not None:
             return Defect(
                 end.inst,
                 f"this `{end.inst.opcode}` reads {_window_attrs(end.inst)} of a value related to the "
-                f"reference's, where the reference's `{rend.inst.opcode}` ({_where(_loc(rend.inst))}) "
+                f"reference's, where the reference's `{rend.inst.opcode}` ({_at(rend.inst)}) "
                 f"reads {_window_attrs(rend.inst)} of it: it picks other elements, {lead}.",
             )
         d_shape, r_shape = self.value(end, dev), self.value(rend, 0)
         shapes = ""
         if d_shape is not None and r_shape is not None and d_shape.shape != r_shape.shape:
             shapes = f": it gives shape {d_shape.shape} where the reference's gives {r_shape.shape}"
-        lead = f"the `{end.inst.opcode}` at {_where(_loc(end.inst))} differs from the reference's ({_where(_loc(rend.inst))}){shapes}, {lead}"
+        lead = f"the `{end.inst.opcode}` at {_at(end.inst)} differs from the reference's ({_at(rend.inst)}){shapes}, {lead}"
         if (
             end.inst.opcode == "reshape"
             and d_shape is not None
@@ -1104,7 +1237,7 @@ class _Tracer:
         return Defect(
             first.inst,
             f"this value takes the same window {dims} of the reference's on every device, so "
-            f"`{name}` in the `{event.inst.opcode}` at {_where(_loc(event.inst))} does not line "
+            f"`{name}` in the `{event.inst.opcode}` at {_at(event.inst)} does not line "
             f"up with `{other}`, whose window moves with the device: an offset by the device's "
             "position (axis_index) is missing.",
         )
@@ -1126,7 +1259,7 @@ class _Tracer:
                     f"this slice of input #{leaf} along dim {dim} takes {_shown(ranges)} on devices "
                     f"0..{len(ranges) - 1}: along mesh axis '{axis}' the window moves back (device {b} takes "
                     f"[{ranges[b][0]}:{ranges[b][1]}) after device {a}'s [{ranges[a][0]}:{ranges[a][1]})), so "
-                    f"`{name}` in the `{event.inst.opcode}` at {_where(_loc(event.inst))} is a part of the "
+                    f"`{name}` in the `{event.inst.opcode}` at {_at(event.inst)} is a part of the "
                     "reference's that does not line up with the other operands' parts"
                 )
                 return self.at_index_origin(cut, lead) or Defect(cut.inst, lead + ".")

@@ -104,12 +104,16 @@ def _block_of(values: list[tuple[int, Term, np.ndarray]], a: np.ndarray, near: i
     )
     finite = np.abs(a[np.isfinite(a)])
     atol = _ATOL * max(1.0, float(finite.max())) if finite.size else _ATOL
+    first = a.flat[0]
     for k in order:
         position, term, r = values[k]
         if any(n < m or n % m for m, n in zip(a.shape, r.shape)):
             continue
-        for block in itertools.product(*(range(n // m) for m, n in zip(a.shape, r.shape))):
-            index = tuple(slice(b * m, (b + 1) * m) for b, m in zip(block, a.shape))
+        # The first element of every block at once (one numpy call, not one per block): only the
+        # blocks whose first element is close can be close everywhere.
+        corners = r[tuple(slice(None, None, m) for m in a.shape)]
+        for block in np.argwhere(np.isclose(corners, first, rtol=_RTOL, atol=atol, equal_nan=True)):
+            index = tuple(slice(b * m, (b + 1) * m) for b, m in zip(block.tolist(), a.shape))
             if np.allclose(r[index], a, rtol=_RTOL, atol=atol, equal_nan=True):
                 return position, term, [(s.start, s.stop) for s in index]
     return None

@@ -81,6 +81,13 @@ def reduce_pair_map(rank: int, dims: tuple[int, ...]) -> AlignedMap:
     return AlignedMap(table, table, ())
 
 
+def sort_map(rank: int, dim: int, size: int) -> AlignedMap:
+    """A sort along `dim`: each lane along it is sorted on its own, so every other dim is aligned
+    (a slice of the lanes sorts to the same slice); the sorted dim keeps its size."""
+    table = tuple((k, k) for k in range(rank) if k != dim)
+    return AlignedMap(table, table, ((dim, size),))
+
+
 def gather_map(g: GatherDims, operand_rank: int, indices_rank: int, out_rank: int) -> AlignedMap | None:
     """A gather's tables: output rows along an index dim come from the index rows at that position
     (and, for a batching dim, from the operand rows there too); window dims have fixed sizes."""

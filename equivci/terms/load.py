@@ -1,12 +1,16 @@
-"""Load Python terms into an e-graph: one handle per term (one table, not a `let` each), dimensions and static tables seeded."""
+"""Load Python terms into an e-graph: one handle per term (one table, not a `let` each), dimensions and static tables seeded.
+
+The loader's own commands are built as egglog's bindings (equivci.terms.egg); `facts` takes
+egglog-python facts from its callers, and `expr` gives a loaded term as an egglog-python expression."""
 
 from __future__ import annotations
 
 import contextlib
 
-from egglog import EGraph, String, i64, set_, union
+from egglog import EGraph, i64
 
 from equivci.terms import language as L
+from equivci.terms.egg import Commands
 from equivci.terms.ir import Term, bcast_form
 from equivci.terms.language import T, TList
 from equivci.terms.spec import (
@@ -21,12 +25,32 @@ from equivci.terms.spec import (
     reshape_spec,
 )
 
+_CONSTRUCTORS = (
+    "param", "handle", "const", "iota", "slice", "concat", "unary", "binary", "ternary", "dot", "reduce", "bcast",
+    "reshape", "transpose", "gte", "aligned", "dslice", "dupdate", "opaque",
+)  # fmt: skip
+_TABLES = (
+    "dim", "dot_batch", "dot_batch_out", "dot_lhs_out", "dot_out_lhs", "dot_rhs_out", "dot_out_rhs", "dot_contract",
+    "reduced", "reduce_out", "reduce_in", "bcast_out", "bcast_in", "bcast_new", "bcast_shrink", "repeat_dim",
+    "repeat_count", "repeat_window", "aligned_lhs", "aligned_rhs", "aligned_rhs_alone", "aligned_fixed", "perm_out",
+    "perm_in", "rs_lead_out", "rs_lead_in", "rs_in_tail", "rs_out_tail", "rs_fixed",
+)  # fmt: skip
+CALLABLES = {
+    **{name: getattr(T, name) for name in _CONSTRUCTORS},
+    "nil": TList.nil,
+    "cons": TList.cons,
+    **{name: getattr(L, name) for name in _TABLES},
+}
+
 
 class Loader:
     def __init__(self, egraph: EGraph):
         self.egraph = egraph
-        self.exprs: dict[Term, T] = {}
-        self.facts: list = []
+        self.egg = Commands(egraph, CALLABLES)
+        self.exprs: dict[Term, int] = {}  # the loaded terms and their handle numbers
+        self.facts: list = []  # egglog-python facts, registered at the next flush
+        self._commands: list = []  # the loader's own (egglog bindings), run at the next flush
+        self._handles: dict[int, T] = {}
         self._seeded_specs: set[tuple[str, str]] = set()
         self._bcasts: dict[tuple, set[str]] = {}
         self._count = 0
@@ -36,6 +60,14 @@ class Loader:
 
     def expr(self, term: Term) -> T:
         """The e-graph expression for `term`, loading it and its arguments on first use."""
+        number = self.load(term)
+        found = self._handles.get(number)
+        if found is None:
+            found = self._handles[number] = T.handle(i64(number))
+        return found
+
+    def load(self, term: Term) -> int:
+        """The handle number of `term`, loading it and its arguments on first use."""
         stack = [term]
         while stack:
             t = stack[-1]
@@ -53,87 +85,85 @@ class Loader:
             self.depth = max(self.depth, level)
         return self.exprs[term]
 
-    def _let(self, t: Term) -> T:
-        args = [self.exprs[a] for a in t.args]
+    def _let(self, t: Term) -> int:
+        egg = self.egg
+        args = [egg.call("handle", self.exprs[a]) for a in t.args]
         op, at = t.op, t.attrs
         if op == "param":
-            ex = T.param(at[0])
+            ex = egg.call("param", at[0])
         elif op == "const":
-            ex = T.const(f"{at[0]}:{t.shape}", t.dtype)
+            ex = egg.call("const", f"{at[0]}:{t.shape}", t.dtype)
         elif op == "iota":
-            ex = T.iota(f"{at[0]}:{t.shape}:{t.dtype}")
+            ex = egg.call("iota", f"{at[0]}:{t.shape}:{t.dtype}")
         elif op == "slice":
-            ex = args[0].slice(at[0], at[1], at[2])
+            ex = egg.call("slice", args[0], at[0], at[1], at[2])
         elif op == "concat":
-            ex = T.concat(args[0], args[1], at[0])
+            ex = egg.call("concat", args[0], args[1], at[0])
         elif op == "unary":
-            ex = T.unary(f"{at[0]}:{t.dtype}", args[0])
+            ex = egg.call("unary", f"{at[0]}:{t.dtype}", args[0])
         elif op == "binary":
-            ex = T.binary(at[0], args[0], args[1])
+            ex = egg.call("binary", at[0], args[0], args[1])
         elif op == "ternary":
-            ex = T.ternary(at[0], args[0], args[1], args[2])
+            ex = egg.call("ternary", at[0], args[0], args[1], args[2])
         elif op == "dot":
             key = f"{at[0]}>{t.dtype}"
             self._seed_dot(key, DotSpec.parse(at[0]))
-            ex = T.dot(key, args[0], args[1])
+            ex = egg.call("dot", key, args[0], args[1])
         elif op == "reduce":
             self._seed_reduce(at[1])
-            ex = T.reduce(at[0], at[1], args[0])
+            ex = egg.call("reduce", at[0], at[1], args[0])
         elif op == "bcast":
-            self._seed_bcast(at[0], len(t.args[0].shape))
-            ex = T.bcast(at[0], args[0])
+            self._seed_bcast(at[0])
+            ex = egg.call("bcast", at[0], args[0])
             inner = bcast_form(t.args[0])
             if inner is not None:  # a broadcast of a broadcast is one broadcast
                 spec = compose_bcast(inner[0], at[0])
-                self._seed_bcast(spec, len(inner[1].shape))
-                self.facts.append(union(ex).with_(T.bcast(spec, self.expr(inner[1]))))
+                self._seed_bcast(spec)
+                operand = egg.call("handle", self.load(inner[1]))
+                self._commands.append(egg.union(ex, egg.call("bcast", spec, operand)))
         elif op == "reshape":
             self._seed_reshape(at[0])
-            ex = T.reshape(at[0], args[0])
+            ex = egg.call("reshape", at[0], args[0])
             alternative = reshape_spec(t.args[0].shape, t.shape, singletons=True)
             if alternative is not None and alternative != at[0]:
                 self._seed_reshape(alternative)
-                self.facts.append(union(ex).with_(T.reshape(alternative, args[0])))
+                self._commands.append(egg.union(ex, egg.call("reshape", alternative, args[0])))
             if t.args[0].op == "bcast":
                 self._seed_repeat(at[0], t.args[0].attrs[0])
             as_bcast = bcast_form(t)
             if as_bcast is not None:  # inserting size-1 dims is also a broadcast (relates to wider ones)
-                self._seed_bcast(as_bcast[0], len(t.args[0].shape))
-                self.facts.append(union(ex).with_(T.bcast(as_bcast[0], args[0])))
+                self._seed_bcast(as_bcast[0])
+                self._commands.append(egg.union(ex, egg.call("bcast", as_bcast[0], args[0])))
         elif op == "transpose":
             self._seed_transpose(at[0])
-            ex = T.transpose(at[0], args[0])
+            ex = egg.call("transpose", at[0], args[0])
         elif op == "gte":
-            ex = T.gte(at[0], args[0])
+            ex = egg.call("gte", at[0], args[0])
         elif op == "aligned":
             key = f"{at[0]}>{t.dtype}"
             self._seed_aligned(key, at[0])
-            ex = T.aligned(key, args[0], args[1])
+            ex = egg.call("aligned", key, args[0], args[1])
         elif op == "dslice":
-            ex = T.dslice(at[0], at[1], args[0], args[1])
+            ex = egg.call("dslice", at[0], at[1], args[0], args[1])
         elif op == "dupdate":
-            ex = T.dupdate(at[0], args[0], args[1], args[2])
+            ex = egg.call("dupdate", at[0], args[0], args[1], args[2])
         elif op == "opaque":
-            lst = TList.nil()
+            lst = egg.call("nil")
             for arg in reversed(args):
-                lst = TList.cons(arg, lst)
-            ex = T.opaque(f"{at[0]}>{t.dtype}{t.shape}", lst)
+                lst = egg.call("cons", arg, lst)
+            ex = egg.call("opaque", f"{at[0]}>{t.dtype}{t.shape}", lst)
         else:
             raise ValueError(f"unknown term op {op}")
         self._count += 1
-        ex = self._bind(self._count, ex)
-        for k, size in enumerate(t.shape):
-            self.facts.append(set_(L.dim(ex, k)).to(i64(size)))
-        return ex
-
-    def _bind(self, number: int, ex: T) -> T:
-        handle = T.handle(i64(number))
-        fact = union(handle).with_(ex)
+        handle = egg.call("handle", self._count)
+        bind = egg.union(handle, ex)
         if self._bulk:
-            self.facts.append(fact)
+            self._commands.append(bind)
         else:
-            self.egraph.register(fact)
-        return handle
+            egg.run([bind])
+        for k, size in enumerate(t.shape):
+            self._commands.append(egg.set("dim", (handle, k), size))
+        return self._count
 
     @contextlib.contextmanager
     def bulk(self):
@@ -146,6 +176,9 @@ class Loader:
             self.flush()
 
     def flush(self) -> None:
+        if self._commands:
+            self.egg.run(self._commands)
+            self._commands = []
         if self.facts:
             self.egraph.register(*self.facts)
             self.facts = []
@@ -157,8 +190,8 @@ class Loader:
         self._seeded_specs.add((kind, spec))
         return True
 
-    def _table(self, fn, spec: str, k: int, v) -> None:
-        self.facts.append(set_(fn(String(spec), i64(k))).to(v if not isinstance(v, int) else i64(v)))
+    def _table(self, key: str, spec: str, k: int, v: int | str) -> None:
+        self._commands.append(self.egg.set(key, (spec, k), v))
 
     def _seed_dot(self, spec: str, dot: DotSpec) -> None:
         if not self._once("dot", spec):
@@ -173,21 +206,21 @@ class Loader:
         )
         out = 0
         for i, jb in zip(lb, rb):
-            self._table(L.dot_batch, spec, i, jb)
-            self._table(L.dot_batch_out, spec, i, out)
+            self._table("dot_batch", spec, i, jb)
+            self._table("dot_batch_out", spec, i, out)
             out += 1
         for i in range(lr):
             if i not in lb and i not in lc:
-                self._table(L.dot_lhs_out, spec, i, out)
-                self._table(L.dot_out_lhs, spec, out, i)
+                self._table("dot_lhs_out", spec, i, out)
+                self._table("dot_out_lhs", spec, out, i)
                 out += 1
         for j in range(rr):
             if j not in rb and j not in rc:
-                self._table(L.dot_rhs_out, spec, j, out)
-                self._table(L.dot_out_rhs, spec, out, j)
+                self._table("dot_rhs_out", spec, j, out)
+                self._table("dot_out_rhs", spec, out, j)
                 out += 1
         for i, j in zip(lc, rc):
-            self._table(L.dot_contract, spec, i, j)
+            self._table("dot_contract", spec, i, j)
 
     def _seed_reduce(self, key: str) -> None:
         if not self._once("reduce", key):
@@ -197,30 +230,38 @@ class Loader:
         out = 0
         for k in range(reduce.rank):
             if k in reduced:
-                self.facts.append(L.reduced(String(key), i64(k)))
+                self._commands.append(self.egg.row("reduced", key, k))
             else:
-                self._table(L.reduce_out, key, k, out)
-                self._table(L.reduce_in, key, out, k)
+                self._table("reduce_out", key, k, out)
+                self._table("reduce_in", key, out, k)
                 out += 1
 
-    def _seed_bcast(self, spec: str, operand_rank: int) -> None:
-        if not self._once("bcast", spec):
+    def _seed_bcast(self, spec: str) -> None:
+        """The tables of a broadcast spec that occurs in a loaded term, paired with its peers."""
+        self._bcast_tables(spec)
+        if not self._once("bcast_peer", spec):
             return
-        parts = BcastSpec.parse(spec).parts
-        for o, (kind, value) in enumerate(parts):
-            if kind == "i":
-                self._table(L.bcast_out, spec, value, o)
-                self._table(L.bcast_in, spec, o, value)
-            else:
-                self._table(L.bcast_new, spec, o, value)
         # Slicing a new dim of a broadcast is the broadcast to the smaller size. Pair the specs
         # that occur and differ only in new-dim sizes, through every intermediate spec, so that
-        # the rules can shrink one dim at a time (rules never invent a spec themselves).
+        # the rules can shrink one dim at a time (rules never invent a spec themselves). The
+        # intermediate specs are not peers in turn: pairing them too closes over every mix of the
+        # new-dim sizes of a layout (a backward pass: 512 specs became 71k).
+        parts = BcastSpec.parse(spec).parts
         shape_key = tuple(p if p[0] == "i" else "n" for p in parts)
         peers = self._bcasts.setdefault(shape_key, set())
-        for other in list(peers):
+        for other in peers:
             self._pair_bcasts(parts, BcastSpec.parse(other).parts)
         peers.add(spec)
+
+    def _bcast_tables(self, spec: str) -> None:
+        if not self._once("bcast", spec):
+            return
+        for o, (kind, value) in enumerate(BcastSpec.parse(spec).parts):
+            if kind == "i":
+                self._table("bcast_out", spec, value, o)
+                self._table("bcast_in", spec, o, value)
+            else:
+                self._table("bcast_new", spec, o, value)
 
     def _pair_bcasts(self, parts: tuple[tuple[str, int], ...], oparts: tuple[tuple[str, int], ...]) -> None:
         diff = [o for o in range(len(parts)) if parts[o] != oparts[o]]
@@ -235,9 +276,11 @@ class Loader:
                 there = list(here)
                 there[o] = oparts[o] if here[o] == parts[o] else parts[o]
                 a, b = BcastSpec(tuple(here)).text(), BcastSpec(tuple(there)).text()
-                self._seed_bcast(a, 0)
-                self._seed_bcast(b, 0)
-                self.facts.append(set_(L.bcast_shrink(String(a), i64(o), i64(there[o][1]))).to(String(b)))
+                if not self._once("bcast_shrink", f"{a}/{o}/{b}"):
+                    continue
+                self._bcast_tables(a)
+                self._bcast_tables(b)
+                self._commands.append(self.egg.set("bcast_shrink", (a, o, there[o][1]), b))
 
     def _seed_repeat(self, reshape: str, bcast: str) -> None:
         """The repeat tables of reshape(bcast(y)) when it is a jnp.repeat (the `repeats` rules fire
@@ -246,11 +289,11 @@ class Loader:
         if form is None or not self._once("repeat", f"{reshape}/{bcast}"):
             return
         d, n = form
-        self.facts.append(set_(L.repeat_dim(String(reshape), String(bcast))).to(i64(d)))
-        self.facts.append(set_(L.repeat_count(String(reshape), String(bcast))).to(i64(n)))
+        self._commands.append(self.egg.set("repeat_dim", (reshape, bcast), d))
+        self._commands.append(self.egg.set("repeat_count", (reshape, bcast), n))
         if self._once("repeat_window", str(n)):
-            self.facts += [
-                L.repeat_window(i64(n), i64(width), i64(c)) for width in range(1, n + 1) for c in range(n - width + 1)
+            self._commands += [
+                self.egg.row("repeat_window", n, width, c) for width in range(1, n + 1) for c in range(n - width + 1)
             ]
 
     def _seed_aligned(self, key: str, spec: str) -> None:
@@ -258,31 +301,31 @@ class Loader:
             return
         tables = AlignedMap.parse(spec)
         for k, o in tables.lhs:
-            self._table(L.aligned_lhs, key, k, o)
+            self._table("aligned_lhs", key, k, o)
         partnered = {o for _, o in tables.lhs}
         for k, o in tables.rhs:
-            self._table(L.aligned_rhs, key, k, o)
+            self._table("aligned_rhs", key, k, o)
             if o not in partnered:
-                self._table(L.aligned_rhs_alone, key, k, o)
+                self._table("aligned_rhs_alone", key, k, o)
         for o, size in tables.fixed:
-            self._table(L.aligned_fixed, key, o, size)
+            self._table("aligned_fixed", key, o, size)
 
     def _seed_transpose(self, perm_text: str) -> None:
         if not self._once("transpose", perm_text):
             return
         perm = parse_transpose(perm_text)
         for o, k in enumerate(perm):
-            self._table(L.perm_out, perm_text, k, o)
-            self._table(L.perm_in, perm_text, o, k)
+            self._table("perm_out", perm_text, k, o)
+            self._table("perm_in", perm_text, o, k)
 
     def _seed_reshape(self, spec: str) -> None:
         if not self._once("reshape", spec):
             return
         leads, fixed = ReshapeSpec.parse(spec).tables()
         for k, o, pin, pout in leads:
-            self._table(L.rs_lead_out, spec, k, o)
-            self._table(L.rs_lead_in, spec, o, k)
-            self._table(L.rs_in_tail, spec, k, pin)
-            self._table(L.rs_out_tail, spec, k, pout)
+            self._table("rs_lead_out", spec, k, o)
+            self._table("rs_lead_in", spec, o, k)
+            self._table("rs_in_tail", spec, k, pin)
+            self._table("rs_out_tail", spec, k, pout)
         for o, size in fixed:
-            self._table(L.rs_fixed, spec, o, size)
+            self._table("rs_fixed", spec, o, size)

@@ -2,8 +2,8 @@
 
 `evaluate(term, params, consts)` computes the value of `term` given the values of the reference
 inputs (`params`: param index -> array) and, optionally, of constant / opaque terms (`consts`:
-Term -> array; the evaluator keeps these in `Evaluator.values`). Every op follows the HLO op it is
-built from in equivci/translate/evaluator.py, and the attributes are decoded exactly the way the
+Term -> array; the evaluator keeps these in `Builder.values`). Every op follows the HLO op it is
+built from by the op handlers of equivci/translate/, and the attributes are decoded exactly the way the
 loader and the rules read them:
 
 * slice(dim, start, stop), concat(dim) of two operands;
@@ -18,7 +18,8 @@ loader and the rules read them:
 * transpose(perm), HLO semantics: output dim o is operand dim perm[o];
 * aligned(key) of two operands: a batched HLO gather ("gather:<attrs>|tables") or, standing for any
   two-operand reduce, "argmax2:<dims>:<component>" (the max of x over dims, or y where x is first
-  largest). The rules read only the tables at the end of the key.
+  largest), or "scatter-add" of (updates or one scalar update, indices): zeros with each row's
+  update added at its index along the one fixed dim. The rules read only the tables at the end of the key.
 * dslice(dim, size) of (x, start) and dupdate(dim) of (x, update, start): HLO dynamic-slice and
   dynamic-update-slice along `dim` at an integer scalar start, clamped into range as in HLO.
 
@@ -332,6 +333,10 @@ def _eval_one(t: Term, args: list[np.ndarray], params: dict[int, np.ndarray]) ->
             return gather(args[0], args[1], op_key, t.shape)
         if op_key.startswith("argmax2:"):
             return argmax2(args[0], args[1], op_key)
+        if op_key.startswith("sort:"):
+            return sort_lanes(args[0], args[1], op_key)
+        if op_key == "scatter-add":
+            return scatter_add_rows(args[0], args[1], AlignedMap.parse(at[0]), t.shape)
         raise TermEvalError(f"aligned op {op_key} has no numpy model")
     if op in ("dslice", "dupdate"):
         dim = at[0]
@@ -377,6 +382,22 @@ def gather(x: np.ndarray, idx: np.ndarray, op_key: str, out_shape: tuple[int, ..
     return out
 
 
+def scatter_add_rows(update: np.ndarray, idx: np.ndarray, tables: AlignedMap, out_shape) -> np.ndarray:
+    """Zeros with each row's update added at that row's index along the one fixed dim; an index
+    outside the dim adds nothing (HLO scatter skips it)."""
+    ((dim, size),) = tables.fixed
+    out = np.zeros(out_shape, dtype=update.dtype)
+    update = np.broadcast_to(update, idx.shape)  # a scalar: the same update on every row
+    for row in np.ndindex(*idx.shape):
+        if 0 <= int(idx[row]) < size:
+            pos = [0] * len(out_shape)
+            for r, o in tables.rhs:
+                pos[o] = row[r]
+            pos[dim] = int(idx[row])
+            out[tuple(pos)] += update[row]
+    return out
+
+
 def argmax2(x: np.ndarray, y: np.ndarray, op_key: str) -> np.ndarray:
     _, dims_text, component = op_key.split(":")
     dims = _ints(dims_text)
@@ -386,3 +407,19 @@ def argmax2(x: np.ndarray, y: np.ndarray, op_key: str) -> np.ndarray:
     if component == "0":
         return xs.max(axis=-1)
     return np.take_along_axis(ys, xs.argmax(axis=-1)[..., None], axis=-1)[..., 0]
+
+
+def sort_lanes(x: np.ndarray, y: np.ndarray, op_key: str) -> np.ndarray:
+    """Output `index` of HLO's stable sort of (x, y) along `dim` by x (a comparator `compare(x0, x1)`
+    with direction LT: ascending, GT: descending; ties keep their order). Key:
+    sort:DIRECTION:dim:index (from Evaluator.sort)."""
+    _, direction, dim_text, index = op_key.split(":")
+    if direction not in ("LT", "GT"):
+        raise TermEvalError(f"sort comparator {direction} has no numpy model")
+    dim = int(dim_text)
+    keys = np.moveaxis(x, dim, -1)
+    if direction == "GT":  # descending and stable: ascending on the negated keys, exactly
+        keys = -keys.astype(object) if keys.dtype.kind in "iu" else -keys
+    perm = np.argsort(keys, axis=-1, kind="stable")
+    chosen = np.moveaxis((x, y)[int(index)], dim, -1)
+    return np.moveaxis(np.take_along_axis(chosen, perm, axis=-1), -1, dim)

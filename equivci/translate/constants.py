@@ -22,6 +22,8 @@ import hashlib
 
 import numpy as np
 
+from equivci.terms.ir import Term
+
 
 def _digest(value: np.ndarray) -> bytes:
     value = np.ascontiguousarray(value)
@@ -33,7 +35,7 @@ class Window:
     """`array[start:start + width]` along `dim` of the known constant `source` (a Term); the value
     sought is that window with its unit dims laid out differently when `reshaped`."""
 
-    source: object
+    source: Term
     dim: int
     start: int
     width: int
@@ -44,7 +46,7 @@ class Window:
 @dataclasses.dataclass(frozen=True)
 class _Known:
     order: int  # oldest first: a window of the oldest source wins
-    term: object
+    term: Term
     value: np.ndarray
     dtype: str
 
@@ -69,7 +71,7 @@ class ConstantPool:
         """The term already made for a constant of this exact content, if any."""
         return self._by_content.get((dtype, value.shape, _digest(value)))
 
-    def add(self, term, value: np.ndarray, dtype: str, *, source: bool = True) -> None:
+    def add(self, term: Term, value: np.ndarray, dtype: str, *, source: bool = True) -> None:
         """Remember `term` as the constant `value`; a `source` may contain later constants."""
         self._by_content.setdefault((dtype, value.shape, _digest(value)), term)
         if not source:

@@ -22,6 +22,7 @@ import numpy as np
 from equivci.hlo.ir import Shape
 from equivci.terms.ir import Term
 from equivci.terms.spec import GatherDims, ReduceSpec, parse_compare
+from equivci.translate import windows
 
 # compare direction -> (which end of the window it gives, offset to a half-open [lo, hi))
 ENDS = {"GE": ("lo", 0), "GT": ("lo", 1), "LT": ("hi", 0), "LE": ("hi", 1)}
@@ -58,8 +59,8 @@ class MaskedRows:
     labels: np.ndarray
 
 
-class Evaluator(Protocol):
-    """What these facts need of the evaluator (equivci.translate.evaluator.Evaluator), which uses them."""
+class Evaluator(windows.Evaluator, Protocol):
+    """What these facts need of the evaluator (an equivci.translate.builder.Builder), which uses them."""
 
     masked_rows: dict[Term, MaskedRows]
 
@@ -102,11 +103,36 @@ def window_of(ev: Evaluator, p: Term) -> Window | None:
         if direction not in ENDS or value is None or x.dtype[0] not in "su":
             return None
         end, offset = ENDS[direction]
-        ends[end] = max(ends[end], value + offset) if end == "lo" else min(ends[end], value + offset)
+        x, shift = _offset_base(ev, x)
+        value += shift + offset
+        ends[end] = max(ends[end], value) if end == "lo" else min(ends[end], value)
         xs.add(x)
     if len(xs) != 1:
         return None
     return Window(xs.pop(), ends["lo"], ends["hi"])
+
+
+def _split_offset(ev: Evaluator, x: Term) -> tuple[Term, int]:
+    """x as (y, c) with x = y - c (or y + -c) for a constant c; (x, 0) when it is neither."""
+    if x.op == "binary" and x.attrs in (("subtract",), ("add",)) and x.args[0].dtype == x.dtype:
+        c = scalar_int(ev, x.args[1])
+        if c is not None:
+            return x.args[0], c if x.attrs == ("subtract",) else -c
+    return x, 0
+
+
+def _offset_base(ev: Evaluator, x: Term) -> tuple[Term, int]:
+    """x as (y, c) with x = y - c, where y - c cannot wrap around for any value y can take: a test
+    of ids - lo against [0, n) is then a test of ids against [lo, lo + n) (a per-shard offset
+    mask). (x, 0) otherwise."""
+    y, c = _split_offset(ev, x)
+    bounds = ev.bounds_of(y)
+    if y is x or bounds is None:
+        return x, 0
+    limits = np.iinfo({"s": "int", "u": "uint"}[x.dtype[0]] + x.dtype[1:])
+    if not (limits.min <= bounds[0] - c and bounds[1] - c <= limits.max):
+        return x, 0
+    return y, c
 
 
 def _conjuncts(ev: Evaluator, p: Term) -> list[Term]:
@@ -125,11 +151,8 @@ def bounds_under_mask(ev: Evaluator, p: Term, a: Term) -> tuple[float, float] | 
     if w is None:
         return None
     w = w.clipped(ev.bounds_of(w.x))
-    if a is w.x:
-        shift = 0
-    elif a.op == "binary" and a.attrs == ("subtract",) and a.args[0] is w.x and scalar_int(ev, a.args[1]) is not None:
-        shift = scalar_int(ev, a.args[1])
-    else:
+    shift = shift_from(ev, a, w.x)
+    if shift is None:
         return None
     if w.hi <= w.lo:  # the test never holds: `a` is never chosen
         return None
@@ -138,6 +161,14 @@ def bounds_under_mask(ev: Evaluator, p: Term, a: Term) -> tuple[float, float] | 
     if not (limits.min <= lo and hi <= limits.max):  # x - c could wrap around: no bounds
         return None
     return float(lo), float(hi)
+
+
+def shift_from(ev: Evaluator, a: Term, x: Term) -> int | None:
+    """c where a = x - c (or x + -c) for a constant c."""
+    if a is x:
+        return 0
+    y, c = _split_offset(ev, a)
+    return c if y is x and y is not a else None
 
 
 def laid_out_window(ev: Evaluator, m: Term) -> tuple[Window, np.ndarray] | None:
@@ -160,29 +191,27 @@ def laid_out_window(ev: Evaluator, m: Term) -> tuple[Window, np.ndarray] | None:
 
 
 def masked_lookup(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shape) -> MaskedRows | None:
-    """A gather from the window [s, e) of T along its one indexed dim, at where(mask, ids - s, z)
-    (reshaped), with mask a range test of ids inside [s, e): T[ids] wherever the mask holds."""
+    """A gather from the window [s, e) of T along its one indexed dim (a slice of T, or a value made
+    from one by ops the window passes through), at where(mask, ids - s, z) or a clamp of ids - s
+    (reshaped): T[ids] wherever the mask holds (the clamp leaves ids - s as it is)."""
+    lifted = windows.window_form(ev, x)
     if (
-        x.op != "slice"
+        lifted is None
         or len(dims.start_map) != 1
-        or dims.start_map[0] != x.attrs[0]
+        or dims.start_map[0] != lifted.dim
         or dims.start_map[0] not in dims.collapsed
         or int(np.prod(idx.shape)) > MAX_LABELS
     ):
         return None
-    table, (_, s, e) = x.args[0], x.attrs
+    table, s, e = lifted.whole, lifted.start, lifted.stop
     chosen = idx
     while chosen.op == "reshape":
         chosen = chosen.args[0]
-    if chosen.op != "ternary" or chosen.attrs != ("select",):
+    found = index_window(ev, chosen)
+    if found is None:
         return None
-    p, a, _ = chosen.args
-    w = window_of(ev, p)
-    if w is None or bounds_under_mask(ev, p, a) is None:
-        return None
-    w = w.clipped(ev.bounds_of(w.x))
-    shift = 0 if a is w.x else scalar_int(ev, a.args[1])
-    if shift != s or w.lo < s or w.hi > e:  # where the mask holds, the local index must be id - s, in the window
+    w, shift = found
+    if shift != s or w.lo < s or w.hi > e:  # where the ids lie in w, the local index must be id - s, in the window
         return None
     full_idx = ev.reshape_term(w.x, Shape(idx.dtype, idx.shape))
     full = ev.gather_term(table, full_idx, dims, out)
@@ -190,6 +219,52 @@ def masked_lookup(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shap
     if full is None or labels is None:
         return None
     return MaskedRows(full, w, labels)
+
+
+def index_window(ev: Evaluator, chosen: Term) -> tuple[Window, int] | None:
+    """(w, c) such that `chosen` = ids - c wherever the ids lie in w: where(ids in w, ids - c, z),
+    or a clamp of ids - c to [lo, hi] with w = [lo + c, hi + c] (there it leaves ids - c as it is)."""
+    if chosen.op == "ternary" and chosen.attrs == ("select",):
+        p, a, _ = chosen.args
+        w = window_of(ev, p)
+        if w is None or bounds_under_mask(ev, p, a) is None:
+            return None
+        shift = shift_from(ev, a, w.x)
+        return None if shift is None else (w.clipped(ev.bounds_of(w.x)), shift)
+    clamped = clamp_form(ev, chosen)
+    if clamped is not None:
+        lo, a, hi = clamped
+        ids, shift = _split_offset(ev, a)
+        return Window(ids, lo + shift, hi + shift + 1).clipped(ev.bounds_of(ids)), shift
+    return None
+
+
+def clamp_form(ev: Evaluator, t: Term) -> tuple[int, Term, int] | None:
+    """t as (lo, x, hi) with t = clamp(lo, x, hi) for constants lo <= hi: HLO's clamp, or
+    min(hi, max(lo, x)) / max(lo, min(hi, x)) as jnp.clip writes it (operands in either order)."""
+    if t.op == "ternary" and t.attrs == ("clamp",):
+        lo, x, hi = scalar_int(ev, t.args[0]), t.args[1], scalar_int(ev, t.args[2])
+    else:
+        outer = _with_constant(ev, t)
+        inner = _with_constant(ev, outer[1]) if outer is not None else None
+        if outer is None or inner is None or {outer[0], inner[0]} != {"minimum", "maximum"}:
+            return None
+        (_, _, first), (_, x, second) = outer, inner
+        lo, hi = (second, first) if outer[0] == "minimum" else (first, second)
+    if lo is None or hi is None or lo > hi or x.dtype[0] not in "su":
+        return None
+    return lo, x, hi
+
+
+def _with_constant(ev: Evaluator, t: Term) -> tuple[str, Term, int] | None:
+    """t = op(x, c) or op(c, x) for op minimum / maximum and an integer constant c: (op, x, c)."""
+    if t.op != "binary" or t.attrs not in (("minimum",), ("maximum",)):
+        return None
+    for x, k in (t.args, t.args[::-1]):
+        c = scalar_int(ev, k)
+        if c is not None and scalar_int(ev, x) is None:
+            return t.attrs[0], x, c
+    return None
 
 
 def gather_labels(idx_labels: np.ndarray, dims: GatherDims, out: tuple[int, ...]) -> np.ndarray | None:
@@ -262,15 +337,14 @@ def tiled_reduce(ev: Evaluator, reducer: str, members: list[Term]) -> Term | Non
     covering that dim: the reduce of the whole value."""
     if reducer not in ("maximum", "minimum") or any(m.op != "reduce" or m.attrs != members[0].attrs for m in members):
         return None
-    operands = [m.args[0] for m in members]
-    if any(
-        o.op != "slice" or o.args[0] is not operands[0].args[0] or o.attrs[0] != operands[0].attrs[0] for o in operands
-    ):
+    operands = [windows.window_form(ev, m.args[0]) for m in members]
+    first = operands[0]
+    if first is None or any(o is None or o.whole is not first.whole or o.dim != first.dim for o in operands):
         return None
-    whole, dim = operands[0].args[0], operands[0].attrs[0]
+    whole, dim = first.whole, first.dim
     reduced = set(ReduceSpec.parse(members[0].attrs[1]).dims)
     if members[0].attrs[0] != reducer or dim not in reduced:
         return None
-    if not tiles([(o.attrs[1], o.attrs[2]) for o in operands], 0, whole.shape[dim], overlap=True):
+    if not tiles([(o.start, o.stop) for o in operands if o is not None], 0, whole.shape[dim], overlap=True):
         return None
     return ev.mk("reduce", members[0].attrs, (whole,), Shape(members[0].dtype, members[0].shape))

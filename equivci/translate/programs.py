@@ -9,6 +9,7 @@ from typing import Protocol
 from equivci.capture.types import LeafPlacement
 from equivci.hlo.ir import Module
 from equivci.terms.ir import Term, TermTable
+from equivci.translate.bounds import index_domains
 from equivci.translate.evaluator import Evaluator, Event, Loop, LoopHandler
 from equivci.translate.routing import Router
 from equivci.translate.unroll import Unroller
@@ -84,7 +85,7 @@ def _translate(
     # Integer inputs the reference uses as indices are taken to be valid indices, [0, size): the
     # programs are compared on the inputs the reference is written for (the numeric oracle draws
     # them there too). Known before evaluation, the bounds fold the reference's own range checks.
-    domains = ref_eval.index_domains()
+    domains = index_domains(ref_eval)
     bounds = {p: b for p, (b, _) in domains.items()}
     if domains:
         ref_eval = Evaluator(reference, table, 1)

@@ -36,7 +36,7 @@ import numpy as np
 from equivci.hlo.ir import Shape
 from equivci.terms.ir import Term
 from equivci.terms.spec import DotSpec, GatherDims
-from equivci.translate.evaluator import NP_DTYPES
+from equivci.translate.arrays import NP_DTYPES
 
 MAX_CASES = 1 << 12  # index vectors enumerated for the mask lemma
 MAX_LIMIT_ELEMENTS = 1 << 18  # larger 3-D dot operands are activations: not walked to say why
@@ -84,7 +84,7 @@ class Router:
 
     # -- driver ------------------------------------------------------------------------------
     def run(self, events) -> None:
-        # a dot whose operand carries a constant factor is built as factor * dot (Evaluator.factored)
+        # a dot whose operand carries a constant factor is built as factor * dot (Builder.factored)
         dots = [
             e.values
             for e in events

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from equivci.hlo.ir import Computation, Instruction
+from equivci.translate.attributes import called
 from equivci.translate.evaluator import Evaluator, _lookup
 
 MAX_TRIPS = 32
@@ -34,7 +35,7 @@ class Unroller:
 
 def unroll(ev: Evaluator, inst: Instruction, init: list) -> list | None:
     """The loop's per-device results as the body applied trip-count times, or None."""
-    body = ev.called(inst, "body")
+    body = called(ev.module, inst, "body")
     trips = trip_count(ev, inst, init)
     if trips is None or trips * len(body.instructions) > MAX_UNROLLED:
         return None
@@ -47,7 +48,7 @@ def unroll(ev: Evaluator, inst: Instruction, init: list) -> list | None:
 def trip_count(ev: Evaluator, inst: Instruction, init: list) -> int | None:
     """How many times the body runs, when the condition is the same constant on every device at
     every iteration; None otherwise (or past MAX_TRIPS)."""
-    cond, body = ev.called(inst, "condition"), ev.called(inst, "body")
+    cond, body = called(ev.module, inst, "condition"), called(ev.module, inst, "body")
     if not all(isinstance(v, tuple) for v in init) or body.root.opcode != "tuple":
         return None
     needed = _counter_slice(cond, body)

@@ -23,10 +23,10 @@ from equivci.options import ENV_SATURATION_ITERATIONS
 from equivci.prove.candidates import window_candidates
 from equivci.prove.layered import prefix_proof, prove_layers
 from equivci.prove.programs import build_programs
-from equivci.prove.saturate import MAX_ITERATIONS, saturate
+from equivci.prove.saturate import MAX_ITERATIONS, saturate, with_hints
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
-from equivci.translate.evaluator import Unsupported
+from equivci.translate.builder import Unsupported
 
 # Run the numeric oracle only where random inputs are cheap to draw and run on a CPU.
 MAX_ORACLE_ELEMENTS = 1 << 22
@@ -107,7 +107,7 @@ def verify_model(
         if not proof.all_proved and not proof.exhausted:
             hints = _candidates(programs, captured)
             if hints:
-                proof = saturate(programs, extra_terms=hints, iterations=HINTED_ITERATIONS)
+                proof = with_hints(proof, programs, hints, HINTED_ITERATIONS)
                 laps.lap(f"prove whole program with {len(hints)} proposed windows")
     if proof.all_proved:
         return _finish(
@@ -145,7 +145,9 @@ def verify_model(
             layering,
             failed,
             frontier,
-            outputs_equal=isinstance(comparison, NumericComparison) and comparison.equal,
+            outputs_equal=isinstance(comparison, NumericComparison)
+            and comparison.equal
+            and not comparison.excused_seeds,
             shown=isinstance(comparison, NumericComparison) and not comparison.equal,
             reference_events=programs.reference_events,
             reference_lines=reference_lines,
@@ -290,7 +292,13 @@ def _numeric_note(comparison: NumericComparison | str) -> str:
         if comparison.noise_floor
         else ""
     )
-    # A seed excused by a near-tie (comparison.note) may differ far beyond the floor: say why.
+    if comparison.excused_seeds:
+        # Seeds excused by a near-tie differ, maybe far beyond the floor: never call that agreement.
+        return (
+            f"numeric check: the outputs differ on random inputs (largest difference {comparison.max_abs_diff:.3g}"
+            f"{floor}), but {comparison.note}: rounding may explain it, so equivci cannot tell a defect "
+            "from rounding here; review the op above"
+        )
     excused = f"; {comparison.note}" if comparison.note else ""
     return (
         f"numeric check: the outputs agree on {len(comparison.seeds)} random inputs (largest difference "

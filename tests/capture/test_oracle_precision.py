@@ -141,3 +141,53 @@ def test_seeds_near_a_tie_are_no_counterexample():
     excused = without_near_ties(differs, [1, 2])
     assert excused.equal and excused.failing_seeds == () and "within rounding of a tie" in excused.describe()
     assert without_near_ties(differs, []) == differs
+
+
+def test_counts_summed_from_one_hots_are_exact_so_a_capacity_comparison_is_no_tie():
+    """A float sum of integers is exact in any order while its partial sums stay below 2/eps, so
+    capacity slots made by a cumsum of one-hot masks are the same in every program: comparing them
+    with the capacity (or truncating them to int) is no tie. Sums of non-integers, and integer sums
+    past the type's contiguous integers, are still checked."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from equivci.capture.rounding import shadow_reference
+
+    def slots(x, w):  # switch routing: argmax expert, a slot by cumsum of the one-hot, kept under capacity
+        one_hot = (jnp.argmax(jnp.dot(x, w), axis=-1)[:, None] == jnp.arange(8)).astype(jnp.float32)
+        position = jnp.cumsum(one_hot, axis=0) * one_hot
+        return (position < 4).astype(jnp.int32) + position.astype(jnp.int32)
+
+    def scaled(x, w):  # the same counts summed in tenths: no longer exact, so truncating them is checked
+        one_hot = (jnp.argmax(jnp.dot(x, w), axis=-1)[:, None] == jnp.arange(8)).astype(jnp.float32)
+        return (jnp.cumsum(one_hot * 0.1, axis=0) * 10).astype(jnp.int32)
+
+    def counts_in_half(rows):  # float16 holds the integers up to 2048 = 2/eps exactly, and no further
+        def counts(x, w):
+            ones = jnp.tile((jnp.dot(x, w) > 0).astype(jnp.float16), (rows // 64, 1))
+            return jnp.cumsum(ones, axis=0).astype(jnp.int32)
+
+        return counts
+
+    args = (jax.ShapeDtypeStruct((64, 32), jnp.float32), jax.ShapeDtypeStruct((32, 8), jnp.float32))
+    x, w = jax.random.normal(jax.random.key(1), (64, 32)), jax.random.normal(jax.random.key(2), (32, 8))
+    out, tie = shadow_reference(slots, args).run(x, w)
+    assert not bool(tie) and bool(jnp.any(out[:, :] >= 4)), "some expert overflows its capacity and is no tie"
+    assert bool(shadow_reference(scaled, args).run(x, w)[1])
+    assert not bool(shadow_reference(counts_in_half(2048), args).run(x, w)[1])
+    assert bool(shadow_reference(counts_in_half(4096), args).run(x, w)[1])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_integer_sums_below_two_over_eps_are_the_same_in_any_order(seed):
+    """The fact the shadow relies on, numerically: every order of summing integers whose total
+    magnitude is at most 2/eps of the type gives the same result."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for dtype, limit in ((np.float32, 2.0**24), (np.float16, 2.0**11)):
+        terms = rng.integers(-40, 41, size=256)
+        terms = terms * (limit // max(1, np.abs(terms).sum()))
+        assert np.abs(terms).sum() <= limit
+        sums = {float(np.cumsum(rng.permutation(terms).astype(dtype), dtype=dtype)[-1]) for _ in range(20)}
+        assert sums == {float(terms.sum())}

@@ -198,6 +198,58 @@ MODELS = textwrap.dedent(
         return _rows_picked(_evens_gathered, mesh, x, c)
 
 
+    def _fused(w, i, cols, flip):  # this device's [a | b] columns of w as one fused weight
+        w_a = lax.dynamic_slice_in_dim(w, i * cols, cols, axis=1)
+        w_b = lax.dynamic_slice_in_dim(w, H + i * cols, cols, axis=1)
+        w_b = w_b[:, ::-1] if flip else w_b  # MARK:fused-flip
+        return jnp.concatenate([w_a, w_b], axis=1)
+
+
+    def _gated_fused(x, w, wo, mesh, flip, b_start):
+        cols = H // mesh.shape[TP]
+
+        def body(x, w, wo):
+            y = x @ _fused(w, lax.axis_index(TP), cols, flip)
+            a, b = y[:, :cols], y[:, b_start * cols : (b_start + 1) * cols]  # MARK:fused-read
+            return lax.psum((a * b) @ wo, TP)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(TP, None)), out_specs=P())(x, w, wo)
+
+
+    def gated_tp_fused_wrong_read(x, w, wo, *, mesh):
+        return _gated_fused(x, w, wo, mesh, flip=False, b_start=0)
+
+
+    def gated_tp_fused_wrong_weight(x, w, wo, *, mesh):
+        return _gated_fused(x, w, wo, mesh, flip=True, b_start=1)
+
+
+    def rows_inputs():
+        return (jax.ShapeDtypeStruct((8, 4), jnp.float32),)
+
+
+    def row_sum(x):
+        return jnp.sum(x, axis=0)
+
+
+    def _halves(x, sign, offset, mesh):  # each shard sums its rows in two halves, then the shards
+        def body(x):
+            half = x.shape[0] // 2
+            a = jnp.sum(x[:half], axis=0)  # MARK:first-half
+            s = a + sign * jnp.sum(x[half:], axis=0)
+            return lax.psum(s, TP) + offset  # MARK:offset-sum
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None),), out_specs=P())(x)
+
+
+    def row_sum_offset(x, *, mesh):
+        return _halves(x, 1.0, 1.0, mesh)
+
+
+    def row_sum_difference(x, *, mesh):
+        return _halves(x, -1.0, 0.0, mesh)
+
+
     def columns_uncut(x, c, *, mesh):
         def body(x, c):
             y = x * x
@@ -233,6 +285,14 @@ MANIFEST = textwrap.dedent(
          inputs: models.py:pair_inputs, mesh: {tp: 2}}
       - {name: uncut, reference: models.py:second_half, distributed: models.py:columns_uncut,
          inputs: models.py:pair_inputs, mesh: {tp: 2}}
+      - {name: halves-offset, reference: models.py:row_sum, distributed: models.py:row_sum_offset,
+         inputs: models.py:rows_inputs, mesh: {tp: 2}}
+      - {name: halves-difference, reference: models.py:row_sum, distributed: models.py:row_sum_difference,
+         inputs: models.py:rows_inputs, mesh: {tp: 2}}
+      - {name: fused-read, reference: models.py:gated, distributed: models.py:gated_tp_fused_wrong_read,
+         inputs: models.py:inputs, mesh: {tp: 2}}
+      - {name: fused-weight, reference: models.py:gated, distributed: models.py:gated_tp_fused_wrong_weight,
+         inputs: models.py:inputs, mesh: {tp: 2}}
     """
 )
 
@@ -327,6 +387,18 @@ FRESH = {
     "evens-gathered": ("gathered", ("`gather`",)),
     # The near miss: no window is cut at all, so the reference's slice is missing work.
     "uncut": ("uncut", ("without the `slice`",)),
+    # A fused projection is a concatenation of windows of the reference's x @ w, no window itself;
+    # every read of it is related again, so the wrong read is the finding, not the projection.
+    # The first half's sum is no partial sum of the reference's, but its one use is (both halves
+    # added): a step of the shard's own, so the finding is the offset added after the psum.
+    "halves-offset": ("offset-sum", ("`add`",)),
+    # The near miss: the halves are subtracted, so the use is unrelated too and the first half's
+    # sum is not passed over: the finding stays before the psum (not at the sum after it).
+    "halves-difference": ("first-half", ()),
+    "fused-read": ("fused-read", ("not the window", "[0:8]", "[16:32]", "`b`")),
+    # The near miss: a part of the fused weight is reversed, so a read of the projection is
+    # unrelated too and the projection is no mere layout: the finding is the weight's line.
+    "fused-weight": ("fused-flip", ()),
 }
 
 

@@ -14,7 +14,7 @@ from engine_api import capture, programs_of  # noqa: E402
 
 from equivci.diagnose.numeric import draw_inputs  # noqa: E402
 from equivci.prove.candidates import window_candidates  # noqa: E402
-from equivci.prove.saturate import saturate  # noqa: E402
+from equivci.prove.saturate import MAX_ITERATIONS, saturate, with_hints  # noqa: E402
 
 MANIFEST = Path(__file__).resolve().parents[1] / "soundness" / "near_miss.yaml"
 
@@ -27,11 +27,12 @@ def rope():
 
 def test_proposed_windows_complete_a_proof_the_rules_alone_do_not_find(rope):
     captured, programs = rope
-    assert not saturate(programs).all_proved  # the rotation's windows nest in another order on a device
+    proof = saturate(programs)
+    assert not proof.all_proved  # the rotation's windows nest in another order on a device
     hints = window_candidates(programs.reference_events, programs.distributed_events, programs.evaluator,
                               draw_inputs(captured.inputs))
     assert hints and all(t.op in ("slice", "reshape") for t in hints)
-    assert saturate(programs, extra_terms=hints).all_proved
+    assert with_hints(proof, programs, hints, MAX_ITERATIONS).all_proved
 
 
 def test_near_miss_proposals_on_a_wrong_window_prove_nothing():
@@ -42,4 +43,4 @@ def test_near_miss_proposals_on_a_wrong_window_prove_nothing():
     hints = window_candidates(programs.reference_events, programs.distributed_events, programs.evaluator,
                               draw_inputs(captured.inputs))
     assert hints
-    assert not saturate(programs, extra_terms=hints).all_proved
+    assert not with_hints(saturate(programs), programs, hints, MAX_ITERATIONS).all_proved

@@ -14,7 +14,7 @@ MANIFEST = Path(__file__).resolve().parent / "near_miss.yaml"
 
 VERIFIED = {
     "embed-ge-lt", "embed-gt-le", "guard-always", "abs-of-positive", "guards-kept", "concat-straddle",
-    "pmax-of-max", "moe-ep", "rope-table-rows", "interleaved-heads",
+    "pmax-of-max", "moe-ep", "rope-table-rows", "interleaved-heads", "topk-tokens", "embed-clipped", "head-max",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -23,7 +23,8 @@ MISMATCH = {
     "slice-of-slice", "rows-then-reshape", "flat-window", "concat-straddle-wrong", "concat-left-only", "concat-other-tail",
     "ppermute-self-only", "pmax-of-min", "pmax-drops-last-column", "pmax-first-shard-short", "moe-ep-shared-slot",
     "moe-ep-rotated-expert", "moe-ep-expert-zero-everywhere", "moe-ep-no-return",
-    "rope-table-rows-shifted", "interleaved-heads-odd-first",
+    "rope-table-rows-shifted", "interleaved-heads-odd-first", "topk-local-experts", "embed-clipped-short",
+    "head-max-first-bias",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -59,5 +60,6 @@ DEFAULT = {
     "concat-straddle", "rows-then-reshape",  # rewrite rules: slices, reshapes, concatenations
     "pmax-of-max", "ppermute-self-only",  # collectives
     "moe-ep", "moe-ep-shared-slot",  # the routing lemma
+    "topk-tokens", "topk-local-experts",  # sorts: lanes of other dims, not windows of the sorted dim
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

@@ -2,7 +2,7 @@
 
 Hypothesis builds a pool of terms over a few inputs by random steps (slices, concatenations,
 elementwise ops, compare/select masks, reshapes, broadcasts, transposes, repeats, batched gathers,
-dynamic slices, and sort and top-k as opaque ops), loads the whole pool into one e-graph, runs every
+dynamic slices, sorts along a dim and top-k as the evaluator builds them), loads the whole pool into one e-graph, runs every
 rewrite the way a proof does, and then, for every pair of pool terms egglog puts in one e-class,
 asserts that both evaluate to the same array (equivci/terms/semantics.py) on random inputs. Each example
 also holds a pair that must be proved (a term and the concatenation of its two halves), so the
@@ -24,6 +24,8 @@ from engine_api import (
     run_rewrites,
 )
 from hypothesis import HealthCheck, event, given, settings
+
+from equivci.terms.spec import AlignedMap
 from hypothesis import strategies as st
 
 ITERATIONS = 8
@@ -41,7 +43,11 @@ class Pool:
         self.idx = self.b.param(2, (rows, 3, 1), "s32")
         self.start = self.b.param(3, (), "s32")
         self.terms: list[Term] = [self.x, self.y]
-        self.opaque: dict[Term, tuple[str, Term]] = {}
+        self.companions = 0  # s32 inputs sorted along with a value (an argsort's iota), one per sort
+
+    def companion(self, shape: tuple[int, ...]) -> Term:
+        self.companions += 1
+        return self.b.param(9 + self.companions, shape, "s32")
 
     def floats(self) -> list[Term]:
         return [t for t in self.terms if t.dtype == "f32"]
@@ -109,19 +115,19 @@ def step(draw, pool: Pool) -> None:
         width = draw(st.integers(1, t.shape[d] - 1))
         shape = t.shape[:d] + (width,) + t.shape[d + 1:]
         pool.add(b.t.make("dslice", (d, width), (t, pool.start), shape, t.dtype))
-    elif kind in ("sort", "topk") and rank:
-        k = 2 if kind == "topk" and t.shape[-1] >= 2 else t.shape[-1]
-        term = b.t.make("opaque", (f"{kind}:{k}",), (t,), t.shape[:-1] + (k,), t.dtype)
-        pool.opaque[term] = (kind, t)
-        pool.add(term)
+    elif kind in ("sort", "topk") and rank:  # as Evaluator.sort / Evaluator.top_k build them
+        dim = rank - 1 if kind == "topk" else d
+        direction = "GT" if kind == "topk" else draw(st.sampled_from(["LT", "GT"]))
+        ordered = b.sort(t, pool.companion(t.shape), dim, direction, 0)
+        pool.add(b.sl(ordered, dim, 0, min(2, t.shape[dim])) if kind == "topk" else ordered)
 
 
 def shard(draw, pool: Pool) -> None:
     """A window of an op's value, and the op on windows of its operands (sometimes one of them
     skewed by one): the rules must prove the first equal to the second, and never the skewed one."""
     b = pool.b
-    ops = [t for t in pool.terms if t.op in ("unary", "binary", "ternary", "transpose") and t.shape
-           and all(a.shape == t.shape for a in t.args if t.op != "transpose")]
+    ops = [t for t in pool.terms if (t.op in ("unary", "binary", "ternary", "transpose") or _sort_dim(t) is not None)
+           and t.shape and all(a.shape == t.shape for a in t.args if t.op != "transpose")]
     if not ops:
         return
     t = draw(st.sampled_from(ops))
@@ -131,6 +137,8 @@ def shard(draw, pool: Pool) -> None:
         return
     lo, hi = _bounds(draw, n)
     skew = draw(st.sampled_from([0, 0, 1])) if hi < n else 0
+    if d == _sort_dim(t):
+        return  # a sort's own dim: a window of it is no sort of windows
     if t.op == "transpose":
         perm = [int(v) for v in t.attrs[0].split(",")]
         parts = (b.sl(t.args[0], perm[d], lo + skew, hi + skew),)
@@ -141,6 +149,12 @@ def shard(draw, pool: Pool) -> None:
     shape[d] = hi - lo
     pool.add(b.sl(t, d, lo, hi))
     pool.add(b.t.make(t.op, t.attrs, parts, tuple(shape), t.dtype))
+
+
+def _sort_dim(t: Term) -> int | None:
+    """The sorted dim of a sort term (an aligned op keyed sort:DIRECTION:dim:component)."""
+    op_key = AlignedMap.op_key(t.attrs[0]) if t.op == "aligned" else ""
+    return int(op_key.split(":")[2]) if op_key.startswith("sort:") else None
 
 
 def split_dot(draw, pool: Pool, t: Term) -> None:
@@ -179,15 +193,8 @@ def values(pool: Pool, seed: int) -> dict[Term, np.ndarray]:
             params[p.attrs[0]] = rng.standard_normal(p.shape)
     if 1 in params:
         params[1][0, 0] = params[0][0, 0]  # some equal elements, so compare masks are not all one way
-    consts: dict[Term, np.ndarray] = {}
-    out = {}
-    for t in pool.terms:  # creation order: operands first
-        if t in pool.opaque:
-            kind, arg = pool.opaque[t]
-            ordered = np.sort(evaluate(arg, params, consts), axis=-1)
-            consts[t] = ordered if kind == "sort" else ordered[..., ::-1][..., :t.shape[-1]]
-        out[t] = evaluate(t, params, consts)
-    return out
+    memo: dict[int, np.ndarray] = {}
+    return {t: evaluate(t, params, memo=memo) for t in pool.terms}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -20,7 +20,7 @@ from egglog import EGraph
 
 from equivci.prove.saturate import _run, proved_equal
 from equivci.terms import language as L
-from equivci.terms.ir import Term, TermTable, gather_map, inserted_unit_dims, reduce_pair_map
+from equivci.terms.ir import Term, TermTable, gather_map, inserted_unit_dims, reduce_pair_map, sort_map
 from equivci.terms.load import Loader
 from equivci.terms.rules import FAMILIES, REWRITE_FAMILIES
 from equivci.terms.rules.elementwise import COMMUTATIVE
@@ -37,7 +37,7 @@ F32 = "f32"
 
 # -- building terms ----------------------------------------------------------------------------
 class B:
-    """Term constructors that compute shapes the way equivci/translate/evaluator.py does."""
+    """Term constructors that compute shapes the way the op handlers of equivci/translate/ do."""
 
     def __init__(self) -> None:
         self.t = TermTable()
@@ -104,6 +104,11 @@ class B:
         key = aligned.key(f"argmax2:{','.join(map(str, dims))}:{component}")
         return self.t.make("aligned", (key,), (x, y), shape, x.dtype if component == 0 else y.dtype)
 
+    def sort(self, x: Term, y: Term, dim: int, direction: str, component: int) -> Term:
+        """Output `component` of a stable sort of (x, y) along `dim` by x (as Evaluator.sort builds it)."""
+        key = sort_map(len(x.shape), dim, x.shape[dim]).key(f"sort:{direction}:{dim}:{component}")
+        return self.t.make("aligned", (key,), (x, y), x.shape, (x, y)[component].dtype)
+
     def gather(self, x: Term, idx: Term, attrs: dict[str, str], out_shape) -> Term:
         dims = GatherDims.parse(attrs, len(idx.shape))
         aligned = gather_map(dims, len(x.shape), len(idx.shape), len(out_shape))
@@ -123,7 +128,7 @@ def fires(lhs: Term, rhs: Term, family, preload_rhs: bool = False) -> bool:
     a = loader.expr(lhs)
     if preload_rhs:  # rules that read static tables seeded from the right-hand side, or its terms
         loader.expr(rhs)  # as reference values
-        egraph.register(*[L.reference(ex) for ex in loader.exprs.values()])
+        egraph.register(*[L.reference(loader.expr(t)) for t in loader.exprs])
     loader.flush()
     egraph.run((F["dims"].saturate() + family) * FAMILY_ITERATIONS)
     egraph.run(F["dims"].saturate())
@@ -494,6 +499,19 @@ def aligned_reduce_lift(rng, b: B):
             b.sl(b.argmax2(x, y, dims, component), o, lo, hi))
 
 
+def aligned_sort_lift(rng, b: B):
+    """A sort (top-k, argsort) of lanes [lo, hi) along another dim than the sorted one is those
+    lanes of the sort: each lane is sorted on its own."""
+    x = b.param(0, rshape(rng, int(rng.integers(2, 4))))
+    y = b.param(1, x.shape, "s32")
+    dim = int(rng.integers(0, len(x.shape)))
+    k = int(rng.choice([v for v in range(len(x.shape)) if v != dim]))
+    lo, hi = rrange(rng, x.shape[k], proper=True)
+    direction, component = str(rng.choice(["LT", "GT"])), int(rng.integers(0, 2))
+    return (b.sort(b.sl(x, k, lo, hi), b.sl(y, k, lo, hi), dim, direction, component),
+            b.sl(b.sort(x, y, dim, direction, component), k, lo, hi))
+
+
 def _take_rows(b: B, table: Term, idx: Term) -> Term:
     """table[idx[..., 0]] for a 2-D table (jnp.take along axis 0; idx ends in the index vector dim)."""
     rank = len(idx.shape) - 1
@@ -735,6 +753,16 @@ def _commute_existing(op: str):
     return build
 
 
+def _add_regroup(right: bool):
+    def build(rng, b: B):
+        shape = rshape(rng, int(rng.integers(1, 4)))
+        x, y, z = b.param(0, shape), b.param(1, shape), b.param(2, shape)
+        if right:
+            return b.bi("add", b.bi("add", x, y), z), b.bi("add", x, b.bi("add", y, z))
+        return b.bi("add", x, b.bi("add", y, z)), b.bi("add", b.bi("add", x, y), z)
+    return build
+
+
 def concat_slice_straddle(rng, b: B):
     """A slice across the seam of a concatenation is the concatenation of the two parts."""
     shape, d, _, _ = _elementwise_setup(rng, b)
@@ -790,6 +818,9 @@ RULES = {
     "elementwise/ternary_lift": (F["elementwise"], ternary_lift, False),
     # The commuted term must exist already: the rhs is loaded too.
     **{f"elementwise/commute_{op}": (F["elementwise"], _commute_existing(op), True) for op in COMMUTATIVE},
+    # The regrouped inner sum must exist already: the rhs is loaded too.
+    "elementwise/add_regroup_right": (F["elementwise"], _add_regroup(True), True),
+    "elementwise/add_regroup_left": (F["elementwise"], _add_regroup(False), True),
     "elementwise/ternary_push": (F["elementwise"], ternary_push, False),
     "concats/merge": (F["concats"], concat_merge, False),
     "concats/slice_left": (F["concats"], concat_slice_left, False),
@@ -812,6 +843,7 @@ RULES = {
     # One rule, read from the tables of two kinds of ops.
     "aligned/reduce_lift": (F["aligned"], aligned_reduce_lift, False),
     "aligned/gather_lift": (F["aligned"], aligned_gather_lift, False),
+    "aligned/sort_lift": (F["aligned"], aligned_sort_lift, False),
     "aligned/rhs_lift": (F["aligned"], aligned_gather_rhs_lift, False),
     "layouts/bcast_lift": (F["layouts"], bcast_lift, False),
     "layouts/bcast_push": (F["layouts"], bcast_push, False),
@@ -836,7 +868,7 @@ RULES = {
 
 # Instances named otherwise than the rule they cover: the one aligned rule, for each kind of op
 # that builds aligned terms.
-COVERS = {"aligned/reduce_lift": "aligned/lift", "aligned/gather_lift": "aligned/lift"}
+COVERS = {"aligned/reduce_lift": "aligned/lift", "aligned/gather_lift": "aligned/lift", "aligned/sort_lift": "aligned/lift"}
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -994,6 +1026,10 @@ def _near_misses():
     x = b.param(0, (6, 4))
     cases["concat_non_adjacent"] = (b.cat(b.sl(x, 0, 0, 2), b.sl(x, 0, 3, 5), 0), b.sl(x, 0, 0, 4))
     cases["concat_out_of_order"] = (b.cat(b.sl(x, 0, 2, 4), b.sl(x, 0, 0, 2), 0), b.sl(x, 0, 0, 4))
+    # slices of [u; v] that cross into v: v's rows count, from its row 0
+    u, v, w = b.param(1, (3, 4)), b.param(2, (3, 4)), b.param(3, (3, 4))
+    cases["concat_slice_past_left"] = (b.sl(b.cat(u, v, 0), 0, 2, 4), b.sl(b.cat(u, w, 0), 0, 2, 4))
+    cases["concat_straddle_shifted"] = (b.sl(b.cat(u, v, 0), 0, 2, 4), b.cat(b.sl(u, 0, 2, 3), b.sl(v, 0, 1, 2), 0))
     cases["all_gather_out_of_device_order"] = (
         b.cat(b.cat(b.sl(x, 0, 0, 2), b.sl(x, 0, 4, 6), 0), b.sl(x, 0, 2, 4), 0), x)
 
@@ -1042,6 +1078,13 @@ def _near_misses():
     table, ids = b.param(0, (5, 3)), b.param(1, (6, 4, 1), "s32")
     # the lookup of another shard of the ids than the rows it is taken for
     cases["aligned_gather_other_ids"] = (_take_rows(b, table, b.sl(ids, 0, 3, 6)), b.sl(_take_rows(b, table, ids), 0, 0, 3))
+    xs, ys = b.param(0, (6, 4)), b.param(1, (6, 4), "s32")
+    # a sort of a window of the sorted dim (top-k over a shard's experts) is not that window of the
+    # sort, nor are the lanes of one window sorted with the companions of another
+    cases["aligned_sort_window_of_sorted_dim"] = (b.sort(b.sl(xs, 1, 0, 2), b.sl(ys, 1, 0, 2), 1, "GT", 1),
+                                                  b.sl(b.sort(xs, ys, 1, "GT", 1), 1, 0, 2))
+    cases["aligned_sort_misaligned_lanes"] = (b.sort(b.sl(xs, 0, 0, 3), b.sl(ys, 0, 3, 6), 1, "LT", 1),
+                                              b.sl(b.sort(xs, ys, 1, "LT", 1), 0, 0, 3))
     x, i = b.param(0, (6, 4)), b.param(1, (), "s32")
     dyn = lambda t: b.t.make("dslice", (0, 2), (t, i), (2,) + t.shape[1:], F32)  # noqa: E731
     # a window of the dynamic dim itself moves the start: not the same rows as the whole's
@@ -1059,6 +1102,13 @@ def _near_misses():
     whole = lambda lo, hi: b.bi("multiply", b.sl(x, 1, lo, hi), b.bcast(y, (4, 3), [1]))  # noqa: E731
     cases["bcast_nested_other_heads"] = (rope(0, 3), b.sl(whole(0, 3), 0, 2, 4), whole(0, 3))
     cases["bcast_nested_other_half"] = (rope(0, 3), b.sl(whole(3, 6), 0, 0, 2), whole(3, 6))
+
+    b = B()
+    x, y, z, v = (b.param(k, (3, 4)) for k in range(4))
+    # a residual and a bias regrouped, against a sum whose inner grouping adds another bias (or
+    # subtracts it): the existing term is not the regrouped one
+    cases["add_regroup_other_term"] = (b.bi("add", b.bi("add", x, y), z), b.bi("add", x, b.bi("add", y, v)))
+    cases["add_regroup_subtract"] = (b.bi("add", b.bi("add", x, y), z), b.bi("add", x, b.bi("subtract", y, z)))
     return cases
 
 

@@ -271,7 +271,7 @@ def test_a_start_known_only_as_a_term_gives_dynamic_terms():
     assert saturate(programs).all_proved
 
 
-# -- constant scalar factors pulled out of terms (Evaluator.factored) ---------------------------
+# -- constant scalar factors pulled out of terms (Builder.factored) ----------------------------
 def _scale_setup():
     from equivci.hlo.ir import Shape
     from equivci.terms.ir import TermTable
@@ -337,7 +337,11 @@ def test_factors_are_only_pulled_out_where_that_is_exact_and_linear():
     # float32(0.1) squared is not a float32 number: the product stays as it is.
     assert ev.factored("binary", ("multiply",), [tenth, c(0.1)], s46) is None
     half = ev.scaled(x, Fraction(1, 2))
-    assert ev.factored("binary", ("add",), [half, ev.scaled(y, Fraction(1, 4))], s46) is None
+    # f * a + g * b = f * (a + (g / f) * b) when g / f is a float32 number, else left as it is
+    quarter_y = ev.scaled(y, Fraction(1, 4))
+    inner = ev.mk("binary", ("add",), (x, ev.scaled(y, Fraction(1, 2))), s46)
+    assert ev.factored("binary", ("add",), [half, quarter_y], s46) is ev.scaled(inner, Fraction(1, 2))
+    assert ev.factored("binary", ("add",), [tenth, half], s46) is None  # 0.5 / float32(0.1) is not exact
     assert ev.factored("binary", ("maximum",), [half, ev.scaled(y, Fraction(1, 2))], s46) is None
     assert ev.factored("reduce", ("maximum", "2:1"), [half], Shape("f32", (4,))) is None
     assert ev.factored("binary", ("divide",), [y, half], s46) is None

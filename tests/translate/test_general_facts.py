@@ -7,6 +7,12 @@ several styles, with near misses that differ only where the fact's side conditio
   (flat-parameter FSDP: each weight flattened, sharded, gathered and reshaped back).
 - A concatenation of windows along d of the same window along another dim k is the window along k
   of the concatenation (rotate_half on a device's heads).
+- A sum regroups onto a grouping the other program computes (a residual added before the bias in
+  one program and after it in the other).
+- Padding without interior padding is a concatenation with the padding value; a window of a
+  concatenation is windows of its parts, and adjacent windows of one value are one window; a select
+  by a constant mask that changes along one dim is a concatenation of windows of its branches
+  (rows padded to a multiple of the devices, the padding masked off on the last shard).
 """
 
 from __future__ import annotations
@@ -130,6 +136,86 @@ MODELS = textwrap.dedent(
             return q * cos + jnp.concatenate([q[..., half:], -q[..., :half]], axis=-1) * sin  # MARK:swapped
 
         return _heads(body, h, wq, mesh)
+
+
+    def linear_inputs():
+        return (jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((8, 8), jnp.float32),
+                jax.ShapeDtypeStruct((8,), jnp.float32))
+
+
+    def residual_then_bias(x, w, b):
+        return (x + x @ w) + b
+
+
+    def _row_parallel(x, w, b, mesh, body):
+        # the contraction split over tp: each device holds columns of x and rows of w
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, "tp"), P("tp", None), P()),
+                             out_specs=P())(x, x, w, b)
+
+
+    def bias_then_residual_tp(x, w, b, *, mesh):
+        return _row_parallel(x, w, b, mesh, lambda x, xs, ws, b: x + (lax.psum(xs @ ws, "tp") + b))
+
+
+    def bias_in_psum_tp(x, w, b, *, mesh):
+        return _row_parallel(x, w, b, mesh, lambda x, xs, ws, b: x + lax.psum(xs @ ws + b, "tp"))  # MARK:bias_in_psum
+
+
+    def rows_inputs():
+        return (jax.ShapeDtypeStruct((5, 8), jnp.float32), jax.ShapeDtypeStruct((8, 8), jnp.float32))
+
+
+    def rows(x, w):
+        return jnp.tanh(x @ w)
+
+
+    def _padded_rows(x, w, mesh, pad, keep):
+        # 5 rows padded to 8 for 4 devices; each device zeroes the rows past the last real one
+        n = x.shape[0]
+
+        def body(xs, w):
+            first = lax.axis_index("dp") * xs.shape[0]
+            real = (first + jnp.arange(xs.shape[0])) < keep
+            return jnp.where(real[:, None], jnp.tanh(xs @ w), 0.0)
+
+        out = jax.shard_map(body, mesh=mesh, in_specs=(P("dp"), P()), out_specs=P("dp"))(jnp.pad(x, pad), w)
+        return out[:n]
+
+
+    def rows_padded(x, w, *, mesh):
+        return _padded_rows(x, w, mesh, ((0, 3), (0, 0)), 5)
+
+
+    def rows_padded_in_front(x, w, *, mesh):
+        return _padded_rows(x, w, mesh, ((3, 0), (0, 0)), 5)  # MARK:pad_front
+
+
+    def rows_masked_short(x, w, *, mesh):
+        return _padded_rows(x, w, mesh, ((0, 3), (0, 0)), 4)  # MARK:mask_short
+
+
+    def masked_inputs():
+        return (jax.ShapeDtypeStruct((8, 8), jnp.float32), jax.ShapeDtypeStruct((8, 8), jnp.float32))
+
+
+    def rows_masked(x, w):
+        return jnp.where((jnp.arange(8) < 5)[:, None], jnp.tanh(x @ w), 0.0)
+
+
+    def _rows_masked_dp(x, w, mesh, order):
+        def body(xs, w):
+            real = (lax.axis_index("dp") * 2 + order(jnp.arange(2))) < 5
+            return jnp.where(real[:, None], jnp.tanh(xs @ w), 0.0)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P("dp"), P()), out_specs=P("dp"))(x, w)
+
+
+    def rows_masked_dp(x, w, *, mesh):
+        return _rows_masked_dp(x, w, mesh, lambda r: r)
+
+
+    def rows_masked_reversed(x, w, *, mesh):
+        return _rows_masked_dp(x, w, mesh, lambda r: 1 - r)  # MARK:mask_reversed
     """
 )
 
@@ -151,13 +237,29 @@ MANIFEST = textwrap.dedent(
          inputs: m.py:mlp_inputs, mesh: {fsdp: 4}}
       - {name: rotate-half-heads, reference: m.py:rope, distributed: m.py:rope_heads, inputs: m.py:rope_inputs,
          mesh: {tp: 2}}
+      - {name: residual-regrouped, reference: m.py:residual_then_bias, distributed: m.py:bias_then_residual_tp,
+         inputs: m.py:linear_inputs, mesh: {tp: 2}}
+      - {name: bias-in-psum, reference: m.py:residual_then_bias, distributed: m.py:bias_in_psum_tp,
+         inputs: m.py:linear_inputs, mesh: {tp: 2}}
+      - {name: rows-padded, reference: m.py:rows, distributed: m.py:rows_padded, inputs: m.py:rows_inputs,
+         mesh: {dp: 4}}
+      - {name: rows-padded-in-front, reference: m.py:rows, distributed: m.py:rows_padded_in_front,
+         inputs: m.py:rows_inputs, mesh: {dp: 4}}
+      - {name: rows-masked-short, reference: m.py:rows, distributed: m.py:rows_masked_short,
+         inputs: m.py:rows_inputs, mesh: {dp: 4}}
+      - {name: rows-masked, reference: m.py:rows_masked, distributed: m.py:rows_masked_dp, inputs: m.py:masked_inputs,
+         mesh: {dp: 4}}
+      - {name: rows-masked-reversed, reference: m.py:rows_masked, distributed: m.py:rows_masked_reversed,
+         inputs: m.py:masked_inputs, mesh: {dp: 4}}
       - {name: rotate-half-swapped, reference: m.py:rope, distributed: m.py:rope_heads_swapped,
          inputs: m.py:rope_inputs, mesh: {tp: 2}}
     """
 )
 
-EQUIVALENT = ["embed-dp-tp", "embed-dp", "fsdp-flat", "fsdp-flat-stacked", "rotate-half-heads"]
-NEAR_MISSES = ["embed-dp-rolled", "fsdp-flat-colmajor", "rotate-half-swapped"]
+EQUIVALENT = ["embed-dp-tp", "embed-dp", "fsdp-flat", "fsdp-flat-stacked", "rotate-half-heads", "residual-regrouped",
+              "rows-padded", "rows-masked"]
+NEAR_MISSES = ["embed-dp-rolled", "fsdp-flat-colmajor", "rotate-half-swapped", "bias-in-psum", "rows-padded-in-front",
+               "rows-masked-short", "rows-masked-reversed"]
 
 
 @pytest.fixture(scope="module")

@@ -151,7 +151,7 @@ def test_mask_lemma():
 
 
 def test_numeric_ops_follow_the_term_semantics():
-    """Evaluator.numeric (which the mask lemma runs) against the numpy model of the terms."""
+    """Builder.numeric (which the mask lemma runs) against the numpy model of the terms."""
     from equivci.hlo.ir import Module
     from equivci.terms.ir import TermTable
     from equivci.terms.semantics import evaluate

@@ -1,4 +1,4 @@
-"""Strided slices as windows of the operand with the dim split by the step (Evaluator.strided_slice),
+"""Strided slices as windows of the operand with the dim split by the step (translate/shapes.py: strided_slice),
 checked against numpy's x[start:stop:step] through the terms' numpy semantics."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import pytest
 from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
 from equivci.translate.evaluator import Evaluator
+from equivci.translate.shapes import strided_slice
 
 
 def _evaluator() -> Evaluator:
@@ -22,7 +23,7 @@ def _evaluator() -> Evaluator:
 def test_strided_slice_is_numpys(shape, dim, start, stop, step):
     ev = _evaluator()
     x = ev.table.make("param", (0,), (), shape, "f32")
-    term = ev.strided_slice(x, dim, start, stop, step)
+    term = strided_slice(ev, x, dim, start, stop, step)
     value = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     index = [slice(None)] * len(shape)
     index[dim] = slice(start, stop, step)
@@ -31,4 +32,4 @@ def test_strided_slice_is_numpys(shape, dim, start, stop, step):
 
 def test_near_miss_a_step_that_does_not_divide_the_dim_stays_unmodelled():
     ev = _evaluator()
-    assert ev.strided_slice(ev.table.make("param", (0,), (), (7,), "f32"), 0, 0, 7, 2) is None
+    assert strided_slice(ev, ev.table.make("param", (0,), (), (7,), "f32"), 0, 0, 7, 2) is None

@@ -22,6 +22,7 @@ from equivci.prove.programs import build_programs
 from equivci.results import Status
 from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
+from equivci.translate.elementwise import without_guard
 from equivci.translate.evaluator import Evaluator
 from equivci.translate.masks import tiles
 from equivci.verify.engine import verify_model
@@ -84,6 +85,58 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P("tp", None), P()), out_specs=P())(table, ids)
 
 
+    def _clipped(table, ids, mesh, short):
+        # Offset ids first, then test and clip the local index (jnp.clip: max then min).
+        def body(table, ids):
+            n = table.shape[0]
+            local = ids - lax.axis_index("tp") * n
+            rows = jnp.take(table, jnp.clip(local, 0, n - 1 - short), axis=0)
+            return lax.psum(rows * ((local >= 0) & (local < n))[..., None].astype(rows.dtype), "tp")
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P("tp", None), P()), out_specs=P())(table, ids)
+
+
+    def embed_clipped(table, ids, *, mesh):
+        return _clipped(table, ids, mesh, 0)
+
+
+    def embed_clipped_short(table, ids, *, mesh):
+        return _clipped(table, ids, mesh, 1)
+
+
+    def head_inputs():
+        return (jax.ShapeDtypeStruct((T, D), jnp.float32), jax.ShapeDtypeStruct((D, V), jnp.float32),
+                jax.ShapeDtypeStruct((V,), jnp.float32), jax.ShapeDtypeStruct((T,), jnp.int32))
+
+
+    def head_xent(h, w, bias, labels):
+        logits = h @ w + bias
+        return jax.nn.logsumexp(logits, axis=-1) - jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+
+
+    def _head_xent_tp(h, w, bias, labels, mesh, bias_rows):
+        # Each device makes its logits from its columns of the head (a window inside a dot) and
+        # clips the local label instead of masking it.
+        def body(h, w, bias, labels):
+            n = w.shape[1]
+            logits = h @ w + bias_rows(bias, n)
+            m = lax.pmax(jnp.max(logits, axis=-1), "tp")
+            lse = m + jnp.log(lax.psum(jnp.exp(logits - m[:, None]).sum(-1), "tp"))
+            local = labels - lax.axis_index("tp") * n
+            hit = jnp.take_along_axis(logits, jnp.clip(local, 0, n - 1)[:, None], axis=-1)[:, 0]
+            return lse - lax.psum(jnp.where((local >= 0) & (local < n), hit, 0.0), "tp")
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, "tp"), P("tp"), P()), out_specs=P())(h, w, bias, labels)
+
+
+    def head_xent_tp(h, w, bias, labels, *, mesh):
+        return _head_xent_tp(h, w, bias, labels, mesh, lambda b, n: b)
+
+
+    def head_xent_wrong_bias(h, w, bias, labels, *, mesh):  # every device adds the first shard's bias
+        return _head_xent_tp(h, w, bias, labels, mesh, lambda b, n: lax.all_gather(b, "tp", tiled=True)[:n])
+
+
     def row_max(logits):
         return jnp.max(logits, axis=-1)
 
@@ -132,6 +185,10 @@ MANIFEST = textwrap.dedent(
       - {name: gap, reference: vocab.py:embed, distributed: vocab.py:embed_gap, inputs: vocab.py:embed_inputs, mesh: {tp: 2}}
       - {name: overlap, reference: vocab.py:embed, distributed: vocab.py:embed_overlap, inputs: vocab.py:embed_inputs, mesh: {tp: 2}}
       - {name: shifted, reference: vocab.py:embed, distributed: vocab.py:embed_shifted, inputs: vocab.py:embed_inputs, mesh: {tp: 2}}
+      - {name: clipped, reference: vocab.py:embed, distributed: vocab.py:embed_clipped, inputs: vocab.py:embed_inputs, mesh: {tp: 2}}
+      - {name: clipped_short, reference: vocab.py:embed, distributed: vocab.py:embed_clipped_short, inputs: vocab.py:embed_inputs, mesh: {tp: 2}}
+      - {name: head_xent, reference: vocab.py:head_xent, distributed: vocab.py:head_xent_tp, inputs: vocab.py:head_inputs, mesh: {tp: 2}}
+      - {name: wrong_bias, reference: vocab.py:head_xent, distributed: vocab.py:head_xent_wrong_bias, inputs: vocab.py:head_inputs, mesh: {tp: 2}}
       - {name: row_max, reference: vocab.py:row_max, distributed: vocab.py:row_max_tp, inputs: vocab.py:max_inputs, mesh: {tp: 2}}
       - {name: max_gap, reference: vocab.py:row_max, distributed: vocab.py:row_max_gap, inputs: vocab.py:max_inputs, mesh: {tp: 2}}
       - {name: xent, reference: vocab.py:xent, distributed: vocab.py:xent_tp, inputs: vocab.py:xent_inputs, mesh: {tp: 2}}
@@ -144,7 +201,7 @@ def manifest(tmp_path_factory):
     return model_package.write_package(tmp_path_factory.mktemp("vocab_models"), "vocab.py", MODELS, MANIFEST)
 
 
-@pytest.mark.parametrize("name", ["embed", "row_max", "xent"])
+@pytest.mark.parametrize("name", ["embed", "clipped", "row_max", "xent", "head_xent"])
 def test_vocab_parallel_programs_verify(manifest, name):
     model = _model(manifest, name)
     result = verify_model(model, manifest, capture_model(model, manifest))
@@ -152,6 +209,8 @@ def test_vocab_parallel_programs_verify(manifest, name):
     # The proof took the ids to be valid indices: the verdict says so, where the reference indexes.
     notes = [(f.severity, f.path, f.message.split(":")[0]) for f in result.findings]
     expected = {"embed": [("note", "vocab.py", "proved for input [1] in [0, 15]")],
+                "clipped": [("note", "vocab.py", "proved for input [1] in [0, 15]")],
+                "head_xent": [("note", "vocab.py", "proved for input [3] in [0, 15]")],
                 "xent": [("note", "vocab.py", "proved for input [1] in [0, 15]")], "row_max": []}
     assert notes == expected[name]
 
@@ -172,12 +231,32 @@ def test_near_misses_are_not_verified(manifest, name):
     assert result.findings[0].line == model_package.line_of(MODELS, name), result.findings
 
 
+def test_index_clipped_short_is_a_lookup_only_where_the_clip_leaves_it(manifest):
+    """The near miss of `clipped`: the clip keeps ids - lo only in [0, n - 2], so each shard's
+    lookup is the table's rows on one id fewer than its mask admits, and the sum is not the lookup."""
+    model = _model(manifest, "clipped_short")
+    captured = capture_model(model, manifest)
+    ev = _programs(captured).evaluator
+    assert [(k.window.lo, k.window.hi) for k in ev.masked_rows.values()] == [(0, 7), (8, 15)]
+    assert verify_model(model, manifest, captured).status is Status.MISMATCH
+
+
+def test_logits_with_a_bias_of_another_window_are_not_a_window(manifest):
+    """The near miss of `head_xent`: every device adds the first shard's bias, so the second
+    device's logits are not a window of the reference's: only the first device's lookup is one."""
+    model = _model(manifest, "wrong_bias")
+    captured = capture_model(model, manifest)
+    ev = _programs(captured).evaluator
+    assert [(k.window.lo, k.window.hi) for k in ev.masked_rows.values()] == [(0, 8)]
+    assert verify_model(model, manifest, captured).status is Status.MISMATCH
+
+
 def _programs(captured):
     return build_programs(parse_module(captured.reference_hlo), parse_module(captured.distributed_hlo),
                           captured.inputs, captured.outputs, captured.num_devices)
 
 
-@pytest.mark.parametrize("name", ["embed", "row_max", "xent"])
+@pytest.mark.parametrize("name", ["embed", "clipped", "row_max", "xent", "head_xent"])
 def test_collapsed_collectives_equal_the_sums_they_replace(manifest, name):
     """On random inputs (integers as valid indices), each all-reduce's term is the elementwise
     reduction of its members, and each window lookup is the full lookup where its mask holds."""
@@ -219,10 +298,10 @@ def test_logsumexp_guards_are_identities():
              (ev.normal("ternary", ("select",), [finite, x, zero], s), ["select", [finite, x, zero]], x)]
     params = {0: np.random.default_rng(1).standard_normal((3, 5))}
     for plain, (op, args), simplified in cases:
-        assert ev.without_guard(op, args) is simplified
+        assert without_guard(ev, op, args) is simplified
         np.testing.assert_allclose(evaluate(plain, params, ev.values), evaluate(simplified, params, ev.values))
-    assert ev.without_guard("abs", [x]) is None  # x may be negative
-    assert ev.without_guard("maximum", [x, zero]) is None
+    assert without_guard(ev, "abs", [x]) is None  # x may be negative
+    assert without_guard(ev, "maximum", [x, zero]) is None
 
 
 def test_tiles_needs_every_value_exactly_once():

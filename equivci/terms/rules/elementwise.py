@@ -72,6 +72,21 @@ ELEMENTWISE = family(
         ).then(union(e).with_(w))
         for c in COMMUTATIVE
     ],
+    # Sums regrouped onto a grouping that exists already (a residual added before or after a bias:
+    # (x + psum(partial)) + b against x + (dot + b)); only onto existing terms, so that regrouping
+    # never enumerates the groupings of a long sum.
+    named(
+        "elementwise/add_regroup_right",
+        "(x + y) + z = x + (y + z), where y + z is a term already",
+        eq(e).to(T.binary("add", T.binary("add", x, y), z)),
+        eq(w).to(T.binary("add", y, z)),
+    ).then(union(e).with_(T.binary("add", x, w))),
+    named(
+        "elementwise/add_regroup_left",
+        "x + (y + z) = (x + y) + z, where x + y is a term already",
+        eq(e).to(T.binary("add", x, T.binary("add", y, z))),
+        eq(w).to(T.binary("add", x, y)),
+    ).then(union(e).with_(T.binary("add", w, z))),
     # Elementwise ops commute with reshapes: same spec and same output shape imply same input shape.
     named(
         "elementwise/unary_reshape_lift", "op(reshape(x)) = reshape(op(x))", eq(e).to(T.unary(op, T.reshape(spec, x)))

@@ -583,3 +583,82 @@ def interleaved_tp(x, wq, wk, *, mesh):
 def interleaved_tp_odd_first(x, wq, wk, *, mesh):
     # BUG: the even and odd elements of each pair trade places
     return _interleaved_tp(x, wq, mesh, 1)
+
+
+# --- sorts along one dim (top-k routing): lanes of other dims are sorted on their own -------------
+TOK, EXP, TOPK = 8, 4, 2
+
+
+def topk_route(x, w_router):
+    """Renormalized top-k routing weights [tokens, experts] (zero off the chosen experts)."""
+    probs = jax.nn.softmax(x @ w_router, axis=-1)
+    top_p, top_i = lax.top_k(probs, TOPK)
+    top_p = top_p / top_p.sum(-1, keepdims=True)
+    return jnp.einsum("tk,tke->te", top_p, jax.nn.one_hot(top_i, probs.shape[-1]))
+
+
+def topk_inputs():
+    return (spec(TOK, D), spec(D, EXP))
+
+
+def topk_route_tokens(x, w_router, *, mesh):
+    """Tokens split over tp, the router replicated: each device routes its own tokens."""
+    return jax.shard_map(topk_route, mesh=mesh, in_specs=(P(TP), P()), out_specs=P(TP))(x, w_router)
+
+
+def topk_route_local_experts(x, w_router, *, mesh):
+    # BUG: the router's experts split over tp and top-k taken over each device's experts only (a
+    # window of the sorted dim): every token keeps two experts per device
+    def body(x, w):
+        logits = x @ w
+        top_p, top_i = lax.top_k(jax.nn.softmax(logits, axis=-1), TOPK)
+        return jnp.einsum("tk,tke->te", top_p / top_p.sum(-1, keepdims=True), jax.nn.one_hot(top_i, logits.shape[-1]))
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, TP)), out_specs=P(None, TP))(x, w_router)
+
+
+# --- clipped local ids, and logits made from a window of the head (equivci/translate/windows.py) ---
+def _clipped(table, ids, mesh, top):
+    """The local index clipped to [0, top(n)] instead of masked; the output masked by its own range."""
+
+    def body(table, ids):
+        n = table.shape[0]
+        local = ids - lax.axis_index(TP) * n
+        rows = table[jnp.clip(local, 0, top(n))]
+        return lax.psum(jnp.where(((local >= 0) & (local < n))[..., None], rows, 0.0), TP)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P()), out_specs=P())(table, ids)
+
+
+def embed_clipped(table, ids, *, mesh):
+    return _clipped(table, ids, mesh, lambda n: n - 1)
+
+
+def embed_clipped_short(table, ids, *, mesh):
+    # BUG: the clip stops a row short: a shard's last id reads the row before it
+    return _clipped(table, ids, mesh, lambda n: n - 2)
+
+
+def head_inputs():
+    return (spec(3, D), spec(D, V), spec(V))
+
+
+def head_max(h, w, b):
+    return jnp.max(h @ w + b, axis=1)
+
+
+def _head_max(h, w, b, mesh, bias_of):
+    def f(h, w, b):
+        return lax.pmax(jnp.max(h @ w + bias_of(b, w.shape[1]), axis=1), TP)
+
+    return jax.shard_map(f, mesh=mesh, in_specs=(P(), P(None, TP), P(TP)), out_specs=P())(h, w, b)
+
+
+def head_max_tp(h, w, b, *, mesh):
+    """The max over shards of logits each makes from its columns of the head and its bias (correct)."""
+    return _head_max(h, w, b, mesh, lambda b, n: b)
+
+
+def head_max_first_bias(h, w, b, *, mesh):
+    # BUG: every shard adds the first shard's bias to its own columns
+    return _head_max(h, w, b, mesh, lambda b, n: lax.all_gather(b, TP, tiled=True)[:n])

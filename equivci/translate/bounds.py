@@ -1,0 +1,96 @@
+"""Integer bounds of index values, which fold range checks (a gather's index validation, a vocab
+shard's `ids >= lo`): what a select narrows, which inputs the reference uses as indices, and the
+comparisons the bounds decide.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from equivci.hlo.ir import Instruction, Shape
+from equivci.terms.ir import Term
+from equivci.terms.spec import parse_compare
+from equivci.translate import masks
+from equivci.translate.builder import Builder
+
+# Ops whose elements are elements of their first operand.
+BOUND_PRESERVING = {"reshape", "bitcast", "broadcast", "slice", "dynamic-slice", "transpose", "copy", "convert"}
+
+
+def note(ev: Builder, inst: Instruction, args: list, result) -> None:
+    """Bounds of an op's result from its operands': a layout op keeps its operand's, a select
+    those of its branches, a clamp to constants its ends."""
+    if isinstance(result, Term) and inst.opcode in BOUND_PRESERVING and result not in ev.bounds:
+        ev.bound(result, *[a for a in args[:1] if isinstance(a, Term)])
+    if isinstance(result, Term) and inst.opcode == "select" and len(args) == 3 and result not in ev.bounds:
+        bound_select(ev, result, *args)
+    if isinstance(result, Term) and inst.opcode in ("clamp", "minimum", "maximum") and result not in ev.bounds:
+        # clamp(lo, x, hi) = min(max(x, lo), hi) lies in [lo, hi], whatever x
+        if (clamped := masks.clamp_form(ev, result)) is not None:
+            ev._set_bounds(result, clamped[0], clamped[2])
+
+
+def bound_select(ev: Builder, term: Term, p: Term, a: Term, b: Term) -> None:
+    """select(p, a, b)'s elements are b's, or a's where p holds: a range test of a's own ids
+    narrows a (where(ids in [lo, hi), ids - lo, 0) is in [0, hi - lo))."""
+    chosen, other = masks.bounds_under_mask(ev, p, a) or ev.bounds_of(a), ev.bounds_of(b)
+    if chosen is not None and other is not None:
+        ev._set_bounds(term, min(chosen[0], other[0]), max(chosen[1], other[1]))
+
+
+def index_domains(ev: Builder) -> dict[Term, tuple[tuple[float, float], tuple[Instruction, ...]]]:
+    """The entry parameters this program uses as gather indices (as they are, or with negative
+    ones wrapped, as numpy indexing does), each with the valid indices [0, size - 1] (the
+    smallest such range) and the gather that gives it (with its calls)."""
+    domains: dict[Term, tuple[tuple[float, float], tuple[Instruction, ...]]] = {}
+    for idx, size, inst in ev.index_uses:
+        p = unwrapped_index(ev, idx, size)
+        if p.op == "param" and p.dtype[0] in "su" and (p not in domains or size - 1 < domains[p][0][1]):
+            domains[p] = ((0.0, float(size - 1)), inst)
+    return domains
+
+
+def unwrapped_index(ev: Builder, idx: Term, size: int) -> Term:
+    """`idx` without reshapes and without the wrap select(i < 0, i + size, i) of negative indices."""
+    while idx.op == "reshape":
+        idx = idx.args[0]
+    if idx.op == "ternary" and idx.attrs == ("select",):
+        test, wrapped, i = idx.args
+        if (
+            test.op == "binary"
+            and (parse_compare(test.attrs[0]) or ("",))[0] == "LT"
+            and test.args[0] is i
+            and masks.scalar_int(ev, test.args[1]) == 0
+            and wrapped.op == "binary"
+            and wrapped.attrs == ("add",)
+            and wrapped.args[0] is i
+            and masks.scalar_int(ev, wrapped.args[1]) == size
+        ):
+            return unwrapped_index(ev, i, size)
+    return idx
+
+
+def decide(ev: Builder, direction: str, a: Term, b: Term, shape: Shape) -> Term | None:
+    """A comparison that the bounds of its operands decide, as a constant."""
+    ra, rb = ev.bounds_of(a), ev.bounds_of(b)
+    if ra is None or rb is None:
+        return None
+    always = {
+        "LT": ra[1] < rb[0],
+        "LE": ra[1] <= rb[0],
+        "GT": ra[0] > rb[1],
+        "GE": ra[0] >= rb[1],
+        "EQ": ra[0] == ra[1] == rb[0] == rb[1],
+        "NE": ra[1] < rb[0] or ra[0] > rb[1],
+    }
+    never = {
+        "LT": ra[0] >= rb[1],
+        "LE": ra[0] > rb[1],
+        "GT": ra[1] <= rb[0],
+        "GE": ra[1] < rb[0],
+        "EQ": ra[1] < rb[0] or ra[0] > rb[1],
+        "NE": ra[0] == ra[1] == rb[0] == rb[1],
+    }
+    if direction not in always or not (always[direction] or never[direction]):
+        return None
+    return ev.const(np.full(shape.dims, always[direction], dtype=np.bool_), shape.dtype)

@@ -1,0 +1,421 @@
+"""Terms in the normal form every evaluated op gets, and what evaluation learned about them.
+
+The op handlers (elementwise, shapes, reductions, collectives, literals) build their terms through
+a `Builder`, which keeps the terms normal: constants folded (`values`), non-uniform constants found
+again by content and as windows of one another (`constants`), constant scalar factors pulled in
+front, slices composed, reshapes of reshapes merged, and the integer bounds of index values
+(`bounds`), which fold range checks. The driver (evaluator.py) is a Builder that also runs the
+instructions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from fractions import Fraction
+
+import numpy as np
+
+from equivci.hlo.ir import Instruction, Module, Shape
+from equivci.terms.ir import Term, TermTable, gather_map
+from equivci.terms.spec import BcastSpec, GatherDims, bcast_spec, parse_compare, parse_transpose, reshape_spec
+from equivci.translate import masks
+from equivci.translate.arrays import NP_DTYPES, all_equal, np_binary, np_compare, np_unary
+from equivci.translate.constants import ConstantPool, Window
+
+# Float dtypes whose constants numpy holds exactly: constant scalar factors are pulled out of these.
+SCALABLE = {"f16", "f32", "f64"}
+# Folding constants bigger than this would copy weights-sized arrays around: keep them symbolic.
+MAX_FOLD_ELEMENTS = 1 << 16
+# Layout identities are checked on one label per element up to this many elements.
+MAX_LABELS = 1 << 20
+
+
+# One device's value of an instruction: a term, or a tuple of them (a tuple-shaped op).
+Value = Term | tuple
+
+
+class Unsupported(Exception):
+    """A construct the evaluator cannot translate faithfully; the caller answers `unproven`."""
+
+
+class Builder:
+    def __init__(self, module: Module, table: TermTable, num_devices: int):
+        self.module = module
+        self.table = table
+        self.n = num_devices
+        self.values: dict[Term, np.ndarray] = {}  # folded constant terms -> their value
+        self.constants = ConstantPool()  # non-uniform constants, by content and as windows
+        self.equal_terms: list[list[Term]] = []  # groups of terms known equal by evaluation
+        self.bounds: dict[Term, tuple[float, float]] = {}  # integer terms -> [lo, hi] of their elements
+        self.window_sums: dict[Term, tuple] = {}  # opaque reduce-window sums -> (sizes, padding)
+        self.masked_rows: dict[Term, masks.MaskedRows] = {}  # window lookups -> the full table's rows
+        # (gather index, size of the dim it indexes, the gather and the calls it is in, innermost first)
+        self.index_uses: list[tuple[Term, int, tuple[Instruction, ...]]] = []
+        self.calls: list[Instruction] = []  # the calls being evaluated, outermost first
+
+    def const(self, value: np.ndarray, dtype: str) -> Term:
+        value = np.asarray(value)
+        if all_equal(value):
+            scalar = self.table.make("const", (repr(value.flat[0].item()),), (), (), dtype)
+            self.values[scalar] = np.asarray(value.flat[0])
+            if value.ndim == 0:
+                return scalar
+            term = self.table.make("bcast", (bcast_spec(0, value.shape, ()),), (scalar,), value.shape, dtype)
+        elif (term := self.constants.seen(value, dtype)) is None:
+            windows = self.constants.windows(value, dtype)
+            if windows:
+                # Device-local tables (RoPE angles at a shard's positions, a mask's rows) are windows
+                # of the reference's tables; saying so relates them. One that repeats along the dim
+                # (a mask broadcast over heads) is every such window.
+                slices = [self.window_term(w, value.shape, dtype) for w in windows]
+                if len(slices) > 1:
+                    self.equal_terms.append(slices)
+                term = slices[0]
+            else:
+                digest = hashlib.sha256(value.tobytes()).hexdigest()[:16]
+                term = self.table.make("const", (f"{digest}:{value.shape}",), (), value.shape, dtype)
+            self.constants.add(term, value, dtype, source=not windows)
+        self.values[term] = value
+        return term
+
+    def window_term(self, window: Window, shape: tuple[int, ...], dtype: str) -> Term:
+        """The term of a constant pool window, laid out as `shape` (which differs in unit dims only)."""
+        term = self.slice_term(window.source, window.dim, window.start, window.start + window.width)
+        return self.reshape_term(term, Shape(dtype, shape)) if window.reshaped else term
+
+    def folded(self, term: Term) -> np.ndarray | None:
+        return self.values.get(term)
+
+    # -- constant scalar factors ------------------------------------------------------------
+    # A term times a constant scalar is kept as `multiply(base, broadcast(c))` with the factor
+    # pulled out of dots, sums, slices and layout ops, and products of factors folded (exactly, as
+    # rationals). Programs that scale at different places (a data-parallel mean: 1/64 on a shard,
+    # then a halving pmean, against the reference's 1/128) then build the same term.
+    def uniform(self, t: Term) -> Fraction | None:
+        """The value of a constant whose elements are all one finite number."""
+        value = self.folded(t)
+        if value is None or value.size == 0 or not np.all(value == value.flat[0]) or not np.isfinite(value.flat[0]):
+            return None
+        return Fraction(float(value.flat[0]))
+
+    def scale_of(self, t: Term) -> tuple[Fraction, Term]:
+        """`t` as factor * base (factor 1 when there is none)."""
+        if t.op == "binary" and t.attrs == ("multiply",) and t.dtype in SCALABLE and self.folded(t.args[0]) is None:
+            factor = self.uniform(t.args[1])
+            if factor is not None:
+                return factor, t.args[0]
+        return Fraction(1), t
+
+    def scaled(self, base: Term, factor: Fraction) -> Term | None:
+        """factor * base; None when the factor is not exactly a number of base's dtype."""
+        if factor == 1:
+            return base
+        if base.dtype not in SCALABLE:
+            return None
+        scalar: np.ndarray = np.asarray(float(factor), dtype=NP_DTYPES[base.dtype])
+        if Fraction(float(scalar)) != factor:
+            return None
+        return self.table.make(
+            "binary",
+            ("multiply",),
+            (base, self.const(np.broadcast_to(scalar, base.shape), base.dtype)),
+            base.shape,
+            base.dtype,
+        )
+
+    def factored(self, kind: str, attrs: tuple, args: list[Term], shape: Shape) -> Term | None:
+        """The op with its operands' constant factors pulled in front, if any (else None)."""
+        if kind == "ternary" and attrs == ("select",):
+            return self.factored_select(args, shape)
+        if shape.dtype not in SCALABLE or any(isinstance(a, tuple) or a.dtype != shape.dtype for a in args):
+            return None
+        op = attrs[0] if kind in ("binary", "reduce", "unary") else kind
+        scales = [self.scale_of(a) for a in args]
+        factors, bases = [f for f, _ in scales], [b for _, b in scales]
+        if op == "multiply":
+            for k in (0, 1):  # a constant operand joins the other's factor
+                value = self.uniform(args[k])
+                if value is not None:
+                    return self.scaled(bases[1 - k], value * factors[1 - k])
+            return (
+                self.scaled(self.mk(kind, attrs, bases, shape), factors[0] * factors[1]) if factors != [1, 1] else None
+            )
+        if op == "divide":
+            value = self.uniform(args[1])
+            if value:
+                return self.scaled(bases[0], factors[0] / value)
+            numerator = self.uniform(args[0])
+            if numerator and (numerator != 1 or factors[1] != 1):  # c / (f * x) = (c / f) * (1 / x)
+                one = self.const(np.ones(shape.dims, NP_DTYPES[shape.dtype]), shape.dtype)
+                return self.scaled(self.mk(kind, attrs, [one, bases[1]], shape), numerator / factors[1])
+            return (
+                self.scaled(self.mk(kind, attrs, [bases[0], args[1]], shape), factors[0]) if factors[0] != 1 else None
+            )
+        if op == "dot" and factors != [1, 1]:
+            return self.scaled(self.mk(kind, attrs, bases, shape), factors[0] * factors[1])
+        linear = (
+            op in ("add", "subtract", "negate") or kind in ("concat", "transpose") or (kind == "reduce" and op == "add")
+        )
+        if linear and factors[0] != 1 and all(f == factors[0] for f in factors):
+            return self.scaled(self.mk(kind, attrs, bases, shape), factors[0])
+        if op in ("add", "subtract") and 1 not in factors and 0 not in factors:
+            # f * a + g * b = f * (a + (g / f) * b) when g / f is exact: sums scaled alike up to one
+            # ratio meet (a gradient's two terms, each with the loss's scale, in a shard's and the
+            # whole batch's)
+            second = self.scaled(bases[1], factors[1] / factors[0])
+            if second is not None:
+                return self.scaled(self.mk(kind, attrs, [bases[0], second], shape), factors[0])
+        return None
+
+    def factored_select(self, args: list[Term], shape: Shape) -> Term | None:
+        """select(p, f * a, f * b) = f * select(p, a, b), a zero branch taking any factor (a
+        gradient's guarded branch, select(s >= 0, c / s, 0), with the loss's scale in c)."""
+        p, *branches = args
+        if shape.dtype not in SCALABLE or any(b.dtype != shape.dtype for b in branches):
+            return None
+        scales = [(Fraction(0), b) if self.uniform(b) == 0 else self.scale_of(b) for b in branches]
+        factors = {f for f, _ in scales if f != 0}
+        if len(factors) != 1 or (factor := factors.pop()) == 1:
+            return None
+        bases = [base for _, base in scales]
+        return self.scaled(self.mk("ternary", ("select",), (p, *bases), shape), factor)
+
+    def normal(self, kind: str, attrs: tuple, args, shape: Shape) -> Term:
+        """The term in the normal form every evaluated op gets (constant factors in front), so a
+        term built elsewhere (routing.py's dense terms) meets the reference's own."""
+        return self.factored(kind, attrs, list(args), shape) or self.mk(kind, attrs, args, shape)
+
+    def mk(self, op: str, attrs: tuple, args: Sequence[Term], shape: Shape) -> Term:
+        return self.table.make(op, attrs, tuple(args), shape.dims, shape.dtype)
+
+    def binary(self, op: str, a: Term, b: Term, dtype: str | None = None) -> Term:
+        shape = Shape(dtype or a.dtype, a.shape)
+        return self.factored("binary", (op,), [a, b], shape) or self.mk("binary", (op,), [a, b], shape)
+
+    def fold_or(self, kind: str, attrs: tuple, args: list, shape: Shape, fn) -> Term:
+        values = [self.folded(a) for a in args]
+        if all(v is not None for v in values) and np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
+            try:
+                with np.errstate(all="ignore"):
+                    result = fn(*values)
+            except (TypeError, ValueError, KeyError):
+                result = None
+            if result is not None:
+                return self.const(np.asarray(result).astype(NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
+        return self.normal(kind, attrs, args, shape)
+
+    # -- layout ----------------------------------------------------------------------------
+    def slice_term(self, x: Term, dim: int, start: int, stop: int) -> Term:
+        if start == 0 and stop == x.shape[dim]:
+            return x
+        shape = list(x.shape)
+        shape[dim] = stop - start
+        value = self.folded(x)
+        if value is not None:
+            index = [slice(None)] * len(x.shape)
+            index[dim] = slice(start, stop)
+            window = value[tuple(index)]
+            if all_equal(window):
+                return self.const(window, x.dtype)
+            # A window of a table the program made itself (a device's rows of a longer RoPE table)
+            # that a constant known before it holds (the reference's table) is that constant's.
+            moved = self.constants.older_windows(window, x.dtype, x) if x.op == "const" else []
+            if moved:
+                return self.window_term(moved[0], window.shape, x.dtype)
+        factor, base = self.scale_of(x)
+        if factor != 1 and (term := self.scaled(self.slice_term(base, dim, start, stop), factor)) is not None:
+            return term
+        if x.op == "concat" and x.attrs[0] == dim:  # a window of a concatenation is windows of its parts
+            left, right = x.args
+            n = left.shape[dim]
+            if stop <= n:
+                return self.slice_term(left, dim, start, stop)
+            if start >= n:
+                return self.slice_term(right, dim, start - n, stop - n)
+            return self.concat([self.slice_term(left, dim, start, n), self.slice_term(right, dim, 0, stop - n)], dim)
+        if x.op == "slice" and x.attrs[0] == dim:  # compose, so slices stay one level deep per dim
+            inner_start = x.attrs[1]
+            return self.slice_term(x.args[0], dim, inner_start + start, inner_start + stop)
+        term = self.table.make("slice", (dim, start, stop), (x,), tuple(shape), x.dtype)
+        if value is not None:
+            self.values[term] = window
+        elif term not in self.bounds:
+            # A window's elements are elements of the whole: a device's shard of the ids keeps the
+            # bounds the reference's gathers give the ids (whatever made the window: an input's
+            # placement, a collective, an HLO slice).
+            self.bound(term, x)
+        return term
+
+    def slice_nd(self, x: Term, ranges) -> Term:
+        for dim, (start, stop) in enumerate(ranges):
+            x = self.slice_term(x, dim, start, stop)
+        return x
+
+    def concat(self, parts: list[Term], dim: int) -> Term:
+        regathered = self.concat_of_reshapes(parts, dim)
+        if regathered is not None:
+            return regathered
+        acc = parts[0]
+        for p in parts[1:]:
+            if acc.op == p.op == "slice" and acc.args[0] is p.args[0] and acc.attrs[0] == p.attrs[0] == dim:
+                if acc.attrs[2] == p.attrs[1]:  # adjacent windows of one value are one window
+                    acc = self.slice_term(acc.args[0], dim, acc.attrs[1], p.attrs[2])
+                    continue
+            shape = list(acc.shape)
+            shape[dim] += p.shape[dim]
+            pair = (dim,), [acc, p], Shape(acc.dtype, tuple(shape))
+            acc = self.factored("concat", *pair) or self.mk("concat", *pair)
+        return acc
+
+    def concat_of_reshapes(self, parts: list[Term], dim: int) -> Term | None:
+        """concat(reshape(y_1), ..., reshape(y_n); dim) as reshape(concat(y_1, ..., y_n; k)) when that
+        is the same layout: a flat FSDP shard all-gathered is the flattened gather of the shards.
+
+        The layout identity is checked exactly, on labels (every element of the y's numbered), for
+        each dim k along which the y's can be concatenated."""
+        if len(parts) < 2 or any(p.op != "reshape" for p in parts):
+            return None
+        inner = [p.args[0] for p in parts]
+        if len({len(y.shape) for y in inner}) != 1:
+            return None
+        rank = len(inner[0].shape)
+        total = sum(int(np.prod(y.shape)) for y in inner)
+        if total > MAX_LABELS:
+            return None
+        out_shape = list(parts[0].shape)
+        out_shape[dim] = sum(p.shape[dim] for p in parts)
+        for k in range(rank):
+            if any(y.shape[:k] + y.shape[k + 1 :] != inner[0].shape[:k] + inner[0].shape[k + 1 :] for y in inner):
+                continue
+            whole = np.arange(total).reshape(*inner[0].shape[:k], -1, *inner[0].shape[k + 1 :])
+            bounds = np.cumsum([0] + [y.shape[k] for y in inner])
+            pieces = [np.take(whole, np.arange(lo, hi), axis=k) for lo, hi in zip(bounds[:-1], bounds[1:])]
+            gathered = np.concatenate([piece.reshape(p.shape) for piece, p in zip(pieces, parts)], axis=dim)
+            if np.array_equal(gathered, whole.reshape(out_shape)):
+                return self.reshape_term(self.concat(inner, k), Shape(parts[0].dtype, tuple(out_shape)))
+        return None
+
+    def reshape_term(self, operand: Term, shape: Shape) -> Term:
+        if operand.op == "reshape":  # a reshape of a reshape is one reshape
+            operand = operand.args[0]
+        if operand.shape == shape.dims:
+            return operand
+        value = self.folded(operand)
+        if value is not None and (value.size <= 1 or all_equal(value)):
+            return self.const(value.reshape(shape.dims), shape.dtype)
+        factor, base = self.scale_of(operand)
+        if factor != 1 and (term := self.scaled(self.reshape_term(base, shape), factor)) is not None:
+            return term
+        if value is None and (term := self.reshaped_window(operand, shape)) is not None:
+            return term
+        # Tables stay symbolic (a device's table is a window of the reference's); the value is
+        # kept so that index arithmetic on it still folds.
+        term = self.mk("reshape", (reshape_spec(operand.shape, shape.dims),), [operand], shape)
+        if value is not None:
+            self.values[term] = value.reshape(shape.dims)
+        return term
+
+    def reshaped_window(self, operand: Term, shape: Shape) -> Term | None:
+        """reshape(slices and reshapes of y) as (a reshape of) one window of y, when it is one: a
+        microbatch taken as reshape(x, (m, b, d))[k] is the rows x[k*b:(k+1)*b].
+
+        Checked exactly on labels (every element of y numbered) through the chain of ops."""
+        chain: list[Term] = []
+        base = operand
+        while base.op in ("slice", "reshape") and len(chain) < 8:
+            chain.append(base)
+            base = base.args[0]
+        if (
+            not any(t.op == "reshape" for t in chain)
+            or not any(t.op == "slice" for t in chain)
+            or int(np.prod(base.shape)) > MAX_LABELS
+        ):
+            return None
+        labels = np.arange(int(np.prod(base.shape))).reshape(base.shape)
+        for t in reversed(chain):
+            if t.op == "reshape":
+                labels = labels.reshape(t.shape)
+            else:
+                dim, start, stop = t.attrs
+                labels = np.take(labels, np.arange(start, stop), axis=dim)
+        coords = np.unravel_index(labels.ravel(), base.shape)
+        box = tuple((int(c.min()), int(c.max()) + 1) for c in coords) if labels.size else None
+        if box is None or int(np.prod([b - a for a, b in box])) != labels.size:
+            return None
+        whole = np.arange(int(np.prod(base.shape))).reshape(base.shape)
+        if not np.array_equal(whole[tuple(slice(a, b) for a, b in box)].ravel(), labels.ravel()):
+            return None
+        return self.reshape_term(self.slice_nd(base, box), shape)
+
+    def gather_term(self, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
+        aligned = gather_map(dims, len(x.shape), len(idx.shape), len(out.dims))
+        if aligned is None:
+            return None
+        key = (aligned.key(dims.key()),)
+        factor, base = self.scale_of(x)  # rows picked from a scaled value are the scaled rows
+        if factor != 1 and (term := self.scaled(self.mk("aligned", key, (base, idx), out), factor)) is not None:
+            return term
+        return self.mk("aligned", key, (x, idx), out)
+
+    # -- bounds of integer values (folds range checks such as a gather's index validation) ---------
+    def bounds_of(self, term: Term) -> tuple[float, float] | None:
+        value = self.folded(term)
+        if value is not None and value.size and term.dtype[0] in "su":
+            return float(value.min()), float(value.max())
+        return self.bounds.get(term)
+
+    def bound(self, term: Term, *sources: Term) -> None:
+        """`term`'s elements are elements of `sources`."""
+        found = [b for s in sources if (b := self.bounds_of(s)) is not None]
+        if len(found) == len(sources):
+            self._set_bounds(term, min(b[0] for b in found), max(b[1] for b in found))
+
+    def _set_bounds(self, term: Term, lo: float, hi: float) -> None:
+        # Only where term's own dtype holds [lo, hi]: a narrowing convert (ids.astype(int8)) wraps
+        # the values past its range, and bounds kept across it folded a `>= 0` test away (unsound).
+        np_dtype = NP_DTYPES.get(term.dtype)
+        if term.dtype[0] not in "su" or np_dtype is None or self.folded(term) is not None:
+            return
+        info = np.iinfo(np_dtype)
+        if info.min <= lo and hi <= info.max:
+            self.bounds[term] = (lo, hi)
+
+    def numeric(self, t: Term, args: list[np.ndarray]) -> np.ndarray | None:
+        """The value of `t` from its operands' values, for the ops index arithmetic uses."""
+        at = t.attrs
+        with np.errstate(all="ignore"):
+            if t.op == "bcast":
+                pairs = BcastSpec.parse(at[0]).operand_dims()
+                dims = tuple(o for o, _ in pairs)
+                order = [k for _, k in pairs]
+                x = np.transpose(args[0], order) if order else args[0]
+                x = x.reshape([t.shape[o] if o in dims else 1 for o in range(len(t.shape))])
+                return np.broadcast_to(x, t.shape)
+            if t.op == "reshape":
+                return args[0].reshape(t.shape)
+            if t.op == "transpose":
+                return np.transpose(args[0], list(parse_transpose(at[0])))
+            if t.op == "slice":
+                index = [slice(None)] * len(t.shape)
+                index[at[0]] = slice(at[1], at[2])
+                return args[0][tuple(index)]
+            if t.op == "concat":
+                return np.concatenate(args, axis=at[0])
+            if t.op == "unary" and at[0] == "convert" and t.dtype in NP_DTYPES:
+                return args[0].astype(NP_DTYPES[t.dtype])
+            if t.op == "unary":
+                return np_unary(at[0], args[0])
+            compare = parse_compare(at[0]) if t.op == "binary" else None
+            if compare is not None:
+                return np_compare(compare[0], *args)
+            if t.op == "binary":
+                return np_binary(at[0], args[0], args[1], t.dtype)
+            if t.op == "ternary" and at[0] == "select":
+                return np.where(*args)
+            if t.op == "opaque" and t in self.window_sums:
+                sizes, pads = self.window_sums[t]
+                x = np.pad(args[0], pads)
+                view = np.lib.stride_tricks.sliding_window_view(x, sizes)
+                return view.sum(axis=tuple(range(-len(sizes), 0))).astype(args[0].dtype)
+        return None

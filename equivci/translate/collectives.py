@@ -1,0 +1,115 @@
+"""Handlers of the collectives, over every device's operand at once: all-reduce is a sum in group
+order, all-gather a concatenation, reduce-scatter a window of the sum, all-to-all concatenated
+windows, collective-permute the source device's value (zeros where none is sent).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from equivci.hlo.collectives import UnsupportedGroups, parse_groups, parse_pairs
+from equivci.hlo.ir import Instruction, Shape
+from equivci.terms.ir import Term
+from equivci.translate import masks
+from equivci.translate.arrays import NP_DTYPES, np_binary
+from equivci.translate.attributes import dims_attr, reducer_of
+from equivci.translate.builder import Builder, Unsupported
+
+OPCODES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"}
+
+
+@dataclasses.dataclass
+class Collectives:
+    # collective-permute name -> the source/target pairs to use instead (localization's what-ifs)
+    pairs_override: dict[str, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
+
+
+def evaluate(ev: Builder, state: Collectives, inst: Instruction, ops: list[list]) -> list:
+    try:
+        groups = parse_groups(inst.attrs.get("replica_groups"), ev.n)
+    except UnsupportedGroups as exc:
+        raise Unsupported(f"replica groups {exc} of {inst.opcode} {inst.name}") from exc
+    if inst.opcode == "collective-permute":
+        pairs = state.pairs_override.get(inst.name) or parse_pairs(inst.attrs.get("source_target_pairs", ""))
+        source = {t: s for s, t in pairs}
+        out = []
+        for d in range(ev.n):
+            if d in source:
+                out.append(ops[0][source[d]])
+            else:
+                out.append(
+                    ev.const(np.zeros(inst.shape.dims, NP_DTYPES.get(inst.shape.dtype, np.float32)), inst.shape.dtype)
+                )
+        return out
+    group_of = {d: g for g in groups for d in g}
+    tuple_valued = isinstance(ops[0][0], tuple) or len(ops) > 1
+    n_vals = len(ops) if len(ops) > 1 else (len(ops[0][0]) if isinstance(ops[0][0], tuple) else 1)
+
+    def operand(k: int, d: int) -> Term:
+        if len(ops) > 1:
+            return ops[k][d]
+        v = ops[0][d]
+        return v[k] if isinstance(v, tuple) else v
+
+    shapes = inst.shape.elements if inst.shape.is_tuple else (inst.shape,)
+    out = []
+    for d in range(ev.n):
+        group = group_of[d]
+        pos = group.index(d)
+        results = []
+        for k in range(n_vals):
+            members = [operand(k, g) for g in group]
+            results.append(collective_value(ev, inst, members, pos, shapes[k] if k < len(shapes) else shapes[0]))
+        out.append(tuple(results) if tuple_valued and n_vals > 1 else results[0])
+    return out
+
+
+def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
+    """The elementwise reduction of the members, in group order."""
+    if reducer == "add" and 0 < len(nonzero := [m for m in members if ev.uniform(m) != 0]) < len(members):
+        members = nonzero  # devices that hold zeros add nothing (a pipeline's idle stages)
+    inner = [m.args[0] for m in members if m.op == "reshape"]
+    if len(inner) == len(members) > 1 and len({t.shape for t in inner}) == 1:
+        # Reshaped alike (keepdims after a local reduction): reduce, then reshape once, so that
+        # the reshape meets the reference's and a reshape of it composes away.
+        return ev.reshape_term(combine(ev, reducer, inner), Shape(members[0].dtype, members[0].shape))
+    tiled = masks.tiled_lookup(ev, members) if reducer == "add" else masks.tiled_reduce(ev, reducer, members)
+    if tiled is not None:
+        return tiled
+    acc = members[0]
+    for m in members[1:]:
+        acc = ev.fold_or(
+            "binary",
+            (reducer,),
+            [acc, m],
+            Shape(acc.dtype, acc.shape),
+            lambda a, b: np_binary(reducer, a, b, acc.dtype),
+        )
+    return acc
+
+
+def collective_value(ev: Builder, inst: Instruction, members: list[Term], pos: int, shape: Shape) -> Term:
+    op = inst.opcode
+    if op in ("all-reduce", "reduce-scatter"):
+        reducer = reducer_of(ev.module, inst)
+        if reducer is None:
+            raise Unsupported(f"the reduction of {op} {inst.name} is not a single add/max/min/multiply")
+        acc = combine(ev, reducer, members)
+        if op == "all-reduce":
+            return acc
+        dim = dims_attr(inst.attrs.get("dimensions"))[0]
+        size = shape.dims[dim]
+        return ev.slice_term(acc, dim, pos * size, (pos + 1) * size)
+    if op == "all-gather":
+        dim = dims_attr(inst.attrs.get("dimensions"))[0]
+        return ev.concat(members, dim)
+    if op == "all-to-all":
+        dims = dims_attr(inst.attrs.get("dimensions"))
+        if len(dims) != 1:
+            raise Unsupported(f"tuple all-to-all {inst.name}")
+        dim = dims[0]
+        chunk = members[0].shape[dim] // len(members)
+        return ev.concat([ev.slice_term(m, dim, pos * chunk, (pos + 1) * chunk) for m in members], dim)
+    raise Unsupported(op)

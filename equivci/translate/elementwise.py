@@ -1,0 +1,191 @@
+"""Handlers of elementwise ops (unary, binary, compare, select, clamp, convert): folded when their
+operands are constants, with constant factors pulled in front, and the guards that cannot change
+their operand (logsumexp's max(x, -inf)) dropped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from equivci.hlo.ir import Instruction
+from equivci.terms.ir import Term
+from equivci.terms.spec import compare_text
+from equivci.translate import bounds
+from equivci.translate.arrays import NP_DTYPES, all_equal, np_binary, np_compare, np_unary
+from equivci.translate.builder import Builder
+
+MAX_SELECT_RUNS = 4  # windows a select by a constant mask is split into (more: it stays a select)
+
+UNARY = {
+    "abs",
+    "ceil",
+    "cos",
+    "exp",
+    "exponential",
+    "exponential-minus-one",
+    "floor",
+    "log",
+    "log-plus-one",
+    "logistic",
+    "negate",
+    "not",
+    "rsqrt",
+    "sign",
+    "sine",
+    "cosine",
+    "sqrt",
+    "tanh",
+    "erf",
+    "cbrt",
+    "round-nearest-even",
+    "round-nearest-afz",
+    "is-finite",
+    "tan",
+    "popcnt",
+    "real",
+    "imag",
+}
+BINARY = {
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "maximum",
+    "minimum",
+    "power",
+    "remainder",
+    "and",
+    "or",
+    "xor",
+    "atan2",
+    "shift-left",
+    "shift-right-arithmetic",
+    "shift-right-logical",
+}
+
+
+def convert(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    """convert and bitcast-convert: a convert to the same dtype is its operand; bitcasts are not folded."""
+    op, shape = inst.opcode, inst.shape
+    if args[0].dtype == shape.dtype and op == "convert":
+        return args[0]
+    exact = op == "convert" and shape.dtype in NP_DTYPES  # bitcasts are not folded
+    return ev.fold_or("unary", (op,), args, shape, lambda v: v.astype(NP_DTYPES[shape.dtype]) if exact else None)
+
+
+def unary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    op = inst.opcode
+    if (plain := without_guard(ev, op, args)) is not None:
+        return plain
+    return ev.fold_or("unary", (op,), args, inst.shape, lambda v: np_unary(op, v))
+
+
+def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    op, shape = inst.opcode, inst.shape
+    if (plain := without_guard(ev, op, args)) is not None:
+        return plain
+    return ev.fold_or("binary", (op,), args, shape, lambda a, b: np_binary(op, a, b, shape.dtype))
+
+
+def compare(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    direction, shape = inst.attrs["direction"], inst.shape
+    decided = bounds.decide(ev, direction, args[0], args[1], shape)
+    if decided is not None:
+        return decided
+    name = compare_text(direction, args[0].dtype)
+    return ev.fold_or("binary", (name,), args, shape, lambda a, b: np_compare(direction, a, b))
+
+
+def select(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    if (plain := without_guard(ev, "select", args)) is not None:
+        return plain
+    chosen = select_by_constant(ev, *args)
+    if chosen is not None:
+        return chosen
+    return ev.fold_or("ternary", ("select",), args, inst.shape, lambda p, a, b: np.where(p, a, b))
+
+
+def clamp(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    return ev.fold_or("ternary", ("clamp",), args, inst.shape, lambda lo, x, hi: np.clip(x, lo, hi))
+
+
+def plus_zero(ev: Builder, inst: Instruction, ops: list[list]) -> list | None:
+    """x + 0 as x, when every device adds zero: an accumulator that starts at zero (a loop over
+    microbatches, unrolled) then carries the constant factors of its terms, and sums of them meet
+    the reference's. (A device that adds a non-zero offset keeps the add on every device, so
+    that localization compares the same op across devices.)"""
+    if inst.opcode != "add" or len(ops) != 2:
+        return None
+    for k in (0, 1):
+        others = ops[1 - k]
+        if all(
+            isinstance(v, Term)
+            and isinstance(z, Term)
+            and ev.uniform(z) == 0
+            and v.shape == inst.shape.dims
+            and v.dtype == inst.shape.dtype
+            for z, v in zip(ops[k], others)
+        ):
+            return others
+    return None
+
+
+def without_guard(ev: Builder, op: str, args: list) -> Term | None:
+    """The operand of an op that cannot change it (logsumexp's guards): max(x, -inf),
+    min(x, inf), abs(x) of a non-negative x; and select(is_finite(x), x, c), which is x over
+    the reals (the identities every rule is checked against)."""
+    if op in ("maximum", "minimum"):
+        neutral = -np.inf if op == "maximum" else np.inf
+        for k in (0, 1):
+            value = ev.folded(args[k])
+            if value is not None and value.size and np.all(value == neutral) and args[1 - k].shape == args[k].shape:
+                return args[1 - k]
+    if op == "abs" and _nonnegative(args[0]):
+        return args[0]
+    if op == "select" and args[0].op == "unary" and args[0].attrs == ("is-finite",) and args[0].args[0] is args[1]:
+        return args[1]
+    return None
+
+
+def select_by_constant(ev: Builder, p: Term, a: Term, b: Term) -> Term | None:
+    """select(p, a, b) with p a constant is one of its branches where p is the same everywhere,
+    and the concatenation of windows of both where p changes along one dim only, in at most
+    MAX_SELECT_RUNS runs (the last shard of a padded buffer, its padding masked off)."""
+    value = ev.folded(p)
+    if value is None or not value.size:
+        return None
+    if all_equal(value):
+        return a if bool(value.flat[0]) else b
+    varying = [d for d in range(value.ndim) if not np.all(value == np.take(value, [0], axis=d))]
+    if len(varying) != 1:
+        return None
+    dim = varying[0]
+    line = value[tuple(slice(None) if d == dim else 0 for d in range(value.ndim))].astype(bool)
+    seams = [0, *(int(k) + 1 for k in np.flatnonzero(line[1:] != line[:-1])), len(line)]
+    if len(seams) - 1 > MAX_SELECT_RUNS:
+        return None
+    parts = [ev.slice_term(a if line[lo] else b, dim, lo, hi) for lo, hi in zip(seams, seams[1:])]
+    return ev.concat(parts, dim)
+
+
+def _nonnegative(t: Term) -> bool:
+    """Whether every element of `t` is >= 0 (or NaN) by its form: exponentials, and sums,
+    products and layout changes of such."""
+    if t.op == "unary" and t.attrs[0] in ("exponential", "abs"):
+        return True
+    if (t.op == "binary" and t.attrs[0] in ("add", "multiply", "maximum")) or (
+        t.op == "reduce" and t.attrs[0] in ("add", "multiply")
+    ):
+        return all(_nonnegative(a) for a in t.args)  # (an empty reduce-max would be -inf)
+    return t.op in ("reshape", "bcast", "slice", "transpose", "concat") and all(_nonnegative(a) for a in t.args)
+
+
+HANDLERS = {
+    **{op: unary for op in UNARY},
+    **{op: binary for op in BINARY},
+    "convert": convert,
+    "bitcast-convert": convert,
+    "compare": compare,
+    "select": select,
+    "clamp": clamp,
+}

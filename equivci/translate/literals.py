@@ -1,0 +1,64 @@
+"""Handlers of the ops that make constants: literals, iota, the device's partition id.
+
+Whatever depends only on the device index is a constant here, so `dynamic_slice(w, axis_index * k)`
+folds to a static slice of the reference input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import numpy as np
+
+from equivci.hlo.ir import Instruction, Shape
+from equivci.terms.ir import Term
+from equivci.translate.arrays import NP_DTYPES
+from equivci.translate.builder import MAX_FOLD_ELEMENTS, Builder
+
+
+def constant(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    shape, attrs = inst.shape, inst.attrs
+    value = parse_literal(attrs["_literal"], shape)
+    if value is not None:
+        return ev.const(value, shape.dtype)
+    literal = attrs["_literal"]
+    # An elided literal (`constant({...})`, as XLA prints large constants in dumps) says
+    # nothing about its content: two of them must never be one term, so it is known only
+    # as this instruction's own constant.
+    key = f"elided:{inst.name}" if "..." in literal else hashlib.sha256(literal.encode()).hexdigest()[:16]
+    return ev.mk("const", (key,), (), shape)
+
+
+def partition_id(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    return ev.const(np.asarray(device, dtype=np.uint32), inst.shape.dtype)
+
+
+def replica_id(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    return ev.const(np.asarray(0, dtype=np.uint32), inst.shape.dtype)
+
+
+def iota(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    shape = inst.shape
+    dim = int(inst.attrs["iota_dimension"])
+    if np.prod(shape.dims) <= MAX_FOLD_ELEMENTS:
+        ar = np.arange(shape.dims[dim]).reshape([-1 if k == dim else 1 for k in range(len(shape.dims))])
+        return ev.const(np.broadcast_to(ar, shape.dims).astype(NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
+    return ev.mk("iota", (dim,), (), shape)
+
+
+def parse_literal(text: str, shape: Shape) -> np.ndarray | None:
+    if shape.is_tuple or shape.dtype not in NP_DTYPES or np.prod(shape.dims) > MAX_FOLD_ELEMENTS:
+        return None
+    tokens = re.findall(r"-?inf|nan|true|false|-?[\d.]+(?:e[-+]?\d+)?", text.replace("{", " ").replace("}", " "))
+    conv = {"true": 1, "false": 0, "inf": np.inf, "-inf": -np.inf, "nan": np.nan}
+    try:
+        flat = [conv[t] if t in conv else float(t) for t in tokens]
+    except ValueError:
+        return None
+    if len(flat) != int(np.prod(shape.dims)):
+        return None
+    return np.asarray(flat).astype(NP_DTYPES[shape.dtype]).reshape(shape.dims)
+
+
+HANDLERS = {"constant": constant, "partition-id": partition_id, "replica-id": replica_id, "iota": iota}

@@ -1,0 +1,92 @@
+"""Handlers of dot and reduce: a dot keeps its dims in a spec, a reduction by a single
+add/max/min/multiply/and/or from its identity is a `reduce` term, and a two-operand reduce
+(argmax) an aligned map over the kept dims.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from equivci.hlo.ir import Instruction, Module
+from equivci.terms.ir import Term, reduce_pair_map
+from equivci.terms.spec import DotSpec, ReduceSpec
+from equivci.translate.arrays import is_identity
+from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
+from equivci.translate.builder import Builder, Value
+from equivci.translate.opaque import opaque
+
+
+def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    a = inst.attrs
+    lb, rb = dims_attr(a.get("lhs_batch_dims")), dims_attr(a.get("rhs_batch_dims"))
+    lc, rc = dims_attr(a.get("lhs_contracting_dims")), dims_attr(a.get("rhs_contracting_dims"))
+    lhs, rhs = args
+    spec = DotSpec(lb, rb, lc, rc, len(lhs.shape), len(rhs.shape), (lhs.dtype, rhs.dtype)).text()
+    return ev.factored("dot", (spec,), args, inst.shape) or ev.mk("dot", (spec,), args, inst.shape)
+
+
+def reduce(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
+    reducer = reducer_of(ev.module, inst)
+    if len(args) == 4 and inst.shape.is_tuple:
+        return reduce_pair(ev, inst, args)
+    if reducer is None or len(args) != 2:
+        return opaque(ev, inst, args)
+    x, init = args
+    init_value = ev.folded(init)
+    if init_value is None or not is_identity(reducer, init_value):
+        return opaque(ev, inst, args)
+    dims = dims_attr(inst.attrs.get("dimensions"))
+    value = ev.folded(x)
+    if value is not None and reducer in ("and", "or"):  # masks of range checks fold away
+        return ev.const(np.all(value, axis=dims) if reducer == "and" else np.any(value, axis=dims), inst.shape.dtype)
+    if all(x.shape[k] == 1 for k in dims) and x.dtype == inst.shape.dtype:
+        # Each output element reduces one element with the identity: a reshape. (The transpose of
+        # a broadcast through a unit dim, as in a bias's gradient, sums over it.)
+        return ev.reshape_term(x, inst.shape)
+    key = ReduceSpec(len(x.shape), tuple(sorted(dims))).text()
+    return ev.factored("reduce", (reducer, key), [x], inst.shape) or ev.mk("reduce", (reducer, key), (x,), inst.shape)
+
+
+def reduce_pair(ev: Builder, inst: Instruction, args: list) -> Value:
+    """A reduce of two operands at once (argmax, argmin): each output element depends only on
+    the operands at the same kept index, so it is an aligned map over the kept dims."""
+    x, y, *inits = args
+    init_values = [v for i in inits if (v := ev.folded(i)) is not None and not v.ndim]
+    if len(init_values) != len(inits) or x.shape != y.shape:
+        return opaque(ev, inst, args)
+    dims = dims_attr(inst.attrs.get("dimensions"))
+    aligned = reduce_pair_map(len(x.shape), dims)
+    op_key = (
+        f"reduce2:{fingerprint(called(ev.module, inst, 'to_apply').name, ev.module)}:"
+        f"{[v.item() for v in init_values]}:{len(x.shape)}:{sorted(dims)}"
+    )
+    out = tuple(
+        ev.mk("aligned", (aligned.key(f"{op_key}:{k}"),), (x, y), element)
+        for k, element in enumerate(inst.shape.elements)
+    )
+    for k, term in enumerate(out):
+        if picks_operand(ev.module, inst, k):  # an argmax index is one of the operand's (or the init)
+            ev.bound(term, (x, y)[k], inits[k])
+    return out
+
+
+def picks_operand(module: Module, inst: Instruction, k: int) -> bool:
+    """Whether output `k` of a two-operand reduce is always one of its two inputs: the reducer's
+    result k is a select between its parameters k and k + 2."""
+    comp = called(module, inst, "to_apply")
+    root = comp.root
+    by_name = {i.name: i for i in comp.instructions}
+    if root.opcode != "tuple" or k >= len(root.operands):
+        return False
+    chosen = by_name.get(root.operands[k])
+    if chosen is None or chosen.opcode != "select":
+        return False
+    numbers = {
+        by_name[o].attrs.get("_number")
+        for o in chosen.operands[1:]
+        if o in by_name and by_name[o].opcode == "parameter"
+    }
+    return numbers == {str(k), str(k + 2)}
+
+
+HANDLERS = {"dot": dot, "reduce": reduce}

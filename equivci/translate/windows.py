@@ -1,0 +1,130 @@
+"""Windows lifted out of the ops that act independently along their dim.
+
+A value computed from one window of a tensor by such ops is the same window of that computation on
+the whole tensor: dot(h, W[:, s:e]) - bcast(m) is (dot(h, W) - bcast(m))[..., s:e] when m does not
+vary along that dim. The evaluator's facts about windows (equivci.translate.masks: a lookup in a
+window of a table, a max over windows that cover a dim) read values in this form, so that logits a
+device computes from its shard of the unembedding are a window of the reference's logits, as logits
+it is handed are. Each step is exact: elementwise ops, free dims of a dot, broadcasts and transposes
+(which move the dim), constant factors, and operands that are windows of the same range or
+constant along the dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+from typing import Protocol
+
+from equivci.hlo.ir import Shape
+from equivci.terms.ir import Term
+from equivci.terms.spec import BcastSpec, DotSpec, parse_transpose
+
+MAX_DEPTH = 8  # ops walked through from a window to the value that is read
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """The value equals `whole[start:stop]` along `dim`."""
+
+    whole: Term
+    dim: int
+    start: int
+    stop: int
+
+
+class Evaluator(Protocol):
+    """What lifting needs of the evaluator (equivci.translate.evaluator.Evaluator)."""
+
+    def mk(self, op: str, attrs: tuple, args: tuple, shape: Shape) -> Term: ...
+
+    def scale_of(self, t: Term) -> tuple[Fraction, Term]: ...
+
+    def scaled(self, base: Term, factor: Fraction) -> Term | None: ...
+
+
+def window_form(ev: Evaluator, t: Term, depth: int = 0) -> Window | None:
+    """`t` as a window of a (possibly new) term along one dim, when the ops that made it let the
+    window through; None otherwise."""
+    if t.op == "slice":
+        dim, start, stop = t.attrs
+        return Window(t.args[0], dim, start, stop)
+    if depth >= MAX_DEPTH:
+        return None
+    factor, base = ev.scale_of(t)
+    if factor != 1:
+        inner = window_form(ev, base, depth + 1)
+        whole = ev.scaled(inner.whole, factor) if inner is not None else None
+        return dataclasses.replace(inner, whole=whole) if inner is not None and whole is not None else None
+    if t.op == "unary":
+        inner = window_form(ev, t.args[0], depth + 1)
+        if inner is None:
+            return None
+        return dataclasses.replace(
+            inner, whole=ev.mk("unary", t.attrs, (inner.whole,), Shape(t.dtype, inner.whole.shape))
+        )
+    if t.op in ("bcast", "transpose"):
+        inner = window_form(ev, t.args[0], depth + 1)
+        if inner is None:
+            return None
+        if t.op == "bcast":
+            out = BcastSpec.parse(t.attrs[0]).parts.index(("i", inner.dim))
+        else:
+            out = parse_transpose(t.attrs[0]).index(inner.dim)
+        shape = list(t.shape)
+        shape[out] = inner.whole.shape[inner.dim]
+        whole = ev.mk(t.op, t.attrs, (inner.whole,), Shape(t.dtype, tuple(shape)))
+        return Window(whole, out, inner.start, inner.stop)
+    if t.op == "binary":
+        return _binary(ev, t, depth)
+    if t.op == "dot":
+        return _dot(ev, t, depth)
+    return None
+
+
+def _binary(ev: Evaluator, t: Term, depth: int) -> Window | None:
+    a, b = t.args
+    wa, wb = window_form(ev, a, depth + 1), window_form(ev, b, depth + 1)
+    for w in (wa, wb):
+        if w is None:
+            continue
+        wholes = []
+        for operand, own in ((a, wa), (b, wb)):
+            if own is not None and (own.dim, own.start, own.stop) == (w.dim, w.start, w.stop):
+                wholes.append(own.whole)
+            else:
+                wholes.append(widened(ev, operand, w.dim, w.whole.shape[w.dim]))
+        if all(x is not None and x.shape == w.whole.shape for x in wholes):
+            return dataclasses.replace(w, whole=ev.mk("binary", t.attrs, tuple(wholes), Shape(t.dtype, w.whole.shape)))
+    return None
+
+
+def widened(ev: Evaluator, t: Term, dim: int, size: int) -> Term | None:
+    """A broadcast along a new dim `dim` at `size` instead of its own (it is constant there)."""
+    if t.op != "bcast":
+        return None
+    parts = list(BcastSpec.parse(t.attrs[0]).parts)
+    if parts[dim][0] != "n":
+        return None
+    parts[dim] = ("n", size)
+    shape = list(t.shape)
+    shape[dim] = size
+    return ev.mk("bcast", (BcastSpec(tuple(parts)).text(),), t.args, Shape(t.dtype, tuple(shape)))
+
+
+def _dot(ev: Evaluator, t: Term, depth: int) -> Window | None:
+    spec = DotSpec.parse(t.attrs[0])
+    lhs_free = [k for k in range(spec.lhs_rank) if k not in spec.lhs_batch + spec.lhs_contract]
+    rhs_free = [k for k in range(spec.rhs_rank) if k not in spec.rhs_batch + spec.rhs_contract]
+    n_batch = len(spec.lhs_batch)
+    for side, free, first in ((0, lhs_free, n_batch), (1, rhs_free, n_batch + len(lhs_free))):
+        w = window_form(ev, t.args[side], depth + 1)
+        if w is None or w.dim not in free:
+            continue
+        out = first + free.index(w.dim)
+        args = list(t.args)
+        args[side] = w.whole
+        shape = list(t.shape)
+        shape[out] = w.whole.shape[w.dim]
+        return Window(ev.mk("dot", t.attrs, tuple(args), Shape(t.dtype, tuple(shape))), out, w.start, w.stop)
+    return None
