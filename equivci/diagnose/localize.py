@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 from egglog import String, eq, i64, relation, vars_
 
-from equivci.diagnose.frames import LAYOUT_OPS, TRIVIAL_OPS, innermost, is_user_frame
+from equivci.diagnose.frames import LAYOUT_OPS, innermost, is_user_frame
 from equivci.diagnose.missing import MissingWork, MissingWorkFinder, source_text
 from equivci.hlo.collectives import parse_pairs
-from equivci.hlo.ir import Instruction, SourceLoc
+from equivci.hlo.ir import TRIVIAL_OPS, Instruction, SourceLoc
 from equivci.prove.saturate import Proof, add_terms, is_related, proved_equal
 from equivci.terms.ir import Term
 from equivci.terms.language import T

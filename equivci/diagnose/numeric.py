@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 from equivci.capture.types import LeafPlacement
-from equivci.diagnose.frames import TRIVIAL_OPS
+from equivci.hlo.ir import TRIVIAL_OPS
 from equivci.options import Budgets
 from equivci.terms.ir import Term
 from equivci.terms.semantics import TermEvalError, evaluate
