@@ -52,6 +52,10 @@ class Budgets:
     # verify: the saturation with proposed windows is bounded tighter (the windows are pushed into the
     # reference terms a few levels deep, and where they keep the rules growing it stops early)
     hinted_iterations: int = 16
+    # translate/windows: ops walked through from a window to the value that is read
+    window_depth: int = 8
+    # translate/elementwise: windows a select by a constant mask is split into (more: it stays a select)
+    select_runs: int = 4
     # diagnose/numeric: localization by values skipped past this many terms or input elements
     numeric_terms: int = 50_000
     numeric_elements: int = 1 << 22

@@ -6,21 +6,6 @@ from pathlib import Path
 
 from equivci.hlo.ir import Instruction, SourceLoc
 
-# Ops that hand a value on (or make one from nothing) without computing on it.
-TRIVIAL_OPS = {
-    "parameter",
-    "copy",
-    "tuple",
-    "get-tuple-element",
-    "call",
-    "opt-barrier",
-    "custom-call",
-    "bitcast",
-    "constant",
-    "partition-id",
-    "replica-id",
-    "iota",
-}
 LAYOUT_OPS = {"reshape", "broadcast", "transpose", "convert"}
 _PACKAGE = str(Path(__file__).resolve().parents[1]) + "/"  # equivci's own frames (the capture child)
 

@@ -4,8 +4,10 @@ Each distributed value is classified per device: *related* (equal to a slice of 
 value), *partial* (not itself, but its sum over the devices of one mesh axis is related: a value
 waiting for its all-reduce) or *unrelated*. The finding is the first op, in program order, that is
 unrelated although its operands are related or partial; a partial value that reaches an output is
-a missing reduction. When an unrelated op combines slices whose offsets do not follow the device
-order, the op that cut the slice is where the defect was made.
+a missing reduction. An unrelated value every use of which is related again (a fused projection
+read in windows, a microbatch's share of a partial sum) is a step of the distributed program's
+own and is passed over. When an unrelated op combines slices whose offsets do not follow the
+device order, the op that cut the slice is where the defect was made.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from pathlib import Path
 import numpy as np
 from egglog import String, eq, i64, relation, vars_
 
-from equivci.diagnose.frames import LAYOUT_OPS, TRIVIAL_OPS, innermost, is_user_frame
+from equivci.diagnose.frames import LAYOUT_OPS, innermost, is_user_frame
 from equivci.diagnose.missing import MissingWork, MissingWorkFinder, source_text
 from equivci.hlo.collectives import parse_pairs
-from equivci.hlo.ir import Instruction, SourceLoc
+from equivci.hlo.ir import TRIVIAL_OPS, Instruction, SourceLoc
 from equivci.prove.saturate import Proof, add_terms, is_related, proved_equal
 from equivci.terms.ir import Term
 from equivci.terms.language import T

@@ -19,8 +19,8 @@ import dataclasses
 import linecache
 from collections import deque
 
-from equivci.diagnose.frames import LAYOUT_OPS, TRIVIAL_OPS, innermost, user_frames
-from equivci.hlo.ir import SourceLoc
+from equivci.diagnose.frames import LAYOUT_OPS, innermost, user_frames
+from equivci.hlo.ir import TRIVIAL_OPS, SourceLoc
 from equivci.translate.evaluator import Event
 
 MAX_CHAIN = 40  # reference ops a chain of missing work may span

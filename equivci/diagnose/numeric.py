@@ -24,7 +24,7 @@ import numpy as np
 
 from equivci.capture.oracle import random_inputs, tolerance_for
 from equivci.capture.types import LeafPlacement
-from equivci.diagnose.frames import TRIVIAL_OPS
+from equivci.hlo.ir import TRIVIAL_OPS
 from equivci.options import Budgets
 from equivci.terms.ir import Term
 from equivci.terms.semantics import TermEvalError, evaluate

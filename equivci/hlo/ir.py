@@ -4,6 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 
+# Ops that hand a value on (or make one from nothing) without computing on it.
+TRIVIAL_OPS = {
+    "parameter",
+    "copy",
+    "tuple",
+    "get-tuple-element",
+    "call",
+    "opt-barrier",
+    "custom-call",
+    "bitcast",
+    "constant",
+    "partition-id",
+    "replica-id",
+    "iota",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Shape:

@@ -23,25 +23,11 @@ import itertools
 
 import numpy as np
 
+from equivci.hlo.ir import TRIVIAL_OPS
 from equivci.terms.ir import Term
 from equivci.terms.semantics import TermEvalError, evaluate
 from equivci.translate.evaluator import Evaluator, Event
 
-# Ops whose value is an operand's or carries no computation of its own: nothing to propose.
-_SKIPPED = {
-    "parameter",
-    "copy",
-    "tuple",
-    "get-tuple-element",
-    "call",
-    "opt-barrier",
-    "custom-call",
-    "constant",
-    "partition-id",
-    "replica-id",
-    "iota",
-    "bitcast",
-}
 # Values agree to this relative distance when the programs compute them alike (a proposal only
 # costs a term: it does not need to be tight, only not to match everything).
 _RTOL, _ATOL = 1e-4, 1e-5
@@ -68,7 +54,7 @@ def window_candidates(
     proposed: dict[Term, None] = {}
     near = 0
     for event in distributed_events:
-        if event.inst.opcode in _SKIPPED:
+        if event.inst.opcode in TRIVIAL_OPS:  # its value is an operand's, or no computation: nothing to propose
             continue
         for t in event.values:
             if not isinstance(t, Term) or t.op in ("param", "const"):

@@ -119,7 +119,8 @@ REDUCERS = {
     "or": np.logical_or,
 }
 
-_NP_DTYPES = {
+# The numpy dtype of each HLO element type that numpy has (one table for the semantics and translate/).
+NP_DTYPES = {
     "f32": np.float32,
     "f64": np.float64,
     "f16": np.float16,
@@ -129,6 +130,8 @@ _NP_DTYPES = {
     "u64": np.uint64,
     "s8": np.int8,
     "u8": np.uint8,
+    "s16": np.int16,
+    "u16": np.uint16,
     "pred": np.bool_,
 }
 
@@ -256,12 +259,12 @@ def _eval_one(t: Term, args: list[np.ndarray], params: dict[int, np.ndarray]) ->
                 value = ast.literal_eval(at[0])
             except (ValueError, SyntaxError):  # an opaque constant, known by a content key only
                 raise TermEvalError(f"constant {at[0]} has no value to evaluate") from None
-            return np.asarray(value, dtype=_NP_DTYPES.get(t.dtype))
+            return np.asarray(value, dtype=NP_DTYPES.get(t.dtype))
         raise TermEvalError(f"array constant {at[0]} needs its value in `consts`")
     if op == "iota":
         dim = at[0]
         ar = np.arange(t.shape[dim]).reshape([-1 if k == dim else 1 for k in range(len(t.shape))])
-        return np.broadcast_to(ar, t.shape).astype(_NP_DTYPES.get(t.dtype, np.float64))
+        return np.broadcast_to(ar, t.shape).astype(NP_DTYPES.get(t.dtype, np.float64))
     if op == "slice":
         dim, start, stop = at
         (x,) = args
@@ -277,7 +280,7 @@ def _eval_one(t: Term, args: list[np.ndarray], params: dict[int, np.ndarray]) ->
         name = at[0]
         (x,) = args
         if name in ("convert", "bitcast-convert"):
-            return x.astype(_NP_DTYPES[t.dtype]) if name == "convert" else x.view(_NP_DTYPES[t.dtype])
+            return x.astype(NP_DTYPES[t.dtype]) if name == "convert" else x.view(NP_DTYPES[t.dtype])
         if name not in UNARY:
             raise TermEvalError(f"unary op {name} has no numpy model")
         with np.errstate(all="ignore"):

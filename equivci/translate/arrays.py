@@ -1,4 +1,4 @@
-"""The numpy meaning of HLO ops on folded constants, and the dtypes numpy holds them in.
+"""The numpy meaning of HLO ops on folded constants (the dtype table is terms/semantics.NP_DTYPES).
 
 A leaf of translate/: the builder folds constants with these, and the numeric checks of index
 arithmetic (masks, routing) evaluate with them.
@@ -10,20 +10,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-NP_DTYPES = {
-    "f32": np.float32,
-    "f64": np.float64,
-    "f16": np.float16,
-    "s32": np.int32,
-    "s64": np.int64,
-    "u32": np.uint32,
-    "u64": np.uint64,
-    "s8": np.int8,
-    "u8": np.uint8,
-    "s16": np.int16,
-    "u16": np.uint16,
-    "pred": np.bool_,
-}
+from equivci.terms.semantics import NP_DTYPES
+
+__all__ = ["NP_DTYPES"]
 
 
 def all_equal(value: np.ndarray) -> bool:

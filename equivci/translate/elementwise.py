@@ -14,8 +14,6 @@ from equivci.translate import bounds
 from equivci.translate.arrays import NP_DTYPES, all_equal, np_binary, np_compare, np_unary
 from equivci.translate.builder import Builder
 
-MAX_SELECT_RUNS = 4  # windows a select by a constant mask is split into (more: it stays a select)
-
 UNARY = {
     "abs",
     "ceil",
@@ -150,7 +148,7 @@ def without_guard(ev: Builder, op: str, args: list) -> Term | None:
 def select_by_constant(ev: Builder, p: Term, a: Term, b: Term) -> Term | None:
     """select(p, a, b) with p a constant is one of its branches where p is the same everywhere,
     and the concatenation of windows of both where p changes along one dim only, in at most
-    MAX_SELECT_RUNS runs (the last shard of a padded buffer, its padding masked off)."""
+    `budgets.select_runs` runs (the last shard of a padded buffer, its padding masked off)."""
     value = ev.folded(p)
     if value is None or not value.size:
         return None
@@ -162,7 +160,7 @@ def select_by_constant(ev: Builder, p: Term, a: Term, b: Term) -> Term | None:
     dim = varying[0]
     line = value[tuple(slice(None) if d == dim else 0 for d in range(value.ndim))].astype(bool)
     seams = [0, *(int(k) + 1 for k in np.flatnonzero(line[1:] != line[:-1])), len(line)]
-    if len(seams) - 1 > MAX_SELECT_RUNS:
+    if len(seams) - 1 > ev.budgets.select_runs:
         return None
     parts = [ev.slice_term(a if line[lo] else b, dim, lo, hi) for lo, hi in zip(seams, seams[1:])]
     return ev.concat(parts, dim)

@@ -17,10 +17,9 @@ from fractions import Fraction
 from typing import Protocol
 
 from equivci.hlo.ir import Shape
+from equivci.options import Budgets
 from equivci.terms.ir import Term
 from equivci.terms.spec import BcastSpec, DotSpec, parse_transpose
-
-MAX_DEPTH = 8  # ops walked through from a window to the value that is read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +35,8 @@ class Window:
 class Evaluator(Protocol):
     """What lifting needs of the evaluator (equivci.translate.evaluator.Evaluator)."""
 
+    budgets: Budgets
+
     def mk(self, op: str, attrs: tuple, args: tuple, shape: Shape) -> Term: ...
 
     def scale_of(self, t: Term) -> tuple[Fraction, Term]: ...
@@ -49,7 +50,7 @@ def window_form(ev: Evaluator, t: Term, depth: int = 0) -> Window | None:
     if t.op == "slice":
         dim, start, stop = t.attrs
         return Window(t.args[0], dim, start, stop)
-    if depth >= MAX_DEPTH:
+    if depth >= ev.budgets.window_depth:
         return None
     factor, base = ev.scale_of(t)
     if factor != 1:
