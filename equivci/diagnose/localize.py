@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+from collections.abc import Set as AbstractSet
 from fractions import Fraction
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def _is_output(terms: list[Term], output_terms: set[int]) -> bool:
 
 def axis_sums(evaluator, values: list[Term], groups_by_axis: dict[str, list[list[int]]]) -> dict[str, list[Term]]:
     """For each mesh axis, the sum of the value over that axis's device groups, per device."""
-    out = {}
+    out: dict[str, list[Term]] = {}
     for axis, groups in groups_by_axis.items():
         per_device: list[Term | None] = [None] * len(values)
         for group in groups:
@@ -70,14 +71,16 @@ def axis_sums(evaluator, values: list[Term], groups_by_axis: dict[str, list[list
                 acc = evaluator.binary("add", acc, values[dev])
             for dev in group:
                 per_device[dev] = acc
-        if all(t is not None for t in per_device):
-            out[axis] = per_device
+        complete = [t for t in per_device if t is not None]
+        if len(complete) == len(per_device):
+            out[axis] = complete
     return out
 
 
 def param_slices(term: Term, limit: int = 400) -> set[tuple[int, int, int, int]]:
     """(input leaf, dim, start, stop) of every slice of a reference input inside `term`."""
-    found, stack, seen = set(), [term], set()
+    found: set[tuple[int, int, int, int]] = set()
+    stack, seen = [term], set[int]()
     while stack and len(seen) < limit:
         t = stack.pop()
         if id(t) in seen:
@@ -261,7 +264,7 @@ def _at_pairs_origin(inst: Instruction, events: list[Event]) -> Instruction:
     loc = _loc(inst)
     found = _statement(*loc) if loc else None
     expr = _perm_expr(found[0]) if found else None
-    origin = _expr_origin(loc[0], loc[1], expr, events) if expr is not None else None
+    origin = _expr_origin(loc[0], loc[1], expr, events) if loc is not None and expr is not None else None
     if origin is None:
         return inst
     return dataclasses.replace(inst, stack=(SourceLoc(*origin),) + tuple(inst.stack))
@@ -274,7 +277,7 @@ def first_defect(
     groups_by_axis: dict[str, list[list[int]]],
     output_terms: set[int],
     reference_events: list[Event] | None = None,
-    routed: set[int] = frozenset(),
+    routed: AbstractSet[int] = frozenset(),
 ) -> Defect | None:
     """`routed`: ids of dispatch masks and routed values (equivci/translate/routing.py), which are
     related to the reference only through the combine that undoes the dispatch."""
@@ -311,7 +314,8 @@ def first_defect(
             event.inst.opcode == "all-reduce"
             and operand_events
             and operand_events[0] is not None
-            and status.get(_key(_terms(operand_events[0]))) == "related"
+            and (first := _terms(operand_events[0])) is not None
+            and status.get(_key(first)) == "related"
         ):
             return Defect(
                 event.inst,
@@ -332,9 +336,9 @@ def first_defect(
                 else Defect(slip[0].inst, slip[1], context=event.inst)
             )
         partial_operand = any(
-            e is not None and _terms(e) and status.get(_key(_terms(e))) == "partial" for e in operand_events
+            e is not None and (ts := _terms(e)) and status.get(_key(ts)) == "partial" for e in operand_events
         )
-        if any(e is not None and _terms(e) and all(id(t) in routed for t in _terms(e)) for e in operand_events):
+        if any(e is not None and (ts := _terms(e)) and all(id(t) in routed for t in ts) for e in operand_events):
             return Defect(
                 event.inst,
                 f"this `{event.inst.opcode}` uses rows routed to the experts, but on some device "
@@ -358,16 +362,25 @@ def first_defect(
 
     def scaled_sum(event: Event) -> Defect | None:
         """The reduction that completed a sum into a multiple of the reference value which reaches `event`."""
-        stack, seen = [event], set()
+        stack, seen = [event], set[str]()
         while stack:
             e = stack.pop()
             if e.inst.name in seen:
                 continue
             seen.add(e.inst.name)
             for op in (by_name.get(name) for name in e.inst.operands):
-                key = _key(_terms(op)) if op is not None and _terms(op) else None
-                if status.get(key) == "partial" and e.inst.opcode in REDUCTIONS and _key(_terms(e)) in factors:
-                    return _scaled_reduction(e, factors[_key(_terms(e))], partial_axis[key])
+                op_terms = _terms(op) if op is not None else None
+                if op is None or not op_terms:  # no status
+                    continue
+                key = _key(op_terms)
+                e_terms = _terms(e)
+                if (
+                    status.get(key) == "partial"
+                    and e.inst.opcode in REDUCTIONS
+                    and e_terms is not None
+                    and _key(e_terms) in factors
+                ):
+                    return _scaled_reduction(e, factors[_key(e_terms)], partial_axis[key])
                 if status.get(key) == "scaled":
                     stack.append(op)
         return None
@@ -562,7 +575,7 @@ def _index_origin(event: Event, by_name: dict[str, Event], plain: str) -> Defect
 def _all_routed(event: Event, by_name: dict[str, Event], routed: set[int]) -> bool:
     operands = [by_name.get(name) for name in event.inst.operands]
     return bool(operands) and all(
-        e is not None and _terms(e) and all(id(t) in routed for t in _terms(e)) for e in operands
+        e is not None and (ts := _terms(e)) and all(id(t) in routed for t in ts) for e in operands
     )
 
 
@@ -704,14 +717,18 @@ def _module_ast(file: str) -> ast.Module | None:
         return None
 
 
-def _statement(file: str, line: int) -> tuple[ast.stmt, list[ast.AST]] | None:
+_Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _statement(file: str, line: int) -> tuple[ast.stmt, list[_Function]] | None:
     """The innermost simple statement spanning `line`, with its enclosing function chain."""
     tree = _module_ast(file)
     if tree is None:
         return None
-    best, chain = None, []
+    best: ast.stmt | None = None
+    chain: list[_Function] = []
 
-    def visit(node: ast.AST, funcs: list[ast.AST]) -> None:
+    def visit(node: ast.AST, funcs: list[_Function]) -> None:
         nonlocal best, chain
         for child in ast.iter_child_nodes(node):
             if not isinstance(child, ast.stmt) or not (child.lineno <= line <= (child.end_lineno or child.lineno)):
@@ -833,12 +850,12 @@ def call_chain_start(loc: SourceLoc, events: list[Event], depth: int = 5) -> Sou
     return loc
 
 
-def _parameters(func: ast.AST) -> list[str]:
+def _parameters(func: _Function) -> list[str]:
     args = func.args
     return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
 
 
-def _call_argument(file: str, func: ast.AST, name: str, events: list[Event]) -> tuple[str, ast.expr] | None:
+def _call_argument(file: str, func: _Function, name: str, events: list[Event]) -> tuple[str, ast.expr] | None:
     """The argument passed for parameter `name` of `func` at a call site seen in the op stacks."""
     positional = [a.arg for a in func.args.posonlyargs + func.args.args]
     callers = set()
@@ -993,7 +1010,9 @@ class _Tracer:
             if self.other_window(d, r, dev):
                 return path, rpath, "window"
             bad = [
-                (o, ro) for o, ro in zip(self.operands(d), self.operands(r, refs=True)) if not self.matches(o, ro, dev)
+                (o, ro)
+                for o, ro in zip(self.operands(d), self.operands(r, refs=True))
+                if o is not None and ro is not None and not self.matches(o, ro, dev)
             ]
             if not bad:
                 return path, rpath, "own"
@@ -1014,7 +1033,7 @@ class _Tracer:
         )
 
     def ancestors(self, event: Event, dev: int, limit: int = 400) -> list[Event]:
-        out, stack, seen = [], [event], set()
+        out, stack, seen = [], [event], set[str]()
         while stack and len(seen) < limit:
             e = stack.pop()
             if e.inst.name in seen:
@@ -1024,7 +1043,7 @@ class _Tracer:
             stack.extend(o for o in self.operands(e) if o is not None)
         return out
 
-    def owner(self, t: Term, prefer: list[Event]) -> Event | None:
+    def owner(self, t: Term, prefer: list[Event | None]) -> Event | None:
         """The reference value `t` is a slice of: one of `prefer` if possible, else the latest."""
         for r in prefer:
             if r is not None and self.is_slice_of(t, self.value(r, 0)):
@@ -1066,9 +1085,10 @@ class _Tracer:
         if found is None:
             return None
         owner = found.owner
+        param = self.value(owner, 0) if owner.inst.opcode == "parameter" else None
         held = (
-            f"input #{self.value(owner, 0).attrs[0]}"
-            if owner.inst.opcode == "parameter"
+            f"input #{param.attrs[0]}"
+            if param is not None
             else f"the reference's `{owner.inst.opcode}` ({_at(owner.inst)})"
         )
         applies = f"the reference applies {found.what} here: {_where((found.anchor.file, found.anchor.line))}"
@@ -1096,6 +1116,8 @@ class _Tracer:
 
     def wrong_operand(self, event: Event, ref: Event, k: int, dev: int) -> Defect | None:
         d_op, r_op = self.operands(event)[k], self.operands(ref, refs=True)[k]
+        if d_op is None or r_op is None:  # counterpart() names only operands present on both sides
+            return None
         here = _at(event.inst)
         name = _operand_name(event.inst, k) or f"operand {k + 1}"
         rname = _operand_name(ref.inst, k) or f"operand {k + 1}"
@@ -1178,7 +1200,7 @@ class _Tracer:
         """Point at the Python line that set a static value (a width, a head size) the op uses."""
         loc = _loc(event.inst)
         found = _statement(*loc) if loc else None
-        if found is None:
+        if found is None or loc is None:
             return None
         exprs = _operand_exprs(found[0], event.inst.opcode, len(event.inst.operands))
         if exprs is None:
@@ -1208,34 +1230,36 @@ class _Tracer:
     def fixed_window(self, event: Event, ref: Event, devices: list[int]) -> Defect | None:
         """Operands that are slices of the right values, but one holds the same window on every device."""
         ops = self.operands(event)
-        varying, fixed = [], []
+        varying: list[int] = []
+        fixed: list[tuple[int, Event]] = []
         for k, op in enumerate(ops):
             if op is None:
                 continue
             kinds = set()
             for a in self.ancestors(op, 0):
                 windows = [_window(self.value(a, dev)) for dev in range(len(a.values))]
-                if any(w is None for w in windows) or not windows[0][1]:
+                known = [w for w in windows if w is not None]
+                if len(known) < len(windows) or not known[0][1]:
                     continue
-                kinds.add("fixed" if all(w == windows[0] for w in windows) else "varying")
+                kinds.add("fixed" if all(w == known[0] for w in known) else "varying")
             if "varying" in kinds:
                 varying.append(k)
             elif "fixed" in kinds:
-                fixed.append(k)
+                fixed.append((k, op))
         if not varying or not fixed:
             return None
-        k = fixed[0]
+        k, fixed_op = fixed[0]
         slices = [
-            a
-            for a in self.ancestors(ops[k], 0)
+            (a, w)
+            for a in self.ancestors(fixed_op, 0)
             if (w := _window(self.value(a, 0))) is not None and w[1] and _loc(a.inst) is not None
         ]
         if not slices:
             return None
-        first = min(slices, key=lambda a: self.order.get(a.inst.name, 1 << 30))
+        first, first_window = min(slices, key=lambda aw: self.order.get(aw[0].inst.name, 1 << 30))
         name = _operand_name(event.inst, k) or f"operand {k + 1}"
         other = _operand_name(event.inst, varying[0]) or f"operand {varying[0] + 1}"
-        dims = ", ".join(f"[{a}:{b})" for _, a, b in _window(self.value(first, 0))[1])
+        dims = ", ".join(f"[{a}:{b})" for _, a, b in first_window[1])
         return Defect(
             first.inst,
             f"this value takes the same window {dims} of the reference's on every device, so "
@@ -1280,7 +1304,7 @@ def at_index_origin(cut: Event, lead: str, events: list[Event], op_lines: set[tu
     calls = (
         [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "dynamic_slice" in _callee(n)] if found else []
     )
-    if not found or len(calls) != 1 or len(calls[0].args) < 2:
+    if not found or loc is None or len(calls) != 1 or len(calls[0].args) < 2:
         return None
     names = [n.id for n in ast.walk(calls[0].args[1]) if isinstance(n, ast.Name)]
     for func in reversed(found[1]):
