@@ -62,7 +62,7 @@ def project(tmp_path: Path, monkeypatch) -> Path:
         return CapturedModel(model.name, model.mesh, hlo, hlo, (leaf,), (leaf,), str(tmp_path),
                              content_key=f"stub-{model.name}")
 
-    def verify_model(model, manifest, captured, memo=None, on_layer=None, iterations=120):
+    def verify_model(model, manifest, captured, memo=None, on_layer=None, iterations=120, budgets=None):
         status = Status.VERIFIED if model.name == "good" else Status.MISMATCH
         findings = () if status is Status.VERIFIED else (Finding("m.py", 2, "error", None, "dropped term"),)
         print("stray print from the verifier")  # must not reach stdout
@@ -126,7 +126,7 @@ def test_debug_shows_traceback(project: Path, capsys) -> None:
 
 
 def test_internal_error_is_reported_per_model(project: Path, capsys, monkeypatch) -> None:
-    def crash(model, manifest, captured, memo=None, on_layer=None, iterations=120):
+    def crash(model, manifest, captured, memo=None, on_layer=None, iterations=120, budgets=None):
         raise RuntimeError("kaboom")
 
     monkeypatch.setitem(sys.modules, "equivci.verify.engine", types.SimpleNamespace(verify_model=crash))
