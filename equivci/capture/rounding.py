@@ -98,7 +98,7 @@ def shadow_reference(reference: Callable, args_abstract: tuple) -> Shadow:
 
         leaves = jax.tree_util.tree_leaves(args)
         interpreter = _Interpreter(_Stats())
-        outs, _ = interpreter.run(closed, leaves, [0.0] * len(leaves))
+        outs = interpreter.run(closed, leaves, [0.0] * len(leaves))[0]
         tie = jnp.any(jnp.stack(interpreter.ties)) if interpreter.ties else jnp.asarray(False)
         return jax.tree_util.tree_unflatten(out_tree, outs), tie
 
@@ -142,7 +142,8 @@ class _Interpreter:
 
     def run(
         self, closed, args: list, bounds: list[float], integral: list[float | None] | None = None
-    ) -> tuple[list, list[float]]:
+    ) -> tuple[list, list[float], list[float | None]]:
+        """The outputs, their relative bounds, and their magnitudes where they hold integers."""
         jaxpr = closed.jaxpr
         env: dict = {}
         bound: dict = {}
@@ -163,23 +164,21 @@ class _Interpreter:
         for eqn in jaxpr.eqns:
             vals, bs = zip(*(read(v) for v in eqn.invars)) if eqn.invars else ((), ())
             ms = [integer_magnitude(v) for v in eqn.invars]
-            out_ms = _integer_magnitudes(eqn, ms)
-            outs, out_bounds = self.eqn(eqn, list(vals), list(bs), ms, out_ms)
+            inner = _call_jaxpr(eqn) if eqn.primitive.name in _CALLS else None
+            if inner is not None:  # evaluated inline, so that what it knows of its outputs comes back
+                outs, out_bounds, out_ms = self.run(inner, list(vals), list(bs), ms)
+            else:
+                out_ms = _integer_magnitudes(eqn, ms)
+                outs, out_bounds = self.eqn(eqn, list(vals), list(bs), out_ms)
             for v, o, b, m in zip(eqn.outvars, outs, out_bounds, out_ms):
                 env[v], bound[v], magnitude[v] = o, b, m
         results = [read(v) for v in jaxpr.outvars]
-        return [r for r, _ in results], [b for _, b in results]
+        return [r for r, _ in results], [b for _, b in results], [integer_magnitude(v) for v in jaxpr.outvars]
 
-    def eqn(
-        self, eqn, vals: list, bounds: list[float], ms: list[float | None], out_ms: list[float | None]
-    ) -> tuple[list, list[float]]:
+    def eqn(self, eqn, vals: list, bounds: list[float], out_ms: list[float | None]) -> tuple[list, list[float]]:
         name = eqn.primitive.name
         for v in eqn.outvars:
             self.stats.saw(v.aval.dtype)
-        if name in _CALLS:
-            inner = _call_jaxpr(eqn)
-            if inner is not None:
-                return self.run(inner, vals, bounds, ms)
         if any(_is_jaxpr(p) for p in _flat_params(eqn.params)):
             return self.higher_order(eqn, vals, bounds)
         if name == "convert_element_type":
@@ -240,7 +239,7 @@ class _Interpreter:
             stats = self.stats
 
             def body(*args):
-                outs, _ = _Interpreter(stats).run(closed, list(args), [b] * len(args))
+                outs = _Interpreter(stats).run(closed, list(args), [b] * len(args))[0]
                 return outs
 
             avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
