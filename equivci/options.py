@@ -56,6 +56,11 @@ class Budgets:
     window_depth: int = 8
     # translate/elementwise: windows a select by a constant mask is split into (more: it stays a select)
     select_runs: int = 4
+    # diagnose/missing: reference ops a chain of missing work may span, reference ops visited forward
+    # from one owner, and reference values tried as the owner of one operand
+    missing_chain: int = 40
+    missing_reached: int = 4000
+    missing_owner_checks: int = 3000
     # diagnose/numeric: localization by values skipped past this many terms or input elements
     numeric_terms: int = 50_000
     numeric_elements: int = 1 << 22

@@ -23,9 +23,6 @@ from equivci.diagnose.frames import LAYOUT_OPS, innermost, user_frames
 from equivci.hlo.ir import TRIVIAL_OPS, SourceLoc
 from equivci.translate.evaluator import Event
 
-MAX_CHAIN = 40  # reference ops a chain of missing work may span
-MAX_REACHED = 4000  # reference ops visited forward from one owner
-MAX_OWNER_CHECKS = 3000  # reference values tried as the owner of one operand
 PASSIVE = TRIVIAL_OPS | LAYOUT_OPS
 CUTTERS = {"slice", "dynamic-slice", "gather"}
 # A chain stops at a matmul: contracting with a weight is a layer of its own, not a missing step.
@@ -69,6 +66,7 @@ class MissingWorkFinder:
 
     def __init__(self, tracer):
         self.tracer = tracer
+        self.budgets = tracer.evaluator.budgets
         self.consumers: dict[str, list[Event]] = {}
         self.order: dict[str, int] = {}
         self.params: dict[int, Event] = {}
@@ -95,7 +93,7 @@ class MissingWorkFinder:
             base = base.args[0]
         if base.op == "param" and base.attrs[0] in self.params:
             return self.params[base.attrs[0]]
-        for e, v in reversed(self.tracer.ref_values[-MAX_OWNER_CHECKS:]):
+        for e, v in reversed(self.tracer.ref_values[-self.budgets.missing_owner_checks :]):
             if self.tracer.is_slice_of(t, v):
                 return e
         return None
@@ -105,9 +103,9 @@ class MissingWorkFinder:
         parent: dict[str, str | None] = {owner.inst.name: None}
         depth = {owner.inst.name: 0}
         queue = deque([owner])
-        while queue and len(parent) < MAX_REACHED:
+        while queue and len(parent) < self.budgets.missing_reached:
             e = queue.popleft()
-            if depth[e.inst.name] >= MAX_CHAIN or (e is not owner and e.inst.opcode in STOPS):
+            if depth[e.inst.name] >= self.budgets.missing_chain or (e is not owner and e.inst.opcode in STOPS):
                 continue
             for c in self.consumers.get(e.inst.name, ()):
                 if c.inst.name not in parent:
@@ -163,7 +161,7 @@ class MissingWorkFinder:
             return False
         ref = self.tracer.value(owner, 0)
         stack, seen = [operand], set[str]()
-        while stack and len(seen) < MAX_CHAIN:
+        while stack and len(seen) < self.budgets.missing_chain:
             e = stack.pop()
             if e.inst.name in seen or not self.tracer.is_slice_of(self.tracer.value(e, dev), ref):
                 continue
