@@ -44,7 +44,9 @@ class Budgets:
     layer_windows: int = 64
     # prove/candidates: reference blocks proposed as hints to a failed saturation
     window_candidates: int = 2000
-    # verify: run the numeric oracle only where random inputs are cheap to draw and run on a CPU
+    # verify: run the numeric oracle only where random inputs are cheap to draw and run on a CPU, and
+    # give its child process this long
+    oracle_timeout_seconds: float = 300.0
     oracle_elements: int = 1 << 22
     # verify: past this many terms a model the layers do not prove is saturated only up to its first
     # unproved layer (the whole e-graph of a 100-layer model costs minutes)

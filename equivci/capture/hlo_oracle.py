@@ -24,7 +24,6 @@ import numpy as np
 
 from equivci.capture.oracle import (
     DEFAULT_SEEDS,
-    NUMERIC_TIMEOUT_SECONDS,
     NumericComparison,
     compare_outputs,
     random_inputs,
@@ -33,13 +32,14 @@ from equivci.capture.oracle import (
 from equivci.capture.run import child_env
 from equivci.capture.types import CapturedModel, LeafPlacement
 from equivci.errors import EquivciError
+from equivci.options import Budgets
 
 
 def compare_hlo_in_child(
     captured: CapturedModel,
     ranges: dict[int, int] | None = None,
     seeds: Sequence[int] = DEFAULT_SEEDS,
-    timeout: float = NUMERIC_TIMEOUT_SECONDS,
+    timeout: float = Budgets.oracle_timeout_seconds,
 ) -> NumericComparison:
     """`ranges`: input index -> n, for integer inputs drawn in [0, n) (indices the reference takes)."""
     with tempfile.TemporaryDirectory(prefix="equivci-hlo-oracle-") as tmp:

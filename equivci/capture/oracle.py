@@ -33,9 +33,9 @@ from equivci.capture import entrypoints, rounding
 from equivci.capture.index_ranges import index_ranges
 from equivci.errors import EquivciError
 from equivci.manifest import load_manifest
+from equivci.options import Budgets
 
 DEFAULT_SEEDS = (0, 1, 2)
-NUMERIC_TIMEOUT_SECONDS = 300
 
 # Integer inputs are drawn in [0, n) with n the smallest dimension (>= 2) of any floating-point
 # input, so that an integer used as an index into any axis of any input is in bounds; capped.
@@ -557,7 +557,7 @@ def compare_many_in_child(
     manifest_path: Path | str,
     model_names: Sequence[str],
     seeds: Sequence[int] = DEFAULT_SEEDS,
-    timeout: float = NUMERIC_TIMEOUT_SECONDS,
+    timeout: float = Budgets.oracle_timeout_seconds,
 ) -> dict[str, NumericComparison | EquivciError]:
     """Compare several models of one manifest in one child process (device count = the largest
     mesh among them). Returns per model a NumericComparison, or the EquivciError that stopped it."""
@@ -613,7 +613,7 @@ def compare_in_child(
     manifest_path: Path | str,
     model_name: str,
     seeds: Sequence[int] = DEFAULT_SEEDS,
-    timeout: float = NUMERIC_TIMEOUT_SECONDS,
+    timeout: float = Budgets.oracle_timeout_seconds,
 ) -> NumericComparison:
     """Run the numeric comparison of one manifest model in a child process with the fake device
     count its mesh needs. Raises EquivciError if the model cannot be loaded or run."""

@@ -114,7 +114,7 @@ def verify_model(
 
     defect = defect_with_loops(programs, proof, captured.mesh)
     laps.lap("localize")
-    comparison = _comparison(model, manifest, captured, programs.assumed, budgets.oracle_elements)
+    comparison = _comparison(model, manifest, captured, programs.assumed, budgets)
     laps.lap("counterexample")
     if defect is None:
         findings = [_output_finding(proof, captured)]
@@ -243,11 +243,12 @@ def _output_finding(proof, captured: CapturedModel) -> Finding:
 
 
 def _comparison(
-    model: ModelSpec, manifest: Manifest, captured: CapturedModel, assumed: dict, most: int
+    model: ModelSpec, manifest: Manifest, captured: CapturedModel, assumed: dict, budgets: Budgets
 ) -> NumericComparison | str:
     """Both programs run on random inputs (the numeric oracle), or why that did not happen.
     `assumed`: the integer inputs the reference indexes with and their ranges (Programs.assumed);
-    `most`: the input elements the oracle runs on a CPU (Budgets.oracle_elements)."""
+    `budgets`: the input elements the oracle runs on a CPU and how long its child may take."""
+    most, timeout = budgets.oracle_elements, budgets.oracle_timeout_seconds
     total = sum(_size(leaf.shape) for leaf in captured.inputs)
     if model.hlo is not None:
         # Programs given as HLO files: XLA runs them as the capture rewrote them.
@@ -259,7 +260,7 @@ def _comparison(
             )
         ranges = {k: int(hi) + 1 for k, ((lo, hi), _) in assumed.items() if lo >= 0}
         try:
-            return compare_hlo_in_child(captured, ranges)
+            return compare_hlo_in_child(captured, ranges, timeout=timeout)
         except EquivciError as exc:
             return (
                 f"the numeric check could not run: {exc}; so this is `unproven`, never `mismatch` by a counterexample"
@@ -271,7 +272,7 @@ def _comparison(
             "`oracle: {inputs: FILE.py:FUNC}` in the manifest"
         )
     try:
-        return compare_in_child(manifest.path, model.name)
+        return compare_in_child(manifest.path, model.name, timeout=timeout)
     except EquivciError as exc:
         return f"the numeric check could not run: {exc}"
 
