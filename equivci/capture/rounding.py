@@ -263,10 +263,9 @@ _INDEXED = {"dynamic_slice", "gather"}
 def _integer_magnitudes(eqn, ms: list[float | None]) -> list[float | None]:
     """For each output: its largest possible |value| if it is known to hold integers, else None."""
     name = eqn.primitive.name
-    outs: list[float | None] = [None] * len(eqn.outvars)
-    if name == "convert_element_type" and _eps(eqn.invars[0].aval.dtype) is None:
-        if eqn.invars[0].aval.dtype == bool:
-            return [1.0]
+    unknown: list[float | None] = [None] * len(eqn.outvars)
+    if name == "convert_element_type" and eqn.invars[0].aval.dtype == bool:
+        return [1.0]
     if name == "iota":
         return [float(max(eqn.params["shape"][eqn.params["dimension"]] - 1, 0))]
     data = (
@@ -279,7 +278,7 @@ def _integer_magnitudes(eqn, ms: list[float | None]) -> list[float | None]:
         else ms
     )
     if not data or any(m is None for m in data):
-        return outs
+        return unknown
     known = [float(m) for m in data if m is not None]
     if name in _SAME_MAGNITUDE or name in _INDEXED or name in ("select_n", "dynamic_update_slice"):
         return [max(known)]
@@ -291,7 +290,7 @@ def _integer_magnitudes(eqn, ms: list[float | None]) -> list[float | None]:
         return [_terms(eqn) * known[0]]
     if name == "dot_general":
         return [_terms(eqn) * known[0] * known[1]]
-    return outs
+    return unknown
 
 
 def _constant_magnitude(value) -> float | None:

@@ -1,4 +1,4 @@
-"""The numpy meaning of HLO ops on folded constants (the dtype table is terms/semantics.NP_DTYPES).
+"""The numpy meaning of HLO ops on folded constants (their dtypes: terms/semantics.NP_DTYPES).
 
 A leaf of translate/: the builder folds constants with these, and the numeric checks of index
 arithmetic (masks, routing) evaluate with them.
@@ -9,10 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-
-from equivci.terms.semantics import NP_DTYPES
-
-__all__ = ["NP_DTYPES"]
 
 
 def all_equal(value: np.ndarray) -> bool:

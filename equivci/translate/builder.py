@@ -19,9 +19,10 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Module, Shape
 from equivci.options import Budgets
 from equivci.terms.ir import Term, TermTable, gather_map
+from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import BcastSpec, GatherDims, bcast_spec, parse_compare, parse_transpose, reshape_spec
 from equivci.translate import masks
-from equivci.translate.arrays import NP_DTYPES, all_equal, np_binary, np_compare, np_unary
+from equivci.translate.arrays import all_equal, np_binary, np_compare, np_unary
 from equivci.translate.constants import ConstantPool, Window
 
 # Float dtypes whose constants numpy holds exactly: constant scalar factors are pulled out of these.

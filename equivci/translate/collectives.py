@@ -12,8 +12,9 @@ import numpy as np
 from equivci.hlo.collectives import UnsupportedGroups, parse_groups, parse_pairs
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
+from equivci.terms.semantics import NP_DTYPES
 from equivci.translate import masks
-from equivci.translate.arrays import NP_DTYPES, np_binary
+from equivci.translate.arrays import np_binary
 from equivci.translate.attributes import dims_attr, reducer_of
 from equivci.translate.builder import Builder, Unsupported
 

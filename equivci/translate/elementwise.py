@@ -9,9 +9,10 @@ import numpy as np
 
 from equivci.hlo.ir import Instruction
 from equivci.terms.ir import Term
+from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import compare_text
 from equivci.translate import bounds
-from equivci.translate.arrays import NP_DTYPES, all_equal, np_binary, np_compare, np_unary
+from equivci.translate.arrays import all_equal, np_binary, np_compare, np_unary
 from equivci.translate.builder import Builder
 
 UNARY = {

@@ -13,7 +13,7 @@ import numpy as np
 
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
-from equivci.translate.arrays import NP_DTYPES
+from equivci.terms.semantics import NP_DTYPES
 from equivci.translate.builder import Builder
 
 

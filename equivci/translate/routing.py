@@ -35,8 +35,8 @@ import numpy as np
 
 from equivci.hlo.ir import Shape
 from equivci.terms.ir import Term
+from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import DotSpec, GatherDims
-from equivci.translate.arrays import NP_DTYPES
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,8 +11,8 @@ import numpy as np
 
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
+from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import AlignedMap, DotSpec, transpose_text
-from equivci.translate.arrays import NP_DTYPES
 from equivci.translate.attributes import dims_attr, reducer_of
 from equivci.translate.builder import SCALABLE, Builder
 

@@ -11,8 +11,7 @@ import numpy as np
 
 from equivci.hlo.ir import Computation, Instruction, Shape
 from equivci.terms.ir import Term, sort_map
-from equivci.terms.semantics import sort_lanes
-from equivci.translate.arrays import NP_DTYPES
+from equivci.terms.semantics import NP_DTYPES, sort_lanes
 from equivci.translate.attributes import called, dims_attr, fingerprint
 from equivci.translate.builder import Builder, Value
 from equivci.translate.opaque import opaque
