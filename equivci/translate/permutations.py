@@ -3,13 +3,15 @@
 P = argsort(v), the index output of a sort of (v, arange(n)) ascending by v, is a permutation of
 [0, n) that sorts v. A value V is tracked as `Permuted(dense, row)`: V is `dense` with its rows
 (dim `row`) taken in the order P, V[.., b, ..] = dense[.., P[b], ..]. The facts, each a general
-identity (tests/soundness/test_facts_numeric.py checks them on random draws):
+identity (tests/translate/test_permutations.py checks them on random draws):
 
-* gather(X, P) along rows, and the sorted keys sort(v) = gather(v, P), are X and v permuted;
+* gather(X, P) along rows, and the sorted keys sort(v) = gather(v, P), are X and v permuted; so
+  are the rows X[I[P]] of indices I permuted (the token of each (token, choice) pair of a top-k);
 * an elementwise op, a broadcast, a reduce over other dims, a dot with the row dim free, applied to
   values permuted by one P along one row dim (and values that do not vary along that dim), is the
   op on the dense values, permuted;
-* segment bounds: with C = bincount(v) for v in [0, E), ends = cumsum(C) and starts = ends - C,
+* segment bounds: with C = bincount(v) for v in [0, E) (a scatter-add of ones, or a one-hot
+  summed), ends = cumsum(C) and starts = ends - C (or [0, ends[:-1]]),
   the ragged group mask `starts[e] <= b < ends[e]` is `sorted(v)[b] == e`: the one-hot
   `v[t] == e`, permuted (sorted(v) is nondecreasing, and starts[e] of its entries are < e);
 * putting the rows back undoes P: scatter(V at rows P), a scatter-add of V at P into zeros and
@@ -146,26 +148,35 @@ class Permutations:
 
     def _row_gather(self, t: Term) -> tuple[Term, Term] | None:
         """(X, P) when `t` = X[P] along dim 0 (whole rows), P an argsort of a value of X's row count."""
-        op_key = AlignedMap.op_key(t.attrs[0])
-        if not op_key.startswith("gather:"):
+        if not _gathers_rows(t):
             return None
         x, idx = t.args
-        dims = GatherDims.from_key(op_key)
-        rank = len(x.shape)
         perm = self.rows_of(idx)
-        if (
-            perm is None
-            or dims.collapsed != (0,)
-            or dims.start_map != (0,)
-            or dims.operand_batch
-            or dims.vector_dim != 1
-            or dims.offset != tuple(range(1, rank))
-            or dims.slice_sizes != (1, *x.shape[1:])
-            or x.shape[0] != perm.shape[0]
-            or t.shape != x.shape
-        ):
+        if perm is None or x.shape[0] != perm.shape[0]:
             return None
         return x, perm
+
+    def _gather_at_permuted(self, t: Term) -> Permuted | None:
+        """X[V] with V = I[P] (whole rows of X at permuted indices) is X[I], permuted: the indices
+        of a top-k dispatch (`repeat(arange(tokens), k)[P]`)."""
+        if not _gathers_rows(t) or t.args[1].op != "reshape":
+            return None
+        x, idx = t.args
+        found = self.info(idx.args[0])
+        if found is None or found.row != 0 or len(found.dense.shape) != 1:
+            return None
+        rows = evaluate(self.ev, found.dense, {})
+        shape = _shape(t)
+        if rows is None:  # indices known only as a term: the same gather of the dense indices
+            index = self.ev.reshape_term(found.dense, Shape(idx.dtype, idx.shape))
+            dense = self.ev.mk("aligned", t.attrs, (x, index), shape)
+        else:  # rows at constant indices: whole rows, each repeated k times (k = 1: X itself)
+            m, k = x.shape[0], len(rows) // max(x.shape[0], 1)
+            if m * k != len(rows) or not np.array_equal(rows, np.repeat(np.arange(m), k)):
+                return None
+            wide = broadcast_term(self.ev, x, Shape(x.dtype, (m, k, *x.shape[1:])), (0, *range(2, len(x.shape) + 1)))
+            dense = self.ev.reshape_term(wide, shape)
+        return Permuted(dense, 0, found.perm)
 
     # -- tracking --------------------------------------------------------------------------------
     def info(self, t: Term) -> Permuted | None:
@@ -178,7 +189,12 @@ class Permutations:
         if t.op == "aligned":
             if (gathered := self._row_gather(t)) is not None:
                 return Permuted(gathered[0], 0, gathered[1])
-            return self._sorted_keys(t)
+            return self._sorted_keys(t) or self._gather_at_permuted(t)
+        if t.op == "slice":
+            inner = self.info(t.args[0])
+            if inner is None or t.attrs[0] == inner.row:
+                return None
+            return Permuted(self.ev.mk("slice", t.attrs, (inner.dense,), _shape(t)), inner.row, inner.perm)
         if t.op == "bcast":
             return self._bcast(t)
         if t.op in ("transpose", "reshape"):
@@ -292,12 +308,20 @@ class Permutations:
         counts = self._cumsum_of(e)
         if counts is None or not self._starts_of(s, e, counts):
             return None
-        keys = self._bincount_of(counts)
-        if keys is None:
+        counted = self._bincount_of(counts)
+        if counted is None:
             return None
-        perms = [p for p in self.sorts.get(keys, []) if p.shape[0] == t.shape[row]]
+        # the sort's keys: the counted value, or (bincount ignores the order) that value flattened
+        perms = [
+            p
+            for keys, ps in self.sorts.items()
+            if keys is counted or (keys.op == "reshape" and keys.args[0] is counted and len(keys.shape) == 1)
+            for p in ps
+            if p.shape[0] == t.shape[row]
+        ]
         if len(perms) != 1:
             return None
+        keys = perms[0].args[0]
         shape = Shape(keys.dtype, t.shape)
         one_hot = self.ev.normal(
             "binary",
@@ -310,17 +334,34 @@ class Permutations:
         )
         return Permuted(one_hot, row, perms[0])
 
+    def _one_hot_sum(self, counts: Term) -> Term | None:
+        """w when counts[e] = sum over w's dims of (w == e): the one-hot of w along a last dim, summed."""
+        if counts.op != "reduce" or counts.attrs[0] != "add":
+            return None
+        inner = counts.args[0]
+        rank = len(inner.shape)
+        if ReduceSpec.parse(counts.attrs[1]).dims != tuple(range(rank - 1)):
+            return None
+        if inner.op == "unary" and inner.attrs[0] == "convert":
+            inner = inner.args[0]
+        parsed = parse_compare(inner.attrs[0]) if inner.op == "binary" else None
+        if parsed is None or parsed[0] != "EQ":
+            return None
+        for w, iota in (inner.args, inner.args[::-1]):
+            if self._iota_dim(iota) == rank - 1 and w.op == "bcast" and _keeps_leading(w):
+                return w.args[0]
+        return None
+
     def _iota_dim(self, b: Term) -> int | None:
-        """d when `b` is arange along dim d broadcast (b[..., i, ...] = i)."""
+        """d when `b` is a constant with b[..., i, ...] = i along dim d (an arange broadcast)."""
         value = self.ev.folded(b)
-        if value is None or b.op != "bcast":
+        if value is None or value.shape != b.shape:
             return None
-        pairs = BcastSpec.parse(b.attrs[0]).operand_dims()
-        if len(pairs) != 1:
-            return None
-        d = pairs[0][0]
-        expected = np.arange(b.shape[d]).reshape([-1 if k == d else 1 for k in range(len(b.shape))])
-        return d if np.array_equal(value, np.broadcast_to(expected, b.shape)) else None
+        for d, size in enumerate(b.shape):
+            expected = np.arange(size).reshape([-1 if k == d else 1 for k in range(len(b.shape))])
+            if size > 1 and np.array_equal(value, np.broadcast_to(expected, b.shape)):
+                return d
+        return None
 
     def _group_dim(self, t: Term) -> tuple[int, Term] | None:
         """(d, g) when `t` is a 1-D g broadcast along dim d."""
@@ -357,9 +398,16 @@ class Permutations:
 
     def _bincount_of(self, counts: Term) -> Term | None:
         """v when `counts` = bincount(v) over [0, E), every v in [0, E): a scatter-add of ones into
-        zeros at g(v), g elementwise with g(k) = k on v's range (the index's clip and wrap)."""
-        if self.ev.row_scatters.get(counts) != "add" or len(counts.shape) != 1:
+        zeros at g(v), g elementwise with g(k) = k on v's range (the index's clip and wrap), or the
+        one-hot of v summed over v's dims."""
+        if len(counts.shape) != 1:
             return None
+        if self.ev.row_scatters.get(counts) != "add":
+            counted = self._one_hot_sum(counts)
+            bounds = None if counted is None else _bounds(self.ev, counted)
+            if bounds is None or bounds[0] < 0 or bounds[1] >= counts.shape[0]:
+                return None
+            return counted
         zeros, idx, ones = counts.args
         z, o = self.ev.folded(zeros), self.ev.folded(ones)
         if z is None or o is None or np.any(z != 0) or np.any(o != 1) or idx.op != "reshape":
@@ -377,6 +425,38 @@ class Permutations:
             if at_k is None or np.any(at_k != k):
                 return None
         return keys
+
+
+def _bounds(ev: Builder, t: Term) -> tuple[float, float] | None:
+    """Bounds of t's elements, also through slices and reshapes (which keep some of them)."""
+    while (found := ev.bounds_of(t)) is None and t.op in ("slice", "reshape"):
+        t = t.args[0]
+    return found
+
+
+def _keeps_leading(w: Term) -> bool:
+    """w broadcasts its operand along one new last dim, its own dims in order in front."""
+    rank = len(w.shape) - 1
+    return BcastSpec.parse(w.attrs[0]).operand_dims() == [(k, k) for k in range(rank)] and len(w.args[0].shape) == rank
+
+
+def _gathers_rows(t: Term) -> bool:
+    """`t` is a gather of whole rows of its operand (dim 0) at an index vector [n, 1]."""
+    op_key = AlignedMap.op_key(t.attrs[0])
+    if not op_key.startswith("gather:"):
+        return False
+    x, idx = t.args
+    dims = GatherDims.from_key(op_key)
+    return (
+        dims.collapsed == (0,)
+        and dims.start_map == (0,)
+        and not dims.operand_batch
+        and dims.vector_dim == 1
+        and dims.offset == tuple(range(1, len(x.shape)))
+        and dims.slice_sizes == (1, *x.shape[1:])
+        and idx.shape == (t.shape[0], 1)
+        and t.shape[1:] == x.shape[1:]
+    )
 
 
 def _elementwise_leaf(ev: Builder, g: Term) -> Term | None:

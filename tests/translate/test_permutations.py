@@ -25,6 +25,7 @@ def test_segment_bounds_are_the_sorted_one_hot(seed):
     rng = np.random.default_rng(seed)
     v, _, perm = _draw(rng)
     counts = np.bincount(v, minlength=4)
+    assert np.array_equal(counts, (v[:, None] == np.arange(4)).sum(axis=0))  # the one-hot form
     ends = np.cumsum(counts)
     b = np.arange(len(v))[None, :]
     for starts in (ends - counts, np.concatenate([[0], ends[:-1]])):
@@ -47,6 +48,8 @@ def test_putting_rows_back_undoes_the_permutation(seed):
     assert np.allclose(scattered, dense)
     assert np.allclose(added.T, dense)
     assert np.allclose(rows[np.argsort(perm)], dense)
+    tokens = np.repeat(np.arange(6), 2)  # (token, choice) pairs: X[I[P]] is X[I], permuted
+    assert np.allclose(x[:6][tokens[perm]], x[:6][tokens][perm])
     # the near misses of those guards differ
     assert not np.allclose(rows[perm], dense) or np.array_equal(perm, np.argsort(perm))
 

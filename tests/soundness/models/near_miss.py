@@ -772,3 +772,38 @@ def ragged_moe_added_at_inverse(x, router, w1, w2, *, mesh):
         return jnp.zeros_like(ys).at[jnp.argsort(order)].add(ys) * jax.nn.sigmoid(jnp.max(logits, axis=-1))[:, None]
 
     return jax.shard_map(body, mesh=mesh, in_specs=(P(TP), P(), P(), P()), out_specs=P(TP))(x, router, w1, w2)
+
+
+def _sorted_top2(x, router, w1, w2, bug=None):
+    """Top-2 in the style of a sorted dispatch of (token, choice) pairs: the pairs' expert ids
+    flattened and argsorted, each pair's token row gathered through repeat(arange(tokens), 2),
+    group sizes from a one-hot summed over tokens and choices, the pairs un-sorted and summed."""
+    _, choice = lax.top_k(x @ router, 2)  # [T, 2]
+    order = jnp.argsort(choice.ravel())
+    tokens = jnp.arange(x.shape[0])
+    token_of_pair = jnp.tile(tokens, 2) if bug == "tiled-token-ids" else jnp.repeat(tokens, 2)
+    counts = jax.nn.one_hot(choice, SORT_E, dtype=jnp.int32).sum(axis=(0, 1))
+    ends = jnp.cumsum(counts)
+    rows = jnp.arange(2 * x.shape[0])[None, :]
+    mask = (rows >= (ends - counts)[:, None]) & (rows < ends[:, None])
+    h = jax.nn.relu(jnp.einsum("td,edf->etf", x[token_of_pair[order]], w1))
+    ys = jnp.sum(jnp.einsum("etf,efd->etd", h, w2) * mask[:, :, None], axis=0)
+    return ys[jnp.argsort(order)].reshape(x.shape[0], 2, -1).sum(axis=1)
+
+
+def sorted_top2(x, router, w1, w2):
+    return _sorted_top2(x, router, w1, w2)
+
+
+def sorted_top2_tokens(x, router, w1, w2, *, mesh):
+    return jax.shard_map(
+        lambda *a: _sorted_top2(*a), mesh=mesh, in_specs=(P(TP), P(), P(), P()), out_specs=P(TP)
+    )(x, router, w1, w2)
+
+
+def sorted_top2_tiled_token_ids(x, router, w1, w2, *, mesh):
+    # BUG: pair p's token is p % T (tile) instead of p // 2 (repeat): pairs read other tokens' rows
+    return jax.shard_map(
+        lambda *a: _sorted_top2(*a, bug="tiled-token-ids"), mesh=mesh, in_specs=(P(TP), P(), P(), P()),
+        out_specs=P(TP),
+    )(x, router, w1, w2)
