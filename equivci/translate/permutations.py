@@ -104,11 +104,9 @@ class Permutations:
             perm = self.rows_of(t.args[1])
             return None if perm is None else self.dense_of(t.args[2], perm, t)
         if t.op == "aligned" and (gathered := self._row_gather(t)) is not None:
-            x, q = gathered
+            x, q = gathered  # x[argsort(P)] with x = dense[P]: dense_of checks x is permuted by P
             perm = self.argsort(q)
-            if perm is None or self.argsort(perm) is None:
-                return None
-            return self.dense_of(x, perm, t)
+            return None if perm is None else self.dense_of(x, perm, t)
         if t.op == "dot":
             return self._added_back(t)
         return None
