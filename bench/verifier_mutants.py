@@ -235,6 +235,17 @@ MUTANTS: tuple[Mutant, ...] = (
     M("routing-own-slots", "if tuple(r.slots[a, b]) != (dev, pos[e_row], pos[c_row]) or r.ex[a, b] != pos[e_row]:",
       "if False:", "the combine must read this device's own slots, each with its expert's output (either "
       "clause alone stops the near miss)", "model:moe-ep-no-return"),
+    # -- sort-based dispatch (translate/permutations.py) -----------------------------------------------
+    M("segment-end-strict", 'if (op1, op2) != ("LE", "LT") or b1 is not b2:', 'if op1 != "LE" or b1 is not b2:',
+      "a ragged group is [starts, ends): its end is excluded", "model:sorted-moe-inclusive-end", "model:sorted-moe"),
+    M("scatter-add-back-same-perm", "            or onehot.args[1] is not found.perm\n", "",
+      "rows are added back at the rows of the permutation that sorted them", "model:ragged-moe-added-at-inverse",
+      "model:ragged-moe"),
+    M("put-back-same-perm", "if found is None or found.perm is not perm or found.row != 0", "if found is None or found.row != 0",
+      "only the inverse of the permutation that sorted the rows puts them back", "model:sorted-moe-unsort-by-order"),
+    M("pair-token-repeat", "if m * k != len(rows) or not np.array_equal(rows, np.repeat(np.arange(m), k)):",
+      "if m * k != len(rows):", "rows at constant indices are whole rows each repeated k times",
+      "model:sorted-top2-tiled-token-ids", "model:sorted-top2"),
     # -- unrolled loops and scatters at constant indices ---------------------------------------------
     M("unroll-devices-agree", "return found.pop() if len(found) == 1 else None", "return found.pop()",
       "a loop is unrolled only when every device runs it the same number of times",

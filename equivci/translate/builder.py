@@ -49,6 +49,7 @@ class Builder:
         self.equal_terms: list[list[Term]] = []  # groups of terms known equal by evaluation
         self.bounds: dict[Term, tuple[float, float]] = {}  # integer terms -> [lo, hi] of their elements
         self.window_sums: dict[Term, tuple] = {}  # opaque reduce-window sums -> (sizes, padding)
+        self.row_scatters: dict[Term, str] = {}  # opaque out[idx[b]] op= update[b] -> "add" or "set"
         self.masked_rows: dict[Term, masks.MaskedRows] = {}  # window lookups -> the full table's rows
         # (gather index, size of the dim it indexes, the gather and the calls it is in, innermost first)
         self.index_uses: list[tuple[Term, int, tuple[Instruction, ...]]] = []

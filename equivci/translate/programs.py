@@ -12,6 +12,7 @@ from equivci.options import Budgets
 from equivci.terms.ir import Term, TermTable
 from equivci.translate.bounds import index_domains
 from equivci.translate.evaluator import Evaluator, Event, Loop, LoopHandler
+from equivci.translate.permutations import Permutations
 from equivci.translate.routing import Router
 from equivci.translate.unroll import Unroller
 
@@ -116,6 +117,11 @@ def _translate(
     router = Router(dist_eval, num_devices)
     router.run(dist_eval.events)
     dist_eval.equal_terms.extend([a, b] for a, b in router.facts)
+    # Sort-based dispatch undone in both programs (a global sort against per-shard sorts).
+    for evaluator, roots in ((ref_eval, reference_outputs), (dist_eval, [t for out in device_outputs for t in out])):
+        permutations = Permutations(evaluator)
+        permutations.run(roots)
+        dist_eval.equal_terms.extend([a, b] for a, b in permutations.facts)
     programs = Programs(
         params,
         reference_outputs,

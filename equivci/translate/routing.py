@@ -192,30 +192,7 @@ class Router:
         return out
 
     def evaluate(self, term: Term, env: dict[Term, np.ndarray]) -> np.ndarray | None:
-        memo: dict[int, np.ndarray] = {}
-        stack = [term]
-        while stack:
-            t = stack[-1]
-            if id(t) in memo:
-                stack.pop()
-                continue
-            known = env.get(t)
-            if known is None:
-                known = self.ev.folded(t)
-            if known is not None:
-                memo[id(t)] = np.asarray(known)
-                stack.pop()
-                continue
-            missing = [a for a in t.args if id(a) not in memo]
-            if missing:
-                stack.extend(missing)
-                continue
-            stack.pop()
-            value = self.ev.numeric(t, [memo[id(a)] for a in t.args])
-            if value is None:
-                return None
-            memo[id(t)] = value
-        return memo[id(term)]
+        return evaluate(self.ev, term, env)
 
     # -- dispatch: buf = dot(M, x) -------------------------------------------------------------
     def dispatch(self, values: list[Term]) -> None:
@@ -390,6 +367,34 @@ class Router:
         if picked is not None:
             self.facts.append((product, picked))
             self.exempt.add(id(out))
+
+
+def evaluate(ev, term: Term, env: dict[Term, np.ndarray]) -> np.ndarray | None:
+    """The value of `term` with the leaves in `env` given (None past an op `ev.numeric` lacks)."""
+    memo: dict[int, np.ndarray] = {}
+    stack = [term]
+    while stack:
+        t = stack[-1]
+        if id(t) in memo:
+            stack.pop()
+            continue
+        known = env.get(t)
+        if known is None:
+            known = ev.folded(t)
+        if known is not None:
+            memo[id(t)] = np.asarray(known)
+            stack.pop()
+            continue
+        missing = [a for a in t.args if id(a) not in memo]
+        if missing:
+            stack.extend(missing)
+            continue
+        stack.pop()
+        value = ev.numeric(t, [memo[id(a)] for a in t.args])
+        if value is None:
+            return None
+        memo[id(t)] = value
+    return memo[id(term)]
 
 
 EVALUABLE = {"bcast", "reshape", "transpose", "slice", "concat", "unary", "binary", "ternary", "const"}

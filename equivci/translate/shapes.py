@@ -153,7 +153,35 @@ def scatter(ev: Builder, inst: Instruction, args: list, device: int):
     for handler in (scatter_at_constants, scatter_adds.per_row, scatter_adds.windows):
         if (written := handler(ev, inst, args)) is not None:
             return written
-    return opaque(ev, inst, args)
+    term = opaque(ev, inst, args)
+    combiner = row_scatter(ev, inst, args)
+    if combiner is not None and isinstance(term, Term):
+        ev.row_scatters[term] = combiner
+    return term
+
+
+def row_scatter(ev: Builder, inst: Instruction, args: list) -> str | None:
+    """ "add" or "set" when the scatter writes whole rows, out[idx[b], ...] op= update[b, ...]
+    (indices [n, 1], the rows of the update its first dim), else None."""
+    if len(args) != 3 or inst.shape.is_tuple:
+        return None
+    x, idx, update = args
+    attrs = inst.attrs
+    rank = len(x.shape)
+    if (
+        attrs.get("input_batching_dims")
+        or int(attrs.get("index_vector_dim", len(idx.shape))) != 1
+        or len(idx.shape) != 2
+        or idx.shape[1] != 1
+        or dims_attr(attrs.get("inserted_window_dims")) != (0,)
+        or dims_attr(attrs.get("scatter_dims_to_operand_dims")) != (0,)
+        or dims_attr(attrs.get("update_window_dims")) != tuple(range(1, rank))
+        or update.shape != (idx.shape[0], *x.shape[1:])
+    ):
+        return None
+    if reducer_of(ev.module, inst) == "add":
+        return "add"
+    return "set" if overwrites(called(ev.module, inst, "to_apply")) else None
 
 
 def strided_slice(ev: Builder, x: Term, dim: int, start: int, stop: int, step: int) -> Term | None:

@@ -15,7 +15,7 @@ MANIFEST = Path(__file__).resolve().parent / "near_miss.yaml"
 VERIFIED = {
     "embed-ge-lt", "embed-gt-le", "guard-always", "abs-of-positive", "guards-kept", "concat-straddle",
     "pmax-of-max", "moe-ep", "rope-table-rows", "interleaved-heads", "topk-tokens", "embed-clipped", "head-max",
-    "argsort-tokens",
+    "argsort-tokens", "sorted-moe", "ragged-moe", "sorted-top2",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -25,7 +25,8 @@ MISMATCH = {
     "ppermute-self-only", "pmax-of-min", "pmax-drops-last-column", "pmax-first-shard-short", "moe-ep-shared-slot",
     "moe-ep-rotated-expert", "moe-ep-expert-zero-everywhere", "moe-ep-no-return",
     "rope-table-rows-shifted", "interleaved-heads-odd-first", "topk-local-experts", "embed-clipped-short",
-    "head-max-first-bias",
+    "head-max-first-bias", "sorted-moe-inclusive-end", "sorted-moe-unsort-by-order", "sorted-moe-gate-in-sorted-order",
+    "ragged-moe-add-into-ones", "ragged-moe-added-at-inverse", "sorted-top2-tiled-token-ids",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -62,5 +63,6 @@ DEFAULT = {
     "pmax-of-max", "ppermute-self-only",  # collectives
     "moe-ep", "moe-ep-shared-slot",  # the routing lemma
     "topk-tokens", "topk-local-experts",  # sorts: lanes of other dims, not windows of the sorted dim
+    "sorted-moe", "sorted-moe-unsort-by-order",  # sort-based dispatch: un-sorted by the inverse permutation
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

@@ -673,3 +673,137 @@ def head_max_tp(h, w, b, *, mesh):
 def head_max_first_bias(h, w, b, *, mesh):
     # BUG: every shard adds the first shard's bias to its own columns
     return _head_max(h, w, b, mesh, lambda b, n: lax.all_gather(b, TP, tiled=True)[:n])
+
+
+# --- sort-based dispatch: argsort, ragged groups from cumsum(bincount), un-sort (translate/permutations.py) ---
+SORT_T, SORT_E, SORT_F = 8, 4, 8  # tokens, experts, expert hidden width
+
+
+def sorted_inputs():
+    return (spec(SORT_T, D), spec(D, SORT_E), spec(SORT_E, D, SORT_F), spec(SORT_E, SORT_F, D))
+
+
+def _sorted_moe(x, router, w1, w2, bug=None):
+    """Top-1 MoE written with masks: tokens sorted by expert, every expert run on every sorted row,
+    each row kept from the expert whose group [starts[e], ends[e]) holds it, then un-sorted with
+    the inverse permutation."""
+    logits = x @ router
+    expert = jnp.argmax(logits, axis=-1)
+    gate = jax.nn.sigmoid(jnp.max(logits, axis=-1))
+    order = jnp.argsort(expert, stable=True)
+    ends = jnp.cumsum(jnp.bincount(expert, length=SORT_E))
+    starts = jnp.concatenate([jnp.zeros(1, ends.dtype), ends[:-1]])
+    rows = jnp.arange(x.shape[0])[None, :]
+    upper = rows <= ends[:, None] if bug == "inclusive-end" else rows < ends[:, None]
+    mask = (rows >= starts[:, None]) & upper  # [E, T]
+    h = jax.nn.relu(jnp.einsum("td,edf->etf", x[order], w1))
+    ys = jnp.sum(jnp.einsum("etf,efd->etd", h, w2) * mask[:, :, None], axis=0)
+    if bug == "gate-in-sorted-order":
+        return (ys * gate[:, None])[jnp.argsort(order)]
+    inverse = order if bug == "unsort-by-order" else jnp.argsort(order)
+    return ys[inverse] * gate[:, None]
+
+
+def sorted_moe(x, router, w1, w2):
+    return _sorted_moe(x, router, w1, w2)
+
+
+def _sorted_tokens(x, router, w1, w2, mesh, bug=None):
+    """Tokens split over tp; each device sorts, runs and un-sorts its own tokens."""
+    return jax.shard_map(
+        lambda *a: _sorted_moe(*a, bug=bug), mesh=mesh, in_specs=(P(TP), P(), P(), P()), out_specs=P(TP)
+    )(x, router, w1, w2)
+
+
+def sorted_moe_tokens(x, router, w1, w2, *, mesh):
+    return _sorted_tokens(x, router, w1, w2, mesh)
+
+
+def sorted_moe_inclusive_end(x, router, w1, w2, *, mesh):
+    # BUG: a group's mask includes the first row of the next group (b <= ends[e])
+    return _sorted_tokens(x, router, w1, w2, mesh, "inclusive-end")
+
+
+def sorted_moe_unsort_by_order(x, router, w1, w2, *, mesh):
+    # BUG: un-sorts by gathering with the sort's permutation again instead of its inverse
+    return _sorted_tokens(x, router, w1, w2, mesh, "unsort-by-order")
+
+
+def sorted_moe_gate_in_sorted_order(x, router, w1, w2, *, mesh):
+    # BUG: multiplies the sorted rows by the gates of the unsorted tokens
+    return _sorted_tokens(x, router, w1, w2, mesh, "gate-in-sorted-order")
+
+
+def _scatter_back(x, router, w1, w2, into):
+    """The same layer with lax.ragged_dot over the sorted rows, put back by a scatter."""
+    logits = x @ router
+    expert = jnp.argmax(logits, axis=-1)
+    order = jnp.argsort(expert, stable=True)
+    sizes = jnp.bincount(expert, length=SORT_E).astype(jnp.int32)
+    ys = lax.ragged_dot(jax.nn.relu(lax.ragged_dot(x[order], w1, sizes)), w2, sizes)
+    return into(ys).at[order].add(ys) * jax.nn.sigmoid(jnp.max(logits, axis=-1))[:, None]
+
+
+def ragged_moe(x, router, w1, w2):
+    return _scatter_back(x, router, w1, w2, jnp.zeros_like)
+
+
+def ragged_moe_tokens(x, router, w1, w2, *, mesh):
+    return jax.shard_map(
+        lambda *a: _scatter_back(*a, jnp.zeros_like), mesh=mesh, in_specs=(P(TP), P(), P(), P()), out_specs=P(TP)
+    )(x, router, w1, w2)
+
+
+def ragged_moe_add_into_ones(x, router, w1, w2, *, mesh):
+    # BUG: the rows are added back into ones, not zeros
+    return jax.shard_map(
+        lambda *a: _scatter_back(*a, jnp.ones_like), mesh=mesh, in_specs=(P(TP), P(), P(), P()), out_specs=P(TP)
+    )(x, router, w1, w2)
+
+
+def ragged_moe_added_at_inverse(x, router, w1, w2, *, mesh):
+    # BUG: the sorted rows are added back at the inverse permutation's rows instead of the sort's
+    def body(x, router, w1, w2):
+        logits = x @ router
+        expert = jnp.argmax(logits, axis=-1)
+        order = jnp.argsort(expert, stable=True)
+        sizes = jnp.bincount(expert, length=SORT_E).astype(jnp.int32)
+        ys = lax.ragged_dot(jax.nn.relu(lax.ragged_dot(x[order], w1, sizes)), w2, sizes)
+        return jnp.zeros_like(ys).at[jnp.argsort(order)].add(ys) * jax.nn.sigmoid(jnp.max(logits, axis=-1))[:, None]
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP), P(), P(), P()), out_specs=P(TP))(x, router, w1, w2)
+
+
+def _sorted_top2(x, router, w1, w2, bug=None):
+    """Top-2 in the style of a sorted dispatch of (token, choice) pairs: the pairs' expert ids
+    flattened and argsorted, each pair's token row gathered through repeat(arange(tokens), 2),
+    group sizes from a one-hot summed over tokens and choices, the pairs un-sorted and summed."""
+    _, choice = lax.top_k(x @ router, 2)  # [T, 2]
+    order = jnp.argsort(choice.ravel())
+    tokens = jnp.arange(x.shape[0])
+    token_of_pair = jnp.tile(tokens, 2) if bug == "tiled-token-ids" else jnp.repeat(tokens, 2)
+    counts = jax.nn.one_hot(choice, SORT_E, dtype=jnp.int32).sum(axis=(0, 1))
+    ends = jnp.cumsum(counts)
+    rows = jnp.arange(2 * x.shape[0])[None, :]
+    mask = (rows >= (ends - counts)[:, None]) & (rows < ends[:, None])
+    h = jax.nn.relu(jnp.einsum("td,edf->etf", x[token_of_pair[order]], w1))
+    ys = jnp.sum(jnp.einsum("etf,efd->etd", h, w2) * mask[:, :, None], axis=0)
+    return ys[jnp.argsort(order)].reshape(x.shape[0], 2, -1).sum(axis=1)
+
+
+def sorted_top2(x, router, w1, w2):
+    return _sorted_top2(x, router, w1, w2)
+
+
+def sorted_top2_tokens(x, router, w1, w2, *, mesh):
+    return jax.shard_map(
+        lambda *a: _sorted_top2(*a), mesh=mesh, in_specs=(P(TP), P(), P(), P()), out_specs=P(TP)
+    )(x, router, w1, w2)
+
+
+def sorted_top2_tiled_token_ids(x, router, w1, w2, *, mesh):
+    # BUG: pair p's token is p % T (tile) instead of p // 2 (repeat): pairs read other tokens' rows
+    return jax.shard_map(
+        lambda *a: _sorted_top2(*a, bug="tiled-token-ids"), mesh=mesh, in_specs=(P(TP), P(), P(), P()),
+        out_specs=P(TP),
+    )(x, router, w1, w2)

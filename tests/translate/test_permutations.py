@@ -1,0 +1,88 @@
+"""Sort-based dispatch (equivci/translate/permutations.py): the identities it states, checked on
+random draws, and what it relates on a program. The verdicts of correct and buggy layers (an
+inclusive group end, an un-sort by the permutation itself, gates in sorted order, rows added back
+into ones or at the inverse's rows) are near misses in tests/soundness (near_miss.yaml)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SOUNDNESS = Path(__file__).resolve().parents[1] / "soundness"
+
+
+def _draw(rng, n=12, e=4, d=3):
+    v = rng.integers(0, e, n)
+    return v, rng.standard_normal((n, d)), np.argsort(v, kind="stable")
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_segment_bounds_are_the_sorted_one_hot(seed):
+    """starts[e] <= b < ends[e] (ends = cumsum(bincount(v)), starts = ends - counts) iff v[P][b] == e."""
+    rng = np.random.default_rng(seed)
+    v, _, perm = _draw(rng)
+    counts = np.bincount(v, minlength=4)
+    assert np.array_equal(counts, (v[:, None] == np.arange(4)).sum(axis=0))  # the one-hot form
+    ends = np.cumsum(counts)
+    b = np.arange(len(v))[None, :]
+    for starts in (ends - counts, np.concatenate([[0], ends[:-1]])):
+        mask = (starts[:, None] <= b) & (b < ends[:, None])
+        assert np.array_equal(mask, v[perm][None, :] == np.arange(4)[:, None])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_putting_rows_back_undoes_the_permutation(seed):
+    """f(X[P]) put back at P (a scatter, a scatter-add into zeros, a gather by argsort(P)) is f(X)
+    for a row-wise f."""
+    rng = np.random.default_rng(seed)
+    v, x, perm = _draw(rng)
+    w = rng.standard_normal((4, 3, 5))
+    dense = np.einsum("td,tdf->tf", x, w[v])  # each row through its own expert
+    rows = np.einsum("td,tdf->tf", x[perm], w[v[perm]])
+    scattered = np.zeros_like(rows)
+    scattered[perm] = rows
+    added = rows.T @ np.eye(len(v))[perm]  # scatter_adds.windows: dot(V, onehot(P)) over the rows
+    assert np.allclose(scattered, dense)
+    assert np.allclose(added.T, dense)
+    assert np.allclose(rows[np.argsort(perm)], dense)
+    tokens = np.repeat(np.arange(6), 2)  # (token, choice) pairs: X[I[P]] is X[I], permuted
+    assert np.allclose(x[:6][tokens[perm]], x[:6][tokens][perm])
+    # the near misses of those guards differ
+    assert not np.allclose(rows[perm], dense) or np.array_equal(perm, np.argsort(perm))
+
+
+def test_facts_relate_both_programs_without_a_sort():
+    """On a correct layer, the put-backs of the reference and of every device are related to
+    row-wise values with no sort in them (what lets the rules relate them shard by shard)."""
+    sys.path.insert(0, str(SOUNDNESS))
+    from engine_api import capture, programs_of
+    from near_miss_cases import MANIFEST
+
+    from equivci.translate.permutations import Permutations
+
+    programs = programs_of(capture(MANIFEST, "ragged-moe"))
+    ev = programs.evaluator
+    perms = Permutations(ev)
+    perms.run([t for out in programs.device_outputs for t in out])
+    assert len(perms.facts) == len(programs.device_outputs)  # one put-back per device
+    for put_back, dense in perms.facts:
+        assert put_back.shape == dense.shape
+        assert not _ops(dense) & {"opaque"}, "the dense side still holds the scatter, cumsum or bincount"
+        assert not any(a.op == "aligned" and "sort:" in a.attrs[0] for a in _subterms(dense))
+
+
+def _subterms(t):
+    seen, stack = {}, [t]
+    while stack:
+        u = stack.pop()
+        if id(u) not in seen:
+            seen[id(u)] = u
+            stack.extend(u.args)
+    return list(seen.values())
+
+
+def _ops(t) -> set[str]:
+    return {u.op for u in _subterms(t)}
