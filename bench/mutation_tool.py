@@ -46,7 +46,11 @@ TESTS = (
     "tests/terms",
     "tests/translate/test_strided_slices.py",
     "tests/translate/test_constant_windows.py",
+    "tests/translate/test_sorts.py",
     "tests/prove/test_budget.py",
+    "tests/prove/test_candidates.py",
+    "tests/layers/test_layers.py",
+    "tests/soundness/test_facts_numeric.py",
     "tests/soundness/test_rule_properties.py",
 )
 
@@ -124,6 +128,17 @@ def sample(paths: list[Path], per_module: int, seed: int) -> tuple[list[Sampled]
     return chosen, population
 
 
+def interleaved(chosen: list[Sampled]) -> list[Sampled]:
+    """The run order: each module's first mutant, then each one's second, ...: a budget that stops the
+    run then shortens every module's sample alike instead of leaving out the last modules."""
+    rank: dict[Path, int] = {}
+    keyed = []
+    for s in chosen:
+        rank[s.path] = rank.get(s.path, -1) + 1
+        keyed.append((rank[s.path], len(keyed), s))
+    return [s for _, _, s in sorted(keyed, key=lambda t: t[:2])]
+
+
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """The 95 % Wilson score interval of a proportion k / n."""
     if n == 0:
@@ -160,14 +175,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=200, help="seconds per mutant (then it is a timeout)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--budget", type=float, help="seconds for the whole run: then the mutants not run yet are "
-                        "left out of the figures (they are drawn in module order: a budget shortens the last modules)")
+                        "left out of the figures (they run round-robin over the modules: a budget shortens every module's sample)")
     parser.add_argument("--captures", type=Path, help="keep the near-miss captures in this file, for the next run")
+    parser.add_argument("--only", default="", help="comma-separated names of drawn mutants (module:line#k) to run, "
+                        "e.g. last run's survivors after new tests")
     parser.add_argument("--list", action="store_true", help="print the sampled mutants and stop")
     args = parser.parse_args(argv)
     paths = [REPO / m for m in args.modules.split(",") if m] or modules(VERDICT_PACKAGES)
     paths = [p for p in paths if str(p.relative_to(REPO)) not in args.exclude.split(",")]
     t0 = time.perf_counter()
     chosen, population = sample(paths, args.per_module, args.seed)
+    if args.only:
+        chosen = [s for s in chosen if s.name in args.only.split(",")]
+        unknown = set(args.only.split(",")) - {s.name for s in chosen}
+        if unknown:
+            parser.error(f"--only: {', '.join(sorted(unknown))} not among the drawn mutants (same --seed and --per-module?)")
     print(f"{len(chosen)} mutants sampled (seed {args.seed}, {args.per_module} per module) of "
           f"{sum(population.values())} in {len(paths)} modules", flush=True)
     if args.list:
@@ -179,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     from near_miss_cases import DEFAULT
 
     checks = tuple(f"model:{n}" for n in sorted(DEFAULT)) + tuple(f"pytest:{t} -x" for t in TESTS)
-    edits = [vm.Edit(s.name, (s.path, s.text), checks) for s in chosen]
+    edits = [vm.Edit(s.name, (s.path, s.text), checks) for s in interleaved(chosen)]
     with tempfile.TemporaryDirectory(prefix="mutation-tool-") as tmp:
         captures = args.captures or Path(tmp) / "captures.pkl"
         baseline, outcomes = vm.run_edits(edits, checks, Path(tmp), captures, args.workers, args.timeout, first=True,

@@ -482,7 +482,10 @@ def run_edits(edits: list[Edit], baseline_checks: tuple[str, ...], work: Path, c
     captures = capture_models(models, captures, workers)
     jobs = [_job(BASELINE, None, baseline_checks, work)] + [_job(e.name, e.edit, e.kills, work, first) for e in edits]
     for job in jobs[1:]:
-        job["timeout"] = timeout  # (the unmutated run keeps the default: it may run more checks than one mutant)
+        job["timeout"] = timeout
+    # The unmutated run goes through every check (a mutant stops at its first failure): it gets twice
+    # a mutant's time, so a loaded machine does not turn it into "no figures".
+    jobs[0]["timeout"] = max(CHILD_TIMEOUT, 2 * timeout)
     batches = [jobs[k::workers] for k in range(workers)]
     procs = []
     for k, batch in enumerate(batches):
