@@ -47,6 +47,7 @@ TESTS = (
     "tests/translate/test_strided_slices.py",
     "tests/translate/test_constant_windows.py",
     "tests/translate/test_sorts.py",
+    "tests/translate/test_translation_against_xla.py",
     "tests/prove/test_budget.py",
     "tests/prove/test_candidates.py",
     "tests/layers/test_layers.py",

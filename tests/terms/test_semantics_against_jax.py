@@ -288,3 +288,11 @@ def test_a_scatter_add_term_drops_rows_outside_the_dim():
         mode=lax.GatherScatterMode.FILL_OR_DROP,
     )
     _same(term, params, want)
+
+
+@pytest.mark.parametrize(("name", "fn"), [("divide", lax.div), ("remainder", lax.rem)])
+def test_integer_divide_and_remainder_truncate_toward_zero(name, fn):
+    divisor = np.where(INTS.T.reshape(3, 4) % 7 == 0, 3, INTS.T.reshape(3, 4) % 7).astype(np.int32) - 3
+    divisor[divisor == 0] = -2  # both signs, never zero
+    term, params = _term(TermTable(), "binary", (name,), [INTS, divisor], INTS.shape, "s32")
+    _same(term, params, fn(INTS, divisor))
