@@ -48,6 +48,7 @@ TESTS = (
     "tests/translate/test_constant_windows.py",
     "tests/translate/test_sorts.py",
     "tests/translate/test_translation_against_xla.py",
+    "tests/translate/test_window_forms.py",
     "tests/prove/test_budget.py",
     "tests/prove/test_candidates.py",
     "tests/layers/test_layers.py",
