@@ -53,6 +53,13 @@ def _scatter_add(x, ids):
     return jnp.zeros((V, D), x.dtype).at[ids].add(x)
 
 
+def _picked_and_its_gradient(logits, ids):  # the gradient of take_along_axis scatters one value per row
+    def picked(z):
+        return jnp.take_along_axis(z, ids[:, None], axis=1)[:, 0]
+
+    return picked(logits), jax.grad(lambda z: (picked(z) * jnp.arange(T, dtype=z.dtype)).sum())(logits)
+
+
 def _causal_mask(x):
     scores = x @ x.T
     row, col = lax.broadcasted_iota(jnp.int32, scores.shape, 0), lax.broadcasted_iota(jnp.int32, scores.shape, 1)
@@ -81,6 +88,10 @@ CASES = {
     "max, min, product, all": (_reductions, (X,)),
     "top-k": (_top_k, (X,)),
     "scatter-add of rows": (_scatter_add, (X, IDS)),
+    "take_along_axis and its gradient": (
+        _picked_and_its_gradient,
+        (RNG.standard_normal((T, V)).astype(np.float32), IDS),
+    ),
     "causal mask from iotas": (_causal_mask, (X,)),
     "heads, strides, concat, repeat": (_layouts, (X,)),
     "dynamic slice and update": (_dynamic_window, (X, IDS)),
