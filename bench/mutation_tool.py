@@ -12,7 +12,8 @@ imported in a fork of a worker that has egglog, numpy and pytest loaded. Its che
 * the default suite's near-miss models (`DEFAULT` of tests/soundness/near_miss_cases.py: for each
   family of side conditions a correct model and a buggy one), captured once by the unmutated package
   and verified by the mutated engine without the oracle: a buggy model `verified`, or a correct one not;
-* the in-process tests of the term language, rules, semantics and the evaluator's windows (`TESTS`).
+* the in-process tests of the term language, rules, semantics, the translation against XLA, windows,
+  candidates and layers (`TESTS`), and for the loop modules their own tests (`MODULE_TESTS`).
 
 A mutant is killed when a check fails and the unmutated package passes them all; the checks stop at
 the first failure. "killed by an error" (the mutated engine raised, or a test failed on an exception
@@ -55,6 +56,13 @@ TESTS = (
     "tests/soundness/test_facts_numeric.py",
     "tests/soundness/test_rule_properties.py",
 )
+# Tests that exercise one module's code and capture JAX models in child processes (about two minutes
+# each here): too slow for every mutant, they run after TESTS for that module's mutants only (as
+# mutmut runs the tests that reach the mutated function).
+MODULE_TESTS = {
+    "equivci/translate/unroll.py": ("tests/prove/test_unroll.py",),
+    "equivci/prove/loops.py": ("tests/prove/test_loops.py",),
+}
 
 
 def _harness():
@@ -203,10 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     from near_miss_cases import DEFAULT
 
     checks = tuple(f"model:{n}" for n in sorted(DEFAULT)) + tuple(f"pytest:{t} -x" for t in TESTS)
-    edits = [vm.Edit(s.name, (s.path, s.text), checks) for s in interleaved(chosen)]
+
+    def own(s: Sampled) -> tuple[str, ...]:
+        return tuple(f"pytest:{t} -x" for t in MODULE_TESTS.get(str(s.path.relative_to(REPO)), ()))
+
+    edits = [vm.Edit(s.name, (s.path, s.text), checks + own(s)) for s in interleaved(chosen)]
+    baseline_checks = checks + tuple(dict.fromkeys(k for s in chosen for k in own(s)))
     with tempfile.TemporaryDirectory(prefix="mutation-tool-") as tmp:
         captures = args.captures or Path(tmp) / "captures.pkl"
-        baseline, outcomes = vm.run_edits(edits, checks, Path(tmp), captures, args.workers, args.timeout, first=True,
+        baseline, outcomes = vm.run_edits(edits, baseline_checks, Path(tmp), captures, args.workers, args.timeout, first=True,
                                           budget=args.budget, log=lambda line: print(line, flush=True))
     if baseline.verdict != "survived":
         print(f"the unmutated package fails its own checks ({baseline.verdict}: {baseline.how}); no figures")
