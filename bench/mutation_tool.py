@@ -51,6 +51,7 @@ TESTS = (
     "tests/translate/test_translation_against_xla.py",
     "tests/translate/test_window_forms.py",
     "tests/translate/test_attributes.py",
+    "tests/translate/test_device_ids.py",
     "tests/prove/test_budget.py",
     "tests/prove/test_candidates.py",
     "tests/layers/test_layers.py",
