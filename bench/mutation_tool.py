@@ -59,8 +59,8 @@ TESTS = (
     "tests/soundness/test_rule_properties.py",
 )
 # Tests that exercise one module's code and capture JAX models in child processes (about two minutes
-# each here): too slow for every mutant, they run after TESTS for that module's mutants only (as
-# mutmut runs the tests that reach the mutated function).
+# each here): too slow for every mutant, they run for that module's mutants only, first (as mutmut
+# runs the tests that reach the mutated function).
 MODULE_TESTS = {
     "equivci/translate/unroll.py": ("tests/prove/test_unroll.py",),
     "equivci/prove/loops.py": ("tests/prove/test_loops.py",),
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     def own(s: Sampled) -> tuple[str, ...]:
         return tuple(f"pytest:{t} -x" for t in MODULE_TESTS.get(str(s.path.relative_to(REPO)), ()))
 
-    edits = [vm.Edit(s.name, (s.path, s.text), checks + own(s)) for s in interleaved(chosen)]
+    edits = [vm.Edit(s.name, (s.path, s.text), own(s) + checks) for s in interleaved(chosen)]
     baseline_checks = checks + tuple(dict.fromkeys(k for s in chosen for k in own(s)))
     with tempfile.TemporaryDirectory(prefix="mutation-tool-") as tmp:
         captures = args.captures or Path(tmp) / "captures.pkl"
