@@ -15,6 +15,7 @@ from jax import lax
 
 from equivci.capture.types import LeafPlacement
 from equivci.hlo.parser import parse_module
+from equivci.options import Budgets
 from equivci.prove.programs import build_programs
 from equivci.terms.semantics import evaluate
 
@@ -120,3 +121,28 @@ def test_translated_terms_compute_what_xla_computes(case):
         expected = np.asarray(expected)
         assert got.shape == expected.shape and got.dtype == expected.dtype, (got.dtype, expected.dtype)
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def _ops(term) -> set[str]:
+    seen, stack = set(), [term]
+    while stack:
+        t = stack.pop()
+        seen.add(t.op)
+        stack.extend(t.args)
+    return seen
+
+
+def test_both_programs_fold_constants_within_the_budget_they_are_given():
+    """A budget of one folded element keeps an 8-element constant computation symbolic in the
+    reference as in the distributed program (each evaluator gets the caller's budgets)."""
+    x = X[0]
+    hlo = jax.jit(lambda v: v + lax.iota(jnp.float32, D) * 2).lower(x).as_text(dialect="hlo")
+    module = parse_module(hlo)
+    leaf = (_leaf("[0]", x),)
+    default = build_programs(module, module, leaf, leaf, 1)
+    tight = build_programs(module, module, leaf, leaf, 1, budgets=Budgets(fold_elements=1))
+    assert "iota" not in _ops(default.reference_outputs[0]) and "iota" not in _ops(default.device_outputs[0][0])
+    assert "iota" in _ops(tight.reference_outputs[0]) and "iota" in _ops(tight.device_outputs[0][0])
+    np.testing.assert_allclose(
+        evaluate(tight.reference_outputs[0], {0: x}, tight.evaluator.values), x + np.arange(D) * 2
+    )
