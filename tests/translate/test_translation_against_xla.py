@@ -69,7 +69,8 @@ def _causal_mask(x):
 
 def _layouts(x):
     heads = x.reshape(T, 2, D // 2).transpose(1, 0, 2)
-    return jnp.concatenate([heads[1], heads[0][:, ::2], jnp.repeat(x[:, :1], 2, axis=1)], axis=-1)
+    stretched = lax.broadcast_in_dim(x[:, :1], (T, 3), (0, 1))  # a size-1 dim stretched in place
+    return jnp.concatenate([heads[1], heads[0][:, ::2], jnp.repeat(x[:, :1], 2, axis=1), stretched], axis=-1)
 
 
 def _dynamic_window(x, ids):
