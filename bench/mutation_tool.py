@@ -52,6 +52,7 @@ TESTS = (
     "tests/translate/test_window_forms.py",
     "tests/translate/test_attributes.py",
     "tests/translate/test_device_ids.py",
+    "tests/translate/test_literals.py",
     "tests/prove/test_budget.py",
     "tests/prove/test_candidates.py",
     "tests/layers/test_layers.py",
