@@ -53,6 +53,7 @@ TESTS = (
     "tests/translate/test_attributes.py",
     "tests/translate/test_device_ids.py",
     "tests/translate/test_literals.py",
+    "tests/translate/test_collective_values.py",
     "tests/prove/test_budget.py",
     "tests/prove/test_candidates.py",
     "tests/layers/test_layers.py",
