@@ -13,6 +13,8 @@ import pytest
 from jax import lax
 
 from equivci.terms.ir import TermTable
+from equivci.terms.semantics import BINARY as MODELLED_BINARY
+from equivci.terms.semantics import UNARY as MODELLED_UNARY
 from equivci.terms.semantics import evaluate
 from equivci.terms.spec import AlignedMap, DotSpec, GatherDims, ReduceSpec, bcast_spec, compare_text, reshape_spec
 
@@ -68,6 +70,8 @@ UNARY = {
     "round-nearest-afz": (lambda v: lax.round(v, lax.RoundingMethod.AWAY_FROM_ZERO), X),
     "is-finite": (lax.is_finite, np.where(BOOLS, X, np.float32(np.inf))),
     "erf": (lax.erf, X / 2),
+    "exp": (lax.exp, X),  # (the names some HLO printers use)
+    "cos": (lax.cos, X),
     "not": (lax.bitwise_not, INTS),
 }
 
@@ -296,3 +300,7 @@ def test_integer_divide_and_remainder_truncate_toward_zero(name, fn):
     divisor[divisor == 0] = -2  # both signs, never zero
     term, params = _term(TermTable(), "binary", (name,), [INTS, divisor], INTS.shape, "s32")
     _same(term, params, fn(INTS, divisor))
+
+
+def test_every_modelled_op_is_checked_against_xla_here():
+    assert set(UNARY) == set(MODELLED_UNARY) and set(BINARY) == set(MODELLED_BINARY)
