@@ -12,7 +12,8 @@ imported in a fork of a worker that has egglog, numpy and pytest loaded. Its che
 * the default suite's near-miss models (`DEFAULT` of tests/soundness/near_miss_cases.py: for each
   family of side conditions a correct model and a buggy one), captured once by the unmutated package
   and verified by the mutated engine without the oracle: a buggy model `verified`, or a correct one not;
-* the in-process tests of the term language, rules, semantics and the evaluator's windows (`TESTS`).
+* the in-process tests of the term language, rules, semantics, the translation against XLA, windows,
+  candidates and layers (`TESTS`), and for the loop modules their own tests (`MODULE_TESTS`).
 
 A mutant is killed when a check fails and the unmutated package passes them all; the checks stop at
 the first failure. "killed by an error" (the mutated engine raised, or a test failed on an exception
@@ -46,9 +47,26 @@ TESTS = (
     "tests/terms",
     "tests/translate/test_strided_slices.py",
     "tests/translate/test_constant_windows.py",
+    "tests/translate/test_sorts.py",
+    "tests/translate/test_translation_against_xla.py",
+    "tests/translate/test_window_forms.py",
+    "tests/translate/test_attributes.py",
+    "tests/translate/test_device_ids.py",
+    "tests/translate/test_literals.py",
+    "tests/translate/test_collective_values.py",
     "tests/prove/test_budget.py",
+    "tests/prove/test_candidates.py",
+    "tests/layers/test_layers.py",
+    "tests/soundness/test_facts_numeric.py",
     "tests/soundness/test_rule_properties.py",
 )
+# Tests that exercise one module's code and capture JAX models in child processes (about two minutes
+# each here): too slow for every mutant, they run for that module's mutants only, first (as mutmut
+# runs the tests that reach the mutated function).
+MODULE_TESTS = {
+    "equivci/translate/unroll.py": ("tests/prove/test_unroll.py",),
+    "equivci/prove/loops.py": ("tests/prove/test_loops.py",),
+}
 
 
 def _harness():
@@ -124,6 +142,17 @@ def sample(paths: list[Path], per_module: int, seed: int) -> tuple[list[Sampled]
     return chosen, population
 
 
+def interleaved(chosen: list[Sampled]) -> list[Sampled]:
+    """The run order: each module's first mutant, then each one's second, ...: a budget that stops the
+    run then shortens every module's sample alike instead of leaving out the last modules."""
+    rank: dict[Path, int] = {}
+    keyed = []
+    for s in chosen:
+        rank[s.path] = rank.get(s.path, -1) + 1
+        keyed.append((rank[s.path], len(keyed), s))
+    return [s for _, _, s in sorted(keyed, key=lambda t: t[:2])]
+
+
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """The 95 % Wilson score interval of a proportion k / n."""
     if n == 0:
@@ -160,14 +189,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=200, help="seconds per mutant (then it is a timeout)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--budget", type=float, help="seconds for the whole run: then the mutants not run yet are "
-                        "left out of the figures (they are drawn in module order: a budget shortens the last modules)")
+                        "left out of the figures (they run round-robin over the modules: a budget shortens every module's sample)")
     parser.add_argument("--captures", type=Path, help="keep the near-miss captures in this file, for the next run")
+    parser.add_argument("--only", default="", help="comma-separated names of drawn mutants (module:line#k) to run, "
+                        "e.g. last run's survivors after new tests")
     parser.add_argument("--list", action="store_true", help="print the sampled mutants and stop")
     args = parser.parse_args(argv)
     paths = [REPO / m for m in args.modules.split(",") if m] or modules(VERDICT_PACKAGES)
     paths = [p for p in paths if str(p.relative_to(REPO)) not in args.exclude.split(",")]
     t0 = time.perf_counter()
     chosen, population = sample(paths, args.per_module, args.seed)
+    if args.only:
+        chosen = [s for s in chosen if s.name in args.only.split(",")]
+        unknown = set(args.only.split(",")) - {s.name for s in chosen}
+        if unknown:
+            parser.error(f"--only: {', '.join(sorted(unknown))} not among the drawn mutants (same --seed and --per-module?)")
     print(f"{len(chosen)} mutants sampled (seed {args.seed}, {args.per_module} per module) of "
           f"{sum(population.values())} in {len(paths)} modules", flush=True)
     if args.list:
@@ -179,10 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     from near_miss_cases import DEFAULT
 
     checks = tuple(f"model:{n}" for n in sorted(DEFAULT)) + tuple(f"pytest:{t} -x" for t in TESTS)
-    edits = [vm.Edit(s.name, (s.path, s.text), checks) for s in chosen]
+
+    def own(s: Sampled) -> tuple[str, ...]:
+        return tuple(f"pytest:{t} -x" for t in MODULE_TESTS.get(str(s.path.relative_to(REPO)), ()))
+
+    edits = [vm.Edit(s.name, (s.path, s.text), own(s) + checks) for s in interleaved(chosen)]
+    baseline_checks = checks + tuple(dict.fromkeys(k for s in chosen for k in own(s)))
     with tempfile.TemporaryDirectory(prefix="mutation-tool-") as tmp:
         captures = args.captures or Path(tmp) / "captures.pkl"
-        baseline, outcomes = vm.run_edits(edits, checks, Path(tmp), captures, args.workers, args.timeout, first=True,
+        baseline, outcomes = vm.run_edits(edits, baseline_checks, Path(tmp), captures, args.workers, args.timeout, first=True,
                                           budget=args.budget, log=lambda line: print(line, flush=True))
     if baseline.verdict != "survived":
         print(f"the unmutated package fails its own checks ({baseline.verdict}: {baseline.how}); no figures")

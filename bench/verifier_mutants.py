@@ -350,15 +350,28 @@ def batch_main(spec_path: str) -> int:
                 _write(out, observed)
             finally:
                 os._exit(0)
-        deadline = time.monotonic() + job.get("timeout", CHILD_TIMEOUT)
+        t0 = time.monotonic()
+        deadline = t0 + job.get("timeout", CHILD_TIMEOUT)
         while os.waitpid(pid, os.WNOHANG) == (0, 0):
             if time.monotonic() > deadline:
                 os.kill(pid, 9)
                 os.waitpid(pid, 0)
-                _write(out, {"timeout": True})
+                during = _progress(out)
+                _write(out, {"timeout": True, "during": during.read_text() if during.exists() else "the import"})
                 break
             time.sleep(0.05)
     return 0
+
+
+def _progress(out: Path) -> Path:
+    """Where a fork notes the check it is on (and its rank among the checks): a timeout then says whether
+    the mutant hung in one check (a loop that never ends) or was still going through them."""
+    return out.with_suffix(".progress")
+
+
+def _note(job: dict, check: str, started: int) -> None:
+    total = len(job["models"]) + len(job["pytest"])
+    _progress(Path(job["out"])).write_text(f"{check}, check {started + 1} of {total}")
 
 
 def _write(out: Path, observed: dict) -> None:
@@ -393,7 +406,10 @@ def _observe(job: dict, captures: str) -> dict:
 
     observed: dict = {"package": equivci.__file__, "models": {}, "pytest": []}
     captured = pickle.loads(Path(captures).read_bytes()) if job["models"] else {}
+    started = 0
     for name in job["models"]:
+        _note(job, f"model:{name}", started)
+        started += 1
         try:
             r = engine_api.verify_captured(MANIFEST, name, captured[name])
             messages = " ".join(f.message for f in r.findings)
@@ -404,6 +420,8 @@ def _observe(job: dict, captures: str) -> dict:
         if job.get("first") and (observed["models"][name]["status"] == "verified") != (_expected_model(name) == "verified"):
             return observed  # the first wrong verdict decides (a sampled mutant needs no second one)
     for args in job["pytest"]:
+        _note(job, f"pytest:{' '.join(args)}", started)
+        started += 1
         plugin = _Failures()
         code = pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), *args], plugins=[plugin])
         observed["pytest"].append({"args": args, "exit": int(code), "failed": plugin.failed})
@@ -429,7 +447,7 @@ def judge(name: str, observed: dict, package: Path) -> Outcome:
     """Killed: an assertion on a verdict failed (a buggy model verified, a correct one refused by an
     engine that ran to the end, or a test failing on an AssertionError). A crash is not a kill."""
     if observed.get("timeout"):
-        return Outcome(name, "timeout", "no answer in the time allowed")
+        return Outcome(name, "timeout", f"no answer in the time allowed; it was on {observed.get('during', '?')}")
     if "error" in observed:
         return Outcome(name, "crashed", observed["error"][:200])
     assert Path(observed["package"]).resolve().parent == package.resolve(), ("the fork imported", observed["package"])
@@ -493,7 +511,10 @@ def run_edits(edits: list[Edit], baseline_checks: tuple[str, ...], work: Path, c
     captures = capture_models(models, captures, workers)
     jobs = [_job(BASELINE, None, baseline_checks, work)] + [_job(e.name, e.edit, e.kills, work, first) for e in edits]
     for job in jobs[1:]:
-        job["timeout"] = timeout  # (the unmutated run keeps the default: it may run more checks than one mutant)
+        job["timeout"] = timeout
+    # The unmutated run goes through every check (a mutant stops at its first failure): it gets twice
+    # a mutant's time, so a loaded machine does not turn it into "no figures".
+    jobs[0]["timeout"] = max(CHILD_TIMEOUT, 2 * timeout)
     batches = [jobs[k::workers] for k in range(workers)]
     procs = []
     for k, batch in enumerate(batches):

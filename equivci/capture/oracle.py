@@ -214,7 +214,9 @@ def random_inputs(args_abstract: Sequence[Any], seed: int, ranges: dict[int, int
             value = jax.random.bernoulli(k, 0.5, shape)
         elif jnp.issubdtype(dtype, jnp.integer):
             info = jnp.iinfo(dtype)
-            top = min((ranges or {}).get(i, high), int(info.max))
+            # [0, n) up to the dtype's own max included (a 256-row table indexed by uint8 ids); the
+            # draw is int32, whose max bounds the range
+            top = min((ranges or {}).get(i, high), int(info.max) + 1, 2**31 - 1)
             value = jax.random.randint(k, shape, 0, top, dtype=jnp.int32).astype(dtype)
         elif jnp.issubdtype(dtype, jnp.complexfloating):
             kr, ki = jax.random.split(k)

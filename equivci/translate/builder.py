@@ -131,7 +131,8 @@ class Builder:
             return self.factored_select(args, shape)
         if shape.dtype not in SCALABLE or any(isinstance(a, tuple) or a.dtype != shape.dtype for a in args):
             return None
-        op = attrs[0] if kind in ("binary", "reduce", "unary") else kind
+        # (a reduce names its reducer: a product reduce is no binary multiply of two operands)
+        op = attrs[0] if kind in ("binary", "unary") else f"reduce-{attrs[0]}" if kind == "reduce" else kind
         scales = [self.scale_of(a) for a in args]
         factors, bases = [f for f, _ in scales], [b for _, b in scales]
         if op == "multiply":
@@ -155,9 +156,7 @@ class Builder:
             )
         if op == "dot" and factors != [1, 1]:
             return self.scaled(self.mk(kind, attrs, bases, shape), factors[0] * factors[1])
-        linear = (
-            op in ("add", "subtract", "negate") or kind in ("concat", "transpose") or (kind == "reduce" and op == "add")
-        )
+        linear = op in ("add", "subtract", "negate", "reduce-add") or kind in ("concat", "transpose")
         if linear and factors[0] != 1 and all(f == factors[0] for f in factors):
             return self.scaled(self.mk(kind, attrs, bases, shape), factors[0])
         if op in ("add", "subtract") and 1 not in factors and 0 not in factors:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from equivci.capture.oracle import NumericComparison, compare_many_in_child
+from equivci.capture.oracle import NumericComparison, compare_many_in_child, random_inputs
 from equivci.errors import EquivciError
 from equivci.testing.zoo import MANIFESTS, REPO, Case, cases, load_expected
 
@@ -163,3 +164,15 @@ def test_oracle_exact_ints_leaf_paths_and_structural_differences(tmp_path: Path)
     dtype = res["dtype-change"]
     assert not dtype.equal and "dtype" in dtype.note
     assert isinstance(res["nope"], EquivciError) and "nope" in str(res["nope"])
+
+
+@pytest.mark.parametrize(("dtype", "n", "top"), [("uint8", 256, 255), ("uint8", 300, 255), ("int8", 128, 127),
+                                                  ("uint32", 500, 499), ("int32", 7, 6)])
+def test_integer_inputs_are_drawn_over_their_whole_range_in_every_integer_dtype(dtype, n, top):
+    """Ids in [0, n) reach both ends, and a dtype too narrow for n reaches its own max: a 256-row
+    table indexed by uint8 ids gets id 255 (a bug in the last row is then seen)."""
+    import jax  # (lazy, as in the oracle: the zoo tests above run JAX in children only)
+
+    (drawn,) = random_inputs((jax.ShapeDtypeStruct((20_000,), dtype),), 0, {0: n})
+    drawn = np.asarray(drawn)
+    assert drawn.dtype == np.dtype(dtype) and drawn.min() == 0 and drawn.max() == top

@@ -36,3 +36,9 @@ def test_the_interval_is_wilsons():
     assert mt.wilson(0, 0) == (0.0, 1.0)
     rate, slo, shi = mt.stratified([(100, 9, 10), (100, 10, 10)])
     assert rate == pytest.approx(0.95) and slo < rate < shi
+
+
+def test_the_run_order_takes_each_modules_kth_mutant_in_turn():
+    a, b = REPO / "a.py", REPO / "b.py"
+    drawn = [mt.Sampled(f"{p.name}#{k}", p, "", "") for p in (a, b) for k in range(3)] + [mt.Sampled("a.py#3", a, "", "")]
+    assert [s.name for s in mt.interleaved(drawn)] == ["a.py#0", "b.py#0", "a.py#1", "b.py#1", "a.py#2", "b.py#2", "a.py#3"]
