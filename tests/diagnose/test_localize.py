@@ -311,6 +311,28 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, TP, None)), out_specs=P(TP, None, None))(x, w)
 
 
+    def router_inputs():
+        f = jnp.float32
+        return (jax.ShapeDtypeStruct((8, 4), f), jax.ShapeDtypeStruct((4, 4), f), jax.ShapeDtypeStruct((4,), f))
+
+
+    def expert_scale(x, r, w):
+        return x * w[jnp.argmax(x @ r, axis=-1)][:, None]
+
+
+    def expert_scale_strided(x, r, w, *, mesh):
+        def body(x, r, w):
+            ids = jnp.argmax(x @ r, axis=-1)
+            shard = lax.axis_index(TP)
+            out = jnp.zeros_like(x)
+            for e in range(w.shape[0]):
+                g = e * mesh.shape[TP] + shard  # MARK:expert-id
+                out = out + jnp.where(ids == g, w[e], 0.0)[:, None] * x
+            return lax.psum(out, TP)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(TP)), out_specs=P())(x, r, w)
+
+
     def columns_uncut(x, c, *, mesh):
         def body(x, c):
             y = x * x
@@ -360,6 +382,8 @@ MANIFEST = textwrap.dedent(
          distributed: models.py:with_positions_no_offset, inputs: models.py:seq_inputs, mesh: {tp: 2}}
       - {name: positions-offset-line, reference: models.py:with_positions,
          distributed: models.py:with_positions_offset_line, inputs: models.py:seq_inputs, mesh: {tp: 4}}
+      - {name: expert-id-strided, reference: models.py:expert_scale, distributed: models.py:expert_scale_strided,
+         inputs: models.py:router_inputs, mesh: {tp: 2}}
       - {name: per-head-swapped, reference: models.py:per_head_scores,
          distributed: models.py:per_head_scores_swapped, inputs: models.py:per_head_inputs, mesh: {tp: 2}}
     """
@@ -434,6 +458,9 @@ ZOO = {
     # x[..., ::2] is a window of the reference's q, but not the half the reference's multiply
     # takes: the slice, not the rotation's multiply on the next line (the first unrelated op).
     "llama-block-tp4-interleaved-rope": ("examples/zoo/llama_block.py:27", ("[0:8:2]", "common.py:46")),
+    # The near miss of a value computed from no input: the shard's first id is used by several
+    # computations (both ends of the range, the local id), so the comparison keeps the finding.
+    "vocab-embed-tp-off-by-one": ("examples/zoo/vocab_parallel.py:45", ("`compare`",)),
 }
 
 # model of MODELS above -> (the MARK of the defect's line, words its message must say)
@@ -477,6 +504,9 @@ FRESH = {
     # Each device's k is a window of the reference's v (the fused per-head projection read at the
     # wrong place): the read, not the scores on the next line.
     "per-head-swapped": ("swapped", ("not the window", "reference's k")),
+    # The first expert's global id is the device index plus 0 * n, which emits no op: the name
+    # computed from the device index on the way to the comparison is the line, not axis_index.
+    "expert-id-strided": ("expert-id", ("`g`", "from no input", "`compare`")),
 }
 
 
