@@ -992,7 +992,7 @@ def _call_argument(
     others = {site for event in events for site in calls_from(event.inst.stack)} - set(own)
     for cfile, cline in own + sorted(others):
         found = _statement(cfile, cline)
-        calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and _callee(n) == func.name] if found else []
+        calls = _calls_of(found, func.name) if found else []
         for call in calls:
             keyword = next((k.value for k in call.keywords if k.arg == name), None)
             if keyword is not None:
@@ -1001,6 +1001,17 @@ def _call_argument(
             if k < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[: k + 1]):
                 return cfile, call.args[k]
     return None
+
+
+def _calls_of(found: tuple[ast.stmt, list[_Function]], name: str) -> list[ast.Call]:
+    """The calls of function `name` in a statement: by its name, else (the function passed in as an
+    argument) through a parameter of the statement's function, when that is the only such call."""
+    stmt, funcs = found
+    calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
+    direct = [n for n in calls if _callee(n) == name]
+    params = {p for f in funcs for p in _parameters(f)}
+    passed = [n for n in calls if isinstance(n.func, ast.Name) and n.func.id in params]
+    return direct or (passed if len(passed) == 1 else [])
 
 
 def _python_origin(loc: tuple[str, int], exprs: list[ast.expr], op_lines: set[tuple[str, int]]):
