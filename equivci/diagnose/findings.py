@@ -227,7 +227,7 @@ def _caller_choices(
     if not findings:
         return findings
     (lead, inst), rest = findings[0], findings[1:]
-    if inst is None or lead.severity != "error" or lead.tie is not None:
+    if inst is None or lead.severity != "error":
         return findings
     choice = passed_choice(inst, events, captured.repo_root)
     if choice is None:
@@ -238,14 +238,15 @@ def _caller_choices(
     if path is None or (path, line) == (lead.path, lead.line):
         return findings
     others = "; ".join(f"{_shown(file, captured)}:{n} passes `{text}`" for file, n, text in choice.others[:2])
-    tie = max((f.tie for f, _ in findings if f.tie is not None), default=-1) + 1
+    # A lead tied with other places keeps its tie: the call joins them, first.
+    tie = lead.tie if lead.tie is not None else max((f.tie for f, _ in findings if f.tie is not None), default=-1) + 1
     moved = dataclasses.replace(
         lead,
         path=path,
         line=line,
         tie=tie,
-        message=f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}`, and the "
-        f"`{inst.opcode}` at {lead.path}:{lead.line} depends on it (elsewhere {others}): {lead.message}",
+        message=f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}` (elsewhere {others}), "
+        f"and the `{inst.opcode}` at {lead.path}:{lead.line} depends on it. There: {lead.message}",
     )
     note = dataclasses.replace(
         lead,
