@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from fractions import Fraction
 from pathlib import Path
@@ -361,7 +362,7 @@ def first_defect(
         )
         return (
             _index_origin(event, by_name, plain)
-            or _input_free_origin(event, by_name, constants, plain, shared_lines)
+            or _input_free_origin(event, by_name, constants, plain, shared_lines, lambda ts: classify(ts) == "related")
             or Defect(event.inst, plain)
         )
 
@@ -577,12 +578,19 @@ def _index_origin(event: Event, by_name: dict[str, Event], plain: str) -> Defect
     )
 
 
+# Ops whose related value may still hold the wrong elements, chosen by an input-free operand.
+_CHOOSERS = LAYOUT_OPS | INDEXED_READS | {"select"}
 # Ops that make no value of their own from an input-free operand: its constants, the device's index.
 _NO_COMPUTATION = LAYOUT_OPS | {"constant", "partition-id", "replica-id"}
 
 
 def _input_free_origin(
-    event: Event, by_name: dict[str, Event], constants, plain: str, shared: AbstractSet[tuple[str, int] | None]
+    event: Event,
+    by_name: dict[str, Event],
+    constants,
+    plain: str,
+    shared: AbstractSet[tuple[str, int] | None],
+    related: Callable[[list[Term]], bool],
 ) -> Defect | None:
     """An op whose data is related to the reference but whose value is not, and that takes a value
     computed from no input (a mask, positions, an expert's id, an offset: from iotas, the device's
@@ -590,7 +598,8 @@ def _input_free_origin(
     with its data, so the line computing it leads and the op is the tied alternative.
 
     The walk goes through the op's own line (the rest of its statement: a take's index
-    arithmetic, a broadcast), through re-layouts and through the lines in `shared`, which the
+    arithmetic, a broadcast; not a `related` value computed from what came in, such as a product of
+    the right factors: only one that picks elements by it, a read or a select), through re-layouts and through the lines in `shared`, which the
     reference runs too (a rotation's angles from the positions it is given: the same code, so what
     differs is what the distributed program passes in); it stops at the first input-free op on
     another line, and never follows data (input-dependent values) to other lines. A value the op's
@@ -618,7 +627,11 @@ def _input_free_origin(
         data = data or not free
         if free and loc is not None and loc != here and loc not in shared and e.inst.opcode not in _NO_COMPUTATION:
             computed.setdefault(loc, e)
-        elif loc is None or loc == here or (free and (loc in shared or e.inst.opcode in LAYOUT_OPS)):
+        elif (
+            loc is None
+            or (loc == here and (free or e.inst.opcode in _CHOOSERS or not related(terms or [])))
+            or (free and (loc in shared or e.inst.opcode in LAYOUT_OPS))
+        ):
             stack.extend(e.inst.operands)
     if not data or len(computed) != 1:
         return None

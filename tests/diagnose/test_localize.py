@@ -308,6 +308,23 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P()), out_specs=P(TP, None))(x, w)
 
 
+    def rotated_pairs(x, w, table):
+        c = jnp.cos(jnp.arange(8.0)[:, None] * jnp.arange(1.0, 3.0)[None, :])
+        a, b = x[:, 0::2], x[:, 1::2]
+        return jnp.stack([a * c - b, b * c + a], axis=-1).reshape(8, 4) @ w
+
+
+    def rotated_pairs_concatenated(x, w, table, *, mesh):
+        def body(xs, w):
+            pos = lax.axis_index(TP) * 4 + jnp.arange(4)
+            c = jnp.cos(pos[:, None].astype(jnp.float32) * jnp.arange(1.0, 3.0)[None, :])
+            a, b = xs[:, 0::2], xs[:, 1::2]
+            y = jnp.concatenate([a * c - b, b * c + a], axis=-1)  # MARK:concat
+            return y @ w
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P()), out_specs=P(TP, None))(x, w)
+
+
     def per_head_inputs():
         f = jnp.float32
         return (jax.ShapeDtypeStruct((4, 8), f), jax.ShapeDtypeStruct((8, 4, 6), f))
@@ -401,6 +418,8 @@ MANIFEST = textwrap.dedent(
          distributed: models.py:with_positions_offset_line, inputs: models.py:seq_inputs, mesh: {tp: 4}}
       - {name: local-positions-shared-helper, reference: models.py:rotated,
          distributed: models.py:rotated_local_positions, inputs: models.py:seq_inputs, mesh: {tp: 2}}
+      - {name: pairs-concatenated, reference: models.py:rotated_pairs,
+         distributed: models.py:rotated_pairs_concatenated, inputs: models.py:seq_inputs, mesh: {tp: 2}}
       - {name: expert-id-strided, reference: models.py:expert_scale, distributed: models.py:expert_scale_strided,
          inputs: models.py:router_inputs, mesh: {tp: 2}}
       - {name: per-head-swapped, reference: models.py:per_head_scores,
@@ -520,6 +539,9 @@ FRESH = {
     "positions-no-offset": ("positions", ("`positions`", "from no input")),
     # The angles come from a helper both programs run; what differs is the positions passed in.
     "local-positions-shared-helper": ("local-positions", ("`pos`", "from no input")),
+    # The near miss: the cosines computed the line before are used rightly (each product is the
+    # reference's); the halves are concatenated where the reference interleaves: the concatenation.
+    "pairs-concatenated": ("concat", ("`concatenate`",)),
     # The slice of the table starts at an offset computed on the line before: the offset's line.
     "positions-offset-line": ("offset-line", ("`offset` is computed here",)),
     # Each device's k is a window of the reference's v (the fused per-head projection read at the
