@@ -129,8 +129,9 @@ def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Ev
     for (leaf, dim), ranges in input_windows(operands).items():
         spans = list(dict.fromkeys(ranges))
         # Shards of one tensor, in the order devices first hold them, tile a contiguous range
-        # (devices that differ only along another mesh axis hold the same shard).
-        if any(prev[1] != cur[0] for prev, cur in zip(spans, spans[1:])):
+        # (devices that differ only along another mesh axis hold the same shard), or each is
+        # the same part of its own block (a microbatch of every device's shard).
+        if any(prev[1] != cur[0] for prev, cur in zip(spans, spans[1:])) and not same_part_of_blocks(spans):
             event = cutter(events, leaf, dim, ranges)
             if event is not None:
                 return event, (
@@ -140,6 +141,19 @@ def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Ev
                     "parts the other operand expects"
                 )
     return None
+
+
+def same_part_of_blocks(spans: list[tuple[int, int]]) -> bool:
+    """Equal windows a constant stride apart, each inside its own stride-long block: the same part
+    of every device's shard, as a microbatch of a data-parallel batch is."""
+    if len(spans) < 2:
+        return False
+    size, stride = spans[0][1] - spans[0][0], spans[1][0] - spans[0][0]
+    return (
+        size <= stride
+        and spans[0][0] % stride + size <= stride
+        and all(b - a == size and a == spans[0][0] + k * stride for k, (a, b) in enumerate(spans))
+    )
 
 
 def window_goes_back(ranges: list[tuple[int, int]], groups_by_axis: dict[str, list[list[int]]]):
@@ -391,6 +405,35 @@ def first_defect(
                     stack.append(op)
         return None
 
+    def scaled_reduction_after(event: Event) -> Defect | None:
+        """A later reduction that completes a partial sum into k x the reference value (k != 1),
+        which no use divides out: a sum where the reference averages. Values before it that the
+        proof could not relate (a microbatch's share on its way to it) are steps to that sum."""
+        start = next((k for k, e in enumerate(events) if e is event), len(events))
+        tried = 0
+        for later in events[start + 1 :]:
+            terms = _terms(later)
+            if later.inst.opcode not in REDUCTIONS or terms is None or terms[0] not in loader.exprs:
+                continue
+            tried += 1
+            if tried > MAX_REDUCTIONS_AHEAD:
+                return None
+            operand = by_name.get(later.inst.operands[0]) if later.inst.operands else None
+            op_terms = _terms(operand) if operand is not None else None
+            if operand is None or op_terms is None or settle(operand, op_terms) == "unrelated":
+                continue
+            if status.get(_key(op_terms)) != "partial":
+                continue
+            if settle(later, terms) == "scaled" and _key(terms) in factors and not divided_out(later):
+                return _scaled_reduction(later, factors[_key(terms)], partial_axis[_key(op_terms)])
+        return None
+
+    def divided_out(event: Event) -> bool:
+        """A use of the value, or of a use of it, is related again: the factor was divided out."""
+        near = [e for e in events if event.inst.name in e.inst.operands]
+        uses = near + [u for e in near for u in events if e.inst.name in u.inst.operands]
+        return any((t := _terms(u)) is not None and settle(u, t) == "related" for u in uses[:MAX_USES_SETTLED])
+
     settled: dict[tuple[int, ...], str] = {}
 
     def settle(event: Event, terms: list[Term]) -> str:
@@ -526,7 +569,7 @@ def first_defect(
             continue
         # A multiple that never turns back into the reference value: the sum that made it, or else
         # the first deferred op, as the plain rules would have said.
-        found = scaled_sum(event)
+        found = scaled_sum(event) or scaled_reduction_after(event)
         if found is not None:
             return found
         return explain(*(first_scaled or (event, terms)))
@@ -742,6 +785,8 @@ def _unloaded(events: list[Event], loaded, constants) -> list[Term]:
 
 
 REDUCTIONS = {"all-reduce", "reduce-scatter"}
+MAX_REDUCTIONS_AHEAD = 16  # reductions after the first unrelated value settled to look for a scaled sum
+MAX_USES_SETTLED = 16  # uses of such a sum (and their uses) settled to see it divided back
 _GRAD_CALLS = {"grad", "value_and_grad", "vjp"}
 
 
