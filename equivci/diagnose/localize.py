@@ -645,9 +645,9 @@ def _input_free_origin(
     the right factors: only one that picks elements by it, a read or a select), through re-layouts and through the lines in `shared`, which the
     reference runs too (a rotation's angles from the positions it is given: the same code, so what
     differs is what the distributed program passes in); it stops at the first input-free op on
-    another line, and never follows data (input-dependent values) to other lines. A value the op's
-    own statement uses elsewhere too (a shard's first id, tested at both ends of its range) is no
-    likelier wrong than the statement's operators: the op's line stays the finding then."""
+    another line, and never follows data (input-dependent values) to other lines. Only a value made
+    for this op alone leads: one that other computations use too (a shard's first id, tested at
+    both ends of its range) is no likelier wrong than the op, whose line then stays the finding."""
     here = _loc(event.inst)
     if here is None:
         return None
@@ -680,10 +680,7 @@ def _input_free_origin(
         return None
     loc, made = next(iter(computed.items()))
     walked = seen | {event.inst.name}
-    if any(
-        made.inst.name in e.inst.operands and e.inst.name not in walked and _loc(e.inst) == here
-        for e in by_name.values()
-    ):
+    if any(made.inst.name in e.inst.operands and e.inst.name not in walked for e in by_name.values()):
         return None
     inst = made.inst
     if _device_index_itself(*loc):
