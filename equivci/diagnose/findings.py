@@ -152,8 +152,14 @@ def _defect_findings(
             severity="warning",
         )
         return [(first, numeric.inst), (later, defect.inst)]
-    if numeric is not None:
+    if numeric is not None and innermost(numeric.inst) == innermost(defect.inst):
         message += " On random inputs, this is where the values first differ from the reference's."
+    elif numeric is not None:
+        npath, nline = source_of(numeric.inst, captured.repo_root)
+        message += (
+            f" On random inputs, the values first differ from the reference's at the `{numeric.inst.opcode}` at "
+            f"{f'{npath}:{nline}' if npath else numeric.inst.name}."
+        )
     elif frontier is not None and frontier.event is None and frontier.note is None and outputs_equal:
         message = (
             "the proof cannot relate the value here to the reference, yet on random inputs every distributed "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from fractions import Fraction
 from pathlib import Path
@@ -317,6 +318,7 @@ def first_defect(
 
     defined: dict[tuple[int, ...], Event] = {}
     by_name = {event.inst.name: event for event in events}
+    shared_lines = {innermost(e.inst) for e in reference_events or ()} - {None}
 
     def explain(event: Event, terms: list[Term]) -> Defect:
         return dataclasses.replace(explain_at(event, terms), frontier=event.inst)
@@ -374,7 +376,7 @@ def first_defect(
         )
         return (
             _index_origin(event, by_name, plain)
-            or _input_free_origin(event, by_name, constants, plain)
+            or _input_free_origin(event, by_name, constants, plain, shared_lines, lambda ts: classify(ts) == "related")
             or Defect(event.inst, plain)
         )
 
@@ -619,18 +621,30 @@ def _index_origin(event: Event, by_name: dict[str, Event], plain: str) -> Defect
     )
 
 
+# Ops whose related value may still hold the wrong elements, chosen by an input-free operand.
+_CHOOSERS = LAYOUT_OPS | INDEXED_READS | {"select"}
 # Ops that make no value of their own from an input-free operand: its constants, the device's index.
 _NO_COMPUTATION = LAYOUT_OPS | {"constant", "partition-id", "replica-id"}
 
 
-def _input_free_origin(event: Event, by_name: dict[str, Event], constants, plain: str) -> Defect | None:
+def _input_free_origin(
+    event: Event,
+    by_name: dict[str, Event],
+    constants,
+    plain: str,
+    shared: AbstractSet[tuple[str, int] | None],
+    related: Callable[[list[Term]], bool],
+) -> Defect | None:
     """An op whose data is related to the reference but whose value is not, and that takes a value
     computed from no input (a mask, positions, an expert's id, an offset: from iotas, the device's
     index and constants) on one other line of the user's code: that value decides what the op does
     with its data, so the line computing it leads and the op is the tied alternative.
 
     The walk goes through the op's own line (the rest of its statement: a take's index
-    arithmetic, a broadcast) and through re-layouts; it stops at the first input-free op on
+    arithmetic, a broadcast; not a `related` value computed from what came in, such as a product of
+    the right factors: only one that picks elements by it, a read or a select), through re-layouts and through the lines in `shared`, which the
+    reference runs too (a rotation's angles from the positions it is given: the same code, so what
+    differs is what the distributed program passes in); it stops at the first input-free op on
     another line, and never follows data (input-dependent values) to other lines. Only a value made
     for this op alone leads: one that other computations use too (a shard's first id, tested at
     both ends of its range) is no likelier wrong than the op, whose line then stays the finding."""
@@ -651,17 +665,22 @@ def _input_free_origin(event: Event, by_name: dict[str, Event], constants, plain
             continue
         seen.add(name)
         terms = _terms(e)
-        free = terms is not None and all(t in constants for t in terms)
+        free = terms is not None and all(t in constants or _input_free(t) for t in terms)
         loc = _loc(e.inst)
         data = data or not free
-        if free and loc is not None and loc != here and e.inst.opcode not in _NO_COMPUTATION:
+        if free and loc is not None and loc != here and loc not in shared and e.inst.opcode not in _NO_COMPUTATION:
             computed.setdefault(loc, e)
-        elif loc is None or loc == here or (free and e.inst.opcode in LAYOUT_OPS):
+        elif (
+            loc is None
+            or (loc == here and (free or e.inst.opcode in _CHOOSERS or not related(terms or [])))
+            or (free and (loc in shared or e.inst.opcode in LAYOUT_OPS))
+        ):
             stack.extend(e.inst.operands)
     if not data or len(computed) != 1:
         return None
     loc, made = next(iter(computed.items()))
-    if any(made.inst.name in e.inst.operands and e.inst.name not in seen | {event.inst.name} for e in by_name.values()):
+    walked = seen | {event.inst.name}
+    if any(made.inst.name in e.inst.operands and e.inst.name not in walked for e in by_name.values()):
         return None
     inst = made.inst
     if _device_index_itself(*loc):
@@ -693,6 +712,21 @@ def _bound_name(file: str, line: int) -> str | None:
     if targets is None or len(targets) != 1 or not isinstance(targets[0], ast.Name):
         return None
     return targets[0].id
+
+
+def _input_free(term: Term, limit: int = 2000) -> bool:
+    """No input (`param`) reaches the term: it is computed from constants, iotas and the device's
+    index. False past `limit` sub-terms (a big term is data in all likelihood)."""
+    stack, seen = [term], set[int]()
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if t.op == "param" or len(seen) > limit:
+            return False
+        stack.extend(t.args)
+    return True
 
 
 def _device_index_itself(file: str, line: int) -> bool:

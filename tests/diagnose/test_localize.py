@@ -291,6 +291,40 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P(), P()), out_specs=P(TP, None))(x, w, table)
 
 
+    def _rotate(x, positions):  # shared by both programs: only the positions they pass differ
+        angles = positions.astype(jnp.float32)[:, None] * jnp.arange(1.0, 5.0)[None, :]
+        return x * jnp.cos(angles)
+
+
+    def rotated(x, w, table):
+        return _rotate(x, jnp.arange(8)) @ w
+
+
+    def rotated_local_positions(x, w, table, *, mesh):
+        def body(xs, w):
+            pos = jnp.arange(xs.shape[0])  # MARK:local-positions
+            return _rotate(xs, pos) @ w
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P()), out_specs=P(TP, None))(x, w)
+
+
+    def rotated_pairs(x, w, table):
+        c = jnp.cos(jnp.arange(8.0)[:, None] * jnp.arange(1.0, 3.0)[None, :])
+        a, b = x[:, 0::2], x[:, 1::2]
+        return jnp.stack([a * c - b, b * c + a], axis=-1).reshape(8, 4) @ w
+
+
+    def rotated_pairs_concatenated(x, w, table, *, mesh):
+        def body(xs, w):
+            pos = lax.axis_index(TP) * 4 + jnp.arange(4)
+            c = jnp.cos(pos[:, None].astype(jnp.float32) * jnp.arange(1.0, 3.0)[None, :])
+            a, b = xs[:, 0::2], xs[:, 1::2]
+            y = jnp.concatenate([a * c - b, b * c + a], axis=-1)  # MARK:concat
+            return y @ w
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P()), out_specs=P(TP, None))(x, w)
+
+
     def per_head_inputs():
         f = jnp.float32
         return (jax.ShapeDtypeStruct((4, 8), f), jax.ShapeDtypeStruct((8, 4, 6), f))
@@ -382,6 +416,10 @@ MANIFEST = textwrap.dedent(
          distributed: models.py:with_positions_no_offset, inputs: models.py:seq_inputs, mesh: {tp: 2}}
       - {name: positions-offset-line, reference: models.py:with_positions,
          distributed: models.py:with_positions_offset_line, inputs: models.py:seq_inputs, mesh: {tp: 4}}
+      - {name: local-positions-shared-helper, reference: models.py:rotated,
+         distributed: models.py:rotated_local_positions, inputs: models.py:seq_inputs, mesh: {tp: 2}}
+      - {name: pairs-concatenated, reference: models.py:rotated_pairs,
+         distributed: models.py:rotated_pairs_concatenated, inputs: models.py:seq_inputs, mesh: {tp: 2}}
       - {name: expert-id-strided, reference: models.py:expert_scale, distributed: models.py:expert_scale_strided,
          inputs: models.py:router_inputs, mesh: {tp: 2}}
       - {name: per-head-swapped, reference: models.py:per_head_scores,
@@ -499,6 +537,11 @@ FRESH = {
     # first unrelated op does with data related to the reference: that line leads.
     "mask-strict": ("mask", ("`allowed`", "from no input", "`select`")),
     "positions-no-offset": ("positions", ("`positions`", "from no input")),
+    # The angles come from a helper both programs run; what differs is the positions passed in.
+    "local-positions-shared-helper": ("local-positions", ("`pos`", "from no input")),
+    # The near miss: the cosines computed the line before are used rightly (each product is the
+    # reference's); the halves are concatenated where the reference interleaves: the concatenation.
+    "pairs-concatenated": ("concat", ("`concatenate`",)),
     # The slice of the table starts at an offset computed on the line before: the offset's line.
     "positions-offset-line": ("offset-line", ("`offset` is computed here",)),
     # Each device's k is a window of the reference's v (the fused per-head projection read at the
