@@ -15,10 +15,11 @@ import dataclasses
 from pathlib import Path
 
 from equivci.capture.types import CapturedModel
+from equivci.diagnose.arguments import passed_choice
 from equivci.diagnose.frames import innermost, library_call
 from equivci.diagnose.localize import Defect, call_chain_start, source_of
 from equivci.diagnose.numeric import NumericFrontier
-from equivci.hlo.ir import Instruction
+from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.layers.segments import Layering, layer_of, leaves
 from equivci.results import Finding
 from equivci.translate.evaluator import Event
@@ -89,6 +90,7 @@ def defect_findings(
     `reference_lines`: the (file, line) pairs on the reference program's op stacks."""
     if shown:
         found = _defect_findings(defect, captured, events, layering, failed_layers, frontier, outputs_equal)
+        found = _caller_choices(found, captured, events)
     else:
         inst = defect.frontier or defect.inst
         found = [
@@ -150,8 +152,14 @@ def _defect_findings(
             severity="warning",
         )
         return [(first, numeric.inst), (later, defect.inst)]
-    if numeric is not None:
+    if numeric is not None and innermost(numeric.inst) == innermost(defect.inst):
         message += " On random inputs, this is where the values first differ from the reference's."
+    elif numeric is not None:
+        npath, nline = source_of(numeric.inst, captured.repo_root)
+        message += (
+            f" On random inputs, the values first differ from the reference's at the `{numeric.inst.opcode}` at "
+            f"{f'{npath}:{nline}' if npath else numeric.inst.name}."
+        )
     elif frontier is not None and frontier.event is None and frontier.note is None and outputs_equal:
         message = (
             "the proof cannot relate the value here to the reference, yet on random inputs every distributed "
@@ -214,6 +222,53 @@ def _library_callers(
             )
         )
     return out
+
+
+def _caller_choices(
+    findings: list[tuple[Finding, Instruction | None]], captured: CapturedModel, events: list[Event]
+) -> list[tuple[Finding, Instruction | None]]:
+    """The lead error moves to the call that passes the static value its op depends on, where another
+    call of the same helper passes another (equivci.diagnose.arguments); the op's line stays as a
+    tied note."""
+    if not findings:
+        return findings
+    (lead, inst), rest = findings[0], findings[1:]
+    if inst is None or lead.severity != "error":
+        return findings
+    choice = passed_choice(inst, events, captured.repo_root)
+    if choice is None:
+        return findings
+    path, line = source_of(
+        dataclasses.replace(inst, stack=(SourceLoc(choice.file, choice.line, ""),)), captured.repo_root
+    )
+    if path is None or (path, line) == (lead.path, lead.line):
+        return findings
+    others = "; ".join(f"{_shown(file, captured)}:{n} passes `{text}`" for file, n, text in choice.others[:2])
+    # A lead tied with other places keeps its tie: the call joins them, first.
+    tie = lead.tie if lead.tie is not None else max((f.tie for f, _ in findings if f.tie is not None), default=-1) + 1
+    moved = dataclasses.replace(
+        lead,
+        path=path,
+        line=line,
+        tie=tie,
+        message=f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}` (elsewhere {others}), "
+        f"and the `{inst.opcode}` at {lead.path}:{lead.line} depends on it. There: {lead.message}",
+    )
+    note = dataclasses.replace(
+        lead,
+        severity="note",
+        tie=tie,
+        message=f"the `{inst.opcode}` that the finding at {path}:{line} is about is made here, from what "
+        "that call passes.",
+    )
+    return [(moved, None), (note, None)] + rest
+
+
+def _shown(file: str, captured: CapturedModel) -> str:
+    try:
+        return Path(file).resolve().relative_to(Path(captured.repo_root).resolve()).as_posix()
+    except ValueError:
+        return Path(file).name
 
 
 def _located_first(findings: list[Finding]) -> list[Finding]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from fractions import Fraction
 from pathlib import Path
@@ -128,8 +129,9 @@ def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Ev
     for (leaf, dim), ranges in input_windows(operands).items():
         spans = list(dict.fromkeys(ranges))
         # Shards of one tensor, in the order devices first hold them, tile a contiguous range
-        # (devices that differ only along another mesh axis hold the same shard).
-        if any(prev[1] != cur[0] for prev, cur in zip(spans, spans[1:])):
+        # (devices that differ only along another mesh axis hold the same shard), or each is
+        # the same part of its own block (a microbatch of every device's shard).
+        if any(prev[1] != cur[0] for prev, cur in zip(spans, spans[1:])) and not same_part_of_blocks(spans):
             event = cutter(events, leaf, dim, ranges)
             if event is not None:
                 return event, (
@@ -139,6 +141,19 @@ def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Ev
                     "parts the other operand expects"
                 )
     return None
+
+
+def same_part_of_blocks(spans: list[tuple[int, int]]) -> bool:
+    """Equal windows a constant stride apart, each inside its own stride-long block: the same part
+    of every device's shard, as a microbatch of a data-parallel batch is."""
+    if len(spans) < 2:
+        return False
+    size, stride = spans[0][1] - spans[0][0], spans[1][0] - spans[0][0]
+    return (
+        size <= stride
+        and spans[0][0] % stride + size <= stride
+        and all(b - a == size and a == spans[0][0] + k * stride for k, (a, b) in enumerate(spans))
+    )
 
 
 def window_goes_back(ranges: list[tuple[int, int]], groups_by_axis: dict[str, list[list[int]]]):
@@ -303,6 +318,7 @@ def first_defect(
 
     defined: dict[tuple[int, ...], Event] = {}
     by_name = {event.inst.name: event for event in events}
+    shared_lines = {innermost(e.inst) for e in reference_events or ()} - {None}
 
     def explain(event: Event, terms: list[Term]) -> Defect:
         return dataclasses.replace(explain_at(event, terms), frontier=event.inst)
@@ -358,7 +374,11 @@ def first_defect(
             f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a copy of any "
             "reference value, although its operands are"
         )
-        return _index_origin(event, by_name, plain) or Defect(event.inst, plain)
+        return (
+            _index_origin(event, by_name, plain)
+            or _input_free_origin(event, by_name, constants, plain, shared_lines, lambda ts: classify(ts) == "related")
+            or Defect(event.inst, plain)
+        )
 
     def scaled_sum(event: Event) -> Defect | None:
         """The reduction that completed a sum into a multiple of the reference value which reaches `event`."""
@@ -384,6 +404,35 @@ def first_defect(
                 if status.get(key) == "scaled":
                     stack.append(op)
         return None
+
+    def scaled_reduction_after(event: Event) -> Defect | None:
+        """A later reduction that completes a partial sum into k x the reference value (k != 1),
+        which no use divides out: a sum where the reference averages. Values before it that the
+        proof could not relate (a microbatch's share on its way to it) are steps to that sum."""
+        start = next((k for k, e in enumerate(events) if e is event), len(events))
+        tried = 0
+        for later in events[start + 1 :]:
+            terms = _terms(later)
+            if later.inst.opcode not in REDUCTIONS or terms is None or terms[0] not in loader.exprs:
+                continue
+            tried += 1
+            if tried > MAX_REDUCTIONS_AHEAD:
+                return None
+            operand = by_name.get(later.inst.operands[0]) if later.inst.operands else None
+            op_terms = _terms(operand) if operand is not None else None
+            if operand is None or op_terms is None or settle(operand, op_terms) == "unrelated":
+                continue
+            if status.get(_key(op_terms)) != "partial":
+                continue
+            if settle(later, terms) == "scaled" and _key(terms) in factors and not divided_out(later):
+                return _scaled_reduction(later, factors[_key(terms)], partial_axis[_key(op_terms)])
+        return None
+
+    def divided_out(event: Event) -> bool:
+        """A use of the value, or of a use of it, is related again: the factor was divided out."""
+        near = [e for e in events if event.inst.name in e.inst.operands]
+        uses = near + [u for e in near for u in events if e.inst.name in u.inst.operands]
+        return any((t := _terms(u)) is not None and settle(u, t) == "related" for u in uses[:MAX_USES_SETTLED])
 
     settled: dict[tuple[int, ...], str] = {}
 
@@ -520,7 +569,7 @@ def first_defect(
             continue
         # A multiple that never turns back into the reference value: the sum that made it, or else
         # the first deferred op, as the plain rules would have said.
-        found = scaled_sum(event)
+        found = scaled_sum(event) or scaled_reduction_after(event)
         if found is not None:
             return found
         return explain(*(first_scaled or (event, terms)))
@@ -572,6 +621,141 @@ def _index_origin(event: Event, by_name: dict[str, Event], plain: str) -> Defect
     )
 
 
+# Ops whose related value may still hold the wrong elements, chosen by an input-free operand.
+_CHOOSERS = LAYOUT_OPS | INDEXED_READS | {"select"}
+# Ops that make no value of their own from an input-free operand: its constants, the device's index.
+_NO_COMPUTATION = LAYOUT_OPS | {"constant", "partition-id", "replica-id"}
+
+
+def _input_free_origin(
+    event: Event,
+    by_name: dict[str, Event],
+    constants,
+    plain: str,
+    shared: AbstractSet[tuple[str, int] | None],
+    related: Callable[[list[Term]], bool],
+) -> Defect | None:
+    """An op whose data is related to the reference but whose value is not, and that takes a value
+    computed from no input (a mask, positions, an expert's id, an offset: from iotas, the device's
+    index and constants) on one other line of the user's code: that value decides what the op does
+    with its data, so the line computing it leads and the op is the tied alternative.
+
+    The walk goes through the op's own line (the rest of its statement: a take's index
+    arithmetic, a broadcast; not a `related` value computed from what came in, such as a product of
+    the right factors: only one that picks elements by it, a read or a select), through re-layouts and through the lines in `shared`, which the
+    reference runs too (a rotation's angles from the positions it is given: the same code, so what
+    differs is what the distributed program passes in); it stops at the first input-free op on
+    another line, and never follows data (input-dependent values) to other lines. Only a value made
+    for this op alone leads: one that other computations use too (a shard's first id, tested at
+    both ends of its range) is no likelier wrong than the op, whose line then stays the finding."""
+    here = _loc(event.inst)
+    if here is None:
+        return None
+    computed: dict[tuple[str, int], Event] = {}
+    data = False
+    stack = list(event.inst.operands)
+    seen: set[str] = set()
+    while stack and len(seen) < 200:
+        name = stack.pop()
+        e = by_name.get(name)
+        if e is None:  # an input, or a tuple element: data
+            data = True
+            continue
+        if name in seen:
+            continue
+        seen.add(name)
+        terms = _terms(e)
+        free = terms is not None and all(t in constants or _input_free(t) for t in terms)
+        loc = _loc(e.inst)
+        data = data or not free
+        if free and loc is not None and loc != here and loc not in shared and e.inst.opcode not in _NO_COMPUTATION:
+            computed.setdefault(loc, e)
+        elif (
+            loc is None
+            or (loc == here and (free or e.inst.opcode in _CHOOSERS or not related(terms or [])))
+            or (free and (loc in shared or e.inst.opcode in LAYOUT_OPS))
+        ):
+            stack.extend(e.inst.operands)
+    if not data or len(computed) != 1:
+        return None
+    loc, made = next(iter(computed.items()))
+    walked = seen | {event.inst.name}
+    if any(made.inst.name in e.inst.operands and e.inst.name not in walked for e in by_name.values()):
+        return None
+    inst = made.inst
+    if _device_index_itself(*loc):
+        # The device's index is never the wrong part; what the code does with it on the way is:
+        # a name of the op's statement computed from it (an expert's global id, say).
+        found = _name_from_device_index(made.inst, here, loc)
+        if found is None:
+            return None
+        inst = found
+    at = _loc(inst) or loc
+    bound = _bound_name(*at)
+    what = f"`{bound}`, computed here" if bound else f"the `{made.inst.opcode}` here computes a value"
+    return Defect(
+        inst,
+        f"{what} from no input (iotas, the device's index, constants), reaches the `{event.inst.opcode}` at "
+        f"{_where(here)} with data related to the reference, yet that op's value is not a slice, a partial sum "
+        f"or a copy of any reference value: {f'`{bound}`' if bound else 'this value'} differs from the positions, "
+        f"mask, ids or offsets the reference uses there, or the `{event.inst.opcode}` uses it in another way",
+        alternative=(event.inst, plain + f"; it takes a value computed from no input at {_where(at)}."),
+    )
+
+
+def _bound_name(file: str, line: int) -> str | None:
+    """The one name the statement at `line` assigns, if it assigns one."""
+    found = _statement(file, line)
+    targets = getattr(found[0], "targets", None) if found else None
+    if found is not None and isinstance(found[0], (ast.AnnAssign, ast.AugAssign)):
+        targets = [found[0].target]
+    if targets is None or len(targets) != 1 or not isinstance(targets[0], ast.Name):
+        return None
+    return targets[0].id
+
+
+def _input_free(term: Term, limit: int = 2000) -> bool:
+    """No input (`param`) reaches the term: it is computed from constants, iotas and the device's
+    index. False past `limit` sub-terms (a big term is data in all likelihood)."""
+    stack, seen = [term], set[int]()
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if t.op == "param" or len(seen) > limit:
+            return False
+        stack.extend(t.args)
+    return True
+
+
+def _device_index_itself(file: str, line: int) -> bool:
+    """The statement at `line` binds the device's index itself (`i = lax.axis_index("tp")`)."""
+    found = _statement(file, line)
+    value = getattr(found[0], "value", None) if found else None
+    return isinstance(value, ast.Call) and _callee(value) == "axis_index"
+
+
+def _name_from_device_index(inst: Instruction, here: tuple[str, int], index: tuple[str, int]) -> Instruction | None:
+    """`inst` placed where a name its statement (at `here`) uses is computed from the device's
+    index bound at `index`: the Python arithmetic between the two may have emitted no op."""
+    found, bound = _statement(*here), _statement(*index)
+    if found is None or bound is None or index[0] != here[0]:
+        return None
+    index_names = {n.id for t in getattr(bound[0], "targets", []) for n in ast.walk(t) if isinstance(n, ast.Name)}
+    used = [n.id for n in ast.walk(found[0]) if isinstance(n, ast.Name)]
+    for func in reversed(found[1]):
+        for name in used:
+            line = _assigned_at(func, name, here[1])
+            if line is None or line == index[1]:
+                continue
+            stmt = _statement(here[0], line)
+            value = getattr(stmt[0], "value", None) if stmt else None
+            if value is not None and index_names & {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}:
+                return dataclasses.replace(inst, stack=(SourceLoc(here[0], line, func.name),) + tuple(inst.stack))
+    return None
+
+
 def _all_routed(event: Event, by_name: dict[str, Event], routed: set[int]) -> bool:
     operands = [by_name.get(name) for name in event.inst.operands]
     return bool(operands) and all(
@@ -598,6 +782,8 @@ def _unloaded(events: list[Event], loaded, constants) -> list[Term]:
 
 
 REDUCTIONS = {"all-reduce", "reduce-scatter"}
+MAX_REDUCTIONS_AHEAD = 16  # reductions after the first unrelated value settled to look for a scaled sum
+MAX_USES_SETTLED = 16  # uses of such a sum (and their uses) settled to see it divided back
 _GRAD_CALLS = {"grad", "value_and_grad", "vjp"}
 
 
@@ -644,13 +830,23 @@ def _grad_call_frame(inst: Instruction) -> int | None:
 # `slice_of(x, r)`: x is a slice or a re-layout of the reference value r. Localization only: the
 # facts are seeded after a proof failed, so they never reach a verdict.
 slice_of = relation("slice_of", T, T)
-_x, _e, _r = vars_("_x _e _r", T)
-_d, _a, _b = vars_("_d _a _b", i64)
+_x, _e, _r, _y = vars_("_x _e _r _y", T)
+_d, _a, _b, _d2, _c, _g = vars_("_d _a _b _d2 _c _g", i64)
 (_spec,) = vars_("_spec", String)
 SLICE_OF = family(
     "slice_of",
     named(
         "slice_of/slice", "a slice of a slice of r is a slice of r", slice_of(_x, _r), eq(_e).to(_x.slice(_d, _a, _b))
+    ).then(slice_of(_e, _r)),
+    # The proof keeps slices of different dims in one order (the higher dim outside), so a
+    # device's window of the reference's y[.., a:b] (a fused projection's part) is written
+    # y[c:g, ..][.., a:b], never as a slice of y[.., a:b] itself.
+    named(
+        "slice_of/reordered",
+        "y[c:g along d2][a:b along d] = (y[a:b along d])[c:g along d2] is a slice of r = y[a:b along d]",
+        slice_of(_x, _r),
+        eq(_x).to(_y.slice(_d, _a, _b)),
+        eq(_e).to(_y.slice(_d2, _c, _g).slice(_d, _a, _b)),
     ).then(slice_of(_e, _r)),
     named(
         "slice_of/reshape",
@@ -855,22 +1051,27 @@ def _parameters(func: _Function) -> list[str]:
     return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
 
 
-def _call_argument(file: str, func: _Function, name: str, events: list[Event]) -> tuple[str, ast.expr] | None:
-    """The argument passed for parameter `name` of `func` at a call site seen in the op stacks."""
+def _call_argument(
+    file: str, func: _Function, name: str, events: list[Event], stack: tuple[SourceLoc, ...] = ()
+) -> tuple[str, ast.expr] | None:
+    """The argument passed for parameter `name` of `func` at a call site seen in the op stacks,
+    the one on `stack` (the op's own call chain) first."""
     positional = [a.arg for a in func.args.posonlyargs + func.args.args]
-    callers = set()
-    for event in events:
-        stack = event.inst.stack
-        for inner, outer in zip(stack, stack[1:]):
-            if (
-                inner.file == file
-                and inner.function.split(".")[-1] == func.name
-                and func.lineno <= inner.line <= (func.end_lineno or func.lineno)
-            ):
-                callers.add((outer.file, outer.line))
-    for cfile, cline in sorted(callers):
+
+    def calls_from(frames) -> list[tuple[str, int]]:
+        return [
+            (outer.file, outer.line)
+            for inner, outer in zip(frames, frames[1:])
+            if inner.file == file
+            and inner.function.split(".")[-1] == func.name
+            and func.lineno <= inner.line <= (func.end_lineno or func.lineno)
+        ]
+
+    own = calls_from(stack)
+    others = {site for event in events for site in calls_from(event.inst.stack)} - set(own)
+    for cfile, cline in own + sorted(others):
         found = _statement(cfile, cline)
-        calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and _callee(n) == func.name] if found else []
+        calls = _calls_of(found, func.name) if found else []
         for call in calls:
             keyword = next((k.value for k in call.keywords if k.arg == name), None)
             if keyword is not None:
@@ -879,6 +1080,17 @@ def _call_argument(file: str, func: _Function, name: str, events: list[Event]) -
             if k < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[: k + 1]):
                 return cfile, call.args[k]
     return None
+
+
+def _calls_of(found: tuple[ast.stmt, list[_Function]], name: str) -> list[ast.Call]:
+    """The calls of function `name` in a statement: by its name, else (the function passed in as an
+    argument) through a parameter of the statement's function, when that is the only such call."""
+    stmt, funcs = found
+    calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
+    direct = [n for n in calls if _callee(n) == name]
+    params = {p for f in funcs for p in _parameters(f)}
+    passed = [n for n in calls if isinstance(n.func, ast.Name) and n.func.id in params]
+    return direct or (passed if len(passed) == 1 else [])
 
 
 def _python_origin(loc: tuple[str, int], exprs: list[ast.expr], op_lines: set[tuple[str, int]]):
@@ -1154,7 +1366,8 @@ class _Tracer:
                 window = _window(self.value(cut, dev))
                 shown = ", ".join(f"[{a}:{b}) along dim {d}" for d, a, b in window[1]) if window else ""
                 taken = f"the wrong window ({shown} on device {dev})" if shown else f"a wrong window on device {dev}"
-                return Defect(cut.inst, f"this slice takes {taken}: {lead}.")
+                said = f"this slice takes {taken}: {lead}"
+                return self.at_index_origin(cut, said) or Defect(cut.inst, said + ".")
             return Defect(end.inst, f"{lead}; the value is made here.")
         lead = (
             f"so `{name}`, which feeds the `{event.inst.opcode}` at {here}, is not a slice of the reference's "
@@ -1306,29 +1519,49 @@ def at_index_origin(cut: Event, lead: str, events: list[Event], op_lines: set[tu
     )
     if not found or loc is None or len(calls) != 1 or len(calls[0].args) < 2:
         return None
-    names = [n.id for n in ast.walk(calls[0].args[1]) if isinstance(n, ast.Name)]
+    origin = _index_source(loc[0], loc[1], calls[0].args[1], cut.inst.stack, events, op_lines)
+    if origin is None:
+        return None
+    file, line, function, text, passed_as = origin
+    inst = dataclasses.replace(cut.inst, stack=(SourceLoc(file, line, function),) + tuple(cut.inst.stack))
+    how = f"is passed here as `{passed_as}`" if passed_as else "is computed here"
+    return Defect(inst, f"`{text}` {how} and gives the start of the slice at {_where(loc)}: {lead}.")
+
+
+def _index_source(
+    file: str,
+    line: int,
+    expr: ast.expr,
+    stack: tuple[SourceLoc, ...],
+    events: list[Event],
+    op_lines: set[tuple[str, int]],
+    depth: int = 3,
+) -> tuple[str, int, str, str, str | None] | None:
+    """(file, line, function, what, parameter) where a device-dependent name used in `expr` is
+    computed: its assignment in an enclosing function or, for a parameter, what the caller on
+    `stack` passes (followed to where that is computed, else the call itself)."""
+    found = _statement(file, line)
+    if found is None:
+        return None
+    names = [n.id for n in ast.walk(expr) if isinstance(n, ast.Name)]
     for func in reversed(found[1]):
         for name in names:
-            line = _assigned_at(func, name, loc[1])
-            if line is None and name in _parameters(func):
-                site = _call_argument(loc[0], func, name, events)
-                if site is None or not _device_index(site[0], site[1].lineno, site[1], op_lines):
+            assigned = _assigned_at(func, name, line)
+            if assigned is None and name in _parameters(func):
+                site = _call_argument(file, func, name, events, stack)
+                if site is None:
                     continue
-                stack = (SourceLoc(site[0], site[1].lineno, ""),) + tuple(cut.inst.stack)
-                return Defect(
-                    dataclasses.replace(cut.inst, stack=stack),
-                    f"`{ast.unparse(site[1])}` is passed here as `{name}` and gives the start of the slice "
-                    f"at {_where(loc)}: {lead}.",
-                )
-            bound = _statement(loc[0], line) if line is not None else None
-            value = getattr(bound[0], "value", None) if bound else None
-            if line is None or value is None or not _device_index(loc[0], line, value, op_lines):
+                cfile, arg = site
+                deeper = _index_source(cfile, arg.lineno, arg, stack, events, op_lines, depth - 1) if depth else None
+                if deeper is not None:
+                    return deeper
+                if _device_index(cfile, arg.lineno, arg, op_lines):
+                    return cfile, arg.lineno, "", ast.unparse(arg), name
                 continue
-            stack = (SourceLoc(loc[0], line, func.name),) + tuple(cut.inst.stack)
-            return Defect(
-                dataclasses.replace(cut.inst, stack=stack),
-                f"`{name}` is computed here and gives the start of the slice at {_where(loc)}: {lead}.",
-            )
+            bound = _statement(file, assigned) if assigned is not None else None
+            value = getattr(bound[0], "value", None) if bound else None
+            if assigned is not None and value is not None and _device_index(file, assigned, value, op_lines):
+                return file, assigned, func.name, name, None
     return None
 
 

@@ -250,6 +250,123 @@ MODELS = textwrap.dedent(
         return _halves(x, -1.0, 0.0, mesh)
 
 
+    def seq_inputs():
+        f = jnp.float32
+        return (jax.ShapeDtypeStruct((8, 4), f), jax.ShapeDtypeStruct((4, 4), f), jax.ShapeDtypeStruct((8, 4), f))
+
+
+    def causal_scores(x, w, table):
+        s = (x @ w) @ x.T
+        allowed = jnp.arange(8)[:, None] >= jnp.arange(8)[None, :]
+        return jnp.where(allowed, s, -1e9)
+
+
+    def causal_scores_strict(x, w, table, *, mesh):
+        def body(xs, w, x):
+            rows = lax.axis_index(TP) * xs.shape[0] + jnp.arange(xs.shape[0])
+            allowed = rows[:, None] > jnp.arange(8)[None, :]  # MARK:mask
+            return jnp.where(allowed, (xs @ w) @ x.T, -1e9)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P(), P()), out_specs=P(TP, None))(x, w, x)
+
+
+    def with_positions(x, w, table):
+        return jnp.tanh(x + table) @ w
+
+
+    def with_positions_no_offset(x, w, table, *, mesh):
+        def body(xs, w, table):
+            positions = jnp.arange(xs.shape[0])  # MARK:positions
+            return jnp.tanh(xs + jnp.take(table, positions, axis=0)) @ w
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P(), P()), out_specs=P(TP, None))(x, w, table)
+
+
+    def with_positions_offset_line(x, w, table, *, mesh):
+        def body(xs, w, table):
+            offset = lax.axis_index(TP) * 4  # MARK:offset-line
+            rows = lax.dynamic_slice_in_dim(table, offset, xs.shape[0])
+            return jnp.tanh(xs + rows) @ w
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P(), P()), out_specs=P(TP, None))(x, w, table)
+
+
+    def _rotate(x, positions):  # shared by both programs: only the positions they pass differ
+        angles = positions.astype(jnp.float32)[:, None] * jnp.arange(1.0, 5.0)[None, :]
+        return x * jnp.cos(angles)
+
+
+    def rotated(x, w, table):
+        return _rotate(x, jnp.arange(8)) @ w
+
+
+    def rotated_local_positions(x, w, table, *, mesh):
+        def body(xs, w):
+            pos = jnp.arange(xs.shape[0])  # MARK:local-positions
+            return _rotate(xs, pos) @ w
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P()), out_specs=P(TP, None))(x, w)
+
+
+    def rotated_pairs(x, w, table):
+        c = jnp.cos(jnp.arange(8.0)[:, None] * jnp.arange(1.0, 3.0)[None, :])
+        a, b = x[:, 0::2], x[:, 1::2]
+        return jnp.stack([a * c - b, b * c + a], axis=-1).reshape(8, 4) @ w
+
+
+    def rotated_pairs_concatenated(x, w, table, *, mesh):
+        def body(xs, w):
+            pos = lax.axis_index(TP) * 4 + jnp.arange(4)
+            c = jnp.cos(pos[:, None].astype(jnp.float32) * jnp.arange(1.0, 3.0)[None, :])
+            a, b = xs[:, 0::2], xs[:, 1::2]
+            y = jnp.concatenate([a * c - b, b * c + a], axis=-1)  # MARK:concat
+            return y @ w
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P()), out_specs=P(TP, None))(x, w)
+
+
+    def per_head_inputs():
+        f = jnp.float32
+        return (jax.ShapeDtypeStruct((4, 8), f), jax.ShapeDtypeStruct((8, 4, 6), f))
+
+
+    def per_head_scores(x, w):
+        t = jnp.einsum("sd,dhe->she", x, w)
+        q, k = t[..., :2], t[..., 2:4]
+        return jnp.einsum("qhd,khd->hqk", q, k)
+
+
+    def per_head_scores_swapped(x, w, *, mesh):
+        def body(x, w):
+            t = jnp.einsum("sd,dhe->she", x, w)
+            q, k = t[..., :2], t[..., 4:]  # MARK:swapped
+            return jnp.einsum("qhd,khd->hqk", q, k)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, TP, None)), out_specs=P(TP, None, None))(x, w)
+
+
+    def router_inputs():
+        f = jnp.float32
+        return (jax.ShapeDtypeStruct((8, 4), f), jax.ShapeDtypeStruct((4, 4), f), jax.ShapeDtypeStruct((4,), f))
+
+
+    def expert_scale(x, r, w):
+        return x * w[jnp.argmax(x @ r, axis=-1)][:, None]
+
+
+    def expert_scale_strided(x, r, w, *, mesh):
+        def body(x, r, w):
+            ids = jnp.argmax(x @ r, axis=-1)
+            shard = lax.axis_index(TP)
+            out = jnp.zeros_like(x)
+            for e in range(w.shape[0]):
+                g = e * mesh.shape[TP] + shard  # MARK:expert-id
+                out = out + jnp.where(ids == g, w[e], 0.0)[:, None] * x
+            return lax.psum(out, TP)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(TP)), out_specs=P())(x, r, w)
+
+
     def columns_uncut(x, c, *, mesh):
         def body(x, c):
             y = x * x
@@ -293,6 +410,20 @@ MANIFEST = textwrap.dedent(
          inputs: models.py:inputs, mesh: {tp: 2}}
       - {name: fused-weight, reference: models.py:gated, distributed: models.py:gated_tp_fused_wrong_weight,
          inputs: models.py:inputs, mesh: {tp: 2}}
+      - {name: mask-strict, reference: models.py:causal_scores, distributed: models.py:causal_scores_strict,
+         inputs: models.py:seq_inputs, mesh: {tp: 2}}
+      - {name: positions-no-offset, reference: models.py:with_positions,
+         distributed: models.py:with_positions_no_offset, inputs: models.py:seq_inputs, mesh: {tp: 2}}
+      - {name: positions-offset-line, reference: models.py:with_positions,
+         distributed: models.py:with_positions_offset_line, inputs: models.py:seq_inputs, mesh: {tp: 4}}
+      - {name: local-positions-shared-helper, reference: models.py:rotated,
+         distributed: models.py:rotated_local_positions, inputs: models.py:seq_inputs, mesh: {tp: 2}}
+      - {name: pairs-concatenated, reference: models.py:rotated_pairs,
+         distributed: models.py:rotated_pairs_concatenated, inputs: models.py:seq_inputs, mesh: {tp: 2}}
+      - {name: expert-id-strided, reference: models.py:expert_scale, distributed: models.py:expert_scale_strided,
+         inputs: models.py:router_inputs, mesh: {tp: 2}}
+      - {name: per-head-swapped, reference: models.py:per_head_scores,
+         distributed: models.py:per_head_scores_swapped, inputs: models.py:per_head_inputs, mesh: {tp: 2}}
     """
 )
 
@@ -365,6 +496,9 @@ ZOO = {
     # x[..., ::2] is a window of the reference's q, but not the half the reference's multiply
     # takes: the slice, not the rotation's multiply on the next line (the first unrelated op).
     "llama-block-tp4-interleaved-rope": ("examples/zoo/llama_block.py:27", ("[0:8:2]", "common.py:46")),
+    # The near miss of a value computed from no input: the shard's first id is used by several
+    # computations (both ends of the range, the local id), so the comparison keeps the finding.
+    "vocab-embed-tp-off-by-one": ("examples/zoo/vocab_parallel.py:45", ("`compare`",)),
 }
 
 # model of MODELS above -> (the MARK of the defect's line, words its message must say)
@@ -399,6 +533,23 @@ FRESH = {
     # The near miss: a part of the fused weight is reversed, so a read of the projection is
     # unrelated too and the projection is no mere layout: the finding is the weight's line.
     "fused-weight": ("fused-flip", ()),
+    # A value computed from no input on the line before (a mask, positions) decides what the
+    # first unrelated op does with data related to the reference: that line leads.
+    "mask-strict": ("mask", ("`allowed`", "from no input", "`select`")),
+    "positions-no-offset": ("positions", ("`positions`", "from no input")),
+    # The angles come from a helper both programs run; what differs is the positions passed in.
+    "local-positions-shared-helper": ("local-positions", ("`pos`", "from no input")),
+    # The near miss: the cosines computed the line before are used rightly (each product is the
+    # reference's); the halves are concatenated where the reference interleaves: the concatenation.
+    "pairs-concatenated": ("concat", ("`concatenate`",)),
+    # The slice of the table starts at an offset computed on the line before: the offset's line.
+    "positions-offset-line": ("offset-line", ("`offset` is computed here",)),
+    # Each device's k is a window of the reference's v (the fused per-head projection read at the
+    # wrong place): the read, not the scores on the next line.
+    "per-head-swapped": ("swapped", ("not the window", "reference's k")),
+    # The first expert's global id is the device index plus 0 * n, which emits no op: the name
+    # computed from the device index on the way to the comparison is the line, not axis_index.
+    "expert-id-strided": ("expert-id", ("`g`", "from no input", "`compare`")),
 }
 
 
