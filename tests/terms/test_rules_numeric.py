@@ -744,6 +744,15 @@ def slice_rebase(rng, b: B):
     return b.sl(x, d, lo, hi), b.sl(b.sl(x, d, c, g), d, lo - c, hi - c)
 
 
+def slice_reorder_onto_reference(rng, b: B):
+    """A window along a lower dim of a value's window along a higher dim that is a reference value."""
+    x = b.param(0, rshape(rng, int(rng.integers(2, 4))))
+    d2, d = sorted(int(v) for v in rng.choice(len(x.shape), size=2, replace=False))
+    lo, hi = rrange(rng, x.shape[d])
+    c, g = rrange(rng, x.shape[d2])
+    return b.sl(b.sl(x, d2, c, g), d, lo, hi), b.sl(b.sl(x, d, lo, hi), d2, c, g)
+
+
 def _commute_existing(op: str):
     def build(rng, b: B):
         shape = rshape(rng, int(rng.integers(1, 4)))
@@ -803,6 +812,7 @@ RULES = {
     "slices/reorder": (F["slices"], slice_reorder, False),
     "slices/full": (F["slices"], slice_full, False),
     "slices/rebase": (F["slices"], slice_rebase, True),
+    "slices/reorder_onto_reference": (F["slices"], slice_reorder_onto_reference, True),
     "elementwise/unary_lift": (F["elementwise"], unary_lift, False),
     "elementwise/unary_push": (F["elementwise"], unary_push, False),
     # Lifts onto an existing term only (the reference's): the rhs is loaded too.
