@@ -175,13 +175,10 @@ def strided_slice(ev: Builder, x: Term, dim: int, start: int, stop: int, step: i
 
 
 def broadcast_term(ev: Builder, operand: Term, shape: Shape, dims: tuple[int, ...]) -> Term:
-    broadcasts = any(shape.dims[o] != 1 for o in range(len(shape.dims)) if o not in dims)
-    expanded = [i for i, o in enumerate(dims) if operand.shape[i] == 1 and (shape.dims[o] != 1 or broadcasts)]
+    expanded = [i for i, o in enumerate(dims) if operand.shape[i] == 1 and shape.dims[o] != 1]
     if expanded:
         # HLO may stretch a size-1 operand dim; as terms that is: drop the dim, then broadcast
-        # along a new one (a spec must not mean two output shapes). A size-1 dim a broadcast keeps
-        # is a new dim of size 1 too, so that a device's table for its one head, [s, 1, d], is
-        # broadcast as the reference's [s, d] is to all heads.
+        # along a new one (a spec must not mean two output shapes).
         keep = [i for i in range(len(dims)) if i not in expanded]
         squeezed = Shape(operand.dtype, tuple(operand.shape[i] for i in keep))
         operand = ev.reshape_term(operand, squeezed)

@@ -1,9 +1,9 @@
-"""A size-1 dim a broadcast keeps is a new dim of size 1 (equivci.translate.shapes.broadcast_term).
+"""A size-1 dim a broadcast keeps is a new dim of size 1 (equivci.terms.ir.unit_squeezed, stated by the loader).
 
 A device holding one head broadcasts its per-position table, [s, 1, d] after jnp's implicit
 expansion, along batch only; the reference broadcasts its [s, d] table along batch and all heads.
 Both are broadcasts of the table with the head dim new, so the device's is a window of the
-reference's. Checked on the terms (the normal form against numpy), on a JAX program in a style
+reference's. Checked on the terms (both forms numerically, and equal once loaded), on a JAX program in a style
 unlike the blind RoPE case (the table is an input stored as [1, s, 1, d] and sharded by in_specs
 over the sequence axis of a cp x tp mesh, not a constant sliced at axis_index), and on its near miss (the table sharded over
 the head axis instead).
@@ -16,29 +16,41 @@ import textwrap
 import model_package
 import numpy as np
 import pytest
+from egglog import EGraph
 from model_package import verify_named as _verify
 
-from equivci.hlo.ir import Shape
+from equivci.prove.saturate import proved_equal
 from equivci.results import Status
-from equivci.terms.ir import TermTable
+from equivci.terms.ir import TermTable, unit_squeezed
+from equivci.terms.load import Loader
 from equivci.terms.semantics import evaluate
-from equivci.translate.evaluator import Evaluator
-from equivci.translate.shapes import broadcast_term
+from equivci.terms.spec import reshape_spec
 
 
-def test_a_kept_unit_dim_becomes_a_new_dim_and_the_value_is_unchanged() -> None:
-    ev = Evaluator(None, TermTable(), 1)
-    table = ev.table.make("param", (0,), (), (5, 1, 3), "f32")
-    term = broadcast_term(ev, table, Shape("f32", (2, 5, 1, 3)), (1, 2, 3))
-    assert term.op == "bcast" and term.args[0].shape == (5, 3)
+def _table_bcast():
+    table = TermTable()
+    x = table.make("param", (0,), (), (5, 1, 3), "f32")
+    wide = table.make("bcast", ("n2,i0,i1,i2",), (x,), (2, 5, 1, 3), "f32")
+    squeezed = table.make("reshape", (reshape_spec((5, 1, 3), (5, 3)),), (x,), (5, 3), "f32")
+    return wide, table.make("bcast", ("n2,i0,n1,i1",), (squeezed,), (2, 5, 1, 3), "f32")
+
+
+def test_a_kept_unit_dim_is_a_new_dim_of_size_one() -> None:
+    kept, new = _table_bcast()
+    assert unit_squeezed(kept) == (new.attrs[0], new.args[0])
     value = np.random.default_rng(0).standard_normal((5, 1, 3)).astype(np.float32)
-    np.testing.assert_array_equal(evaluate(term, {0: value}), np.broadcast_to(value[None], (2, 5, 1, 3)))
+    np.testing.assert_array_equal(evaluate(kept, {0: value}), evaluate(new, {0: value}))
+    egraph = EGraph()
+    loader = Loader(egraph)
+    with loader.bulk():
+        a, b = loader.expr(kept), loader.expr(new)
+    assert proved_equal(egraph, a, b)
 
 
-def test_a_broadcast_that_adds_only_unit_dims_keeps_its_operand() -> None:
-    ev = Evaluator(None, TermTable(), 1)
-    x = ev.table.make("param", (0,), (), (5, 1), "f32")
-    assert broadcast_term(ev, x, Shape("f32", (5, 1)), (0, 1)) is x
+def test_a_broadcast_along_unit_dims_only_has_no_other_form() -> None:
+    table = TermTable()
+    x = table.make("param", (0,), (), (5, 1), "f32")
+    assert unit_squeezed(table.make("bcast", ("i0,i1,n1",), (x,), (5, 1, 1), "f32")) is None
 
 
 MODELS = textwrap.dedent(
