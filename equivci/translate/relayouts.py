@@ -10,8 +10,9 @@ window layout of the reference's projection, and the builder's composed reshapes
 
 A contraction over several dims that are consecutive, in the same order, in both operands is one
 contraction over the merged dim of both operands reshaped (row-major, so the pairs of indices
-match): einsum("bshd,hdm->bsm") is a dot with the [b, s, h*d] reshape of its lhs, as a model that
-flattens heads before the output projection computes it.
+match): einsum("bshd,hdm->bsm", o, wo.reshape(h, d, m)) is a dot with the [b, s, h*d] reshape of o,
+as a model that flattens heads before the output projection computes it. Stated where an operand
+is such a split, so that the dot meets the flattened form.
 
 The relayout is followed down from the operand through slices and reshapes only while every
 contracting and batch dim stays whole: not sliced, and alone in its reshape group with its size."""
@@ -77,12 +78,22 @@ def _kept_through_reshape(in_shape, out_shape, kept: tuple[int, ...]) -> tuple[i
 
 
 def merged_contraction(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term) -> tuple[DotSpec, Term, Term] | None:
-    """The dot with its contracting dims merged into one on each side, when they are several and
-    consecutive in the same order on both; None otherwise."""
+    """The dot with its contracting dims merged into one on each side, when they are several,
+    consecutive in the same order on both, and one operand is a reshape that split them from one
+    dim; None otherwise."""
     pairs = sorted(zip(spec.lhs_contract, spec.rhs_contract))
     lc, rc = tuple(i for i, _ in pairs), tuple(j for _, j in pairs)
     m = len(lc)
     if m < 2 or lc != tuple(range(lc[0], lc[0] + m)) or rc != tuple(range(rc[0], rc[0] + m)):
+        return None
+
+    def split(x: Term, first: int) -> bool:  # x is a reshape that split one dim into these
+        merged = x.shape[:first] + (math.prod(x.shape[first : first + m]),) + x.shape[first + m :]
+        return x.op == "reshape" and x.args[0].shape == merged
+
+    # Only where an operand split the dim itself: a dispatch mask's (expert, slot) contraction
+    # must keep the form the routing lemma reads.
+    if not (split(lhs, lc[0]) or split(rhs, rc[0])):
         return None
 
     def merged(x: Term, first: int) -> Term:

@@ -745,12 +745,10 @@ def slice_rebase(rng, b: B):
 
 
 def slice_reorder_onto_reference(rng, b: B):
-    """A window along a lower dim of a value's window along a higher dim that is a reference value."""
-    x = b.param(0, rshape(rng, int(rng.integers(2, 4))))
-    d2, d = sorted(int(v) for v in rng.choice(len(x.shape), size=2, replace=False))
-    lo, hi = rrange(rng, x.shape[d])
-    c, g = rrange(rng, x.shape[d2])
-    return b.sl(b.sl(x, d2, c, g), d, lo, hi), b.sl(b.sl(x, d, lo, hi), d2, c, g)
+    """A window along a lower dim of a value's window along a higher dim that is a reference value:
+    the canonical order's instance, read the other way."""
+    lower_outside, canonical = slice_reorder(rng, b)
+    return canonical, lower_outside
 
 
 def _commute_existing(op: str):
