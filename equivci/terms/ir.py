@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from equivci.terms.spec import AlignedMap, GatherDims, bcast_spec
+from equivci.terms.spec import AlignedMap, BcastSpec, GatherDims, bcast_spec, reshape_spec
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -73,6 +73,34 @@ def bcast_form(term: Term) -> tuple[str, Term] | None:
             kept = tuple(o for o in range(len(term.shape)) if o not in unit)
             return bcast_spec(len(term.args[0].shape), term.shape, kept), term.args[0]
     return None
+
+
+def unit_squeezed(term: Term) -> tuple[str, Term] | None:
+    """A broadcast along a new dim that keeps size-1 operand dims, as the broadcast of its operand
+    without them (new dims of size 1 there): a device's one-head table [s, 1, d] broadcast over
+    the batch is then a broadcast of the [s, d] table, as the reference's over batch and heads is.
+    The operand without its size-1 dims is one reshape (of the operand's own operand, if a reshape)."""
+    x = term.args[0] if term.op == "bcast" else None
+    if x is None or 1 not in x.shape:
+        return None
+    parts = BcastSpec.parse(term.attrs[0]).parts
+    if not any(kind == "n" and size != 1 for kind, size in parts):
+        return None
+    kept = [k for k, size in enumerate(x.shape) if size != 1]
+    squeezed = tuple(x.shape[k] for k in kept)
+    renamed = BcastSpec(
+        tuple(
+            ("n", 1) if kind == "i" and x.shape[v] == 1 else (kind, kept.index(v) if kind == "i" else v)
+            for kind, v in parts
+        )
+    )
+    base = x.args[0] if x.op == "reshape" else x
+    if base.shape == squeezed:
+        return renamed.text(), base
+    spec = reshape_spec(base.shape, squeezed)
+    if spec is None:
+        return None
+    return renamed.text(), Term("reshape", (spec,), (base,), squeezed, x.dtype)
 
 
 def reduce_pair_map(rank: int, dims: tuple[int, ...]) -> AlignedMap:

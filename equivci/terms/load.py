@@ -11,7 +11,7 @@ from egglog import EGraph, i64
 
 from equivci.terms import language as L
 from equivci.terms.egg import Commands
-from equivci.terms.ir import Term, bcast_form
+from equivci.terms.ir import Term, bcast_form, unit_squeezed
 from equivci.terms.language import T, TList
 from equivci.terms.spec import (
     AlignedMap,
@@ -121,6 +121,11 @@ class Loader:
                 self._seed_bcast(spec)
                 operand = egg.call("handle", self.load(inner[1]))
                 self._commands.append(egg.union(ex, egg.call("bcast", spec, operand)))
+            squeezed = unit_squeezed(t)
+            if squeezed is not None:  # kept size-1 dims are new dims of size 1 too
+                self._seed_bcast(squeezed[0])
+                operand = egg.call("handle", self.load(squeezed[1]))
+                self._commands.append(egg.union(ex, egg.call("bcast", squeezed[0], operand)))
         elif op == "reshape":
             self._seed_reshape(at[0])
             ex = egg.call("reshape", at[0], args[0])

@@ -14,6 +14,7 @@ from equivci.translate.arrays import is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
 from equivci.translate.builder import Builder, Value
 from equivci.translate.opaque import opaque
+from equivci.translate.relayouts import dot_of_relayouts, merged_contraction
 
 
 def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -21,7 +22,15 @@ def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     lb, rb = dims_attr(a.get("lhs_batch_dims")), dims_attr(a.get("rhs_batch_dims"))
     lc, rc = dims_attr(a.get("lhs_contracting_dims")), dims_attr(a.get("rhs_contracting_dims"))
     lhs, rhs = args
-    spec = DotSpec(lb, rb, lc, rc, len(lhs.shape), len(rhs.shape), (lhs.dtype, rhs.dtype)).text()
+    dot_spec = DotSpec(lb, rb, lc, rc, len(lhs.shape), len(rhs.shape), (lhs.dtype, rhs.dtype))
+    merged = merged_contraction(ev, dot_spec, lhs, rhs)
+    if merged is not None:
+        dot_spec, lhs, rhs = merged
+        args = [lhs, rhs]
+    relaid = dot_of_relayouts(ev, dot_spec, lhs, rhs, inst.shape)
+    if relaid is not None:
+        return relaid
+    spec = dot_spec.text()
     return ev.factored("dot", (spec,), args, inst.shape) or ev.mk("dot", (spec,), args, inst.shape)
 
 

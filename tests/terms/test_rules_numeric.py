@@ -744,6 +744,13 @@ def slice_rebase(rng, b: B):
     return b.sl(x, d, lo, hi), b.sl(b.sl(x, d, c, g), d, lo - c, hi - c)
 
 
+def slice_reorder_onto_reference(rng, b: B):
+    """A window along a lower dim of a value's window along a higher dim that is a reference value:
+    the canonical order's instance, read the other way."""
+    lower_outside, canonical = slice_reorder(rng, b)
+    return canonical, lower_outside
+
+
 def _commute_existing(op: str):
     def build(rng, b: B):
         shape = rshape(rng, int(rng.integers(1, 4)))
@@ -803,6 +810,7 @@ RULES = {
     "slices/reorder": (F["slices"], slice_reorder, False),
     "slices/full": (F["slices"], slice_full, False),
     "slices/rebase": (F["slices"], slice_rebase, True),
+    "slices/reorder_onto_reference": (F["slices"], slice_reorder_onto_reference, True),
     "elementwise/unary_lift": (F["elementwise"], unary_lift, False),
     "elementwise/unary_push": (F["elementwise"], unary_push, False),
     # Lifts onto an existing term only (the reference's): the rhs is loaded too.

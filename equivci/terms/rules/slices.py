@@ -37,4 +37,15 @@ SLICES = family(
         b <= g,
         ne(w).to(e),
     ).then(union(e).with_(w.slice(d, a - c, b - c))),
+    # The canonical order keeps the higher dim's window outside; a window along a lower dim of a
+    # reference value that is itself a window (one head of q taken from a fused qkv by head_dim) is
+    # then out of reach of the lifts that want it outside. Only onto reference values, as above.
+    named(
+        "slices/reorder_onto_reference",
+        "x[a:b along d2][c:g along d] = (x[c:g along d])[a:b along d2] for d2 < d, onto a reference value x[c:g along d]",
+        eq(e).to(x.slice(d2, a, b).slice(d, c, g)),
+        d2 < d,
+        eq(w).to(x.slice(d, c, g)),
+        reference(w),
+    ).then(union(e).with_(w.slice(d2, a, b))),
 )

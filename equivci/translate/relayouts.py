@@ -1,0 +1,164 @@
+"""A dot of a relayout along free dims is the same relayout of the dot.
+
+dot_general computes every output element from one row of each operand along the contracting and
+batch dims, so slicing, splitting or merging an operand's other (free) dims only picks and arranges
+output elements: dot(x, reshape(W[:, :, s:e, :])) with W's contracting dim kept whole and in a group
+of its own is reshape(dot(x, W)[..., s:e, :]) on the output's free dims. A fused QKV weight
+reshaped to [d, 3, heads, head_dim], sharded over heads and flattened again on each device is then a
+window layout of the reference's projection, and the builder's composed reshapes and windows
+(Builder.reshape_term) meet the reference's split of that projection.
+
+A contraction over several dims that are consecutive, in the same order, in both operands is one
+contraction over the merged dim of both operands reshaped (row-major, so the pairs of indices
+match): einsum("bshd,hdm->bsm", o, wo.reshape(h, d, m)) is a dot with the [b, s, h*d] reshape of o,
+as a model that flattens heads before the output projection computes it. Stated where an operand
+is such a split, so that the dot meets the flattened form.
+
+The relayout is followed down from the operand through slices and reshapes only while every
+contracting and batch dim stays whole: not sliced, and alone in its reshape group with its size."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from equivci.hlo.ir import Shape
+from equivci.terms.ir import Term
+from equivci.terms.spec import DotSpec, reshape_groups
+from equivci.translate.builder import Builder
+
+_MAX_CHAIN = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class _Side:
+    """One operand as a chain of free-dim relayouts of a base: levels[0] is the operand itself,
+    levels[-1] the base; kept[i] are the contracting and batch dims at level i (in the spec's order)."""
+
+    levels: tuple[Term, ...]
+    kept: tuple[tuple[int, ...], ...]
+
+    @property
+    def relaid(self) -> bool:
+        return any(t.op == "reshape" for t in self.levels[:-1])
+
+
+def _down(operand: Term, kept: tuple[int, ...]) -> _Side:
+    levels, kepts = [operand], [kept]
+    cur = operand
+    while cur.op in ("slice", "reshape") and len(levels) <= _MAX_CHAIN:
+        inner = cur.args[0]
+        if cur.op == "slice":
+            if cur.attrs[0] in kept:
+                break
+            below = kept
+        else:
+            mapped = _kept_through_reshape(inner.shape, cur.shape, kept)
+            if mapped is None:
+                break
+            below = mapped
+        cur, kept = inner, below
+        levels.append(cur)
+        kepts.append(kept)
+    return _Side(tuple(levels), tuple(kepts))
+
+
+def _kept_through_reshape(in_shape, out_shape, kept: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The input dims of a reshape's output dims `kept`, when each is a group of its own (the
+    same dim, unsplit and unmerged); None otherwise. Size-1 dims next to a kept dim join its group:
+    a contraction merged from a device's one head and head_dim (`merged_contraction`) stays merged,
+    as the reference's over all heads is."""
+    groups = reshape_groups(tuple(in_shape), tuple(out_shape))
+    if groups is None:
+        return None
+    alone = {gj[0]: gi[0] for gi, gj in groups if len(gi) == 1 and len(gj) == 1}
+    if all(j in alone and in_shape[alone[j]] == out_shape[j] for j in kept):
+        return tuple(alone[j] for j in kept)
+    return None
+
+
+def merged_contraction(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term) -> tuple[DotSpec, Term, Term] | None:
+    """The dot with its contracting dims merged into one on each side, when they are several,
+    consecutive in the same order on both, and one operand is a reshape that split them from one
+    dim; None otherwise."""
+    pairs = sorted(zip(spec.lhs_contract, spec.rhs_contract))
+    lc, rc = tuple(i for i, _ in pairs), tuple(j for _, j in pairs)
+    m = len(lc)
+    if m < 2 or lc != tuple(range(lc[0], lc[0] + m)) or rc != tuple(range(rc[0], rc[0] + m)):
+        return None
+
+    def split(x: Term, first: int) -> bool:  # x is a reshape that split one dim into these
+        merged = x.shape[:first] + (math.prod(x.shape[first : first + m]),) + x.shape[first + m :]
+        return x.op == "reshape" and x.args[0].shape == merged
+
+    # Only where an operand split the dim itself: a dispatch mask's (expert, slot) contraction
+    # must keep the form the routing lemma reads.
+    if not (split(lhs, lc[0]) or split(rhs, rc[0])):
+        return None
+
+    def merged(x: Term, first: int) -> Term:
+        dims = x.shape[:first] + (math.prod(x.shape[first : first + m]),) + x.shape[first + m :]
+        return ev.reshape_term(x, Shape(x.dtype, dims))
+
+    def moved(dims: tuple[int, ...], first: int) -> tuple[int, ...]:
+        return tuple(k if k < first else k - (m - 1) for k in dims)
+
+    merged_spec = DotSpec(
+        moved(spec.lhs_batch, lc[0]),
+        moved(spec.rhs_batch, rc[0]),
+        (lc[0],),
+        (rc[0],),
+        spec.lhs_rank - (m - 1),
+        spec.rhs_rank - (m - 1),
+        spec.dtypes,
+    )
+    return merged_spec, merged(lhs, lc[0]), merged(rhs, rc[0])
+
+
+def _free(shape, kept) -> list[int]:
+    return [size for k, size in enumerate(shape) if k not in kept]
+
+
+def dot_of_relayouts(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> Term | None:
+    """dot(lhs, rhs) as relayouts of the dot of their bases, when an operand is a reshape (under
+    slices) of its free dims; None when neither is."""
+    left = _down(lhs, spec.lhs_batch + spec.lhs_contract)
+    right = _down(rhs, spec.rhs_batch + spec.rhs_contract)
+    if not (left.relaid or right.relaid):
+        return None
+    nb = len(spec.lhs_batch)
+
+    def unpack(side: _Side, level: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        kept = side.kept[level]
+        return kept[:nb], kept[nb:]
+
+    (lb, lc), (rb, rc) = unpack(left, -1), unpack(right, -1)
+    base_l, base_r = left.levels[-1], right.levels[-1]
+    base_spec = DotSpec(lb, rb, lc, rc, len(base_l.shape), len(base_r.shape), spec.dtypes).text()
+    batch = [lhs.shape[k] for k in spec.lhs_batch]
+
+    def shape_at(l_level: int, r_level: int) -> tuple[int, ...]:
+        return tuple(
+            batch
+            + _free(left.levels[l_level].shape, left.kept[l_level])
+            + _free(right.levels[r_level].shape, right.kept[r_level])
+        )
+
+    args = [base_l, base_r]
+    shape = Shape(out.dtype, shape_at(-1, -1))
+    term = ev.factored("dot", (base_spec,), args, shape) or ev.mk("dot", (base_spec,), args, shape)
+    r_level = len(right.levels) - 1
+    for l_level in range(len(left.levels) - 2, -1, -1):
+        term = _apply(ev, term, left.levels[l_level], left.kept[l_level], nb, shape_at(l_level, r_level))
+    n_left = len(_free(lhs.shape, left.kept[0]))
+    for r_level in range(len(right.levels) - 2, -1, -1):
+        term = _apply(ev, term, right.levels[r_level], right.kept[r_level], nb + n_left, shape_at(0, r_level))
+    return term if term.shape == tuple(out.dims) else None
+
+
+def _apply(ev: Builder, term: Term, level: Term, kept: tuple[int, ...], offset: int, shape: tuple[int, ...]) -> Term:
+    """The dot output's counterpart of the relayout that made `level`: its free dims start at `offset`."""
+    if level.op == "slice":
+        dim, start, stop = level.attrs
+        return ev.slice_term(term, offset + sum(1 for k in range(dim) if k not in kept), start, stop)
+    return ev.reshape_term(term, Shape(term.dtype, shape))
