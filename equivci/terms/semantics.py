@@ -86,15 +86,32 @@ UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "not": lambda v: np.logical_not(v) if v.dtype == np.bool_ else ~v,
 }
 
+
+def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind not in "iu":
+        return np.divide(a, b)
+    # HLO's integer divide truncates toward zero (numpy's // floors); x / 0 is all bits set (XLA CPU).
+    safe = np.where(b == 0, 1, b)
+    quotient = (np.abs(a) // np.abs(safe)) * (np.sign(a) * np.sign(safe))
+    return np.where(b == 0, np.array(-1).astype(a.dtype), quotient).astype(a.dtype)
+
+
+def _remainder(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind not in "iu":
+        return np.fmod(a, b)
+    # The sign of the dividend, as C's %; x % 0 is x (XLA CPU).
+    return np.where(b == 0, a, np.fmod(a, np.where(b == 0, 1, b))).astype(a.dtype)
+
+
 BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "add": np.add,
     "subtract": np.subtract,
     "multiply": np.multiply,
-    "divide": np.divide,
+    "divide": _divide,
     "maximum": np.maximum,
     "minimum": np.minimum,
     "power": np.power,
-    "remainder": np.fmod,
+    "remainder": _remainder,
     "atan2": np.arctan2,
     "and": lambda a, b: np.logical_and(a, b) if a.dtype == np.bool_ else np.bitwise_and(a, b),
     "or": lambda a, b: np.logical_or(a, b) if a.dtype == np.bool_ else np.bitwise_or(a, b),
@@ -118,6 +135,16 @@ REDUCERS = {
     "and": np.logical_and,
     "or": np.logical_or,
 }
+
+
+def apply(table: dict[str, Callable[..., np.ndarray]], name: str, *args: np.ndarray) -> np.ndarray | None:
+    """`table[name](*args)`, or None for an op without a numpy model (the caller keeps it symbolic)."""
+    fn = table.get(name)
+    if fn is None:
+        return None
+    with np.errstate(all="ignore"):
+        return fn(*args)
+
 
 # The numpy dtype of each HLO element type that numpy has (one table for the semantics and translate/).
 NP_DTYPES = {

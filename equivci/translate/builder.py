@@ -18,11 +18,12 @@ import numpy as np
 
 from equivci.hlo.ir import Instruction, Module, Shape
 from equivci.options import Budgets
+from equivci.terms import semantics
 from equivci.terms.ir import Term, TermTable, gather_map
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import BcastSpec, GatherDims, bcast_spec, parse_compare, parse_transpose, reshape_spec
 from equivci.translate import masks
-from equivci.translate.arrays import all_equal, distinct, np_binary, np_compare, np_unary
+from equivci.translate.arrays import all_equal, distinct
 from equivci.translate.constants import ConstantPool, Window
 
 # Float dtypes whose constants numpy holds exactly: constant scalar factors are pulled out of these.
@@ -407,12 +408,12 @@ class Builder:
             if t.op == "unary" and at[0] == "convert" and t.dtype in NP_DTYPES:
                 return args[0].astype(NP_DTYPES[t.dtype])
             if t.op == "unary":
-                return np_unary(at[0], args[0])
+                return semantics.apply(semantics.UNARY, at[0], args[0])
             compare = parse_compare(at[0]) if t.op == "binary" else None
             if compare is not None:
-                return np_compare(compare[0], *args)
+                return semantics.COMPARE[compare[0]](*args)
             if t.op == "binary":
-                return np_binary(at[0], args[0], args[1], t.dtype)
+                return semantics.apply(semantics.BINARY, at[0], args[0], args[1])
             if t.op == "ternary" and at[0] == "select":
                 return np.where(*args)
             if t.op == "opaque" and t in self.window_sums:

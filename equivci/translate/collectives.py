@@ -11,10 +11,10 @@ import numpy as np
 
 from equivci.hlo.collectives import UnsupportedGroups, parse_groups, parse_pairs
 from equivci.hlo.ir import Instruction, Shape
+from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.translate import masks
-from equivci.translate.arrays import np_binary
 from equivci.translate.attributes import dims_attr, reducer_of
 from equivci.translate.builder import Builder, Unsupported
 
@@ -86,7 +86,7 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
             (reducer,),
             [acc, m],
             Shape(acc.dtype, acc.shape),
-            lambda a, b: np_binary(reducer, a, b, acc.dtype),
+            lambda a, b: semantics.apply(semantics.BINARY, reducer, a, b),
         )
     return acc
 

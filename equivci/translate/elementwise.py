@@ -8,11 +8,12 @@ from __future__ import annotations
 import numpy as np
 
 from equivci.hlo.ir import Instruction
+from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import compare_text
 from equivci.translate import bounds
-from equivci.translate.arrays import all_equal, np_binary, np_compare, np_unary
+from equivci.translate.arrays import all_equal
 from equivci.translate.builder import Builder
 
 UNARY = {
@@ -76,14 +77,14 @@ def unary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     op = inst.opcode
     if (plain := without_guard(ev, op, args)) is not None:
         return plain
-    return ev.fold_or("unary", (op,), args, inst.shape, lambda v: np_unary(op, v))
+    return ev.fold_or("unary", (op,), args, inst.shape, lambda v: semantics.apply(semantics.UNARY, op, v))
 
 
 def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     op, shape = inst.opcode, inst.shape
     if (plain := without_guard(ev, op, args)) is not None:
         return plain
-    return ev.fold_or("binary", (op,), args, shape, lambda a, b: np_binary(op, a, b, shape.dtype))
+    return ev.fold_or("binary", (op,), args, shape, lambda a, b: semantics.apply(semantics.BINARY, op, a, b))
 
 
 def compare(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -92,7 +93,7 @@ def compare(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     if decided is not None:
         return decided
     name = compare_text(direction, args[0].dtype)
-    return ev.fold_or("binary", (name,), args, shape, lambda a, b: np_compare(direction, a, b))
+    return ev.fold_or("binary", (name,), args, shape, lambda a, b: semantics.COMPARE[direction](a, b))
 
 
 def select(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
