@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 import math
 
@@ -50,10 +51,18 @@ JAX_FORKED = False
 
 def draw_inputs(inputs: tuple[LeafPlacement, ...], seed: int = 0) -> dict[int, np.ndarray]:
     """The oracle's random draw for these input leaves (same leaf order, same per-leaf keys)."""
+    return dict(_draw(tuple((tuple(leaf.shape), leaf.dtype) for leaf in inputs), seed))
+
+
+@functools.lru_cache(maxsize=1)
+def _draw(leaves: tuple[tuple[tuple[int, ...], str], ...], seed: int) -> dict[int, np.ndarray]:
+    """One draw per verification, however many stages ask for it (the window candidates, numeric
+    localization): jax compiles its random functions per shape, which costs seconds on a big
+    model. The arrays are read-only views of jax's, so sharing them is safe."""
     # lazy: jax is heavy; the CLI's parent process must not import it
     import jax
 
-    drawn = random_inputs(tuple(jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in inputs), seed)
+    drawn = random_inputs(tuple(jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in leaves), seed)
     return {k: np.asarray(v) for k, v in enumerate(drawn)}
 
 

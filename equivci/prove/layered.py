@@ -82,8 +82,22 @@ class _Abstraction:
                 stack.pop()
                 args = tuple(self.map[a] for a in t.args)
                 same = all(x is y for x, y in zip(args, t.args))
-                self.map[t] = t if same else self.evaluator.table.make(t.op, t.attrs, args, t.shape, t.dtype)
+                self.map[t] = t if same else self._rebuilt(t, args)
         return self.map[term]
+
+    def _rebuilt(self, t: Term, args: tuple[Term, ...]) -> Term:
+        """`t` over new arguments. Windows and concatenations are rebuilt in the translation's normal
+        form (adjacent windows of one value are one window, a window of a concatenation is windows
+        of its parts), as the translation built them where the operands were the model's inputs:
+        the first layer's all-gather of its sharded input folded into that input there, and the next
+        layers' all-gather of the windows standing for their entry values must fold the same way
+        for their canonical forms to meet."""
+        if t.op == "concat":
+            return self.evaluator.concat(list(args), t.attrs[0])
+        if t.op == "slice":
+            dim, start, stop = t.attrs
+            return self.evaluator.slice_term(args[0], dim, start, stop)
+        return self.evaluator.table.make(t.op, t.attrs, args, t.shape, t.dtype)
 
     def _entering(self, t: Term) -> Term:
         if t in self.layering.reference_terms or t not in self.relations:

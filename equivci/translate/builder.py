@@ -23,7 +23,7 @@ from equivci.terms.ir import Term, TermTable, gather_map
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import BcastSpec, GatherDims, bcast_spec, parse_compare, parse_transpose, reshape_spec
 from equivci.translate import masks
-from equivci.translate.arrays import all_equal
+from equivci.translate.arrays import all_equal, distinct
 from equivci.translate.constants import ConstantPool, Window
 
 # Float dtypes whose constants numpy holds exactly: constant scalar factors are pulled out of these.
@@ -96,9 +96,12 @@ class Builder:
     def uniform(self, t: Term) -> Fraction | None:
         """The value of a constant whose elements are all one finite number."""
         value = self.folded(t)
-        if value is None or value.size == 0 or not np.all(value == value.flat[0]) or not np.isfinite(value.flat[0]):
+        if value is None or value.size == 0:
             return None
-        return Fraction(float(value.flat[0]))
+        held = distinct(value)
+        if not np.all(held == held.flat[0]) or not np.isfinite(held.flat[0]):
+            return None
+        return Fraction(float(held.flat[0]))
 
     def scale_of(self, t: Term) -> tuple[Fraction, Term]:
         """`t` as factor * base (factor 1 when there is none)."""
