@@ -20,7 +20,6 @@ from collections.abc import Set as AbstractSet
 from fractions import Fraction
 from pathlib import Path
 
-import numpy as np
 from egglog import String, eq, i64, relation, vars_
 
 from equivci.diagnose.frames import LAYOUT_OPS, innermost, is_user_frame
@@ -31,6 +30,7 @@ from equivci.prove.saturate import Proof, add_terms, is_related, proved_equal
 from equivci.terms.ir import Term
 from equivci.terms.language import T
 from equivci.terms.rules.registry import family, named
+from equivci.translate.arrays import all_equal
 from equivci.translate.evaluator import Event
 from equivci.translate.programs import flatten
 
@@ -1269,7 +1269,7 @@ class _Tracer:
         if t is None:
             return None
         v = self.evaluator.values.get(t)
-        if v is None or v.size == 0 or not np.all(v == v.flat[0]):
+        if v is None or not all_equal(v):
             return None
         return v.flat[0].item()
 

@@ -24,6 +24,7 @@ from equivci.options import Budgets
 from equivci.terms.ir import Term
 from equivci.terms.spec import GatherDims, ReduceSpec, parse_compare
 from equivci.translate import windows
+from equivci.translate.arrays import all_equal
 
 # compare direction -> (which end of the window it gives, offset to a half-open [lo, hi))
 ENDS = {"GE": ("lo", 0), "GT": ("lo", 1), "LT": ("hi", 0), "LE": ("hi", 1)}
@@ -81,7 +82,7 @@ class Evaluator(windows.Evaluator, Protocol):
 def scalar_int(ev: Evaluator, t: Term) -> int | None:
     """The value of an integer constant whose elements are all one number."""
     value = ev.folded(t)
-    if value is None or not value.size or t.dtype[0] not in "su" or not np.all(value == value.flat[0]):
+    if value is None or t.dtype[0] not in "su" or not all_equal(value):
         return None
     return int(value.flat[0])
 

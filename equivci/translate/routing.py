@@ -37,6 +37,7 @@ from equivci.hlo.ir import Shape
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import DotSpec, GatherDims
+from equivci.translate.arrays import all_equal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,7 +285,7 @@ class Router:
         # one operand routed, the other the same scalar everywhere
         r, other, routed_left = (ra, b, True) if ra is not None else (rb, a, False)
         value = self.ev.folded(other)
-        if r is None or value is None or not value.size or not np.all(value == value.flat[0]):
+        if r is None or value is None or not all_equal(value):
             return None
         wide = self.ev.const(np.full(r.dense.shape, value.flat[0], dtype=value.dtype), other.dtype)
         args = (r.dense, wide) if routed_left else (wide, r.dense)
