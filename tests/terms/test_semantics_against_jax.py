@@ -302,5 +302,17 @@ def test_integer_divide_and_remainder_truncate_toward_zero(name, fn):
     _same(term, params, fn(INTS, divisor))
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32])
+def test_integer_divide_and_remainder_by_zero_and_unsigned_are_xlas(dtype):
+    """HLO's integer divide truncates toward zero and x / 0, x % 0 have XLA's values on CPU; numpy's
+    own `divide` would give floats and `//` would floor. Checked against XLA itself on mixed signs."""
+    a = np.array([7, -7, 7, -7, 5, 0, 9], dtype=np.int64).astype(dtype)
+    b = np.array([2, 2, -2, -2, 0, 3, 9], dtype=np.int64).astype(dtype)
+    for name, xla in (("divide", lax.div), ("remainder", lax.rem)):
+        ours = MODELLED_BINARY[name](a, b)
+        assert ours.dtype == dtype
+        assert ours.tolist() == np.asarray(xla(a, b)).tolist(), name
+
+
 def test_every_modelled_op_is_checked_against_xla_here():
     assert set(UNARY) == set(MODELLED_UNARY) and set(BINARY) == set(MODELLED_BINARY)
