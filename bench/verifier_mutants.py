@@ -515,7 +515,12 @@ def run_edits(edits: list[Edit], baseline_checks: tuple[str, ...], work: Path, c
     # The unmutated run goes through every check (a mutant stops at its first failure): it gets twice
     # a mutant's time, so a loaded machine does not turn it into "no figures".
     jobs[0]["timeout"] = max(CHILD_TIMEOUT, 2 * timeout)
-    batches = [jobs[k::workers] for k in range(workers)]
+    # Each job, in order, to the batch with the least work so far (a fork's import of the package and
+    # its checks): the unmutated run has every model's check, so dealing jobs round-robin left its
+    # batch running long after the other.
+    batches: list[list[dict]] = [[] for _ in range(workers)]
+    for job in jobs:
+        min(batches, key=lambda b: sum(1 + len(j["models"]) + len(j["pytest"]) for j in b)).append(job)
     procs = []
     for k, batch in enumerate(batches):
         spec = work / f"batch{k}.json"
