@@ -68,17 +68,19 @@ def _bounds_form(perms: Permutations, at: Term) -> tuple[Term, int] | None:
     [0, C[:-1]] as jnp.repeat writes it), (C, 0) when it is the inclusive cumsum of C."""
     inner = perms.cumsum_of(at)
     if inner is not None and inner.op == "concat" and len(inner.args) == 2 and inner.args[1].op == "slice":
-        counts = inner.args[1].args[0]  # [0, C[:-1]] is C shifted as [0, ends[:-1]] shifts ends
-        return (counts, 1) if perms.starts_of(inner, counts, counts) else None
+        shifted = inner.args[1].args[0]  # [0, C[:-1]] is C shifted as [0, ends[:-1]] shifts ends
+        return (shifted, 1) if perms.starts_of(inner, shifted, shifted) else None
     if inner is not None:
         return inner, 0
-    ends = None
+    ends: Term | None = None
     if at.op == "binary":  # ends - C
         ends = at.args[0]
     elif at.op == "concat" and len(at.args) == 2 and at.args[1].op == "slice":  # [0, ends[:-1]]
         ends = at.args[1].args[0]
     counts = None if ends is None else perms.cumsum_of(ends)
-    return (counts, 1) if counts is not None and perms.starts_of(at, ends, counts) else None
+    if ends is None or counts is None:
+        return None
+    return (counts, 1) if perms.starts_of(at, ends, counts) else None
 
 
 def _marks_at(ev: Builder, g: Term, at: Term, n: int) -> bool:
