@@ -246,6 +246,12 @@ MUTANTS: tuple[Mutant, ...] = (
     M("pair-token-repeat", "if m * k != len(rows) or not np.array_equal(rows, np.repeat(np.arange(m), k)):",
       "if m * k != len(rows):", "rows at constant indices are whole rows each repeated k times",
       "model:sorted-top2-tiled-token-ids", "model:sorted-top2"),
+    M("group-ids-ends-offset", "    if inner is not None:\n        return inner, 0\n",
+      "    if inner is not None:\n        return inner, 1\n",
+      "marks counted at the groups' ends give the group itself, at the starts the group plus one",
+      "model:sorted-ids-ends-minus-one", "model:sorted-ids-ends"),
+    M("iota-table", "        or not np.array_equal(table, np.arange(x.shape[0]))\n", "",
+      "only an iota table's element i is i", "model:sorted-ids-from-one"),
     # -- unrolled loops and scatters at constant indices ---------------------------------------------
     M("unroll-devices-agree", "return found.pop() if len(found) == 1 else None", "return found.pop()",
       "a loop is unrolled only when every device runs it the same number of times",
