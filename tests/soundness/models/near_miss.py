@@ -708,10 +708,11 @@ def sorted_moe(x, router, w1, w2):
     return _sorted_moe(x, router, w1, w2)
 
 
-def _sorted_tokens(x, router, w1, w2, mesh, bug=None):
+def _sorted_tokens(x, router, w1, w2, mesh, bug=None, layer=None):
     """Tokens split over tp; each device sorts, runs and un-sorts its own tokens."""
+    layer = layer or _sorted_moe
     return jax.shard_map(
-        lambda *a: _sorted_moe(*a, bug=bug), mesh=mesh, in_specs=(P(TP), P(), P(), P()), out_specs=P(TP)
+        lambda *a: layer(*a, bug=bug), mesh=mesh, in_specs=(P(TP), P(), P(), P()), out_specs=P(TP)
     )(x, router, w1, w2)
 
 
@@ -833,9 +834,7 @@ def scaled_rows(x, router, w1, w2):
 
 
 def _sorted_ids_tokens(x, router, w1, w2, mesh, bug=None):
-    return jax.shard_map(
-        lambda *a: _sorted_ids(*a, bug=bug), mesh=mesh, in_specs=(P(TP), P(), P(), P()), out_specs=P(TP)
-    )(x, router, w1, w2)
+    return _sorted_tokens(x, router, w1, w2, mesh, bug, layer=_sorted_ids)
 
 
 def sorted_ids_repeat(x, router, w1, w2, *, mesh):
