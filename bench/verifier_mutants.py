@@ -252,6 +252,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "model:sorted-ids-ends-minus-one", "model:sorted-ids-ends"),
     M("iota-table", "        or not np.array_equal(table, np.arange(x.shape[0]))\n", "",
       "only an iota table's element i is i", "model:sorted-ids-from-one"),
+    M("offset-cancel-sum", " or signs[a.attrs[0]] * c1 + signs[op] * c2 != 0", "",
+      "(x + c1) - c2 is x only when the constants cancel", "model:sorted-ids-starts-minus-two", "model:sorted-ids-starts"),
     # -- unrolled loops and scatters at constant indices ---------------------------------------------
     M("unroll-devices-agree", "return found.pop() if len(found) == 1 else None", "return found.pop()",
       "a loop is unrolled only when every device runs it the same number of times",

@@ -20,7 +20,7 @@ from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.translate.builder import Builder, Value
 from equivci.translate.opaque import opaque
-from equivci.translate.permutations import Permutations, elementwise_leaf
+from equivci.translate.permutations import Permutations
 from equivci.translate.routing import evaluate
 from equivci.translate.sorts import sorted_lanes
 
@@ -43,14 +43,14 @@ def sorted_group_ids(ev: Builder, counted: Term) -> Term | None:
     z, o = ev.folded(zeros), ev.folded(ones)
     if z is None or o is None or np.any(z != 0) or np.any(o != 1) or idx.op != "reshape":
         return None
-    at = elementwise_leaf(ev, idx.args[0])
-    found = None if at is None else _bounds_form(perms, at)
-    if at is None or found is None:
-        return None
-    counts, offset = found
-    v = perms.bincount_of(counts)
     n = counted.shape[0]
-    if v is None or int(np.prod(v.shape)) != n or not _marks_at(ev, idx.args[0], at, n):
+    for at in _candidates(idx.args[0]):
+        found = _bounds_form(perms, at)
+        v = None if found is None else perms.bincount_of(found[0])
+        if found is not None and v is not None and int(np.prod(v.shape)) == n and _marks_at(ev, idx.args[0], at, n):
+            offset = found[1]
+            break
+    else:
         return None
     keys = v if len(v.shape) == 1 else ev.reshape_term(v, Shape(v.dtype, (n,)))
     iota = ev.const(np.arange(n, dtype=np.int32), "s32")
@@ -81,6 +81,21 @@ def _bounds_form(perms: Permutations, at: Term) -> tuple[Term, int] | None:
     if ends is None or counts is None:
         return None
     return (counts, 1) if perms.starts_of(at, ends, counts) else None
+
+
+def _candidates(g: Term) -> list[Term]:
+    """The values g is computed from by elementwise ops (g itself first): where the group bounds
+    may be, under a negative index's wrap. `_marks_at` then checks g is a function of that one."""
+    out, stack, seen = [], [g], set()
+    while stack:
+        t = stack.pop()
+        if id(t) in seen or t.shape != g.shape:
+            continue
+        seen.add(id(t))
+        out.append(t)
+        if t.op in ("unary", "binary", "ternary"):
+            stack.extend(t.args)
+    return out
 
 
 def _marks_at(ev: Builder, g: Term, at: Term, n: int) -> bool:

@@ -411,7 +411,7 @@ class Permutations:
         if z is None or o is None or np.any(z != 0) or np.any(o != 1) or idx.op != "reshape":
             return None
         g = idx.args[0]
-        keys = elementwise_leaf(self.ev, g)
+        keys = _elementwise_leaf(self.ev, g)
         bounds = None if keys is None else self.ev.bounds_of(keys)
         if keys is None or bounds is None or keys.shape != g.shape or len(keys.shape) != 1:
             return None
@@ -457,7 +457,7 @@ def _gathers_rows(t: Term) -> bool:
     )
 
 
-def elementwise_leaf(ev: Builder, g: Term) -> Term | None:
+def _elementwise_leaf(ev: Builder, g: Term) -> Term | None:
     """The one non-constant leaf of `g` when `g` is built from it by elementwise ops and constants
     only (so g's element i depends on the leaf's element i alone), else None."""
     leaves: set[Term] = set()

@@ -822,6 +822,9 @@ def _sorted_ids(x, router, w1, w2, bug=None):
     if bug in ("ends", "ends-minus-one"):
         marks = jnp.zeros(n, jnp.int32).at[jnp.cumsum(counts)].add(1)
         ids = jnp.cumsum(marks) - (1 if bug == "ends-minus-one" else 0)
+    elif bug in ("starts", "starts-minus-two"):
+        marks = jnp.zeros(n, jnp.int32).at[jnp.cumsum(counts) - counts].add(1)
+        ids = jnp.cumsum(marks) - (2 if bug == "starts-minus-two" else 1)
     else:
         first = 1 if bug == "from-one" else 0
         ids = jnp.repeat(jnp.arange(first, SORT_E + first), counts, total_repeat_length=n)
@@ -853,3 +856,12 @@ def sorted_ids_ends_minus_one(x, router, w1, w2, *, mesh):
 def sorted_ids_from_one(x, router, w1, w2, *, mesh):
     # BUG: the ids repeat arange(1, E + 1): every row takes the next expert's factor
     return _sorted_ids_tokens(x, router, w1, w2, mesh, "from-one")
+
+
+def sorted_ids_starts(x, router, w1, w2, *, mesh):
+    return _sorted_ids_tokens(x, router, w1, w2, mesh, "starts")
+
+
+def sorted_ids_starts_minus_two(x, router, w1, w2, *, mesh):
+    # BUG: marks at the groups' starts count the group plus one; minus two is one group too low
+    return _sorted_ids_tokens(x, router, w1, w2, mesh, "starts-minus-two")
