@@ -83,6 +83,13 @@ def _integer_mix(ids):
     return (shifted // 2 + (shifted % 3)).astype(jnp.int32), (ids > 4) & (ids < 12)
 
 
+def _sorted_group_ids(table, ids):  # translate/group_ids.py: each sorted row's group from the group sizes
+    counts = jnp.bincount(ids, length=V)
+    marks = jnp.zeros(T, jnp.int32).at[jnp.cumsum(counts)].add(1)
+    group = jnp.repeat(jnp.arange(V), counts, total_repeat_length=T)
+    return group, jnp.cumsum(marks), jnp.arange(V)[ids], table[ids][jnp.argsort(ids)] * group[:, None]
+
+
 CASES = {
     "embedding with uint32 ids": (_embed_u32, (TABLE, IDS.astype(np.uint32))),
     "embedding by one-hot matmul": (_take_one_hot, (TABLE, IDS)),
@@ -98,6 +105,7 @@ CASES = {
     "heads, strides, concat, repeat": (_layouts, (X,)),
     "dynamic slice and update": (_dynamic_window, (X, IDS)),
     "integer arithmetic and masks": (_integer_mix, (IDS,)),
+    "sorted group ids (jnp.repeat of the group sizes)": (_sorted_group_ids, (TABLE, IDS)),
 }
 
 
