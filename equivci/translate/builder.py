@@ -240,6 +240,12 @@ class Builder:
         if x.op == "slice" and x.attrs[0] == dim:  # compose, so slices stay one level deep per dim
             inner_start = x.attrs[1]
             return self.slice_term(x.args[0], dim, inner_start + start, inner_start + stop)
+        if (
+            x.op in ("slice", "reshape")
+            and value is None
+            and (term := self.reshaped_window(x, Shape(x.dtype, tuple(shape)), (dim, start, stop))) is not None
+        ):
+            return term
         term = self.table.make("slice", (dim, start, stop), (x,), tuple(shape), x.dtype)
         if value is not None:
             self.values[term] = window
@@ -319,9 +325,12 @@ class Builder:
             self.values[term] = value.reshape(shape.dims)
         return term
 
-    def reshaped_window(self, operand: Term, shape: Shape) -> Term | None:
+    def reshaped_window(self, operand: Term, shape: Shape, last: tuple[int, int, int] | None = None) -> Term | None:
         """reshape(slices and reshapes of y) as (a reshape of) one window of y, when it is one: a
-        microbatch taken as reshape(x, (m, b, d))[k] is the rows x[k*b:(k+1)*b].
+        microbatch taken as reshape(x, (m, b, d))[k] is the rows x[k*b:(k+1)*b]. `last`: a window
+        (dim, start, stop) of the operand taken after the chain (a slice of a reshape of a window:
+        one KV head of a fused [k|v] projection viewed [.., 2, kv_heads, head_dim], the kv rows
+        taken before the head and the k after it, is one window of the projection).
 
         Checked exactly on labels (every element of y numbered) through the chain of ops."""
         chain: list[Term] = []
@@ -342,6 +351,9 @@ class Builder:
             else:
                 dim, start, stop = t.attrs
                 labels = np.take(labels, np.arange(start, stop), axis=dim)
+        if last is not None:
+            dim, start, stop = last
+            labels = np.take(labels, np.arange(start, stop), axis=dim)
         coords = np.unravel_index(labels.ravel(), base.shape)
         box = tuple((int(c.min()), int(c.max()) + 1) for c in coords) if labels.size else None
         if box is None or int(np.prod([b - a for a, b in box])) != labels.size:
