@@ -316,6 +316,11 @@ class Builder:
         factor, base = self.scale_of(operand)
         if factor != 1 and (term := self.scaled(self.reshape_term(base, shape), factor)) is not None:
             return term
+        if operand.op == "unary" and operand.args[0].op == "reshape":
+            # An elementwise op commutes with a reshape: reshape(op(reshape(y))) is op(one reshape
+            # of y), so a reshape undone around a log (logsumexp's keepdims) leaves log(y).
+            inner = self.reshape_term(operand.args[0], Shape(operand.args[0].dtype, shape.dims))
+            return self.normal("unary", operand.attrs, [inner], Shape(operand.dtype, shape.dims))
         if value is None and (term := self.reshaped_window(operand, shape)) is not None:
             return term
         # Tables stay symbolic (a device's table is a window of the reference's); the value is
