@@ -288,7 +288,10 @@ class Builder:
             return None
         out_shape = list(parts[0].shape)
         out_shape[dim] = sum(p.shape[dim] for p in parts)
-        for k in range(rank):
+        # Where stacking along a size-1 dim and joining along a real one give the same layout (a
+        # layer's row of an FSDP-sharded stack, [1, rows/n, d] per device), the real dim is where the
+        # value was cut: its parts are windows that merge back into the whole.
+        for k in sorted(range(rank), key=lambda k: all(y.shape[k] == 1 for y in inner)):
             if any(y.shape[:k] + y.shape[k + 1 :] != inner[0].shape[:k] + inner[0].shape[k + 1 :] for y in inner):
                 continue
             whole = np.arange(total).reshape(*inner[0].shape[:k], -1, *inner[0].shape[k + 1 :])
