@@ -51,6 +51,8 @@ class Builder:
         self.window_sums: dict[Term, tuple] = {}  # opaque reduce-window sums -> (sizes, padding)
         self.row_scatters: dict[Term, str] = {}  # opaque out[idx[b]] op= update[b] -> "add" or "set"
         self.masked_rows: dict[Term, masks.MaskedRows] = {}  # window lookups -> the full table's rows
+        # elementwise terms -> the term of the unsqueezed shape whose squeeze they equal (squeezes.py)
+        self.unsqueezed: dict[Term, Term] = {}
         # (gather index, size of the dim it indexes, the gather and the calls it is in, innermost first)
         self.index_uses: list[tuple[Term, int, tuple[Instruction, ...]]] = []
         self.calls: list[Instruction] = []  # the calls being evaluated, outermost first
@@ -305,6 +307,8 @@ class Builder:
     def reshape_term(self, operand: Term, shape: Shape) -> Term:
         if operand.op == "reshape":  # a reshape of a reshape is one reshape
             operand = operand.args[0]
+        elif operand in self.unsqueezed:  # and so is a reshape of a squeeze
+            operand = self.unsqueezed[operand]
         if operand.shape == shape.dims:
             return operand
         value = self.folded(operand)

@@ -110,10 +110,12 @@ def clamp(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
 
 
 def _built(ev: Builder, kind: str, attrs: tuple, args: list, shape: Shape, fn) -> Term:
-    """The op folded when its operands are constants, else in normal form (squeezes outside)."""
-    if any(ev.folded(a) is None for a in args) and (lifted := squeezes.lifted(ev, kind, attrs, args, shape)):
-        return lifted
-    return ev.fold_or(kind, attrs, args, shape, fn)
+    """The op folded when its operands are constants, else in normal form (and, on squeezed
+    operands, known as the squeeze of the op on the unsqueezed ones)."""
+    term = ev.fold_or(kind, attrs, args, shape, fn)
+    if ev.folded(term) is None:
+        squeezes.note(ev, term)
+    return term
 
 
 def plus_zero(ev: Builder, inst: Instruction, ops: list[list]) -> list | None:

@@ -5,11 +5,13 @@ after it is the same op applied before it, squeezed: tanh(squeeze(x) @ w + b) is
 tanh(x @ w + b') with b' broadcast to x's shape (the size-1 dims as new dims of size 1). Values
 taken one row at a time (`xs[t]` in a pipeline's or an accumulation's schedule: a one-row window,
 squeezed) then keep that form through the arithmetic on them, where the reference computes on all
-rows at once; the row's window of the reference value relates to the whole, and a dot of the result
-is a relayout of a dot (relayouts.py).
+rows at once: the row's window of the reference value relates to the whole.
 
-Only floating-point arithmetic is lifted: index and mask arithmetic keep the forms the mask and
-routing facts read."""
+The op's own term keeps its form (localization reads its operands); the unsqueezed term is kept
+beside it (`Builder.unsqueezed`), stated equal to it for the proof, and used where a layout is
+followed: a reshape of the op is a reshape of the unsqueezed term, and a dot of it a relayout of
+a dot (relayouts.py). Only floating-point arithmetic is lifted: index and mask arithmetic keep the
+forms the mask and routing facts read."""
 
 from __future__ import annotations
 
@@ -19,39 +21,43 @@ from equivci.terms.spec import BcastSpec
 from equivci.translate.builder import Builder
 
 FLOATS = {"bf16", "f16", "f32", "f64"}
+ELEMENTWISE = ("unary", "binary", "ternary")
 
 
-def squeezed(term: Term) -> Term | None:
-    """The operand of a reshape that only drops size-1 dims."""
-    if term.op != "reshape" or inserted_unit_dims(term.shape, term.args[0].shape) is None:
-        return None
-    return term.args[0]
+def unsqueezed(ev: Builder, term: Term) -> Term | None:
+    """The term whose squeeze `term` is: a reshape's operand when it only drops size-1 dims, or
+    what an elementwise op on squeezed operands was found to be the squeeze of."""
+    if term.op == "reshape" and inserted_unit_dims(term.shape, term.args[0].shape) is not None:
+        return term.args[0]
+    return ev.unsqueezed.get(term)
 
 
-def lifted(ev: Builder, kind: str, attrs: tuple, args: list, shape: Shape) -> Term | None:
-    """op(args) as squeeze(op(unsqueezed args)) when an operand is a squeeze and every other is a
-    squeeze of the same shape, a broadcast or a constant; None otherwise."""
-    if shape.dtype not in FLOATS or any(not isinstance(a, Term) for a in args):
-        return None
-    inner = next((x for a in args if (x := squeezed(ev.scale_of(a)[1])) is not None), None)
-    if inner is None:
-        return None
-    full = inner.shape
-    units = inserted_unit_dims(tuple(shape.dims), full)
-    if units is None:
-        return None
-    widened = [_widened(ev, a, full, units) for a in args]
+def note(ev: Builder, term: Term) -> None:
+    """Record an elementwise `term` as the squeeze of the op on the unsqueezed operands, when an
+    operand is a squeeze and every other is a squeeze of the same shape, a broadcast or a constant
+    (and the same for the op under a constant factor the builder put in front)."""
+    _, base = ev.scale_of(term)
+    if base is not term:
+        note(ev, base)
+    if term.op not in ELEMENTWISE or term.dtype not in FLOATS or term in ev.unsqueezed:
+        return
+    args = list(term.args)
+    inner = next((x for a in args if (x := unsqueezed(ev, ev.scale_of(a)[1])) is not None), None)
+    if inner is None or (units := inserted_unit_dims(term.shape, inner.shape)) is None:
+        return
+    widened = [_widened(ev, a, inner.shape, units) for a in args]
     if any(w is None for w in widened):
-        return None
-    op = ev.normal(kind, attrs, widened, Shape(shape.dtype, full))
-    return ev.reshape_term(op, shape)
+        return
+    full = ev.normal(term.op, term.attrs, widened, Shape(term.dtype, inner.shape))
+    ev.unsqueezed[term] = full
+    ev.equal_terms.append([term, ev.reshape_term(full, Shape(term.dtype, term.shape))])
 
 
 def _widened(ev: Builder, arg: Term, full: tuple[int, ...], units: set[int]) -> Term | None:
     """`arg` (of the squeezed shape) as a term of the full shape whose squeeze it is (a constant
     factor stays in front, as the builder keeps it)."""
     factor, base = ev.scale_of(arg)
-    inner = squeezed(base)
+    inner = unsqueezed(ev, base)
     if inner is not None:
         return ev.scaled(inner, factor) if inner.shape == full else None
     value = ev.folded(arg)
