@@ -29,6 +29,12 @@ from equivci.terms.language import (
 )
 from equivci.terms.rules.registry import family, named
 
+
+def _piece(lo, hi) -> T:
+    """The dot of the operands' windows [lo, hi) along the contraction (k of x, j of y)."""
+    return T.dot(spec, x.slice(k, lo, hi), y.slice(j, lo, hi))
+
+
 DOTS = family(
     "dots",
     named(
@@ -79,13 +85,7 @@ DOTS = family(
     named(
         "dots/contraction_merge_across",
         "(dot(x[a:b], y[a:b]) + z) + (dot(x[b:c], y[b:c]) + w) = dot(x[a:c], y[a:c]) + (z + w) along a contraction",
-        eq(e).to(
-            T.binary(
-                "add",
-                T.binary("add", T.dot(spec, x.slice(k, a, b), y.slice(j, a, b)), z),
-                T.binary("add", T.dot(spec, x.slice(k, b, c), y.slice(j, b, c)), w),
-            )
-        ),
+        eq(e).to(T.binary("add", T.binary("add", _piece(a, b), z), T.binary("add", _piece(b, c), w))),
         eq(j).to(dot_contract(spec, k)),
-    ).then(union(e).with_(T.binary("add", T.dot(spec, x.slice(k, a, c), y.slice(j, a, c)), T.binary("add", z, w)))),
+    ).then(union(e).with_(T.binary("add", _piece(a, c), T.binary("add", z, w)))),
 )
