@@ -439,7 +439,9 @@ def dot_batch_lift(rng, b: B):
     return b.dot(b.sl(x, k, lo, hi), b.sl(y, j, lo, hi), *dims), b.sl(b.dot(x, y, *dims), o, lo, hi)
 
 
-def dot_contract_merge(rng, b: B):
+def _contraction_pieces(rng, b: B):
+    """A random dot and a split lo < mid < hi of one of its contractions: (part, lo, mid, hi), where
+    part(s, t) is the dot of both operands' windows [s, t) along it."""
     lshape, rshape_, lb, rb, lc, rc, roles, size = rand_dot(rng)
     name = str(rng.choice(sorted(n for n in roles if n[0] == "c")))
     k, j, _ = roles[name]
@@ -447,19 +449,16 @@ def dot_contract_merge(rng, b: B):
     x, y = b.param(0, lshape), b.param(1, rshape_)
     lo, mid, hi = rsplit(rng, size[name])
     dims = (lb, rb, lc, rc)
-    part = lambda s, t: b.dot(b.sl(x, k, s, t), b.sl(y, j, s, t), *dims)  # noqa: E731
+    return (lambda s, t: b.dot(b.sl(x, k, s, t), b.sl(y, j, s, t), *dims)), lo, mid, hi
+
+
+def dot_contract_merge(rng, b: B):
+    part, lo, mid, hi = _contraction_pieces(rng, b)
     return b.bi("add", part(lo, mid), part(mid, hi)), part(lo, hi)
 
 
 def dot_contract_merge_across(rng, b: B):
-    lshape, rshape_, lb, rb, lc, rc, roles, size = rand_dot(rng)
-    name = str(rng.choice(sorted(n for n in roles if n[0] == "c")))
-    k, j, _ = roles[name]
-    lshape[k] = rshape_[j] = size[name] = int(rng.integers(3, 9))
-    x, y = b.param(0, lshape), b.param(1, rshape_)
-    lo, mid, hi = rsplit(rng, size[name])
-    dims = (lb, rb, lc, rc)
-    part = lambda s, t: b.dot(b.sl(x, k, s, t), b.sl(y, j, s, t), *dims)  # noqa: E731
+    part, lo, mid, hi = _contraction_pieces(rng, b)
     z, w = b.param(2, part(lo, hi).shape), b.param(3, part(lo, hi).shape)
     return b.bi("add", b.bi("add", part(lo, mid), z), b.bi("add", part(mid, hi), w)), b.bi("add", part(lo, hi), b.bi("add", z, w))
 
