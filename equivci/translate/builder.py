@@ -51,6 +51,8 @@ class Builder:
         self.window_sums: dict[Term, tuple] = {}  # opaque reduce-window sums -> (sizes, padding)
         self.row_scatters: dict[Term, str] = {}  # opaque out[idx[b]] op= update[b] -> "add" or "set"
         self.masked_rows: dict[Term, masks.MaskedRows] = {}  # window lookups -> the full table's rows
+        # elementwise terms -> the term of the unsqueezed shape whose squeeze they equal (squeezes.py)
+        self.unsqueezed: dict[Term, Term] = {}
         # (gather index, size of the dim it indexes, the gather and the calls it is in, innermost first)
         self.index_uses: list[tuple[Term, int, tuple[Instruction, ...]]] = []
         self.calls: list[Instruction] = []  # the calls being evaluated, outermost first
@@ -294,7 +296,10 @@ class Builder:
             return None
         out_shape = list(parts[0].shape)
         out_shape[dim] = sum(p.shape[dim] for p in parts)
-        for k in range(rank):
+        # Where stacking along a size-1 dim and joining along a real one give the same layout (a
+        # layer's row of an FSDP-sharded stack, [1, rows/n, d] per device), the real dim is where the
+        # value was cut: its parts are windows that merge back into the whole.
+        for k in sorted(range(rank), key=lambda k: all(y.shape[k] == 1 for y in inner)):
             if any(y.shape[:k] + y.shape[k + 1 :] != inner[0].shape[:k] + inner[0].shape[k + 1 :] for y in inner):
                 continue
             whole = np.arange(total).reshape(*inner[0].shape[:k], -1, *inner[0].shape[k + 1 :])
@@ -308,6 +313,8 @@ class Builder:
     def reshape_term(self, operand: Term, shape: Shape) -> Term:
         if operand.op == "reshape":  # a reshape of a reshape is one reshape
             operand = operand.args[0]
+        elif operand in self.unsqueezed:  # and so is a reshape of a squeeze
+            operand = self.unsqueezed[operand]
         if operand.shape == shape.dims:
             return operand
         value = self.folded(operand)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from equivci.hlo.ir import Instruction
+from equivci.hlo.ir import Instruction, Shape
 from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import compare_text
-from equivci.translate import bounds
+from equivci.translate import bounds, squeezes
 from equivci.translate.arrays import all_equal
 from equivci.translate.builder import Builder
 
@@ -70,14 +70,14 @@ def convert(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     if args[0].dtype == shape.dtype and op == "convert":
         return args[0]
     exact = op == "convert" and shape.dtype in NP_DTYPES  # bitcasts are not folded
-    return ev.fold_or("unary", (op,), args, shape, lambda v: v.astype(NP_DTYPES[shape.dtype]) if exact else None)
+    return _built(ev, "unary", (op,), args, shape, lambda v: v.astype(NP_DTYPES[shape.dtype]) if exact else None)
 
 
 def unary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     op = inst.opcode
     if (plain := without_guard(ev, op, args)) is not None:
         return plain
-    return ev.fold_or("unary", (op,), args, inst.shape, lambda v: semantics.apply(semantics.UNARY, op, v))
+    return _built(ev, "unary", (op,), args, inst.shape, lambda v: semantics.apply(semantics.UNARY, op, v))
 
 
 def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -86,7 +86,7 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
         return plain
     if (cancelled := offset_cancelled(ev, op, args)) is not None:
         return cancelled
-    return ev.fold_or("binary", (op,), args, shape, lambda a, b: semantics.apply(semantics.BINARY, op, a, b))
+    return _built(ev, "binary", (op,), args, shape, lambda a, b: semantics.apply(semantics.BINARY, op, a, b))
 
 
 def compare(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -104,11 +104,20 @@ def select(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     chosen = select_by_constant(ev, *args)
     if chosen is not None:
         return chosen
-    return ev.fold_or("ternary", ("select",), args, inst.shape, lambda p, a, b: np.where(p, a, b))
+    return _built(ev, "ternary", ("select",), args, inst.shape, lambda p, a, b: np.where(p, a, b))
 
 
 def clamp(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
-    return ev.fold_or("ternary", ("clamp",), args, inst.shape, lambda lo, x, hi: np.clip(x, lo, hi))
+    return _built(ev, "ternary", ("clamp",), args, inst.shape, lambda lo, x, hi: np.clip(x, lo, hi))
+
+
+def _built(ev: Builder, kind: str, attrs: tuple, args: list, shape: Shape, fn) -> Term:
+    """The op folded when its operands are constants, else in normal form (and, on squeezed
+    operands, known as the squeeze of the op on the unsqueezed ones)."""
+    term = ev.fold_or(kind, attrs, args, shape, fn)
+    if ev.folded(term) is None:
+        squeezes.note(ev, term)
+    return term
 
 
 def plus_zero(ev: Builder, inst: Instruction, ops: list[list]) -> list | None:

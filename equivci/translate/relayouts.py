@@ -121,7 +121,10 @@ def _free(shape, kept) -> list[int]:
 
 def dot_of_relayouts(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> Term | None:
     """dot(lhs, rhs) as relayouts of the dot of their bases, when an operand is a reshape (under
-    slices) of its free dims; None when neither is."""
+    slices) of its free dims, or an op known as a squeeze (squeezes.py); None when neither is."""
+    lhs, rhs = (
+        ev.reshape_term(ev.unsqueezed[t], Shape(t.dtype, t.shape)) if t in ev.unsqueezed else t for t in (lhs, rhs)
+    )
     left = _down(lhs, spec.lhs_batch + spec.lhs_contract)
     right = _down(rhs, spec.rhs_batch + spec.rhs_contract)
     if not (left.relaid or right.relaid):

@@ -439,7 +439,9 @@ def dot_batch_lift(rng, b: B):
     return b.dot(b.sl(x, k, lo, hi), b.sl(y, j, lo, hi), *dims), b.sl(b.dot(x, y, *dims), o, lo, hi)
 
 
-def dot_contract_merge(rng, b: B):
+def _contraction_pieces(rng, b: B):
+    """A random dot and a split lo < mid < hi of one of its contractions: (part, lo, mid, hi), where
+    part(s, t) is the dot of both operands' windows [s, t) along it."""
     lshape, rshape_, lb, rb, lc, rc, roles, size = rand_dot(rng)
     name = str(rng.choice(sorted(n for n in roles if n[0] == "c")))
     k, j, _ = roles[name]
@@ -447,8 +449,18 @@ def dot_contract_merge(rng, b: B):
     x, y = b.param(0, lshape), b.param(1, rshape_)
     lo, mid, hi = rsplit(rng, size[name])
     dims = (lb, rb, lc, rc)
-    part = lambda s, t: b.dot(b.sl(x, k, s, t), b.sl(y, j, s, t), *dims)  # noqa: E731
+    return (lambda s, t: b.dot(b.sl(x, k, s, t), b.sl(y, j, s, t), *dims)), lo, mid, hi
+
+
+def dot_contract_merge(rng, b: B):
+    part, lo, mid, hi = _contraction_pieces(rng, b)
     return b.bi("add", part(lo, mid), part(mid, hi)), part(lo, hi)
+
+
+def dot_contract_merge_across(rng, b: B):
+    part, lo, mid, hi = _contraction_pieces(rng, b)
+    z, w = b.param(2, part(lo, hi).shape), b.param(3, part(lo, hi).shape)
+    return b.bi("add", b.bi("add", part(lo, mid), z), b.bi("add", part(mid, hi), w)), b.bi("add", part(lo, hi), b.bi("add", z, w))
 
 
 def _reduce_setup(rng, b: B, kept: bool):
@@ -843,6 +855,7 @@ RULES = {
     "dots/rhs_free_push": (F["dots"], dot_rhs_push, False),
     "dots/batch_lift": (F["dots"], dot_batch_lift, False),
     "dots/contraction_merge": (F["dots"], dot_contract_merge, False),
+    "dots/contraction_merge_across": (F["dots"], dot_contract_merge_across, False),
     "reductions/lift": (F["reductions"], reduce_lift, False),
     "reductions/push": (F["reductions"], reduce_push, False),
     "reductions/merge_add": (F["reductions"], _reduce_merge("add"), False),
@@ -1023,6 +1036,13 @@ def _near_misses():
     cases["contraction_merge_overlap"] = (b.bi("add", part(0, 4), part(3, 8)), b.dot(x, y, [], [], [1], [0]))
     misaligned = b.dot(b.sl(x, 1, 4, 8), b.sl(y, 0, 0, 4), [], [], [1], [0])
     cases["contraction_merge_misaligned"] = (b.bi("add", part(0, 4), misaligned), b.dot(x, y, [], [], [1], [0]))
+    z, w = b.param(2, (3, 5)), b.param(3, (3, 5))
+    cases["contraction_merge_across_gap"] = (
+        b.bi("add", b.bi("add", part(0, 3), z), b.bi("add", part(4, 8), w)),
+        b.bi("add", b.dot(b.sl(x, 1, 0, 8), b.sl(y, 0, 0, 8), [], [], [1], [0]), b.bi("add", z, w)))
+    cases["contraction_merge_across_misaligned"] = (
+        b.bi("add", b.bi("add", part(0, 4), z), b.bi("add", misaligned, w)),
+        b.bi("add", b.dot(x, y, [], [], [1], [0]), b.bi("add", z, w)))
 
     b = B()
     q = b.param(0, (4, 6))

@@ -1,4 +1,4 @@
-"""dot_general: slices of free and batch dims pass through; a contraction split in two merges."""
+"""dot_general: slices of free and batch dims pass through; a contraction split in two merges (also\nacross two sums that each hold one of the pieces)."""
 
 from __future__ import annotations
 
@@ -22,10 +22,18 @@ from equivci.terms.language import (
     k,
     o,
     spec,
+    w,
     x,
     y,
+    z,
 )
 from equivci.terms.rules.registry import family, named
+
+
+def _piece(lo, hi) -> T:
+    """The dot of the operands' windows [lo, hi) along the contraction (k of x, j of y)."""
+    return T.dot(spec, x.slice(k, lo, hi), y.slice(j, lo, hi))
+
 
 DOTS = family(
     "dots",
@@ -71,4 +79,13 @@ DOTS = family(
         ),
         eq(j).to(dot_contract(spec, k)),
     ).then(union(e).with_(T.dot(spec, x.slice(k, a, c), y.slice(j, a, c)))),
+    # Partial sums added in another order than their windows (a gradient reduce-scattered per
+    # microbatch, then accumulated: (mb0 of device 0 + mb0 of device 1) + (mb1 of 0 + mb1 of 1)):
+    # the pieces of adjacent windows are brought together, only where they merge into one dot.
+    named(
+        "dots/contraction_merge_across",
+        "(dot(x[a:b], y[a:b]) + z) + (dot(x[b:c], y[b:c]) + w) = dot(x[a:c], y[a:c]) + (z + w) along a contraction",
+        eq(e).to(T.binary("add", T.binary("add", _piece(a, b), z), T.binary("add", _piece(b, c), w))),
+        eq(j).to(dot_contract(spec, k)),
+    ).then(union(e).with_(T.binary("add", _piece(a, c), T.binary("add", z, w)))),
 )
