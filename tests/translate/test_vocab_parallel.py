@@ -346,3 +346,26 @@ def test_bounds_pass_a_convert_only_where_the_new_dtype_holds_them():
     t = narrow("u32")
     ev.bound(t, ids)
     assert t not in ev.bounds  # -1 wraps to 2**32 - 1
+
+
+def test_a_range_test_of_integers_with_constant_ends_is_its_window():
+    """(x >= lo) & (x < hi), with GT / LE as the next integer's GE / LT, holds exactly on the
+    window's values; a test against a non-constant end or of floats is no window."""
+    from equivci.translate.masks import window_of
+
+    ev = Evaluator(None, TermTable(), 1)
+    ids = ev.table.make("param", (0,), (), (6,), "s32")
+    ends = ev.table.make("param", (1,), (), (6,), "s32")
+    c = lambda v, dtype="s32": ev.const(np.full((6,), v, {"s32": np.int32, "f32": np.float32}[dtype]), dtype)  # noqa: E731
+    cmp = lambda d, x, k: ev.normal("binary", (f"compare-{d}:{x.dtype}",), [x, k], Shape("pred", (6,)))  # noqa: E731
+    both = lambda p, q: ev.normal("binary", ("and",), [p, q], Shape("pred", (6,)))  # noqa: E731
+    for lo_dir, hi_dir in (("GE", "LT"), ("GT", "LE"), ("GE", "LE"), ("GT", "LT")):
+        w = window_of(ev, both(cmp(lo_dir, ids, c(3)), cmp(hi_dir, ids, c(7))))
+        values = np.arange(-2, 12)
+        held = {"GE": values >= 3, "GT": values > 3}[lo_dir] & {"LT": values < 7, "LE": values <= 7}[hi_dir]
+        assert w is not None and w.x is ids
+        np.testing.assert_array_equal((w.lo <= values) & (values < w.hi), held, err_msg=f"{lo_dir} {hi_dir}")
+    assert window_of(ev, both(cmp("GE", ids, ends), cmp("LT", ids, c(7)))) is None
+    floats = ev.table.make("param", (2,), (), (6,), "f32")
+    assert window_of(ev, both(cmp("GE", floats, c(3, "f32")), cmp("LT", floats, c(7, "f32")))) is None
+    assert window_of(ev, both(cmp("GE", ids, c(3)), cmp("LT", ends, c(7)))) is None  # two values tested
