@@ -85,7 +85,7 @@ TESTS = (
                                    "dynamic_slice_start_is_clamped_like_xla",
                                    "a_start_known_only_as_a_term_gives_dynamic_terms", "pulled_out_factor_is_an_identity",
                                    "factors_are_only_pulled_out_where_that_is_exact_and_linear",
-                                   "elided_constants_are_never_one_term")),
+                                   "elided_constants_are_never_one_term", "a_reshaped_slice_of_a_reshape_is_the_window_it_holds")),
         )
         for t in names
     ),
