@@ -83,7 +83,13 @@ def _integer_mix(ids):
     return (shifted // 2 + (shifted % 3)).astype(jnp.int32), (ids > 4) & (ids < 12)
 
 
+def _folded_constants(x):  # computed from iotas and literals only: the translation folds them
+    steps = lax.iota(jnp.float32, D) - 3
+    return x + lax.clamp(np.float32(-1.5), steps, np.float32(2.0)) + jnp.where(steps > 0, steps, -2 * steps)
+
+
 CASES = {
+    "folded clamp and select": (_folded_constants, (X,)),
     "embedding with uint32 ids": (_embed_u32, (TABLE, IDS.astype(np.uint32))),
     "embedding by one-hot matmul": (_take_one_hot, (TABLE, IDS)),
     "softmax and normalization": (_softmax_norm, (X,)),
