@@ -85,11 +85,15 @@ def _integer_mix(ids):
 
 def _folded_constants(x):  # computed from iotas and literals only: the translation folds them
     steps = lax.iota(jnp.float32, D) - 3
-    return x + lax.clamp(np.float32(-1.5), steps, np.float32(2.0)) + jnp.where(steps > 0, steps, -2 * steps)
+    rows, cols = lax.broadcasted_iota(jnp.int32, x.shape, 0), lax.broadcasted_iota(jnp.int32, x.shape, 1)
+    some = ((rows * cols) % 5 == 1).any(axis=1)  # a mask reduced along one dim, not all
+    every = ((rows + cols) % 7 != 3).all(axis=0)
+    clamped = lax.clamp(np.float32(-1.5), steps, np.float32(2.0))
+    return x + clamped + jnp.where(steps > 0, steps, -2 * steps) + jnp.where(some[:, None] & every, 1.0, 0.0)
 
 
 CASES = {
-    "folded clamp and select": (_folded_constants, (X,)),
+    "folded clamp, select, any, all": (_folded_constants, (X,)),
     "embedding with uint32 ids": (_embed_u32, (TABLE, IDS.astype(np.uint32))),
     "embedding by one-hot matmul": (_take_one_hot, (TABLE, IDS)),
     "softmax and normalization": (_softmax_norm, (X,)),
