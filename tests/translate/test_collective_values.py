@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from equivci.hlo.parser import parse_module
+from equivci.options import Budgets
 from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
 from equivci.translate.evaluator import Evaluator
@@ -101,3 +102,27 @@ def test_each_devices_collective_value(op, out, call):
     got = _collective(out, call)
     for d in range(4):
         np.testing.assert_allclose(got[d], _expected(op, d), rtol=1e-6, err_msg=f"device {d}")
+
+
+def test_a_what_if_run_with_the_same_pairs_gives_the_same_terms_within_the_same_budgets():
+    """Evaluator.variant (localization's re-run with other collective-permute pairs) builds with the
+    run's budgets: with the pairs unchanged its results are the run's own terms, here with an iota
+    the tight budget keeps symbolic."""
+    module = parse_module("""HloModule m
+
+ENTRY main {
+  x = f32[4,8]{1,0} parameter(0)
+  i = f32[4,8]{1,0} iota(), iota_dimension=1
+  s = f32[4,8]{1,0} add(x, i)
+  ROOT t = f32[4,8]{1,0} collective-permute(s), channel_id=1, source_target_pairs={{0,1},{1,2},{2,3}}
+}
+""")
+    table = TermTable()
+    ev = Evaluator(module, table, 4, Budgets(fold_elements=4))
+    params = [table.make("param", (d,), (), (4, 8), "f32") for d in range(4)]
+    run = ev.run(module.entry, [params])
+    assert ev.variant({"t": [(0, 1), (1, 2), (2, 3)]}) == run
+    shifted = ev.variant({"t": [(1, 0), (2, 1), (3, 2)]})
+    for d in range(4):
+        want = FOUR[d + 1] + np.arange(8) if d < 3 else np.zeros((4, 8))
+        np.testing.assert_allclose(evaluate(shifted[d], dict(enumerate(FOUR)), ev.values), want, rtol=1e-6)
