@@ -15,6 +15,7 @@ from jax import lax
 
 from equivci.capture.types import LeafPlacement
 from equivci.hlo.parser import parse_module
+from equivci.layers.segments import program_order
 from equivci.options import Budgets
 from equivci.prove.programs import build_programs
 from equivci.terms.semantics import evaluate
@@ -73,6 +74,10 @@ def _layouts(x):
     return jnp.concatenate([heads[1], heads[0][:, ::2], jnp.repeat(x[:, :1], 2, axis=1), stretched], axis=-1)
 
 
+def _padded(x):  # rows added on both sides, a column cut (a negative amount) and three added
+    return lax.pad(x, np.float32(0.5), [(1, 2, 0), (-1, 3, 0)]), jnp.pad(x, ((0, 1), (2, 0)))
+
+
 def _dynamic_window(x, ids):
     start = ids[0] % (T - 1)
     return lax.dynamic_slice_in_dim(x, start, 2, axis=0), lax.dynamic_update_slice_in_dim(x, x[:1] * 2, start, 0)
@@ -107,6 +112,7 @@ CASES = {
     "causal mask from iotas": (_causal_mask, (X,)),
     "heads, strides, concat, repeat": (_layouts, (X,)),
     "dynamic slice and update": (_dynamic_window, (X, IDS)),
+    "pad and cut": (_padded, (X,)),
     "integer arithmetic and masks": (_integer_mix, (IDS,)),
 }
 
@@ -128,6 +134,7 @@ def test_translated_terms_compute_what_xla_computes(case):
     params = {k: np.asarray(a) for k, a in enumerate(args)}
     assert len(programs.reference_outputs) == len(want)
     for term, expected in zip(programs.reference_outputs, want):
+        assert "opaque" not in _ops(term), "an op of the case was not translated"
         got = evaluate(term, params, programs.evaluator.values)
         expected = np.asarray(expected)
         assert got.shape == expected.shape and got.dtype == expected.dtype, (got.dtype, expected.dtype)
@@ -135,12 +142,7 @@ def test_translated_terms_compute_what_xla_computes(case):
 
 
 def _ops(term) -> set[str]:
-    seen, stack = set(), [term]
-    while stack:
-        t = stack.pop()
-        seen.add(t.op)
-        stack.extend(t.args)
-    return seen
+    return {t.op for t in program_order([term])}
 
 
 def test_both_programs_fold_constants_within_the_budget_they_are_given():
