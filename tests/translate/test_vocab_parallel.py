@@ -369,3 +369,21 @@ def test_a_range_test_of_integers_with_constant_ends_is_its_window():
     floats = ev.table.make("param", (2,), (), (6,), "f32")
     assert window_of(ev, both(cmp("GE", floats, c(3, "f32")), cmp("LT", floats, c(7, "f32")))) is None
     assert window_of(ev, both(cmp("GE", ids, c(3)), cmp("LT", ends, c(7)))) is None  # two values tested
+
+
+def test_ids_used_by_several_lookups_are_valid_for_the_smallest_table():
+    """An id input that indexes tables of 8 and of 7 rows is taken to be in [0, 6], whichever
+    lookup comes first; a lookup by another input or by a float says nothing of it."""
+    from equivci.translate.bounds import index_domains
+
+    for sizes in ((8, 7), (7, 8), (7, 7)):
+        ev = Evaluator(None, TermTable(), 1)
+        ids = ev.table.make("param", (0,), (), (6,), "s32")
+        other = ev.table.make("param", (1,), (), (6,), "s32")
+        floats = ev.table.make("param", (2,), (), (6,), "f32")
+        lookups = [(ids, n, (f"gather{k}",)) for k, n in enumerate(sizes)] + [(other, 3, ("g",)), (floats, 2, ("f",))]
+        ev.index_uses.extend(lookups)
+        domains = index_domains(ev)
+        smallest = sizes.index(min(sizes))
+        assert domains[ids] == ((0.0, 6.0), (f"gather{smallest}",)), sizes
+        assert domains[other] == ((0.0, 2.0), ("g",)) and floats not in domains
