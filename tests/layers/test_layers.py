@@ -103,6 +103,7 @@ def test_an_obligation_belongs_to_the_later_layer_of_its_output_and_its_target()
     layering = split(events, [_event("z_embed", early)], [h2], [[early]], [[h2]])
     assert layering is not None and [s.name for s in layering.segments] == ["z_embed", "a_head"]
     assert [s.obligations for s in layering.segments] == [[], [(0, 0)]]
+    assert layering.segments[0].distributed_outputs == [early]  # passed on to the layer that proves it
     layering = split(events, [_event("z_embed", early)], [h2], [[early], [x]], [[h2], [h2]])
     assert layering is not None and [s.obligations for s in layering.segments] == [[], [(0, 0), (1, 0)]]
 
