@@ -302,6 +302,12 @@ def test_logsumexp_guards_are_identities():
         np.testing.assert_allclose(evaluate(plain, params, ev.values), evaluate(simplified, params, ev.values))
     assert without_guard(ev, "abs", [x]) is None  # x may be negative
     assert without_guard(ev, "maximum", [x, zero]) is None
+    y = ev.table.make("param", (1,), (), (3, 5), "f32")
+    other_finite = ev.normal("unary", ("is-finite",), [y], Shape("pred", (3, 5)))
+    negated = ev.normal("unary", ("not",), [ev.normal("binary", ("compare-GT:f32",), [x, zero], Shape("pred", (3, 5)))],
+                        Shape("pred", (3, 5)))
+    assert without_guard(ev, "select", [other_finite, x, zero]) is None  # y may be inf where x is not
+    assert without_guard(ev, "select", [negated, x, zero]) is None  # another predicate: zero where x > 0
 
 
 def test_tiles_needs_every_value_exactly_once():
