@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import concurrent.futures
 import copy
 import dataclasses
 import difflib
@@ -45,6 +46,7 @@ import yaml
 
 from equivci.capture.oracle import NumericComparison, compare_many_in_child
 from equivci.errors import EquivciError
+from equivci.testing.runs import SHARDS, verify_json
 from equivci.testing.zoo import MANIFESTS, Case, cases
 
 REPO = Path(__file__).resolve().parents[1]
@@ -634,13 +636,14 @@ def _is_vma_rejection(message: str) -> bool:
     return "vma" in text or "check_rep" in text or "varying" in text or "replicat" in text
 
 
-def run_oracle(manifest: Path, muts: list[Mutant], seeds=SEEDS, timeout: float = 600) -> None:
-    """Oracle verdicts, one child per base model; a batch whose child dies or times out is rerun
-    one mutant per child, so one runaway mutant does not hide the others."""
-    groups: dict[str, list[Mutant]] = collections.defaultdict(list)
+def run_oracle(manifest: Path, muts: list[Mutant], seeds=SEEDS, timeout: float = 600, workers: int = SHARDS) -> None:
+    """Oracle verdicts, one child per base model (`workers` at once); a batch whose child dies or
+    times out is rerun one mutant per child, so one runaway mutant does not hide the others."""
+    groups: dict[str, list] = collections.defaultdict(list)
     for m in muts:
         groups[m.base].append(m)
-    for group in groups.values():
+
+    def judge_group(group: list) -> None:
         res = compare_many_in_child(manifest, [m.name for m in group], seeds, timeout)
         for m in group:
             r = res[m.name]
@@ -651,28 +654,27 @@ def run_oracle(manifest: Path, muts: list[Mutant], seeds=SEEDS, timeout: float =
             else:
                 m.oracle, m.oracle_error = None, str(r)
 
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:  # each group is a JAX child process
+        list(pool.map(judge_group, groups.values()))
+
 
 def run_verifier(manifest: Path, muts: list[Mutant], verify_timeout: float, batch: int = 16) -> None:
+    """`equivci verify` on the mutants, `batch` at a time, each batch in parallel shards."""
     env = dict(os.environ, EQUIVCI_VERIFY_TIMEOUT=str(verify_timeout))
     env.setdefault("EQUIVCI_VERIFY_MEMORY", str(6 * 2**30))  # the machine is shared
     for start in range(0, len(muts), batch):
         chunk = muts[start:start + batch]
-        cmd = [sys.executable, "-m", "equivci", "verify", "--manifest", str(manifest), "--format", "json", "--no-cache"]
-        for m in chunk:
-            cmd += ["--model", m.name]
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                                  timeout=verify_timeout * len(chunk) + 120, cwd=manifest.parent)
-            doc = json.loads(proc.stdout)
-        except (subprocess.TimeoutExpired, ValueError) as exc:
+            run = verify_json(manifest, [m.name for m in chunk], cwd=manifest.parent, env=env, args=["--no-cache"],
+                              timeout=verify_timeout * len(chunk) + 120)
+        except subprocess.TimeoutExpired as exc:
             for m in chunk:
                 m.status, m.finding = "crash", f"equivci verify produced no report: {type(exc).__name__}"
             continue
-        by_name = {r["name"]: r for r in doc["models"]}
         for m in chunk:
-            r = by_name.get(m.name)
+            r = run.models.get(m.name)
             if r is None:
-                m.status, m.finding = "crash", "missing from the report"
+                m.status, m.finding = "crash", f"missing from the report: {_short(run.stderr.strip()[-400:], 200)}"
                 continue
             m.status = r["status"]
             errors = [f for f in r["findings"] if f.get("severity") == "error"]
@@ -826,8 +828,11 @@ class Probe:
 
 def run_probes(verify_timeout: float, manifest: Path = PROBES) -> list[Probe]:
     probes = [Probe(m["name"]) for m in yaml.safe_load(manifest.read_text())["models"]]
-    run_oracle(manifest, probes)
-    run_verifier(manifest, probes, verify_timeout)
+    # The verdicts do not depend on the oracle's (it only labels the report's column): both at once.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        oracle = pool.submit(run_oracle, manifest, probes)
+        run_verifier(manifest, probes, verify_timeout)
+        oracle.result()
     return probes
 
 

@@ -94,7 +94,7 @@ def pct(part: int, whole: int) -> str:
 def render(rows: list[Row], split: str, wall: float | None) -> str:
     header = (f"{'model':34} {'category':18} {'expected':9} {'got':10} {'s':>6}  "
               f"{'first finding':44} bug line?")
-    out = [f"blind split {split}: {len(rows)} models", header]
+    out = [f"blind/{split}: {len(rows)} models", header]
     for r in rows:
         mark = "-" if r.equivalent else ("FIRST" if r.first_on_bug else
                                          "among" if r.bug_among else "no")

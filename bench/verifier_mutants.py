@@ -246,6 +246,14 @@ MUTANTS: tuple[Mutant, ...] = (
     M("pair-token-repeat", "if m * k != len(rows) or not np.array_equal(rows, np.repeat(np.arange(m), k)):",
       "if m * k != len(rows):", "rows at constant indices are whole rows each repeated k times",
       "model:sorted-top2-tiled-token-ids", "model:sorted-top2"),
+    M("group-ids-ends-offset", "    if inner is not None:\n        return inner, 0\n",
+      "    if inner is not None:\n        return inner, 1\n",
+      "marks counted at the groups' ends give the group itself, at the starts the group plus one",
+      "model:sorted-ids-ends-minus-one", "model:sorted-ids-ends"),
+    M("iota-table", "        or not np.array_equal(table, np.arange(x.shape[0]))\n", "",
+      "only an iota table's element i is i", "model:sorted-ids-from-one"),
+    M("offset-cancel-sum", " or signs[a.attrs[0]] * c1 + signs[op] * c2 != 0", "",
+      "(x + c1) - c2 is x only when the constants cancel", "model:sorted-ids-starts-minus-two", "model:sorted-ids-starts"),
     # -- unrolled loops and scatters at constant indices ---------------------------------------------
     M("unroll-devices-agree", "return found.pop() if len(found) == 1 else None", "return found.pop()",
       "a loop is unrolled only when every device runs it the same number of times",
@@ -515,7 +523,12 @@ def run_edits(edits: list[Edit], baseline_checks: tuple[str, ...], work: Path, c
     # The unmutated run goes through every check (a mutant stops at its first failure): it gets twice
     # a mutant's time, so a loaded machine does not turn it into "no figures".
     jobs[0]["timeout"] = max(CHILD_TIMEOUT, 2 * timeout)
-    batches = [jobs[k::workers] for k in range(workers)]
+    # Each job, in order, to the batch with the least work so far (a fork's import of the package and
+    # its checks): the unmutated run has every model's check, so dealing jobs round-robin left its
+    # batch running long after the other.
+    batches: list[list[dict]] = [[] for _ in range(workers)]
+    for job in jobs:
+        min(batches, key=lambda b: sum(1 + len(j["models"]) + len(j["pytest"]) for j in b)).append(job)
     procs = []
     for k, batch in enumerate(batches):
         spec = work / f"batch{k}.json"

@@ -23,6 +23,8 @@ from equivci.terms.spec import (
     parse_transpose,
     repeat_form,
     reshape_spec,
+    swapped_dot,
+    transpose_text,
 )
 
 _CONSTRUCTORS = (
@@ -142,6 +144,8 @@ class Loader:
         elif op == "transpose":
             self._seed_transpose(at[0])
             ex = egg.call("transpose", at[0], args[0])
+            if t.args[0].op == "dot":
+                self._commands.append(egg.union(ex, self._swapped_dot(t.args[0], parse_transpose(at[0]))))
         elif op == "gte":
             ex = egg.call("gte", at[0], args[0])
         elif op == "aligned":
@@ -169,6 +173,21 @@ class Loader:
         for k, size in enumerate(t.shape):
             self._commands.append(egg.set("dim", (handle, k), size))
         return self._count
+
+    def _swapped_dot(self, dot: Term, perm: tuple[int, ...]):
+        """transpose(dot(x, y), perm) as the dot with its operands swapped, transposed once (or not
+        at all): one program's attention context comes out of dot(v, probs), the other's out of
+        dot(probs, v), each then transposed to [batch, seq, heads, head_dim]."""
+        spec, composed = swapped_dot(DotSpec.parse(dot.attrs[0]), perm)
+        key = f"{spec.text()}>{dot.dtype}"
+        self._seed_dot(key, spec)
+        x, y = (self.egg.call("handle", self.exprs[a]) for a in dot.args)
+        swapped = self.egg.call("dot", key, y, x)
+        if composed == tuple(range(len(composed))):
+            return swapped
+        text = transpose_text(composed)
+        self._seed_transpose(text)
+        return self.egg.call("transpose", text, swapped)
 
     @contextlib.contextmanager
     def bulk(self):

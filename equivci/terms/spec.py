@@ -53,6 +53,26 @@ class DotSpec:
         return DotSpec(_ints(lb), _ints(rb), _ints(lc), _ints(rc), int(lr), int(rr), (lhs_dtype, rhs_dtype))
 
 
+def swapped_dot(dot: DotSpec, perm: tuple[int, ...]) -> tuple[DotSpec, tuple[int, ...]]:
+    """transpose(dot(x, y), perm) as transpose(dot(y, x; spec), composed): the spec of the dot with
+    its operands swapped (its output puts y's free dims before x's), and the one transpose that
+    puts the output dims where `perm` wants them (output dim o is the swapped dot's composed[o])."""
+    nb = len(dot.lhs_batch)
+    nx = dot.lhs_rank - nb - len(dot.lhs_contract)
+    ny = dot.rhs_rank - nb - len(dot.rhs_contract)
+    back = tuple(range(nb)) + tuple(nb + ny + i for i in range(nx)) + tuple(nb + j for j in range(ny))
+    spec = DotSpec(
+        dot.rhs_batch,
+        dot.lhs_batch,
+        dot.rhs_contract,
+        dot.lhs_contract,
+        dot.rhs_rank,
+        dot.lhs_rank,
+        (dot.dtypes[1], dot.dtypes[0]),
+    )
+    return spec, tuple(back[k] for k in perm)
+
+
 @dataclasses.dataclass(frozen=True)
 class ReduceSpec:
     rank: int

@@ -240,6 +240,12 @@ class Builder:
         if x.op == "slice" and x.attrs[0] == dim:  # compose, so slices stay one level deep per dim
             inner_start = x.attrs[1]
             return self.slice_term(x.args[0], dim, inner_start + start, inner_start + stop)
+        if (
+            x.op in ("slice", "reshape")
+            and value is None
+            and (term := self.reshaped_window(x, Shape(x.dtype, tuple(shape)), (dim, start, stop))) is not None
+        ):
+            return term
         term = self.table.make("slice", (dim, start, stop), (x,), tuple(shape), x.dtype)
         if value is not None:
             self.values[term] = window
@@ -310,6 +316,11 @@ class Builder:
         factor, base = self.scale_of(operand)
         if factor != 1 and (term := self.scaled(self.reshape_term(base, shape), factor)) is not None:
             return term
+        if operand.op == "unary" and operand.args[0].op == "reshape":
+            # An elementwise op commutes with a reshape: reshape(op(reshape(y))) is op(one reshape
+            # of y), so a reshape undone around a log (logsumexp's keepdims) leaves log(y).
+            inner = self.reshape_term(operand.args[0], Shape(operand.args[0].dtype, shape.dims))
+            return self.normal("unary", operand.attrs, [inner], Shape(operand.dtype, shape.dims))
         if value is None and (term := self.reshaped_window(operand, shape)) is not None:
             return term
         # Tables stay symbolic (a device's table is a window of the reference's); the value is
@@ -319,9 +330,12 @@ class Builder:
             self.values[term] = value.reshape(shape.dims)
         return term
 
-    def reshaped_window(self, operand: Term, shape: Shape) -> Term | None:
+    def reshaped_window(self, operand: Term, shape: Shape, last: tuple[int, int, int] | None = None) -> Term | None:
         """reshape(slices and reshapes of y) as (a reshape of) one window of y, when it is one: a
-        microbatch taken as reshape(x, (m, b, d))[k] is the rows x[k*b:(k+1)*b].
+        microbatch taken as reshape(x, (m, b, d))[k] is the rows x[k*b:(k+1)*b]. `last`: a window
+        (dim, start, stop) of the operand taken after the chain (a slice of a reshape of a window:
+        one KV head of a fused [k|v] projection viewed [.., 2, kv_heads, head_dim], the kv rows
+        taken before the head and the k after it, is one window of the projection).
 
         Checked exactly on labels (every element of y numbered) through the chain of ops."""
         chain: list[Term] = []
@@ -342,6 +356,9 @@ class Builder:
             else:
                 dim, start, stop = t.attrs
                 labels = np.take(labels, np.arange(start, stop), axis=dim)
+        if last is not None:
+            dim, start, stop = last
+            labels = np.take(labels, np.arange(start, stop), axis=dim)
         coords = np.unravel_index(labels.ravel(), base.shape)
         box = tuple((int(c.min()), int(c.max()) + 1) for c in coords) if labels.size else None
         if box is None or int(np.prod([b - a for a, b in box])) != labels.size:

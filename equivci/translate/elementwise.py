@@ -84,6 +84,8 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     op, shape = inst.opcode, inst.shape
     if (plain := without_guard(ev, op, args)) is not None:
         return plain
+    if (cancelled := offset_cancelled(ev, op, args)) is not None:
+        return cancelled
     return ev.fold_or("binary", (op,), args, shape, lambda a, b: semantics.apply(semantics.BINARY, op, a, b))
 
 
@@ -145,6 +147,20 @@ def without_guard(ev: Builder, op: str, args: list) -> Term | None:
     if op == "select" and args[0].op == "unary" and args[0].attrs == ("is-finite",) and args[0].args[0] is args[1]:
         return args[1]
     return None
+
+
+def offset_cancelled(ev: Builder, op: str, args: list) -> Term | None:
+    """x for (x + c) - c and (x - c) + c on integers (exact, overflow wraps back): an index made
+    with an offset and taken back (a group count minus one) meets the index itself."""
+    a, b = args
+    signs = {"add": 1, "subtract": -1}
+    if op not in signs or a.op != "binary" or a.attrs[0] not in signs or a.dtype[0] not in "su":
+        return None
+    x, inner = a.args
+    c1, c2 = ev.uniform(inner), ev.uniform(b)
+    if c1 is None or c2 is None or x.shape != a.shape or signs[a.attrs[0]] * c1 + signs[op] * c2 != 0:
+        return None
+    return x
 
 
 def select_by_constant(ev: Builder, p: Term, a: Term, b: Term) -> Term | None:

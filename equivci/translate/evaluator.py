@@ -21,7 +21,7 @@ from typing import Callable, Protocol
 from equivci.hlo.ir import Computation, Instruction, Module
 from equivci.options import Budgets
 from equivci.terms.ir import Term, TermTable
-from equivci.translate import bounds, collectives, elementwise, literals, reductions, shapes, sorts
+from equivci.translate import bounds, collectives, elementwise, group_ids, literals, reductions, shapes, sorts
 from equivci.translate.attributes import called
 from equivci.translate.builder import Builder, Unsupported, Value
 from equivci.translate.opaque import opaque
@@ -34,6 +34,7 @@ HANDLERS: dict[str, Handler] = {
     **shapes.HANDLERS,
     **reductions.HANDLERS,
     **sorts.HANDLERS,
+    **group_ids.HANDLERS,
 }
 
 

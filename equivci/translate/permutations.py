@@ -303,10 +303,10 @@ class Permutations:
         if row is None or starts is None or ends is None or starts[0] != ends[0]:
             return None
         group, s, e = starts[0], starts[1], ends[1]
-        counts = self._cumsum_of(e)
-        if counts is None or not self._starts_of(s, e, counts):
+        counts = self.cumsum_of(e)
+        if counts is None or not self.starts_of(s, e, counts):
             return None
-        counted = self._bincount_of(counts)
+        counted = self.bincount_of(counts)
         if counted is None:
             return None
         # the sort's keys: the counted value, or (bincount ignores the order) that value flattened
@@ -368,7 +368,7 @@ class Permutations:
         pairs = BcastSpec.parse(t.attrs[0]).operand_dims()
         return (pairs[0][0], t.args[0]) if len(pairs) == 1 else None
 
-    def _cumsum_of(self, ends: Term) -> Term | None:
+    def cumsum_of(self, ends: Term) -> Term | None:
         """C when `ends` is the inclusive cumsum of a 1-D C (a window sum of size n, padded n - 1 in front)."""
         window = self.ev.window_sums.get(ends)
         n = ends.shape[0]
@@ -376,7 +376,7 @@ class Permutations:
             return None
         return ends.args[0]
 
-    def _starts_of(self, starts: Term, ends: Term, counts: Term) -> bool:
+    def starts_of(self, starts: Term, ends: Term, counts: Term) -> bool:
         """starts = ends - counts, or [0, ends[:-1]]."""
         if starts.op == "binary" and starts.attrs[0] == "subtract" and starts.args == (ends, counts):
             return True
@@ -394,7 +394,7 @@ class Permutations:
             and tail.args[0] is ends
         )
 
-    def _bincount_of(self, counts: Term) -> Term | None:
+    def bincount_of(self, counts: Term) -> Term | None:
         """v when `counts` = bincount(v) over [0, E), every v in [0, E): a scatter-add of ones into
         zeros at g(v), g elementwise with g(k) = k on v's range (the index's clip and wrap), or the
         one-hot of v summed over v's dims."""

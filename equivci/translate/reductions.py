@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from equivci.hlo.ir import Instruction, Module
+from equivci.hlo.ir import Instruction, Module, Shape
 from equivci.terms.ir import Term, reduce_pair_map
-from equivci.terms.spec import DotSpec, ReduceSpec
+from equivci.terms.spec import DotSpec, ReduceSpec, transpose_text
 from equivci.translate.arrays import is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
 from equivci.translate.builder import Builder, Value
 from equivci.translate.opaque import opaque
-from equivci.translate.relayouts import dot_of_relayouts, merged_contraction
+from equivci.translate.relayouts import dot_of_relayouts, merged_contraction, through_transposes
 
 
 def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -23,15 +23,27 @@ def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     lc, rc = dims_attr(a.get("lhs_contracting_dims")), dims_attr(a.get("rhs_contracting_dims"))
     lhs, rhs = args
     dot_spec = DotSpec(lb, rb, lc, rc, len(lhs.shape), len(rhs.shape), (lhs.dtype, rhs.dtype))
+    untransposed = through_transposes(dot_spec, lhs, rhs)
+    if untransposed is None:
+        return _dot(ev, dot_spec, lhs, rhs, inst.shape)
+    dot_spec, lhs, rhs, perm = untransposed
+    inner = Shape(inst.shape.dtype, tuple(inst.shape.dims[perm.index(k)] for k in range(len(perm))))
+    term = _dot(ev, dot_spec, lhs, rhs, inner)
+    if perm == tuple(range(len(perm))):
+        return term
+    attrs = (transpose_text(perm),)
+    return ev.factored("transpose", attrs, [term], inst.shape) or ev.mk("transpose", attrs, [term], inst.shape)
+
+
+def _dot(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> Term:
     merged = merged_contraction(ev, dot_spec, lhs, rhs)
     if merged is not None:
         dot_spec, lhs, rhs = merged
-        args = [lhs, rhs]
-    relaid = dot_of_relayouts(ev, dot_spec, lhs, rhs, inst.shape)
+    relaid = dot_of_relayouts(ev, dot_spec, lhs, rhs, out)
     if relaid is not None:
         return relaid
     spec = dot_spec.text()
-    return ev.factored("dot", (spec,), args, inst.shape) or ev.mk("dot", (spec,), args, inst.shape)
+    return ev.factored("dot", (spec,), [lhs, rhs], out) or ev.mk("dot", (spec,), [lhs, rhs], out)
 
 
 def reduce(ev: Builder, inst: Instruction, args: list, device: int) -> Value:

@@ -24,7 +24,7 @@ import math
 
 from equivci.hlo.ir import Shape
 from equivci.terms.ir import Term
-from equivci.terms.spec import DotSpec, reshape_groups
+from equivci.terms.spec import DotSpec, parse_transpose, reshape_groups
 from equivci.translate.builder import Builder
 
 _MAX_CHAIN = 8
@@ -162,3 +162,31 @@ def _apply(ev: Builder, term: Term, level: Term, kept: tuple[int, ...], offset: 
         dim, start, stop = level.attrs
         return ev.slice_term(term, offset + sum(1 for k in range(dim) if k not in kept), start, stop)
     return ev.reshape_term(term, Shape(term.dtype, shape))
+
+
+def through_transposes(spec: DotSpec, lhs: Term, rhs: Term) -> tuple[DotSpec, Term, Term, tuple[int, ...]] | None:
+    """dot(transpose(x, p), y) as transpose(dot(x, y), q): dot_general names each operand dim by
+    its role (batch, contracting, free), so a transposed operand only renames its batch and
+    contracting dims through p and reorders its free dims in the output, which q (output dim o is
+    the new dot's dim q[o]) puts back. None when neither operand is a transpose.
+
+    Written both ways (heads moved in front before the batched dot in one program, the dot
+    batching over the unmoved head dim in the other), the two meet on the untransposed form."""
+    if lhs.op != "transpose" and rhs.op != "transpose":
+        return None
+    nb = len(spec.lhs_batch)
+    out_perm = list(range(nb))
+    sides = []
+    for operand, batch, contract in (
+        (lhs, spec.lhs_batch, spec.lhs_contract),
+        (rhs, spec.rhs_batch, spec.rhs_contract),
+    ):
+        p = parse_transpose(operand.attrs[0]) if operand.op == "transpose" else tuple(range(len(operand.shape)))
+        base = operand.args[0] if operand.op == "transpose" else operand
+        free = [p[i] for i in range(len(p)) if i not in batch + contract]
+        offset = len(out_perm)
+        out_perm += [offset + sorted(free).index(f) for f in free]
+        sides.append((base, tuple(p[i] for i in batch), tuple(p[i] for i in contract)))
+    (x, lb, lc), (y, rb, rc) = sides
+    untransposed = DotSpec(lb, rb, lc, rc, spec.lhs_rank, spec.rhs_rank, spec.dtypes)
+    return untransposed, x, y, tuple(out_perm)

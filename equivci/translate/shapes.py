@@ -372,6 +372,8 @@ def gather(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     out = Shape(inst.shape.dtype, tuple(inst.shape.dims[o] for o in kept_out))
     if len(dims.start_map) == 1:
         ev.index_uses.append((idx, x.shape[dims.start_map[0]], (inst, *reversed(ev.calls))))
+    if (picked := iota_at(ev, x, idx, dims, out)) is not None:
+        return ev.reshape_term(picked, inst.shape)
     term = ev.gather_term(x, idx, dims, out)
     if term is None:
         return opaque(ev, inst, args)
@@ -379,6 +381,29 @@ def gather(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     if lookup is not None:
         ev.masked_rows[term] = lookup
     return ev.reshape_term(term, inst.shape)
+
+
+def iota_at(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
+    """arange(n)[i] = i for indices known to lie in [0, n) (`jnp.arange(E)[ids]`, jnp.repeat's
+    take): the gather of single elements of an iota table is its index."""
+    table, bounds = ev.folded(x), ev.bounds_of(idx)
+    if (
+        table is None
+        or bounds is None
+        or len(x.shape) != 1
+        or not np.array_equal(table, np.arange(x.shape[0]))
+        or dims.collapsed != (0,)
+        or dims.start_map != (0,)
+        or dims.operand_batch
+        or dims.slice_sizes != (1,)
+        or [s for k, s in enumerate(idx.shape) if k != dims.vector_dim] != list(out.dims)
+        or bounds[0] < 0
+        or bounds[1] >= x.shape[0]
+    ):
+        return None
+    # the index vector (of length 1) is the only dim the output drops
+    flat = ev.reshape_term(idx, Shape(idx.dtype, out.dims))
+    return flat if flat.dtype == out.dtype else ev.normal("unary", ("convert",), (flat,), out)
 
 
 def gather_at_constant(ev: Builder, x: Term, idx: Term, dims: GatherDims, shape: Shape) -> Term | None:

@@ -5,13 +5,12 @@ Real CLI runs (capture on fake CPU devices, the proof, the numeric oracle)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from equivci.testing.runs import verify_json
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = yaml.safe_load((ROOT / "examples/localize/expected.yaml").read_text())
@@ -28,11 +27,9 @@ def line_of(text: str) -> int:
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict]:
-    args = [a for name in MODELS for a in ("--model", name)]
-    proc = subprocess.run([sys.executable, "-m", "equivci", "verify", "--manifest", "configs/localize.yaml", "--no-cache",
-                           "--format", "json", *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode in (0, 1), proc.stderr[-3000:]
-    return {m["name"]: m for m in json.loads(proc.stdout)["models"]}
+    run = verify_json("configs/localize.yaml", MODELS, cwd=ROOT, args=["--no-cache"], timeout=900)
+    assert run.code in (0, 1) and set(run.models) == set(MODELS), run.stderr[-3000:]
+    return run.models
 
 
 def first(result: dict) -> dict:

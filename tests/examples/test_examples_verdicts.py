@@ -7,13 +7,13 @@ numeric oracle in test_zoo_oracle.py confirms independently.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+
+from equivci.manifest import load_manifest
+from equivci.testing.runs import verify_json
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = yaml.safe_load((ROOT / "examples/models/expected.yaml").read_text())
@@ -22,10 +22,9 @@ EXPECTED = yaml.safe_load((ROOT / "examples/models/expected.yaml").read_text())
 def run_verify(manifest: str, cache: Path) -> tuple[int, dict]:
     """The CLI's verdicts on a fresh cache (never the repository's .equivci/cache, whose entries an
     older verifier may have written)."""
-    proc = subprocess.run([sys.executable, "-m", "equivci", "verify", "--manifest", manifest, "--format", "json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "EQUIVCI_CACHE_DIR": str(cache)})
-    return proc.returncode, json.loads(proc.stdout)
+    run = verify_json(manifest, cwd=ROOT, env={**os.environ, "EQUIVCI_CACHE_DIR": str(cache)}, timeout=600)
+    assert set(run.models) == {m.name for m in load_manifest(ROOT / manifest).models}, run.stderr[-2000:]
+    return run.code, {"models": list(run.models.values())}
 
 
 def test_bundled_examples_verify(tmp_path):

@@ -8,17 +8,14 @@ fixture verifies, in one run, the models of the tests selected.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 from near_miss_cases import DEFAULT, EXPECTED, MANIFEST, agrees
 
+from equivci.testing.runs import verify_json
 from equivci.testing.zoo import REPO
 
-HALVES = 2  # two verify processes at once: the suite runs on two cores
 ROUTING_LIMIT = "moe-ep-past-enumeration"
 
 
@@ -37,21 +34,11 @@ def _models_asked_for(items) -> set[str]:
 def results(request, tmp_path_factory) -> dict[str, dict]:
     """The verdicts of the models the selected tests of this module ask about, from one run."""
     names = sorted(_models_asked_for(i for i in request.session.items if i.module is request.module))
-    procs = []
-    for k in range(HALVES):
-        cache = tmp_path_factory.mktemp(f"cache{k}")
-        cmd = [sys.executable, "-m", "equivci", "verify", "--manifest", str(MANIFEST), "--format", "json"]
-        for name in names[k::HALVES]:
-            cmd += ["--model", name]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      env={**os.environ, "EQUIVCI_CACHE_DIR": str(cache)}))
-    out = {}
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=900)
-        assert proc.returncode in (0, 1), stderr[-2000:]
-        out.update({m["name"]: m for m in json.loads(stdout)["models"]})
-    assert set(out) == set(names)
-    return out
+    env = {**os.environ, "EQUIVCI_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
+    run = verify_json(MANIFEST, names, cwd=REPO, env=env, timeout=900)
+    assert run.code in (0, 1), run.stderr[-2000:]
+    assert set(run.models) == set(names)
+    return run.models
 
 
 @pytest.mark.parametrize("name", [n if n in DEFAULT else pytest.param(n, marks=pytest.mark.slow) for n in EXPECTED])

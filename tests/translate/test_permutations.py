@@ -86,3 +86,29 @@ def _subterms(t):
 
 def _ops(t) -> set[str]:
     return {u.op for u in _subterms(t)}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_counted_group_marks_are_the_sorted_ids(seed):
+    """translate/group_ids.py: ones scattered at the groups' starts (dropped at n), counted
+    cumulatively, are sorted(v) + 1; at the ends, sorted(v); jnp.repeat(arange(E), bincount(v), n)
+    is sorted(v); arange(E)[i] = i. The near misses (ends minus one, a table from one) differ."""
+    rng = np.random.default_rng(seed)
+    v, _, perm = _draw(rng)
+    n, e = len(v), 4
+    counts = np.bincount(v, minlength=e)
+    ends = np.cumsum(counts)
+    starts = np.cumsum(np.concatenate([[0], counts[:-1]]))
+    assert np.array_equal(starts, ends - counts)
+
+    def counted(marks_at):
+        marks = np.zeros(n + 1, dtype=np.int64)
+        np.add.at(marks, marks_at, 1)
+        return np.cumsum(marks[:n])  # index n is past the operand: a scatter drops it
+
+    assert np.array_equal(counted(starts), v[perm] + 1)
+    assert np.array_equal(counted(ends), v[perm])
+    assert np.array_equal(np.repeat(np.arange(e), counts), v[perm])
+    assert np.array_equal(np.arange(e)[v], v)
+    assert not np.array_equal(counted(ends) - 1, v[perm])
+    assert not np.array_equal(np.arange(1, e + 1)[v], v)

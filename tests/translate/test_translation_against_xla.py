@@ -97,6 +97,13 @@ def _folded_constants(x):  # computed from iotas and literals only: the translat
     return x + clamped + jnp.where(steps > 0, steps, -2 * steps) + jnp.where(some[:, None] & every, 1.0, 0.0)
 
 
+def _sorted_group_ids(table, ids):  # translate/group_ids.py: each sorted row's group from the group sizes
+    counts = jnp.bincount(ids, length=V)
+    marks = jnp.zeros(T, jnp.int32).at[jnp.cumsum(counts)].add(1)
+    group = jnp.repeat(jnp.arange(V), counts, total_repeat_length=T)
+    return group, jnp.cumsum(marks), jnp.arange(V)[ids], table[ids][jnp.argsort(ids)] * group[:, None]
+
+
 CASES = {
     "folded clamp, select, any, all": (_folded_constants, (X,)),
     "embedding with uint32 ids": (_embed_u32, (TABLE, IDS.astype(np.uint32))),
@@ -114,6 +121,7 @@ CASES = {
     "dynamic slice and update": (_dynamic_window, (X, IDS)),
     "pad and cut": (_padded, (X,)),
     "integer arithmetic and masks": (_integer_mix, (IDS,)),
+    "sorted group ids (jnp.repeat of the group sizes)": (_sorted_group_ids, (TABLE, IDS)),
 }
 
 

@@ -8,13 +8,11 @@ verify (or to localize) fails the test until it is taken off the list, so progre
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
+from equivci.testing.runs import verify_json
 from equivci.testing.zoo import REPO, cases
 
 ZOO = [c for c in cases() if c.manifest_rel == "configs/zoo.yaml"]
@@ -32,10 +30,10 @@ NOT_REFUTED_YET: dict[str, str] = {}
 def results(tmp_path_factory) -> dict[str, dict]:
     # A fresh cache: verdicts written by an older verifier into .equivci/cache must not stand in.
     env = {**os.environ, "EQUIVCI_CACHE_DIR": str(tmp_path_factory.mktemp("zoo-cache"))}
-    proc = subprocess.run([sys.executable, "-m", "equivci", "verify", "--manifest", "configs/zoo.yaml",
-                           "--format", "json"], cwd=REPO, capture_output=True, text=True, timeout=1200, env=env)
-    assert proc.returncode in (0, 1), proc.stderr[-2000:]
-    return {m["name"]: m for m in json.loads(proc.stdout)["models"]}
+    run = verify_json("configs/zoo.yaml", cwd=REPO, env=env, timeout=1200)
+    assert run.code in (0, 1), run.stderr[-2000:]
+    assert set(run.models) == {c.name for c in ZOO}, run.stderr[-2000:]
+    return run.models
 
 
 def test_no_buggy_model_is_verified(results):

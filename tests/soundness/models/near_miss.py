@@ -708,10 +708,11 @@ def sorted_moe(x, router, w1, w2):
     return _sorted_moe(x, router, w1, w2)
 
 
-def _sorted_tokens(x, router, w1, w2, mesh, bug=None):
+def _sorted_tokens(x, router, w1, w2, mesh, bug=None, layer=None):
     """Tokens split over tp; each device sorts, runs and un-sorts its own tokens."""
+    layer = layer or _sorted_moe
     return jax.shard_map(
-        lambda *a: _sorted_moe(*a, bug=bug), mesh=mesh, in_specs=(P(TP), P(), P(), P()), out_specs=P(TP)
+        lambda *a: layer(*a, bug=bug), mesh=mesh, in_specs=(P(TP), P(), P(), P()), out_specs=P(TP)
     )(x, router, w1, w2)
 
 
@@ -807,3 +808,60 @@ def sorted_top2_tiled_token_ids(x, router, w1, w2, *, mesh):
         lambda *a: _sorted_top2(*a, bug="tiled-token-ids"), mesh=mesh, in_specs=(P(TP), P(), P(), P()),
         out_specs=P(TP),
     )(x, router, w1, w2)
+
+
+# --- the sorted rows' expert ids from the group sizes (translate/group_ids.py) ---
+def _sorted_ids(x, router, w1, w2, bug=None):
+    """Each token's rows scaled by a per-expert factor taken in sorted order: the expert of each
+    sorted row is jnp.repeat(arange(E), bincount(expert)) (marks at the groups' starts, counted),
+    or the same count written by hand with marks at the groups' ends."""
+    expert = jnp.argmax(x @ router, axis=-1)
+    order = jnp.argsort(expert, stable=True)
+    counts = jnp.bincount(expert, length=SORT_E)
+    n = x.shape[0]
+    if bug in ("ends", "ends-minus-one"):
+        marks = jnp.zeros(n, jnp.int32).at[jnp.cumsum(counts)].add(1)
+        ids = jnp.cumsum(marks) - (1 if bug == "ends-minus-one" else 0)
+    elif bug in ("starts", "starts-minus-two"):
+        marks = jnp.zeros(n, jnp.int32).at[jnp.cumsum(counts) - counts].add(1)
+        ids = jnp.cumsum(marks) - (2 if bug == "starts-minus-two" else 1)
+    else:
+        first = 1 if bug == "from-one" else 0
+        ids = jnp.repeat(jnp.arange(first, SORT_E + first), counts, total_repeat_length=n)
+    rows = x[order] * w2[:, 0, 0][ids][:, None]
+    return rows[jnp.argsort(order)]
+
+
+def scaled_rows(x, router, w1, w2):
+    return x * w2[:, 0, 0][jnp.argmax(x @ router, axis=-1)][:, None]
+
+
+def _sorted_ids_tokens(x, router, w1, w2, mesh, bug=None):
+    return _sorted_tokens(x, router, w1, w2, mesh, bug, layer=_sorted_ids)
+
+
+def sorted_ids_repeat(x, router, w1, w2, *, mesh):
+    return _sorted_ids_tokens(x, router, w1, w2, mesh)
+
+
+def sorted_ids_ends(x, router, w1, w2, *, mesh):
+    return _sorted_ids_tokens(x, router, w1, w2, mesh, "ends")
+
+
+def sorted_ids_ends_minus_one(x, router, w1, w2, *, mesh):
+    # BUG: counting marks at the groups' ends already gives the group; the extra - 1 shifts every id
+    return _sorted_ids_tokens(x, router, w1, w2, mesh, "ends-minus-one")
+
+
+def sorted_ids_from_one(x, router, w1, w2, *, mesh):
+    # BUG: the ids repeat arange(1, E + 1): every row takes the next expert's factor
+    return _sorted_ids_tokens(x, router, w1, w2, mesh, "from-one")
+
+
+def sorted_ids_starts(x, router, w1, w2, *, mesh):
+    return _sorted_ids_tokens(x, router, w1, w2, mesh, "starts")
+
+
+def sorted_ids_starts_minus_two(x, router, w1, w2, *, mesh):
+    # BUG: marks at the groups' starts count the group plus one; minus two is one group too low
+    return _sorted_ids_tokens(x, router, w1, w2, mesh, "starts-minus-two")
