@@ -59,6 +59,37 @@ TESTS = (
     "tests/layers/test_layers.py",
     "tests/soundness/test_facts_numeric.py",
     "tests/soundness/test_rule_properties.py",
+    "tests/translate/test_arrays.py",
+    "tests/translate/test_permutations.py",
+    # the in-process tests of files whose other tests capture JAX models (one pytest run)
+    " ".join(
+        f"tests/translate/{f}::test_{t}"
+        for f, names in (
+            ("test_vocab_parallel.py", ("logsumexp_guards_are_identities", "tiles_needs_every_value_exactly_once",
+                                        "a_mask_narrows_only_its_own_ids_and_never_past_the_dtype",
+                                        "bounds_pass_a_convert_only_where_the_new_dtype_holds_them",
+                                        "a_range_test_of_integers_with_constant_ends_is_its_window",
+                                        "ids_used_by_several_lookups_are_valid_for_the_smallest_table")),
+            ("test_dot_relayouts.py", ("a_dot_of_a_sliced_head_split_weight_is_the_window_of_the_dot",
+                                       "several_consecutive_contracting_dims_are_one_merged_contraction",
+                                       "a_reshape_that_regroups_a_contracting_dim_is_not_lifted",
+                                       "contracting_dims_in_different_orders_are_not_merged",
+                                       "contracting_dims_no_operand_split_are_not_merged")),
+            ("test_routing.py", ("mask_lemma", "numeric_ops_follow_the_term_semantics")),
+            ("test_unit_broadcasts.py", ("a_kept_unit_dim_is_a_new_dim_of_size_one",
+                                         "a_broadcast_along_unit_dims_only_has_no_other_form")),
+            ("test_evaluator.py", ("saved_tp_sample_is_proved", "saved_gspmd_sample_is_proved",
+                                   "saved_tp_sample_without_all_reduce_is_not_proved",
+                                   "saved_tp_sample_with_swapped_shards_is_not_proved",
+                                   "all_reduce_becomes_the_same_sum_on_every_device",
+                                   "partition_id_offsets_fold_to_static_slices", "wrong_partition_offset_is_not_proved",
+                                   "dynamic_slice_start_is_clamped_like_xla",
+                                   "a_start_known_only_as_a_term_gives_dynamic_terms", "pulled_out_factor_is_an_identity",
+                                   "factors_are_only_pulled_out_where_that_is_exact_and_linear",
+                                   "elided_constants_are_never_one_term", "a_reshaped_slice_of_a_reshape_is_the_window_it_holds")),
+        )
+        for t in names
+    ),
 )
 # Tests that exercise one module's code and capture JAX models in child processes (about two minutes
 # each here): too slow for every mutant, they run for that module's mutants only, first (as mutmut

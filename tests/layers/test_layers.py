@@ -91,6 +91,23 @@ def test_a_constant_computed_once_by_the_first_layer_is_global():
     assert layering.segments[0].distributed_outputs == []
 
 
+def test_an_obligation_belongs_to_the_later_layer_of_its_output_and_its_target():
+    """A device output from an earlier layer (or from the inputs alone) than its target is proved
+    where the target is: in the layer first seen later, whatever the layers' names."""
+    t = TermTable()
+    x, w0, w1 = (t.make("param", (k,), (), (4,), "f32") for k in range(3))
+    h1 = _chain(t, x, w0)
+    h2 = _chain(t, h1, w1)
+    early = t.make("unary", ("exp",), (h1,), (4,), "f32")  # a device's output made in the first layer
+    events = [_event("z_embed", h1), _event("a_head", h2)]  # names in the other order than the layers
+    layering = split(events, [_event("z_embed", early)], [h2], [[early]], [[h2]])
+    assert layering is not None and [s.name for s in layering.segments] == ["z_embed", "a_head"]
+    assert [s.obligations for s in layering.segments] == [[], [(0, 0)]]
+    assert layering.segments[0].distributed_outputs == [early]  # passed on to the layer that proves it
+    layering = split(events, [_event("z_embed", early)], [h2], [[early], [x]], [[h2], [h2]])
+    assert layering is not None and [s.obligations for s in layering.segments] == [[], [(0, 0), (1, 0)]]
+
+
 def test_split_gives_up_on_layers_that_depend_on_each_other():
     t = TermTable()
     x = t.make("param", (0,), (), (4,), "f32")

@@ -82,3 +82,20 @@ def test_unproven_for_lack_of_budget_names_the_budget_and_how_to_raise_it() -> N
     assert "layer layers_1" in note.message and "130" in note.message
     assert f"{ENV_SATURATION_ITERATIONS}=260" in note.message
     assert _budget_note(programs, whole, layers[:1]) == ()
+
+
+def test_the_callers_budget_reaches_the_saturation_of_both_programs() -> None:
+    """saturate(programs, iterations) runs with the budget asked for (the setting a user raised),
+    and the proof records it for the note that names it."""
+    from types import SimpleNamespace
+
+    from equivci.prove.saturate import saturate
+
+    x, lhs, rhs = chain()
+    programs = SimpleNamespace(
+        params=[x], reference_events=[], reference_outputs=[rhs], device_outputs=[[lhs]], targets=[[rhs]],
+        evaluator=SimpleNamespace(equal_terms=[]), obligations=[],
+    )
+    for iterations in (1, 300):
+        proof = saturate(programs, iterations=iterations)
+        assert proof.iterations == iterations and proof.all_proved

@@ -78,3 +78,14 @@ def test_the_init_values_of_jax_reductions_are_identities(reducer, value):
 @pytest.mark.parametrize(("reducer", "value"), NOT_IDENTITIES)
 def test_near_miss_a_value_next_to_the_identity_is_not_one(reducer, value):
     assert not is_identity(reducer, np.asarray(value))
+
+
+def test_shardings_and_metadata_do_not_change_an_instructions_meaning():
+    """The distributed program annotates its ops with shardings and both carry metadata: an op
+    that differs only there computes the same (its opaque term must be the reference's)."""
+    plain = _attrs("region_0", "add")
+    text = _module("region_0", "add").replace(
+        "to_apply=region_0", 'to_apply=region_0, sharding={replicated}, metadata={op_name="jit(f)/w"}'
+    )
+    module = parse_module(text)
+    assert semantic_attrs(module.entry.root, module) == plain

@@ -18,8 +18,9 @@ import pytest
 from model_package import verify_named as _verify
 
 from equivci.hlo.ir import Instruction, Shape
+from equivci.layers.segments import program_order
 from equivci.results import Status
-from equivci.terms.ir import TermTable
+from equivci.terms.ir import Term, TermTable
 from equivci.terms.semantics import evaluate
 from equivci.translate.evaluator import Evaluator
 from equivci.translate.reductions import dot
@@ -34,14 +35,15 @@ def _dot_inst(out: tuple[int, ...], lc: str, rc: str, lb: str = "", rb: str = ""
     return Instruction("d", "dot", Shape("f32", out), ("a", "b"), attrs)
 
 
-def _check(build) -> None:
+def _check(build) -> Term:
     """`build(ev)` -> (the evaluator's dot term, its numpy value, the dot's operands as written):
-    the fact changed the term, and the two agree on random inputs."""
+    the fact changed the term, and the two agree on random inputs. Returns the term."""
     ev = Evaluator(None, TermTable(), 1)
     term, expected, written = build(ev)
     assert not (term.op == "dot" and term.args == written), "the fact did not fire"
     values = {k: RNG.standard_normal(shape).astype(np.float32) for k, shape in enumerate(SHAPES)}
     np.testing.assert_allclose(evaluate(term, values), expected(values), rtol=1e-5, atol=1e-5)
+    return term
 
 
 SHAPES = [(2, 3, 8), (8, 24), (2, 3, 2, 4), (8, 5)]
@@ -62,7 +64,11 @@ def test_a_dot_of_a_sliced_head_split_weight_is_the_window_of_the_dot() -> None:
 
         return term, value, (x, flat)
 
-    _check(build)
+    term = _check(build)
+    # the window is taken of the dot with the whole weight (what the reference's projection is)
+    assert [[(a.op, a.shape) for a in t.args] for t in program_order([term]) if t.op == "dot"] == [
+        [("param", SHAPES[0]), ("param", SHAPES[1])]
+    ]
 
 
 def test_several_consecutive_contracting_dims_are_one_merged_contraction() -> None:

@@ -271,6 +271,23 @@ def test_a_start_known_only_as_a_term_gives_dynamic_terms():
     assert saturate(programs).all_proved
 
 
+def test_a_reshaped_slice_of_a_reshape_is_the_window_it_holds():
+    """reshape(reshape(x, (m, b, d))[k]) is the rows x[k*b:(k+1)*b] (a microbatch): the labels of
+    x's elements show it; a slice of columns of the regrouped rows holds no window of x."""
+    from equivci.hlo.ir import Shape
+    from equivci.terms.ir import TermTable
+    from equivci.translate.evaluator import Evaluator
+
+    ev = Evaluator(None, TermTable(), 1)
+    x = ev.table.make("param", (0,), (), (8, 3), "f32")
+    grouped = ev.reshape_term(x, Shape("f32", (4, 2, 3)))
+    micro = ev.reshape_term(ev.slice_term(grouped, 0, 1, 2), Shape("f32", (2, 3)))
+    assert micro is ev.slice_term(x, 0, 2, 4)
+    paired = ev.reshape_term(x, Shape("f32", (4, 6)))
+    columns = ev.reshape_term(ev.slice_term(paired, 1, 0, 3), Shape("f32", (2, 2, 3)))  # rows 0, 2, 4, 6
+    assert columns.op == "reshape" and columns.args[0].op == "slice"
+
+
 # -- constant scalar factors pulled out of terms (Builder.factored) ----------------------------
 def _scale_setup():
     from equivci.hlo.ir import Shape

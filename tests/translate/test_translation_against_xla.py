@@ -15,6 +15,7 @@ from jax import lax
 
 from equivci.capture.types import LeafPlacement
 from equivci.hlo.parser import parse_module
+from equivci.layers.segments import program_order
 from equivci.options import Budgets
 from equivci.prove.programs import build_programs
 from equivci.terms.semantics import evaluate
@@ -73,6 +74,10 @@ def _layouts(x):
     return jnp.concatenate([heads[1], heads[0][:, ::2], jnp.repeat(x[:, :1], 2, axis=1), stretched], axis=-1)
 
 
+def _padded(x):  # rows added on both sides, a column cut (a negative amount) and three added
+    return lax.pad(x, np.float32(0.5), [(1, 2, 0), (-1, 3, 0)]), jnp.pad(x, ((0, 1), (2, 0)))
+
+
 def _dynamic_window(x, ids):
     start = ids[0] % (T - 1)
     return lax.dynamic_slice_in_dim(x, start, 2, axis=0), lax.dynamic_update_slice_in_dim(x, x[:1] * 2, start, 0)
@@ -83,6 +88,15 @@ def _integer_mix(ids):
     return (shifted // 2 + (shifted % 3)).astype(jnp.int32), (ids > 4) & (ids < 12)
 
 
+def _folded_constants(x):  # computed from iotas and literals only: the translation folds them
+    steps = lax.iota(jnp.float32, D) - 3
+    rows, cols = lax.broadcasted_iota(jnp.int32, x.shape, 0), lax.broadcasted_iota(jnp.int32, x.shape, 1)
+    some = ((rows * cols) % 5 == 1).any(axis=1)  # a mask reduced along one dim, not all
+    every = ((rows + cols) % 7 != 3).all(axis=0)
+    clamped = lax.clamp(np.float32(-1.5), steps, np.float32(2.0))
+    return x + clamped + jnp.where(steps > 0, steps, -2 * steps) + jnp.where(some[:, None] & every, 1.0, 0.0)
+
+
 def _sorted_group_ids(table, ids):  # translate/group_ids.py: each sorted row's group from the group sizes
     counts = jnp.bincount(ids, length=V)
     marks = jnp.zeros(T, jnp.int32).at[jnp.cumsum(counts)].add(1)
@@ -91,6 +105,7 @@ def _sorted_group_ids(table, ids):  # translate/group_ids.py: each sorted row's 
 
 
 CASES = {
+    "folded clamp, select, any, all": (_folded_constants, (X,)),
     "embedding with uint32 ids": (_embed_u32, (TABLE, IDS.astype(np.uint32))),
     "embedding by one-hot matmul": (_take_one_hot, (TABLE, IDS)),
     "softmax and normalization": (_softmax_norm, (X,)),
@@ -104,6 +119,7 @@ CASES = {
     "causal mask from iotas": (_causal_mask, (X,)),
     "heads, strides, concat, repeat": (_layouts, (X,)),
     "dynamic slice and update": (_dynamic_window, (X, IDS)),
+    "pad and cut": (_padded, (X,)),
     "integer arithmetic and masks": (_integer_mix, (IDS,)),
     "sorted group ids (jnp.repeat of the group sizes)": (_sorted_group_ids, (TABLE, IDS)),
 }
@@ -126,6 +142,7 @@ def test_translated_terms_compute_what_xla_computes(case):
     params = {k: np.asarray(a) for k, a in enumerate(args)}
     assert len(programs.reference_outputs) == len(want)
     for term, expected in zip(programs.reference_outputs, want):
+        assert "opaque" not in _ops(term), "an op of the case was not translated"
         got = evaluate(term, params, programs.evaluator.values)
         expected = np.asarray(expected)
         assert got.shape == expected.shape and got.dtype == expected.dtype, (got.dtype, expected.dtype)
@@ -133,12 +150,7 @@ def test_translated_terms_compute_what_xla_computes(case):
 
 
 def _ops(term) -> set[str]:
-    seen, stack = set(), [term]
-    while stack:
-        t = stack.pop()
-        seen.add(t.op)
-        stack.extend(t.args)
-    return seen
+    return {t.op for t in program_order([term])}
 
 
 def test_both_programs_fold_constants_within_the_budget_they_are_given():

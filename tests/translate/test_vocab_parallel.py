@@ -302,6 +302,12 @@ def test_logsumexp_guards_are_identities():
         np.testing.assert_allclose(evaluate(plain, params, ev.values), evaluate(simplified, params, ev.values))
     assert without_guard(ev, "abs", [x]) is None  # x may be negative
     assert without_guard(ev, "maximum", [x, zero]) is None
+    y = ev.table.make("param", (1,), (), (3, 5), "f32")
+    other_finite = ev.normal("unary", ("is-finite",), [y], Shape("pred", (3, 5)))
+    negated = ev.normal("unary", ("not",), [ev.normal("binary", ("compare-GT:f32",), [x, zero], Shape("pred", (3, 5)))],
+                        Shape("pred", (3, 5)))
+    assert without_guard(ev, "select", [other_finite, x, zero]) is None  # y may be inf where x is not
+    assert without_guard(ev, "select", [negated, x, zero]) is None  # another predicate: zero where x > 0
 
 
 def test_tiles_needs_every_value_exactly_once():
@@ -346,3 +352,44 @@ def test_bounds_pass_a_convert_only_where_the_new_dtype_holds_them():
     t = narrow("u32")
     ev.bound(t, ids)
     assert t not in ev.bounds  # -1 wraps to 2**32 - 1
+
+
+def test_a_range_test_of_integers_with_constant_ends_is_its_window():
+    """(x >= lo) & (x < hi), with GT / LE as the next integer's GE / LT, holds exactly on the
+    window's values; a test against a non-constant end or of floats is no window."""
+    from equivci.translate.masks import window_of
+
+    ev = Evaluator(None, TermTable(), 1)
+    ids = ev.table.make("param", (0,), (), (6,), "s32")
+    ends = ev.table.make("param", (1,), (), (6,), "s32")
+    c = lambda v, dtype="s32": ev.const(np.full((6,), v, {"s32": np.int32, "f32": np.float32}[dtype]), dtype)  # noqa: E731
+    cmp = lambda d, x, k: ev.normal("binary", (f"compare-{d}:{x.dtype}",), [x, k], Shape("pred", (6,)))  # noqa: E731
+    both = lambda p, q: ev.normal("binary", ("and",), [p, q], Shape("pred", (6,)))  # noqa: E731
+    for lo_dir, hi_dir in (("GE", "LT"), ("GT", "LE"), ("GE", "LE"), ("GT", "LT")):
+        w = window_of(ev, both(cmp(lo_dir, ids, c(3)), cmp(hi_dir, ids, c(7))))
+        values = np.arange(-2, 12)
+        held = {"GE": values >= 3, "GT": values > 3}[lo_dir] & {"LT": values < 7, "LE": values <= 7}[hi_dir]
+        assert w is not None and w.x is ids
+        np.testing.assert_array_equal((w.lo <= values) & (values < w.hi), held, err_msg=f"{lo_dir} {hi_dir}")
+    assert window_of(ev, both(cmp("GE", ids, ends), cmp("LT", ids, c(7)))) is None
+    floats = ev.table.make("param", (2,), (), (6,), "f32")
+    assert window_of(ev, both(cmp("GE", floats, c(3, "f32")), cmp("LT", floats, c(7, "f32")))) is None
+    assert window_of(ev, both(cmp("GE", ids, c(3)), cmp("LT", ends, c(7)))) is None  # two values tested
+
+
+def test_ids_used_by_several_lookups_are_valid_for_the_smallest_table():
+    """An id input that indexes tables of 8 and of 7 rows is taken to be in [0, 6], whichever
+    lookup comes first; a lookup by another input or by a float says nothing of it."""
+    from equivci.translate.bounds import index_domains
+
+    for sizes in ((8, 7), (7, 8), (7, 7)):
+        ev = Evaluator(None, TermTable(), 1)
+        ids = ev.table.make("param", (0,), (), (6,), "s32")
+        other = ev.table.make("param", (1,), (), (6,), "s32")
+        floats = ev.table.make("param", (2,), (), (6,), "f32")
+        lookups = [(ids, n, (f"gather{k}",)) for k, n in enumerate(sizes)] + [(other, 3, ("g",)), (floats, 2, ("f",))]
+        ev.index_uses.extend(lookups)
+        domains = index_domains(ev)
+        smallest = sizes.index(min(sizes))
+        assert domains[ids] == ((0.0, 6.0), (f"gather{smallest}",)), sizes
+        assert domains[other] == ((0.0, 2.0), ("g",)) and floats not in domains
