@@ -14,7 +14,7 @@ import dataclasses
 from pathlib import Path
 
 from equivci.diagnose.frames import in_repository
-from equivci.diagnose.localize import _assigned_at, _call_argument, _callee, _module_ast, _parameters, _statement
+from equivci.diagnose.source import assigned_at, call_argument, callee, module_ast, parameters, statement
 from equivci.hlo.ir import Instruction
 from equivci.translate.evaluator import Event
 
@@ -39,7 +39,7 @@ def passed_choice(inst: Instruction, events: list[Event], repo_root: str) -> Cho
     """The static argument the op depends on, passed where another call of its helper passes another."""
     root = Path(repo_root).resolve()
     loc = next((f for f in inst.stack if in_repository(f, root)), None)
-    found = _statement(loc.file, loc.line) if loc is not None else None
+    found = statement(loc.file, loc.line) if loc is not None else None
     if loc is None or found is None:
         return None
     budget = [MAX_NAMES]
@@ -47,7 +47,7 @@ def passed_choice(inst: Instruction, events: list[Event], repo_root: str) -> Cho
 
 
 def _search(file: str, line: int, exprs: list[ast.AST], events: list[Event], budget: list[int], calls: int):
-    found = _statement(file, line)
+    found = statement(file, line)
     if found is None:
         return None
     funcs = found[1]
@@ -59,14 +59,14 @@ def _search(file: str, line: int, exprs: list[ast.AST], events: list[Event], bud
         seen.add(name)
         budget[0] -= 1
         for func in reversed(funcs):
-            assigned = _assigned_at(func, name, at)
+            assigned = assigned_at(func, name, at)
             if assigned is not None:
-                bound = _statement(file, assigned)
+                bound = statement(file, assigned)
                 value = getattr(bound[0], "value", None) if bound else None
                 queue.extend((n, assigned) for n, _ in _names([value] if value is not None else []))
                 break
-            if name in _parameters(func):
-                site = _call_argument(file, func, name, events)
+            if name in parameters(func):
+                site = call_argument(file, func, name, events)
                 if site is not None:
                     choice = _choice(site[0], site[1], func, name, file)
                     if choice is not None:
@@ -120,9 +120,9 @@ def _static(file: str, arg: ast.expr) -> bool:
     if isinstance(arg, ast.Attribute):
         return _static(file, arg.value)
     if isinstance(arg, ast.Name):
-        found = _statement(file, arg.lineno)
+        found = statement(file, arg.lineno)
         funcs = found[1] if found else []
-        return not any(_defines(f, arg.id) or arg.id in _parameters(f) for f in funcs)
+        return not any(_defines(f, arg.id) or arg.id in parameters(f) for f in funcs)
     if isinstance(arg, ast.UnaryOp):
         return _static(file, arg.operand)
     if isinstance(arg, ast.BinOp):
@@ -139,15 +139,15 @@ def _other_arguments(func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, *f
     defaults = dict(zip(positional[len(positional) - len(func.args.defaults) :], func.args.defaults))
     defaults.update({a.arg: d for a, d in zip(func.args.kwonlyargs, func.args.kw_defaults) if d is not None})
     for file in dict.fromkeys(files):
-        tree = _module_ast(file)
+        tree = module_ast(file)
         for node in ast.walk(tree) if tree is not None else ():
             if not isinstance(node, ast.Call):
                 continue
             args = node.args
-            partial = _callee(node) == "partial" and bool(args) and getattr(args[0], "id", None) == func.name
+            partial = callee(node) == "partial" and bool(args) and getattr(args[0], "id", None) == func.name
             if partial:
                 args = args[1:]  # a partial that leaves the parameter out binds nothing
-            elif _callee(node) != func.name:
+            elif callee(node) != func.name:
                 continue
             keyword = next((k.value for k in node.keywords if k.arg == name), None)
             k = positional.index(name) if name in positional else len(args)

@@ -24,6 +24,7 @@ from egglog import String, eq, i64, relation, vars_
 
 from equivci.diagnose.frames import LAYOUT_OPS, innermost, is_user_frame
 from equivci.diagnose.missing import MissingWork, MissingWorkFinder, source_text
+from equivci.diagnose.source import assigned_at, call_argument, callee, parameters, statement
 from equivci.hlo.collectives import parse_pairs
 from equivci.hlo.ir import TRIVIAL_OPS, Instruction, SourceLoc
 from equivci.prove.saturate import Proof, add_terms, is_related, proved_equal
@@ -277,7 +278,7 @@ def wrong_permutation(events: list[Event], proof: Proof, evaluator, first: Event
 def _at_pairs_origin(inst: Instruction, events: list[Event]) -> Instruction:
     """`inst` with the line that writes its permutation in front of its stack, when it can be found."""
     loc = _loc(inst)
-    found = _statement(*loc) if loc else None
+    found = statement(*loc) if loc else None
     expr = _perm_expr(found[0]) if found else None
     origin = _expr_origin(loc[0], loc[1], expr, events) if loc is not None and expr is not None else None
     if origin is None:
@@ -705,7 +706,7 @@ def _input_free_origin(
 
 def _bound_name(file: str, line: int) -> str | None:
     """The one name the statement at `line` assigns, if it assigns one."""
-    found = _statement(file, line)
+    found = statement(file, line)
     targets = getattr(found[0], "targets", None) if found else None
     if found is not None and isinstance(found[0], (ast.AnnAssign, ast.AugAssign)):
         targets = [found[0].target]
@@ -731,25 +732,25 @@ def _input_free(term: Term, limit: int = 2000) -> bool:
 
 def _device_index_itself(file: str, line: int) -> bool:
     """The statement at `line` binds the device's index itself (`i = lax.axis_index("tp")`)."""
-    found = _statement(file, line)
+    found = statement(file, line)
     value = getattr(found[0], "value", None) if found else None
-    return isinstance(value, ast.Call) and _callee(value) == "axis_index"
+    return isinstance(value, ast.Call) and callee(value) == "axis_index"
 
 
 def _name_from_device_index(inst: Instruction, here: tuple[str, int], index: tuple[str, int]) -> Instruction | None:
     """`inst` placed where a name its statement (at `here`) uses is computed from the device's
     index bound at `index`: the Python arithmetic between the two may have emitted no op."""
-    found, bound = _statement(*here), _statement(*index)
+    found, bound = statement(*here), statement(*index)
     if found is None or bound is None or index[0] != here[0]:
         return None
     index_names = {n.id for t in getattr(bound[0], "targets", []) for n in ast.walk(t) if isinstance(n, ast.Name)}
     used = [n.id for n in ast.walk(found[0]) if isinstance(n, ast.Name)]
     for func in reversed(found[1]):
         for name in used:
-            line = _assigned_at(func, name, here[1])
+            line = assigned_at(func, name, here[1])
             if line is None or line == index[1]:
                 continue
-            stmt = _statement(here[0], line)
+            stmt = statement(here[0], line)
             value = getattr(stmt[0], "value", None) if stmt else None
             if value is not None and index_names & {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}:
                 return dataclasses.replace(inst, stack=(SourceLoc(here[0], line, func.name),) + tuple(inst.stack))
@@ -815,7 +816,7 @@ def _grad_call_frame(inst: Instruction) -> int | None:
     for k, loc in enumerate(inst.stack):
         if not is_user_frame(loc):
             continue
-        found = _statement(loc.file, loc.line)
+        found = statement(loc.file, loc.line)
         if found is None:
             continue
         for node in ast.walk(found[0]):
@@ -905,45 +906,6 @@ def _where(loc: tuple[str, int] | None) -> str:
     return f"{shown}:{loc[1]}"
 
 
-@functools.lru_cache(maxsize=64)
-def _module_ast(file: str) -> ast.Module | None:
-    try:
-        return ast.parse(Path(file).read_text())
-    except (OSError, SyntaxError, ValueError):
-        return None
-
-
-_Function = ast.FunctionDef | ast.AsyncFunctionDef
-
-
-def _statement(file: str, line: int) -> tuple[ast.stmt, list[_Function]] | None:
-    """The innermost simple statement spanning `line`, with its enclosing function chain."""
-    tree = _module_ast(file)
-    if tree is None:
-        return None
-    best: ast.stmt | None = None
-    chain: list[_Function] = []
-
-    def visit(node: ast.AST, funcs: list[_Function]) -> None:
-        nonlocal best, chain
-        for child in ast.iter_child_nodes(node):
-            if not isinstance(child, ast.stmt) or not (child.lineno <= line <= (child.end_lineno or child.lineno)):
-                continue
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                visit(child, funcs + [child])
-            elif hasattr(child, "body") and isinstance(getattr(child, "body"), list):
-                visit(child, funcs)
-            else:
-                best, chain = child, funcs
-
-    visit(tree, [])
-    return (best, chain) if best is not None else None
-
-
-def _callee(call: ast.Call) -> str:
-    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
-
-
 def _operand_exprs(stmt: ast.stmt, opcode: str, count: int) -> list[ast.expr] | None:
     """The source expressions of an op's operands, when the statement shows them unambiguously."""
     binop = _BINOPS.get(opcode)
@@ -951,7 +913,7 @@ def _operand_exprs(stmt: ast.stmt, opcode: str, count: int) -> list[ast.expr] | 
         if binop and isinstance(node, ast.BinOp) and isinstance(node.op, binop) and count == 2:
             return [node.left, node.right]
         if isinstance(node, ast.Call):
-            if _callee(node) in _CALLS.get(opcode, ()):
+            if callee(node) in _CALLS.get(opcode, ()):
                 args = [a for a in node.args if not isinstance(a, ast.Constant)]
                 if opcode == "reshape" and isinstance(node.func, ast.Attribute):
                     return [node.func.value] + args
@@ -968,7 +930,7 @@ def _window_attrs(inst: Instruction) -> str:
 
 def _operand_name(inst: Instruction, index: int) -> str | None:
     loc = _loc(inst)
-    found = _statement(*loc) if loc else None
+    found = statement(*loc) if loc else None
     if found is None:
         return None
     exprs = _operand_exprs(found[0], inst.opcode, len(inst.operands))
@@ -984,12 +946,12 @@ _PERM_ARGS = {"ppermute": 2, "pshuffle": 2}  # call -> position of its permutati
 def _perm_expr(stmt: ast.stmt) -> ast.expr | None:
     """The permutation argument of the ppermute call in `stmt`."""
     for node in ast.walk(stmt):
-        if isinstance(node, ast.Call) and _callee(node) in _PERM_ARGS:
+        if isinstance(node, ast.Call) and callee(node) in _PERM_ARGS:
             keyword = next((k.value for k in node.keywords if k.arg == "perm"), None)
             if keyword is not None:
                 return keyword
-            if len(node.args) > _PERM_ARGS[_callee(node)]:
-                return node.args[_PERM_ARGS[_callee(node)]]
+            if len(node.args) > _PERM_ARGS[callee(node)]:
+                return node.args[_PERM_ARGS[callee(node)]]
     return None
 
 
@@ -1002,15 +964,15 @@ def _expr_origin(file: str, line: int, expr: ast.expr, events: list[Event], dept
     target = expr.func if isinstance(expr, ast.Call) else expr
     if not isinstance(target, ast.Name) or depth == 0:
         return file, expr.lineno, ""
-    found = _statement(file, line)
+    found = statement(file, line)
     if found is None:
         return None
     for func in reversed(found[1]):
-        assigned = _assigned_at(func, target.id, line)
+        assigned = assigned_at(func, target.id, line)
         if assigned is not None:
             return file, assigned, func.name
-        if target.id in _parameters(func):
-            site = _call_argument(file, func, target.id, events)
+        if target.id in parameters(func):
+            site = call_argument(file, func, target.id, events)
             if site is None:
                 return None
             cfile, arg = site
@@ -1023,7 +985,7 @@ def call_chain_start(loc: SourceLoc, events: list[Event], depth: int = 5) -> Sou
     `loc` to its call seen on the ops' stacks, and so on up. An op's own stack may end early (the
     stacks of a shard_map body's ops end at the body), so the calls come from every op's stack."""
     for _ in range(depth):
-        found = _statement(loc.file, loc.line)
+        found = statement(loc.file, loc.line)
         if not found or not found[1]:
             return loc
         scope = found[1][0]
@@ -1046,82 +1008,19 @@ def call_chain_start(loc: SourceLoc, events: list[Event], depth: int = 5) -> Sou
     return loc
 
 
-def _parameters(func: _Function) -> list[str]:
-    args = func.args
-    return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
-
-
-def _call_argument(
-    file: str, func: _Function, name: str, events: list[Event], stack: tuple[SourceLoc, ...] = ()
-) -> tuple[str, ast.expr] | None:
-    """The argument passed for parameter `name` of `func` at a call site seen in the op stacks,
-    the one on `stack` (the op's own call chain) first."""
-    positional = [a.arg for a in func.args.posonlyargs + func.args.args]
-
-    def calls_from(frames) -> list[tuple[str, int]]:
-        return [
-            (outer.file, outer.line)
-            for inner, outer in zip(frames, frames[1:])
-            if inner.file == file
-            and inner.function.split(".")[-1] == func.name
-            and func.lineno <= inner.line <= (func.end_lineno or func.lineno)
-        ]
-
-    own = calls_from(stack)
-    others = {site for event in events for site in calls_from(event.inst.stack)} - set(own)
-    for cfile, cline in own + sorted(others):
-        found = _statement(cfile, cline)
-        calls = _calls_of(found, func.name) if found else []
-        for call in calls:
-            keyword = next((k.value for k in call.keywords if k.arg == name), None)
-            if keyword is not None:
-                return cfile, keyword
-            k = positional.index(name) if name in positional else len(call.args)
-            if k < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[: k + 1]):
-                return cfile, call.args[k]
-    return None
-
-
-def _calls_of(found: tuple[ast.stmt, list[_Function]], name: str) -> list[ast.Call]:
-    """The calls of function `name` in a statement: by its name, else (the function passed in as an
-    argument) through a parameter of the statement's function, when that is the only such call."""
-    stmt, funcs = found
-    calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
-    direct = [n for n in calls if _callee(n) == name]
-    params = {p for f in funcs for p in _parameters(f)}
-    passed = [n for n in calls if isinstance(n.func, ast.Name) and n.func.id in params]
-    return direct or (passed if len(passed) == 1 else [])
-
-
 def _python_origin(loc: tuple[str, int], exprs: list[ast.expr], op_lines: set[tuple[str, int]]):
     """Where a name used in `exprs` was bound by plain Python (a line that emitted no op)."""
-    found = _statement(*loc)
+    found = statement(*loc)
     if found is None:
         return None
     _, funcs = found
     names = [n.id for expr in exprs for n in ast.walk(expr) if isinstance(n, ast.Name)]
     for func in reversed(funcs):
         for name in names:
-            line = _assigned_at(func, name, loc[1])
+            line = assigned_at(func, name, loc[1])
             if line is not None and (loc[0], line) not in op_lines:
                 return name, line, func
     return None
-
-
-def _assigned_at(scope: ast.AST, name: str, before: int) -> int | None:
-    """The last line before `before` that assigns `name` inside `scope`."""
-    lines = [
-        node.lineno
-        for node in ast.walk(scope)
-        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
-        and node.lineno < before
-        and any(
-            isinstance(t, ast.Name) and t.id == name
-            for tgt in (node.targets if isinstance(node, ast.Assign) else [node.target])
-            for t in ast.walk(tgt)
-        )
-    ]
-    return max(lines) if lines else None
 
 
 class _Tracer:
@@ -1412,7 +1311,7 @@ class _Tracer:
     ) -> Defect | None:
         """Point at the Python line that set a static value (a width, a head size) the op uses."""
         loc = _loc(event.inst)
-        found = _statement(*loc) if loc else None
+        found = statement(*loc) if loc else None
         if found is None or loc is None:
             return None
         exprs = _operand_exprs(found[0], event.inst.opcode, len(event.inst.operands))
@@ -1513,10 +1412,8 @@ def at_index_origin(cut: Event, lead: str, events: list[Event], op_lines: set[tu
     at (`kv_head = i % n` used as `kv_head * HEAD_DIM`): where the device-to-part map is written.
     An index the enclosing function receives as a parameter is computed where its caller passes it."""
     loc = _loc(cut.inst)
-    found = _statement(*loc) if loc else None
-    calls = (
-        [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "dynamic_slice" in _callee(n)] if found else []
-    )
+    found = statement(*loc) if loc else None
+    calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "dynamic_slice" in callee(n)] if found else []
     if not found or loc is None or len(calls) != 1 or len(calls[0].args) < 2:
         return None
     origin = _index_source(loc[0], loc[1], calls[0].args[1], cut.inst.stack, events, op_lines)
@@ -1540,15 +1437,15 @@ def _index_source(
     """(file, line, function, what, parameter) where a device-dependent name used in `expr` is
     computed: its assignment in an enclosing function or, for a parameter, what the caller on
     `stack` passes (followed to where that is computed, else the call itself)."""
-    found = _statement(file, line)
+    found = statement(file, line)
     if found is None:
         return None
     names = [n.id for n in ast.walk(expr) if isinstance(n, ast.Name)]
     for func in reversed(found[1]):
         for name in names:
-            assigned = _assigned_at(func, name, line)
-            if assigned is None and name in _parameters(func):
-                site = _call_argument(file, func, name, events, stack)
+            assigned = assigned_at(func, name, line)
+            if assigned is None and name in parameters(func):
+                site = call_argument(file, func, name, events, stack)
                 if site is None:
                     continue
                 cfile, arg = site
@@ -1558,7 +1455,7 @@ def _index_source(
                 if _device_index(cfile, arg.lineno, arg, op_lines):
                     return cfile, arg.lineno, "", ast.unparse(arg), name
                 continue
-            bound = _statement(file, assigned) if assigned is not None else None
+            bound = statement(file, assigned) if assigned is not None else None
             value = getattr(bound[0], "value", None) if bound else None
             if assigned is not None and value is not None and _device_index(file, assigned, value, op_lines):
                 return file, assigned, func.name, name, None
@@ -1568,7 +1465,7 @@ def _index_source(
 def _device_index(file: str, line: int, value: ast.expr, op_lines: set[tuple[str, int]]) -> bool:
     """`value`, written at `line`, is computed on the device (it emitted ops) from more than the
     device index itself."""
-    return (file, line) in op_lines and not (isinstance(value, ast.Call) and _callee(value) == "axis_index")
+    return (file, line) in op_lines and not (isinstance(value, ast.Call) and callee(value) == "axis_index")
 
 
 def _window(t: Term | None) -> tuple[Term, tuple] | None:
