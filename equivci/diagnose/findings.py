@@ -81,16 +81,18 @@ def defect_findings(
     shown: bool = True,
     reference_events: list[Event] | None = None,
     reference_lines: frozenset[tuple[str, int]] = frozenset(),
+    entry: tuple[str, str] | None = None,
 ) -> list[Finding]:
     """The findings for `defect`, ranked with the numeric frontier when there is one.
 
     `outputs_equal`: the numeric oracle ran and found the outputs equal (an unproven model).
     `shown`: a check showed the programs differ (a counterexample); without one, the finding says
     what could not be related and where the reference computes it, and claims no defect.
-    `reference_lines`: the (file, line) pairs on the reference program's op stacks."""
+    `reference_lines`: the (file, line) pairs on the reference program's op stacks.
+    `entry`: (file, function) of the distributed entrypoint, where its call chain starts."""
     if shown:
         found = _defect_findings(defect, captured, events, layering, failed_layers, frontier, outputs_equal)
-        found = _caller_choices(found, captured, events)
+        found = _caller_choices(found, captured, events, entry)
     else:
         inst = defect.frontier or defect.inst
         found = [
@@ -225,7 +227,10 @@ def _library_callers(
 
 
 def _caller_choices(
-    findings: list[tuple[Finding, Instruction | None]], captured: CapturedModel, events: list[Event]
+    findings: list[tuple[Finding, Instruction | None]],
+    captured: CapturedModel,
+    events: list[Event],
+    entry: tuple[str, str] | None,
 ) -> list[tuple[Finding, Instruction | None]]:
     """The lead error moves to the call that passes the static value its op depends on, where another
     call of the same helper passes another (equivci.diagnose.arguments); the op's line stays as a
@@ -235,7 +240,7 @@ def _caller_choices(
     (lead, inst), rest = findings[0], findings[1:]
     if inst is None or lead.severity != "error":
         return findings
-    choice = passed_choice(inst, events, captured.repo_root)
+    choice = passed_choice(inst, events, captured.repo_root, entry)
     if choice is None:
         return findings
     path, line = source_of(
