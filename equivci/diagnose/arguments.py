@@ -14,13 +14,15 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from equivci.diagnose.frames import in_repository
+from equivci.diagnose.frames import LAYOUT_OPS, in_repository
 from equivci.diagnose.source import Function, assigned_at, call_argument, callee, module_ast, parameters, statement
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.translate.evaluator import Event
 
 MAX_NAMES = 40  # names followed back from the op's statement, over every level
 MAX_CALLS = 4  # calls followed up from the op's function
+MAX_USES = 12  # uses of an index or mask value whose statements are searched too
+INDEX_TYPES = {"pred", "s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +55,36 @@ def passed_choice(
         return None
     search = _Search(events, tuple(inst.stack), entry)
     choices = search.run(loc.file, loc.line, [found[0]], MAX_CALLS)
+    for use in [] if choices else _index_uses(inst, events, root):
+        # Index and mask arithmetic is only as right as what its uses make of it (a bound test
+        # left out, a comparison a callback makes): their choices are the op's too.
+        use_loc = next(f for f in use.stack if in_repository(f, root))
+        stmt = statement(use_loc.file, use_loc.line)
+        if stmt is not None:
+            choices += _Search(events, tuple(use.stack), entry).run(use_loc.file, use_loc.line, [stmt[0]], MAX_CALLS)
     return next((c for c in choices if c.paired), choices[0] if choices else None)
+
+
+def _index_uses(inst: Instruction, events: list[Event], root: Path) -> list[Instruction]:
+    """The ops that use an integer or predicate value (an index, an offset, a mask) through further
+    integer and predicate ops, and the first other op each reaches, in program order; none for a
+    value of another type."""
+    if inst.shape.dtype not in INDEX_TYPES:
+        return []
+    found: list[Instruction] = []
+    frontier, seen = {inst.name}, {inst.name}
+    for event in events:
+        if len(found) >= MAX_USES:
+            break
+        use = event.inst
+        if use.name in seen or not frontier.intersection(use.operands):
+            continue
+        seen.add(use.name)
+        if any(in_repository(f, root) for f in use.stack):
+            found.append(use)
+        if use.shape.dtype in INDEX_TYPES or use.opcode in LAYOUT_OPS:
+            frontier.add(use.name)
+    return found
 
 
 class _Search:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from equivci.capture.types import CapturedModel
 from equivci.diagnose.arguments import passed_choice
-from equivci.diagnose.frames import innermost, library_call
+from equivci.diagnose.frames import innermost, library_call, shared_call
 from equivci.diagnose.localize import Defect, call_chain_start, source_of
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.hlo.ir import Instruction, SourceLoc
@@ -191,9 +191,15 @@ def _library_callers(
     ties = max((f.tie for f, _ in findings if f.tie is not None), default=-1)
     for finding, inst in findings:
         found = library_call(inst, captured.repo_root, reference_lines) if inst is not None else None
-        if inst is None or found is None or finding.severity != "error" or finding.tie is not None:
+        shared = shared_call(inst, captured.repo_root, reference_lines) if inst is not None and not found else None
+        if inst is None or not (found or shared) or finding.severity != "error" or finding.tie is not None:
             out.append(finding)
             continue
+        if shared is not None:
+            out += _shared_caller(finding, inst, shared, captured, ties + 1)
+            ties += 1
+            continue
+        assert found is not None
         call, library, start = found
         start = call_chain_start(start, events)
         lead_path, lead_line = source_of(dataclasses.replace(inst, stack=(start,) + inst.stack), captured.repo_root)
@@ -224,6 +230,33 @@ def _library_callers(
             )
         )
     return out
+
+
+def _shared_caller(
+    finding: Finding, inst: Instruction, shared: tuple[SourceLoc, SourceLoc], captured: CapturedModel, tie: int
+) -> list[Finding]:
+    """The error moves from a line both programs run to where the distributed program calls it; the
+    op's own line stays as a tied note."""
+    call_path, call_line = source_of(dataclasses.replace(inst, stack=(shared[1],)), captured.repo_root)
+    if call_path is None or (call_path, call_line) == (finding.path, finding.line):
+        return [finding]
+    moved = dataclasses.replace(
+        finding,
+        path=call_path,
+        line=call_line,
+        tie=tie,
+        message=f"this call, which the reference does not make, hands code the reference runs too (the "
+        f"`{inst.opcode}` at {finding.path}:{finding.line}, which computes the same from the same values) what it "
+        f"uses there. There: {finding.message}",
+    )
+    note = dataclasses.replace(
+        finding,
+        severity="note",
+        tie=tie,
+        message=f"the `{inst.opcode}` that the finding at {call_path}:{call_line} is about is made here, "
+        "in code the reference runs too.",
+    )
+    return [moved, note]
 
 
 def _caller_choices(
