@@ -122,7 +122,9 @@ def _static(file: str, arg: ast.expr) -> bool:
     if isinstance(arg, ast.Name):
         found = _statement(file, arg.lineno)
         funcs = found[1] if found else []
-        return not any(_defines(f, arg.id) or arg.id in _parameters(f) for f in funcs)
+        return not any(_defines(f, arg.id) or arg.id in _parameters(f) for f in funcs) and not (
+            found is not None and _lambda_parameter(found[0], arg)
+        )
     if isinstance(arg, ast.UnaryOp):
         return _static(file, arg.operand)
     if isinstance(arg, ast.BinOp):
@@ -130,6 +132,17 @@ def _static(file: str, arg: ast.expr) -> bool:
     if isinstance(arg, (ast.Tuple, ast.List)):
         return all(_static(file, e) for e in arg.elts)
     return False
+
+
+def _lambda_parameter(stmt: ast.stmt, name: ast.Name) -> bool:
+    """`name` is a parameter of a lambda in `stmt` that contains it: a value each call of the
+    lambda receives, not one fixed when the program is written."""
+    return any(
+        isinstance(node, ast.Lambda)
+        and name.id in {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
+        and any(inner is name for inner in ast.walk(node.body))
+        for node in ast.walk(stmt)
+    )
 
 
 def _other_arguments(func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, *files: str):
