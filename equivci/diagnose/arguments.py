@@ -69,7 +69,7 @@ def _index_uses(inst: Instruction, events: list[Event], root: Path) -> list[Inst
     """The ops that use an integer or predicate value (an index, an offset, a mask) through further
     integer and predicate ops, and the first other op each reaches, in program order; none for a
     value of another type."""
-    if inst.shape.dtype not in INDEX_TYPES:
+    if getattr(inst.shape, "dtype", None) not in INDEX_TYPES:  # an op without a shape: no value to follow
         return []
     found: list[Instruction] = []
     frontier, seen = {inst.name}, {inst.name}
@@ -238,7 +238,9 @@ def _static(file: str, arg: ast.expr) -> bool:
     if isinstance(arg, ast.Name):
         found = statement(file, arg.lineno)
         funcs = found[1] if found else []
-        return not any(_defines(f, arg.id) or arg.id in parameters(f) for f in funcs)
+        return not any(_defines(f, arg.id) or arg.id in parameters(f) for f in funcs) and not (
+            found is not None and _lambda_parameter(found[0], arg)
+        )
     if isinstance(arg, ast.UnaryOp):
         return _static(file, arg.operand)
     if isinstance(arg, ast.BinOp):
@@ -246,6 +248,17 @@ def _static(file: str, arg: ast.expr) -> bool:
     if isinstance(arg, (ast.Tuple, ast.List)):
         return all(_static(file, e) for e in arg.elts)
     return False
+
+
+def _lambda_parameter(stmt: ast.stmt, name: ast.Name) -> bool:
+    """`name` is a parameter of a lambda in `stmt` that contains it: a value each call of the
+    lambda receives, not one fixed when the program is written."""
+    return any(
+        isinstance(node, ast.Lambda)
+        and name.id in {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
+        and any(inner is name for inner in ast.walk(node.body))
+        for node in ast.walk(stmt)
+    )
 
 
 def _calls(func: Function, *files: str) -> Iterator[tuple[str, ast.Call, dict[str, ast.expr | None]]]:

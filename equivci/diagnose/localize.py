@@ -127,21 +127,59 @@ def _shown(ranges: list[tuple[int, int]]) -> str:
 
 def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Event, str] | None:
     """The op that cut a slice whose offsets across devices are out of device order."""
-    for (leaf, dim), ranges in input_windows(operands).items():
+    cuts = [
+        (f"input #{leaf}", dim, ranges, cutter(events, leaf, dim, ranges))
+        for (leaf, dim), ranges in input_windows(operands).items()
+    ]
+    cuts += [
+        (_sliced_value(event), windows[0].attrs[0], [(t.attrs[1], t.attrs[2]) for t in windows], event)
+        for windows in computed_windows(operands)
+        for event in [_producer_of(events, windows)]
+    ]
+    for what, dim, ranges, event in cuts:
         spans = list(dict.fromkeys(ranges))
         # Shards of one tensor, in the order devices first hold them, tile a contiguous range
         # (devices that differ only along another mesh axis hold the same shard), or each is
         # the same part of its own block (a microbatch of every device's shard).
         if any(prev[1] != cur[0] for prev, cur in zip(spans, spans[1:])) and not same_part_of_blocks(spans):
-            event = cutter(events, leaf, dim, ranges)
             if event is not None:
                 return event, (
-                    f"this slice of input #{leaf} along dim {dim} takes {_shown(ranges)} on devices "
+                    f"this slice of {what} along dim {dim} takes {_shown(ranges)} on devices "
                     f"0..{len(ranges) - 1}: these are not consecutive shards in device "
                     "order (overlapping, out of order or with gaps), so the devices do not hold the "
                     "parts the other operand expects"
                 )
     return None
+
+
+def computed_windows(operands: list[list[Term]]) -> list[list[Term]]:
+    """Operands that are, on every device, a window cut along one dim of the same computed value
+    (not an input: those are `input_windows`), such as a slice of the routing weights at an offset."""
+    found = []
+    for op in operands:
+        if (
+            op
+            and all(t.op == "slice" and t.args[0] is op[0].args[0] and t.attrs[0] == op[0].attrs[0] for t in op)
+            and op[0].args[0].op not in ("param", "slice")
+        ):
+            found.append(op)
+    return found
+
+
+def _sliced_value(event: Event | None) -> str:
+    """The name of what the slice call at the op's line cuts (`cw` of `dynamic_slice_in_dim(cw, ...)`)."""
+    loc = _loc(event.inst) if event is not None else None
+    found = statement(*loc) if loc is not None else None
+    calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "slice" in callee(n)] if found else []
+    if len(calls) == 1 and calls[0].args and len(text := ast.unparse(calls[0].args[0])) <= 40:
+        return f"`{text}`"
+    return "a computed value"
+
+
+def _producer_of(events: list[Event], terms: list[Term]) -> Event | None:
+    """The first op, in program order, whose value on some device is one of `terms`."""
+    ids = {id(t) for t in terms}
+    return next((e for e in events if (ts := _terms(e)) and any(id(t) in ids for t in ts)), None)
 
 
 def same_part_of_blocks(spans: list[tuple[int, int]]) -> bool:
@@ -1023,6 +1061,32 @@ def _python_origin(loc: tuple[str, int], exprs: list[ast.expr], op_lines: set[tu
     return None
 
 
+def _assigned_value(file: str, line: int) -> ast.expr | None:
+    """The value the statement at `line` assigns, if it is an assignment."""
+    found = statement(file, line)
+    return getattr(found[0], "value", None) if found else None
+
+
+def _assignment_chain(file: str, line: int, depth: int = 4) -> list[int]:
+    """`line` and the lines that assign the names its statement reads, followed back `depth` steps
+    inside the enclosing functions, nearest first."""
+    lines, frontier = [line], [line]
+    for _ in range(depth):
+        step = []
+        for at in frontier:
+            found = statement(file, at)
+            value = getattr(found[0], "value", None) if found else None
+            if found is None or value is None:
+                continue
+            for name in {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}:
+                assigned = next((a for f in reversed(found[1]) if (a := assigned_at(f, name, at)) is not None), None)
+                if assigned is not None and assigned not in lines:
+                    lines.append(assigned)
+                    step.append(assigned)
+        frontier = step
+    return lines
+
+
 class _Tracer:
     def __init__(
         self,
@@ -1266,27 +1330,31 @@ class _Tracer:
                 shown = ", ".join(f"[{a}:{b}) along dim {d}" for d, a, b in window[1]) if window else ""
                 taken = f"the wrong window ({shown} on device {dev})" if shown else f"a wrong window on device {dev}"
                 said = f"this slice takes {taken}: {lead}"
-                return self.at_index_origin(cut, said) or Defect(cut.inst, said + ".")
+                return (
+                    self.at_name_binding(event, k, cut, name, said)
+                    or self.at_index_origin(cut, said)
+                    or Defect(cut.inst, said + ".")
+                )
             return Defect(end.inst, f"{lead}; the value is made here.")
         lead = (
             f"so `{name}`, which feeds the `{event.inst.opcode}` at {here}, is not a slice of the reference's "
             f"{rname} ({_at(r_op.inst)}) on device {dev}"
         )
         if kind == "window":
-            return Defect(
-                end.inst,
+            said = (
                 f"this `{end.inst.opcode}` reads {_window_attrs(end.inst)}, a window of the value the reference's "
                 f"`{rend.inst.opcode}` ({_at(rend.inst)}) reads {_window_attrs(rend.inst)} of, but not the window "
-                f"the reference takes: it picks other elements, {lead}.",
+                f"the reference takes: it picks other elements, {lead}"
             )
+            return self.at_name_binding(event, k, end, name, said) or Defect(end.inst, said + ".")
         # The operands of `end` match the reference's, so its own attributes differ (a shape, a window).
         if end.inst.opcode in WINDOW_READS and end.inst.opcode == rend.inst.opcode and _loc(end.inst) is not None:
-            return Defect(
-                end.inst,
+            said = (
                 f"this `{end.inst.opcode}` reads {_window_attrs(end.inst)} of a value related to the "
                 f"reference's, where the reference's `{rend.inst.opcode}` ({_at(rend.inst)}) "
-                f"reads {_window_attrs(rend.inst)} of it: it picks other elements, {lead}.",
+                f"reads {_window_attrs(rend.inst)} of it: it picks other elements, {lead}"
             )
+            return self.at_name_binding(event, k, end, name, said) or Defect(end.inst, said + ".")
         d_shape, r_shape = self.value(end, dev), self.value(rend, 0)
         shapes = ""
         if d_shape is not None and r_shape is not None and d_shape.shape != r_shape.shape:
@@ -1335,6 +1403,37 @@ class _Tracer:
         stack = (SourceLoc(loc[0], line, getattr(func, "name", "")),) + tuple(event.inst.stack)
         inst = dataclasses.replace(event.inst, stack=stack)
         return Defect(inst, f"`{name}` is set here and used at {_where(loc)}: {lead}.")
+
+    def at_name_binding(self, event: Event, k: int, cut: Event, name: str, said: str) -> Defect | None:
+        """The statement in the operand's chain of assignments that computes what the op that cut its
+        window computes, when that op is attributed to a line outside the chain: the compiler merged
+        two identical computations and kept the other line (`q = x @ w[0]` kept for `k = x @ w[0]`,
+        or for `wk = w[0]`)."""
+        loc, cut_loc = _loc(event.inst), _loc(cut.inst)
+        found = statement(*loc) if loc is not None else None
+        exprs = _operand_exprs(found[0], event.inst.opcode, len(event.inst.operands)) if found else None
+        if loc is None or cut_loc is None or exprs is None or k >= len(exprs):
+            return None
+        origin = _expr_origin(loc[0], loc[1], exprs[k], self.events)
+        if origin is None or not origin[2] or (origin[0], origin[1]) == loc:
+            return None
+        file, function = origin[0], origin[2]
+        chain = _assignment_chain(file, origin[1])
+        cut_value = _assigned_value(*cut_loc)
+        if (cut_loc[0] == file and cut_loc[1] in chain) or cut_value is None:
+            return None
+        # A computation, not a name or a literal, that the cut's statement computes too.
+        merged = {ast.dump(e) for e in ast.walk(cut_value) if isinstance(e, (ast.Call, ast.BinOp, ast.Subscript))}
+        line = next((at for at in chain if ast.dump(_assigned_value(file, at) or ast.Pass()) in merged), None)
+        if line is None:
+            return None
+        inst = dataclasses.replace(cut.inst, stack=(SourceLoc(file, line, function),) + tuple(cut.inst.stack))
+        return Defect(
+            inst,
+            f"`{name}` gets its value from this line, whose computation the compiler merged with the same "
+            f"expression at {_where(cut_loc)} (it keeps one line for both): "
+            f"{said}.",
+        )
 
     def python_binding(self, loc, exprs):
         return _python_origin(loc, exprs, self.op_lines)
