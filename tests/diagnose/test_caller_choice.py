@@ -199,17 +199,50 @@ PATHS = textwrap.dedent(
 
     def two_tp_other_axis(x, w_up, w_down, *, mesh):
         return _two(x, w_up, mesh, "data")  # MARK:axis
+
+
+    def lookup_inputs():
+        return jax.ShapeDtypeStruct((16, 8), jnp.float32), jax.ShapeDtypeStruct((2, 6), jnp.int32)
+
+
+    def lookup(table, ids):
+        return table[ids]
+
+
+    def _rows(table_shard, ids, in_shard):
+        n = table_shard.shape[0]
+        local = ids - lax.axis_index("model") * n
+        rows = table_shard[jnp.clip(local, 0, n - 1)]
+        return lax.psum(jnp.where(in_shard(local, n)[..., None], rows, 0.0), "model")
+
+
+    def _vocab_parallel(table, ids, mesh, in_shard):
+        body = lambda t, i: _rows(t, i, in_shard)  # noqa: E731
+        return jax.shard_map(body, mesh=mesh, in_specs=(P("model", None), P()), out_specs=P(), check_vma=False)(
+            table, ids
+        )
+
+
+    def lookup_tp(table, ids, *, mesh):
+        return _vocab_parallel(table, ids, mesh, lambda local, n: (local >= 0) & (local < n))
+
+
+    def lookup_tp_no_upper_bound(table, ids, *, mesh):
+        return _vocab_parallel(table, ids, mesh, lambda local, n: local >= 0)  # MARK:bound
     """
 ).lstrip()
 
 PATHS_MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {name}, reference: paths.py:{ref}, distributed: paths.py:{func}, inputs: paths.py:inputs, "
+    f"  - {{name: {name}, reference: paths.py:{ref}, distributed: paths.py:{func}, "
+    f"inputs: paths.py:{'lookup_inputs' if ref == 'lookup' else 'inputs'}, "
     "mesh: {data: 2, model: 2}}\n"
     for name, ref, func in [
         ("callable", "mlp", "tp_tanh"),
         ("flag", "clipped", "tp_unclipped"),
         ("axis", "two", "two_tp_other_axis"),
         ("flag-ok", "clipped", "tp_clipped"),
+        ("bound", "lookup", "lookup_tp_no_upper_bound"),
+        ("bound-ok", "lookup", "lookup_tp"),
     ]
 )
 
@@ -227,6 +260,9 @@ def paths(tmp_path_factory):
         # `SCALE_B` is passed where the other call passes `SCALE_A`, but so do its weights: the axis
         # alone tells the two `_two` calls apart.
         ("axis", "axis", "`'data'` is passed here as `axis_b` of `_two`"),
+        # The ids' shift into the shard is index arithmetic the reference lacks: the bound test its
+        # uses make (a callback) is the choice.
+        ("bound", "bound", "is passed here as `in_shard` of `_vocab_parallel`"),
     ],
 )
 def test_the_choice_is_found_through_callables_partials_and_branches(paths, name, mark, says):
@@ -237,5 +273,6 @@ def test_the_choice_is_found_through_callables_partials_and_branches(paths, name
     assert says in lead.message
 
 
-def test_the_flag_that_keeps_the_bound_verifies(paths):
-    assert verify_named(paths, "flag-ok").status == Status.VERIFIED
+@pytest.mark.parametrize("name", ["flag-ok", "bound-ok"])
+def test_the_calls_that_keep_the_bound_verify(paths, name):
+    assert verify_named(paths, name).status == Status.VERIFIED
