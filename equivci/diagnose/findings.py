@@ -240,23 +240,17 @@ def _shared_caller(
     call_path, call_line = source_of(dataclasses.replace(inst, stack=(shared[1],)), captured.repo_root)
     if call_path is None or (call_path, call_line) == (finding.path, finding.line):
         return [finding]
-    moved = dataclasses.replace(
-        finding,
-        path=call_path,
-        line=call_line,
-        tie=tie,
-        message=f"this call, which the reference does not make, hands code the reference runs too (the "
-        f"`{inst.opcode}` at {finding.path}:{finding.line}, which computes the same from the same values) what it "
-        f"uses there. There: {finding.message}",
+    return list(
+        _moved(
+            finding,
+            (call_path, call_line, tie),
+            f"this call, which the reference does not make, hands code the reference runs too (the "
+            f"`{inst.opcode}` at {finding.path}:{finding.line}, which computes the same from the same values) what "
+            f"it uses there. There: {finding.message}",
+            f"the `{inst.opcode}` that the finding at {call_path}:{call_line} is about is made here, in code the "
+            "reference runs too.",
+        )
     )
-    note = dataclasses.replace(
-        finding,
-        severity="note",
-        tie=tie,
-        message=f"the `{inst.opcode}` that the finding at {call_path}:{call_line} is about is made here, "
-        "in code the reference runs too.",
-    )
-    return [moved, note]
 
 
 def _caller_choices(
@@ -284,22 +278,23 @@ def _caller_choices(
     others = "; ".join(f"{_shown(file, captured)}:{n} passes `{text}`" for file, n, text in choice.others[:2])
     # A lead tied with other places keeps its tie: the call joins them, first.
     tie = lead.tie if lead.tie is not None else max((f.tie for f, _ in findings if f.tie is not None), default=-1) + 1
-    moved = dataclasses.replace(
+    moved, note = _moved(
         lead,
-        path=path,
-        line=line,
-        tie=tie,
-        message=f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}` (elsewhere {others}), "
+        (path, line, tie),
+        f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}` (elsewhere {others}), "
         f"and the `{inst.opcode}` at {lead.path}:{lead.line} depends on it. There: {lead.message}",
-    )
-    note = dataclasses.replace(
-        lead,
-        severity="note",
-        tie=tie,
-        message=f"the `{inst.opcode}` that the finding at {path}:{line} is about is made here, from what "
-        "that call passes.",
+        f"the `{inst.opcode}` that the finding at {path}:{line} is about is made here, from what that call passes.",
     )
     return [(moved, None), (note, None)] + rest
+
+
+def _moved(lead: Finding, to: tuple[str, int | None, int], message: str, note: str) -> tuple[Finding, Finding]:
+    """The lead error at its new place (path, line, tie), and a note at its old place, tied to it."""
+    path, line, tie = to
+    return (
+        dataclasses.replace(lead, path=path, line=line, tie=tie, message=message),
+        dataclasses.replace(lead, severity="note", tie=tie, message=note),
+    )
 
 
 def _shown(file: str, captured: CapturedModel) -> str:
