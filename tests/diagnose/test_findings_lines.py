@@ -10,7 +10,11 @@
   keeps q's line; the line in `k`'s chain of assignments that computes the same expression is the
   finding (`k = ...` itself, or `wk = w[:, 0]` used by `k = x @ wk`). Near miss: the same slice
   written another way (`lax.index_in_dim`) is merged too, but no line of `k`'s chain shows the
-  same expression, so nothing claims a merge."""
+  same expression, so nothing claims a merge.
+- An extra `sin` on a per-device slice of the weight: the op that makes the wrong value is the
+  finding, and no "wrong window" is claimed at the (correct) slice upstream of it. (The localizer
+  claims a wrong window only where a value is a slice of another reference value; this model
+  reaches the `sin` as the first unrelated op, not through that branch.)"""
 
 from __future__ import annotations
 
@@ -257,3 +261,66 @@ def test_near_miss_the_same_slice_written_otherwise_claims_no_merge(fused):
     result = verify_named(fused, "k-weight-indexed-from-q")
     assert result.status == Status.MISMATCH
     assert "merged" not in result.findings[0].message, result.findings
+
+
+SLICED = textwrap.dedent(
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    f32 = jnp.float32
+    T, D, H = 4, 8, 16
+
+
+    def inputs():
+        return jax.ShapeDtypeStruct((T, D), f32), jax.ShapeDtypeStruct((D, H), f32), jax.ShapeDtypeStruct((H, D), f32)
+
+
+    def mlp(x, w_up, w_down):
+        return jnp.tanh(x @ w_up) @ w_down
+
+
+    def mlp_tp(x, w_up, w_down, *, mesh):
+        def shard(x, w_up, w_down):
+            n = w_down.shape[0]
+            cols = lax.dynamic_slice_in_dim(w_up, lax.axis_index("tp") * n, n, axis=1)
+            return lax.psum(jnp.tanh(x @ cols) @ w_down, "tp")
+
+        return jax.shard_map(shard, mesh=mesh, in_specs=(P(), P(), P("tp")), out_specs=P())(x, w_up, w_down)
+
+
+    def mlp_tp_sin(x, w_up, w_down, *, mesh):
+        def shard(x, w_up, w_down):
+            n = w_down.shape[0]
+            cols = lax.dynamic_slice_in_dim(w_up, lax.axis_index("tp") * n, n, axis=1)
+            h = jnp.sin(x @ cols)  # MARK:sin
+            return lax.psum(h @ w_down, "tp")
+
+        return jax.shard_map(shard, mesh=mesh, in_specs=(P(), P(), P("tp")), out_specs=P())(x, w_up, w_down)
+    """
+).lstrip()
+
+SLICED_MANIFEST = "version: 1\nmodels:\n" + "".join(
+    f"  - {{name: {name}, reference: sliced.py:mlp, distributed: sliced.py:{func}, inputs: sliced.py:inputs, "
+    "mesh: {tp: 2}}\n"
+    for name, func in [("ok", "mlp_tp"), ("sin", "mlp_tp_sin")]
+)
+
+
+@pytest.fixture(scope="module")
+def sliced(tmp_path_factory):
+    return write_package(tmp_path_factory.mktemp("sliced"), "sliced.py", SLICED, SLICED_MANIFEST)
+
+
+def test_weight_columns_sliced_per_device_verify(sliced):
+    assert verify_named(sliced, "ok").status == Status.VERIFIED
+
+
+def test_a_value_that_is_a_slice_of_nothing_claims_no_wrong_window(sliced):
+    result = verify_named(sliced, "sin")
+    assert result.status == Status.MISMATCH
+    lead = result.findings[0]
+    assert "wrong window" not in lead.message, result.findings
+    assert (lead.path, lead.line) == ("sliced.py", line_of(SLICED, "sin")), result.findings
