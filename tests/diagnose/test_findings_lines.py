@@ -25,6 +25,17 @@ from model_package import line_of, verify_named, write_package
 
 from equivci.results import Status
 
+
+def package(tmp_path_factory, module: str, source: str, reference: str, mesh: str, models: dict[str, str]):
+    """A one-module package and its manifest: model name -> distributed entrypoint of `module`."""
+    manifest = "version: 1\nmodels:\n" + "".join(
+        f"  - {{name: {name}, reference: {module}:{reference}, distributed: {module}:{func}, inputs: {module}:inputs, "
+        f"mesh: {{{mesh}}}}}\n"
+        for name, func in models.items()
+    )
+    return write_package(tmp_path_factory.mktemp(module.removesuffix(".py")), module, source, manifest)
+
+
 MODEL = textwrap.dedent(
     """
     import jax
@@ -70,16 +81,17 @@ MODEL = textwrap.dedent(
     """
 ).lstrip()
 
-MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {name}, reference: model.py:rotate, distributed: model.py:{func}, inputs: model.py:inputs, "
-    "mesh: {sp: 2}}\n"
-    for name, func in [("ok", "rotate_sp"), ("bf16-positions", "rotate_sp_bf16_positions")]
-)
-
 
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory):
-    return write_package(tmp_path_factory.mktemp("findings_lines"), "model.py", MODEL, MANIFEST)
+    return package(
+        tmp_path_factory,
+        "model.py",
+        MODEL,
+        "rotate",
+        "sp: 2",
+        {"ok": "rotate_sp", "bf16-positions": "rotate_sp_bf16_positions"},
+    )
 
 
 def test_positions_cast_in_float32_verify(manifest):
@@ -134,16 +146,17 @@ ROUTED = textwrap.dedent(
     """
 ).lstrip()
 
-ROUTED_MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {name}, reference: routed.py:mixture, distributed: routed.py:{func}, inputs: routed.py:inputs, "
-    "mesh: {ep: 4}}\n"
-    for name, func in [("ok", "mixture_ep"), ("offset", "mixture_ep_unscaled_offset")]
-)
-
 
 @pytest.fixture(scope="module")
 def routed(tmp_path_factory):
-    return write_package(tmp_path_factory.mktemp("routed"), "routed.py", ROUTED, ROUTED_MANIFEST)
+    return package(
+        tmp_path_factory,
+        "routed.py",
+        ROUTED,
+        "mixture",
+        "ep: 4",
+        {"ok": "mixture_ep", "offset": "mixture_ep_unscaled_offset"},
+    )
 
 
 def test_weights_sliced_at_the_scaled_offset_verify(routed):
@@ -220,21 +233,22 @@ FUSED = textwrap.dedent(
     """
 ).lstrip()
 
-FUSED_MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {name}, reference: fused.py:attention, distributed: fused.py:{func}, inputs: fused.py:inputs, "
-    "mesh: {tp: 2}}\n"
-    for name, func in [
-        ("ok", "attention_tp"),
-        ("k-from-q", "attention_tp_k_from_q"),
-        ("k-weight-from-q", "attention_tp_k_weight_from_q"),
-        ("k-weight-indexed-from-q", "attention_tp_k_weight_indexed_from_q"),
-    ]
-)
-
 
 @pytest.fixture(scope="module")
 def fused(tmp_path_factory):
-    return write_package(tmp_path_factory.mktemp("fused"), "fused.py", FUSED, FUSED_MANIFEST)
+    return package(
+        tmp_path_factory,
+        "fused.py",
+        FUSED,
+        "attention",
+        "tp: 2",
+        {
+            "ok": "attention_tp",
+            "k-from-q": "attention_tp_k_from_q",
+            "k-weight-from-q": "attention_tp_k_weight_from_q",
+            "k-weight-indexed-from-q": "attention_tp_k_weight_indexed_from_q",
+        },
+    )
 
 
 def test_fused_projection_read_in_the_right_parts_verifies(fused):
@@ -302,16 +316,10 @@ SLICED = textwrap.dedent(
     """
 ).lstrip()
 
-SLICED_MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {name}, reference: sliced.py:mlp, distributed: sliced.py:{func}, inputs: sliced.py:inputs, "
-    "mesh: {tp: 2}}\n"
-    for name, func in [("ok", "mlp_tp"), ("sin", "mlp_tp_sin")]
-)
-
 
 @pytest.fixture(scope="module")
 def sliced(tmp_path_factory):
-    return write_package(tmp_path_factory.mktemp("sliced"), "sliced.py", SLICED, SLICED_MANIFEST)
+    return package(tmp_path_factory, "sliced.py", SLICED, "mlp", "tp: 2", {"ok": "mlp_tp", "sin": "mlp_tp_sin"})
 
 
 def test_weight_columns_sliced_per_device_verify(sliced):
