@@ -1324,7 +1324,9 @@ class _Tracer:
                 for a in self.ancestors(end, dev)
                 if a.inst.opcode in CUTTERS and self.constant(self.value(a, dev)) is None and _loc(a.inst) is not None
             ]
-            if cutters:
+            # A window is shown wrong only where the value is one of another reference value; a
+            # value that is a slice of none says nothing about the windows cut upstream of it.
+            if cutters and own is not None and own is not r_op:
                 cut = max(cutters, key=lambda a: self.order.get(a.inst.name, -1))
                 window = _window(self.value(cut, dev))
                 shown = ", ".join(f"[{a}:{b}) along dim {d}" for d, a, b in window[1]) if window else ""

@@ -10,7 +10,11 @@
   keeps q's line; the line in `k`'s chain of assignments that computes the same expression is the
   finding (`k = ...` itself, or `wk = w[:, 0]` used by `k = x @ wk`). Near miss: the same slice
   written another way (`lax.index_in_dim`) is merged too, but no line of `k`'s chain shows the
-  same expression, so nothing claims a merge."""
+  same expression, so nothing claims a merge.
+- An extra `sin` on a per-device slice of the weight: the op that makes the wrong value is the
+  finding, and no "wrong window" is claimed at the (correct) slice upstream of it. (The localizer
+  claims a wrong window only where a value is a slice of another reference value; this model
+  reaches the `sin` as the first unrelated op, not through that branch.)"""
 
 from __future__ import annotations
 
@@ -20,6 +24,17 @@ import pytest
 from model_package import line_of, verify_named, write_package
 
 from equivci.results import Status
+
+
+def package(tmp_path_factory, module: str, source: str, reference: str, mesh: str, models: dict[str, str]):
+    """A one-module package and its manifest: model name -> distributed entrypoint of `module`."""
+    manifest = "version: 1\nmodels:\n" + "".join(
+        f"  - {{name: {name}, reference: {module}:{reference}, distributed: {module}:{func}, inputs: {module}:inputs, "
+        f"mesh: {{{mesh}}}}}\n"
+        for name, func in models.items()
+    )
+    return write_package(tmp_path_factory.mktemp(module.removesuffix(".py")), module, source, manifest)
+
 
 MODEL = textwrap.dedent(
     """
@@ -66,16 +81,17 @@ MODEL = textwrap.dedent(
     """
 ).lstrip()
 
-MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {name}, reference: model.py:rotate, distributed: model.py:{func}, inputs: model.py:inputs, "
-    "mesh: {sp: 2}}\n"
-    for name, func in [("ok", "rotate_sp"), ("bf16-positions", "rotate_sp_bf16_positions")]
-)
-
 
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory):
-    return write_package(tmp_path_factory.mktemp("findings_lines"), "model.py", MODEL, MANIFEST)
+    return package(
+        tmp_path_factory,
+        "model.py",
+        MODEL,
+        "rotate",
+        "sp: 2",
+        {"ok": "rotate_sp", "bf16-positions": "rotate_sp_bf16_positions"},
+    )
 
 
 def test_positions_cast_in_float32_verify(manifest):
@@ -130,16 +146,17 @@ ROUTED = textwrap.dedent(
     """
 ).lstrip()
 
-ROUTED_MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {name}, reference: routed.py:mixture, distributed: routed.py:{func}, inputs: routed.py:inputs, "
-    "mesh: {ep: 4}}\n"
-    for name, func in [("ok", "mixture_ep"), ("offset", "mixture_ep_unscaled_offset")]
-)
-
 
 @pytest.fixture(scope="module")
 def routed(tmp_path_factory):
-    return write_package(tmp_path_factory.mktemp("routed"), "routed.py", ROUTED, ROUTED_MANIFEST)
+    return package(
+        tmp_path_factory,
+        "routed.py",
+        ROUTED,
+        "mixture",
+        "ep: 4",
+        {"ok": "mixture_ep", "offset": "mixture_ep_unscaled_offset"},
+    )
 
 
 def test_weights_sliced_at_the_scaled_offset_verify(routed):
@@ -216,21 +233,22 @@ FUSED = textwrap.dedent(
     """
 ).lstrip()
 
-FUSED_MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {name}, reference: fused.py:attention, distributed: fused.py:{func}, inputs: fused.py:inputs, "
-    "mesh: {tp: 2}}\n"
-    for name, func in [
-        ("ok", "attention_tp"),
-        ("k-from-q", "attention_tp_k_from_q"),
-        ("k-weight-from-q", "attention_tp_k_weight_from_q"),
-        ("k-weight-indexed-from-q", "attention_tp_k_weight_indexed_from_q"),
-    ]
-)
-
 
 @pytest.fixture(scope="module")
 def fused(tmp_path_factory):
-    return write_package(tmp_path_factory.mktemp("fused"), "fused.py", FUSED, FUSED_MANIFEST)
+    return package(
+        tmp_path_factory,
+        "fused.py",
+        FUSED,
+        "attention",
+        "tp: 2",
+        {
+            "ok": "attention_tp",
+            "k-from-q": "attention_tp_k_from_q",
+            "k-weight-from-q": "attention_tp_k_weight_from_q",
+            "k-weight-indexed-from-q": "attention_tp_k_weight_indexed_from_q",
+        },
+    )
 
 
 def test_fused_projection_read_in_the_right_parts_verifies(fused):
@@ -257,3 +275,60 @@ def test_near_miss_the_same_slice_written_otherwise_claims_no_merge(fused):
     result = verify_named(fused, "k-weight-indexed-from-q")
     assert result.status == Status.MISMATCH
     assert "merged" not in result.findings[0].message, result.findings
+
+
+SLICED = textwrap.dedent(
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    f32 = jnp.float32
+    T, D, H = 4, 8, 16
+
+
+    def inputs():
+        return jax.ShapeDtypeStruct((T, D), f32), jax.ShapeDtypeStruct((D, H), f32), jax.ShapeDtypeStruct((H, D), f32)
+
+
+    def mlp(x, w_up, w_down):
+        return jnp.tanh(x @ w_up) @ w_down
+
+
+    def mlp_tp(x, w_up, w_down, *, mesh):
+        def shard(x, w_up, w_down):
+            n = w_down.shape[0]
+            cols = lax.dynamic_slice_in_dim(w_up, lax.axis_index("tp") * n, n, axis=1)
+            return lax.psum(jnp.tanh(x @ cols) @ w_down, "tp")
+
+        return jax.shard_map(shard, mesh=mesh, in_specs=(P(), P(), P("tp")), out_specs=P())(x, w_up, w_down)
+
+
+    def mlp_tp_sin(x, w_up, w_down, *, mesh):
+        def shard(x, w_up, w_down):
+            n = w_down.shape[0]
+            cols = lax.dynamic_slice_in_dim(w_up, lax.axis_index("tp") * n, n, axis=1)
+            h = jnp.sin(x @ cols)  # MARK:sin
+            return lax.psum(h @ w_down, "tp")
+
+        return jax.shard_map(shard, mesh=mesh, in_specs=(P(), P(), P("tp")), out_specs=P())(x, w_up, w_down)
+    """
+).lstrip()
+
+
+@pytest.fixture(scope="module")
+def sliced(tmp_path_factory):
+    return package(tmp_path_factory, "sliced.py", SLICED, "mlp", "tp: 2", {"ok": "mlp_tp", "sin": "mlp_tp_sin"})
+
+
+def test_weight_columns_sliced_per_device_verify(sliced):
+    assert verify_named(sliced, "ok").status == Status.VERIFIED
+
+
+def test_a_value_that_is_a_slice_of_nothing_claims_no_wrong_window(sliced):
+    result = verify_named(sliced, "sin")
+    assert result.status == Status.MISMATCH
+    lead = result.findings[0]
+    assert "wrong window" not in lead.message, result.findings
+    assert (lead.path, lead.line) == ("sliced.py", line_of(SLICED, "sin")), result.findings
