@@ -287,8 +287,8 @@ def _calls(func: Function, *files: str) -> Iterator[tuple[str, ast.Call, dict[st
                 k = positional.index(name) if name in positional else len(args)
                 if name in keywords:
                     bound[name] = keywords[name]
-                elif name in positional and starred <= k:
-                    continue
+                elif name in positional and starred < len(args) and starred <= k:
+                    continue  # the starred argument may fill it
                 else:
                     bound[name] = args[k] if k < len(args) else None if partial else defaults.get(name)
             yield file, node, bound

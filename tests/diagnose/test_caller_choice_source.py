@@ -62,3 +62,22 @@ def test_a_literal_another_call_passes_otherwise_is_a_choice(tmp_path):
     event = _op_called_from(str(path), "return dense(x, w, 3.0)")
     choice = passed_choice(event.inst, [event], str(tmp_path))
     assert choice is not None and (choice.line, choice.text, choice.parameter) == (_line("dense(x, w, 3.0)"), "3.0", "scale")
+
+
+def test_a_call_that_leaves_a_parameter_out_passes_its_default(tmp_path):
+    # Only `plain` passes something else than 3.0, and it passes nothing: the default.
+    source = (
+        SOURCE.replace("def dense(h, w, scale):", "def dense(h, w, scale=2.0):")
+        .replace("dense(x, w, 2.0)", "dense(x, w)")
+        .replace("dense(h, w, 2.0)", "dense(h, w, 3.0)")
+    )
+    path = tmp_path / "model.py"
+    path.write_text(source)
+    lines = source.splitlines()
+    op = next(k for k, line in enumerate(lines, 1) if "return lax.tanh" in line)
+    call = next(k for k, line in enumerate(lines, 1) if "dense(x, w, 3.0)" in line)
+    stack = (SourceLoc(str(path), op, "dense"), SourceLoc(str(path), call, "rescaled"))
+    event = Event(Instruction("multiply.1", "multiply", None, (), {}, stack=stack), [])  # type: ignore[arg-type]
+    choice = passed_choice(event.inst, [event], str(tmp_path))
+    assert choice is not None and (choice.line, choice.text, choice.parameter) == (call, "3.0", "scale")
+    assert "2.0" in [text for _, _, text in choice.others]  # what the call that leaves it out passes
