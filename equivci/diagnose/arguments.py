@@ -11,21 +11,24 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from equivci.diagnose.frames import in_repository
-from equivci.diagnose.localize import _assigned_at, _call_argument, _callee, _module_ast, _parameters, _statement
-from equivci.hlo.ir import Instruction
+from equivci.diagnose.frames import LAYOUT_OPS, in_repository
+from equivci.diagnose.source import Function, assigned_at, call_argument, callee, module_ast, parameters, statement
+from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.translate.evaluator import Event
 
 MAX_NAMES = 40  # names followed back from the op's statement, over every level
 MAX_CALLS = 4  # calls followed up from the op's function
+MAX_USES = 12  # uses of an index or mask value whose statements are searched too
+INDEX_TYPES = {"pred", "s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
     """`text` is passed at file:line as `parameter` of `function`; `others` are other calls of it
-    (file, line, what they pass)."""
+    (file, line, what they pass). `paired`: another call passes the same for every other parameter."""
 
     file: str
     line: int
@@ -33,58 +36,157 @@ class Choice:
     parameter: str
     function: str
     others: tuple[tuple[str, int, str], ...]
+    paired: bool = False
 
 
-def passed_choice(inst: Instruction, events: list[Event], repo_root: str) -> Choice | None:
-    """The static argument the op depends on, passed where another call of its helper passes another."""
+def passed_choice(
+    inst: Instruction, events: list[Event], repo_root: str, entry: tuple[str, str] | None = None
+) -> Choice | None:
+    """The static argument the op depends on, passed where another call of its helper passes another.
+
+    `entry`: (file, function) of the distributed entrypoint, where the call chain starts when the
+    op stacks end below it (a shard_map body's do). Of several such arguments, the first one that
+    alone tells its call apart from another call leads (a helper called for the cos and the sin
+    table on one axis and for the sin table on another: the axis is the slip), else the first."""
     root = Path(repo_root).resolve()
     loc = next((f for f in inst.stack if in_repository(f, root)), None)
-    found = _statement(loc.file, loc.line) if loc is not None else None
+    found = statement(loc.file, loc.line) if loc is not None else None
     if loc is None or found is None:
         return None
-    budget = [MAX_NAMES]
-    return _search(loc.file, loc.line, [found[0]], events, budget, MAX_CALLS)
+    search = _Search(events, tuple(inst.stack), entry)
+    choices = search.run(loc.file, loc.line, [found[0]], MAX_CALLS)
+    for use in [] if choices else _index_uses(inst, events, root):
+        # Index and mask arithmetic is only as right as what its uses make of it (a bound test
+        # left out, a comparison a callback makes): their choices are the op's too.
+        use_loc = next(f for f in use.stack if in_repository(f, root))
+        stmt = statement(use_loc.file, use_loc.line)
+        if stmt is not None:
+            choices += _Search(events, tuple(use.stack), entry).run(use_loc.file, use_loc.line, [stmt[0]], MAX_CALLS)
+    return next((c for c in choices if c.paired), choices[0] if choices else None)
 
 
-def _search(file: str, line: int, exprs: list[ast.AST], events: list[Event], budget: list[int], calls: int):
-    found = _statement(file, line)
-    if found is None:
-        return None
-    funcs = found[1]
-    queue, seen = _names(exprs), set[str]()
-    while queue and budget[0] > 0:
-        name, at = queue.pop(0)
-        if name in seen:
+def _index_uses(inst: Instruction, events: list[Event], root: Path) -> list[Instruction]:
+    """The ops that use an integer or predicate value (an index, an offset, a mask) through further
+    integer and predicate ops, and the first other op each reaches, in program order; none for a
+    value of another type."""
+    if getattr(inst.shape, "dtype", None) not in INDEX_TYPES:  # an op without a shape: no value to follow
+        return []
+    found: list[Instruction] = []
+    frontier, seen = {inst.name}, {inst.name}
+    for event in events:
+        if len(found) >= MAX_USES:
+            break
+        use = event.inst
+        if use.name in seen or not frontier.intersection(use.operands):
             continue
-        seen.add(name)
-        budget[0] -= 1
-        for func in reversed(funcs):
-            assigned = _assigned_at(func, name, at)
-            if assigned is not None:
-                bound = _statement(file, assigned)
-                value = getattr(bound[0], "value", None) if bound else None
-                queue.extend((n, assigned) for n, _ in _names([value] if value is not None else []))
-                break
-            if name in _parameters(func):
-                site = _call_argument(file, func, name, events)
-                if site is not None:
-                    choice = _choice(site[0], site[1], func, name, file)
-                    if choice is not None:
-                        return choice
-                    if calls > 0:
-                        deeper = _search(site[0], site[1].lineno, [site[1]], events, budget, calls - 1)
-                        if deeper is not None:
-                            return deeper
-                break
-            if _defines(func, name):
-                break
-    return None
+        seen.add(use.name)
+        if any(in_repository(f, root) for f in use.stack):
+            found.append(use)
+        if use.shape.dtype in INDEX_TYPES or use.opcode in LAYOUT_OPS:
+            frontier.add(use.name)
+    return found
 
 
-def _names(exprs: list[ast.AST]) -> list[tuple[str, int]]:
+class _Search:
+    def __init__(self, events: list[Event], stack: tuple[SourceLoc, ...], entry: tuple[str, str] | None):
+        self.events, self.stack, self.entry = events, stack, entry
+        self.budget = MAX_NAMES
+
+    def run(self, file: str, line: int, exprs: Sequence[ast.AST], calls: int) -> list[Choice]:
+        found = statement(file, line)
+        if found is None:
+            return []
+        funcs, choices = found[1], list[Choice]()
+        queue, seen = _names(exprs), set[str]()
+        while queue and self.budget > 0:
+            name, at = queue.pop(0)
+            if name in seen:
+                continue
+            seen.add(name)
+            self.budget -= 1
+            for func in reversed(funcs):
+                assigned = _assignments(func, name, at)
+                if assigned:
+                    # A value assigned under an `if` depends on its test, taken or not.
+                    queue.extend((n, k) for k in assigned for n, _ in _names(_read_at(file, func, k)))
+                    break
+                if name in parameters(func):
+                    site = self._site(file, func, name)
+                    if site is not None:
+                        choice = _choice(site[0], site[1], func, name, file)
+                        if choice is not None:
+                            choices.append(choice)
+                        elif calls > 0:
+                            # The helper may be a callable passed in: what is passed for it is a choice too.
+                            callee_expr = _call_around(site[0], site[1])
+                            reads = [site[1]] + ([callee_expr] if callee_expr is not None else [])
+                            choices += self.run(site[0], site[1].lineno, reads, calls - 1)
+                    break
+                if _defines(func, name):
+                    break
+        return choices
+
+    def _site(self, file: str, func: Function, name: str) -> tuple[str, ast.expr] | None:
+        """The argument for `name` at the call of `func` on the op's own chain, at a call seen on the
+        op stacks, else at the call in the entrypoint (direct or bound by functools.partial)."""
+        site = call_argument(file, func, name, self.events, self.stack)
+        if site is not None or self.entry is None:
+            return site
+        entry_file, entry_function = self.entry
+        tree = module_ast(entry_file)
+        body = next(
+            (n for n in (tree.body if tree is not None else []) if getattr(n, "name", None) == entry_function), None
+        )
+        if body is None:
+            return None
+        span = range(body.lineno, (body.end_lineno or body.lineno) + 1)
+        passed = [
+            (f, v) for f, node, bound in _calls(func, entry_file) if node.lineno in span and (v := bound.get(name))
+        ]
+        return passed[0] if len(passed) == 1 else None
+
+
+def _names(exprs: Sequence[ast.AST]) -> list[tuple[str, int]]:
     """The names read in `exprs`, in source order, with the line they are read at."""
     found = [n for e in exprs for n in ast.walk(e) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
     return [(n.id, n.lineno) for n in sorted(found, key=lambda n: (n.lineno, n.col_offset))]
+
+
+def _assignments(func: ast.AST, name: str, before: int) -> list[int]:
+    """The line of the last assignment of `name` before `before` in `func`, with the lines of the
+    `if` tests it sits under."""
+    line = assigned_at(func, name, before)
+    if line is None:
+        return []
+    tests = [
+        node.test.lineno
+        for node in ast.walk(func)
+        if isinstance(node, (ast.If, ast.While))
+        and node.test.lineno < line <= (node.end_lineno or node.lineno)
+        and node is not func
+    ]
+    return [line] + tests
+
+
+def _read_at(file: str, func: ast.AST, line: int) -> list[ast.AST]:
+    """What the statement at `line` reads: an assignment's value, or an `if` test."""
+    for node in ast.walk(func):
+        if isinstance(node, (ast.If, ast.While)) and node.test.lineno == line:
+            return [node.test]
+    bound = statement(file, line)
+    value = getattr(bound[0], "value", None) if bound else None
+    return [value] if value is not None else []
+
+
+def _call_around(file: str, arg: ast.expr) -> ast.expr | None:
+    """The callee of the call that `arg` is passed to, when it is a plain name (a parameter may hold it)."""
+    found = statement(file, arg.lineno)
+    for node in ast.walk(found[0]) if found else ():
+        if isinstance(node, ast.Call) and (
+            any(a is arg for a in node.args) or any(k.value is arg for k in node.keywords)
+        ):
+            return node.func if isinstance(node.func, ast.Name) else None
+    return None
 
 
 def _defines(func: ast.AST, name: str) -> bool:
@@ -97,19 +199,33 @@ def _defines(func: ast.AST, name: str) -> bool:
     return False
 
 
-def _choice(file: str, arg: ast.expr, func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, func_file: str):
+def _choice(file: str, arg: ast.expr, func: Function, name: str, func_file: str):
     """A Choice when `arg`, passed at `file` for parameter `name` of `func`, is a static value and
     another call of `func` passes a different one."""
     if not _static(file, arg):
         return None
+    calls = list(_calls(func, func_file, file))
+    own = next((bound for _, _, bound in calls if any(v is arg for v in bound.values())), None)
     mine = ast.dump(arg)
-    others = []
-    for other_file, line, other in _other_arguments(func, name, func_file, file):
-        if other is not None and ast.dump(other) != mine and line != arg.lineno:
-            others.append((other_file, line, ast.unparse(other)))
+    others = [
+        (other_file, node.lineno, ast.unparse(value))
+        for other_file, node, bound in calls
+        if bound is not own and (value := bound.get(name)) is not None and ast.dump(value) != mine
+    ]
     if not others:
         return None
-    return Choice(file, arg.lineno, ast.unparse(arg), name, func.name, tuple(others))
+    # Another call that passes the same for every other parameter: only this value tells them apart.
+    paired = own is not None and any(
+        bound is not own
+        and _dump(bound.get(name)) != mine
+        and all(_dump(bound.get(p)) == _dump(own.get(p)) for p in parameters(func) if p != name)
+        for _, _, bound in calls
+    )
+    return Choice(file, arg.lineno, ast.unparse(arg), name, func.name, tuple(others), paired)
+
+
+def _dump(value: ast.expr | None) -> str | None:
+    return ast.dump(value) if value is not None else None
 
 
 def _static(file: str, arg: ast.expr) -> bool:
@@ -120,9 +236,11 @@ def _static(file: str, arg: ast.expr) -> bool:
     if isinstance(arg, ast.Attribute):
         return _static(file, arg.value)
     if isinstance(arg, ast.Name):
-        found = _statement(file, arg.lineno)
+        found = statement(file, arg.lineno)
         funcs = found[1] if found else []
-        return not any(_defines(f, arg.id) or arg.id in _parameters(f) for f in funcs)
+        return not any(_defines(f, arg.id) or arg.id in parameters(f) for f in funcs) and not (
+            found is not None and _lambda_parameter(found[0], arg)
+        )
     if isinstance(arg, ast.UnaryOp):
         return _static(file, arg.operand)
     if isinstance(arg, ast.BinOp):
@@ -132,27 +250,45 @@ def _static(file: str, arg: ast.expr) -> bool:
     return False
 
 
-def _other_arguments(func: ast.FunctionDef | ast.AsyncFunctionDef, name: str, *files: str):
-    """(file, line, argument) for parameter `name` at every call of `func` (direct, or bound by
-    functools.partial) in `files`; a call that leaves it out passes the default."""
+def _lambda_parameter(stmt: ast.stmt, name: ast.Name) -> bool:
+    """`name` is a parameter of a lambda in `stmt` that contains it: a value each call of the
+    lambda receives, not one fixed when the program is written."""
+    return any(
+        isinstance(node, ast.Lambda)
+        and name.id in {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
+        and any(inner is name for inner in ast.walk(node.body))
+        for node in ast.walk(stmt)
+    )
+
+
+def _calls(func: Function, *files: str) -> Iterator[tuple[str, ast.Call, dict[str, ast.expr | None]]]:
+    """(file, call, argument by parameter) at every call of `func` (direct, or bound by
+    functools.partial) in `files`; a call that leaves a parameter out passes its default, a partial
+    binds nothing for it (None), and a parameter after a starred argument is unknown (left out)."""
     positional = [a.arg for a in func.args.posonlyargs + func.args.args]
     defaults = dict(zip(positional[len(positional) - len(func.args.defaults) :], func.args.defaults))
     defaults.update({a.arg: d for a, d in zip(func.args.kwonlyargs, func.args.kw_defaults) if d is not None})
+    names = positional + [a.arg for a in func.args.kwonlyargs]
     for file in dict.fromkeys(files):
-        tree = _module_ast(file)
+        tree = module_ast(file)
         for node in ast.walk(tree) if tree is not None else ():
             if not isinstance(node, ast.Call):
                 continue
             args = node.args
-            partial = _callee(node) == "partial" and bool(args) and getattr(args[0], "id", None) == func.name
+            partial = callee(node) == "partial" and bool(args) and getattr(args[0], "id", None) == func.name
             if partial:
-                args = args[1:]  # a partial that leaves the parameter out binds nothing
-            elif _callee(node) != func.name:
+                args = args[1:]
+            elif callee(node) != func.name:
                 continue
-            keyword = next((k.value for k in node.keywords if k.arg == name), None)
-            k = positional.index(name) if name in positional else len(args)
-            if any(isinstance(a, ast.Starred) for a in args[: k + 1]):
-                continue
-            default = None if partial else defaults.get(name)
-            value = keyword if keyword is not None else args[k] if k < len(args) else default
-            yield file, node.lineno, value
+            keywords = {k.arg: k.value for k in node.keywords if k.arg is not None}
+            starred = next((k for k, a in enumerate(args) if isinstance(a, ast.Starred)), len(args))
+            bound: dict[str, ast.expr | None] = {}
+            for name in names:
+                k = positional.index(name) if name in positional else len(args)
+                if name in keywords:
+                    bound[name] = keywords[name]
+                elif name in positional and starred < len(args) and starred <= k:
+                    continue  # the starred argument may fill it
+                else:
+                    bound[name] = args[k] if k < len(args) else None if partial else defaults.get(name)
+            yield file, node, bound

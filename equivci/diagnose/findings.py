@@ -16,7 +16,7 @@ from pathlib import Path
 
 from equivci.capture.types import CapturedModel
 from equivci.diagnose.arguments import passed_choice
-from equivci.diagnose.frames import innermost, library_call
+from equivci.diagnose.frames import innermost, library_call, shared_call
 from equivci.diagnose.localize import Defect, call_chain_start, source_of
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.hlo.ir import Instruction, SourceLoc
@@ -81,16 +81,18 @@ def defect_findings(
     shown: bool = True,
     reference_events: list[Event] | None = None,
     reference_lines: frozenset[tuple[str, int]] = frozenset(),
+    entry: tuple[str, str] | None = None,
 ) -> list[Finding]:
     """The findings for `defect`, ranked with the numeric frontier when there is one.
 
     `outputs_equal`: the numeric oracle ran and found the outputs equal (an unproven model).
     `shown`: a check showed the programs differ (a counterexample); without one, the finding says
     what could not be related and where the reference computes it, and claims no defect.
-    `reference_lines`: the (file, line) pairs on the reference program's op stacks."""
+    `reference_lines`: the (file, line) pairs on the reference program's op stacks.
+    `entry`: (file, function) of the distributed entrypoint, where its call chain starts."""
     if shown:
         found = _defect_findings(defect, captured, events, layering, failed_layers, frontier, outputs_equal)
-        found = _caller_choices(found, captured, events)
+        found = _caller_choices(found, captured, events, entry)
     else:
         inst = defect.frontier or defect.inst
         found = [
@@ -189,9 +191,15 @@ def _library_callers(
     ties = max((f.tie for f, _ in findings if f.tie is not None), default=-1)
     for finding, inst in findings:
         found = library_call(inst, captured.repo_root, reference_lines) if inst is not None else None
-        if inst is None or found is None or finding.severity != "error" or finding.tie is not None:
+        shared = shared_call(inst, captured.repo_root, reference_lines) if inst is not None and not found else None
+        if inst is None or not (found or shared) or finding.severity != "error" or finding.tie is not None:
             out.append(finding)
             continue
+        if shared is not None:
+            out += _shared_caller(finding, inst, shared, captured, ties + 1)
+            ties += 1
+            continue
+        assert found is not None
         call, library, start = found
         start = call_chain_start(start, events)
         lead_path, lead_line = source_of(dataclasses.replace(inst, stack=(start,) + inst.stack), captured.repo_root)
@@ -224,8 +232,32 @@ def _library_callers(
     return out
 
 
+def _shared_caller(
+    finding: Finding, inst: Instruction, shared: tuple[SourceLoc, SourceLoc], captured: CapturedModel, tie: int
+) -> list[Finding]:
+    """The error moves from a line both programs run to where the distributed program calls it; the
+    op's own line stays as a tied note."""
+    call_path, call_line = source_of(dataclasses.replace(inst, stack=(shared[1],)), captured.repo_root)
+    if call_path is None or (call_path, call_line) == (finding.path, finding.line):
+        return [finding]
+    return list(
+        _moved(
+            finding,
+            (call_path, call_line, tie),
+            f"this call, which the reference does not make, hands code the reference runs too (the "
+            f"`{inst.opcode}` at {finding.path}:{finding.line}, which computes the same from the same values) what "
+            f"it uses there. There: {finding.message}",
+            f"the `{inst.opcode}` that the finding at {call_path}:{call_line} is about is made here, in code the "
+            "reference runs too.",
+        )
+    )
+
+
 def _caller_choices(
-    findings: list[tuple[Finding, Instruction | None]], captured: CapturedModel, events: list[Event]
+    findings: list[tuple[Finding, Instruction | None]],
+    captured: CapturedModel,
+    events: list[Event],
+    entry: tuple[str, str] | None,
 ) -> list[tuple[Finding, Instruction | None]]:
     """The lead error moves to the call that passes the static value its op depends on, where another
     call of the same helper passes another (equivci.diagnose.arguments); the op's line stays as a
@@ -235,7 +267,7 @@ def _caller_choices(
     (lead, inst), rest = findings[0], findings[1:]
     if inst is None or lead.severity != "error":
         return findings
-    choice = passed_choice(inst, events, captured.repo_root)
+    choice = passed_choice(inst, events, captured.repo_root, entry)
     if choice is None:
         return findings
     path, line = source_of(
@@ -246,22 +278,23 @@ def _caller_choices(
     others = "; ".join(f"{_shown(file, captured)}:{n} passes `{text}`" for file, n, text in choice.others[:2])
     # A lead tied with other places keeps its tie: the call joins them, first.
     tie = lead.tie if lead.tie is not None else max((f.tie for f, _ in findings if f.tie is not None), default=-1) + 1
-    moved = dataclasses.replace(
+    moved, note = _moved(
         lead,
-        path=path,
-        line=line,
-        tie=tie,
-        message=f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}` (elsewhere {others}), "
+        (path, line, tie),
+        f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}` (elsewhere {others}), "
         f"and the `{inst.opcode}` at {lead.path}:{lead.line} depends on it. There: {lead.message}",
-    )
-    note = dataclasses.replace(
-        lead,
-        severity="note",
-        tie=tie,
-        message=f"the `{inst.opcode}` that the finding at {path}:{line} is about is made here, from what "
-        "that call passes.",
+        f"the `{inst.opcode}` that the finding at {path}:{line} is about is made here, from what that call passes.",
     )
     return [(moved, None), (note, None)] + rest
+
+
+def _moved(lead: Finding, to: tuple[str, int | None, int], message: str, note: str) -> tuple[Finding, Finding]:
+    """The lead error at its new place (path, line, tie), and a note at its old place, tied to it."""
+    path, line, tie = to
+    return (
+        dataclasses.replace(lead, path=path, line=line, tie=tie, message=message),
+        dataclasses.replace(lead, severity="note", tie=tie, message=note),
+    )
 
 
 def _shown(file: str, captured: CapturedModel) -> str:

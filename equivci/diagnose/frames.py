@@ -60,5 +60,20 @@ def library_call(
     return None
 
 
+def shared_call(
+    inst: Instruction, repo_root: str, reference_lines: frozenset[tuple[str, int]]
+) -> tuple[SourceLoc, SourceLoc] | None:
+    """For an op made on a repository line the reference runs too (a helper both programs call):
+    (that frame, the innermost repository frame above it that the reference does not run, where
+    the distributed program calls into the shared code). Given the same operands the shared line
+    computes what the reference's does, so the values it is handed decide; None otherwise."""
+    root = Path(repo_root).resolve()
+    frames = [f for f in inst.stack if in_repository(f, root)]
+    if not frames or (frames[0].file, frames[0].line) not in reference_lines:
+        return None
+    caller = next((f for f in frames[1:] if (f.file, f.line) not in reference_lines), None)
+    return (frames[0], caller) if caller is not None else None
+
+
 def _is_library(loc: SourceLoc, root: Path) -> bool:
     return not in_repository(loc, root) and not loc.file.startswith(_PACKAGE) and not loc.file.startswith("<")

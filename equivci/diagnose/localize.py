@@ -24,6 +24,7 @@ from egglog import String, eq, i64, relation, vars_
 
 from equivci.diagnose.frames import LAYOUT_OPS, innermost, is_user_frame
 from equivci.diagnose.missing import MissingWork, MissingWorkFinder, source_text
+from equivci.diagnose.source import assigned_at, call_argument, callee, parameters, statement
 from equivci.hlo.collectives import parse_pairs
 from equivci.hlo.ir import TRIVIAL_OPS, Instruction, SourceLoc
 from equivci.prove.saturate import Proof, add_terms, is_related, proved_equal
@@ -126,21 +127,59 @@ def _shown(ranges: list[tuple[int, int]]) -> str:
 
 def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Event, str] | None:
     """The op that cut a slice whose offsets across devices are out of device order."""
-    for (leaf, dim), ranges in input_windows(operands).items():
+    cuts = [
+        (f"input #{leaf}", dim, ranges, cutter(events, leaf, dim, ranges))
+        for (leaf, dim), ranges in input_windows(operands).items()
+    ]
+    cuts += [
+        (_sliced_value(event), windows[0].attrs[0], [(t.attrs[1], t.attrs[2]) for t in windows], event)
+        for windows in computed_windows(operands)
+        for event in [_producer_of(events, windows)]
+    ]
+    for what, dim, ranges, event in cuts:
         spans = list(dict.fromkeys(ranges))
         # Shards of one tensor, in the order devices first hold them, tile a contiguous range
         # (devices that differ only along another mesh axis hold the same shard), or each is
         # the same part of its own block (a microbatch of every device's shard).
         if any(prev[1] != cur[0] for prev, cur in zip(spans, spans[1:])) and not same_part_of_blocks(spans):
-            event = cutter(events, leaf, dim, ranges)
             if event is not None:
                 return event, (
-                    f"this slice of input #{leaf} along dim {dim} takes {_shown(ranges)} on devices "
+                    f"this slice of {what} along dim {dim} takes {_shown(ranges)} on devices "
                     f"0..{len(ranges) - 1}: these are not consecutive shards in device "
                     "order (overlapping, out of order or with gaps), so the devices do not hold the "
                     "parts the other operand expects"
                 )
     return None
+
+
+def computed_windows(operands: list[list[Term]]) -> list[list[Term]]:
+    """Operands that are, on every device, a window cut along one dim of the same computed value
+    (not an input: those are `input_windows`), such as a slice of the routing weights at an offset."""
+    found = []
+    for op in operands:
+        if (
+            op
+            and all(t.op == "slice" and t.args[0] is op[0].args[0] and t.attrs[0] == op[0].attrs[0] for t in op)
+            and op[0].args[0].op not in ("param", "slice")
+        ):
+            found.append(op)
+    return found
+
+
+def _sliced_value(event: Event | None) -> str:
+    """The name of what the slice call at the op's line cuts (`cw` of `dynamic_slice_in_dim(cw, ...)`)."""
+    loc = _loc(event.inst) if event is not None else None
+    found = statement(*loc) if loc is not None else None
+    calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "slice" in callee(n)] if found else []
+    if len(calls) == 1 and calls[0].args and len(text := ast.unparse(calls[0].args[0])) <= 40:
+        return f"`{text}`"
+    return "a computed value"
+
+
+def _producer_of(events: list[Event], terms: list[Term]) -> Event | None:
+    """The first op, in program order, whose value on some device is one of `terms`."""
+    ids = {id(t) for t in terms}
+    return next((e for e in events if (ts := _terms(e)) and any(id(t) in ids for t in ts)), None)
 
 
 def same_part_of_blocks(spans: list[tuple[int, int]]) -> bool:
@@ -277,7 +316,7 @@ def wrong_permutation(events: list[Event], proof: Proof, evaluator, first: Event
 def _at_pairs_origin(inst: Instruction, events: list[Event]) -> Instruction:
     """`inst` with the line that writes its permutation in front of its stack, when it can be found."""
     loc = _loc(inst)
-    found = _statement(*loc) if loc else None
+    found = statement(*loc) if loc else None
     expr = _perm_expr(found[0]) if found else None
     origin = _expr_origin(loc[0], loc[1], expr, events) if loc is not None and expr is not None else None
     if origin is None:
@@ -705,7 +744,7 @@ def _input_free_origin(
 
 def _bound_name(file: str, line: int) -> str | None:
     """The one name the statement at `line` assigns, if it assigns one."""
-    found = _statement(file, line)
+    found = statement(file, line)
     targets = getattr(found[0], "targets", None) if found else None
     if found is not None and isinstance(found[0], (ast.AnnAssign, ast.AugAssign)):
         targets = [found[0].target]
@@ -731,25 +770,25 @@ def _input_free(term: Term, limit: int = 2000) -> bool:
 
 def _device_index_itself(file: str, line: int) -> bool:
     """The statement at `line` binds the device's index itself (`i = lax.axis_index("tp")`)."""
-    found = _statement(file, line)
+    found = statement(file, line)
     value = getattr(found[0], "value", None) if found else None
-    return isinstance(value, ast.Call) and _callee(value) == "axis_index"
+    return isinstance(value, ast.Call) and callee(value) == "axis_index"
 
 
 def _name_from_device_index(inst: Instruction, here: tuple[str, int], index: tuple[str, int]) -> Instruction | None:
     """`inst` placed where a name its statement (at `here`) uses is computed from the device's
     index bound at `index`: the Python arithmetic between the two may have emitted no op."""
-    found, bound = _statement(*here), _statement(*index)
+    found, bound = statement(*here), statement(*index)
     if found is None or bound is None or index[0] != here[0]:
         return None
     index_names = {n.id for t in getattr(bound[0], "targets", []) for n in ast.walk(t) if isinstance(n, ast.Name)}
     used = [n.id for n in ast.walk(found[0]) if isinstance(n, ast.Name)]
     for func in reversed(found[1]):
         for name in used:
-            line = _assigned_at(func, name, here[1])
+            line = assigned_at(func, name, here[1])
             if line is None or line == index[1]:
                 continue
-            stmt = _statement(here[0], line)
+            stmt = statement(here[0], line)
             value = getattr(stmt[0], "value", None) if stmt else None
             if value is not None and index_names & {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}:
                 return dataclasses.replace(inst, stack=(SourceLoc(here[0], line, func.name),) + tuple(inst.stack))
@@ -815,7 +854,7 @@ def _grad_call_frame(inst: Instruction) -> int | None:
     for k, loc in enumerate(inst.stack):
         if not is_user_frame(loc):
             continue
-        found = _statement(loc.file, loc.line)
+        found = statement(loc.file, loc.line)
         if found is None:
             continue
         for node in ast.walk(found[0]):
@@ -905,45 +944,6 @@ def _where(loc: tuple[str, int] | None) -> str:
     return f"{shown}:{loc[1]}"
 
 
-@functools.lru_cache(maxsize=64)
-def _module_ast(file: str) -> ast.Module | None:
-    try:
-        return ast.parse(Path(file).read_text())
-    except (OSError, SyntaxError, ValueError):
-        return None
-
-
-_Function = ast.FunctionDef | ast.AsyncFunctionDef
-
-
-def _statement(file: str, line: int) -> tuple[ast.stmt, list[_Function]] | None:
-    """The innermost simple statement spanning `line`, with its enclosing function chain."""
-    tree = _module_ast(file)
-    if tree is None:
-        return None
-    best: ast.stmt | None = None
-    chain: list[_Function] = []
-
-    def visit(node: ast.AST, funcs: list[_Function]) -> None:
-        nonlocal best, chain
-        for child in ast.iter_child_nodes(node):
-            if not isinstance(child, ast.stmt) or not (child.lineno <= line <= (child.end_lineno or child.lineno)):
-                continue
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                visit(child, funcs + [child])
-            elif hasattr(child, "body") and isinstance(getattr(child, "body"), list):
-                visit(child, funcs)
-            else:
-                best, chain = child, funcs
-
-    visit(tree, [])
-    return (best, chain) if best is not None else None
-
-
-def _callee(call: ast.Call) -> str:
-    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
-
-
 def _operand_exprs(stmt: ast.stmt, opcode: str, count: int) -> list[ast.expr] | None:
     """The source expressions of an op's operands, when the statement shows them unambiguously."""
     binop = _BINOPS.get(opcode)
@@ -951,7 +951,7 @@ def _operand_exprs(stmt: ast.stmt, opcode: str, count: int) -> list[ast.expr] | 
         if binop and isinstance(node, ast.BinOp) and isinstance(node.op, binop) and count == 2:
             return [node.left, node.right]
         if isinstance(node, ast.Call):
-            if _callee(node) in _CALLS.get(opcode, ()):
+            if callee(node) in _CALLS.get(opcode, ()):
                 args = [a for a in node.args if not isinstance(a, ast.Constant)]
                 if opcode == "reshape" and isinstance(node.func, ast.Attribute):
                     return [node.func.value] + args
@@ -968,7 +968,7 @@ def _window_attrs(inst: Instruction) -> str:
 
 def _operand_name(inst: Instruction, index: int) -> str | None:
     loc = _loc(inst)
-    found = _statement(*loc) if loc else None
+    found = statement(*loc) if loc else None
     if found is None:
         return None
     exprs = _operand_exprs(found[0], inst.opcode, len(inst.operands))
@@ -984,12 +984,12 @@ _PERM_ARGS = {"ppermute": 2, "pshuffle": 2}  # call -> position of its permutati
 def _perm_expr(stmt: ast.stmt) -> ast.expr | None:
     """The permutation argument of the ppermute call in `stmt`."""
     for node in ast.walk(stmt):
-        if isinstance(node, ast.Call) and _callee(node) in _PERM_ARGS:
+        if isinstance(node, ast.Call) and callee(node) in _PERM_ARGS:
             keyword = next((k.value for k in node.keywords if k.arg == "perm"), None)
             if keyword is not None:
                 return keyword
-            if len(node.args) > _PERM_ARGS[_callee(node)]:
-                return node.args[_PERM_ARGS[_callee(node)]]
+            if len(node.args) > _PERM_ARGS[callee(node)]:
+                return node.args[_PERM_ARGS[callee(node)]]
     return None
 
 
@@ -1002,15 +1002,15 @@ def _expr_origin(file: str, line: int, expr: ast.expr, events: list[Event], dept
     target = expr.func if isinstance(expr, ast.Call) else expr
     if not isinstance(target, ast.Name) or depth == 0:
         return file, expr.lineno, ""
-    found = _statement(file, line)
+    found = statement(file, line)
     if found is None:
         return None
     for func in reversed(found[1]):
-        assigned = _assigned_at(func, target.id, line)
+        assigned = assigned_at(func, target.id, line)
         if assigned is not None:
             return file, assigned, func.name
-        if target.id in _parameters(func):
-            site = _call_argument(file, func, target.id, events)
+        if target.id in parameters(func):
+            site = call_argument(file, func, target.id, events)
             if site is None:
                 return None
             cfile, arg = site
@@ -1023,7 +1023,7 @@ def call_chain_start(loc: SourceLoc, events: list[Event], depth: int = 5) -> Sou
     `loc` to its call seen on the ops' stacks, and so on up. An op's own stack may end early (the
     stacks of a shard_map body's ops end at the body), so the calls come from every op's stack."""
     for _ in range(depth):
-        found = _statement(loc.file, loc.line)
+        found = statement(loc.file, loc.line)
         if not found or not found[1]:
             return loc
         scope = found[1][0]
@@ -1046,82 +1046,45 @@ def call_chain_start(loc: SourceLoc, events: list[Event], depth: int = 5) -> Sou
     return loc
 
 
-def _parameters(func: _Function) -> list[str]:
-    args = func.args
-    return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
-
-
-def _call_argument(
-    file: str, func: _Function, name: str, events: list[Event], stack: tuple[SourceLoc, ...] = ()
-) -> tuple[str, ast.expr] | None:
-    """The argument passed for parameter `name` of `func` at a call site seen in the op stacks,
-    the one on `stack` (the op's own call chain) first."""
-    positional = [a.arg for a in func.args.posonlyargs + func.args.args]
-
-    def calls_from(frames) -> list[tuple[str, int]]:
-        return [
-            (outer.file, outer.line)
-            for inner, outer in zip(frames, frames[1:])
-            if inner.file == file
-            and inner.function.split(".")[-1] == func.name
-            and func.lineno <= inner.line <= (func.end_lineno or func.lineno)
-        ]
-
-    own = calls_from(stack)
-    others = {site for event in events for site in calls_from(event.inst.stack)} - set(own)
-    for cfile, cline in own + sorted(others):
-        found = _statement(cfile, cline)
-        calls = _calls_of(found, func.name) if found else []
-        for call in calls:
-            keyword = next((k.value for k in call.keywords if k.arg == name), None)
-            if keyword is not None:
-                return cfile, keyword
-            k = positional.index(name) if name in positional else len(call.args)
-            if k < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[: k + 1]):
-                return cfile, call.args[k]
-    return None
-
-
-def _calls_of(found: tuple[ast.stmt, list[_Function]], name: str) -> list[ast.Call]:
-    """The calls of function `name` in a statement: by its name, else (the function passed in as an
-    argument) through a parameter of the statement's function, when that is the only such call."""
-    stmt, funcs = found
-    calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
-    direct = [n for n in calls if _callee(n) == name]
-    params = {p for f in funcs for p in _parameters(f)}
-    passed = [n for n in calls if isinstance(n.func, ast.Name) and n.func.id in params]
-    return direct or (passed if len(passed) == 1 else [])
-
-
 def _python_origin(loc: tuple[str, int], exprs: list[ast.expr], op_lines: set[tuple[str, int]]):
     """Where a name used in `exprs` was bound by plain Python (a line that emitted no op)."""
-    found = _statement(*loc)
+    found = statement(*loc)
     if found is None:
         return None
     _, funcs = found
     names = [n.id for expr in exprs for n in ast.walk(expr) if isinstance(n, ast.Name)]
     for func in reversed(funcs):
         for name in names:
-            line = _assigned_at(func, name, loc[1])
+            line = assigned_at(func, name, loc[1])
             if line is not None and (loc[0], line) not in op_lines:
                 return name, line, func
     return None
 
 
-def _assigned_at(scope: ast.AST, name: str, before: int) -> int | None:
-    """The last line before `before` that assigns `name` inside `scope`."""
-    lines = [
-        node.lineno
-        for node in ast.walk(scope)
-        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
-        and node.lineno < before
-        and any(
-            isinstance(t, ast.Name) and t.id == name
-            for tgt in (node.targets if isinstance(node, ast.Assign) else [node.target])
-            for t in ast.walk(tgt)
-        )
-    ]
-    return max(lines) if lines else None
+def _assigned_value(file: str, line: int) -> ast.expr | None:
+    """The value the statement at `line` assigns, if it is an assignment."""
+    found = statement(file, line)
+    return getattr(found[0], "value", None) if found else None
+
+
+def _assignment_chain(file: str, line: int, depth: int = 4) -> list[int]:
+    """`line` and the lines that assign the names its statement reads, followed back `depth` steps
+    inside the enclosing functions, nearest first."""
+    lines, frontier = [line], [line]
+    for _ in range(depth):
+        step = []
+        for at in frontier:
+            found = statement(file, at)
+            value = getattr(found[0], "value", None) if found else None
+            if found is None or value is None:
+                continue
+            for name in {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}:
+                assigned = next((a for f in reversed(found[1]) if (a := assigned_at(f, name, at)) is not None), None)
+                if assigned is not None and assigned not in lines:
+                    lines.append(assigned)
+                    step.append(assigned)
+        frontier = step
+    return lines
 
 
 class _Tracer:
@@ -1361,33 +1324,39 @@ class _Tracer:
                 for a in self.ancestors(end, dev)
                 if a.inst.opcode in CUTTERS and self.constant(self.value(a, dev)) is None and _loc(a.inst) is not None
             ]
-            if cutters:
+            # A window is shown wrong only where the value is one of another reference value; a
+            # value that is a slice of none says nothing about the windows cut upstream of it.
+            if cutters and own is not None and own is not r_op:
                 cut = max(cutters, key=lambda a: self.order.get(a.inst.name, -1))
                 window = _window(self.value(cut, dev))
                 shown = ", ".join(f"[{a}:{b}) along dim {d}" for d, a, b in window[1]) if window else ""
                 taken = f"the wrong window ({shown} on device {dev})" if shown else f"a wrong window on device {dev}"
                 said = f"this slice takes {taken}: {lead}"
-                return self.at_index_origin(cut, said) or Defect(cut.inst, said + ".")
+                return (
+                    self.at_name_binding(event, k, cut, name, said)
+                    or self.at_index_origin(cut, said)
+                    or Defect(cut.inst, said + ".")
+                )
             return Defect(end.inst, f"{lead}; the value is made here.")
         lead = (
             f"so `{name}`, which feeds the `{event.inst.opcode}` at {here}, is not a slice of the reference's "
             f"{rname} ({_at(r_op.inst)}) on device {dev}"
         )
         if kind == "window":
-            return Defect(
-                end.inst,
+            said = (
                 f"this `{end.inst.opcode}` reads {_window_attrs(end.inst)}, a window of the value the reference's "
                 f"`{rend.inst.opcode}` ({_at(rend.inst)}) reads {_window_attrs(rend.inst)} of, but not the window "
-                f"the reference takes: it picks other elements, {lead}.",
+                f"the reference takes: it picks other elements, {lead}"
             )
+            return self.at_name_binding(event, k, end, name, said) or Defect(end.inst, said + ".")
         # The operands of `end` match the reference's, so its own attributes differ (a shape, a window).
         if end.inst.opcode in WINDOW_READS and end.inst.opcode == rend.inst.opcode and _loc(end.inst) is not None:
-            return Defect(
-                end.inst,
+            said = (
                 f"this `{end.inst.opcode}` reads {_window_attrs(end.inst)} of a value related to the "
                 f"reference's, where the reference's `{rend.inst.opcode}` ({_at(rend.inst)}) "
-                f"reads {_window_attrs(rend.inst)} of it: it picks other elements, {lead}.",
+                f"reads {_window_attrs(rend.inst)} of it: it picks other elements, {lead}"
             )
+            return self.at_name_binding(event, k, end, name, said) or Defect(end.inst, said + ".")
         d_shape, r_shape = self.value(end, dev), self.value(rend, 0)
         shapes = ""
         if d_shape is not None and r_shape is not None and d_shape.shape != r_shape.shape:
@@ -1412,7 +1381,7 @@ class _Tracer:
     ) -> Defect | None:
         """Point at the Python line that set a static value (a width, a head size) the op uses."""
         loc = _loc(event.inst)
-        found = _statement(*loc) if loc else None
+        found = statement(*loc) if loc else None
         if found is None or loc is None:
             return None
         exprs = _operand_exprs(found[0], event.inst.opcode, len(event.inst.operands))
@@ -1436,6 +1405,37 @@ class _Tracer:
         stack = (SourceLoc(loc[0], line, getattr(func, "name", "")),) + tuple(event.inst.stack)
         inst = dataclasses.replace(event.inst, stack=stack)
         return Defect(inst, f"`{name}` is set here and used at {_where(loc)}: {lead}.")
+
+    def at_name_binding(self, event: Event, k: int, cut: Event, name: str, said: str) -> Defect | None:
+        """The statement in the operand's chain of assignments that computes what the op that cut its
+        window computes, when that op is attributed to a line outside the chain: the compiler merged
+        two identical computations and kept the other line (`q = x @ w[0]` kept for `k = x @ w[0]`,
+        or for `wk = w[0]`)."""
+        loc, cut_loc = _loc(event.inst), _loc(cut.inst)
+        found = statement(*loc) if loc is not None else None
+        exprs = _operand_exprs(found[0], event.inst.opcode, len(event.inst.operands)) if found else None
+        if loc is None or cut_loc is None or exprs is None or k >= len(exprs):
+            return None
+        origin = _expr_origin(loc[0], loc[1], exprs[k], self.events)
+        if origin is None or not origin[2] or (origin[0], origin[1]) == loc:
+            return None
+        file, function = origin[0], origin[2]
+        chain = _assignment_chain(file, origin[1])
+        cut_value = _assigned_value(*cut_loc)
+        if (cut_loc[0] == file and cut_loc[1] in chain) or cut_value is None:
+            return None
+        # A computation, not a name or a literal, that the cut's statement computes too.
+        merged = {ast.dump(e) for e in ast.walk(cut_value) if isinstance(e, (ast.Call, ast.BinOp, ast.Subscript))}
+        line = next((at for at in chain if ast.dump(_assigned_value(file, at) or ast.Pass()) in merged), None)
+        if line is None:
+            return None
+        inst = dataclasses.replace(cut.inst, stack=(SourceLoc(file, line, function),) + tuple(cut.inst.stack))
+        return Defect(
+            inst,
+            f"`{name}` gets its value from this line, whose computation the compiler merged with the same "
+            f"expression at {_where(cut_loc)} (it keeps one line for both): "
+            f"{said}.",
+        )
 
     def python_binding(self, loc, exprs):
         return _python_origin(loc, exprs, self.op_lines)
@@ -1513,10 +1513,8 @@ def at_index_origin(cut: Event, lead: str, events: list[Event], op_lines: set[tu
     at (`kv_head = i % n` used as `kv_head * HEAD_DIM`): where the device-to-part map is written.
     An index the enclosing function receives as a parameter is computed where its caller passes it."""
     loc = _loc(cut.inst)
-    found = _statement(*loc) if loc else None
-    calls = (
-        [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "dynamic_slice" in _callee(n)] if found else []
-    )
+    found = statement(*loc) if loc else None
+    calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "dynamic_slice" in callee(n)] if found else []
     if not found or loc is None or len(calls) != 1 or len(calls[0].args) < 2:
         return None
     origin = _index_source(loc[0], loc[1], calls[0].args[1], cut.inst.stack, events, op_lines)
@@ -1540,15 +1538,15 @@ def _index_source(
     """(file, line, function, what, parameter) where a device-dependent name used in `expr` is
     computed: its assignment in an enclosing function or, for a parameter, what the caller on
     `stack` passes (followed to where that is computed, else the call itself)."""
-    found = _statement(file, line)
+    found = statement(file, line)
     if found is None:
         return None
     names = [n.id for n in ast.walk(expr) if isinstance(n, ast.Name)]
     for func in reversed(found[1]):
         for name in names:
-            assigned = _assigned_at(func, name, line)
-            if assigned is None and name in _parameters(func):
-                site = _call_argument(file, func, name, events, stack)
+            assigned = assigned_at(func, name, line)
+            if assigned is None and name in parameters(func):
+                site = call_argument(file, func, name, events, stack)
                 if site is None:
                     continue
                 cfile, arg = site
@@ -1558,7 +1556,7 @@ def _index_source(
                 if _device_index(cfile, arg.lineno, arg, op_lines):
                     return cfile, arg.lineno, "", ast.unparse(arg), name
                 continue
-            bound = _statement(file, assigned) if assigned is not None else None
+            bound = statement(file, assigned) if assigned is not None else None
             value = getattr(bound[0], "value", None) if bound else None
             if assigned is not None and value is not None and _device_index(file, assigned, value, op_lines):
                 return file, assigned, func.name, name, None
@@ -1568,7 +1566,7 @@ def _index_source(
 def _device_index(file: str, line: int, value: ast.expr, op_lines: set[tuple[str, int]]) -> bool:
     """`value`, written at `line`, is computed on the device (it emitted ops) from more than the
     device index itself."""
-    return (file, line) in op_lines and not (isinstance(value, ast.Call) and _callee(value) == "axis_index")
+    return (file, line) in op_lines and not (isinstance(value, ast.Call) and callee(value) == "axis_index")
 
 
 def _window(t: Term | None) -> tuple[Term, tuple] | None:

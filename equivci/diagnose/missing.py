@@ -136,6 +136,8 @@ class MissingWorkFinder:
             r = self.tracer.ref_by_name.get(name)
             if r is None or r.inst.opcode != event.inst.opcode or len(r.inst.operands) != len(ops):
                 continue
+            if not self.same_operand_types(ops, r):
+                continue
             if any(reach is not None and rop not in reach for rop, reach in zip(r.inst.operands, reached)):
                 continue
             works = [
@@ -153,6 +155,12 @@ class MissingWorkFinder:
         _, r, k, work = best
         owner = owners[k]
         return self.placed(r, k, owner, work) if owner is not None else None
+
+    def same_operand_types(self, ops: list[Event | None], ref: Event) -> bool:
+        """Each operand has the element type of the reference op's: an op that takes another type (a
+        cast of integer positions where the reference casts angles) is not the op it stands for."""
+        refs = [self.tracer.ref_by_name.get(name) for name in ref.inst.operands]
+        return all(o is None or r is None or o.inst.shape.dtype == r.inst.shape.dtype for o, r in zip(ops, refs))
 
     def wrong_window(self, work: list[Event], operand: Event | None, owner: Event | None, dev: int) -> bool:
         """The reference only cuts a window of `owner` here, and the distributed program cut one of

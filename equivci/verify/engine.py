@@ -145,6 +145,7 @@ def verify_model(
             shown=isinstance(comparison, NumericComparison) and not comparison.equal,
             reference_events=programs.reference_events,
             reference_lines=reference_lines,
+            entry=_entry(model),
         )
     if isinstance(comparison, NumericComparison) and not comparison.equal:
         findings = with_counterexample(findings, _counterexample(comparison))
@@ -154,6 +155,12 @@ def verify_model(
         findings = with_note(findings, limit)
     budget = _budget_note(programs, proof, layered.layers if layering is not None else [])
     return _finish(model, Status.UNPROVEN, t0, tuple(findings) + budget, layers, laps)
+
+
+def _entry(model: ModelSpec) -> tuple[str, str] | None:
+    """(file, function) of the distributed entrypoint, when it is given as a file."""
+    entry = model.distributed
+    return (str(entry.file), entry.function) if entry is not None and entry.file is not None else None
 
 
 def _budget_note(programs, proof, layers) -> tuple[Finding, ...]:

@@ -98,3 +98,181 @@ def test_near_miss_without_another_call_the_finding_stays_at_the_op(manifest):
     lead = result.findings[0]
     assert (lead.path, lead.line) == ("alone.py", line_of(MODEL, "op"))
     assert "is passed here" not in lead.message
+
+
+# Choices reached in other ways: a callable passed down into a shard_map body (whose ops' stacks end
+# at the body, so the call is found in the entrypoint), a flag bound by functools.partial that an
+# `if` tests before the mask it guards, and two static arguments of one call where only one differs
+# from what every other call passes.
+PATHS = textwrap.dedent(
+    """
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    SCALE_A, SCALE_B = 0.5, 2.0
+
+
+    def inputs():
+        f = jnp.float32
+        return jax.ShapeDtypeStruct((8, 16), f), jax.ShapeDtypeStruct((16, 32), f), jax.ShapeDtypeStruct((32, 16), f)
+
+
+    def mlp(x, w_up, w_down):
+        return jax.nn.relu(x @ w_up) @ w_down
+
+
+    def clipped(x, w_up, w_down):
+        h = x @ w_up
+        return jnp.where((h > 0) & (h < 4), h, 0.0) @ w_down
+
+
+    def two(x, w_up, w_down):
+        return SCALE_A * (x @ w_up[:, :16]) + SCALE_B * (x @ w_up[:, 16:])
+
+
+    def _relu(h):
+        return jax.nn.relu(h)
+
+
+    def _tanh(h):
+        return jnp.tanh(h)  # MARK:tanh
+
+
+    def _tp(x, w_up, w_down, mesh, act):
+        def body(x, w_up, w_down):
+            return lax.psum(act(x @ w_up) @ w_down, "model")
+
+        specs = (P(), P(None, "model"), P("model", None))
+        return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(), check_vma=False)(x, w_up, w_down)
+
+
+    def tp_relu(x, w_up, w_down, *, mesh):
+        return _tp(x, w_up, w_down, mesh, _relu)
+
+
+    def tp_tanh(x, w_up, w_down, *, mesh):
+        return _tp(x, w_up, w_down, mesh, _tanh)  # MARK:callable
+
+
+    def _masked(x, w_up, w_down, *, clip):
+        h = x @ w_up
+        keep = h > 0
+        if clip:
+            keep = keep & (h < 4)
+        return lax.psum(jnp.where(keep, h, 0.0) @ w_down, "model")
+
+
+    SPECS = (P(), P(None, "model"), P("model", None))
+
+
+    def tp_clipped(x, w_up, w_down, *, mesh):
+        body = functools.partial(_masked, clip=True)
+        return jax.shard_map(body, mesh=mesh, in_specs=SPECS, out_specs=P(), check_vma=False)(x, w_up, w_down)
+
+
+    def tp_unclipped(x, w_up, w_down, *, mesh):
+        body = functools.partial(_masked, clip=False)  # MARK:flag
+        return jax.shard_map(body, mesh=mesh, in_specs=SPECS, out_specs=P(), check_vma=False)(x, w_up, w_down)
+
+
+    def _scaled(x, w, scale, axis):
+        return scale * lax.psum(x @ w, axis)
+
+
+    def _two(x, w_up, mesh, axis_b):
+        def body(x, w_up):
+            w_a, w_b = w_up[:, :16], w_up[:, 16:]
+            a = _scaled(x, w_a, SCALE_A, "model")
+            return a + _scaled(x, w_b, SCALE_B, axis_b)
+
+        specs = (P(None, "model"), P("model", None))
+        return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(), check_vma=False)(x, w_up)
+
+
+    def two_tp(x, w_up, w_down, *, mesh):
+        return _two(x, w_up, mesh, "model")
+
+
+    def two_tp_other_axis(x, w_up, w_down, *, mesh):
+        return _two(x, w_up, mesh, "data")  # MARK:axis
+
+
+    def lookup_inputs():
+        return jax.ShapeDtypeStruct((16, 8), jnp.float32), jax.ShapeDtypeStruct((2, 6), jnp.int32)
+
+
+    def lookup(table, ids):
+        return table[ids]
+
+
+    def _rows(table_shard, ids, in_shard):
+        n = table_shard.shape[0]
+        local = ids - lax.axis_index("model") * n
+        rows = table_shard[jnp.clip(local, 0, n - 1)]
+        return lax.psum(jnp.where(in_shard(local, n)[..., None], rows, 0.0), "model")
+
+
+    def _vocab_parallel(table, ids, mesh, in_shard):
+        body = lambda t, i: _rows(t, i, in_shard)  # noqa: E731
+        return jax.shard_map(body, mesh=mesh, in_specs=(P("model", None), P()), out_specs=P(), check_vma=False)(
+            table, ids
+        )
+
+
+    def lookup_tp(table, ids, *, mesh):
+        return _vocab_parallel(table, ids, mesh, lambda local, n: (local >= 0) & (local < n))
+
+
+    def lookup_tp_no_upper_bound(table, ids, *, mesh):
+        return _vocab_parallel(table, ids, mesh, lambda local, n: local >= 0)  # MARK:bound
+    """
+).lstrip()
+
+PATHS_MANIFEST = "version: 1\nmodels:\n" + "".join(
+    f"  - {{name: {name}, reference: paths.py:{ref}, distributed: paths.py:{func}, "
+    f"inputs: paths.py:{'lookup_inputs' if ref == 'lookup' else 'inputs'}, "
+    "mesh: {data: 2, model: 2}}\n"
+    for name, ref, func in [
+        ("callable", "mlp", "tp_tanh"),
+        ("flag", "clipped", "tp_unclipped"),
+        ("axis", "two", "two_tp_other_axis"),
+        ("flag-ok", "clipped", "tp_clipped"),
+        ("bound", "lookup", "lookup_tp_no_upper_bound"),
+        ("bound-ok", "lookup", "lookup_tp"),
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    return write_package(tmp_path_factory.mktemp("caller_paths"), "paths.py", PATHS, PATHS_MANIFEST)
+
+
+@pytest.mark.parametrize(
+    ("name", "mark", "says"),
+    [
+        ("callable", "callable", "`_tanh` is passed here as `act` of `_tp`"),
+        ("flag", "flag", "`False` is passed here as `clip` of `_masked`"),
+        # `SCALE_B` is passed where the other call passes `SCALE_A`, but so do its weights: the axis
+        # alone tells the two `_two` calls apart.
+        ("axis", "axis", "`'data'` is passed here as `axis_b` of `_two`"),
+        # The ids' shift into the shard is index arithmetic the reference lacks: the bound test its
+        # uses make (a callback) is the choice.
+        ("bound", "bound", "is passed here as `in_shard` of `_vocab_parallel`"),
+    ],
+)
+def test_the_choice_is_found_through_callables_partials_and_branches(paths, name, mark, says):
+    result = verify_named(paths, name)
+    assert result.status == Status.MISMATCH
+    lead = result.findings[0]
+    assert (lead.path, lead.line, lead.severity) == ("paths.py", line_of(PATHS, mark), "error")
+    assert says in lead.message
+
+
+@pytest.mark.parametrize("name", ["flag-ok", "bound-ok"])
+def test_the_calls_that_keep_the_bound_verify(paths, name):
+    assert verify_named(paths, name).status == Status.VERIFIED

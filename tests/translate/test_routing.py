@@ -79,7 +79,7 @@ MODELS = textwrap.dedent(
 
 
     def other_expert(x, w_router, w1, w2, *, mesh):
-        return moe(x, w_router, w1, w2, mesh, "other_expert")
+        return moe(x, w_router, w1, w2, mesh, "other_expert")  # MARK:pass-other_expert
 
 
     def other_mask(x, w_router, w1, w2, *, mesh):
@@ -114,16 +114,14 @@ def test_near_misses_are_not_verified(manifest, name):
     result = _verify(manifest, name)
     assert result.status in (Status.MISMATCH, Status.UNPROVEN), name
     places = [(f.path, f.line) for f in result.findings]
-    if name == "other_mask":
-        # The wrong mask is chosen by a static argument that `correct` passes otherwise: the lead is
-        # the call that passes it (diagnose/arguments.py), the mask's line its tied note next.
-        assert places[:2] == [
-            ("moe.py", model_package.line_of(MODELS, "pass-other_mask")),
-            ("moe.py", model_package.line_of(MODELS, name)),
-        ], result.findings
-        assert result.findings[0].tie is not None and result.findings[0].tie == result.findings[1].tie
-    else:
-        assert places[0] == ("moe.py", model_package.line_of(MODELS, name))
+    # Each wrong choice is made by a static argument that `correct` passes otherwise (the mask by a
+    # conditional expression, the expert under an `if` on it): the lead is the call that passes it
+    # (diagnose/arguments.py), the op's line its tied note next.
+    assert places[:2] == [
+        ("moe.py", model_package.line_of(MODELS, f"pass-{name}")),
+        ("moe.py", model_package.line_of(MODELS, name)),
+    ], result.findings
+    assert result.findings[0].tie is not None and result.findings[0].tie == result.findings[1].tie
 
 
 def test_routing_past_the_enumeration_bound_is_reported(manifest):

@@ -1,0 +1,114 @@
+"""Reading the user's source: the statement at an op's line, its enclosing functions, the
+assignments and call arguments a name goes back to. Shared by the localizer and the search for
+the caller's choice (equivci.diagnose.arguments)."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+from equivci.hlo.ir import SourceLoc
+from equivci.translate.evaluator import Event
+
+
+@functools.lru_cache(maxsize=64)
+def module_ast(file: str) -> ast.Module | None:
+    try:
+        return ast.parse(Path(file).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def statement(file: str, line: int) -> tuple[ast.stmt, list[Function]] | None:
+    """The innermost simple statement spanning `line`, with its enclosing function chain."""
+    tree = module_ast(file)
+    if tree is None:
+        return None
+    best: ast.stmt | None = None
+    chain: list[Function] = []
+
+    def visit(node: ast.AST, funcs: list[Function]) -> None:
+        nonlocal best, chain
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, ast.stmt) or not (child.lineno <= line <= (child.end_lineno or child.lineno)):
+                continue
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, funcs + [child])
+            elif hasattr(child, "body") and isinstance(getattr(child, "body"), list):
+                visit(child, funcs)
+            else:
+                best, chain = child, funcs
+
+    visit(tree, [])
+    return (best, chain) if best is not None else None
+
+
+def callee(call: ast.Call) -> str:
+    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+
+
+def parameters(func: Function) -> list[str]:
+    args = func.args
+    return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+
+
+def assigned_at(scope: ast.AST, name: str, before: int) -> int | None:
+    """The last line before `before` that assigns `name` inside `scope`."""
+    lines = [
+        node.lineno
+        for node in ast.walk(scope)
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+        and node.lineno < before
+        and any(
+            isinstance(t, ast.Name) and t.id == name
+            for tgt in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            for t in ast.walk(tgt)
+        )
+    ]
+    return max(lines) if lines else None
+
+
+def calls_of(found: tuple[ast.stmt, list[Function]], name: str) -> list[ast.Call]:
+    """The calls of function `name` in a statement: by its name, else (the function passed in as an
+    argument) through a parameter of the statement's function, when that is the only such call."""
+    stmt, funcs = found
+    calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
+    direct = [n for n in calls if callee(n) == name]
+    params = {p for f in funcs for p in parameters(f)}
+    passed = [n for n in calls if isinstance(n.func, ast.Name) and n.func.id in params]
+    return direct or (passed if len(passed) == 1 else [])
+
+
+def call_argument(
+    file: str, func: Function, name: str, events: list[Event], stack: tuple[SourceLoc, ...] = ()
+) -> tuple[str, ast.expr] | None:
+    """The argument passed for parameter `name` of `func` at a call site seen in the op stacks,
+    the one on `stack` (the op's own call chain) first."""
+    positional = [a.arg for a in func.args.posonlyargs + func.args.args]
+
+    def calls_from(frames) -> list[tuple[str, int]]:
+        return [
+            (outer.file, outer.line)
+            for inner, outer in zip(frames, frames[1:])
+            if inner.file == file
+            and inner.function.split(".")[-1] == func.name
+            and func.lineno <= inner.line <= (func.end_lineno or func.lineno)
+        ]
+
+    own = calls_from(stack)
+    others = {site for event in events for site in calls_from(event.inst.stack)} - set(own)
+    for cfile, cline in own + sorted(others):
+        found = statement(cfile, cline)
+        calls = calls_of(found, func.name) if found else []
+        for call in calls:
+            keyword = next((k.value for k in call.keywords if k.arg == name), None)
+            if keyword is not None:
+                return cfile, keyword
+            k = positional.index(name) if name in positional else len(call.args)
+            if k < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[: k + 1]):
+                return cfile, call.args[k]
+    return None

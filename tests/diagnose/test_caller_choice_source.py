@@ -1,0 +1,83 @@
+"""The caller's choice read from source alone: which arguments count as static choices.
+
+A value a lambda receives at each of its calls (a loop body's carried state) is no choice fixed
+when the program is written, even where another call passes another name: the finding stays at
+the op. A literal passed where another call passes another literal is one."""
+
+from __future__ import annotations
+
+import textwrap
+
+from equivci.diagnose.arguments import passed_choice
+from equivci.hlo.ir import Instruction, SourceLoc
+from equivci.translate.evaluator import Event
+
+SOURCE = textwrap.dedent(
+    """
+    from jax import lax
+
+
+    def dense(h, w, scale):
+        return lax.tanh(h @ w) * scale
+
+
+    def plain(x, w):
+        return dense(x, w, 2.0)
+
+
+    def looped(x, w):
+        return lax.fori_loop(0, 2, lambda i, h: dense(h, w, 2.0), x)
+
+
+    def rescaled(x, w):
+        return dense(x, w, 3.0)
+    """
+).lstrip()
+
+
+def _line(text: str) -> int:
+    return next(k for k, line in enumerate(SOURCE.splitlines(), 1) if text in line)
+
+
+def _op_called_from(path: str, caller: str) -> Event:
+    """The multiply inside `dense` as the distributed program made it, called from `caller`'s line."""
+    stack = (
+        SourceLoc(path, _line("return lax.tanh"), "dense"),
+        SourceLoc(path, _line(caller), caller.split("(")[0]),
+    )
+    return Event(Instruction("multiply.1", "multiply", None, (), {}, stack=stack), [])  # type: ignore[arg-type]
+
+
+def test_a_lambda_parameter_is_no_static_choice(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(SOURCE.replace("dense(h, w, 2.0)", "dense(h, w, scale=2.0)").replace("* scale", "* 2.0"))
+    event = _op_called_from(str(path), "lambda i, h")
+    # `h` differs from `x` at the other call, but each run of the lambda receives it: no choice.
+    assert passed_choice(event.inst, [event], str(tmp_path)) is None
+
+
+def test_a_literal_another_call_passes_otherwise_is_a_choice(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(SOURCE)
+    event = _op_called_from(str(path), "return dense(x, w, 3.0)")
+    choice = passed_choice(event.inst, [event], str(tmp_path))
+    assert choice is not None and (choice.line, choice.text, choice.parameter) == (_line("dense(x, w, 3.0)"), "3.0", "scale")
+
+
+def test_a_call_that_leaves_a_parameter_out_passes_its_default(tmp_path):
+    # Only `plain` passes something else than 3.0, and it passes nothing: the default.
+    source = (
+        SOURCE.replace("def dense(h, w, scale):", "def dense(h, w, scale=2.0):")
+        .replace("dense(x, w, 2.0)", "dense(x, w)")
+        .replace("dense(h, w, 2.0)", "dense(h, w, 3.0)")
+    )
+    path = tmp_path / "model.py"
+    path.write_text(source)
+    lines = source.splitlines()
+    op = next(k for k, line in enumerate(lines, 1) if "return lax.tanh" in line)
+    call = next(k for k, line in enumerate(lines, 1) if "dense(x, w, 3.0)" in line)
+    stack = (SourceLoc(str(path), op, "dense"), SourceLoc(str(path), call, "rescaled"))
+    event = Event(Instruction("multiply.1", "multiply", None, (), {}, stack=stack), [])  # type: ignore[arg-type]
+    choice = passed_choice(event.inst, [event], str(tmp_path))
+    assert choice is not None and (choice.line, choice.text, choice.parameter) == (call, "3.0", "scale")
+    assert "2.0" in [text for _, _, text in choice.others]  # what the call that leaves it out passes
