@@ -26,13 +26,17 @@ def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     untransposed = through_transposes(dot_spec, lhs, rhs)
     if untransposed is None:
         return _dot(ev, dot_spec, lhs, rhs, inst.shape)
-    dot_spec, lhs, rhs, perm = untransposed
+    spec, x, y, perm = untransposed
     inner = Shape(inst.shape.dtype, tuple(inst.shape.dims[perm.index(k)] for k in range(len(perm))))
-    term = _dot(ev, dot_spec, lhs, rhs, inner)
-    if perm == tuple(range(len(perm))):
-        return term
-    attrs = (transpose_text(perm),)
-    return ev.factored("transpose", attrs, [term], inst.shape) or ev.mk("transpose", attrs, [term], inst.shape)
+    term = _dot(ev, spec, x, y, inner)
+    if perm != tuple(range(len(perm))):
+        attrs = (transpose_text(perm),)
+        term = ev.factored("transpose", attrs, [term], inst.shape) or ev.mk("transpose", attrs, [term], inst.shape)
+    # The written form stays stated beside it: the windows of a transposed operand nest in
+    # another order (slices keep the higher dim outside), and rules that match a contraction's
+    # window outermost (a gradient x.T @ dy summed per microbatch) find it only there.
+    ev.equal_terms.append([term, _dot(ev, dot_spec, lhs, rhs, inst.shape)])
+    return term
 
 
 def _dot(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> Term:
