@@ -35,8 +35,7 @@ def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     # The written form stays stated beside it: the windows of a transposed operand nest in
     # another order (slices keep the higher dim outside), and rules that match a contraction's
     # window outermost (a gradient x.T @ dy summed per microbatch) find it only there.
-    written = dot_spec.text()
-    ev.equal_terms.append([term, ev.mk("dot", (written,), [lhs, rhs], inst.shape)])
+    ev.equal_terms.append([term, _dot(ev, dot_spec, lhs, rhs, inst.shape)])
     return term
 
 
