@@ -18,7 +18,6 @@ from equivci.terms.ir import Term
 @dataclasses.dataclass(frozen=True)
 class CanonicalForm:
     digest: str
-    ids: dict[Term, int]  # term -> its position in the canonical text
 
 
 def canonical_form(
@@ -35,4 +34,4 @@ def canonical_form(
     rows.append(f"roots {[ids[t] for t in roots]}")
     rows.append(f"marked {sorted(ids[t] for t in marked if t in ids)}")
     rows.append(f"groups {sorted(sorted(ids[t] for t in g) for g in groups if all(t in ids for t in g))}")
-    return CanonicalForm(hashlib.sha256("\n".join(rows).encode()).hexdigest(), ids)
+    return CanonicalForm(hashlib.sha256("\n".join(rows).encode()).hexdigest())

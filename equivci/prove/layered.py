@@ -17,7 +17,7 @@ import itertools
 import time
 
 from equivci import cache
-from equivci.layers.canonical import canonical_form
+from equivci.layers.canonical import CanonicalForm, canonical_form
 from equivci.layers.segments import Layering, Segment, leaves
 from equivci.prove.saturate import MAX_ITERATIONS, Proof, add_terms, proved_equal, saturate_terms
 from equivci.terms.ir import Term
@@ -192,7 +192,7 @@ class _Problem:
     pairs: list[tuple[Term, Term]]  # (device output, its target)
     marked: list[Term]  # reference values
     groups: list[list[Term]]  # terms known equal by evaluation
-    form: object
+    form: CanonicalForm
 
     @classmethod
     def of(cls, segment: Segment, programs: Programs, abstraction: _Abstraction, index: _ModelIndex):
