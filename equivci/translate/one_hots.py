@@ -21,7 +21,7 @@ from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import AlignedMap, ReduceSpec, bcast_spec, compare_text, transpose_text
 from equivci.translate import bounds
-from equivci.translate.attributes import called, dims_attr, overwrites, reducer_of
+from equivci.translate.attributes import dims_attr, scatter_combiner
 from equivci.translate.builder import Builder
 
 
@@ -30,9 +30,10 @@ def columns(ev: Builder, inst: Instruction, args: list) -> Term | None:
     scatter of single elements at (row positions, one data column) or a write could be lost."""
     if len(args) != 3 or inst.shape.is_tuple:
         return None
-    adds = reducer_of(ev.module, inst) == "add"
-    if not adds and not overwrites(called(ev.module, inst, "to_apply")):
+    combiner = scatter_combiner(ev.module, inst)
+    if combiner is None:
         return None
+    adds = combiner == "add"
     x, idx, update = args
     attrs = inst.attrs
     rank = len(x.shape)
