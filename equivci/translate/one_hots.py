@@ -6,7 +6,8 @@
 holds for a scatter-add always, and for an overwriting scatter into zeros when no row writes one
 column twice (the columns of a row are distinct: a top-k's or an argsort's indices, a slice of a
 permutation of each lane). Every index coordinate but the column must be the row's own position
-(an iota along one of the rows' dims), so that distinct rows never meet. A column outside [0, E)
+(an iota along one of the rows' dims, or a batching dim: a vmapped `zeros(E).at[col].set(v)`),
+so that distinct rows never meet. A column outside [0, E)
 writes nothing (XLA skips it) and its one-hot is all zeros. The sum is built as `jax.nn.one_hot`
 writes it, compare(broadcast(col), broadcast(iota)) converted and multiplied, so that a top-k
 combine written with `.at[].set` meets one written with `one_hot(...) * v` summed over k.
@@ -38,35 +39,49 @@ def columns(ev: Builder, inst: Instruction, args: list) -> Term | None:
     attrs = inst.attrs
     rank = len(x.shape)
     to_operand = dims_attr(attrs.get("scatter_dims_to_operand_dims"))
+    batch, idx_batch = (
+        dims_attr(attrs.get("input_batching_dims")),
+        dims_attr(attrs.get("scatter_indices_batching_dims")),
+    )
     vector_dim = int(attrs.get("index_vector_dim", len(idx.shape)))
     rows = tuple(idx.shape[j] for j in range(len(idx.shape)) if j != vector_dim)
     if (
-        attrs.get("input_batching_dims")
-        or dims_attr(attrs.get("update_window_dims"))
-        or sorted(dims_attr(attrs.get("inserted_window_dims"))) != list(range(rank))
-        or sorted(to_operand) != list(range(rank))
-        or (vector_dim < len(idx.shape) and idx.shape[vector_dim] != rank)
-        or (vector_dim == len(idx.shape) and rank != 1)
+        dims_attr(attrs.get("update_window_dims"))
+        or len(batch) != len(idx_batch)
+        or vector_dim in idx_batch
+        or sorted((*dims_attr(attrs.get("inserted_window_dims")), *batch)) != list(range(rank))
+        or sorted((*to_operand, *batch)) != list(range(rank))
+        or (vector_dim < len(idx.shape) and idx.shape[vector_dim] != len(to_operand))
+        or (vector_dim == len(idx.shape) and len(to_operand) != 1)
         or update.shape != rows
         or update.dtype != x.dtype
         or x.dtype == "pred"
     ):
         return None
-    coords = [_coordinate(ev, idx, vector_dim, j, rows) for j in range(rank)]
-    placed = {j: b for j, c in enumerate(coords) if (b := _position_dim(ev, c)) is not None}
-    free = [j for j in range(rank) if j not in placed]
-    if not placed or len(free) != 1 or len(set(placed.values())) != len(placed):
+    # rows dim -> the operand dim it writes at its own position: a batching dim (vmap's), or an
+    # index coordinate that is an iota along that rows dim
+    operand_of = {j - (j > vector_dim): d for d, j in zip(batch, idx_batch)}
+    free = []
+    for j, d in enumerate(to_operand):
+        coord = _coordinate(ev, idx, vector_dim, j, rows)
+        b = _position_dim(ev, coord)
+        if b is None:
+            free.append((coord, d))
+        elif b in operand_of:
+            return None
+        else:
+            operand_of[b] = d
+    if not operand_of or len(free) != 1:
         return None  # (a scatter into a vector, bincount's, is a row scatter: permutations.py)
-    if any(rows[b] != x.shape[to_operand[j]] for j, b in placed.items()):
+    if any(rows[b] != x.shape[d] for b, d in operand_of.items()):
         return None
-    summed = [b for b in range(len(rows)) if b not in placed.values()]
-    column, k = coords[free[0]], to_operand[free[0]]
+    summed = [b for b in range(len(rows)) if b not in operand_of]
+    column, k = free[0]
     zero = ev.uniform(x) == 0
     if not adds and not (zero and (not summed or (len(summed) == 1 and _distinct_along(ev, column, summed[0])))):
         return None  # an overwrite that may lose a write, or keep part of the operand
     added = _one_hot_sum(ev, column, update, x.shape[k], summed)
     kept = [b for b in range(len(rows)) if b not in summed]
-    operand_of = {b: to_operand[j] for j, b in placed.items()}
     out_dims = [operand_of[b] for b in kept] + [k]
     if out_dims != list(range(rank)):
         perm = tuple(out_dims.index(d) for d in range(rank))

@@ -17,6 +17,7 @@ VERIFIED = {
     "pmax-of-max", "moe-ep", "rope-table-rows", "interleaved-heads", "topk-tokens", "embed-clipped", "head-max",
     "argsort-tokens", "sorted-moe", "ragged-moe", "sorted-top2", "sorted-ids", "sorted-ids-ends",
     "sorted-ids-starts", "topk-set-experts", "topk-add-into-ones",
+    "topk-set-vmapped",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",

@@ -115,6 +115,11 @@ def _argsort_columns_transposed(x):  # operand [column, row]; the columns a slic
     return jnp.zeros((D, T), x.dtype).at[idx, jnp.arange(T)[:, None]].set(x[:, :3])
 
 
+def _vmapped_top_k_combine(x):  # the scatter's rows as a batching dim of operand and indices
+    values, idx = lax.top_k(x, 3)
+    return jax.vmap(lambda v, i: jnp.zeros(D, x.dtype).at[i].set(v))(values, idx)
+
+
 def _columns_added(x, ids):  # an add needs no distinct columns; ids past the dim are skipped
     cols = jnp.stack([ids % D, (ids + 3) % D, ids], axis=1)
     return jnp.ones((T, D), x.dtype).at[jnp.arange(T)[:, None], cols].add(x[:, :3])
@@ -141,6 +146,7 @@ CASES = {
     "top-k weights set per row (one-hot sum)": (_top_k_combine, (X,)),
     "argsort columns set, expert-major": (_argsort_columns_transposed, (X,)),
     "columns added per row, repeats allowed": (_columns_added, (X, IDS)),
+    "top-k weights set per token under vmap (batching dims)": (_vmapped_top_k_combine, (X,)),
 }
 
 

@@ -644,6 +644,12 @@ def topk_set(x, w_router):
     return _set_at_columns(jnp.zeros((TOK, EXP)), top_p, top_i)
 
 
+def topk_set_vmapped(x, w_router):
+    """The same weights, one token at a time: each token's zeros overwritten at its top-k experts."""
+    top_p, top_i = _top_k_weights(x, w_router)
+    return jax.vmap(lambda p, i: jnp.zeros(EXP).at[i].set(p))(top_p, top_i)
+
+
 def _expert_columns(weights, n_local):
     return lax.dynamic_slice_in_dim(weights, lax.axis_index(TP) * n_local, n_local, axis=1)
 
