@@ -664,6 +664,17 @@ def topk_set_experts(x, w_router, *, mesh):
     return jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P(None, TP))(x, w_router)
 
 
+def topk_set_experts_rotated(x, w_router, *, mesh):
+    # BUG: each device keeps the next device's expert columns (a wrong expert id)
+    def body(x, w):
+        top_p, top_i = _top_k_weights(x, w)
+        weights = jnp.sum(jax.nn.one_hot(top_i, EXP) * top_p[..., None], axis=1)
+        n_local = EXP // lax.axis_size(TP)
+        return _expert_columns(jnp.roll(weights, -n_local, axis=1), n_local)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P(None, TP))(x, w_router)
+
+
 def topk_set_repeated(x, w_router):
     """The first choice written twice: one slot holds two writes (the last one wins)."""
     top_p, top_i = _top_k_weights(x, w_router)
