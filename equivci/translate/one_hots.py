@@ -8,8 +8,9 @@ column twice (the columns of a row are distinct: a top-k's or an argsort's indic
 permutation of each lane). Every index coordinate but the column must be the row's own position
 (an iota along one of the rows' dims, or a batching dim: a vmapped `zeros(E).at[col].set(v)`),
 so that distinct rows never meet. A column outside [0, E) writes nothing (XLA skips it) and its
-one-hot is all zeros. The sum is built as `jax.nn.one_hot` writes it, compare(broadcast(col), broadcast(iota)) converted and multiplied, so that a top-k
-combine written with `.at[].set` meets one written with `one_hot(...) * v` summed over k.
+one-hot is all zeros. The sum is built as `jax.nn.one_hot` writes it, compare(broadcast(col),
+broadcast(iota)) converted and multiplied, so that a top-k combine written with `.at[].set` meets
+one written with `one_hot(...) * v` summed over k (an einsum of the one-hots does not meet it yet).
 """
 
 from __future__ import annotations
