@@ -254,6 +254,16 @@ MUTANTS: tuple[Mutant, ...] = (
       "only an iota table's element i is i", "model:sorted-ids-from-one"),
     M("offset-cancel-sum", " or signs[a.attrs[0]] * c1 + signs[op] * c2 != 0", "",
       "(x + c1) - c2 is x only when the constants cancel", "model:sorted-ids-starts-minus-two", "model:sorted-ids-starts"),
+    # -- scatters at each row's columns as one-hot sums (translate/one_hots.py) -----------------------
+    M("one-hot-distinct-columns", "not summed or (len(summed) == 1 and _distinct_along(ev, column, summed[0]))", "True",
+      "an overwrite is a sum only when no row writes one column twice",
+      "model:topk-set-repeated-slot", "model:topk-set-experts"),
+    M("one-hot-set-into-zeros", "if not adds and not (zero and (", "if not adds and not ((",
+      "an overwrite keeps nothing of the operand where it writes: a sum on top only over zeros",
+      "model:topk-set-into-ones", "model:topk-add-into-ones"),
+    M("one-hot-sort-output", 'order_dim_output[-2:] != [str(dim), "1"]', "False",
+      "only a sort's index output along the summed dim is a permutation of distinct lanes",
+      "pytest:tests/translate/test_translation_against_xla.py::test_overwrites_that_could_lose_a_write_stay_opaque"),
     # -- unrolled loops and scatters at constant indices ---------------------------------------------
     M("unroll-devices-agree", "return found.pop() if len(found) == 1 else None", "return found.pop()",
       "a loop is unrolled only when every device runs it the same number of times",

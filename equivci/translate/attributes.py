@@ -63,5 +63,12 @@ def overwrites(comp: Computation) -> bool:
     return len(params) == 2 and comp.root.opcode == "parameter" and comp.root.name == params.get(1)
 
 
+def scatter_combiner(module: Module, inst: Instruction) -> str | None:
+    """ "add" when a scatter adds its updates, "set" when it overwrites with them, else None."""
+    if reducer_of(module, inst) == "add":
+        return "add"
+    return "set" if overwrites(called(module, inst, "to_apply")) else None
+
+
 def custom_call_target(attrs: dict[str, str]) -> str:
     return attrs.get("custom_call_target", "").strip('"')

@@ -16,7 +16,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.spec import GatherDims, bcast_spec, reshape_spec, transpose_text
-from equivci.translate import masks, scatter_adds
+from equivci.translate import masks, one_hots, scatter_adds
 from equivci.translate.attributes import (
     called,
     custom_call_target,
@@ -150,7 +150,7 @@ def pad(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
 
 
 def scatter(ev: Builder, inst: Instruction, args: list, device: int):
-    for handler in (scatter_at_constants, scatter_adds.per_row, scatter_adds.windows):
+    for handler in (scatter_at_constants, scatter_adds.per_row, scatter_adds.windows, one_hots.columns):
         if (written := handler(ev, inst, args)) is not None:
             return written
     term = opaque(ev, inst, args)

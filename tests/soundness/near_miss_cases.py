@@ -16,7 +16,8 @@ VERIFIED = {
     "embed-ge-lt", "embed-gt-le", "guard-always", "abs-of-positive", "guards-kept", "concat-straddle",
     "pmax-of-max", "moe-ep", "rope-table-rows", "interleaved-heads", "topk-tokens", "embed-clipped", "head-max",
     "argsort-tokens", "sorted-moe", "ragged-moe", "sorted-top2", "sorted-ids", "sorted-ids-ends",
-    "sorted-ids-starts",
+    "sorted-ids-starts", "topk-set-experts", "topk-add-into-ones",
+    "topk-set-vmapped",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -29,6 +30,7 @@ MISMATCH = {
     "head-max-first-bias", "sorted-moe-inclusive-end", "sorted-moe-unsort-by-order", "sorted-moe-gate-in-sorted-order",
     "ragged-moe-add-into-ones", "ragged-moe-added-at-inverse", "sorted-top2-tiled-token-ids",
     "sorted-ids-ends-minus-one", "sorted-ids-from-one", "sorted-ids-starts-minus-two",
+    "topk-set-repeated-slot", "topk-set-into-ones", "topk-set-experts-rotated",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -66,5 +68,6 @@ DEFAULT = {
     "moe-ep", "moe-ep-shared-slot",  # the routing lemma
     "topk-tokens", "topk-local-experts",  # sorts: lanes of other dims, not windows of the sorted dim
     "sorted-moe", "sorted-moe-unsort-by-order",  # sort-based dispatch: un-sorted by the inverse permutation
+    "topk-set-experts", "topk-set-repeated-slot",  # a scatter at a row's distinct columns: a one-hot sum
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

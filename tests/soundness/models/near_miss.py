@@ -628,6 +628,87 @@ def argsort_route_tokens(x, w_router, *, mesh):
     return jax.shard_map(argsort_route, mesh=mesh, in_specs=(P(TP), P()), out_specs=P(TP))(x, w_router)
 
 
+# --- top-k weights written by a scatter into zeros: a sum of one-hots (equivci/translate/one_hots.py) ---
+def _top_k_weights(x, w_router):
+    top_p, top_i = lax.top_k(jax.nn.softmax(x @ w_router, axis=-1), TOPK)
+    return top_p / top_p.sum(-1, keepdims=True), top_i
+
+
+def _set_at_columns(base, values, columns):
+    return base.at[jnp.arange(TOK)[:, None], columns].set(values)
+
+
+def topk_set(x, w_router):
+    """Routing weights [tokens, experts]: zeros overwritten at each token's top-k experts."""
+    top_p, top_i = _top_k_weights(x, w_router)
+    return _set_at_columns(jnp.zeros((TOK, EXP)), top_p, top_i)
+
+
+def topk_set_vmapped(x, w_router):
+    """The same weights, one token at a time: each token's zeros overwritten at its top-k experts."""
+    top_p, top_i = _top_k_weights(x, w_router)
+    return jax.vmap(lambda p, i: jnp.zeros(EXP).at[i].set(p))(top_p, top_i)
+
+
+def _expert_columns(weights, n_local):
+    return lax.dynamic_slice_in_dim(weights, lax.axis_index(TP) * n_local, n_local, axis=1)
+
+
+def topk_set_experts(x, w_router, *, mesh):
+    """Each device keeps its experts' columns of the one-hot sum over the top-k slots."""
+    def body(x, w):
+        top_p, top_i = _top_k_weights(x, w)
+        weights = jnp.sum(jax.nn.one_hot(top_i, EXP) * top_p[..., None], axis=1)
+        return _expert_columns(weights, EXP // lax.axis_size(TP))
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P(None, TP))(x, w_router)
+
+
+def topk_set_experts_rotated(x, w_router, *, mesh):
+    # BUG: each device keeps the next device's expert columns (a wrong expert id)
+    def body(x, w):
+        top_p, top_i = _top_k_weights(x, w)
+        weights = jnp.sum(jax.nn.one_hot(top_i, EXP) * top_p[..., None], axis=1)
+        n_local = EXP // lax.axis_size(TP)
+        return _expert_columns(jnp.roll(weights, -n_local, axis=1), n_local)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P(None, TP))(x, w_router)
+
+
+def topk_set_repeated(x, w_router):
+    """The first choice written twice: one slot holds two writes (the last one wins)."""
+    top_p, top_i = _top_k_weights(x, w_router)
+    return _set_at_columns(jnp.zeros((TOK, EXP)), top_p, top_i[:, :1].repeat(TOPK, axis=1))
+
+
+def topk_summed_repeated(x, w_router, *, mesh):
+    # BUG (against topk_set_repeated): one-hots summed where the reference overwrites one slot twice
+    def body(x, w):
+        top_p, top_i = _top_k_weights(x, w)
+        columns = top_i[:, :1].repeat(TOPK, axis=1)
+        return jnp.sum(jax.nn.one_hot(columns, EXP) * top_p[..., None], axis=1)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP), P()), out_specs=P(TP))(x, w_router)
+
+
+def topk_set_into_ones(x, w_router):
+    top_p, top_i = _top_k_weights(x, w_router)
+    return _set_at_columns(jnp.ones((TOK, EXP)), top_p, top_i)
+
+
+def topk_add_into_ones(x, w_router):
+    top_p, top_i = _top_k_weights(x, w_router)
+    return jnp.ones((TOK, EXP)).at[jnp.arange(TOK)[:, None], top_i].add(top_p)
+
+
+def topk_ones_plus_one_hots(x, w_router, *, mesh):
+    """ones + the one-hot sum: what adding at the top-k columns gives (not overwriting them)."""
+    def body(x, w):
+        top_p, top_i = _top_k_weights(x, w)
+        return 1.0 + jnp.sum(jax.nn.one_hot(top_i, EXP) * top_p[..., None], axis=1)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP), P()), out_specs=P(TP))(x, w_router)
+
 # --- clipped local ids, and logits made from a window of the head (equivci/translate/windows.py) ---
 def _clipped(table, ids, mesh, top):
     """The local index clipped to [0, top(n)] instead of masked; the output masked by its own range."""
