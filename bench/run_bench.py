@@ -112,6 +112,22 @@ print(t2 - t1)
 """
 
 
+def session_peak_rss_kb(session: int) -> int:
+    """The largest peak RSS (VmHWM, kB) among the live processes of a session (Linux /proc; 0 elsewhere)."""
+    peak = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # After the command in parentheses: state, ppid, pgrp, session.
+            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) != session:
+                continue
+            for line in (stat.parent / "status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return peak
+
+
 def run_measured(cmd: list[str], cwd: Path, env: dict, timeout: float) -> dict:
     """Wall time, CPU time and peak RSS (over the process and the descendants it waited for), exit
     code, stdout, and the stage timings printed on stderr (by --timings)."""
@@ -120,11 +136,13 @@ def run_measured(cmd: list[str], cwd: Path, env: dict, timeout: float) -> dict:
     # Own process group: a timeout stops the CLI and its capture and verify children together.
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out_file, stderr=err_file, start_new_session=True)
     deadline = t0 + timeout
+    killed_peak_kb = 0  # the run's processes' peak RSS, sampled: a killed run's children are never waited for
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
         if time.perf_counter() > deadline:
+            killed_peak_kb = session_peak_rss_kb(proc.pid)
             os.killpg(proc.pid, signal.SIGKILL)
             pid, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = -9
@@ -135,7 +153,8 @@ def run_measured(cmd: list[str], cwd: Path, env: dict, timeout: float) -> dict:
     err_file.seek(0)
     stdout = out_file.read().decode()
     code = os.waitstatus_to_exitcode(status) if proc.returncode != -9 else None
-    return {"seconds": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024,
+    rss_kb = max(usage.ru_maxrss, killed_peak_kb)
+    return {"seconds": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rss_mb": rss_kb / 1024,
             "exit": code, "stdout": stdout, "stages": timings.read(err_file.read().decode(errors="replace"))}
 
 
@@ -253,7 +272,8 @@ def print_rows(title: str, rows: dict) -> None:
     lower, bare = rows["bare"]["lowering_s"], rows["bare"]["seconds"]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\n{title} (load average now {load}): bare JAX lowering of both programs {lower:.2f} s in-process; "
-          f"{bare:.2f} s for a process that only imports jax and lowers both ({rows['bare']['rss_mb']:.0f} MB)")
+          f"{bare:.2f} s ({rows['bare']['cpu_s']:.2f} s CPU) for a process that only imports jax and lowers both "
+          f"({rows['bare']['rss_mb']:.0f} MB)")
     if rows.get("identity_changed"):
         print("  equivci's sources changed between the cold and the warm runs: the warm runs could not reuse the "
               "cold run's results (their figures are cold figures)")
