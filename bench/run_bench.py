@@ -287,8 +287,10 @@ def print_rows(title: str, rows: dict) -> None:
         result = summary(r["stdout"]) if r["exit"] is not None else "TIMEOUT"
         if r.get("runs", 1) > 1:
             result += f" (best of {r['runs']})"
+        # A killed run's children were never waited for: their CPU time is unknown.
+        cpu = f"{r['cpu_s']:7.2f}" if r["exit"] is not None else f"{'-':>7}"
         print(f"  {name:8} {r['seconds']:8.2f} {r['seconds'] / lower:8.2f} {r['seconds'] / bare:7.2f} "
-              f"{r['cpu_s']:7.2f} {r['rss_mb']:8.0f} MB  {result}")
+              f"{cpu} {r['rss_mb']:8.0f} MB  {result}")
     runs = [(name, stage_columns(rows[name]["stages"])) for name in ("cold", "warm", "warm-cs", "1-layer")
             if rows.get(name, {}).get("stages")]
     if runs:
