@@ -16,10 +16,14 @@ temporary git repository, every figure from a fresh process running the real CLI
   cold    `equivci verify` with an empty cache
   warm    the same again (no change): the capture child lowers, hashes, finds the key, stops
   warm-cs `equivci verify --changed-since HEAD` with no change: no capture at all
-  1-line  one line of the LM-head block changed (logit soft-capping added), `--changed-since HEAD`
+  1-layer one layer changed: a line of the LM-head block (logit soft-capping added; `lm_head`
+          is one layer of the split, the decoder layers around it are unchanged),
+          `--changed-since HEAD`
 
-with wall time, peak RSS (the largest process of the run, via wait4), ratios to both bare
-figures, and where the time went, stage by stage (from `equivci verify --timings`).
+with wall time, CPU time (user + system of the process and every child it waited for, via wait4:
+unlike the wall time, hardly inflated when other work loads the machine), peak RSS (the largest
+process of the run), ratios to both bare figures, and where the time went, stage by stage (from
+`equivci verify --timings`).
 A run that exceeds `--timeout` seconds is killed with its children and reported as TIMEOUT;
 after a cold timeout the style's other runs are skipped (nothing to reuse).
 `--repeat N` takes the best of N for the runs that can be repeated as they are (bare, warm,
@@ -108,19 +112,37 @@ print(t2 - t1)
 """
 
 
+def session_peak_rss_kb(session: int) -> int:
+    """The largest peak RSS (VmHWM, kB) among the live processes of a session (Linux /proc; 0 elsewhere)."""
+    peak = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # After the command in parentheses: state, ppid, pgrp, session.
+            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) != session:
+                continue
+            for line in (stat.parent / "status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return peak
+
+
 def run_measured(cmd: list[str], cwd: Path, env: dict, timeout: float) -> dict:
-    """Wall time, peak RSS (max over the process and its descendants), exit code, stdout, and
-    the stage timings printed on stderr (by --timings)."""
+    """Wall time, CPU time and peak RSS (over the process and the descendants it waited for), exit
+    code, stdout, and the stage timings printed on stderr (by --timings)."""
     t0 = time.perf_counter()
     out_file, err_file = tempfile.TemporaryFile(), tempfile.TemporaryFile()
     # Own process group: a timeout stops the CLI and its capture and verify children together.
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out_file, stderr=err_file, start_new_session=True)
     deadline = t0 + timeout
+    killed_peak_kb = 0  # the run's processes' peak RSS, sampled: a killed run's children are never waited for
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
         if time.perf_counter() > deadline:
+            killed_peak_kb = session_peak_rss_kb(proc.pid)
             os.killpg(proc.pid, signal.SIGKILL)
             pid, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = -9
@@ -131,8 +153,9 @@ def run_measured(cmd: list[str], cwd: Path, env: dict, timeout: float) -> dict:
     err_file.seek(0)
     stdout = out_file.read().decode()
     code = os.waitstatus_to_exitcode(status) if proc.returncode != -9 else None
-    return {"seconds": wall, "rss_mb": usage.ru_maxrss / 1024, "exit": code, "stdout": stdout,
-            "stages": timings.read(err_file.read().decode(errors="replace"))}
+    rss_kb = max(usage.ru_maxrss, killed_peak_kb)
+    return {"seconds": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rss_mb": rss_kb / 1024,
+            "exit": code, "stdout": stdout, "stages": timings.read(err_file.read().decode(errors="replace"))}
 
 
 def equivci_fingerprint(env: dict) -> str:
@@ -240,31 +263,35 @@ def bench_config(cfg: str, timeout: float, layers: int | None = None, repeat: in
     text = src.read_text()
     assert text.count(LM_HEAD_OLD) == 1, "the LM-head line to edit is not in bench/llama_tp.py"
     src.write_text(text.replace(LM_HEAD_OLD, LM_HEAD_NEW))
-    rows["1-line"] = run_measured([*verify, "--changed-since", "HEAD"], repo, env, timeout)
+    rows["1-layer"] = run_measured([*verify, "--changed-since", "HEAD"], repo, env, timeout)
     shutil.rmtree(tmp, ignore_errors=True)
     return rows
 
 
 def print_rows(title: str, rows: dict) -> None:
     lower, bare = rows["bare"]["lowering_s"], rows["bare"]["seconds"]
-    print(f"\n{title}: bare JAX lowering of both programs {lower:.2f} s in-process; "
-          f"{bare:.2f} s for a process that only imports jax and lowers both ({rows['bare']['rss_mb']:.0f} MB)")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\n{title} (load average now {load}): bare JAX lowering of both programs {lower:.2f} s in-process; "
+          f"{bare:.2f} s ({rows['bare']['cpu_s']:.2f} s CPU) for a process that only imports jax and lowers both "
+          f"({rows['bare']['rss_mb']:.0f} MB)")
     if rows.get("identity_changed"):
         print("  equivci's sources changed between the cold and the warm runs: the warm runs could not reuse the "
               "cold run's results (their figures are cold figures)")
-    print(f"  {'run':8} {'seconds':>8} {'x lower':>8} {'x bare':>7} {'peak RSS':>10}  result")
-    for name in ("cold", "warm", "warm-cs", "1-line"):
+    print(f"  {'run':8} {'seconds':>8} {'x lower':>8} {'x bare':>7} {'CPU s':>7} {'peak RSS':>10}  result")
+    for name in ("cold", "warm", "warm-cs", "1-layer"):
         r = rows.get(name)
         if r is None:
             why = "the cold run did not finish, nothing to reuse" if rows["cold"]["exit"] is None else "--no-change"
-            print(f"  {name:8} {'-':>8} {'-':>8} {'-':>7} {'-':>10}  not run: {why}")
+            print(f"  {name:8} {'-':>8} {'-':>8} {'-':>7} {'-':>7} {'-':>10}  not run: {why}")
             continue
         result = summary(r["stdout"]) if r["exit"] is not None else "TIMEOUT"
         if r.get("runs", 1) > 1:
             result += f" (best of {r['runs']})"
+        # A killed run's children were never waited for: their CPU time is unknown.
+        cpu = f"{r['cpu_s']:7.2f}" if r["exit"] is not None else f"{'-':>7}"
         print(f"  {name:8} {r['seconds']:8.2f} {r['seconds'] / lower:8.2f} {r['seconds'] / bare:7.2f} "
-              f"{r['rss_mb']:8.0f} MB  {result}")
-    runs = [(name, stage_columns(rows[name]["stages"])) for name in ("cold", "warm", "warm-cs", "1-line")
+              f"{cpu} {r['rss_mb']:8.0f} MB  {result}")
+    runs = [(name, stage_columns(rows[name]["stages"])) for name in ("cold", "warm", "warm-cs", "1-layer")
             if rows.get(name, {}).get("stages")]
     if runs:
         print("  where the time went (seconds, `equivci verify --timings`; cap.rest: the capture child's start-up,\n"
@@ -283,19 +310,19 @@ def _figure(rows: dict, name: str, lower: float) -> str:
     if r["exit"] is None:
         return f"TIMEOUT (> {r['seconds']:.0f} s)"
     changed = " (equivci changed after the cold run)" if name != "cold" and rows.get("identity_changed") else ""
-    return f"{r['seconds']:.1f} s ({r['seconds'] / lower:.1f}×){changed}"
+    return f"{r['seconds']:.1f} s ({r['seconds'] / lower:.1f}×; {r['cpu_s']:.1f} s CPU){changed}"
 
 
 def summary_table(measured: list[tuple[str, str, dict]]) -> list[str]:
     """One markdown row per style and configuration: the figures of STYLES.md."""
-    lines = ["| style | shape | verdict (cold) | bare lowering | cold | peak RSS | warm | 1-line change |",
+    lines = ["| style | shape | verdict (cold) | bare lowering | cold | peak RSS | warm | one-layer change |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for style, cfg, rows in measured:
         lower = rows["bare"]["lowering_s"]
         cold = rows["cold"]
         verdict = summary(cold["stdout"]).split(",")[0] if cold["exit"] is not None else "timeout"
         lines.append(f"| {style} | {cfg} | {verdict} | {lower:.1f} s | {_figure(rows, 'cold', lower)} | "
-                     f"{cold['rss_mb']:.0f} MB | {_figure(rows, 'warm', lower)} | {_figure(rows, '1-line', lower)} |")
+                     f"{cold['rss_mb']:.0f} MB | {_figure(rows, 'warm', lower)} | {_figure(rows, '1-layer', lower)} |")
     return lines
 
 
@@ -319,7 +346,9 @@ def main() -> int:
     args = ap.parse_args()
     styles = _names(args.styles, STYLES)
     configs = _names(args.configs, ("tiny", "8b", "70b", "405b"))
-    print(f"equivci benchmark: Llama-style decoders, TP=8; {os.cpu_count()} CPUs; python {sys.version.split()[0]}")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"equivci benchmark: Llama-style decoders, TP=8; {os.cpu_count()} CPUs (load average {load}); "
+          f"python {sys.version.split()[0]}")
     measured = []
     for style in styles:
         for cfg in configs:
@@ -330,7 +359,9 @@ def main() -> int:
             print_rows(f"{style}, 8b-shaped, {n} layers",
                        bench_config("8b", args.timeout, layers=int(n), repeat=args.repeat, style=style,
                                     change=not args.no_change))
-    print("\nSummary (seconds; × the bare in-process lowering of both programs in the same run):")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\nSummary (wall seconds; × the bare in-process lowering of both programs in the same run; CPU "
+          f"seconds of the run's processes). Load average at the end: {load} on {os.cpu_count()} CPUs.")
     print("\n".join(summary_table(measured)))
     return 0
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from equivci.capture import hlo_files, partitioned
+from equivci.capture import partitioned
 from equivci.capture.types import CapturedModel, LeafPlacement
 from equivci.errors import EquivciError
 from equivci.git import repo_root
@@ -81,6 +81,9 @@ def capture_model(
     compiles (the result will have to be verified): work the parent can do meanwhile.
     A model given as HLO files is read here, without a child (capture/hlo_files.py)."""
     if model.hlo is not None:
+        # lazy: numpy and the HLO parser, which a run of JAX models answered from the memo never needs
+        from equivci.capture import hlo_files
+
         return hlo_files.capture_model(model, manifest, memo)
     with tempfile.TemporaryDirectory(prefix="equivci-capture-") as tmp:
         request, result_path, dump_dir = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "dump")

@@ -17,7 +17,6 @@ import time
 import traceback
 
 from equivci.capture.types import CapturedModel
-from equivci.diagnose import numeric
 from equivci.errors import EquivciError
 from equivci.manifest import Manifest, ModelSpec
 from equivci.options import Options
@@ -51,6 +50,11 @@ def memory_cap(wanted: int) -> tuple[int, str]:
 def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo, options: Options) -> None:
     cap, _ = memory_cap(options.verify_memory_bytes)
     resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    # Not imported by the parent's `import equivci.pipeline`: a run whose results all come from
+    # the memo never needs the verifier's modules.
+    # lazy: numpy, the terms, the translation
+    from equivci.diagnose import numeric
+
     numeric.JAX_FORKED = "jaxlib" in sys.modules
 
     def layer_done(done: int, total: int) -> None:

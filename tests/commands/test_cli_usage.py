@@ -193,8 +193,10 @@ def test_verify_writes_sarif_and_markdown_documents(tmp_path):
 
 
 def test_a_command_imports_only_its_own_modules_and_help_lists_all() -> None:
-    """`equivci verify` starts without the GitHub client and GitPython (a `git` process at import);
-    help after it still lists every command, in their order."""
+    """`equivci verify` starts without the GitHub client and GitPython (a `git` process at import),
+    and without the verifier's modules (numpy, the translation) or the HLO-file reader, which only a
+    model to verify needs (a run answered from the memo needs none of them); help after it still
+    lists every command, in their order."""
     import subprocess
 
     probe = (
@@ -202,12 +204,14 @@ def test_a_command_imports_only_its_own_modules_and_help_lists_all() -> None:
         "from equivci.cli import run\n"
         "run(['verify', '--help'])\n"
         "from equivci.git import repo_root; repo_root(__import__('pathlib').Path('.'))\n"
-        "print('LOADED', sorted(m for m in ('git', 'equivci.ci.github', 'equivci.commands.ci') if m in sys.modules))\n"
+        "heavy = ('git', 'equivci.ci.github', 'equivci.commands.ci', 'numpy', 'equivci.diagnose.numeric',\n"
+        "         'equivci.translate.evaluator', 'equivci.capture.hlo_files')\n"
+        "print('LOADED', sorted(m for m in heavy if m in sys.modules), 'pipeline' in str(sys.modules))\n"
         "run(['--help'])\n"
     )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "LOADED []" in proc.stdout
+    assert "LOADED [] True" in proc.stdout  # the verify command's pipeline was imported, without them
     root_help = proc.stdout[proc.stdout.index("LOADED"):]
     positions = [root_help.index(f" {name} ") for name in ("verify", "dump", "ci", "precommit")]
     assert positions == sorted(positions)
