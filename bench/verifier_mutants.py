@@ -264,6 +264,15 @@ MUTANTS: tuple[Mutant, ...] = (
     M("one-hot-sort-output", 'order_dim_output[-2:] != [str(dim), "1"]', "False",
       "only a sort's index output along the summed dim is a permutation of distinct lanes",
       "pytest:tests/translate/test_translation_against_xla.py::test_overwrites_that_could_lose_a_write_stay_opaque"),
+    # -- ops on values split in groups (a vmapped reference) ------------------------------------------
+    M("regroup-reduce-split-dims", "        if any(k < 2 for k in dims):  # a reduce over the split dims mixes groups\n"
+      "            return None\n", "",
+      "only a reduce of the dims after the two split ones is the reduce of the unsplit rows",
+      "pytest:tests/translate/test_regroup.py::test_only_ops_that_keep_the_groups_apart_are_regrouped[group-max]"),
+    M("regroup-window-one-group", "    if parts.get(\"size\", [\"1\"])[0] != \"1\" or parts.get(\"pad\", [\"0_0\"])[0] != \"0_0\":\n"
+      "        return None\n", "",
+      "a windowed op is group by group only when its window spans one group",
+      "pytest:tests/translate/test_regroup.py::test_only_ops_that_keep_the_groups_apart_are_regrouped[cross-group-cumsum]"),
     # -- unrolled loops and scatters at constant indices ---------------------------------------------
     M("unroll-devices-agree", "return found.pop() if len(found) == 1 else None", "return found.pop()",
       "a loop is unrolled only when every device runs it the same number of times",

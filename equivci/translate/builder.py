@@ -53,6 +53,8 @@ class Builder:
         self.masked_rows: dict[Term, masks.MaskedRows] = {}  # window lookups -> the full table's rows
         # elementwise terms -> the term of the unsqueezed shape whose squeeze they equal (squeezes.py)
         self.unsqueezed: dict[Term, Term] = {}
+        # ops on a value split in groups along its leading dim -> the op on the unsplit value (regroup.py)
+        self.regrouped: dict[Term, Term] = {}
         # (gather index, size of the dim it indexes, the gather and the calls it is in, innermost first)
         self.index_uses: list[tuple[Term, int, tuple[Instruction, ...]]] = []
         self.calls: list[Instruction] = []  # the calls being evaluated, outermost first
@@ -315,6 +317,8 @@ class Builder:
             operand = operand.args[0]
         elif operand in self.unsqueezed:  # and so is a reshape of a squeeze
             operand = self.unsqueezed[operand]
+        elif operand in self.regrouped:  # or of an op on a value split in groups
+            operand = self.regrouped[operand]
         if operand.shape == shape.dims:
             return operand
         value = self.folded(operand)

@@ -21,7 +21,7 @@ from typing import Callable, Protocol
 from equivci.hlo.ir import Computation, Instruction, Module
 from equivci.options import Budgets
 from equivci.terms.ir import Term, TermTable
-from equivci.translate import bounds, collectives, elementwise, group_ids, literals, reductions, shapes, sorts
+from equivci.translate import bounds, collectives, elementwise, group_ids, literals, reductions, regroup, shapes, sorts
 from equivci.translate.attributes import called
 from equivci.translate.builder import Builder, Unsupported, Value
 from equivci.translate.opaque import opaque
@@ -129,9 +129,15 @@ class Evaluator(Builder):
 
     def local(self, inst: Instruction, args: list, device: int):
         handler = HANDLERS.get(inst.opcode)
-        result = handler(self, inst, args, device) if handler is not None else opaque(self, inst, args)
+        handler = handler if handler is not None else _opaque
+        result = handler(self, inst, args, device)
         bounds.note(self, inst, args, result)
+        regroup.note(self, inst, args, result, handler, device)
         return result
+
+
+def _opaque(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
+    return opaque(ev, inst, args)
 
 
 def _lookup(env: dict[str, list], name: str) -> list:

@@ -99,6 +99,7 @@ def _translate(
     reference_outputs = flatten(ref_root)
 
     dist_eval = Evaluator(distributed, table, num_devices, budgets)
+    dist_eval.equal_terms.extend(ref_eval.equal_terms)  # what the builder found on the reference's side
     dist_eval.bounds.update(bounds)
     dist_eval.values.update(ref_eval.values)
     dist_eval.constants.extend(ref_eval.constants)
