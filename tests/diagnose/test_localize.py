@@ -8,7 +8,6 @@ Localization runs only after a proof failed and must never change which outputs 
 from __future__ import annotations
 
 import textwrap
-import time
 from pathlib import Path
 
 import model_package
@@ -450,14 +449,12 @@ def localize(manifest, name: str, with_reference: bool = True):
     proved = [list(row) for row in proof.proved]
     assert not proof.all_proved, name
     outputs = {id(t) for dev in programs.device_outputs for t in dev}
-    t0 = time.perf_counter()
     defect = first_defect(programs.distributed_events, proof, programs.evaluator, axis_groups(captured.mesh), outputs,
                           reference_events=programs.reference_events if with_reference else None)
-    seconds = time.perf_counter() - t0
     assert proof.proved == proved  # localization never touches the verdict
     assert defect is not None, name
     path, line = source_of(defect.inst, captured.repo_root)
-    return f"{path}:{line}", defect.message, seconds
+    return f"{path}:{line}", defect.message
 
 
 def assert_says(message: str, *words: str) -> None:
@@ -466,14 +463,13 @@ def assert_says(message: str, *words: str) -> None:
 
 
 def test_wrong_fused_offset_points_at_the_slice_not_at_the_scores(zoo_manifest):
-    where, message, seconds = localize(zoo_manifest, "fused-qkv-tp-wrong-k-offset")
+    where, message = localize(zoo_manifest, "fused-qkv-tp-wrong-k-offset")
     assert where == "examples/zoo/fused_qkv.py:55"
     assert_says(message, "`k`", "reference's q", "common.py:16")
-    assert seconds < 2
 
 
 def test_downstream_op_alone_without_reference_events(zoo_manifest):
-    where, _, _ = localize(zoo_manifest, "fused-qkv-tp-wrong-k-offset", with_reference=False)
+    where, _ = localize(zoo_manifest, "fused-qkv-tp-wrong-k-offset", with_reference=False)
     assert where == "examples/zoo/common.py:16"
 
 
@@ -556,7 +552,7 @@ FRESH = {
 @pytest.mark.parametrize("name", list(ZOO))
 def test_zoo_defect_is_found_where_it_was_made(zoo_manifest, name):
     line, words = ZOO[name]
-    where, message, _ = localize(zoo_manifest, name)
+    where, message = localize(zoo_manifest, name)
     assert where == line
     assert_says(message, *words)
 
@@ -564,6 +560,6 @@ def test_zoo_defect_is_found_where_it_was_made(zoo_manifest, name):
 @pytest.mark.parametrize("name", list(FRESH))
 def test_fresh_program_defect_is_found_where_it_was_made(tmp_manifest, name):
     mark, words = FRESH[name]
-    where, message, _ = localize(tmp_manifest, name)
+    where, message = localize(tmp_manifest, name)
     assert where.endswith(f"models.py:{line_of(mark)}")
     assert_says(message, *words)
