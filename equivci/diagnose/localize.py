@@ -1472,7 +1472,7 @@ class _Tracer:
         ref = found[0]
         for k, (operand, r_op) in enumerate(zip(self.operands(event), self.operands(ref, refs=True))):
             laid = self.transposed_window(operand, r_op, dev) if operand is not None and r_op is not None else None
-            if laid is None:
+            if laid is None or r_op is None:
                 continue
             made, dims = laid
             side = "lhs" if k == 0 else "rhs"
