@@ -23,7 +23,7 @@ from pathlib import Path
 from egglog import String, eq, i64, relation, vars_
 
 from equivci.diagnose.frames import LAYOUT_OPS, innermost, is_user_frame
-from equivci.diagnose.missing import MissingWork, MissingWorkFinder, source_text
+from equivci.diagnose.missing import PASSIVE, MissingWork, MissingWorkFinder, source_text
 from equivci.diagnose.source import assigned_at, call_argument, callee, parameters, statement
 from equivci.hlo.collectives import parse_pairs
 from equivci.hlo.ir import TRIVIAL_OPS, Instruction, SourceLoc
@@ -617,6 +617,74 @@ def first_defect(
     # Every value is related, yet an output is not its part of the reference: values may have
     # been sent to the wrong devices.
     return wrong_permutation(events, proof, evaluator, None)
+
+
+def unfinished_output(
+    events: list[Event],
+    reference_events: list[Event],
+    proof: Proof,
+    evaluator,
+    groups_by_axis: dict[str, list[list[int]]],
+    reference_outputs: list[Term],
+    device_outputs: list[list[Term]],
+) -> Defect | None:
+    """An output that is, on some device, a part of a reference value from which the reference
+    computes its output through more work (a residual add, a norm, a scale): the distributed program
+    returns the value before that work. Blamed where the value is returned."""
+    tracer = _Tracer(events, reference_events, proof, evaluator, groups_by_axis)
+    finder = MissingWorkFinder(tracer)
+    made = {id(t): e for e in events if e.inst.opcode not in TRIVIAL_OPS for t in e.values if isinstance(t, Term)}
+    for dev, row in enumerate(proof.proved):
+        for k, ok in enumerate(row):
+            event = made.get(id(device_outputs[dev][k])) if not ok else None
+            owner = finder.owner(event, dev) if event is not None else None
+            end = finder.by_term.get(id(reference_outputs[k]))
+            if event is None or owner is None or end is None or end is owner:
+                continue
+            reach = finder.reach(owner)
+            work = (
+                [e for e in finder.chain(reach, end.inst.name) if e.inst.opcode not in PASSIVE]
+                if end.inst.name in reach
+                else []
+            )
+            if not work:
+                continue
+            found = finder.placed(end, 0, owner, work)
+            applies = f"the reference applies {found.what} here: {_where((found.anchor.file, found.anchor.line))}"
+            snippet = source_text(found.anchor) if found.anchor.file else ""
+            applies += f" (`{snippet}`)" if snippet else ""
+            inst, name = _at_return(event.inst)
+            value = f"`{name}`" if name else "this value"
+            return Defect(
+                inst,
+                f"{value} is returned as the reference's `{owner.inst.opcode}` ({_at(owner.inst)}) on device {dev}, "
+                f"but the reference passes that value through {found.what} before it returns it, and the "
+                f"distributed program does not: {applies}.",
+                work=found,
+            )
+    return None
+
+
+def _at_return(inst: Instruction) -> tuple[Instruction, str | None]:
+    """`inst` placed at the statement that returns the name its line binds (`return y` after
+    `y = psum_scatter(...)`), with that name; as it is when its own line returns it."""
+    loc = _loc(inst)
+    name = _bound_name(*loc) if loc is not None else None
+    found = statement(*loc) if loc is not None and name is not None else None
+    if loc is None or found is None or not found[1]:
+        return inst, name
+    func = found[1][-1]
+    returns = [
+        node
+        for node in ast.walk(func)
+        if isinstance(node, ast.Return)
+        and node.lineno > loc[1]
+        and node.value is not None
+        and name in {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+    ]
+    if len(returns) != 1:
+        return inst, name
+    return dataclasses.replace(inst, stack=(SourceLoc(loc[0], returns[0].lineno, func.name),) + tuple(inst.stack)), name
 
 
 INDEXED_READS = {"gather", "dynamic-slice"}
@@ -1269,7 +1337,8 @@ class _Tracer:
         applies = f"the reference applies {found.what} here: {_where((found.anchor.file, found.anchor.line))}"
         snippet = source_text(found.anchor) if found.anchor.file else ""
         applies += f" (`{snippet}`)" if snippet else ""
-        consumer = f"`{found.consumer.inst.opcode}` ({_at(found.consumer.inst)})"
+        # The reference op `event` stands for (its line may be the call of a helper that makes it).
+        consumer = f"`{event.inst.opcode}` ({_at(found.consumer.inst)})"
         operand = self.operands(event)[found.operand]
         made = self.skip(operand, dev) if operand is not None else None
         at_producer = None
@@ -1286,7 +1355,8 @@ class _Tracer:
             f"{found.what} the reference applies to it before its {consumer}: {applies}.",
         )
         if found.tied and at_producer is not None:
-            return Defect(*at_consumer, work=found, alternative=at_producer)
+            lead, other = (at_producer, at_consumer) if found.at_producer else (at_consumer, at_producer)
+            return Defect(*lead, work=found, alternative=other)
         return Defect(*(at_producer if found.at_producer and at_producer else at_consumer), work=found)
 
     def wrong_operand(self, event: Event, ref: Event, k: int, dev: int) -> Defect | None:
