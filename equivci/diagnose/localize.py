@@ -34,6 +34,7 @@ from equivci.terms.rules.registry import family, named
 from equivci.translate.arrays import all_equal
 from equivci.translate.evaluator import Event
 from equivci.translate.programs import flatten
+from equivci.translate.unroll import Unroller
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,11 +284,14 @@ def wrong_permutation(events: list[Event], proof: Proof, evaluator, first: Event
             if tries == MAX_PERMUTE_TRIES:
                 return None
             tries += 1
+            stated = len(evaluator.equal_terms)
             try:
-                outputs = [flatten(root) for root in evaluator.variant({name: candidate for name in insts})]
+                # Loops run iteration by iteration: a pipeline's ticks send along the pairs too.
+                roots = evaluator.variant({name: candidate for name in insts}, Unroller())
+                outputs = [flatten(root) for root in roots]
             except Exception:  # a what-if the evaluator cannot model is no evidence either way
                 continue
-            add_terms(proof, [t for dev in outputs for t in dev])
+            add_terms(proof, [t for dev in outputs for t in dev], evaluator.equal_terms[stated:])
             if all(
                 proved_equal(proof.egraph, proof.loader.expr(o), proof.loader.expr(t))
                 for dev_out, dev_targets in zip(outputs, proof.targets)

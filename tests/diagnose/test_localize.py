@@ -152,6 +152,47 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None),), out_specs=P(TP, None))(x)
 
 
+    STAGES, MICRO = 4, 3
+
+
+    def pipe_inputs():
+        return (jax.ShapeDtypeStruct((MICRO, 2, 8), jnp.float32), jax.ShapeDtypeStruct((STAGES, 8, 8), jnp.float32))
+
+
+    def pipe(xs, ws):
+        for s in range(STAGES):
+            xs = jnp.tanh(xs @ ws[s])
+        return xs
+
+
+    def _gpipe(xs, ws, mesh, pairs, layer):
+        def body(xs, w):
+            me = lax.axis_index(TP)
+
+            def tick(carry, t):
+                state, outs = carry
+                state = jnp.where(me == 0, xs[jnp.minimum(t, MICRO - 1)], state)
+                state = layer(state, w[0])
+                done = t - (STAGES - 1)
+                outs = jnp.where((me == STAGES - 1) & (done >= 0), outs.at[jnp.clip(done, 0, MICRO - 1)].set(state), outs)
+                return (lax.ppermute(state, TP, pairs), outs), None
+
+            (_, outs), _ = lax.scan(tick, (jnp.zeros_like(xs[0]), jnp.zeros_like(xs)), jnp.arange(MICRO + STAGES - 1))
+            return lax.psum(outs, TP)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(TP)), out_specs=P(), check_vma=False)(xs, ws)
+
+
+    def pipe_backwards(xs, ws, *, mesh):
+        pairs = [(j, (j - 1) % STAGES) for j in range(STAGES)]  # MARK:pipe-pairs
+        return _gpipe(xs, ws, mesh, pairs, lambda h, w: jnp.tanh(h @ w))
+
+
+    def pipe_transposed(xs, ws, *, mesh):
+        pairs = [(j, (j + 1) % STAGES) for j in range(STAGES)]
+        return _gpipe(xs, ws, mesh, pairs, lambda h, w: jnp.tanh(h @ w.T))  # MARK:pipe-weight
+
+
     def pair_inputs():
         return (jax.ShapeDtypeStruct((8, 16), jnp.float32), jax.ShapeDtypeStruct((8, 8), jnp.float32))
 
@@ -394,6 +435,10 @@ MANIFEST = textwrap.dedent(
          inputs: models.py:norm_inputs, mesh: {tp: 2}}
       - {name: roll, reference: models.py:roll, distributed: models.py:roll_ring_left,
          inputs: models.py:roll_inputs, mesh: {tp: 4}}
+      - {name: pipe-backwards, reference: models.py:pipe, distributed: models.py:pipe_backwards,
+         inputs: models.py:pipe_inputs, mesh: {tp: 4}}
+      - {name: pipe-transposed, reference: models.py:pipe, distributed: models.py:pipe_transposed,
+         inputs: models.py:pipe_inputs, mesh: {tp: 4}}
       - {name: evens-strided, reference: models.py:first_half, distributed: models.py:evens_strided,
          inputs: models.py:pair_inputs, mesh: {tp: 2}}
       - {name: evens-reshaped, reference: models.py:first_half, distributed: models.py:evens_reshaped,
@@ -509,6 +554,9 @@ FRESH = {
     "rotated-named": ("index", ("`j`", "moves back")),
     "rms": ("width", ("`n`", "16")),
     "roll": ("pairs", ("the other way",)),  # the ring's pairs, bound to a name
+    # A pipeline's ring inside a scan: sent the other way on every tick (the loop run iteration
+    # by iteration in the what-if), every output is proved, so the pairs' line leads.
+    "pipe-backwards": ("pipe-pairs", ("the other way", "j-1 mod 4", "j+1 mod 4")),
     # The helper slices at `group * cols` for whatever group it is given: the caller's argument
     # is where the device-to-part map is written.
     "rotated-argument": ("argument", ("passed here as `group`", "moves back")),
@@ -567,3 +615,11 @@ def test_fresh_program_defect_is_found_where_it_was_made(tmp_manifest, name):
     where, message, _ = localize(tmp_manifest, name)
     assert where.endswith(f"models.py:{line_of(mark)}")
     assert_says(message, *words)
+
+
+def test_a_pipeline_whose_ring_is_right_is_not_blamed_on_its_pairs(tmp_manifest):
+    """The near miss of `pipe-backwards`: the ring sends forward and a stage's weight is transposed;
+    no other permutation makes the outputs the reference's, so the pairs are not the finding."""
+    where, message, _ = localize(tmp_manifest, "pipe-transposed")
+    assert "collective-permute" not in message
+    assert not where.endswith(f"models.py:{line_of('pipe-weight') - 1}"), (where, message)
