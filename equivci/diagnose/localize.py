@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import re
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from fractions import Fraction
@@ -23,7 +24,7 @@ from pathlib import Path
 from egglog import String, eq, i64, relation, vars_
 
 from equivci.diagnose.frames import LAYOUT_OPS, innermost, is_user_frame
-from equivci.diagnose.missing import MissingWork, MissingWorkFinder, source_text
+from equivci.diagnose.missing import PASSIVE, MissingWork, MissingWorkFinder, source_text
 from equivci.diagnose.source import assigned_at, call_argument, callee, parameters, statement
 from equivci.hlo.collectives import parse_pairs
 from equivci.hlo.ir import TRIVIAL_OPS, Instruction, SourceLoc
@@ -156,16 +157,61 @@ def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Ev
 
 def computed_windows(operands: list[list[Term]]) -> list[list[Term]]:
     """Operands that are, on every device, a window cut along one dim of the same computed value
-    (not an input: those are `input_windows`), such as a slice of the routing weights at an offset."""
+    (not an input: those are `input_windows`), such as a slice of the routing weights at an offset;
+    or that take such a window as an argument, or as an argument's (the dispatch mask's window an
+    einsum of the tokens reads: the terms keep the cut inside the product)."""
     found = []
     for op in operands:
-        if (
-            op
-            and all(t.op == "slice" and t.args[0] is op[0].args[0] and t.attrs[0] == op[0].attrs[0] for t in op)
-            and op[0].args[0].op not in ("param", "slice")
-        ):
-            found.append(op)
+        for part in _argument_paths(op, WINDOW_DEPTH):
+            if (
+                part
+                and all(
+                    t.op == "slice" and t.args[0] is part[0].args[0] and t.attrs[0] == part[0].attrs[0] for t in part
+                )
+                and part[0].args[0].op not in ("param", "slice")
+            ):
+                found.append(part)
+                break
     return found
+
+
+WINDOW_DEPTH = 2  # argument levels of an operand's term searched for a window of a computed value
+
+
+def _argument_paths(op: list[Term], depth: int) -> list[list[Term]]:
+    """The devices' terms, then their arguments at the same position, level by level, where every
+    device's term has the same op and arity (the same computation on each device's part)."""
+    out, level = [op], [op]
+    for _ in range(depth):
+        nxt = []
+        for part in level:
+            if not part or any(t.op != part[0].op or len(t.args) != len(part[0].args) for t in part):
+                continue
+            nxt += [[t.args[k] for t in part] for k in range(len(part[0].args))]
+        out += nxt
+        level = nxt
+    return out
+
+
+def _common_base_windows(terms: list[Term]) -> list[tuple[list[Term], int, list[tuple[int, int]]]]:
+    """(the slices, dim, each device's [start, stop)) where, under re-layouts, every device's value is
+    a slice along one dim of the same computed value (not an input: those are `input_windows`)."""
+    cuts = []
+    for t in terms:
+        while t.op in _RELAYOUTS and t.args:
+            t = t.args[0]
+        cuts.append(t)
+    first = cuts[0]
+    if (
+        first.op != "slice"
+        or first.args[0].op in ("param", "slice")
+        or any(c.op != "slice" or c.args[0] is not first.args[0] or c.attrs[0] != first.attrs[0] for c in cuts)
+    ):
+        return []
+    return [(cuts, first.attrs[0], [(c.attrs[1], c.attrs[2]) for c in cuts])]
+
+
+_RELAYOUTS = {"reshape", "transpose", "convert"}
 
 
 def _sliced_value(event: Event | None) -> str:
@@ -625,6 +671,74 @@ def first_defect(
     return wrong_permutation(events, proof, evaluator, None)
 
 
+def unfinished_output(
+    events: list[Event],
+    reference_events: list[Event],
+    proof: Proof,
+    evaluator,
+    groups_by_axis: dict[str, list[list[int]]],
+    reference_outputs: list[Term],
+    device_outputs: list[list[Term]],
+) -> Defect | None:
+    """An output that is, on some device, a part of a reference value from which the reference
+    computes its output through more work (a residual add, a norm, a scale): the distributed program
+    returns the value before that work. Blamed where the value is returned."""
+    tracer = _Tracer(events, reference_events, proof, evaluator, groups_by_axis)
+    finder = MissingWorkFinder(tracer)
+    made = {id(t): e for e in events if e.inst.opcode not in TRIVIAL_OPS for t in e.values if isinstance(t, Term)}
+    for dev, row in enumerate(proof.proved):
+        for k, ok in enumerate(row):
+            event = made.get(id(device_outputs[dev][k])) if not ok else None
+            owner = finder.owner(event, dev) if event is not None else None
+            end = finder.by_term.get(id(reference_outputs[k]))
+            if event is None or owner is None or end is None or end is owner:
+                continue
+            reach = finder.reach(owner)
+            work = (
+                [e for e in finder.chain(reach, end.inst.name) if e.inst.opcode not in PASSIVE]
+                if end.inst.name in reach
+                else []
+            )
+            if not work:
+                continue
+            found = finder.placed(end, 0, owner, work)
+            applies = f"the reference applies {found.what} here: {_where((found.anchor.file, found.anchor.line))}"
+            snippet = source_text(found.anchor) if found.anchor.file else ""
+            applies += f" (`{snippet}`)" if snippet else ""
+            inst, name = _at_return(event.inst)
+            value = f"`{name}`" if name else "this value"
+            return Defect(
+                inst,
+                f"{value} is returned as the reference's `{owner.inst.opcode}` ({_at(owner.inst)}) on device {dev}, "
+                f"but the reference passes that value through {found.what} before it returns it, and the "
+                f"distributed program does not: {applies}.",
+                work=found,
+            )
+    return None
+
+
+def _at_return(inst: Instruction) -> tuple[Instruction, str | None]:
+    """`inst` placed at the statement that returns the name its line binds (`return y` after
+    `y = psum_scatter(...)`), with that name; as it is when its own line returns it."""
+    loc = _loc(inst)
+    name = _bound_name(*loc) if loc is not None else None
+    found = statement(*loc) if loc is not None and name is not None else None
+    if loc is None or found is None or not found[1]:
+        return inst, name
+    func = found[1][-1]
+    returns = [
+        node
+        for node in ast.walk(func)
+        if isinstance(node, ast.Return)
+        and node.lineno > loc[1]
+        and node.value is not None
+        and name in {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+    ]
+    if len(returns) != 1:
+        return inst, name
+    return dataclasses.replace(inst, stack=(SourceLoc(loc[0], returns[0].lineno, func.name),) + tuple(inst.stack)), name
+
+
 INDEXED_READS = {"gather", "dynamic-slice"}
 MAX_RELAYOUTS = 8  # ops followed down an operand's chain of transposes and windows
 # Uses followed forward to show an unrelated value is related again, and values settled doing so.
@@ -722,6 +836,11 @@ def _input_free_origin(
             or (free and (loc in shared or e.inst.opcode in LAYOUT_OPS))
         ):
             stack.extend(e.inst.operands)
+    if len(computed) > 1:
+        # Of several, the one whose value differs from device to device (positions offset by the
+        # device's index): one every device computes alike (a key iota) is no part of the sharding.
+        varying = {at: e for at, e in computed.items() if len({id(t) for t in e.values}) > 1}
+        computed = varying if len(varying) == 1 else computed
     if not data or len(computed) != 1:
         return None
     loc, made = next(iter(computed.items()))
@@ -1267,7 +1386,10 @@ class _Tracer:
                 continue
             ref, bad = found
             if bad:
-                defect = self.wrong_operand(event, ref, bad[0], dev)
+                # An operand whose part's window moves back along a mesh axis (a round-robin pick)
+                # was cut from the wrong place: the cut leads. Any operand: the compiler may have
+                # swapped a dot's operands, so the one that fails to match need not be the one cut.
+                defect = self.misaligned_window(event) or self.wrong_operand(event, ref, bad[0], dev)
             else:
                 defect = self.fixed_window(event, ref, devices) or self.misaligned_window(event)
             if defect is not None:
@@ -1289,7 +1411,8 @@ class _Tracer:
         applies = f"the reference applies {found.what} here: {_where((found.anchor.file, found.anchor.line))}"
         snippet = source_text(found.anchor) if found.anchor.file else ""
         applies += f" (`{snippet}`)" if snippet else ""
-        consumer = f"`{found.consumer.inst.opcode}` ({_at(found.consumer.inst)})"
+        # The reference op `event` stands for (its line may be the call of a helper that makes it).
+        consumer = f"`{event.inst.opcode}` ({_at(found.consumer.inst)})"
         operand = self.operands(event)[found.operand]
         made = self.skip(operand, dev) if operand is not None else None
         at_producer = None
@@ -1306,7 +1429,8 @@ class _Tracer:
             f"{found.what} the reference applies to it before its {consumer}: {applies}.",
         )
         if found.tied and at_producer is not None:
-            return Defect(*at_consumer, work=found, alternative=at_producer)
+            lead, other = (at_producer, at_consumer) if found.at_producer else (at_consumer, at_producer)
+            return Defect(*lead, work=found, alternative=other)
         return Defect(*(at_producer if found.at_producer and at_producer else at_consumer), work=found)
 
     def wrong_operand(self, event: Event, ref: Event, k: int, dev: int) -> Defect | None:
@@ -1572,19 +1696,36 @@ class _Tracer:
 
     def misaligned_window(self, event: Event) -> Defect | None:
         """Operands that are slices of the right values, but one's window moves back along a mesh
-        axis (a round-robin pick of a replicated weight's part): it pairs with other devices' parts."""
+        axis (a round-robin pick of a replicated weight's part): it pairs with other devices' parts.
+        The window is of an input, or of a value every device computes alike (a projection the
+        slice was pushed through)."""
         for k, op in enumerate(self.operands(event)):
             if op is None or _terms(op) is None:
                 continue
-            for (leaf, dim), ranges in input_windows([list(op.values)]).items():
+            cuts: list[tuple[str, int, list[tuple[int, int]], list[Term] | None]] = [
+                (f"input #{leaf}", dim, ranges, None)
+                for (leaf, dim), ranges in input_windows([list(op.values)]).items()
+            ]
+            cuts += [
+                ("a computed value", dim, ranges, windows)
+                for windows, dim, ranges in _common_base_windows(list(op.values))
+            ]
+            for what, dim, ranges, windows in cuts:
                 back = window_goes_back(ranges, self.groups_by_axis)
-                cut = cutter(self.events, leaf, dim, ranges) if back else None
-                if cut is None or _loc(cut.inst) is None:
+                if back is None:
+                    continue
+                if windows is None:
+                    cut = cutter(self.events, int(what.removeprefix("input #")), dim, ranges)
+                else:
+                    cut = _producer_of(self.events, windows) or op
+                at = _loc(cut.inst) if cut is not None else None
+                if cut is None or at is None:
                     continue
                 axis, a, b = back
-                name = _operand_name(event.inst, k) or f"operand {k + 1}"
+                # The name the cut's own line binds: the compiler may have reordered the op's operands.
+                name = _bound_name(*at) or _operand_name(event.inst, k) or f"operand {k + 1}"
                 lead = (
-                    f"this slice of input #{leaf} along dim {dim} takes {_shown(ranges)} on devices "
+                    f"this slice of {what} along dim {dim} takes {_shown(ranges)} on devices "
                     f"0..{len(ranges) - 1}: along mesh axis '{axis}' the window moves back (device {b} takes "
                     f"[{ranges[b][0]}:{ranges[b][1]}) after device {a}'s [{ranges[a][0]}:{ranges[a][1]})), so "
                     f"`{name}` in the `{event.inst.opcode}` at {_at(event.inst)} is a part of the "
@@ -1597,13 +1738,18 @@ class _Tracer:
         return at_index_origin(cut, lead, self.events, self.op_lines)
 
 
+_DYNAMIC_CUT = re.compile(r"dynamic_(slice|index)")  # lax.dynamic_slice(_in_dim), dynamic_index_in_dim
+
+
 def at_index_origin(cut: Event, lead: str, events: list[Event], op_lines: set[tuple[str, int]]) -> Defect | None:
     """Point at the Python line that computes the device-dependent index a dynamic slice starts
     at (`kv_head = i % n` used as `kv_head * HEAD_DIM`): where the device-to-part map is written.
     An index the enclosing function receives as a parameter is computed where its caller passes it."""
     loc = _loc(cut.inst)
     found = statement(*loc) if loc else None
-    calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "dynamic_slice" in callee(n)] if found else []
+    calls = (
+        [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and _DYNAMIC_CUT.search(callee(n))] if found else []
+    )
     if not found or loc is None or len(calls) != 1 or len(calls[0].args) < 2:
         return None
     origin = _index_source(loc[0], loc[1], calls[0].args[1], cut.inst.stack, events, op_lines)
@@ -1647,7 +1793,10 @@ def _index_source(
                 continue
             bound = statement(file, assigned) if assigned is not None else None
             value = getattr(bound[0], "value", None) if bound else None
-            if assigned is not None and value is not None and _device_index(file, assigned, value, op_lines):
+            # A start that is the name alone is wholly decided where the name is bound, even to the
+            # device's index itself (`e0 = lax.axis_index("ep")` where the start is e0 * size).
+            alone = isinstance(expr, ast.Name) and isinstance(value, ast.Call) and callee(value) == "axis_index"
+            if assigned is not None and value is not None and (alone or _device_index(file, assigned, value, op_lines)):
                 return file, assigned, func.name, name, None
     return None
 
