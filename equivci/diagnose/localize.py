@@ -1346,6 +1346,13 @@ class _Tracer:
             and self.is_slice_of(self.value(d, dev), self.value(base, 0))
         )
 
+    def elsewhere_in(self, window: tuple[Term, tuple] | None) -> bool:
+        """`window` cuts a value the reference cuts windows of too, none of them this one."""
+        if window is None or not window[1]:
+            return False
+        theirs = [w[1] for _, v in self.ref_values if (w := _window(v)) is not None and w[0] is window[0] and w[1]]
+        return bool(theirs) and window[1] not in theirs
+
     def ancestors(self, event: Event, dev: int, limit: int = 400) -> list[Event]:
         out, stack, seen = [], [event], set[str]()
         while stack and len(seen) < limit:
@@ -1468,11 +1475,13 @@ class _Tracer:
                 for a in self.ancestors(end, dev)
                 if a.inst.opcode in CUTTERS and self.constant(self.value(a, dev)) is None and _loc(a.inst) is not None
             ]
-            # A window is shown wrong only where the value is one of another reference value; a
-            # value that is a slice of none says nothing about the windows cut upstream of it.
-            if cutters and own is not None and own is not r_op:
-                cut = max(cutters, key=lambda a: self.order.get(a.inst.name, -1))
-                window = _window(self.value(cut, dev))
+            # A window is shown wrong only where the value is one of another reference value, or a
+            # window, at other offsets, of a value the reference also cuts a window of (a device's
+            # rows of a RoPE table past the reference's); a value that is a slice of none says
+            # nothing about the windows cut upstream of it.
+            cut = max(cutters, key=lambda a: self.order.get(a.inst.name, -1)) if cutters else None
+            window = _window(self.value(cut, dev)) if cut is not None else None
+            if cut is not None and ((own is not None and own is not r_op) or self.elsewhere_in(window)):
                 shown = ", ".join(f"[{a}:{b}) along dim {d}" for d, a, b in window[1]) if window else ""
                 taken = f"the wrong window ({shown} on device {dev})" if shown else f"a wrong window on device {dev}"
                 said = f"this slice takes {taken}: {lead}"

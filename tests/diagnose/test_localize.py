@@ -359,6 +359,34 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P(), P()), out_specs=P(TP, None))(x, w, table)
 
 
+    def _long_table(f=jnp.cos):  # rows for 32 positions, more than the 8 a sequence has
+        return f(jnp.arange(32.0)[:, None] * jnp.arange(1.0, 5.0)[None, :])
+
+
+    def _apply_rows(x, rows):  # shared by both programs, as a RoPE helper is
+        return jnp.tanh(x * rows[:, None, :])[:, 0, :]
+
+
+    def with_long_table(x, w, table):
+        return _apply_rows(x, _long_table()[:8]) @ w
+
+
+    def _long_table_rows(x, w, mesh, start, f):
+        def body(xs, w):
+            rows = lax.dynamic_slice_in_dim(_long_table(f), start(lax.axis_index(TP)), xs.shape[0])  # MARK:rows-cut
+            return _apply_rows(xs, rows) @ w
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P()), out_specs=P(TP, None))(x, w)
+
+
+    def with_long_table_global_offset(x, w, table, *, mesh):
+        return _long_table_rows(x, w, mesh, lambda i: i * 8, jnp.cos)  # MARK:global-offset
+
+
+    def with_long_table_other_table(x, w, table, *, mesh):
+        return _long_table_rows(x, w, mesh, lambda i: i * 4, jnp.sin)
+
+
     def _rotate(x, positions):  # shared by both programs: only the positions they pass differ
         angles = positions.astype(jnp.float32)[:, None] * jnp.arange(1.0, 5.0)[None, :]
         return x * jnp.cos(angles)
@@ -492,6 +520,10 @@ MANIFEST = textwrap.dedent(
          distributed: models.py:with_positions_no_offset, inputs: models.py:seq_inputs, mesh: {tp: 2}}
       - {name: positions-offset-line, reference: models.py:with_positions,
          distributed: models.py:with_positions_offset_line, inputs: models.py:seq_inputs, mesh: {tp: 4}}
+      - {name: long-table-global-offset, reference: models.py:with_long_table,
+         distributed: models.py:with_long_table_global_offset, inputs: models.py:seq_inputs, mesh: {tp: 2}}
+      - {name: long-table-other-table, reference: models.py:with_long_table,
+         distributed: models.py:with_long_table_other_table, inputs: models.py:seq_inputs, mesh: {tp: 2}}
       - {name: local-positions-shared-helper, reference: models.py:rotated,
          distributed: models.py:rotated_local_positions, inputs: models.py:seq_inputs, mesh: {tp: 2}}
       - {name: pairs-concatenated, reference: models.py:rotated_pairs,
@@ -630,6 +662,10 @@ FRESH = {
     "pairs-concatenated": ("concat", ("`concatenate`",)),
     # The slice of the table starts at an offset computed on the line before: the offset's line.
     "positions-offset-line": ("offset-line", ("`offset` is computed here",)),
+    # Device 1 cuts rows [8:12) of a table both programs make, past the reference's [0:8): a
+    # window of the same table at other rows, so the start passed in (the shard times the global
+    # length) is the line, though the rows are a slice of no reference value.
+    "long-table-global-offset": ("global-offset", ("wrong window", "[8:12)")),
     # Each device's k is a window of the reference's v (the fused per-head projection read at the
     # wrong place): the read, not the scores on the next line.
     "per-head-swapped": ("swapped", ("not the window", "reference's k")),
@@ -661,3 +697,10 @@ def test_a_pipeline_whose_ring_is_right_is_not_blamed_on_its_pairs(tmp_manifest)
     where, message, _ = localize(tmp_manifest, "pipe-transposed")
     assert "collective-permute" not in message
     assert not where.endswith(f"models.py:{line_of('pipe-weight') - 1}"), (where, message)
+
+
+def test_rows_of_a_table_the_reference_never_cuts_are_no_wrong_window(tmp_manifest):
+    """The near miss of `long-table-global-offset`: the right rows of another table (sin where the
+    reference takes cos). No reference value is a window of that table, so no window is wrong."""
+    where, message, _ = localize(tmp_manifest, "long-table-other-table")
+    assert "wrong window" not in message, (where, message)
