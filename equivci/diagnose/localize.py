@@ -46,6 +46,7 @@ class Defect:
     context: Instruction | None = None
     work: MissingWork | None = None  # the reference work the distributed program lacks, when that is the defect
     frontier: Instruction | None = None  # the first unrelated op, which led to `inst`
+    constants: tuple[float, float] | None = None  # (distributed, reference) when a differing constant is the defect
     alternative: tuple[Instruction, str] | None = None  # an equally supported place, and what to say there
 
 
@@ -1456,7 +1457,8 @@ class _Tracer:
                 f"`{name}` in the `{event.inst.opcode}` there is {c_mine:g} on device {dev}, where the "
                 f"reference's `{ref.inst.opcode}` ({_at(ref.inst)}) uses {c_ref:g}"
             )
-            return self.at_python_origin(event, k, lead, path) or Defect(event.inst, lead + ".")
+            found = self.at_python_origin(event, k, lead, path) or Defect(event.inst, lead + ".")
+            return dataclasses.replace(found, constants=(c_mine, c_ref))
         if kind == "diverge":
             others = [o for j, o in enumerate(self.operands(ref, refs=True)) if j != k]
             own = self.owner(value, others) if value is not None else None
