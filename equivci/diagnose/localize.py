@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import re
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from fractions import Fraction
@@ -23,7 +24,7 @@ from pathlib import Path
 from egglog import String, eq, i64, relation, vars_
 
 from equivci.diagnose.frames import LAYOUT_OPS, innermost, is_user_frame
-from equivci.diagnose.missing import MissingWork, MissingWorkFinder, source_text
+from equivci.diagnose.missing import PASSIVE, MissingWork, MissingWorkFinder, source_text
 from equivci.diagnose.source import assigned_at, call_argument, callee, parameters, statement
 from equivci.hlo.collectives import parse_pairs
 from equivci.hlo.ir import TRIVIAL_OPS, Instruction, SourceLoc
@@ -32,8 +33,10 @@ from equivci.terms.ir import Term
 from equivci.terms.language import T
 from equivci.terms.rules.registry import family, named
 from equivci.translate.arrays import all_equal
+from equivci.translate.attributes import dims_attr
 from equivci.translate.evaluator import Event
 from equivci.translate.programs import flatten
+from equivci.translate.unroll import Unroller
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +46,7 @@ class Defect:
     context: Instruction | None = None
     work: MissingWork | None = None  # the reference work the distributed program lacks, when that is the defect
     frontier: Instruction | None = None  # the first unrelated op, which led to `inst`
+    constants: tuple[float, float] | None = None  # (distributed, reference) when a differing constant is the defect
     alternative: tuple[Instruction, str] | None = None  # an equally supported place, and what to say there
 
 
@@ -154,16 +158,61 @@ def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Ev
 
 def computed_windows(operands: list[list[Term]]) -> list[list[Term]]:
     """Operands that are, on every device, a window cut along one dim of the same computed value
-    (not an input: those are `input_windows`), such as a slice of the routing weights at an offset."""
+    (not an input: those are `input_windows`), such as a slice of the routing weights at an offset;
+    or that take such a window as an argument, or as an argument's (the dispatch mask's window an
+    einsum of the tokens reads: the terms keep the cut inside the product)."""
     found = []
     for op in operands:
-        if (
-            op
-            and all(t.op == "slice" and t.args[0] is op[0].args[0] and t.attrs[0] == op[0].attrs[0] for t in op)
-            and op[0].args[0].op not in ("param", "slice")
-        ):
-            found.append(op)
+        for part in _argument_paths(op, WINDOW_DEPTH):
+            if (
+                part
+                and all(
+                    t.op == "slice" and t.args[0] is part[0].args[0] and t.attrs[0] == part[0].attrs[0] for t in part
+                )
+                and part[0].args[0].op not in ("param", "slice")
+            ):
+                found.append(part)
+                break
     return found
+
+
+WINDOW_DEPTH = 2  # argument levels of an operand's term searched for a window of a computed value
+
+
+def _argument_paths(op: list[Term], depth: int) -> list[list[Term]]:
+    """The devices' terms, then their arguments at the same position, level by level, where every
+    device's term has the same op and arity (the same computation on each device's part)."""
+    out, level = [op], [op]
+    for _ in range(depth):
+        nxt = []
+        for part in level:
+            if not part or any(t.op != part[0].op or len(t.args) != len(part[0].args) for t in part):
+                continue
+            nxt += [[t.args[k] for t in part] for k in range(len(part[0].args))]
+        out += nxt
+        level = nxt
+    return out
+
+
+def _common_base_windows(terms: list[Term]) -> list[tuple[list[Term], int, list[tuple[int, int]]]]:
+    """(the slices, dim, each device's [start, stop)) where, under re-layouts, every device's value is
+    a slice along one dim of the same computed value (not an input: those are `input_windows`)."""
+    cuts = []
+    for t in terms:
+        while t.op in _RELAYOUTS and t.args:
+            t = t.args[0]
+        cuts.append(t)
+    first = cuts[0]
+    if (
+        first.op != "slice"
+        or first.args[0].op in ("param", "slice")
+        or any(c.op != "slice" or c.args[0] is not first.args[0] or c.attrs[0] != first.attrs[0] for c in cuts)
+    ):
+        return []
+    return [(cuts, first.attrs[0], [(c.attrs[1], c.attrs[2]) for c in cuts])]
+
+
+_RELAYOUTS = {"reshape", "transpose", "convert"}
 
 
 def _sliced_value(event: Event | None) -> str:
@@ -283,11 +332,14 @@ def wrong_permutation(events: list[Event], proof: Proof, evaluator, first: Event
             if tries == MAX_PERMUTE_TRIES:
                 return None
             tries += 1
+            stated = len(evaluator.equal_terms)
             try:
-                outputs = [flatten(root) for root in evaluator.variant({name: candidate for name in insts})]
+                # Loops run iteration by iteration: a pipeline's ticks send along the pairs too.
+                roots = evaluator.variant({name: candidate for name in insts}, Unroller())
+                outputs = [flatten(root) for root in roots]
             except Exception:  # a what-if the evaluator cannot model is no evidence either way
                 continue
-            add_terms(proof, [t for dev in outputs for t in dev])
+            add_terms(proof, [t for dev in outputs for t in dev], evaluator.equal_terms[stated:])
             if all(
                 proved_equal(proof.egraph, proof.loader.expr(o), proof.loader.expr(t))
                 for dev_out, dev_targets in zip(outputs, proof.targets)
@@ -401,18 +453,19 @@ def first_defect(
                 "expert's output: the rows must be sent back to their tokens' devices (the "
                 "return all_to_all) before they are combined",
             )
-        if reference_events and not partial_operand:
-            devices = [dev for dev, t in enumerate(terms) if not is_related(proof, t, constants)]
-            try:
-                traced = _Tracer(events, reference_events, proof, evaluator, groups_by_axis).explain(event, devices)
-            except Exception:  # a heuristic: never let it cost the finding the plain rule gives
-                traced = None
-            if traced is not None:
-                return traced
         plain = (
             f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a copy of any "
             "reference value, although its operands are"
         )
+        if reference_events and not partial_operand:
+            devices = [dev for dev, t in enumerate(terms) if not is_related(proof, t, constants)]
+            try:
+                tracer = _Tracer(events, reference_events, proof, evaluator, groups_by_axis)
+                traced = tracer.explain(event, devices) or tracer.relaid(event, devices, plain)
+            except Exception:  # a heuristic: never let it cost the finding the plain rule gives
+                traced = None
+            if traced is not None:
+                return traced
         return (
             _index_origin(event, by_name, plain)
             or _input_free_origin(event, by_name, constants, plain, shared_lines, lambda ts: classify(ts) == "related")
@@ -619,7 +672,76 @@ def first_defect(
     return wrong_permutation(events, proof, evaluator, None)
 
 
+def unfinished_output(
+    events: list[Event],
+    reference_events: list[Event],
+    proof: Proof,
+    evaluator,
+    groups_by_axis: dict[str, list[list[int]]],
+    reference_outputs: list[Term],
+    device_outputs: list[list[Term]],
+) -> Defect | None:
+    """An output that is, on some device, a part of a reference value from which the reference
+    computes its output through more work (a residual add, a norm, a scale): the distributed program
+    returns the value before that work. Blamed where the value is returned."""
+    tracer = _Tracer(events, reference_events, proof, evaluator, groups_by_axis)
+    finder = MissingWorkFinder(tracer)
+    made = {id(t): e for e in events if e.inst.opcode not in TRIVIAL_OPS for t in e.values if isinstance(t, Term)}
+    for dev, row in enumerate(proof.proved):
+        for k, ok in enumerate(row):
+            event = made.get(id(device_outputs[dev][k])) if not ok else None
+            owner = finder.owner(event, dev) if event is not None else None
+            end = finder.by_term.get(id(reference_outputs[k]))
+            if event is None or owner is None or end is None or end is owner:
+                continue
+            reach = finder.reach(owner)
+            work = (
+                [e for e in finder.chain(reach, end.inst.name) if e.inst.opcode not in PASSIVE]
+                if end.inst.name in reach
+                else []
+            )
+            if not work:
+                continue
+            found = finder.placed(end, 0, owner, work)
+            applies = f"the reference applies {found.what} here: {_where((found.anchor.file, found.anchor.line))}"
+            snippet = source_text(found.anchor) if found.anchor.file else ""
+            applies += f" (`{snippet}`)" if snippet else ""
+            inst, name = _at_return(event.inst)
+            value = f"`{name}`" if name else "this value"
+            return Defect(
+                inst,
+                f"{value} is returned as the reference's `{owner.inst.opcode}` ({_at(owner.inst)}) on device {dev}, "
+                f"but the reference passes that value through {found.what} before it returns it, and the "
+                f"distributed program does not: {applies}.",
+                work=found,
+            )
+    return None
+
+
+def _at_return(inst: Instruction) -> tuple[Instruction, str | None]:
+    """`inst` placed at the statement that returns the name its line binds (`return y` after
+    `y = psum_scatter(...)`), with that name; as it is when its own line returns it."""
+    loc = _loc(inst)
+    name = _bound_name(*loc) if loc is not None else None
+    found = statement(*loc) if loc is not None and name is not None else None
+    if loc is None or found is None or not found[1]:
+        return inst, name
+    func = found[1][-1]
+    returns = [
+        node
+        for node in ast.walk(func)
+        if isinstance(node, ast.Return)
+        and node.lineno > loc[1]
+        and node.value is not None
+        and name in {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+    ]
+    if len(returns) != 1:
+        return inst, name
+    return dataclasses.replace(inst, stack=(SourceLoc(loc[0], returns[0].lineno, func.name),) + tuple(inst.stack)), name
+
+
 INDEXED_READS = {"gather", "dynamic-slice"}
+MAX_RELAYOUTS = 8  # ops followed down an operand's chain of transposes and windows
 # Uses followed forward to show an unrelated value is related again, and values settled doing so.
 ABSORB_DEPTH = 8
 ABSORB_BUDGET = 64
@@ -715,6 +837,11 @@ def _input_free_origin(
             or (free and (loc in shared or e.inst.opcode in LAYOUT_OPS))
         ):
             stack.extend(e.inst.operands)
+    if len(computed) > 1:
+        # Of several, the one whose value differs from device to device (positions offset by the
+        # device's index): one every device computes alike (a key iota) is no part of the sharding.
+        varying = {at: e for at, e in computed.items() if len({id(t) for t in e.values}) > 1}
+        computed = varying if len(varying) == 1 else computed
     if not data or len(computed) != 1:
         return None
     loc, made = next(iter(computed.items()))
@@ -866,27 +993,38 @@ def _grad_call_frame(inst: Instruction) -> int | None:
 
 
 # -- following a wrong operand back to where it was made ------------------------------------------
-# `slice_of(x, r)`: x is a slice or a re-layout of the reference value r. Localization only: the
-# facts are seeded after a proof failed, so they never reach a verdict.
+# `slice_of(x, r)`: x is a slice or a re-layout of the reference value r; `window_of(x, r)`: x is a
+# slice of r, elements in r's order. Localization only: the facts are seeded after a proof failed,
+# so they never reach a verdict.
 slice_of = relation("slice_of", T, T)
+window_of = relation("window_of", T, T)
 _x, _e, _r, _y = vars_("_x _e _r _y", T)
 _d, _a, _b, _d2, _c, _g = vars_("_d _a _b _d2 _c _g", i64)
 (_spec,) = vars_("_spec", String)
+
+
+def _window_rules(rel, name: str) -> list:
+    """A slice of a slice of r is one of r, in whichever order the slices nest."""
+    return [
+        named(
+            f"{name}/slice", "a slice of a slice of r is a slice of r", rel(_x, _r), eq(_e).to(_x.slice(_d, _a, _b))
+        ).then(rel(_e, _r)),
+        # The proof keeps slices of different dims in one order (the higher dim outside), so a
+        # device's window of the reference's y[.., a:b] (a fused projection's part) is written
+        # y[c:g, ..][.., a:b], never as a slice of y[.., a:b] itself.
+        named(
+            f"{name}/reordered",
+            "y[c:g along d2][a:b along d] = (y[a:b along d])[c:g along d2] is a slice of r = y[a:b along d]",
+            rel(_x, _r),
+            eq(_x).to(_y.slice(_d, _a, _b)),
+            eq(_e).to(_y.slice(_d2, _c, _g).slice(_d, _a, _b)),
+        ).then(rel(_e, _r)),
+    ]
+
+
 SLICE_OF = family(
     "slice_of",
-    named(
-        "slice_of/slice", "a slice of a slice of r is a slice of r", slice_of(_x, _r), eq(_e).to(_x.slice(_d, _a, _b))
-    ).then(slice_of(_e, _r)),
-    # The proof keeps slices of different dims in one order (the higher dim outside), so a
-    # device's window of the reference's y[.., a:b] (a fused projection's part) is written
-    # y[c:g, ..][.., a:b], never as a slice of y[.., a:b] itself.
-    named(
-        "slice_of/reordered",
-        "y[c:g along d2][a:b along d] = (y[a:b along d])[c:g along d2] is a slice of r = y[a:b along d]",
-        slice_of(_x, _r),
-        eq(_x).to(_y.slice(_d, _a, _b)),
-        eq(_e).to(_y.slice(_d2, _c, _g).slice(_d, _a, _b)),
-    ).then(slice_of(_e, _r)),
+    *_window_rules(slice_of, "slice_of"),
     named(
         "slice_of/reshape",
         "a reshape of a slice of r is a re-layout of r",
@@ -900,6 +1038,7 @@ SLICE_OF = family(
         eq(_e).to(T.transpose(_spec, _x)),
     ).then(slice_of(_e, _r)),
 )
+WINDOW_OF = family("window_of", *_window_rules(window_of, "window_of"))
 CUTTERS = {"slice", "dynamic-slice"}
 # Ops that read a part of their first operand, chosen by attributes or index operands.
 WINDOW_READS = {"slice", "dynamic-slice", "gather"}
@@ -1112,6 +1251,7 @@ class _Tracer:
         proof.egraph.register(*[slice_of(proof.loader.expr(v), proof.loader.expr(v)) for _, v in self.ref_values])
         proof.egraph.run(SLICE_OF.ruleset.saturate())
         self.op_lines = {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]}
+        self.windows_seeded = False  # window_of is saturated only when a finding asks for it
 
     # -- values ----------------------------------------------------------------------------
     def value(self, event: Event, dev: int) -> Term | None:
@@ -1207,6 +1347,13 @@ class _Tracer:
             and self.is_slice_of(self.value(d, dev), self.value(base, 0))
         )
 
+    def elsewhere_in(self, window: tuple[Term, tuple] | None) -> bool:
+        """`window` cuts a value the reference cuts windows of too, none of them this one."""
+        if window is None or not window[1]:
+            return False
+        theirs = [w[1] for _, v in self.ref_values if (w := _window(v)) is not None and w[0] is window[0] and w[1]]
+        return bool(theirs) and window[1] not in theirs
+
     def ancestors(self, event: Event, dev: int, limit: int = 400) -> list[Event]:
         out, stack, seen = [], [event], set[str]()
         while stack and len(seen) < limit:
@@ -1247,7 +1394,10 @@ class _Tracer:
                 continue
             ref, bad = found
             if bad:
-                defect = self.wrong_operand(event, ref, bad[0], dev)
+                # An operand whose part's window moves back along a mesh axis (a round-robin pick)
+                # was cut from the wrong place: the cut leads. Any operand: the compiler may have
+                # swapped a dot's operands, so the one that fails to match need not be the one cut.
+                defect = self.misaligned_window(event) or self.wrong_operand(event, ref, bad[0], dev)
             else:
                 defect = self.fixed_window(event, ref, devices) or self.misaligned_window(event)
             if defect is not None:
@@ -1269,7 +1419,8 @@ class _Tracer:
         applies = f"the reference applies {found.what} here: {_where((found.anchor.file, found.anchor.line))}"
         snippet = source_text(found.anchor) if found.anchor.file else ""
         applies += f" (`{snippet}`)" if snippet else ""
-        consumer = f"`{found.consumer.inst.opcode}` ({_at(found.consumer.inst)})"
+        # The reference op `event` stands for (its line may be the call of a helper that makes it).
+        consumer = f"`{event.inst.opcode}` ({_at(found.consumer.inst)})"
         operand = self.operands(event)[found.operand]
         made = self.skip(operand, dev) if operand is not None else None
         at_producer = None
@@ -1286,7 +1437,8 @@ class _Tracer:
             f"{found.what} the reference applies to it before its {consumer}: {applies}.",
         )
         if found.tied and at_producer is not None:
-            return Defect(*at_consumer, work=found, alternative=at_producer)
+            lead, other = (at_producer, at_consumer) if found.at_producer else (at_consumer, at_producer)
+            return Defect(*lead, work=found, alternative=other)
         return Defect(*(at_producer if found.at_producer and at_producer else at_consumer), work=found)
 
     def wrong_operand(self, event: Event, ref: Event, k: int, dev: int) -> Defect | None:
@@ -1305,7 +1457,8 @@ class _Tracer:
                 f"`{name}` in the `{event.inst.opcode}` there is {c_mine:g} on device {dev}, where the "
                 f"reference's `{ref.inst.opcode}` ({_at(ref.inst)}) uses {c_ref:g}"
             )
-            return self.at_python_origin(event, k, lead, path) or Defect(event.inst, lead + ".")
+            found = self.at_python_origin(event, k, lead, path) or Defect(event.inst, lead + ".")
+            return dataclasses.replace(found, constants=(c_mine, c_ref))
         if kind == "diverge":
             others = [o for j, o in enumerate(self.operands(ref, refs=True)) if j != k]
             own = self.owner(value, others) if value is not None else None
@@ -1324,11 +1477,13 @@ class _Tracer:
                 for a in self.ancestors(end, dev)
                 if a.inst.opcode in CUTTERS and self.constant(self.value(a, dev)) is None and _loc(a.inst) is not None
             ]
-            # A window is shown wrong only where the value is one of another reference value; a
-            # value that is a slice of none says nothing about the windows cut upstream of it.
-            if cutters and own is not None and own is not r_op:
-                cut = max(cutters, key=lambda a: self.order.get(a.inst.name, -1))
-                window = _window(self.value(cut, dev))
+            # A window is shown wrong only where the value is one of another reference value, or a
+            # window, at other offsets, of a value the reference also cuts a window of (a device's
+            # rows of a RoPE table past the reference's); a value that is a slice of none says
+            # nothing about the windows cut upstream of it.
+            cut = max(cutters, key=lambda a: self.order.get(a.inst.name, -1)) if cutters else None
+            window = _window(self.value(cut, dev)) if cut is not None else None
+            if cut is not None and ((own is not None and own is not r_op) or self.elsewhere_in(window)):
                 shown = ", ".join(f"[{a}:{b}) along dim {d}" for d, a, b in window[1]) if window else ""
                 taken = f"the wrong window ({shown} on device {dev})" if shown else f"a wrong window on device {dev}"
                 said = f"this slice takes {taken}: {lead}"
@@ -1440,6 +1595,75 @@ class _Tracer:
     def python_binding(self, loc, exprs):
         return _python_origin(loc, exprs, self.op_lines)
 
+    def relaid(self, event: Event, devices: list[int], plain: str) -> Defect | None:
+        """A dot whose operands are windows of the reference dot's, one of them transposed on
+        another line, and which contracts (or batches) other dims of it than the reference does:
+        the transpose leads (a head split as (head_dim, heads) then swapped), the dot is the tied
+        alternative. A transpose the dot's dims follow is a layout of its own, never blamed."""
+        dev = devices[0] if devices else 0
+        found = self.counterpart(event, dev) if event.inst.opcode == "dot" else None
+        if found is None or found[1]:
+            return None
+        ref = found[0]
+        for k, (operand, r_op) in enumerate(zip(self.operands(event), self.operands(ref, refs=True))):
+            laid = self.transposed_window(operand, r_op, dev) if operand is not None and r_op is not None else None
+            if laid is None or r_op is None:
+                continue
+            made, dims = laid
+            side = "lhs" if k == 0 else "rhs"
+            roles = [
+                {dims[i] for i in dims_attr(event.inst.attrs.get(f"{side}_{role}_dims"))}
+                == set(dims_attr(ref.inst.attrs.get(f"{side}_{role}_dims")))
+                for role in ("contracting", "batch")
+            ]
+            if all(roles) or _loc(made.inst) in (None, _loc(event.inst)):
+                continue
+            return Defect(
+                made.inst,
+                f"this `transpose` lays out a window of the reference's `{r_op.inst.opcode}` ({_at(r_op.inst)}) "
+                f"with its dims in another order, and the `dot` at {_at(event.inst)} then "
+                f"{'contracts' if not roles[0] else 'batches'} other dims of it than the reference's `dot` "
+                f"({_at(ref.inst)}) does: the dims are split or ordered otherwise than the reference's",
+                alternative=(event.inst, plain + f"; its operand is transposed at {_at(made.inst)}."),
+            )
+        return None
+
+    def transposed_window(self, operand: Event, r_op: Event, dev: int) -> tuple[Event, list[int]] | None:
+        """(the outermost transpose, for each dim of `operand` the dim of `r_op` it holds) when
+        `operand` is a window of `r_op`'s value through windows and transposes, one at least."""
+        d, r = self.skip(operand, dev), self.skip(r_op, 0, refs=True)
+        dims = list(range(len(d.inst.shape.dims)))
+        made = None
+        for _ in range(MAX_RELAYOUTS):
+            if self.is_window_of(self.value(d, dev), self.value(r, 0)):
+                return (made, dims) if made is not None else None
+            if d.inst.opcode == "transpose":
+                perm = dims_attr(d.inst.attrs.get("dimensions"))
+                dims = [perm[i] for i in dims]
+                made = made or d
+            elif d.inst.opcode not in CUTTERS:
+                return None
+            below = self.operands(d)[0] if d.inst.operands else None
+            if below is None:
+                return None
+            d = self.skip(below, dev)
+        return None
+
+    def is_window_of(self, t: Term | None, r: Term | None) -> bool:
+        """`t` is a window of `r`, its elements in `r`'s order (no re-layout between them)."""
+        loader, egraph = self.proof.loader, self.proof.egraph
+        if t is None or r is None or t not in loader.exprs or r not in loader.exprs:
+            return False
+        if not self.windows_seeded:
+            egraph.register(*[window_of(loader.expr(v), loader.expr(v)) for _, v in self.ref_values])
+            egraph.run(WINDOW_OF.ruleset.saturate())
+            self.windows_seeded = True
+        try:
+            egraph.check(window_of(loader.expr(t), loader.expr(r)))
+            return True
+        except Exception:  # egglog reports a failed check as an error
+            return False
+
     def fixed_window(self, event: Event, ref: Event, devices: list[int]) -> Defect | None:
         """Operands that are slices of the right values, but one holds the same window on every device."""
         ops = self.operands(event)
@@ -1483,19 +1707,36 @@ class _Tracer:
 
     def misaligned_window(self, event: Event) -> Defect | None:
         """Operands that are slices of the right values, but one's window moves back along a mesh
-        axis (a round-robin pick of a replicated weight's part): it pairs with other devices' parts."""
+        axis (a round-robin pick of a replicated weight's part): it pairs with other devices' parts.
+        The window is of an input, or of a value every device computes alike (a projection the
+        slice was pushed through)."""
         for k, op in enumerate(self.operands(event)):
             if op is None or _terms(op) is None:
                 continue
-            for (leaf, dim), ranges in input_windows([list(op.values)]).items():
+            cuts: list[tuple[str, int, list[tuple[int, int]], list[Term] | None]] = [
+                (f"input #{leaf}", dim, ranges, None)
+                for (leaf, dim), ranges in input_windows([list(op.values)]).items()
+            ]
+            cuts += [
+                ("a computed value", dim, ranges, windows)
+                for windows, dim, ranges in _common_base_windows(list(op.values))
+            ]
+            for what, dim, ranges, windows in cuts:
                 back = window_goes_back(ranges, self.groups_by_axis)
-                cut = cutter(self.events, leaf, dim, ranges) if back else None
-                if cut is None or _loc(cut.inst) is None:
+                if back is None:
+                    continue
+                if windows is None:
+                    cut = cutter(self.events, int(what.removeprefix("input #")), dim, ranges)
+                else:
+                    cut = _producer_of(self.events, windows) or op
+                at = _loc(cut.inst) if cut is not None else None
+                if cut is None or at is None:
                     continue
                 axis, a, b = back
-                name = _operand_name(event.inst, k) or f"operand {k + 1}"
+                # The name the cut's own line binds: the compiler may have reordered the op's operands.
+                name = _bound_name(*at) or _operand_name(event.inst, k) or f"operand {k + 1}"
                 lead = (
-                    f"this slice of input #{leaf} along dim {dim} takes {_shown(ranges)} on devices "
+                    f"this slice of {what} along dim {dim} takes {_shown(ranges)} on devices "
                     f"0..{len(ranges) - 1}: along mesh axis '{axis}' the window moves back (device {b} takes "
                     f"[{ranges[b][0]}:{ranges[b][1]}) after device {a}'s [{ranges[a][0]}:{ranges[a][1]})), so "
                     f"`{name}` in the `{event.inst.opcode}` at {_at(event.inst)} is a part of the "
@@ -1508,13 +1749,18 @@ class _Tracer:
         return at_index_origin(cut, lead, self.events, self.op_lines)
 
 
+_DYNAMIC_CUT = re.compile(r"dynamic_(slice|index)")  # lax.dynamic_slice(_in_dim), dynamic_index_in_dim
+
+
 def at_index_origin(cut: Event, lead: str, events: list[Event], op_lines: set[tuple[str, int]]) -> Defect | None:
     """Point at the Python line that computes the device-dependent index a dynamic slice starts
     at (`kv_head = i % n` used as `kv_head * HEAD_DIM`): where the device-to-part map is written.
     An index the enclosing function receives as a parameter is computed where its caller passes it."""
     loc = _loc(cut.inst)
     found = statement(*loc) if loc else None
-    calls = [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and "dynamic_slice" in callee(n)] if found else []
+    calls = (
+        [n for n in ast.walk(found[0]) if isinstance(n, ast.Call) and _DYNAMIC_CUT.search(callee(n))] if found else []
+    )
     if not found or loc is None or len(calls) != 1 or len(calls[0].args) < 2:
         return None
     origin = _index_source(loc[0], loc[1], calls[0].args[1], cut.inst.stack, events, op_lines)
@@ -1558,7 +1804,10 @@ def _index_source(
                 continue
             bound = statement(file, assigned) if assigned is not None else None
             value = getattr(bound[0], "value", None) if bound else None
-            if assigned is not None and value is not None and _device_index(file, assigned, value, op_lines):
+            # A start that is the name alone is wholly decided where the name is bound, even to the
+            # device's index itself (`e0 = lax.axis_index("ep")` where the start is e0 * size).
+            alone = isinstance(expr, ast.Name) and isinstance(value, ast.Call) and callee(value) == "axis_index"
+            if assigned is not None and value is not None and (alone or _device_index(file, assigned, value, op_lines)):
                 return file, assigned, func.name, name, None
     return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from equivci.diagnose.localize import Defect, first_defect
+from equivci.diagnose.localize import Defect, first_defect, unfinished_output
 from equivci.hlo.collectives import axis_groups
 from equivci.prove.loops import LoopAttempt
 from equivci.prove.saturate import Proof
@@ -30,7 +30,15 @@ def defect_with_loops(programs: Programs, proof: Proof, mesh: tuple[tuple[str, i
     if failed is not None and (found is None or _position(programs, found) > failed.position):
         return _inside(failed, mesh)
     if found is None:
-        return _unproved_initial_state(programs, proof)
+        return _unproved_initial_state(programs, proof) or unfinished_output(
+            programs.distributed_events,
+            programs.reference_events,
+            proof,
+            programs.evaluator,
+            axis_groups(mesh),
+            programs.reference_outputs,
+            programs.device_outputs,
+        )
     return found
 
 

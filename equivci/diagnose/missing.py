@@ -71,15 +71,32 @@ class MissingWorkFinder:
         self.order: dict[str, int] = {}
         self.params: dict[int, Event] = {}
         self.by_term: dict[int, Event] = {}
+        self.operands_of: dict[str, tuple[str, ...]] = {}
+        self.callers: dict[int, Event] = {}  # a called computation's value -> the call, which has its line
         for k, e in enumerate(tracer.reference_events):
             self.order[e.inst.name] = k
-            for name in dict.fromkeys(e.inst.operands):
-                self.consumers.setdefault(name, []).append(e)
             v = tracer.value(e, 0)
+            self.operands_of[e.inst.name] = self.resolved(e, v)
+            for name in dict.fromkeys(self.operands_of[e.inst.name]):
+                self.consumers.setdefault(name, []).append(e)
             if v is not None:
+                if e.inst.opcode == "call":
+                    self.callers.setdefault(id(v), e)
                 self.by_term.setdefault(id(v), e)
                 if v.op == "param":
                     self.params.setdefault(v.attrs[0], e)
+
+    def resolved(self, event: Event, value) -> tuple[str, ...]:
+        """The op's operands, where one no event holds (a parameter of a called computation: the
+        select inside `jnp.where`'s call) named by the earlier op that holds the same term."""
+        names = event.inst.operands
+        if value is None or len(value.args) != len(names):
+            return names
+        out = []
+        for name, arg in zip(names, value.args):
+            held = self.by_term.get(id(arg)) if name not in self.tracer.ref_by_name else None
+            out.append(held.inst.name if held is not None else name)
+        return tuple(out)
 
     def owner(self, event: Event, dev: int) -> Event | None:
         """The latest reference op whose value the distributed `event` holds a slice of."""
@@ -138,11 +155,11 @@ class MissingWorkFinder:
                 continue
             if not self.same_operand_types(ops, r):
                 continue
-            if any(reach is not None and rop not in reach for rop, reach in zip(r.inst.operands, reached)):
+            if any(reach is not None and rop not in reach for rop, reach in zip(self.operands_of[name], reached)):
                 continue
             works = [
                 [e for e in self.chain(reach, rop) if e.inst.opcode not in PASSIVE] if reach is not None else []
-                for rop, reach in zip(r.inst.operands, reached)
+                for rop, reach in zip(self.operands_of[name], reached)
             ]
             k = next((k for k, w in enumerate(works) if w), None)
             if k is None or self.wrong_window(works[k], ops[k], owners[k], dev):
@@ -153,13 +170,14 @@ class MissingWorkFinder:
         if best is None:
             return None
         _, r, k, work = best
+        r = r if innermost(r.inst) is not None else self.callers.get(id(self.tracer.value(r, 0)), r)
         owner = owners[k]
         return self.placed(r, k, owner, work) if owner is not None else None
 
     def same_operand_types(self, ops: list[Event | None], ref: Event) -> bool:
         """Each operand has the element type of the reference op's: an op that takes another type (a
         cast of integer positions where the reference casts angles) is not the op it stands for."""
-        refs = [self.tracer.ref_by_name.get(name) for name in ref.inst.operands]
+        refs = [self.tracer.ref_by_name.get(name) for name in self.operands_of[ref.inst.name]]
         return all(o is None or r is None or o.inst.shape.dtype == r.inst.shape.dtype for o, r in zip(ops, refs))
 
     def wrong_window(self, work: list[Event], operand: Event | None, owner: Event | None, dev: int) -> bool:
@@ -186,29 +204,31 @@ class MissingWorkFinder:
         return False
 
     def placed(self, consumer: Event, k: int, owner: Event, work: list[Event]) -> MissingWork:
-        """Where the reference writes the work: with its consumer or with the op that made the value."""
+        """Where the reference writes the work: with its consumer or with the op that made the value.
+        Where both share as much of its call stack (a statement of its own between them), the
+        nearer of the two lines: a step written right after the statement that made its value is
+        missing right after the distributed program's own."""
         frames = user_frames(work[0].inst)
         with_consumer = shared_frames(frames, user_frames(consumer.inst))
         with_producer = -1 if owner.inst.opcode == "parameter" else shared_frames(frames, user_frames(owner.inst))
         score = max(with_consumer, with_producer)
+        tied = with_producer == with_consumer
+        at_producer = with_producer > with_consumer or (tied and _nearer(frames, owner, consumer))
         if not frames:
-            return MissingWork(
-                consumer,
-                k,
-                owner,
-                tuple(work),
-                with_producer > with_consumer,
-                with_producer == with_consumer,
-                SourceLoc("", 0),
-                _ops(work),
-            )
+            return MissingWork(consumer, k, owner, tuple(work), at_producer, tied, SourceLoc("", 0), _ops(work))
         at = max(len(frames) - score, 0) if score > 0 else 0
         anchor = frames[at]
         inner = frames[at - 1].function.split(".")[-1] if at > 0 and frames[at - 1].function else ""
         what = inner if inner and not inner.startswith("<") else _ops(work)
-        return MissingWork(
-            consumer, k, owner, tuple(work), with_producer > with_consumer, with_producer == with_consumer, anchor, what
-        )
+        return MissingWork(consumer, k, owner, tuple(work), at_producer, tied, anchor, what)
+
+
+def _nearer(frames: list[SourceLoc], owner: Event, consumer: Event) -> bool:
+    """The work's line is as near the line that made its value as the one that uses it, or nearer (same file)."""
+    made, used = innermost(owner.inst), innermost(consumer.inst)
+    if not frames or made is None or used is None or made[0] != frames[0].file or used[0] != frames[0].file:
+        return False
+    return abs(frames[0].line - made[1]) <= abs(used[1] - frames[0].line)
 
 
 def _ops(work: list[Event]) -> str:

@@ -123,14 +123,18 @@ def _run(egraph: EGraph, iterations: int) -> int:
     return iterations if more else 0
 
 
-def add_terms(proof: Proof, terms: list[Term]) -> None:
-    """Load more terms (hypotheses for localization) and saturate again, within the proof's budget."""
+def add_terms(proof: Proof, terms: list[Term], equal_groups: Sequence[list[Term]] = ()) -> None:
+    """Load more terms (hypotheses for localization) and saturate again, within the proof's budget.
+    `equal_groups`: terms the translator stated equal while building them (true identities)."""
     new = [t for t in terms if t not in proof.loader.exprs]
-    if not new:
+    if not new and not equal_groups:
         return
     with proof.loader.bulk():
         for t in new:
             proof.loader.expr(t)
+        for group in equal_groups:
+            first = proof.loader.expr(group[0])
+            proof.loader.facts += [union(first).with_(proof.loader.expr(t)) for t in group[1:]]
     proof.exhausted = max(proof.exhausted, _run(proof.egraph, max(proof.iterations, proof.loader.depth)))
 
 

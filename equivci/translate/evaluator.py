@@ -77,13 +77,19 @@ class Evaluator(Builder):
         sub.values, sub.constants, sub.equal_terms = self.values, self.constants, self.equal_terms
         return sub
 
-    def variant(self, pairs_override: dict[str, list[tuple[int, int]]]) -> list[list[Term]]:
-        """The per-device entry results with some collective-permutes' pairs replaced.
+    def variant(
+        self, pairs_override: dict[str, list[tuple[int, int]]], loop_handler: LoopHandler | None = None
+    ) -> list[list[Term]]:
+        """The per-device entry results with some collective-permutes' pairs replaced; `while` ops
+        go to `loop_handler` (none: opaque).
 
-        The same term table and constants are shared, so unchanged parts give the same terms.
+        The same term table and constants are shared, so unchanged parts give the same terms. The
+        terms stated equal while evaluating (`equal_terms`) are appended to this evaluator's.
         """
         other = Evaluator(self.module, self.table, self.n, self.budgets)
         other.values, other.constants, other.bounds = self.values, self.constants, self.bounds
+        other.equal_terms = self.equal_terms
+        other.loop_handler = loop_handler
         other.collectives = collectives.Collectives(pairs_override)
         assert self.entry_args is not None, "variant() of an evaluator that has not run"
         return other.run(self.module.entry, self.entry_args)

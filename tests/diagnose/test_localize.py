@@ -151,6 +151,74 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None),), out_specs=P(TP, None))(x)
 
 
+    def heads_inputs():
+        return (jax.ShapeDtypeStruct((2, 8, 16), jnp.float32),)
+
+
+    def head_scores(x):
+        q = x.reshape(2, 8, 4, 4)
+        return jnp.einsum("bqhe,bkhe->bhqk", q, q)
+
+
+    def head_scores_minor_split(x, *, mesh):
+        def body(x):
+            q = x.reshape(2, 8, 4, 4).transpose(0, 1, 3, 2)  # MARK:minor-split
+            q = lax.dynamic_slice_in_dim(q, 2 * lax.axis_index(TP), 2, axis=2)
+            return jnp.einsum("bqhe,bkhe->bhqk", q, q)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(),), out_specs=P(None, TP))(x)
+
+
+    def head_scores_heads_first_doubled(x, *, mesh):
+        def body(x):
+            q = x.reshape(2, 8, 4, 4).transpose(0, 2, 1, 3)
+            q = lax.dynamic_slice_in_dim(q, 2 * lax.axis_index(TP), 2, axis=1)
+            return jnp.einsum("bhqe,bhke->bhqk", q, q) * 2.0  # MARK:doubled
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(),), out_specs=P(None, TP))(x)
+
+
+    STAGES, MICRO = 4, 3
+
+
+    def pipe_inputs():
+        return (jax.ShapeDtypeStruct((MICRO, 2, 8), jnp.float32), jax.ShapeDtypeStruct((STAGES, 8, 8), jnp.float32))
+
+
+    def pipe(xs, ws):
+        for s in range(STAGES):
+            xs = jnp.tanh(xs @ ws[s])
+        return xs
+
+
+    def _gpipe(xs, ws, mesh, pairs, layer):
+        def body(xs, w):
+            me = lax.axis_index(TP)
+
+            def tick(carry, t):
+                state, outs = carry
+                state = jnp.where(me == 0, xs[jnp.minimum(t, MICRO - 1)], state)
+                state = layer(state, w[0])
+                done = t - (STAGES - 1)
+                outs = jnp.where((me == STAGES - 1) & (done >= 0), outs.at[jnp.clip(done, 0, MICRO - 1)].set(state), outs)
+                return (lax.ppermute(state, TP, pairs), outs), None
+
+            (_, outs), _ = lax.scan(tick, (jnp.zeros_like(xs[0]), jnp.zeros_like(xs)), jnp.arange(MICRO + STAGES - 1))
+            return lax.psum(outs, TP)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(TP)), out_specs=P(), check_vma=False)(xs, ws)
+
+
+    def pipe_backwards(xs, ws, *, mesh):
+        pairs = [(j, (j - 1) % STAGES) for j in range(STAGES)]  # MARK:pipe-pairs
+        return _gpipe(xs, ws, mesh, pairs, lambda h, w: jnp.tanh(h @ w))
+
+
+    def pipe_transposed(xs, ws, *, mesh):
+        pairs = [(j, (j + 1) % STAGES) for j in range(STAGES)]
+        return _gpipe(xs, ws, mesh, pairs, lambda h, w: jnp.tanh(h @ w.T))  # MARK:pipe-weight
+
+
     def pair_inputs():
         return (jax.ShapeDtypeStruct((8, 16), jnp.float32), jax.ShapeDtypeStruct((8, 8), jnp.float32))
 
@@ -290,6 +358,34 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P(), P()), out_specs=P(TP, None))(x, w, table)
 
 
+    def _long_table(f=jnp.cos):  # rows for 32 positions, more than the 8 a sequence has
+        return f(jnp.arange(32.0)[:, None] * jnp.arange(1.0, 5.0)[None, :])
+
+
+    def _apply_rows(x, rows):  # shared by both programs, as a RoPE helper is
+        return jnp.tanh(x * rows[:, None, :])[:, 0, :]
+
+
+    def with_long_table(x, w, table):
+        return _apply_rows(x, _long_table()[:8]) @ w
+
+
+    def _long_table_rows(x, w, mesh, start, f):
+        def body(xs, w):
+            rows = lax.dynamic_slice_in_dim(_long_table(f), start(lax.axis_index(TP)), xs.shape[0])  # MARK:rows-cut
+            return _apply_rows(xs, rows) @ w
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P()), out_specs=P(TP, None))(x, w)
+
+
+    def with_long_table_global_offset(x, w, table, *, mesh):
+        return _long_table_rows(x, w, mesh, lambda i: i * 8, jnp.cos)  # MARK:global-offset
+
+
+    def with_long_table_other_table(x, w, table, *, mesh):
+        return _long_table_rows(x, w, mesh, lambda i: i * 4, jnp.sin)
+
+
     def _rotate(x, positions):  # shared by both programs: only the positions they pass differ
         angles = positions.astype(jnp.float32)[:, None] * jnp.arange(1.0, 5.0)[None, :]
         return x * jnp.cos(angles)
@@ -393,6 +489,14 @@ MANIFEST = textwrap.dedent(
          inputs: models.py:norm_inputs, mesh: {tp: 2}}
       - {name: roll, reference: models.py:roll, distributed: models.py:roll_ring_left,
          inputs: models.py:roll_inputs, mesh: {tp: 4}}
+      - {name: minor-split, reference: models.py:head_scores, distributed: models.py:head_scores_minor_split,
+         inputs: models.py:heads_inputs, mesh: {tp: 2}}
+      - {name: heads-first-doubled, reference: models.py:head_scores,
+         distributed: models.py:head_scores_heads_first_doubled, inputs: models.py:heads_inputs, mesh: {tp: 2}}
+      - {name: pipe-backwards, reference: models.py:pipe, distributed: models.py:pipe_backwards,
+         inputs: models.py:pipe_inputs, mesh: {tp: 4}}
+      - {name: pipe-transposed, reference: models.py:pipe, distributed: models.py:pipe_transposed,
+         inputs: models.py:pipe_inputs, mesh: {tp: 4}}
       - {name: evens-strided, reference: models.py:first_half, distributed: models.py:evens_strided,
          inputs: models.py:pair_inputs, mesh: {tp: 2}}
       - {name: evens-reshaped, reference: models.py:first_half, distributed: models.py:evens_reshaped,
@@ -415,6 +519,10 @@ MANIFEST = textwrap.dedent(
          distributed: models.py:with_positions_no_offset, inputs: models.py:seq_inputs, mesh: {tp: 2}}
       - {name: positions-offset-line, reference: models.py:with_positions,
          distributed: models.py:with_positions_offset_line, inputs: models.py:seq_inputs, mesh: {tp: 4}}
+      - {name: long-table-global-offset, reference: models.py:with_long_table,
+         distributed: models.py:with_long_table_global_offset, inputs: models.py:seq_inputs, mesh: {tp: 2}}
+      - {name: long-table-other-table, reference: models.py:with_long_table,
+         distributed: models.py:with_long_table_other_table, inputs: models.py:seq_inputs, mesh: {tp: 2}}
       - {name: local-positions-shared-helper, reference: models.py:rotated,
          distributed: models.py:rotated_local_positions, inputs: models.py:seq_inputs, mesh: {tp: 2}}
       - {name: pairs-concatenated, reference: models.py:rotated_pairs,
@@ -505,6 +613,16 @@ FRESH = {
     "rotated-named": ("index", ("`j`", "moves back")),
     "rms": ("width", ("`n`", "16")),
     "roll": ("pairs", ("the other way",)),  # the ring's pairs, bound to a name
+    # A pipeline's ring inside a scan: sent the other way on every tick (the loop run iteration
+    # by iteration in the what-if), every output is proved, so the pairs' line leads.
+    "pipe-backwards": ("pipe-pairs", ("the other way", "j-1 mod 4", "j+1 mod 4")),
+    # Heads split as (head_dim, heads) and transposed: each device's q is a window of the
+    # reference's q with two dims swapped, and the scores contract the heads where the reference
+    # contracts head_dim. The transpose leads, not the scores (the first op the proof cannot relate).
+    "minor-split": ("minor-split", ("`transpose`", "contracts other dims", "models.py:135")),
+    # The near miss: a transpose whose dims the scores follow (heads first) is no defect, even
+    # though the proof cannot relate that dot: the doubling on its line is the finding.
+    "heads-first-doubled": ("doubled", ()),
     # The helper slices at `group * cols` for whatever group it is given: the caller's argument
     # is where the device-to-part map is written.
     "rotated-argument": ("argument", ("passed here as `group`", "moves back")),
@@ -540,6 +658,10 @@ FRESH = {
     "pairs-concatenated": ("concat", ("`concatenate`",)),
     # The slice of the table starts at an offset computed on the line before: the offset's line.
     "positions-offset-line": ("offset-line", ("`offset` is computed here",)),
+    # Device 1 cuts rows [8:12) of a table both programs make, past the reference's [0:8): a
+    # window of the same table at other rows, so the start passed in (the shard times the global
+    # length) is the line, though the rows are a slice of no reference value.
+    "long-table-global-offset": ("global-offset", ("wrong window", "[8:12)")),
     # Each device's k is a window of the reference's v (the fused per-head projection read at the
     # wrong place): the read, not the scores on the next line.
     "per-head-swapped": ("swapped", ("not the window", "reference's k")),
@@ -563,3 +685,18 @@ def test_fresh_program_defect_is_found_where_it_was_made(tmp_manifest, name):
     where, message = localize(tmp_manifest, name)
     assert where.endswith(f"models.py:{line_of(mark)}")
     assert_says(message, *words)
+
+
+def test_a_pipeline_whose_ring_is_right_is_not_blamed_on_its_pairs(tmp_manifest):
+    """The near miss of `pipe-backwards`: the ring sends forward and a stage's weight is transposed;
+    no other permutation makes the outputs the reference's, so the pairs are not the finding."""
+    where, message, _ = localize(tmp_manifest, "pipe-transposed")
+    assert "collective-permute" not in message
+    assert not where.endswith(f"models.py:{line_of('pipe-weight') - 1}"), (where, message)
+
+
+def test_rows_of_a_table_the_reference_never_cuts_are_no_wrong_window(tmp_manifest):
+    """The near miss of `long-table-global-offset`: the right rows of another table (sin where the
+    reference takes cos). No reference value is a window of that table, so no window is wrong."""
+    where, message, _ = localize(tmp_manifest, "long-table-other-table")
+    assert "wrong window" not in message, (where, message)

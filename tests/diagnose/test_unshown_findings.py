@@ -46,3 +46,27 @@ def test_near_miss_a_shown_difference_keeps_the_defect(tmp_path):
     captured, events, ref, defect = _case(tmp_path, 30)
     findings = defect_findings(defect, captured, events, None, set(), shown=True, reference_events=ref)
     assert findings[0].message.startswith(CLAIM)
+
+
+def _constant_guess(tmp_path, constants: tuple[float, float]) -> str:
+    captured, events, ref, defect = _case(tmp_path, 50)
+    claim = f"`operand 1` in the `divide` there is {constants[0]:g} on device 0, where the reference uses {constants[1]:g}"
+    defect = Defect(defect.inst, claim, frontier=defect.inst, constants=constants)
+    [finding] = defect_findings(defect, captured, events, None, set(), outputs_equal=False, shown=False,
+                                reference_events=ref)
+    return finding.message
+
+
+def test_a_mean_over_a_part_of_the_rows_is_no_guessed_cause(tmp_path):
+    """1/16 where the reference divides by 64 (a microbatch's mean on one of two shards): a later
+    sum over the parts brings the reference's mean back, so no constant is guessed at (a correct
+    model's unproven finding must not read as a bug); 1/3 against 1/9 in float32 too."""
+    for constants in ((0.0625, 0.015625), (float(1 / 3), float(1 / 9))):
+        message = _constant_guess(tmp_path, constants)
+        assert "unchecked guess" not in message and "No check shows a difference" in message
+
+
+def test_near_miss_a_constant_no_part_mean_explains_stays_a_guess(tmp_path):
+    """More than the reference divides by, or no reciprocal of a whole count: still a guess."""
+    for constants in ((0.015625, 0.0625), (0.75, 0.25), (256.0, 128.0)):
+        assert "an unchecked guess at a cause: `operand 1`" in _constant_guess(tmp_path, constants)
