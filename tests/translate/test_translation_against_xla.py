@@ -18,7 +18,11 @@ from equivci.hlo.parser import parse_module
 from equivci.layers.segments import program_order
 from equivci.options import Budgets
 from equivci.prove.programs import build_programs
+from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
+from equivci.translate.evaluator import Evaluator
+from equivci.translate.programs import flatten
+from equivci.translate.unroll import Unroller
 
 RNG = np.random.default_rng(3)
 V, D, T = 16, 8, 6
@@ -104,6 +108,15 @@ def _sorted_group_ids(table, ids):  # translate/group_ids.py: each sorted row's 
     return group, jnp.cumsum(marks), jnp.arange(V)[ids], table[ids][jnp.argsort(ids)] * group[:, None]
 
 
+def _writes_at_constant_rows(x):  # scatters at constant indices: a row, two rows, a column
+    return x.at[2].set(x[0] * 2), x.at[jnp.array([1, 4])].set(x[:2] + 1), x.at[:, 3].set(x[:, 0])
+
+
+def _loop_of_three_trips(x):  # a while loop with a constant trip count (jax.lax.fori_loop)
+    x = jnp.asarray(x)
+    return lax.fori_loop(0, 3, lambda i, c: c * 2 + x[i], x)
+
+
 CASES = {
     "folded clamp, select, any, all": (_folded_constants, (X,)),
     "embedding with uint32 ids": (_embed_u32, (TABLE, IDS.astype(np.uint32))),
@@ -119,6 +132,7 @@ CASES = {
     "causal mask from iotas": (_causal_mask, (X,)),
     "heads, strides, concat, repeat": (_layouts, (X,)),
     "dynamic slice and update": (_dynamic_window, (X, IDS)),
+    "writes at constant rows and columns": (_writes_at_constant_rows, (X,)),
     "pad and cut": (_padded, (X,)),
     "integer arithmetic and masks": (_integer_mix, (IDS,)),
     "sorted group ids (jnp.repeat of the group sizes)": (_sorted_group_ids, (TABLE, IDS)),
@@ -151,6 +165,18 @@ def test_translated_terms_compute_what_xla_computes(case):
 
 def _ops(term) -> set[str]:
     return {t.op for t in program_order([term])}
+
+
+def test_a_loop_with_a_constant_trip_count_unrolls_to_what_xla_computes():
+    """The evaluator hands a `while` to its loop handler (the reference's unroller): the loop's
+    result is the body applied three times, with no opaque term left."""
+    hlo = jax.jit(_loop_of_three_trips).lower(X).as_text(dialect="hlo")
+    module = parse_module(hlo)
+    ev = Evaluator(module, TermTable(), 1)
+    ev.loop_handler = Unroller()
+    (out,) = flatten(ev.run(module.entry, [[ev.table.make("param", (0,), (), X.shape, "f32")]])[0])
+    assert "opaque" not in _ops(out) and len(ev.loops) == 1
+    np.testing.assert_allclose(evaluate(out, {0: X}, ev.values), jax.jit(_loop_of_three_trips)(X), rtol=1e-5)
 
 
 def test_both_programs_fold_constants_within_the_budget_they_are_given():
