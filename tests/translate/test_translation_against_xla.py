@@ -108,6 +108,10 @@ def _sorted_group_ids(table, ids):  # translate/group_ids.py: each sorted row's 
     return group, jnp.cumsum(marks), jnp.arange(V)[ids], table[ids][jnp.argsort(ids)] * group[:, None]
 
 
+def _picked_sum_gradient(logits, ids):  # a scatter-add of the same number at one column per row
+    return logits + jax.grad(lambda z: 2.0 * jnp.take_along_axis(z, ids[:, None], axis=1).sum())(logits)
+
+
 def _writes_at_constant_rows(x):  # scatters at constant indices: a row, two rows, a column
     return x.at[2].set(x[0] * 2), x.at[jnp.array([1, 4])].set(x[:2] + 1), x.at[:, 3].set(x[:, 0])
 
@@ -133,6 +137,7 @@ CASES = {
     "heads, strides, concat, repeat": (_layouts, (X,)),
     "dynamic slice and update": (_dynamic_window, (X, IDS)),
     "writes at constant rows and columns": (_writes_at_constant_rows, (X,)),
+    "a scatter-add of one number per row": (_picked_sum_gradient, (RNG.standard_normal((T, V)).astype(np.float32), IDS)),
     "pad and cut": (_padded, (X,)),
     "integer arithmetic and masks": (_integer_mix, (IDS,)),
     "sorted group ids (jnp.repeat of the group sizes)": (_sorted_group_ids, (TABLE, IDS)),
@@ -146,13 +151,21 @@ def _leaf(path: str, value) -> LeafPlacement:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_translated_terms_compute_what_xla_computes(case):
-    fn, args = CASES[case]
+    _assert_xla_values(*CASES[case])
+
+
+def test_a_top_k_past_the_fold_budget_computes_what_xla_computes():
+    """Its index lanes are then an iota term, not a folded constant."""
+    _assert_xla_values(_top_k, (X,), Budgets(fold_elements=1))
+
+
+def _assert_xla_values(fn, args, budgets: Budgets = Budgets()) -> None:
     hlo = jax.jit(fn).lower(*args).as_text(dialect="hlo", debug_info=True)
     want = jax.tree_util.tree_leaves(jax.jit(fn)(*args))
     module = parse_module(hlo)
     inputs = tuple(_leaf(f"[{k}]", a) for k, a in enumerate(args))
     outputs = tuple(_leaf(f"[{k}]", w) for k, w in enumerate(want))
-    programs = build_programs(module, module, inputs, outputs, 1)
+    programs = build_programs(module, module, inputs, outputs, 1, budgets=budgets)
     params = {k: np.asarray(a) for k, a in enumerate(args)}
     assert len(programs.reference_outputs) == len(want)
     for term, expected in zip(programs.reference_outputs, want):
