@@ -154,6 +154,16 @@ def test_translated_terms_compute_what_xla_computes(case):
     _assert_xla_values(*CASES[case])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, jnp.bfloat16, np.int32, np.uint32, np.int8, np.uint8, np.bool_])
+def test_each_input_is_a_term_of_its_hlo_dtype(dtype):
+    x = np.zeros((2, 3), dtype)
+    module = parse_module(jax.jit(lambda v: v).lower(x).as_text(dialect="hlo"))
+    (param,) = [i for i in module.entry.instructions if i.opcode == "parameter"]
+    leaf = (_leaf("[0]", x),)
+    (out,) = build_programs(module, module, leaf, leaf, 1).reference_outputs
+    assert out.op == "param" and out.dtype == param.shape.dtype
+
+
 def test_a_top_k_past_the_fold_budget_computes_what_xla_computes():
     """Its index lanes are then an iota term, not a folded constant."""
     _assert_xla_values(_top_k, (X,), Budgets(fold_elements=1))
