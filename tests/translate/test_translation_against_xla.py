@@ -137,6 +137,7 @@ CASES = {
     "heads, strides, concat, repeat": (_layouts, (X,)),
     "dynamic slice and update": (_dynamic_window, (X, IDS)),
     "writes at constant rows and columns": (_writes_at_constant_rows, (X,)),
+    "a clamp of an input": (lambda x: lax.clamp(np.float32(-0.5), x, np.float32(0.5)), (X,)),
     "a scatter-add of one number per row": (_picked_sum_gradient, (RNG.standard_normal((T, V)).astype(np.float32), IDS)),
     "pad and cut": (_padded, (X,)),
     "integer arithmetic and masks": (_integer_mix, (IDS,)),
