@@ -114,3 +114,14 @@ def test_the_callers_budget_reaches_the_loop_step_proofs() -> None:
     for iterations in (7, 300):
         handler = build_programs(module, module, leaf, leaf, 1, iterations=iterations).evaluator.loop_handler
         assert isinstance(handler, LoopMatcher) and handler.iterations == iterations
+
+
+def test_terms_added_to_a_proof_are_saturated_with_it() -> None:
+    """add_terms (hints, localization's hypotheses) loads the terms into the proof's e-graph and
+    saturates again within the proof's budget, at least the terms' depth: the chain is then proved."""
+    from equivci.prove.saturate import add_terms
+
+    x, lhs, rhs = chain()
+    proof = saturate_terms([x], [x], [], [], iterations=1)
+    add_terms(proof, [lhs, rhs])
+    assert proved_equal(proof.egraph, proof.loader.expr(lhs), proof.loader.expr(rhs))
