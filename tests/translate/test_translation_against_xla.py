@@ -139,6 +139,7 @@ CASES = {
     "writes at constant rows and columns": (_writes_at_constant_rows, (X,)),
     "an iota gathered at ids or -1": (
         lambda table, ids: (table[ids], jnp.arange(V).at[jnp.where(ids > 3, ids, -1)].get(mode="promise_in_bounds", wrap_negative_indices=False)), (TABLE, IDS)),
+    "a select by a constant mask of one row": (lambda x: jnp.where(jnp.arange(D)[None, :] < 5, x[:1], -x[1:2]), (X,)),
     "a clamp of an input": (lambda x: lax.clamp(np.float32(-0.5), x, np.float32(0.5)), (X,)),
     "a scatter-add of one number per row": (_picked_sum_gradient, (RNG.standard_normal((T, V)).astype(np.float32), IDS)),
     "pad and cut": (_padded, (X,)),
