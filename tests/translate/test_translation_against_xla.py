@@ -168,6 +168,21 @@ def test_each_input_is_a_term_of_its_hlo_dtype(dtype):
     assert out.op == "param" and out.dtype == param.shape.dtype
 
 
+def test_a_reduce_of_two_operands_from_a_start_it_is_given_stays_opaque():
+    """Only constant starts are read (argmax's); a start the caller passes leaves the reduce an opaque
+    term of its own shape in both outputs, a value nothing is claimed of."""
+
+    def fn(x, y, start):
+        return lax.reduce((x, y), (start, start), lambda a, b: (jnp.maximum(a[0], b[0]), a[1] + b[1]), (1,))
+
+    args = (X, X * 2, np.float32(0.5))
+    module = parse_module(jax.jit(fn).lower(*args).as_text(dialect="hlo"))
+    leaves = tuple(_leaf(f"[{k}]", a) for k, a in enumerate(args))
+    outs = (_leaf("[0]", X[:, 0]), _leaf("[1]", X[:, 0]))
+    for out in build_programs(module, module, leaves, outs, 1).reference_outputs:
+        assert out.shape == (T,) and "opaque" in _ops(out)
+
+
 def test_a_top_k_past_the_fold_budget_computes_what_xla_computes():
     """Its index lanes are then an iota term, not a folded constant."""
     _assert_xla_values(_top_k, (X,), Budgets(fold_elements=1))
