@@ -229,3 +229,15 @@ def test_a_bad_layer_among_good_ones_is_found(tmp_path):
     first = result.findings[0]
     assert first.layer == "layers_2"
     assert first.line == model_package.line_of(STACK_WITH_ONE_BAD_LAYER, "bad")
+
+
+def test_layers_come_after_the_layers_they_use_and_otherwise_in_program_order():
+    """Layers that do not use each other keep their order of first appearance in the program (not
+    their names' order): the report lists them, and their findings, as the program runs them."""
+    from equivci.layers.segments import _topological
+
+    depends = {"mlp": set(), "attn": set(), "head": {"mlp", "attn"}, "embed": set()}
+    rank = {"embed": 0, "mlp": 1, "attn": 2, "head": 3}
+    assert _topological(depends, rank) == ["embed", "mlp", "attn", "head"]
+    assert _topological({**depends, "embed": {"head"}}, rank) == ["mlp", "attn", "head", "embed"]
+    assert _topological({"a": {"b"}, "b": {"a"}}, {"a": 0, "b": 1}) is None  # a cycle

@@ -99,3 +99,29 @@ def test_the_callers_budget_reaches_the_saturation_of_both_programs() -> None:
     for iterations in (1, 300):
         proof = saturate(programs, iterations=iterations)
         assert proof.iterations == iterations and proof.all_proved
+
+
+def test_the_callers_budget_reaches_the_loop_step_proofs() -> None:
+    """build_programs(..., iterations) hands the budget asked for to the handler of the distributed
+    program's loops (each loop step is proved by saturation within it)."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.hlo.parser import parse_module
+    from equivci.prove.loops import LoopMatcher
+    from equivci.prove.programs import build_programs
+
+    module = parse_module("HloModule m\n\nENTRY main {\n  p = f32[4] parameter(0)\n  ROOT r = f32[4] negate(p)\n}\n")
+    leaf = (LeafPlacement("[0]", (4,), "float32", (((0, 4),),)),)
+    for iterations in (7, 300):
+        handler = build_programs(module, module, leaf, leaf, 1, iterations=iterations).evaluator.loop_handler
+        assert isinstance(handler, LoopMatcher) and handler.iterations == iterations
+
+
+def test_terms_added_to_a_proof_are_saturated_with_it() -> None:
+    """add_terms (hints, localization's hypotheses) loads the terms into the proof's e-graph and
+    saturates again within the proof's budget, at least the terms' depth: the chain is then proved."""
+    from equivci.prove.saturate import add_terms
+
+    x, lhs, rhs = chain()
+    proof = saturate_terms([x], [x], [], [], iterations=1)
+    add_terms(proof, [lhs, rhs])
+    assert proved_equal(proof.egraph, proof.loader.expr(lhs), proof.loader.expr(rhs))

@@ -17,7 +17,7 @@ VERIFIED = {
     "pmax-of-max", "moe-ep", "rope-table-rows", "interleaved-heads", "topk-tokens", "embed-clipped", "head-max",
     "argsort-tokens", "sorted-moe", "ragged-moe", "sorted-top2", "sorted-ids", "sorted-ids-ends",
     "sorted-ids-starts", "topk-set-experts", "topk-add-into-ones",
-    "topk-set-vmapped",
+    "topk-set-vmapped", "finite-guard",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -30,7 +30,7 @@ MISMATCH = {
     "head-max-first-bias", "sorted-moe-inclusive-end", "sorted-moe-unsort-by-order", "sorted-moe-gate-in-sorted-order",
     "ragged-moe-add-into-ones", "ragged-moe-added-at-inverse", "sorted-top2-tiled-token-ids",
     "sorted-ids-ends-minus-one", "sorted-ids-from-one", "sorted-ids-starts-minus-two",
-    "topk-set-repeated-slot", "topk-set-into-ones", "topk-set-experts-rotated",
+    "topk-set-repeated-slot", "topk-set-into-ones", "topk-set-experts-rotated", "select-by-not",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {

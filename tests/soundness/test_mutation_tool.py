@@ -42,3 +42,21 @@ def test_the_run_order_takes_each_modules_kth_mutant_in_turn():
     a, b = REPO / "a.py", REPO / "b.py"
     drawn = [mt.Sampled(f"{p.name}#{k}", p, "", "") for p in (a, b) for k in range(3)] + [mt.Sampled("a.py#3", a, "", "")]
     assert [s.name for s in mt.interleaved(drawn)] == ["a.py#0", "b.py#0", "a.py#1", "b.py#1", "a.py#2", "b.py#2", "a.py#3"]
+
+
+def test_a_results_file_resumes_the_mutants_it_holds_as_drawn(tmp_path):
+    """A run with --results skips the drawn mutants judged before: a line counts only while its
+    change is the drawn one (a module changed since has other mutants under the same name), and a
+    mutant judged again replaces its line."""
+    drawn, _ = mt.sample([MODULE], 2, seed=3)
+    first, second = drawn
+    results = tmp_path / "results.jsonl"
+    outcome = mt._harness().Outcome
+    mt.record(results, [outcome(first.name, "survived", ""), outcome(second.name, "crashed", "TypeError")],
+              {s.name: s for s in drawn})
+    assert mt.recorded(results, drawn) == {first.name: ("survived", ""), second.name: ("crashed", "TypeError")}
+    moved = [first, mt.Sampled(second.name, second.path, second.text, second.change + " (another)")]
+    assert mt.recorded(results, moved) == {first.name: ("survived", "")}
+    mt.record(results, [outcome(first.name, "killed", "AssertionError")], {s.name: s for s in drawn})
+    assert mt.recorded(results, drawn)[first.name] == ("killed", "AssertionError")
+    assert len(results.read_text().splitlines()) == 2

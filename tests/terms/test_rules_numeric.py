@@ -1043,6 +1043,8 @@ def _near_misses():
     cases["contraction_merge_across_misaligned"] = (
         b.bi("add", b.bi("add", part(0, 4), z), b.bi("add", misaligned, w)),
         b.bi("add", b.dot(x, y, [], [], [1], [0]), b.bi("add", z, w)))
+    cases["contraction_merge_across_drops_term"] = (
+        b.bi("add", b.bi("add", part(0, 4), z), b.bi("add", part(4, 8), w)), b.bi("add", b.dot(x, y, [], [], [1], [0]), z))
 
     b = B()
     q = b.param(0, (4, 6))

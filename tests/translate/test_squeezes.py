@@ -17,6 +17,7 @@ import pytest
 from model_package import verify_named as _verify
 
 from equivci.hlo.ir import Instruction, Shape
+from equivci.layers.segments import program_order
 from equivci.results import Status
 from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
@@ -65,6 +66,8 @@ def test_squeezes_of_one_shape_a_constant_and_a_select_lift_together() -> None:
     term = elementwise.select(ev, _inst("select", (5,)), [p, scaled, shifted], 0)
     full = ev.unsqueezed[term]
     assert full.shape == (1, 5)
+    # the lifted constants keep their dtype (a term without one cannot be loaded into a proof)
+    assert {t.dtype for t in program_order([full])} == {"f32", "pred"}
     values = {
         0: RNG.standard_normal((3, 5)).astype(np.float32),
         1: RNG.standard_normal((3, 5)).astype(np.float32),

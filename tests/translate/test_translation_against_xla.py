@@ -18,7 +18,11 @@ from equivci.hlo.parser import parse_module
 from equivci.layers.segments import program_order
 from equivci.options import Budgets
 from equivci.prove.programs import build_programs
+from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
+from equivci.translate.evaluator import Evaluator
+from equivci.translate.programs import flatten
+from equivci.translate.unroll import Unroller
 
 RNG = np.random.default_rng(3)
 V, D, T = 16, 8, 6
@@ -125,6 +129,19 @@ def _columns_added(x, ids):  # an add needs no distinct columns; ids past the di
     return jnp.ones((T, D), x.dtype).at[jnp.arange(T)[:, None], cols].add(x[:, :3])
 
 
+def _picked_sum_gradient(logits, ids):  # a scatter-add of the same number at one column per row
+    return logits + jax.grad(lambda z: 2.0 * jnp.take_along_axis(z, ids[:, None], axis=1).sum())(logits)
+
+
+def _writes_at_constant_rows(x):  # scatters at constant indices: a row, two rows, a column
+    return x.at[2].set(x[0] * 2), x.at[jnp.array([1, 4])].set(x[:2] + 1), x.at[:, 3].set(x[:, 0])
+
+
+def _loop_of_three_trips(x):  # a while loop with a constant trip count (jax.lax.fori_loop)
+    x = jnp.asarray(x)
+    return lax.fori_loop(0, 3, lambda i, c: c * 2 + x[i], x)
+
+
 CASES = {
     "folded clamp, select, any, all": (_folded_constants, (X,)),
     "embedding with uint32 ids": (_embed_u32, (TABLE, IDS.astype(np.uint32))),
@@ -140,6 +157,12 @@ CASES = {
     "causal mask from iotas": (_causal_mask, (X,)),
     "heads, strides, concat, repeat": (_layouts, (X,)),
     "dynamic slice and update": (_dynamic_window, (X, IDS)),
+    "writes at constant rows and columns": (_writes_at_constant_rows, (X,)),
+    "an iota gathered at ids or -1": (
+        lambda table, ids: (table[ids], jnp.arange(V).at[jnp.where(ids > 3, ids, -1)].get(mode="promise_in_bounds", wrap_negative_indices=False)), (TABLE, IDS)),
+    "a select by a constant mask of one row": (lambda x: jnp.where(jnp.arange(D)[None, :] < 5, x[:1], -x[1:2]), (X,)),
+    "a clamp of an input": (lambda x: lax.clamp(np.float32(-0.5), x, np.float32(0.5)), (X,)),
+    "a scatter-add of one number per row": (_picked_sum_gradient, (RNG.standard_normal((T, V)).astype(np.float32), IDS)),
     "pad and cut": (_padded, (X,)),
     "integer arithmetic and masks": (_integer_mix, (IDS,)),
     "sorted group ids (jnp.repeat of the group sizes)": (_sorted_group_ids, (TABLE, IDS)),
@@ -155,20 +178,53 @@ def _leaf(path: str, value) -> LeafPlacement:
     return LeafPlacement(path, value.shape, str(value.dtype), (tuple((0, n) for n in value.shape),))
 
 
-def _translated(fn, args):
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_translated_terms_compute_what_xla_computes(case):
+    _assert_xla_values(*CASES[case])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, jnp.bfloat16, np.int32, np.uint32, np.int8, np.uint8, np.bool_])
+def test_each_input_is_a_term_of_its_hlo_dtype(dtype):
+    x = np.zeros((2, 3), dtype)
+    module = parse_module(jax.jit(lambda v: v).lower(x).as_text(dialect="hlo"))
+    (param,) = [i for i in module.entry.instructions if i.opcode == "parameter"]
+    leaf = (_leaf("[0]", x),)
+    (out,) = build_programs(module, module, leaf, leaf, 1).reference_outputs
+    assert out.op == "param" and out.dtype == param.shape.dtype
+
+
+def test_a_reduce_of_two_operands_from_a_start_it_is_given_stays_opaque():
+    """Only constant starts are read (argmax's); a start the caller passes leaves the reduce an opaque
+    term of its own shape in both outputs, a value nothing is claimed of."""
+
+    def fn(x, y, start):
+        return lax.reduce((x, y), (start, start), lambda a, b: (jnp.maximum(a[0], b[0]), a[1] + b[1]), (1,))
+
+    args = (X, X * 2, np.float32(0.5))
+    module = parse_module(jax.jit(fn).lower(*args).as_text(dialect="hlo"))
+    leaves = tuple(_leaf(f"[{k}]", a) for k, a in enumerate(args))
+    outs = (_leaf("[0]", X[:, 0]), _leaf("[1]", X[:, 0]))
+    for out in build_programs(module, module, leaves, outs, 1).reference_outputs:
+        assert out.shape == (T,) and "opaque" in _ops(out)
+
+
+def test_a_top_k_past_the_fold_budget_computes_what_xla_computes():
+    """Its index lanes are then an iota term, not a folded constant."""
+    _assert_xla_values(_top_k, (X,), Budgets(fold_elements=1))
+
+
+def _translated(fn, args, budgets: Budgets = Budgets()):
     """The one-device translation of fn on args, and what XLA computes."""
     hlo = jax.jit(fn).lower(*args).as_text(dialect="hlo", debug_info=True)
     want = jax.tree_util.tree_leaves(jax.jit(fn)(*args))
     module = parse_module(hlo)
     inputs = tuple(_leaf(f"[{k}]", a) for k, a in enumerate(args))
     outputs = tuple(_leaf(f"[{k}]", w) for k, w in enumerate(want))
-    return build_programs(module, module, inputs, outputs, 1), want
+    return build_programs(module, module, inputs, outputs, 1, budgets=budgets), want
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_translated_terms_compute_what_xla_computes(case):
-    fn, args = CASES[case]
-    programs, want = _translated(fn, args)
+def _assert_xla_values(fn, args, budgets: Budgets = Budgets()) -> None:
+    programs, want = _translated(fn, args, budgets)
     params = {k: np.asarray(a) for k, a in enumerate(args)}
     assert len(programs.reference_outputs) == len(want)
     for term, expected in zip(programs.reference_outputs, want):
@@ -206,6 +262,18 @@ def test_overwrites_that_could_lose_a_write_stay_opaque(case):
     tests/soundness: a one-hot sum against such an overwrite is `mismatch`)."""
     programs, _ = _translated(OVERWRITES[case], (X,))
     assert "opaque" in _ops(programs.reference_outputs[0])
+
+
+def test_a_loop_with_a_constant_trip_count_unrolls_to_what_xla_computes():
+    """The evaluator hands a `while` to its loop handler (the reference's unroller): the loop's
+    result is the body applied three times, with no opaque term left."""
+    hlo = jax.jit(_loop_of_three_trips).lower(X).as_text(dialect="hlo")
+    module = parse_module(hlo)
+    ev = Evaluator(module, TermTable(), 1)
+    ev.loop_handler = Unroller()
+    (out,) = flatten(ev.run(module.entry, [[ev.table.make("param", (0,), (), X.shape, "f32")]])[0])
+    assert "opaque" not in _ops(out) and len(ev.loops) == 1
+    np.testing.assert_allclose(evaluate(out, {0: X}, ev.values), jax.jit(_loop_of_three_trips)(X), rtol=1e-5)
 
 
 def test_both_programs_fold_constants_within_the_budget_they_are_given():

@@ -377,6 +377,30 @@ def test_a_range_test_of_integers_with_constant_ends_is_its_window():
     assert window_of(ev, both(cmp("GE", ids, c(3)), cmp("LT", ends, c(7)))) is None  # two values tested
 
 
+def test_a_clipped_index_is_a_window_of_the_ids_it_can_hold():
+    """clip(ids - 4, 0, 9) leaves ids - 4 as it is for ids in [4, 14): for ids known to lie in [0, 7]
+    that is [4, 8), a window inside a table of 8 rows (a lookup by it is then the table's rows
+    4..7); for ids of unknown range it stays [4, 14)."""
+    from equivci.translate.masks import index_window
+
+    ev = Evaluator(None, TermTable(), 1)
+    s = Shape("s32", (6,))
+    c = lambda v: ev.const(np.full((6,), v, np.int32), "s32")  # noqa: E731
+    ids = ev.table.make("param", (0,), (), (6,), "s32")
+    ev.bounds[ids] = (0.0, 7.0)
+    other = ev.table.make("param", (1,), (), (6,), "s32")
+    for x, hi in ((ids, 8), (other, 14)):
+        local = ev.normal("binary", ("subtract",), [x, c(4)], s)
+        found = index_window(ev, ev.normal("ternary", ("clamp",), [c(0), local, c(9)], s))
+        assert found is not None
+        w, shift = found
+        assert (w.x, w.lo, w.hi, shift) == (x, 4, hi, 4)
+        values = np.arange(-3, 20)
+        kept = np.clip(values - 4, 0, 9) == values - 4
+        lo, top = ev.bounds_of(x) or (-np.inf, np.inf)
+        np.testing.assert_array_equal((w.lo <= values) & (values < w.hi), kept & (lo <= values) & (values <= top))
+
+
 def test_ids_used_by_several_lookups_are_valid_for_the_smallest_table():
     """An id input that indexes tables of 8 and of 7 rows is taken to be in [0, 6], whichever
     lookup comes first; a lookup by another input or by a float says nothing of it."""

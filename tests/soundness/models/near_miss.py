@@ -259,6 +259,16 @@ def finite_of_other(x, y, *, mesh):
     return jnp.where(jnp.isfinite(y), x, 0.0)
 
 
+def finite_guard(x, y, *, mesh):
+    """where(isfinite(x), x, 0) is x over the reals (logsumexp's guard; correct)."""
+    return jnp.where(jnp.isfinite(x), x, 0.0)
+
+
+def select_by_not(x, y, *, mesh):
+    # BUG: another unary predicate than isfinite(x): where(~(x > 0), x, 0) is min(x, 0)
+    return jnp.where(~(x > 0), x, 0.0)
+
+
 def select_by_iota(x, y, *, mesh):
     # BUG: a constant predicate that is not the same everywhere picks both branches
     return jnp.where(jnp.arange(4)[:, None] < 2, x, y)
