@@ -16,7 +16,7 @@ VERIFIED = {
     "embed-ge-lt", "embed-gt-le", "guard-always", "abs-of-positive", "guards-kept", "concat-straddle",
     "pmax-of-max", "moe-ep", "rope-table-rows", "interleaved-heads", "topk-tokens", "embed-clipped", "head-max",
     "argsort-tokens", "sorted-moe", "ragged-moe", "sorted-top2", "sorted-ids", "sorted-ids-ends",
-    "sorted-ids-starts",
+    "sorted-ids-starts", "embed-outside", "embed-outside-not",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -29,6 +29,7 @@ MISMATCH = {
     "head-max-first-bias", "sorted-moe-inclusive-end", "sorted-moe-unsort-by-order", "sorted-moe-gate-in-sorted-order",
     "ragged-moe-add-into-ones", "ragged-moe-added-at-inverse", "sorted-top2-tiled-token-ids",
     "sorted-ids-ends-minus-one", "sorted-ids-from-one", "sorted-ids-starts-minus-two",
+    "embed-outside-drops-first", "embed-outside-and", "embed-outside-ones",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
