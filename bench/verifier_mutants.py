@@ -118,6 +118,12 @@ MUTANTS: tuple[Mutant, ...] = (
     M("outside-select-bounds", "masks.bounds_under_mask(ev, p, b, outside=True)", "masks.bounds_under_mask(ev, p, b)",
       "select(p, a, b) takes b where p fails: b's bounds there come from the complement of p",
       "model:embed-outside"),
+    M("gather-bcast-collapsed", "out_of = dict(aligned.lhs)", "out_of = dict(aligned.lhs) | dict.fromkeys(dims.collapsed, 0)",
+      "a broadcast that varies along an indexed dim is picked at the index: it stays under the gather",
+      "pytest:tests/translate/test_gather_through_broadcast.py::"
+      "test_a_broadcast_that_varies_along_the_indexed_dim_stays_under_the_gather"),
+    M("negate-subtract-order", 'eq(w).to(T.binary("subtract", y, x)),', 'eq(w).to(T.binary("subtract", x, y)),',
+      "-(x - y) is y - x, not x - y", near_miss("negate_subtract_same_order")),
     M("window-same-range", "if own is not None and (own.dim, own.start, own.stop) == (w.dim, w.start, w.stop):",
       "if own is not None and own.dim == w.dim:", "both operands of an elementwise op must be the same window",
       "model:head-max-first-bias"),
