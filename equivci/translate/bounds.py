@@ -31,9 +31,11 @@ def note(ev: Builder, inst: Instruction, args: list, result) -> None:
 
 
 def bound_select(ev: Builder, term: Term, p: Term, a: Term, b: Term) -> None:
-    """select(p, a, b)'s elements are b's, or a's where p holds: a range test of a's own ids
-    narrows a (where(ids in [lo, hi), ids - lo, 0) is in [0, hi - lo))."""
-    chosen, other = masks.bounds_under_mask(ev, p, a) or ev.bounds_of(a), ev.bounds_of(b)
+    """select(p, a, b)'s elements are a's where p holds, b's where it fails: a range test of a
+    branch's own ids narrows it (where(ids in [lo, hi), ids - lo, 0) is in [0, hi - lo), and so is
+    where(ids outside [lo, hi), 0, ids - lo))."""
+    chosen = masks.bounds_under_mask(ev, p, a) or ev.bounds_of(a)
+    other = masks.bounds_under_mask(ev, p, b, outside=True) or ev.bounds_of(b)
     if chosen is not None and other is not None:
         ev._set_bounds(term, min(chosen[0], other[0]), max(chosen[1], other[1]))
 

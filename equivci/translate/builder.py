@@ -22,7 +22,7 @@ from equivci.terms import semantics
 from equivci.terms.ir import Term, TermTable, gather_map
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import BcastSpec, GatherDims, bcast_spec, parse_compare, parse_transpose, reshape_spec
-from equivci.translate import masks
+from equivci.translate import gathers, masks
 from equivci.translate.arrays import all_equal, distinct
 from equivci.translate.constants import ConstantPool, Window
 
@@ -387,7 +387,7 @@ class Builder:
         factor, base = self.scale_of(x)  # rows picked from a scaled value are the scaled rows
         if factor != 1 and (term := self.scaled(self.mk("aligned", key, (base, idx), out), factor)) is not None:
             return term
-        return self.mk("aligned", key, (x, idx), out)
+        return gathers.through_broadcast(self, x, idx, dims, out) or self.mk("aligned", key, (x, idx), out)
 
     # -- bounds of integer values (folds range checks such as a gather's index validation) ---------
     def bounds_of(self, term: Term) -> tuple[float, float] | None:

@@ -28,6 +28,8 @@ from equivci.translate.arrays import all_equal
 
 # compare direction -> (which end of the window it gives, offset to a half-open [lo, hi))
 ENDS = {"GE": ("lo", 0), "GT": ("lo", 1), "LT": ("hi", 0), "LE": ("hi", 1)}
+# a one-sided test's negation: x < k is not x >= k, x <= k is not x > k
+NEGATED = {"GE": "LT", "LT": "GE", "GT": "LE", "LE": "GT"}
 # Ops that only move (or, convert, retype) the elements of a mask.
 LAYOUT_OPS = ("reshape", "bcast", "transpose")
 UNBOUNDED = 1 << 64  # an open end of a window
@@ -93,17 +95,41 @@ def window_of(ev: Evaluator, p: Term) -> Window | None:
     tests = _conjuncts(ev, p)
     if not tests:
         return None
+    found = [t for side in tests if (t := _test(ev, side)) is not None]
+    return _window(ev, found) if len(found) == len(tests) else None
+
+
+def outside_of(ev: Evaluator, p: Term) -> Window | None:
+    """The window whose complement p tests: not(w), or (x < lo) | (x >= hi) (LE / GT accepted),
+    the negation of (x >= lo) & (x < hi) by De Morgan's law; each one-sided test negated is the
+    test of the other direction (x < lo is not x >= lo). Either test alone leaves an end open."""
+    if p.op == "unary" and p.attrs == ("not",) and p.dtype == "pred":
+        return window_of(ev, p.args[0])
+    tests = _disjuncts(ev, p)
+    if not tests:
+        return None
+    found = [(NEGATED[t[0]], t[1], t[2]) for side in tests if (t := _test(ev, side)) is not None]
+    return _window(ev, found) if len(found) == len(tests) else None
+
+
+def _test(ev: Evaluator, side: Term) -> tuple[str, Term, int] | None:
+    """A one-sided test `x direction k` of an integer x against an integer constant k."""
+    compare = parse_compare(side.attrs[0]) if side.op == "binary" else None
+    if compare is None:
+        return None
+    direction = compare[0]
+    x, k = side.args
+    value = scalar_int(ev, k)
+    if direction not in ENDS or value is None or x.dtype[0] not in "su":
+        return None
+    return direction, x, value
+
+
+def _window(ev: Evaluator, tests: list[tuple[str, Term, int]]) -> Window | None:
+    """The window the one-sided tests of one value bound together."""
     ends = {"lo": -UNBOUNDED, "hi": UNBOUNDED}
     xs = set()
-    for side in tests:
-        compare = parse_compare(side.attrs[0]) if side.op == "binary" else None
-        if compare is None:
-            return None
-        direction = compare[0]
-        x, k = side.args
-        value = scalar_int(ev, k)
-        if direction not in ENDS or value is None or x.dtype[0] not in "su":
-            return None
+    for direction, x, value in tests:
         end, offset = ENDS[direction]
         x, shift = _offset_base(ev, x)
         value += shift + offset
@@ -139,17 +165,29 @@ def _offset_base(ev: Evaluator, x: Term) -> tuple[Term, int]:
 
 def _conjuncts(ev: Evaluator, p: Term) -> list[Term]:
     """The tests p ands together, without constant-true ones."""
+    return _operands(ev, p, "and")
+
+
+def _disjuncts(ev: Evaluator, p: Term) -> list[Term]:
+    """The tests p ors together, without constant-false ones."""
+    return _operands(ev, p, "or")
+
+
+def _operands(ev: Evaluator, p: Term, op: str) -> list[Term]:
+    """The tests p joins by `op` (and, or), without the constants that leave the join unchanged."""
     value = ev.folded(p)
     if value is not None:
-        return [] if value.size and np.all(value) else [p]
-    if p.op == "binary" and p.attrs == ("and",) and p.dtype == "pred":
-        return [t for a in p.args for t in _conjuncts(ev, a)]
+        neutral = value.size and (np.all(value) if op == "and" else not np.any(value))
+        return [] if neutral else [p]
+    if p.op == "binary" and p.attrs == (op,) and p.dtype == "pred":
+        return [t for a in p.args for t in _operands(ev, a, op)]
     return [p]
 
 
-def bounds_under_mask(ev: Evaluator, p: Term, a: Term) -> tuple[float, float] | None:
-    """The bounds of `a` where the range test `p` holds: a = x or a = x - c with p testing x."""
-    w = window_of(ev, p)
+def bounds_under_mask(ev: Evaluator, p: Term, a: Term, outside: bool = False) -> tuple[float, float] | None:
+    """The bounds of `a` where the range test `p` holds (where it fails if `outside`: p is then
+    the complement of a window test): a = x or a = x - c with p testing x."""
+    w = outside_of(ev, p) if outside else window_of(ev, p)
     if w is None:
         return None
     w = w.clipped(ev.bounds_of(w.x))
@@ -173,14 +211,14 @@ def shift_from(ev: Evaluator, a: Term, x: Term) -> int | None:
     return c if y is x and y is not a else None
 
 
-def laid_out_window(ev: Evaluator, m: Term) -> tuple[Window, np.ndarray] | None:
-    """`m` as a range test moved by layout ops (and converted from pred), with the flat position
-    in the tested value of the element each element of `m` comes from."""
+def laid_out_window(ev: Evaluator, m: Term, outside: bool = False) -> tuple[Window, np.ndarray] | None:
+    """`m` as a range test (its complement if `outside`) moved by layout ops (and converted from
+    pred), with the flat position in the tested value of the element each element of `m` comes from."""
     chain = []
     while m.op in LAYOUT_OPS or (m.op == "unary" and m.attrs == ("convert",) and m.args[0].dtype == "pred"):
         chain.append(m)
         m = m.args[0]
-    w = window_of(ev, m)
+    w = outside_of(ev, m) if outside else window_of(ev, m)
     if w is None or int(np.prod(m.shape)) > ev.budgets.mask_labels:
         return None
     labels = np.arange(int(np.prod(m.shape))).reshape(m.shape)
@@ -226,14 +264,18 @@ def masked_lookup(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shap
 
 def index_window(ev: Evaluator, chosen: Term) -> tuple[Window, int] | None:
     """(w, c) such that `chosen` = ids - c wherever the ids lie in w: where(ids in w, ids - c, z),
-    or a clamp of ids - c to [lo, hi] with w = [lo + c, hi + c] (there it leaves ids - c as it is)."""
+    where(ids outside w, z, ids - c), or a clamp of ids - c to [lo, hi] with w = [lo + c, hi + c]
+    (there it leaves ids - c as it is)."""
     if chosen.op == "ternary" and chosen.attrs == ("select",):
-        p, a, _ = chosen.args
-        w = window_of(ev, p)
-        if w is None or bounds_under_mask(ev, p, a) is None:
-            return None
-        shift = shift_from(ev, a, w.x)
-        return None if shift is None else (w.clipped(ev.bounds_of(w.x)), shift)
+        p, a, b = chosen.args
+        for kept, outside in ((a, False), (b, True)):
+            w = outside_of(ev, p) if outside else window_of(ev, p)
+            if w is None or bounds_under_mask(ev, p, kept, outside) is None:
+                continue
+            shift = shift_from(ev, kept, w.x)
+            if shift is not None:
+                return w.clipped(ev.bounds_of(w.x)), shift
+        return None
     clamped = clamp_form(ev, chosen)
     if clamped is not None:
         lo, a, hi = clamped
@@ -286,15 +328,18 @@ def gather_labels(idx_labels: np.ndarray, dims: GatherDims, out: tuple[int, ...]
 
 def masked_member(ev: Evaluator, m: Term) -> tuple[Term, Window] | None:
     """A psum member that is rows masked by the range test they were looked up under:
-    rows * mask or where(mask, rows, 0); as (T[ids], the window)."""
+    rows * mask, where(mask, rows, 0), or where(outside, 0, rows) with `outside` the test's
+    complement (select(not p, 0, r) = select(p, r, 0)); as (T[ids], the window)."""
     if m.op == "binary" and m.attrs == ("multiply",):
-        candidates = [(m.args[0], m.args[1]), (m.args[1], m.args[0])]
+        candidates = [(m.args[0], m.args[1], False), (m.args[1], m.args[0], False)]
     elif m.op == "ternary" and m.attrs == ("select",) and _is_zero(ev, m.args[2]):
-        candidates = [(m.args[1], m.args[0])]
+        candidates = [(m.args[1], m.args[0], False)]
+    elif m.op == "ternary" and m.attrs == ("select",) and _is_zero(ev, m.args[1]):
+        candidates = [(m.args[2], m.args[0], True)]
     else:
         return None
-    for rows, mask in candidates:
-        known, tested = ev.masked_rows.get(rows), laid_out_window(ev, mask)
+    for rows, mask, outside in candidates:
+        known, tested = ev.masked_rows.get(rows), laid_out_window(ev, mask, outside)
         if known is None or tested is None:
             continue
         w, labels = tested

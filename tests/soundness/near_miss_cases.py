@@ -18,6 +18,7 @@ VERIFIED = {
     "argsort-tokens", "sorted-moe", "ragged-moe", "sorted-top2", "sorted-ids", "sorted-ids-ends",
     "sorted-ids-starts", "topk-set-experts", "topk-add-into-ones",
     "topk-set-vmapped", "finite-guard",
+    "embed-outside", "embed-outside-not",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -31,6 +32,7 @@ MISMATCH = {
     "ragged-moe-add-into-ones", "ragged-moe-added-at-inverse", "sorted-top2-tiled-token-ids",
     "sorted-ids-ends-minus-one", "sorted-ids-from-one", "sorted-ids-starts-minus-two",
     "topk-set-repeated-slot", "topk-set-into-ones", "topk-set-experts-rotated", "select-by-not",
+    "embed-outside-drops-first", "embed-outside-and", "embed-outside-ones",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {

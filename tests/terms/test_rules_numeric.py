@@ -23,7 +23,7 @@ from equivci.terms import language as L
 from equivci.terms.ir import Term, TermTable, gather_map, inserted_unit_dims, reduce_pair_map, sort_map
 from equivci.terms.load import Loader
 from equivci.terms.rules import FAMILIES, REWRITE_FAMILIES
-from equivci.terms.rules.elementwise import COMMUTATIVE
+from equivci.terms.rules.elementwise import COMMUTATIVE, FLOAT_TYPES
 from equivci.terms.rules.reductions import REDUCER_OF
 from equivci.terms.semantics import evaluate, reshape_out_shape
 from equivci.terms.spec import GatherDims, ReshapeSpec, bcast_spec, repeat_form, reshape_spec
@@ -782,6 +782,15 @@ def _add_regroup(right: bool):
     return build
 
 
+def _negate_subtract(dtype: str):
+    def build(rng, b: B):
+        shape = rshape(rng, int(rng.integers(1, 4)))
+        x, y = b.param(0, shape, dtype), b.param(1, shape, dtype)
+        return b.un("negate", b.bi("subtract", x, y)), b.bi("subtract", y, x)
+
+    return build
+
+
 def concat_slice_straddle(rng, b: B):
     """A slice across the seam of a concatenation is the concatenation of the two parts."""
     shape, d, _, _ = _elementwise_setup(rng, b)
@@ -841,6 +850,8 @@ RULES = {
     # The regrouped inner sum must exist already: the rhs is loaded too.
     "elementwise/add_regroup_right": (F["elementwise"], _add_regroup(True), True),
     "elementwise/add_regroup_left": (F["elementwise"], _add_regroup(False), True),
+    # The difference the other way round must exist already: the rhs is loaded too.
+    **{f"elementwise/negate_subtract_{t}": (F["elementwise"], _negate_subtract(t), True) for t in FLOAT_TYPES},
     "elementwise/ternary_push": (F["elementwise"], ternary_push, False),
     "concats/merge": (F["concats"], concat_merge, False),
     "concats/slice_left": (F["concats"], concat_slice_left, False),
@@ -1139,6 +1150,10 @@ def _near_misses():
     # subtracts it): the existing term is not the regrouped one
     cases["add_regroup_other_term"] = (b.bi("add", b.bi("add", x, y), z), b.bi("add", x, b.bi("add", y, v)))
     cases["add_regroup_subtract"] = (b.bi("add", b.bi("add", x, y), z), b.bi("add", x, b.bi("subtract", y, z)))
+    # a negated difference against the same difference (the order kept), and against the
+    # difference the other way round of another term
+    cases["negate_subtract_same_order"] = (b.un("negate", b.bi("subtract", x, y)), b.bi("subtract", x, y))
+    cases["negate_subtract_other_term"] = (b.un("negate", b.bi("subtract", x, y)), b.bi("subtract", z, x))
     return cases
 
 

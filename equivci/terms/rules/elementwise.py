@@ -8,6 +8,7 @@ from equivci.terms.language import T, a, b, bcast_shrink, c, d, d2, dim, e, g, n
 from equivci.terms.rules.registry import family, named
 
 COMMUTATIVE = ("add", "multiply", "maximum", "minimum", "and", "or", "xor")
+FLOAT_TYPES = ("f32", "bf16", "f16", "f64")
 
 ELEMENTWISE = family(
     "elementwise",
@@ -87,6 +88,18 @@ ELEMENTWISE = family(
         eq(e).to(T.binary("add", x, T.binary("add", y, z))),
         eq(w).to(T.binary("add", x, y)),
     ).then(union(e).with_(T.binary("add", w, z))),
+    # A negated difference written as the difference the other way round (a loss -(x - lse) against
+    # lse - x); only onto an existing term, as commuting is.
+    # (A unary op's name carries its dtype: one rule per float type; exact, rounding is symmetric.)
+    *[
+        named(
+            f"elementwise/negate_subtract_{t}",
+            "-(x - y) = y - x, where y - x is a term already",
+            eq(e).to(T.unary(f"negate:{t}", T.binary("subtract", x, y))),
+            eq(w).to(T.binary("subtract", y, x)),
+        ).then(union(e).with_(w))
+        for t in FLOAT_TYPES
+    ],
     # Elementwise ops commute with reshapes: same spec and same output shape imply same input shape.
     named(
         "elementwise/unary_reshape_lift", "op(reshape(x)) = reshape(op(x))", eq(e).to(T.unary(op, T.reshape(spec, x)))

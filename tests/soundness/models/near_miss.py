@@ -741,6 +741,44 @@ def embed_clipped_short(table, ids, *, mesh):
     return _clipped(table, ids, mesh, lambda n: n - 2)
 
 
+
+# --- lookups masked by the complement of their window: where(outside, 0, rows) (De Morgan) -------
+def _outside(table, ids, mesh, outside_of, fill=0.0):
+    """Each shard zeroes the rows of ids outside its window; `outside_of(ids, lo, n)` tests them."""
+
+    def body(table, ids):
+        n = table.shape[0]
+        lo = lax.axis_index(TP) * n
+        outside = outside_of(ids, lo, n)
+        rows = table[jnp.where(outside, 0, ids - lo)]
+        return lax.psum(jnp.where(outside[..., None], fill, rows), TP)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P()), out_specs=P())(table, ids)
+
+
+def embed_outside(table, ids, *, mesh):
+    return _outside(table, ids, mesh, lambda i, lo, n: (i < lo) | (i >= lo + n))
+
+
+def embed_outside_not(table, ids, *, mesh):
+    return _outside(table, ids, mesh, lambda i, lo, n: ~((i >= lo) & (i < lo + n)))
+
+
+def embed_outside_drops_first(table, ids, *, mesh):
+    # BUG: `<=` also counts the shard's first id as outside: it is never looked up
+    return _outside(table, ids, mesh, lambda i, lo, n: (i <= lo) | (i >= lo + n))
+
+
+def embed_outside_and(table, ids, *, mesh):
+    # BUG: `&` for `|`: no id is outside (both tests never hold at once), every shard adds a row
+    return _outside(table, ids, mesh, lambda i, lo, n: (i < lo) & (i >= lo + n))
+
+
+def embed_outside_ones(table, ids, *, mesh):
+    # BUG: the ids outside a shard add ones, not zeros
+    return _outside(table, ids, mesh, lambda i, lo, n: (i < lo) | (i >= lo + n), fill=1.0)
+
+
 def head_inputs():
     return (spec(3, D), spec(D, V), spec(V))
 
