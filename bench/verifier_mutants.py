@@ -165,6 +165,10 @@ MUTANTS: tuple[Mutant, ...] = (
     M("permute-zero-fill", "out.append(ops[0][source[d]])\n            else:\n                out.append(\n                    ev.const(",
       "out.append(ops[0][source[d]])\n            else:\n                out.append(\n                    ops[0][d] if True else ev.const(",
       "a device that no pair targets receives zeros", "model:ppermute-self-only"),
+    M("relaid-order", "if not np.array_equal(whole[tuple(slice(a, b) for a, b in box)].ravel(), local):\n            return None",
+      "pass", "a moved value is a window only where its labels read the box in order",
+      "pytest:tests/translate/test_relaid_windows.py::test_a_transposed_box_is_no_window "
+      "tests/translate/test_relaid_windows.py::test_rows_of_two_sources_read_across_are_no_window"),
     # -- rewrite rules -------------------------------------------------------------------------------
     M("reshape-lift-guard", "eq((a * s1) % s2).to(i64(0)),\n        eq((b * s1) % s2).to(i64(0)),\n    ).then(",
       ").then(", "a reshape of a slice is a slice only at group boundaries (either guard alone suffices on\n"
