@@ -207,9 +207,15 @@ def broadcast_term(ev: Builder, operand: Term, shape: Shape, dims: tuple[int, ..
         return operand
     expanded = [i for i, o in enumerate(dims) if operand.shape[i] == 1 and shape.dims[o] != 1]
     units = [i for i in range(len(dims)) if operand.shape[i] == 1]
-    if operand.op == "reshape" and tuple(n for n in operand.shape if n != 1) == operand.args[0].shape:
-        # A value reshaped only to add unit dims, then broadcast, is a broadcast of the value (a
-        # device's mask over its one batch row, where the reference broadcasts the mask itself).
+    if (
+        operand.op == "reshape"
+        and tuple(n for n in operand.shape if n != 1) == operand.args[0].shape
+        and ev.folded(operand.args[0]) is not None
+    ):
+        # A constant reshaped only to add unit dims, then broadcast, is a broadcast of the constant
+        # (a device's mask over its one batch row, where the reference broadcasts the mask itself).
+        # Only a constant: a computed value's unit dim may be a device's window of a real dim (one
+        # KV head of several), which the reference's operand keeps.
         expanded = units
     if expanded:
         # HLO may stretch a size-1 operand dim; as terms that is: drop the dim, then broadcast

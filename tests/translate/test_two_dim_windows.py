@@ -1,9 +1,10 @@
 """Windows over two dims at once carried through the elementwise ops of attention: an FSDP × TP
 block holds one device's batch rows and heads, and RoPE's halves and the causal mask act on that
 window. The facts: rules `elementwise/binary_lift_nested` and `layouts/bcast_as_slice_nested`
-(numeric instances and near misses in tests/terms/test_rules_numeric.py), and a broadcast of a value
-reshaped only to add unit dims is the broadcast of the value (translate/shapes.broadcast_term: a
-device's mask over its one batch row against the reference's mask broadcast over every row).
+(numeric instances and near misses in tests/terms/test_rules_numeric.py), and a broadcast of a constant
+reshaped only to add unit dims is the broadcast of the constant (translate/shapes.broadcast_term: a
+device's mask over its one batch row against the reference's mask broadcast over every row; a
+computed value keeps its unit dims, which may be a device's window of a real dim).
 
 Checked on the terms the evaluator builds, and on JAX programs in a style unlike the bench's
 fsdp_tp (a dp × tp mesh without FSDP gathers, `jnp.split` halves, tables and mask built in the block,
@@ -28,14 +29,24 @@ from equivci.translate.evaluator import Evaluator
 from equivci.translate.shapes import broadcast_term
 
 
-def test_a_broadcast_of_a_value_given_unit_dims_is_the_broadcast_of_the_value() -> None:
+def test_a_broadcast_of_a_constant_given_unit_dims_is_the_broadcast_of_the_constant() -> None:
     ev = Evaluator(None, TermTable(), 1)
-    mask = ev.table.make("param", (0,), (), (4, 4), "f32")
+    value = np.tril(np.ones((4, 4), dtype=bool)) * np.arange(16.0).reshape(4, 4)
+    mask = ev.const(value.astype(np.float32), "f32")
     one_row = ev.reshape_term(mask, Shape("f32", (1, 4, 4)))
     term = broadcast_term(ev, one_row, Shape("f32", (1, 2, 4, 4)), (0, 2, 3))
     assert term.op == "bcast" and term.args[0] is mask and term.attrs == ("n1,n2,i0,i1",)
-    value = np.random.default_rng(0).standard_normal((4, 4))
-    np.testing.assert_array_equal(evaluate(term, {0: value}), np.broadcast_to(value, (1, 2, 4, 4)))
+    np.testing.assert_array_equal(ev.folded(term), np.broadcast_to(value, (1, 2, 4, 4)))
+
+
+def test_a_computed_value_given_a_unit_dim_keeps_it() -> None:
+    # one KV head of a device, [b, s, 1, d], repeated for its query heads: the unit dim is a window of
+    # the reference's KV heads, which the reference's operand keeps as its own dim
+    ev = Evaluator(None, TermTable(), 1)
+    head = ev.table.make("param", (0,), (), (2, 3, 4), "f32")
+    kv = ev.reshape_term(head, Shape("f32", (2, 3, 1, 4)))
+    term = broadcast_term(ev, kv, Shape("f32", (2, 3, 1, 2, 4)), (0, 1, 2, 4))
+    assert term.op == "bcast" and term.args[0] is kv and term.attrs == ("i0,i1,i2,n2,i3",)
 
 
 def test_a_kept_unit_dim_of_a_value_stays_an_operand_dim() -> None:
