@@ -188,6 +188,10 @@ MUTANTS: tuple[Mutant, ...] = (
     M("permute-zero-fill", "out.append(ops[0][source[d]])\n            else:\n                out.append(\n                    ev.const(",
       "out.append(ops[0][source[d]])\n            else:\n                out.append(\n                    ops[0][d] if True else ev.const(",
       "a device that no pair targets receives zeros", "model:ppermute-self-only"),
+    M("relaid-order", "if not np.array_equal(whole[tuple(slice(a, b) for a, b in box)].ravel(), local):\n            return None",
+      "pass", "a moved value is a window only where its labels read the box in order",
+      "pytest:tests/translate/test_relaid_windows.py::test_a_transposed_box_is_no_window "
+      "tests/translate/test_relaid_windows.py::test_rows_of_two_sources_read_across_are_no_window"),
     # -- rewrite rules -------------------------------------------------------------------------------
     M("reshape-lift-guard", "eq((a * s1) % s2).to(i64(0)),\n        eq((b * s1) % s2).to(i64(0)),\n    ).then(",
       ").then(", "a reshape of a slice is a slice only at group boundaries (either guard alone suffices on\n"
@@ -211,6 +215,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "eq(e).to(T.concat(x.slice(d, b, c), x.slice(d, a, b), d))",
       "two slices join in order (a gap between them is ill-typed: egglog would crash, no kill)",
       near_miss("concat_out_of_order", "all_gather_out_of_device_order")),
+    M("binary-lift-nested-windows", "y.slice(d, a, b).slice(d2, c, g))),\n        ne(d2).to(d),",
+      "y.slice(d, k, j).slice(d2, c, g))),\n        ne(d2).to(d),",
+      "an op lifts out of a two-dim window only when both operands take the same window",
+      near_miss("binary_lift_nested_other_rows"), imports=fresh_vars("k", "j")),
     M("contraction-merge-adjacent", "T.dot(spec, x.slice(k, b, c), y.slice(j, b, c))",
       "T.dot(spec, x.slice(k, g, c), y.slice(j, g, c))",
       "partial dots join only over adjacent windows", near_miss("contraction_merge_gap", "contraction_merge_overlap"),

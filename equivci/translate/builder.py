@@ -22,7 +22,7 @@ from equivci.terms import semantics
 from equivci.terms.ir import Term, TermTable, gather_map
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import BcastSpec, GatherDims, bcast_spec, parse_compare, parse_transpose, reshape_spec
-from equivci.translate import gathers, masks
+from equivci.translate import gathers, masks, relaid
 from equivci.translate.arrays import all_equal, distinct
 from equivci.translate.constants import ConstantPool, Window
 
@@ -58,6 +58,7 @@ class Builder:
         # (gather index, size of the dim it indexes, the gather and the calls it is in, innermost first)
         self.index_uses: list[tuple[Term, int, tuple[Instruction, ...]]] = []
         self.calls: list[Instruction] = []  # the calls being evaluated, outermost first
+        self._relaying = False  # building relaid_windows' concatenation
 
     def const(self, value: np.ndarray, dtype: str) -> Term:
         value = np.asarray(value)
@@ -334,6 +335,8 @@ class Builder:
             return self.normal("unary", operand.attrs, [inner], Shape(operand.dtype, shape.dims))
         if value is None and (term := self.reshaped_window(operand, shape)) is not None:
             return term
+        if value is None and (term := self.relaid_windows(operand, shape)) is not None:
+            return term
         # Tables stay symbolic (a device's table is a window of the reference's); the value is
         # kept so that index arithmetic on it still folds.
         term = self.mk("reshape", (reshape_spec(operand.shape, shape.dims),), [operand], shape)
@@ -378,6 +381,27 @@ class Builder:
         if not np.array_equal(whole[tuple(slice(a, b) for a, b in box)].ravel(), labels.ravel()):
             return None
         return self.reshape_term(self.slice_nd(base, box), shape)
+
+    def relaid_windows(self, operand: Term, shape: Shape) -> Term | None:
+        """reshape(operand) as the concatenation of windows of the values it was moved from, when it
+        is one (an all-to-all resharding rows to columns; relaid.py checks it on labels). Not
+        re-entered: the concatenation built here is already in that form."""
+        if self._relaying:
+            return None
+        found = relaid.windows(operand, shape.dims, self.budgets.layout_labels)
+        if found is None:
+            return None
+        dim, pieces = found
+        self._relaying = True
+        try:
+            parts = []
+            for source, box, length in pieces:
+                run = list(shape.dims)
+                run[dim] = length
+                parts.append(self.reshape_term(self.slice_nd(source, box), Shape(shape.dtype, tuple(run))))
+            return self.concat(parts, dim)
+        finally:
+            self._relaying = False
 
     def gather_term(self, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
         aligned = gather_map(dims, len(x.shape), len(idx.shape), len(out.dims))

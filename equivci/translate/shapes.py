@@ -210,7 +210,20 @@ def strided_slice(ev: Builder, x: Term, dim: int, start: int, stop: int, step: i
 
 
 def broadcast_term(ev: Builder, operand: Term, shape: Shape, dims: tuple[int, ...]) -> Term:
+    if dims == tuple(range(len(shape.dims))) and operand.shape == shape.dims:
+        return operand
     expanded = [i for i, o in enumerate(dims) if operand.shape[i] == 1 and shape.dims[o] != 1]
+    units = [i for i in range(len(dims)) if operand.shape[i] == 1]
+    if (
+        operand.op == "reshape"
+        and tuple(n for n in operand.shape if n != 1) == operand.args[0].shape
+        and ev.folded(operand.args[0]) is not None
+    ):
+        # A constant reshaped only to add unit dims, then broadcast, is a broadcast of the constant
+        # (a device's mask over its one batch row, where the reference broadcasts the mask itself).
+        # Only a constant: a computed value's unit dim may be a device's window of a real dim (one
+        # KV head of several), which the reference's operand keeps.
+        expanded = units
     if expanded:
         # HLO may stretch a size-1 operand dim; as terms that is: drop the dim, then broadcast
         # along a new one (a spec must not mean two output shapes).
@@ -218,8 +231,6 @@ def broadcast_term(ev: Builder, operand: Term, shape: Shape, dims: tuple[int, ..
         squeezed = Shape(operand.dtype, tuple(operand.shape[i] for i in keep))
         operand = ev.reshape_term(operand, squeezed)
         dims = tuple(dims[i] for i in keep)
-    if dims == tuple(range(len(shape.dims))) and operand.shape == shape.dims:
-        return operand
     value = ev.folded(operand)
     if value is not None and value.ndim == 0:
         return ev.const(np.broadcast_to(value, shape.dims), shape.dtype)

@@ -305,6 +305,15 @@ def binary_lift(rng, b: B):
     return b.bi(op, b.sl(x, d, lo, hi), b.sl(y, d, lo, hi)), b.sl(b.bi(op, x, y), d, lo, hi)
 
 
+def binary_lift_nested(rng, b: B):
+    shape = rshape(rng, int(rng.integers(2, 4)))
+    d, d2 = (int(v) for v in rng.choice(len(shape), size=2, replace=False))
+    (lo, hi), (c, g) = rrange(rng, shape[d], proper=True), rrange(rng, shape[d2], proper=True)
+    x, y, op = b.param(0, shape), b.param(1, shape), str(rng.choice(BINARY_OPS))
+    window = lambda t: b.sl(b.sl(t, d, lo, hi), d2, c, g)  # noqa: E731
+    return b.bi(op, window(x), window(y)), window(b.bi(op, x, y))
+
+
 def unary_reshape_lift(rng, b: B):
     in_shape, out_shape = rand_reshape(rng)
     x, op = b.param(0, in_shape), str(rng.choice(UNARY_OPS))
@@ -747,6 +756,18 @@ def bcast_as_slice(rng, b: B):
     return small, b.sl(full, d, lo, hi)
 
 
+def bcast_as_slice_nested(rng, b: B):
+    """A broadcast narrowed along two of its new dims (a mask over a device's batch rows and heads)."""
+    shape = rshape(rng, int(rng.integers(2, 5)))
+    d, d2 = (int(v) for v in rng.choice(len(shape), size=2, replace=False))
+    (lo, hi), (c, g) = rrange(rng, shape[d], proper=True), rrange(rng, shape[d2], proper=True)
+    others = [v for v in range(len(shape)) if v not in (d, d2)]
+    dims = sorted(int(v) for v in rng.choice(others, size=int(rng.integers(0, len(others) + 1)), replace=False))
+    y = b.param(0, [shape[v] for v in dims])
+    small = [hi - lo if v == d else g - c if v == d2 else n for v, n in enumerate(shape)]
+    return b.bcast(y, small, dims), b.sl(b.sl(b.bcast(y, shape, dims), d, lo, hi), d2, c, g)
+
+
 def slice_rebase(rng, b: B):
     """A slice re-based on a wider slice of the same value (the wider one exists in the graph)."""
     shape, d, lo, hi = _elementwise_setup(rng, b)
@@ -837,6 +858,8 @@ RULES = {
     # Lifts onto an existing term only (the reference's): the rhs is loaded too.
     "elementwise/binary_lift": (F["elementwise"], binary_lift, True),
     "elementwise/binary_push": (F["elementwise"], binary_push, False),
+    # The combined pair must exist already: the rhs is loaded too.
+    "elementwise/binary_lift_nested": (F["elementwise"], binary_lift_nested, True),
     "elementwise/unary_reshape_lift": (F["elementwise"], unary_reshape_lift, False),
     "elementwise/binary_reshape_lift": (F["elementwise"], binary_reshape_lift, False),
     # The bcast_shrink table pairs two broadcast specs only when both occur: the rhs is loaded too.
@@ -883,6 +906,7 @@ RULES = {
     "layouts/bcast_shrink": (F["layouts"], bcast_shrink, True),
     # And the wider broadcast must be a reference value.
     "layouts/bcast_as_slice": (F["layouts"], bcast_as_slice, True),
+    "layouts/bcast_as_slice_nested": (F["layouts"], bcast_as_slice_nested, True),
     # The wider broadcast is a reference value and pairs the specs: the rhs is loaded too.
     "layouts/bcast_onto_reference": (F["layouts"], bcast_onto_reference, True),
     "layouts/transpose_lift": (F["layouts"], transpose_lift, False),
@@ -1077,6 +1101,21 @@ def _near_misses():
     b = B()
     x, y = b.param(0, (6, 4)), b.param(1, (6, 4))
     cases["binary_lift_offsets"] = (b.bi("add", b.sl(x, 0, 0, 2), b.sl(y, 0, 1, 3)), b.sl(b.bi("add", x, y), 0, 0, 2))
+    b4 = B()
+    y4 = b4.param(0, (4,))
+    # narrowed along an operand dim (0) and a new one (1): the window of y's rows is no broadcast's
+    cases["bcast_as_slice_nested_operand_dim"] = (
+        b4.bcast(b4.sl(y4, 0, 0, 2), [2, 3, 5], [0]),
+        b4.sl(b4.sl(b4.bcast(y4, [4, 6, 5], [0]), 0, 2, 4), 1, 0, 3))
+    b3 = B()
+    x3, y3 = b3.param(0, (4, 6, 4)), b3.param(1, (4, 6, 4))
+    # the two operands' windows agree along one dim only: another head of y, or another batch row
+    cases["binary_lift_nested_other_heads"] = (
+        b3.bi("add", b3.sl(b3.sl(x3, 0, 0, 2), 1, 0, 3), b3.sl(b3.sl(y3, 0, 0, 2), 1, 3, 6)),
+        b3.sl(b3.sl(b3.bi("add", x3, y3), 0, 0, 2), 1, 0, 3))
+    cases["binary_lift_nested_other_rows"] = (
+        b3.bi("add", b3.sl(b3.sl(x3, 0, 0, 2), 1, 0, 3), b3.sl(b3.sl(y3, 0, 2, 4), 1, 0, 3)),
+        b3.sl(b3.sl(b3.bi("add", x3, y3), 0, 0, 2), 1, 0, 3))
     cases["binary_lift_dims"] = (b.bi("multiply", b.sl(x, 0, 0, 4), b.sl(b.transpose(b.sl(y, 0, 0, 4), [1, 0]), 0, 0, 4)),
                                  b.sl(b.bi("multiply", x, y), 0, 0, 4))
 

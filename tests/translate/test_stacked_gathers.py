@@ -34,8 +34,9 @@ def test_row_shards_of_one_layer_are_joined_along_the_rows() -> None:
         one = ev.slice_term(rows, 0, layer, layer + 1)
         pieces.append(ev.reshape_term(one, Shape("f32", (2, 5))))
     gathered = ev.concat(pieces, 0)
-    joined = gathered.args[0]
-    assert gathered.op == "reshape" and joined.op == "concat" and joined.attrs == (1,) and joined.shape == (1, 8, 5)
+    joined = gathered.args[0]  # the rows' windows merged back into the layer: one window of the stack
+    assert gathered.op == "reshape" and joined.op == "slice" and joined.attrs == (0, layer, layer + 1)
+    assert joined.args[0] is stack
     value = np.random.default_rng(0).standard_normal((3, 8, 5)).astype(np.float32)
     np.testing.assert_array_equal(evaluate(gathered, {0: value}), value[layer])
 

@@ -28,6 +28,19 @@ ELEMENTWISE = family(
     named(
         "elementwise/binary_push", "(x op y)[a:b] = x[a:b] op y[a:b]", eq(e).to(T.binary(op, x, y).slice(d, a, b))
     ).then(union(e).with_(T.binary(op, x.slice(d, a, b), y.slice(d, a, b)))),
+    # A window over two dims (an FSDP device's batch rows and a TP device's heads, then RoPE's half of
+    # each head) is a slice under a slice: the one-dim lift above needs the inner pair already
+    # combined, which nothing builds when only the whole pair occurs in the reference.
+    named(
+        "elementwise/binary_lift_nested",
+        "x[a:b along d][c:g along d2] op y[a:b along d][c:g along d2] = (x op y)[a:b along d][c:g along d2] "
+        "where x and y have the same size along d and d2",
+        eq(e).to(T.binary(op, x.slice(d, a, b).slice(d2, c, g), y.slice(d, a, b).slice(d2, c, g))),
+        ne(d2).to(d),
+        eq(dim(x, d)).to(dim(y, d)),
+        eq(dim(x, d2)).to(dim(y, d2)),
+        eq(z).to(T.binary(op, x, y)),
+    ).then(union(e).with_(z.slice(d, a, b).slice(d2, c, g))),
     # A broadcast along a new dim is the same at every offset of that dim: it is the slice of the
     # wider broadcast the unsliced operand pairs with (bcast_shrink only pairs new-dim sizes).
     named(

@@ -3,7 +3,7 @@ along its new dims."""
 
 from __future__ import annotations
 
-from egglog import eq, i64, union
+from egglog import eq, i64, ne, union
 
 from equivci.terms.language import (
     T,
@@ -13,9 +13,12 @@ from equivci.terms.language import (
     bcast_new,
     bcast_out,
     bcast_shrink,
+    c,
     d,
+    d2,
     dim,
     e,
+    g,
     k,
     n,
     o,
@@ -31,6 +34,7 @@ from equivci.terms.language import (
     s2,
     spec,
     spec2,
+    spec3,
     w,
     x,
     y,
@@ -75,6 +79,22 @@ LAYOUTS = family(
         eq(z).to(T.bcast(spec2, y)),
         reference(z),
     ).then(union(e).with_(z.slice(d, a, b))),
+    # The same along two new dims at once (a mask over an FSDP device's batch rows and a TP device's
+    # heads): the broadcast narrowed along one of them only is no reference value, so the rule
+    # above cannot take the two windows one at a time.
+    named(
+        "layouts/bcast_as_slice_nested",
+        "bcast(y) narrow along new dims d and d2 = (the reference's wider bcast(y))[a:b along d][c:g along d2]",
+        eq(e).to(T.bcast(spec, y)),
+        eq(w).to(x.slice(d, a, b).slice(d2, c, g)),
+        ne(d2).to(d),
+        eq(b - a).to(bcast_new(spec, d)),
+        eq(g - c).to(bcast_new(spec, d2)),
+        eq(spec2).to(bcast_shrink(spec, d, dim(x, d))),
+        eq(spec3).to(bcast_shrink(spec2, d2, dim(x, d2))),
+        eq(z).to(T.bcast(spec3, y)),
+        reference(z),
+    ).then(union(e).with_(z.slice(d, a, b).slice(d2, c, g))),
     # A broadcast to a smaller size along a new dim than the reference's broadcast of the same value
     # is its leading window (a shard repeating its KV head fewer times than the reference does).
     named(
