@@ -33,6 +33,7 @@ from equivci.terms.ir import Term
 from equivci.terms.language import T
 from equivci.terms.rules.registry import family, named
 from equivci.translate.arrays import all_equal
+from equivci.translate.attributes import dims_attr
 from equivci.translate.evaluator import Event
 from equivci.translate.programs import flatten
 from equivci.translate.unroll import Unroller
@@ -458,18 +459,19 @@ def first_defect(
                 "expert's output: the rows must be sent back to their tokens' devices (the "
                 "return all_to_all) before they are combined",
             )
-        if reference_events and not partial_operand:
-            devices = [dev for dev, t in enumerate(terms) if not is_related(proof, t, constants)]
-            try:
-                traced = _Tracer(events, reference_events, proof, evaluator, groups_by_axis).explain(event, devices)
-            except Exception:  # a heuristic: never let it cost the finding the plain rule gives
-                traced = None
-            if traced is not None:
-                return traced
         plain = (
             f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a copy of any "
             "reference value, although its operands are"
         )
+        if reference_events and not partial_operand:
+            devices = [dev for dev, t in enumerate(terms) if not is_related(proof, t, constants)]
+            try:
+                tracer = _Tracer(events, reference_events, proof, evaluator, groups_by_axis)
+                traced = tracer.explain(event, devices) or tracer.relaid(event, devices, plain)
+            except Exception:  # a heuristic: never let it cost the finding the plain rule gives
+                traced = None
+            if traced is not None:
+                return traced
         return (
             _index_origin(event, by_name, plain)
             or _input_free_origin(event, by_name, constants, plain, shared_lines, lambda ts: classify(ts) == "related")
@@ -746,6 +748,7 @@ def _at_return(inst: Instruction) -> tuple[Instruction, str | None]:
 
 
 INDEXED_READS = {"gather", "dynamic-slice"}
+MAX_RELAYOUTS = 8  # ops followed down an operand's chain of transposes and windows
 # Uses followed forward to show an unrelated value is related again, and values settled doing so.
 ABSORB_DEPTH = 8
 ABSORB_BUDGET = 64
@@ -1033,27 +1036,38 @@ def _grad_call_frame(inst: Instruction) -> int | None:
 
 
 # -- following a wrong operand back to where it was made ------------------------------------------
-# `slice_of(x, r)`: x is a slice or a re-layout of the reference value r. Localization only: the
-# facts are seeded after a proof failed, so they never reach a verdict.
+# `slice_of(x, r)`: x is a slice or a re-layout of the reference value r; `window_of(x, r)`: x is a
+# slice of r, elements in r's order. Localization only: the facts are seeded after a proof failed,
+# so they never reach a verdict.
 slice_of = relation("slice_of", T, T)
+window_of = relation("window_of", T, T)
 _x, _e, _r, _y = vars_("_x _e _r _y", T)
 _d, _a, _b, _d2, _c, _g = vars_("_d _a _b _d2 _c _g", i64)
 (_spec,) = vars_("_spec", String)
+
+
+def _window_rules(rel, name: str) -> list:
+    """A slice of a slice of r is one of r, in whichever order the slices nest."""
+    return [
+        named(
+            f"{name}/slice", "a slice of a slice of r is a slice of r", rel(_x, _r), eq(_e).to(_x.slice(_d, _a, _b))
+        ).then(rel(_e, _r)),
+        # The proof keeps slices of different dims in one order (the higher dim outside), so a
+        # device's window of the reference's y[.., a:b] (a fused projection's part) is written
+        # y[c:g, ..][.., a:b], never as a slice of y[.., a:b] itself.
+        named(
+            f"{name}/reordered",
+            "y[c:g along d2][a:b along d] = (y[a:b along d])[c:g along d2] is a slice of r = y[a:b along d]",
+            rel(_x, _r),
+            eq(_x).to(_y.slice(_d, _a, _b)),
+            eq(_e).to(_y.slice(_d2, _c, _g).slice(_d, _a, _b)),
+        ).then(rel(_e, _r)),
+    ]
+
+
 SLICE_OF = family(
     "slice_of",
-    named(
-        "slice_of/slice", "a slice of a slice of r is a slice of r", slice_of(_x, _r), eq(_e).to(_x.slice(_d, _a, _b))
-    ).then(slice_of(_e, _r)),
-    # The proof keeps slices of different dims in one order (the higher dim outside), so a
-    # device's window of the reference's y[.., a:b] (a fused projection's part) is written
-    # y[c:g, ..][.., a:b], never as a slice of y[.., a:b] itself.
-    named(
-        "slice_of/reordered",
-        "y[c:g along d2][a:b along d] = (y[a:b along d])[c:g along d2] is a slice of r = y[a:b along d]",
-        slice_of(_x, _r),
-        eq(_x).to(_y.slice(_d, _a, _b)),
-        eq(_e).to(_y.slice(_d2, _c, _g).slice(_d, _a, _b)),
-    ).then(slice_of(_e, _r)),
+    *_window_rules(slice_of, "slice_of"),
     named(
         "slice_of/reshape",
         "a reshape of a slice of r is a re-layout of r",
@@ -1067,6 +1081,7 @@ SLICE_OF = family(
         eq(_e).to(T.transpose(_spec, _x)),
     ).then(slice_of(_e, _r)),
 )
+WINDOW_OF = family("window_of", *_window_rules(window_of, "window_of"))
 CUTTERS = {"slice", "dynamic-slice"}
 # Ops that read a part of their first operand, chosen by attributes or index operands.
 WINDOW_READS = {"slice", "dynamic-slice", "gather"}
@@ -1279,6 +1294,7 @@ class _Tracer:
         proof.egraph.register(*[slice_of(proof.loader.expr(v), proof.loader.expr(v)) for _, v in self.ref_values])
         proof.egraph.run(SLICE_OF.ruleset.saturate())
         self.op_lines = {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]}
+        self.windows_seeded = False  # window_of is saturated only when a finding asks for it
 
     # -- values ----------------------------------------------------------------------------
     def value(self, event: Event, dev: int) -> Term | None:
@@ -1611,6 +1627,75 @@ class _Tracer:
 
     def python_binding(self, loc, exprs):
         return _python_origin(loc, exprs, self.op_lines)
+
+    def relaid(self, event: Event, devices: list[int], plain: str) -> Defect | None:
+        """A dot whose operands are windows of the reference dot's, one of them transposed on
+        another line, and which contracts (or batches) other dims of it than the reference does:
+        the transpose leads (a head split as (head_dim, heads) then swapped), the dot is the tied
+        alternative. A transpose the dot's dims follow is a layout of its own, never blamed."""
+        dev = devices[0] if devices else 0
+        found = self.counterpart(event, dev) if event.inst.opcode == "dot" else None
+        if found is None or found[1]:
+            return None
+        ref = found[0]
+        for k, (operand, r_op) in enumerate(zip(self.operands(event), self.operands(ref, refs=True))):
+            laid = self.transposed_window(operand, r_op, dev) if operand is not None and r_op is not None else None
+            if laid is None or r_op is None:
+                continue
+            made, dims = laid
+            side = "lhs" if k == 0 else "rhs"
+            roles = [
+                {dims[i] for i in dims_attr(event.inst.attrs.get(f"{side}_{role}_dims"))}
+                == set(dims_attr(ref.inst.attrs.get(f"{side}_{role}_dims")))
+                for role in ("contracting", "batch")
+            ]
+            if all(roles) or _loc(made.inst) in (None, _loc(event.inst)):
+                continue
+            return Defect(
+                made.inst,
+                f"this `transpose` lays out a window of the reference's `{r_op.inst.opcode}` ({_at(r_op.inst)}) "
+                f"with its dims in another order, and the `dot` at {_at(event.inst)} then "
+                f"{'contracts' if not roles[0] else 'batches'} other dims of it than the reference's `dot` "
+                f"({_at(ref.inst)}) does: the dims are split or ordered otherwise than the reference's",
+                alternative=(event.inst, plain + f"; its operand is transposed at {_at(made.inst)}."),
+            )
+        return None
+
+    def transposed_window(self, operand: Event, r_op: Event, dev: int) -> tuple[Event, list[int]] | None:
+        """(the outermost transpose, for each dim of `operand` the dim of `r_op` it holds) when
+        `operand` is a window of `r_op`'s value through windows and transposes, one at least."""
+        d, r = self.skip(operand, dev), self.skip(r_op, 0, refs=True)
+        dims = list(range(len(d.inst.shape.dims)))
+        made = None
+        for _ in range(MAX_RELAYOUTS):
+            if self.is_window_of(self.value(d, dev), self.value(r, 0)):
+                return (made, dims) if made is not None else None
+            if d.inst.opcode == "transpose":
+                perm = dims_attr(d.inst.attrs.get("dimensions"))
+                dims = [perm[i] for i in dims]
+                made = made or d
+            elif d.inst.opcode not in CUTTERS:
+                return None
+            below = self.operands(d)[0] if d.inst.operands else None
+            if below is None:
+                return None
+            d = self.skip(below, dev)
+        return None
+
+    def is_window_of(self, t: Term | None, r: Term | None) -> bool:
+        """`t` is a window of `r`, its elements in `r`'s order (no re-layout between them)."""
+        loader, egraph = self.proof.loader, self.proof.egraph
+        if t is None or r is None or t not in loader.exprs or r not in loader.exprs:
+            return False
+        if not self.windows_seeded:
+            egraph.register(*[window_of(loader.expr(v), loader.expr(v)) for _, v in self.ref_values])
+            egraph.run(WINDOW_OF.ruleset.saturate())
+            self.windows_seeded = True
+        try:
+            egraph.check(window_of(loader.expr(t), loader.expr(r)))
+            return True
+        except Exception:  # egglog reports a failed check as an error
+            return False
 
     def fixed_window(self, event: Event, ref: Event, devices: list[int]) -> Defect | None:
         """Operands that are slices of the right values, but one holds the same window on every device."""

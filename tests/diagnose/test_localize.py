@@ -152,6 +152,33 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None),), out_specs=P(TP, None))(x)
 
 
+    def heads_inputs():
+        return (jax.ShapeDtypeStruct((2, 8, 16), jnp.float32),)
+
+
+    def head_scores(x):
+        q = x.reshape(2, 8, 4, 4)
+        return jnp.einsum("bqhe,bkhe->bhqk", q, q)
+
+
+    def head_scores_minor_split(x, *, mesh):
+        def body(x):
+            q = x.reshape(2, 8, 4, 4).transpose(0, 1, 3, 2)  # MARK:minor-split
+            q = lax.dynamic_slice_in_dim(q, 2 * lax.axis_index(TP), 2, axis=2)
+            return jnp.einsum("bqhe,bkhe->bhqk", q, q)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(),), out_specs=P(None, TP))(x)
+
+
+    def head_scores_heads_first_doubled(x, *, mesh):
+        def body(x):
+            q = x.reshape(2, 8, 4, 4).transpose(0, 2, 1, 3)
+            q = lax.dynamic_slice_in_dim(q, 2 * lax.axis_index(TP), 2, axis=1)
+            return jnp.einsum("bhqe,bhke->bhqk", q, q) * 2.0  # MARK:doubled
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(),), out_specs=P(None, TP))(x)
+
+
     STAGES, MICRO = 4, 3
 
 
@@ -435,6 +462,10 @@ MANIFEST = textwrap.dedent(
          inputs: models.py:norm_inputs, mesh: {tp: 2}}
       - {name: roll, reference: models.py:roll, distributed: models.py:roll_ring_left,
          inputs: models.py:roll_inputs, mesh: {tp: 4}}
+      - {name: minor-split, reference: models.py:head_scores, distributed: models.py:head_scores_minor_split,
+         inputs: models.py:heads_inputs, mesh: {tp: 2}}
+      - {name: heads-first-doubled, reference: models.py:head_scores,
+         distributed: models.py:head_scores_heads_first_doubled, inputs: models.py:heads_inputs, mesh: {tp: 2}}
       - {name: pipe-backwards, reference: models.py:pipe, distributed: models.py:pipe_backwards,
          inputs: models.py:pipe_inputs, mesh: {tp: 4}}
       - {name: pipe-transposed, reference: models.py:pipe, distributed: models.py:pipe_transposed,
@@ -557,6 +588,13 @@ FRESH = {
     # A pipeline's ring inside a scan: sent the other way on every tick (the loop run iteration
     # by iteration in the what-if), every output is proved, so the pairs' line leads.
     "pipe-backwards": ("pipe-pairs", ("the other way", "j-1 mod 4", "j+1 mod 4")),
+    # Heads split as (head_dim, heads) and transposed: each device's q is a window of the
+    # reference's q with two dims swapped, and the scores contract the heads where the reference
+    # contracts head_dim. The transpose leads, not the scores (the first op the proof cannot relate).
+    "minor-split": ("minor-split", ("`transpose`", "contracts other dims", "models.py:135")),
+    # The near miss: a transpose whose dims the scores follow (heads first) is no defect, even
+    # though the proof cannot relate that dot: the doubling on its line is the finding.
+    "heads-first-doubled": ("doubled", ()),
     # The helper slices at `group * cols` for whatever group it is given: the caller's argument
     # is where the device-to-part map is written.
     "rotated-argument": ("argument", ("passed here as `group`", "moves back")),
