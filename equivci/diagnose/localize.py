@@ -443,6 +443,14 @@ def first_defect(
         if slip is not None:
             lines = {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]}
             origin = at_index_origin(slip[0], slip[1], events, lines)
+            if origin is None and _loc(slip[0].inst) == _loc(event.inst):
+                # Cut on the op's own line (a mask's rows): what chose the window, positions offset
+                # by the device's index, was computed on another line.
+                moved = _input_free_origin(
+                    event, by_name, constants, slip[1], shared_lines, lambda ts: classify(ts) == "related"
+                )
+                if moved is not None:
+                    return moved
             return (
                 dataclasses.replace(origin, context=event.inst)
                 if origin
