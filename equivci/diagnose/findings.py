@@ -92,7 +92,7 @@ def defect_findings(
     `entry`: (file, function) of the distributed entrypoint, where its call chain starts."""
     if shown:
         found = _defect_findings(defect, captured, events, layering, failed_layers, frontier, outputs_equal)
-        found = _caller_choices(found, captured, events, entry, reference_lines)
+        found = _caller_choices(found, captured, events, entry)
     else:
         inst = defect.frontier or defect.inst
         found = [
@@ -258,17 +258,16 @@ def _caller_choices(
     captured: CapturedModel,
     events: list[Event],
     entry: tuple[str, str] | None,
-    reference_lines: frozenset[tuple[str, int]] = frozenset(),
 ) -> list[tuple[Finding, Instruction | None]]:
     """The lead error moves to the call that passes the static value its op depends on, where another
-    call of the same helper that either program runs passes another (equivci.diagnose.arguments);
-    the op's line stays as a tied note."""
+    call of the same helper passes another (equivci.diagnose.arguments); the op's line stays as a
+    tied note."""
     if not findings:
         return findings
     (lead, inst), rest = findings[0], findings[1:]
     if inst is None or lead.severity != "error":
         return findings
-    choice = passed_choice(inst, events, captured.repo_root, entry, reference_lines)
+    choice = passed_choice(inst, events, captured.repo_root, entry)
     if choice is None:
         return findings
     path, line = source_of(

@@ -81,16 +81,3 @@ def test_a_call_that_leaves_a_parameter_out_passes_its_default(tmp_path):
     choice = passed_choice(event.inst, [event], str(tmp_path))
     assert choice is not None and (choice.line, choice.text, choice.parameter) == (call, "3.0", "scale")
     assert "2.0" in [text for _, _, text in choice.others]  # what the call that leaves it out passes
-
-
-def test_a_call_neither_program_runs_is_no_other_call(tmp_path):
-    """The other call counts only where the reference or the distributed program runs it: in
-    another model's entrypoint (same file, another reference) it says nothing about this one."""
-    path = tmp_path / "model.py"
-    path.write_text(SOURCE)
-    event = _op_called_from(str(path), "return dense(x, w, 3.0)")
-    entry = (str(path), "rescaled")
-    assert passed_choice(event.inst, [event], str(tmp_path), entry) is None
-    reference = frozenset({(str(path), _line("return dense(x, w, 2.0)"))})
-    choice = passed_choice(event.inst, [event], str(tmp_path), entry, reference)
-    assert choice is not None and (choice.text, choice.others[0][2]) == ("3.0", "2.0"), choice
