@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from equivci.diagnose.frames import LAYOUT_OPS, in_repository
@@ -40,12 +40,18 @@ class Choice:
 
 
 def passed_choice(
-    inst: Instruction, events: list[Event], repo_root: str, entry: tuple[str, str] | None = None
+    inst: Instruction,
+    events: list[Event],
+    repo_root: str,
+    entry: tuple[str, str] | None = None,
+    foreign: tuple[tuple[str, str], ...] = (),
 ) -> Choice | None:
     """The static argument the op depends on, passed where another call of its helper passes another.
 
     `entry`: (file, function) of the distributed entrypoint, where the call chain starts when the
-    op stacks end below it (a shard_map body's do). Of several such arguments, the first one that
+    op stacks end below it (a shard_map body's do). `foreign`: (file, function) of the distributed
+    entrypoints of models checked against another reference; a call inside one says nothing of this
+    model and is no other call. Of several such arguments, the first one that
     alone tells its call apart from another call leads (a helper called for the cos and the sin
     table on one axis and for the sin table on another: the axis is the slip), else the first."""
     root = Path(repo_root).resolve()
@@ -53,7 +59,7 @@ def passed_choice(
     found = statement(loc.file, loc.line) if loc is not None else None
     if loc is None or found is None:
         return None
-    search = _Search(events, tuple(inst.stack), entry)
+    search = _Search(events, tuple(inst.stack), entry, foreign)
     choices = search.run(loc.file, loc.line, [found[0]], MAX_CALLS)
     for use in [] if choices else _index_uses(inst, events, root):
         # Index and mask arithmetic is only as right as what its uses make of it (a bound test
@@ -61,7 +67,9 @@ def passed_choice(
         use_loc = next(f for f in use.stack if in_repository(f, root))
         stmt = statement(use_loc.file, use_loc.line)
         if stmt is not None:
-            choices += _Search(events, tuple(use.stack), entry).run(use_loc.file, use_loc.line, [stmt[0]], MAX_CALLS)
+            choices += _Search(events, tuple(use.stack), entry, foreign).run(
+                use_loc.file, use_loc.line, [stmt[0]], MAX_CALLS
+            )
     return next((c for c in choices if c.paired), choices[0] if choices else None)
 
 
@@ -88,8 +96,14 @@ def _index_uses(inst: Instruction, events: list[Event], root: Path) -> list[Inst
 
 
 class _Search:
-    def __init__(self, events: list[Event], stack: tuple[SourceLoc, ...], entry: tuple[str, str] | None):
-        self.events, self.stack, self.entry = events, stack, entry
+    def __init__(
+        self,
+        events: list[Event],
+        stack: tuple[SourceLoc, ...],
+        entry: tuple[str, str] | None,
+        foreign: tuple[tuple[str, str], ...] = (),
+    ):
+        self.events, self.stack, self.entry, self.foreign = events, stack, entry, foreign
         self.budget = MAX_NAMES
 
     def run(self, file: str, line: int, exprs: Sequence[ast.AST], calls: int) -> list[Choice]:
@@ -113,7 +127,7 @@ class _Search:
                 if name in parameters(func):
                     site = self._site(file, func, name)
                     if site is not None:
-                        choice = _choice(site[0], site[1], func, name, file)
+                        choice = _choice(site[0], site[1], func, name, file, self.counts)
                         if choice is not None:
                             choices.append(choice)
                         elif calls > 0:
@@ -126,17 +140,23 @@ class _Search:
                     break
         return choices
 
+    def counts(self, file: str, line: int) -> bool:
+        """The call at file:line is not inside a foreign entrypoint (another model's, checked against
+        another reference)."""
+        for entry in self.foreign:
+            body = _entry_function(entry)
+            if body is not None and file == entry[0] and body.lineno <= line <= (body.end_lineno or body.lineno):
+                return False
+        return True
+
     def _site(self, file: str, func: Function, name: str) -> tuple[str, ast.expr] | None:
         """The argument for `name` at the call of `func` on the op's own chain, at a call seen on the
         op stacks, else at the call in the entrypoint (direct or bound by functools.partial)."""
         site = call_argument(file, func, name, self.events, self.stack)
         if site is not None or self.entry is None:
             return site
-        entry_file, entry_function = self.entry
-        tree = module_ast(entry_file)
-        body = next(
-            (n for n in (tree.body if tree is not None else []) if getattr(n, "name", None) == entry_function), None
-        )
+        entry_file = self.entry[0]
+        body = _entry_function(self.entry)
         if body is None:
             return None
         span = range(body.lineno, (body.end_lineno or body.lineno) + 1)
@@ -144,6 +164,12 @@ class _Search:
             (f, v) for f, node, bound in _calls(func, entry_file) if node.lineno in span and (v := bound.get(name))
         ]
         return passed[0] if len(passed) == 1 else None
+
+
+def _entry_function(entry: tuple[str, str]) -> ast.stmt | None:
+    """The module-level definition of an entrypoint (file, function)."""
+    tree = module_ast(entry[0])
+    return next((n for n in (tree.body if tree is not None else []) if getattr(n, "name", None) == entry[1]), None)
 
 
 def _names(exprs: Sequence[ast.AST]) -> list[tuple[str, int]]:
@@ -199,13 +225,14 @@ def _defines(func: ast.AST, name: str) -> bool:
     return False
 
 
-def _choice(file: str, arg: ast.expr, func: Function, name: str, func_file: str):
+def _choice(file: str, arg: ast.expr, func: Function, name: str, func_file: str, counts: Callable[[str, int], bool]):
     """A Choice when `arg`, passed at `file` for parameter `name` of `func`, is a static value and
-    another call of `func` passes a different one."""
+    another call of `func` that `counts` passes a different one."""
     if not _static(file, arg):
         return None
     calls = list(_calls(func, func_file, file))
     own = next((bound for _, _, bound in calls if any(v is arg for v in bound.values())), None)
+    calls = [(f, node, bound) for f, node, bound in calls if bound is own or counts(f, node.lineno)]
     mine = ast.dump(arg)
     others = [
         (other_file, node.lineno, ast.unparse(value))

@@ -83,6 +83,7 @@ def defect_findings(
     reference_events: list[Event] | None = None,
     reference_lines: frozenset[tuple[str, int]] = frozenset(),
     entry: tuple[str, str] | None = None,
+    foreign: tuple[tuple[str, str], ...] = (),
 ) -> list[Finding]:
     """The findings for `defect`, ranked with the numeric frontier when there is one.
 
@@ -90,10 +91,11 @@ def defect_findings(
     `shown`: a check showed the programs differ (a counterexample); without one, the finding says
     what could not be related and where the reference computes it, and claims no defect.
     `reference_lines`: the (file, line) pairs on the reference program's op stacks.
-    `entry`: (file, function) of the distributed entrypoint, where its call chain starts."""
+    `entry`: (file, function) of the distributed entrypoint, where its call chain starts; `foreign`:
+    those of the manifest's models checked against another reference."""
     if shown:
         found = _defect_findings(defect, captured, events, layering, failed_layers, frontier, outputs_equal)
-        found = _caller_choices(found, captured, events, entry)
+        found = _caller_choices(found, captured, events, entry, foreign)
     else:
         inst = defect.frontier or defect.inst
         found = [
@@ -259,6 +261,7 @@ def _caller_choices(
     captured: CapturedModel,
     events: list[Event],
     entry: tuple[str, str] | None,
+    foreign: tuple[tuple[str, str], ...] = (),
 ) -> list[tuple[Finding, Instruction | None]]:
     """The lead error moves to the call that passes the static value its op depends on, where another
     call of the same helper passes another (equivci.diagnose.arguments); the op's line stays as a
@@ -268,7 +271,7 @@ def _caller_choices(
     (lead, inst), rest = findings[0], findings[1:]
     if inst is None or lead.severity != "error":
         return findings
-    choice = passed_choice(inst, events, captured.repo_root, entry)
+    choice = passed_choice(inst, events, captured.repo_root, entry, foreign)
     if choice is None:
         return findings
     path, line = source_of(

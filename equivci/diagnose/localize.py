@@ -140,6 +140,13 @@ def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Ev
         for windows in computed_windows(operands)
         for event in [_producer_of(events, windows)]
     ]
+    # A window inside an operand's product counts only where a slice op of the program cut it.
+    cuts += [
+        (_sliced_value(event), windows[0].attrs[0], [(t.attrs[1], t.attrs[2]) for t in windows], event)
+        for windows in computed_windows(operands, WINDOW_DEPTH)
+        for event in [_producer_of(events, windows)]
+        if event is not None and event.inst.opcode in CUTTERS
+    ]
     for what, dim, ranges, event in cuts:
         spans = list(dict.fromkeys(ranges))
         # Shards of one tensor, in the order devices first hold them, tile a contiguous range
@@ -156,14 +163,14 @@ def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Ev
     return None
 
 
-def computed_windows(operands: list[list[Term]]) -> list[list[Term]]:
+def computed_windows(operands: list[list[Term]], depth: int = 0) -> list[list[Term]]:
     """Operands that are, on every device, a window cut along one dim of the same computed value
     (not an input: those are `input_windows`), such as a slice of the routing weights at an offset;
-    or that take such a window as an argument, or as an argument's (the dispatch mask's window an
-    einsum of the tokens reads: the terms keep the cut inside the product)."""
+    with `depth`, also those that take such a window as an argument, down that many levels (the
+    dispatch mask's window an einsum of the tokens reads: the terms keep the cut inside the product)."""
     found = []
     for op in operands:
-        for part in _argument_paths(op, WINDOW_DEPTH):
+        for part in _argument_paths(op, depth)[1 if depth else 0 :]:
             if (
                 part
                 and all(
@@ -437,6 +444,14 @@ def first_defect(
         if slip is not None:
             lines = {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]}
             origin = at_index_origin(slip[0], slip[1], events, lines)
+            if origin is None and _loc(slip[0].inst) == _loc(event.inst):
+                # Cut on the op's own line (a mask's rows): what chose the window, positions offset
+                # by the device's index, was computed on another line.
+                moved = _input_free_origin(
+                    event, by_name, constants, slip[1], shared_lines, lambda ts: classify(ts) == "related"
+                )
+                if moved is not None:
+                    return moved
             return (
                 dataclasses.replace(origin, context=event.inst)
                 if origin
@@ -469,6 +484,7 @@ def first_defect(
         return (
             _index_origin(event, by_name, plain)
             or _input_free_origin(event, by_name, constants, plain, shared_lines, lambda ts: classify(ts) == "related")
+            or _bounds_origin(event, plain, {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]})
             or Defect(event.inst, plain)
         )
 
@@ -866,6 +882,42 @@ def _input_free_origin(
         f"or a copy of any reference value: {f'`{bound}`' if bound else 'this value'} differs from the positions, "
         f"mask, ids or offsets the reference uses there, or the `{event.inst.opcode}` uses it in another way",
         alternative=(event.inst, plain + f"; it takes a value computed from no input at {_where(at)}."),
+    )
+
+
+# Ops a subscript's window becomes (a slice of a sharded array is partitioned into pads and slices).
+_WINDOW_OPS = {"slice", "dynamic-slice", "pad"}
+
+
+def _bounds_origin(event: Event, plain: str, op_lines: set[tuple[str, int]]) -> Defect | None:
+    """A window op, unrelated although what it cuts is related, whose subscript's bounds read one
+    name set by plain Python (an offset into a packed buffer, a line that made no op): that line
+    decides the window, and leads; the op is the tied alternative."""
+    loc = _loc(event.inst)
+    found = statement(*loc) if loc is not None and event.inst.opcode in _WINDOW_OPS else None
+    if loc is None or found is None:
+        return None
+    bounds = [
+        part
+        for node in ast.walk(found[0])
+        if isinstance(node, ast.Subscript)
+        for s in ast.walk(node.slice)
+        if isinstance(s, ast.Slice)
+        for part in (s.lower, s.upper)
+        if part is not None
+    ]
+    origin = _python_origin(loc, bounds, op_lines) if bounds else None
+    names = {n.id for b in bounds for n in ast.walk(b) if isinstance(n, ast.Name)}
+    if origin is None or len({line for f in found[1] for n in names if (line := assigned_at(f, n, loc[1]))}) != 1:
+        return None
+    name, line, func = origin
+    inst = dataclasses.replace(event.inst, stack=(SourceLoc(loc[0], line, func.name),) + tuple(event.inst.stack))
+    return Defect(
+        inst,
+        f"`{name}`, set here by plain Python, gives the bounds of the subscript at {_where(loc)}, whose value is not "
+        "a slice, a partial sum or a copy of any reference value although what it cuts is: the window these "
+        f"bounds give is not one the reference reads, and `{name}` is the one name they read",
+        alternative=(event.inst, plain + f"; its bounds use `{name}`, set at {_where((loc[0], line))}."),
     )
 
 
@@ -1671,6 +1723,11 @@ class _Tracer:
         fixed: list[tuple[int, Event]] = []
         for k, op in enumerate(ops):
             if op is None:
+                # An input of the shard body (no op made it): its own terms show its window.
+                given = [v.args[k] if isinstance(v, Term) and k < len(v.args) else None for v in event.values]
+                windows = [_window(t) for t in given]
+                if all(w is not None and w[1] for w in windows) and len(set(windows)) > 1:
+                    varying.append(k)
                 continue
             kinds = set()
             for a in self.ancestors(op, 0):
@@ -1697,13 +1754,25 @@ class _Tracer:
         name = _operand_name(event.inst, k) or f"operand {k + 1}"
         other = _operand_name(event.inst, varying[0]) or f"operand {varying[0] + 1}"
         dims = ", ".join(f"[{a}:{b})" for _, a, b in first_window[1])
-        return Defect(
-            first.inst,
-            f"this value takes the same window {dims} of the reference's on every device, so "
-            f"`{name}` in the `{event.inst.opcode}` at {_at(event.inst)} does not line "
-            f"up with `{other}`, whose window moves with the device: an offset by the device's "
-            "position (axis_index) is missing.",
+        said = (
+            f"the same window {dims} of the reference's on every device, so `{name}` in the "
+            f"`{event.inst.opcode}` at {_at(event.inst)} does not line up with `{other}`, whose window "
+            "moves with the device: an offset by the device's position (axis_index) is missing."
         )
+        return self.at_name_setting(event, k, first, said) or Defect(first.inst, f"this value takes {said}")
+
+    def at_name_setting(self, event: Event, k: int, cut: Event, said: str) -> Defect | None:
+        """Where the name operand `k` is read through is set, when its window is cut on the op's own
+        line (a constant table folded into the op): that line chose the window."""
+        loc = _loc(event.inst)
+        found = statement(*loc) if loc is not None and _loc(cut.inst) == loc else None
+        exprs = _operand_exprs(found[0], event.inst.opcode, len(event.inst.operands)) if found else None
+        origin = _python_origin(loc, [exprs[k]], set()) if loc is not None and exprs and k < len(exprs) else None
+        if loc is None or origin is None or origin[1] == loc[1]:
+            return None
+        name, line, func = origin
+        inst = dataclasses.replace(event.inst, stack=(SourceLoc(loc[0], line, func.name),) + tuple(event.inst.stack))
+        return Defect(inst, f"`{name}`, set here, holds {said}", alternative=(cut.inst, f"this value takes {said}"))
 
     def misaligned_window(self, event: Event) -> Defect | None:
         """Operands that are slices of the right values, but one's window moves back along a mesh

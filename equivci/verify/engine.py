@@ -146,6 +146,7 @@ def verify_model(
             reference_events=programs.reference_events,
             reference_lines=reference_lines,
             entry=_entry(model),
+            foreign=_foreign(model, manifest),
         )
     if isinstance(comparison, NumericComparison) and not comparison.equal:
         findings = with_counterexample(findings, _counterexample(comparison))
@@ -161,6 +162,21 @@ def _entry(model: ModelSpec) -> tuple[str, str] | None:
     """(file, function) of the distributed entrypoint, when it is given as a file."""
     entry = model.distributed
     return (str(entry.file), entry.function) if entry is not None and entry.file is not None else None
+
+
+def _foreign(model: ModelSpec, manifest: Manifest) -> tuple[tuple[str, str], ...]:
+    """(file, function) of the distributed entrypoints of the manifest's models checked against
+    another reference than `model`'s."""
+    ref = model.reference
+    return tuple(
+        (str(m.distributed.file), m.distributed.function)
+        for m in manifest.models
+        if ref is not None
+        and m.reference is not None
+        and (m.reference.file, m.reference.function) != (ref.file, ref.function)
+        and m.distributed is not None
+        and m.distributed.file is not None
+    )
 
 
 def _budget_note(programs, proof, layers) -> tuple[Finding, ...]:

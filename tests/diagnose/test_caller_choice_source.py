@@ -81,3 +81,16 @@ def test_a_call_that_leaves_a_parameter_out_passes_its_default(tmp_path):
     choice = passed_choice(event.inst, [event], str(tmp_path))
     assert choice is not None and (choice.line, choice.text, choice.parameter) == (call, "3.0", "scale")
     assert "2.0" in [text for _, _, text in choice.others]  # what the call that leaves it out passes
+
+
+def test_a_call_in_the_entrypoint_of_a_model_with_another_reference_is_no_other_call(tmp_path):
+    """Another call counts unless it sits in the distributed entrypoint of a model checked against
+    another reference: what that model passes says nothing about this one."""
+    path = tmp_path / "model.py"
+    path.write_text(SOURCE)
+    event = _op_called_from(str(path), "return dense(x, w, 3.0)")
+    entry = (str(path), "rescaled")
+    foreign = ((str(path), "plain"), (str(path), "looped"))  # both pass 2.0
+    assert passed_choice(event.inst, [event], str(tmp_path), entry, foreign=foreign) is None
+    choice = passed_choice(event.inst, [event], str(tmp_path), entry, foreign=((str(path), "looped"),))
+    assert choice is not None and (choice.text, choice.others[0][2]) == ("3.0", "2.0"), choice
