@@ -690,7 +690,7 @@ def test_fresh_program_defect_is_found_where_it_was_made(tmp_manifest, name):
 def test_a_pipeline_whose_ring_is_right_is_not_blamed_on_its_pairs(tmp_manifest):
     """The near miss of `pipe-backwards`: the ring sends forward and a stage's weight is transposed;
     no other permutation makes the outputs the reference's, so the pairs are not the finding."""
-    where, message, _ = localize(tmp_manifest, "pipe-transposed")
+    where, message = localize(tmp_manifest, "pipe-transposed")
     assert "collective-permute" not in message
     assert not where.endswith(f"models.py:{line_of('pipe-weight') - 1}"), (where, message)
 
@@ -698,5 +698,5 @@ def test_a_pipeline_whose_ring_is_right_is_not_blamed_on_its_pairs(tmp_manifest)
 def test_rows_of_a_table_the_reference_never_cuts_are_no_wrong_window(tmp_manifest):
     """The near miss of `long-table-global-offset`: the right rows of another table (sin where the
     reference takes cos). No reference value is a window of that table, so no window is wrong."""
-    where, message, _ = localize(tmp_manifest, "long-table-other-table")
+    where, message = localize(tmp_manifest, "long-table-other-table")
     assert "wrong window" not in message, (where, message)
