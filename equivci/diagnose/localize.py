@@ -1300,8 +1300,9 @@ class _Tracer:
             if isinstance(v, Term) and v in proof.loader.exprs and id(v) not in seen:
                 seen.add(id(v))
                 self.ref_values.append((e, v))
-        proof.egraph.register(*[slice_of(proof.loader.expr(v), proof.loader.expr(v)) for _, v in self.ref_values])
-        proof.egraph.run(SLICE_OF.ruleset.saturate())
+        if self.ref_values:  # egglog's register takes at least one command
+            proof.egraph.register(*[slice_of(proof.loader.expr(v), proof.loader.expr(v)) for _, v in self.ref_values])
+            proof.egraph.run(SLICE_OF.ruleset.saturate())
         self.op_lines = {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]}
         self.windows_seeded = False  # window_of is saturated only when a finding asks for it
 

@@ -652,7 +652,7 @@ FRESH = {
     "mask-strict": ("mask", ("`allowed`", "from no input", "`select`")),
     "positions-no-offset": ("positions", ("`positions`", "from no input")),
     # The angles come from a helper both programs run; what differs is the positions passed in.
-    "local-positions-shared-helper": ("local-positions", ("`pos`", "from no input")),
+    "local-positions-shared-helper": ("local-positions", ("same window [0:4) of the reference's on every device", "(axis_index) is missing")),
     # The near miss: the cosines computed the line before are used rightly (each product is the
     # reference's); the halves are concatenated where the reference interleaves: the concatenation.
     "pairs-concatenated": ("concat", ("`concatenate`",)),
