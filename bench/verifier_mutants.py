@@ -310,6 +310,27 @@ MUTANTS: tuple[Mutant, ...] = (
       "        return None\n", "",
       "a windowed op is group by group only when its window spans one group",
       "pytest:tests/translate/test_regroup.py::test_only_ops_that_keep_the_groups_apart_are_regrouped[cross-group-cumsum]"),
+    # -- a group's piece of a value computed group by group, and all_to_all of pieces ------------------
+    M("group-piece-box", "((g, g + 1), *rest)", "((0, 1), *rest)",
+      "group g's piece is the batched value's box g, not another group's",
+      "pytest:tests/translate/test_group_pieces.py::test_each_groups_piece_is_the_term_its_device_computes_and_a_box_of_the_batched_value",
+      "model:slots-a2a-swapped"),
+    M("a2a-one-window-first-run",
+      "or len(found[1]) != 1 or not any(found[1][0][0] is whole for whole, _ in self.boxes.values()):\n"
+      "            return None\n        ((whole, box, _),) = found[1]",
+      "or not any(found[1][0][0] is whole for whole, _ in self.boxes.values()):\n"
+      "            return None\n        whole, box, _ = found[1][0]",
+      "slabs received out of group order are several windows, not the first one",
+      "pytest:tests/translate/test_group_pieces.py::test_pieces_out_of_group_order_are_no_window", "model:slots-a2a-swapped"),
+    M("rows-dot-contracted", "if spec.lhs_batch or 0 in spec.lhs_contract or", "if spec.lhs_batch or",
+      "a dot takes rows of its result from rows of its lhs only when the lhs rows are free",
+      "pytest:tests/translate/test_group_pieces.py::test_a_dot_that_contracts_the_rows_is_not_taken_row_by_row"),
+    M("rows-bcast-moved", "if dims[:1] == (0,) and y.args[0].shape[:1] == (n,):", "if y.args[0].shape[:1] == (n,):",
+      "a broadcast's rows are its operand's rows only when it keeps them in front",
+      "pytest:tests/translate/test_group_pieces.py::test_a_broadcast_that_moves_the_rows_is_not_taken_row_by_row"),
+    M("transpose-splat-only", "or not value.size or not all_equal(value):", "or not value.size:",
+      "only a splat is the same in every layout",
+      "pytest:tests/translate/test_group_pieces.py::test_an_op_on_a_transposed_value_and_a_splat_is_the_transposed_op[max-of-a-row]"),
     # -- unrolled loops and scatters at constant indices ---------------------------------------------
     M("unroll-devices-agree", "return found.pop() if len(found) == 1 else None", "return found.pop()",
       "a loop is unrolled only when every device runs it the same number of times",

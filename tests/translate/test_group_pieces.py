@@ -105,16 +105,29 @@ def test_a_dot_that_contracts_the_rows_is_not_taken_row_by_row() -> None:
 
     table = TermTable()
     ev = Evaluator(None, table, 1)
-    a = table.make("param", (0,), (), (8, 3), "f32")
+    a = table.make("param", (0,), (), (8, 8), "f32")
     b = table.make("param", (1,), (), (8, 2), "f32")
-    free = ev.local(
-        _dot_inst((8, 2), lhs_contract="{1}", rhs_contract="{0}"), [a, table.make("param", (2,), (), (3, 2), "f32")], 0
-    )
+    free = ev.local(_dot_inst((8, 2), lhs_contract="{1}", rhs_contract="{0}"), [a, b], 0)
     rows = regroup._rows(ev, free, 2, 6)
     assert rows.op == "dot" and rows.args[0].op == "slice"  # the dot of the rows
-    contracted = ev.local(_dot_inst((3, 2), lhs_contract="{0}", rhs_contract="{0}"), [a, b], 0)
-    assert contracted.shape == (3, 2)
-    assert regroup._elementwise_rows(ev, contracted, 0, 2, {}) is None  # rows of a^T b are not a^T b of rows
+    contracted = ev.local(_dot_inst((8, 2), lhs_contract="{0}", rhs_contract="{0}"), [a, b], 0)
+    assert regroup._elementwise_rows(ev, contracted, 2, 6, {}) is None  # rows of a^T b are not a^T b of rows
+    values = {0: RNG.standard_normal((8, 8)).astype(np.float32), 1: RNG.standard_normal((8, 2)).astype(np.float32)}
+    np.testing.assert_allclose(evaluate(rows, values), (values[0] @ values[1])[2:6], rtol=1e-5)
+
+
+def test_a_broadcast_that_moves_the_rows_is_not_taken_row_by_row() -> None:
+    from equivci.translate import regroup
+
+    table = TermTable()
+    ev = Evaluator(None, table, 1)
+    a = table.make("param", (0,), (), (6, 6), "f32")
+    moved = ev.local(Instruction("b", "broadcast", Shape("f32", (6, 6, 2)), ("a",), {"dimensions": "{1,0}"}), [a], 0)
+    kept = ev.local(Instruction("b", "broadcast", Shape("f32", (6, 6, 2)), ("a",), {"dimensions": "{0,1}"}), [a], 0)
+    assert regroup._elementwise_rows(ev, moved, 0, 3, {}) is None  # its rows are a's columns
+    rows = regroup._elementwise_rows(ev, kept, 0, 3, {})
+    values = {0: RNG.standard_normal((6, 6)).astype(np.float32)}
+    np.testing.assert_allclose(evaluate(rows, values), np.broadcast_to(values[0][:3, :, None], (3, 6, 2)))
 
 
 def _dot_inst(dims, lhs_contract, rhs_contract) -> Instruction:
@@ -156,12 +169,21 @@ def test_known_boxes_label_their_sources_by_the_whole() -> None:
     assert found is None or len(found[1]) == 2  # read in another order: two windows, never one
 
 
-@pytest.mark.parametrize("op", ["maximum", "add", "subtract"])
-def test_an_op_on_a_transposed_value_and_a_splat_is_the_transposed_op(op) -> None:
+@pytest.mark.parametrize(
+    ("op", "other"),
+    [
+        ("maximum", 0.5),
+        ("add", 0.5),
+        ("subtract", 0.5),
+        ("maximum", np.linspace(-1, 1, 5, dtype=np.float32)),  # not a splat: stays as written
+    ],
+    ids=["max", "add", "subtract", "max-of-a-row"],
+)
+def test_an_op_on_a_transposed_value_and_a_splat_is_the_transposed_op(op, other) -> None:
     fn = {"maximum": jnp.maximum, "add": jnp.add, "subtract": jnp.subtract}[op]
 
     def f(a, b):
-        return fn(jnp.einsum("gcd,edf->egcf", a, b).transpose(1, 0, 2, 3), 0.5)
+        return fn(jnp.einsum("gcd,edf->egcf", a, b).transpose(1, 0, 2, 3), other)
 
     module = _module(f, (4, 2, 3), (2, 3, 5))
     table = TermTable()
