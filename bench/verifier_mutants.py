@@ -315,13 +315,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "group g's piece is the batched value's box g, not another group's",
       "pytest:tests/translate/test_group_pieces.py::test_each_groups_piece_is_the_term_its_device_computes_and_a_box_of_the_batched_value",
       "model:slots-a2a-swapped"),
-    M("a2a-one-window-first-run",
-      "or len(found[1]) != 1 or not any(found[1][0][0] is whole for whole, _ in self.boxes.values()):\n"
-      "            return None\n        ((whole, box, _),) = found[1]",
-      "or not any(found[1][0][0] is whole for whole, _ in self.boxes.values()):\n"
-      "            return None\n        whole, box, _ = found[1][0]",
-      "slabs received out of group order are several windows, not the first one",
-      "pytest:tests/translate/test_group_pieces.py::test_pieces_out_of_group_order_are_no_window", "model:slots-a2a-swapped"),
+    M("known-box-labels", "return numbers[whole][tuple(slice(a, b) for a, b in box)].reshape(t.shape)",
+      "return numbers[whole][tuple(slice(0, b - a) for a, b in box)].reshape(t.shape)",
+      "a piece is labelled by its own box of the batched value, not by the first one",
+      "pytest:tests/translate/test_group_pieces.py::test_known_boxes_label_their_sources_by_the_whole", "model:slots-a2a-swapped"),
     M("rows-dot-contracted", "if spec.lhs_batch or 0 in spec.lhs_contract or", "if spec.lhs_batch or",
       "a dot takes rows of its result from rows of its lhs only when the lhs rows are free",
       "pytest:tests/translate/test_group_pieces.py::test_a_dot_that_contracts_the_rows_is_not_taken_row_by_row"),
