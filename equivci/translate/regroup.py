@@ -111,7 +111,7 @@ def _lifted(ev: Builder, inst: Instruction, args: list[Term], handler: Callable,
     flat_inst = dataclasses.replace(inst, shape=shape, attrs=attrs)
     value = handler(ev, flat_inst, flats, device)
     bounds.note(ev, flat_inst, flats, value)
-    rows = groups_rows(inst)
+    rows = _groups_rows(inst)
     outputs = value if isinstance(value, tuple) else (value,)
     for k, out in enumerate(outputs):
         if isinstance(out, Term) and out.shape[:1] == (rows,):
@@ -119,7 +119,7 @@ def _lifted(ev: Builder, inst: Instruction, args: list[Term], handler: Callable,
     return value
 
 
-def groups_rows(inst: Instruction) -> int:
+def _groups_rows(inst: Instruction) -> int:
     """G * T: the rows of an op's result split as [G, T, ...] (its first tuple element's)."""
     shape = inst.shape.elements[0] if inst.shape.is_tuple else inst.shape
     return shape.dims[0] * shape.dims[1]

@@ -199,9 +199,12 @@ def test_an_op_on_a_transposed_value_and_a_splat_is_the_transposed_op(op, other)
     np.testing.assert_allclose(
         evaluate(out, values, ev.values), np.asarray(f(values[0], values[1])), rtol=1e-5, atol=1e-6
     )
-    for group in ev.equal_terms:  # every form stated beside it (the dot's operands swapped) is the value too
-        if out in group:
-            for t in group:
-                np.testing.assert_allclose(
-                    evaluate(t, values, ev.values), evaluate(out, values, ev.values), rtol=1e-5, atol=1e-6
-                )
+    splat = np.ndim(other) == 0
+    assert (out.op == "transpose" and out.args[0].op == "binary") is splat  # the op moved under the transpose
+    stated = [group for group in ev.equal_terms if out in group]
+    assert bool(stated) is splat  # with the dot's operands swapped beside it
+    for group in stated:
+        for t in group:
+            np.testing.assert_allclose(
+                evaluate(t, values, ev.values), evaluate(out, values, ev.values), rtol=1e-5, atol=1e-6
+            )
