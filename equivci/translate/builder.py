@@ -55,6 +55,11 @@ class Builder:
         self.unsqueezed: dict[Term, Term] = {}
         # ops on a value split in groups along its leading dim -> the op on the unsplit value (regroup.py)
         self.regrouped: dict[Term, Term] = {}
+        # a lifted op's result on the flat rows -> (its instruction, operands, handler, device, which
+        # output), so that a group's rows of it are the op on the group's rows (regroup.py)
+        self.row_ops: dict[Term, tuple] = {}
+        # a group's piece of a value computed group by group -> (that value, the piece's box of it)
+        self.boxes: dict[Term, tuple[Term, relaid.Box]] = {}
         # (gather index, size of the dim it indexes, the gather and the calls it is in, innermost first)
         self.index_uses: list[tuple[Term, int, tuple[Instruction, ...]]] = []
         self.calls: list[Instruction] = []  # the calls being evaluated, outermost first
@@ -388,7 +393,7 @@ class Builder:
         re-entered: the concatenation built here is already in that form."""
         if self._relaying:
             return None
-        found = relaid.windows(operand, shape.dims, self.budgets.layout_labels)
+        found = relaid.windows(operand, shape.dims, self.budgets.layout_labels, self.boxes)
         if found is None:
             return None
         dim, pieces = found
@@ -402,6 +407,15 @@ class Builder:
             return self.concat(parts, dim)
         finally:
             self._relaying = False
+
+    def one_window(self, moved: Term) -> Term | None:
+        """`moved` (slices, reshapes, transposes and concatenations of group pieces: an all-to-all's
+        value) as one window of the value the pieces are boxes of, when its labels show it is one."""
+        found = relaid.windows(moved, moved.shape, self.budgets.layout_labels, self.boxes)
+        if found is None or len(found[1]) != 1 or not any(found[1][0][0] is whole for whole, _ in self.boxes.values()):
+            return None
+        ((whole, box, _),) = found[1]
+        return self.reshape_term(self.slice_nd(whole, box), Shape(moved.dtype, moved.shape))
 
     def gather_term(self, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
         aligned = gather_map(dims, len(x.shape), len(idx.shape), len(out.dims))

@@ -112,5 +112,8 @@ def collective_value(ev: Builder, inst: Instruction, members: list[Term], pos: i
             raise Unsupported(f"tuple all-to-all {inst.name}")
         dim = dims[0]
         chunk = members[0].shape[dim] // len(members)
-        return ev.concat([ev.slice_term(m, dim, pos * chunk, (pos + 1) * chunk) for m in members], dim)
+        moved = ev.concat([ev.slice_term(m, dim, pos * chunk, (pos + 1) * chunk) for m in members], dim)
+        # the slots each group's device sends to this device's experts, when every group's slots
+        # are a piece of the value the reference computes for all groups: one window of that value
+        return ev.one_window(moved) or moved
     raise Unsupported(op)

@@ -11,7 +11,7 @@ from equivci.hlo.ir import Instruction, Shape
 from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
-from equivci.terms.spec import compare_text
+from equivci.terms.spec import DotSpec, compare_text, parse_transpose, swapped_dot, transpose_text
 from equivci.translate import bounds, squeezes
 from equivci.translate.arrays import all_equal
 from equivci.translate.builder import Builder
@@ -86,7 +86,10 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
         return plain
     if (cancelled := offset_cancelled(ev, op, args)) is not None:
         return cancelled
-    return _built(ev, "binary", (op,), args, shape, lambda a, b: semantics.apply(semantics.BINARY, op, a, b))
+    fn = lambda a, b: semantics.apply(semantics.BINARY, op, a, b)  # noqa: E731
+    if (moved := through_transpose(ev, op, args, shape, fn)) is not None:
+        return moved
+    return _built(ev, "binary", (op,), args, shape, fn)
 
 
 def compare(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -156,6 +159,44 @@ def without_guard(ev: Builder, op: str, args: list) -> Term | None:
     if op == "select" and args[0].op == "unary" and args[0].attrs == ("is-finite",) and args[0].args[0] is args[1]:
         return args[1]
     return None
+
+
+def through_transpose(ev: Builder, op: str, args: list, shape: Shape, fn) -> Term | None:
+    """transpose(x) op c = transpose(x op c) when c is one number everywhere (relu's zero on slots
+    laid out [groups, experts, ...] where the reference's are [experts, groups, ...]): the op then
+    meets the one on the untransposed value. Exact: a splat is the same in every layout. (A
+    product or quotient by a splat is a constant factor, which the builder keeps in front.)"""
+    if op in ("multiply", "divide"):
+        return None
+    for k in (0, 1):
+        t, c = args[k], args[1 - k]
+        value = ev.folded(c)
+        if t.op != "transpose" or value is None or not value.size or not all_equal(value):
+            continue
+        moved = _op_under(ev, op, k, t.args[0], t.attrs[0], value.flat[0], c.dtype, shape, fn)
+        if t.args[0].op == "dot":
+            # the loader knows transpose(dot(x, y)) also as a transpose of dot(y, x): keep that
+            # form for the op too (the reference may have the operands the other way round)
+            spec, composed = swapped_dot(DotSpec.parse(t.args[0].attrs[0]), parse_transpose(t.attrs[0]))
+            dims = [0] * len(shape.dims)
+            for o, n in zip(composed, shape.dims):
+                dims[o] = n
+            x, y = t.args[0].args
+            swapped = ev.mk("dot", (spec.text(),), [y, x], Shape(t.dtype, tuple(dims)))
+            other = _op_under(ev, op, k, swapped, transpose_text(composed), value.flat[0], c.dtype, shape, fn)
+            ev.equal_terms.append([moved, other])
+        return moved
+    return None
+
+
+def _op_under(ev: Builder, op: str, k: int, x: Term, perm: str, number, dtype: str, shape: Shape, fn) -> Term:
+    """transpose(x op splat(number), perm), the splat the k-th operand."""
+    splat = ev.const(np.full(x.shape, number, dtype=np.asarray(number).dtype), dtype)
+    term = _built(ev, "binary", (op,), [x, splat] if k == 0 else [splat, x], Shape(shape.dtype, x.shape), fn)
+    if parse_transpose(perm) == tuple(range(len(x.shape))):
+        return term
+    attrs = (perm,)
+    return ev.factored("transpose", attrs, [term], shape) or ev.mk("transpose", attrs, [term], shape)
 
 
 def offset_cancelled(ev: Builder, op: str, args: list) -> Term | None:

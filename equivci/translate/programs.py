@@ -103,6 +103,7 @@ def _translate(
     dist_eval.bounds.update(bounds)
     dist_eval.values.update(ref_eval.values)
     dist_eval.constants.extend(ref_eval.constants)
+    dist_eval.boxes.update(ref_eval.boxes)  # the reference's group pieces, which devices compute too
     matcher = loops(reference, ref_eval.loops)
     dist_eval.loop_handler = matcher
     dist_args = [

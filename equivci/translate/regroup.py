@@ -24,7 +24,7 @@ from typing import Callable
 
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
-from equivci.terms.spec import BcastSpec
+from equivci.terms.spec import BcastSpec, DotSpec
 from equivci.translate import bounds, elementwise
 from equivci.translate.attributes import dims_attr
 from equivci.translate.builder import Builder, Value
@@ -71,6 +71,7 @@ def note(ev: Builder, inst: Instruction, args: list, result: Value, handler: Cal
     for r, f in pairs:
         ev.regrouped[r] = f
         ev.equal_terms.append([r, ev.reshape_term(f, Shape(r.dtype, r.shape))])
+        _note_pieces(ev, r, f)
 
 
 def _lifted(ev: Builder, inst: Instruction, args: list[Term], handler: Callable, device: int) -> Value | None:
@@ -110,7 +111,18 @@ def _lifted(ev: Builder, inst: Instruction, args: list[Term], handler: Callable,
     flat_inst = dataclasses.replace(inst, shape=shape, attrs=attrs)
     value = handler(ev, flat_inst, flats, device)
     bounds.note(ev, flat_inst, flats, value)
+    rows = _groups_rows(inst)
+    outputs = value if isinstance(value, tuple) else (value,)
+    for k, out in enumerate(outputs):
+        if isinstance(out, Term) and out.shape[:1] == (rows,):
+            ev.row_ops.setdefault(out, (flat_inst, flats, handler, device, k if isinstance(value, tuple) else None))
     return value
+
+
+def _groups_rows(inst: Instruction) -> int:
+    """G * T: the rows of an op's result split as [G, T, ...] (its first tuple element's)."""
+    shape = inst.shape.elements[0] if inst.shape.is_tuple else inst.shape
+    return shape.dims[0] * shape.dims[1]
 
 
 def _flat_operand(ev: Builder, inst: Instruction, a: Term) -> Term | None:
@@ -200,15 +212,81 @@ def _dot_by_group(ev: Builder, inst: Instruction, args: list, result: Term, hand
         return
     ev.regrouped[result] = flat
     ev.equal_terms.append([result, ev.reshape_term(flat, Shape(result.dtype, result.shape))])
+    _note_pieces(ev, result, flat)
 
 
-def _rows(ev: Builder, y: Term, start: int, stop: int) -> Term:
-    """y[start:stop], taken before a reshape of y that keeps its rows (as the device that holds the
-    rows reshapes them: the same terms on both sides)."""
+def _note_pieces(ev: Builder, result: Term, flat: Term) -> None:
+    """result = reshape(flat, [G, ...]): the rows of flat a group's op made (a term of its own, what
+    the device that holds the group computes) are result[g] read in row-major order."""
+    groups = result.shape[0]
+    size = flat.shape[0] // groups
+    rest = tuple((0, n) for n in result.shape[1:])
+    for g in range(groups):
+        piece = ev.slice_term(flat, 0, g * size, (g + 1) * size)
+        if piece.op != "slice":
+            ev.boxes.setdefault(piece, (result, ((g, g + 1), *rest)))
+
+
+def _rows(ev: Builder, y: Term, start: int, stop: int, memo: dict | None = None) -> Term:
+    """y[start:stop], taken before a reshape of y that keeps its rows and before the lifted ops that
+    made y (each acts row by row: the rows of op'(y) are op' on the rows of y), as the device that
+    holds the rows computes them: the same terms on both sides."""
+    memo = {} if memo is None else memo
+    if y in memo:
+        return memo[y]
     if y.op == "reshape" and y.args[0].shape[:1] == y.shape[:1]:
-        rows = ev.slice_term(y.args[0], 0, start, stop)
-        return ev.reshape_term(rows, Shape(y.dtype, (stop - start, *y.shape[1:])))
-    return ev.slice_term(y, 0, start, stop)
+        rows = _rows(ev, y.args[0], start, stop, memo)
+        found = ev.reshape_term(rows, Shape(y.dtype, (stop - start, *y.shape[1:])))
+    else:
+        window = ev.slice_term(y, 0, start, stop)
+        pushed = _op_rows(ev, y, start, stop, memo) or _elementwise_rows(ev, y, start, stop, memo)
+        if pushed is not None and pushed is not window:
+            ev.equal_terms.append([pushed, window])  # keeps the rows known as a window of y
+        found = pushed or window
+    memo[y] = found
+    return found
+
+
+def _elementwise_rows(ev: Builder, y: Term, start: int, stop: int, memo: dict) -> Term | None:
+    """Rows of an elementwise op (built by a normal form rather than an op of the program) and of a
+    broadcast that keeps or adds the leading dim: the op on the operands' rows."""
+    n = y.shape[0]
+    shape = Shape(y.dtype, (stop - start, *y.shape[1:]))
+    if y.op in ("unary", "binary", "ternary") and all(a.shape == y.shape for a in y.args):
+        return ev.normal(y.op, y.attrs, [_rows(ev, a, start, stop, memo) for a in y.args], shape)
+    if y.op == "dot":  # rows of the lhs's leading free dim: the dot of those rows
+        spec = DotSpec.parse(y.attrs[0])
+        lhs, rhs = y.args
+        if spec.lhs_batch or 0 in spec.lhs_contract or lhs.shape[:1] != (n,):
+            return None
+        return ev.normal("dot", y.attrs, [_rows(ev, lhs, start, stop, memo), rhs], shape)
+    if y.op != "bcast":
+        return None
+    parts = BcastSpec.parse(y.attrs[0]).parts
+    kept = sorted((p[1], k) for k, p in enumerate(parts) if p[0] == "i")
+    dims = tuple(k for _, k in kept)
+    if parts[0][0] == "n":  # constant along the rows
+        return broadcast_term(ev, y.args[0], shape, dims)
+    if dims[:1] == (0,) and y.args[0].shape[:1] == (n,):
+        return broadcast_term(ev, _rows(ev, y.args[0], start, stop, memo), shape, dims)
+    return None
+
+
+def _op_rows(ev: Builder, y: Term, start: int, stop: int, memo: dict) -> Term | None:
+    """The lifted op that made y, on rows [start, stop) of its operands."""
+    if y not in ev.row_ops:
+        return None
+    inst, operands, handler, device, k = ev.row_ops[y]
+    n = y.shape[0]
+    args = [_rows(ev, a, start, stop, memo) if a.shape[:1] == (n,) else a for a in operands]
+    shapes = inst.shape.elements if inst.shape.is_tuple else (inst.shape,)
+    cut = tuple(Shape(s.dtype, (stop - start, *s.dims[1:])) for s in shapes)
+    shape = Shape("tuple", elements=cut) if inst.shape.is_tuple else cut[0]
+    rows_inst = dataclasses.replace(inst, shape=shape)
+    value = handler(ev, rows_inst, args, device)
+    bounds.note(ev, rows_inst, args, value)
+    out = value[k] if k is not None and isinstance(value, tuple) else value
+    return out if isinstance(out, Term) and out.shape == (stop - start, *y.shape[1:]) else None
 
 
 def _dims(dims: list[int]) -> str:

@@ -7,11 +7,16 @@ each element came from: when the result, cut along one dim, is runs each of whic
 source read in row-major order, it is the concatenation of those windows (reshaped). Exact: the
 labels are compared element by element, so a run read in another order (a transposed box) or from
 two sources is no window.
+
+A source known to be one box of a bigger value (`known`: a group's piece of a value the reference
+computes group by group, regroup.py) is labelled by that box of the bigger value's numbers, so the
+windows found are of the bigger value: the slots every group's device sends to one expert's device
+(an all-to-all after a per-group dispatch) are one window of the reference's slots of all groups.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -25,23 +30,35 @@ MAX_RUNS = 64
 Box = tuple[tuple[int, int], ...]
 
 
-def windows(operand: Term, out_shape: tuple[int, ...], budget: int) -> tuple[int, list[tuple[Term, Box, int]]] | None:
+def windows(
+    operand: Term, out_shape: tuple[int, ...], budget: int, known: Mapping[Term, tuple[Term, Box]] | None = None
+) -> tuple[int, list[tuple[Term, Box, int]]] | None:
     """(dim, [(source, box, run length)]) when reshape(operand, out_shape) is the concatenation along
     dim of the sources' boxes (each reshaped to its run of the result), fewest runs first; None when the
-    operand is not moved by a transpose or concatenation, or is no such concatenation."""
+    operand is not moved by a transpose or concatenation, or is no such concatenation. `known`: sources
+    that are a box of a bigger value (read in row-major order), which is then the source."""
+    known = known or {}
     sources: dict[Term, int] = {}
     nodes = _walk(operand, sources)
     if nodes is None or not any(t.op in ("transpose", "concat") for t in nodes):
         return None
-    sizes = [int(np.prod(t.shape)) for t in sources]
+    bases = list(dict.fromkeys(known[t][0] if t in known else t for t in sources))
+    sizes = [int(np.prod(t.shape)) for t in bases]
     if not sizes or sum(sizes) > budget or 0 in out_shape:
         return None
     starts = np.cumsum([0] + sizes)
-    offset = dict(zip(sources, starts[:-1].tolist()))
-    labels = _labels(operand, lambda t: offset[t] + np.arange(int(np.prod(t.shape))).reshape(t.shape))
+    numbers = {b: lo + np.arange(int(np.prod(b.shape))).reshape(b.shape) for b, lo in zip(bases, starts[:-1].tolist())}
+
+    def leaf(t: Term) -> np.ndarray:
+        if t not in known:
+            return numbers[t]
+        whole, box = known[t]
+        return numbers[whole][tuple(slice(a, b) for a, b in box)].reshape(t.shape)
+
+    labels = _labels(operand, leaf)
     out = labels.reshape(out_shape)
     source_of = np.searchsorted(starts, out, side="right") - 1
-    order = list(sources)
+    order = bases
     best = None
     for dim in range(len(out_shape)):
         found = _runs(out, source_of, dim, order, starts)

@@ -18,7 +18,7 @@ VERIFIED = {
     "argsort-tokens", "sorted-moe", "ragged-moe", "sorted-top2", "sorted-ids", "sorted-ids-ends",
     "sorted-ids-starts", "topk-set-experts", "topk-add-into-ones",
     "topk-set-vmapped", "finite-guard",
-    "embed-outside", "embed-outside-not",
+    "embed-outside", "embed-outside-not", "slots-a2a",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -32,7 +32,7 @@ MISMATCH = {
     "ragged-moe-add-into-ones", "ragged-moe-added-at-inverse", "sorted-top2-tiled-token-ids",
     "sorted-ids-ends-minus-one", "sorted-ids-from-one", "sorted-ids-starts-minus-two",
     "topk-set-repeated-slot", "topk-set-into-ones", "topk-set-experts-rotated", "select-by-not",
-    "embed-outside-drops-first", "embed-outside-and", "embed-outside-ones",
+    "embed-outside-drops-first", "embed-outside-and", "embed-outside-ones", "slots-a2a-swapped",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -71,5 +71,6 @@ DEFAULT = {
     "topk-tokens", "topk-local-experts",  # sorts: lanes of other dims, not windows of the sorted dim
     "sorted-moe", "sorted-moe-unsort-by-order",  # sort-based dispatch: un-sorted by the inverse permutation
     "topk-set-experts", "topk-set-repeated-slot",  # a scatter at a row's distinct columns: a one-hot sum
+    "slots-a2a", "slots-a2a-swapped",  # all_to_all of every group's slots: one window of the batched slots
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

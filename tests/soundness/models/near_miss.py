@@ -994,3 +994,39 @@ def sorted_ids_starts(x, router, w1, w2, *, mesh):
 def sorted_ids_starts_minus_two(x, router, w1, w2, *, mesh):
     # BUG: marks at the groups' starts count the group plus one; minus two is one group too low
     return _sorted_ids_tokens(x, router, w1, w2, mesh, "starts-minus-two")
+
+
+# -- slots of every group exchanged by all_to_all (translate/regroup.py pieces, relaid.py) ----------
+SLOT_GROUPS, SLOT_TOKENS, SLOT_D, SLOT_E = 2, 6, 4, 4
+
+
+def slot_inputs():
+    return spec(SLOT_GROUPS * SLOT_TOKENS, SLOT_D), spec(SLOT_D, SLOT_E)
+
+
+def _group_slots(xg, w):
+    """[E, D]: each expert's sum of the group's tokens, weighted by their router probability."""
+    probs = jax.nn.softmax(xg @ w, axis=-1)
+    return jnp.einsum("te,td->ed", probs * (probs >= probs.max(-1, keepdims=True)), xg)
+
+
+def slots_by_group(x, w):  # [G, E, D]
+    return jax.vmap(_group_slots, in_axes=(0, None))(x.reshape(SLOT_GROUPS, SLOT_TOKENS, SLOT_D), w)
+
+
+def _slots_exchanged(x, w, mesh, order):
+    n = mesh.shape["ep"]
+
+    def body(xg, w):
+        mine = order(_group_slots(xg, w)).reshape(n, SLOT_E // n, SLOT_D)
+        return lax.all_to_all(mine, "ep", split_axis=0, concat_axis=0, tiled=True)  # [G, E/n, D]
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P("ep"), P()), out_specs=P(None, "ep"))(x, w)
+
+
+def slots_exchanged(x, w, *, mesh):
+    return _slots_exchanged(x, w, mesh, lambda s: s)
+
+
+def slots_exchanged_swapped(x, w, *, mesh):  # each device gets the other device's experts
+    return _slots_exchanged(x, w, mesh, lambda s: jnp.concatenate([s[SLOT_E // 2 :], s[: SLOT_E // 2]]))
