@@ -34,6 +34,7 @@ import importlib.util
 import json
 import math
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -128,10 +129,10 @@ class Mutants:
     """The mutants mutmut makes of one module (it mutates only inside functions and methods); each
     is rendered only when drawn (a module has hundreds, and a render re-prints the whole module)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, code: str | None = None) -> None:
         from mutmut.mutation.file_mutation import create_mutations
 
-        self.code = path.read_text()
+        self.code = path.read_text() if code is None else code
         with contextlib.chdir(REPO):  # mutmut reads its settings from ./pyproject.toml
             self.module, mutations, _, _ = create_mutations(str(path), self.code)
         self.mutations = [m for m in mutations if m.contained_by_top_level_function is not None]
@@ -164,12 +165,14 @@ def modules(packages: tuple[str, ...]) -> list[Path]:
     return [p for pkg in packages for p in sorted((REPO / pkg).rglob("*.py")) if "__pycache__" not in p.parts]
 
 
-def sample(paths: list[Path], per_module: int, seed: int) -> tuple[list[Sampled], dict[Path, int]]:
+def sample(paths: list[Path], per_module: int, seed: int, at: str = "") -> tuple[list[Sampled], dict[Path, int]]:
     """`per_module` mutants of each module, drawn with `seed` (and the module's path, so one module's
-    draw does not depend on which others are sampled); also each module's number of mutants."""
+    draw does not depend on which others are sampled); also each module's number of mutants. With `at`
+    (a commit), the sample is drawn over the modules as they were at that commit and each mutant is
+    carried to the module as it is now (`carried`); one that no longer applies is left out, and said."""
     chosen, population = [], {}
     for path in paths:
-        every = Mutants(path)
+        every = Mutants(path, _source(path, at) if at else None)
         population[path] = len(every)
         picks = sorted(random.Random(f"{seed}:{path.relative_to(REPO)}").sample(range(len(every)), min(per_module, len(every))))
         for k in picks:
@@ -177,8 +180,49 @@ def sample(paths: list[Path], per_module: int, seed: int) -> tuple[list[Sampled]
             if text == every.code:
                 continue  # (a mutation that prints as the original: nothing to test)
             where = f"{path.relative_to(REPO / 'equivci')}:{change.split(':', 1)[0]}#{k}"
+            if at:
+                now = path.read_text() if path.exists() else ""
+                text = carried(every.code, text, now) or ""
+                if text in ("", now):
+                    print(f"  {where} (drawn at {at}) no longer applies: {change[:120]}", flush=True)
+                    continue
             chosen.append(Sampled(where, path, text, change))
     return chosen, population
+
+
+def _source(path: Path, at: str) -> str:
+    rel = path.relative_to(REPO).as_posix()
+    return subprocess.run(["git", "show", f"{at}:{rel}"], cwd=REPO, check=True, capture_output=True, text=True).stdout
+
+
+def _modules_at(packages: tuple[str, ...], at: str) -> list[Path]:
+    listed = subprocess.run(["git", "ls-tree", "-r", "--name-only", at, *packages], cwd=REPO, check=True,
+                            capture_output=True, text=True).stdout.split()
+    return [p for pkg in packages for p in sorted(REPO / f for f in listed if f.startswith(f"{pkg}/") and f.endswith(".py"))]
+
+
+def carried(before: str, mutated: str, now: str, context: int = 3, widest: int = 8) -> str | None:
+    """The mutation `before` -> `mutated` of a module applied to `now`, the module as it is now: each
+    changed run of lines is replaced where the same lines, with `context` unchanged lines each side
+    (as `patch` does, without fuzz) or as many more as make them occur once, occur in `now`. None when
+    a run does not occur exactly once: the code the mutant changed, or next to it, has changed."""
+    old, new = before.splitlines(keepends=True), mutated.splitlines(keepends=True)
+    out = now.splitlines(keepends=True)
+    hunks = [op for op in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes() if op[0] != "equal"]
+    for _, i1, i2, j1, j2 in reversed(hunks):
+        for c in range(context, widest + 1):
+            lo, hi = max(0, i1 - c), min(len(old), i2 + c)
+            needle = old[lo:hi]
+            hits = [k for k in range(len(out) - len(needle) + 1) if out[k:k + len(needle)] == needle]
+            if len(hits) == 1:
+                k = hits[0]
+                out[k:k + len(needle)] = old[lo:i1] + new[j1:j2] + old[i2:hi]
+                break
+            if not hits or (lo == 0 and hi == len(old)):
+                return None
+        else:
+            return None
+    return "".join(out)
 
 
 def interleaved(chosen: list[Sampled]) -> list[Sampled]:
@@ -255,12 +299,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, help="a JSON-lines file of judged mutants, to resume a run: the drawn "
                         "mutants it holds are not run again (except those named by --only) and count in the figures; "
                         "the outcomes of this run are added to it")
+    parser.add_argument("--drawn-at", default="", help="a commit: draw the sample over the modules as they were there "
+                        "(a results file's sample), each mutant carried to the module as it is now; those that no longer "
+                        "apply are said and left out")
     parser.add_argument("--list", action="store_true", help="print the sampled mutants and stop")
     args = parser.parse_args(argv)
-    paths = [REPO / m for m in args.modules.split(",") if m] or modules(VERDICT_PACKAGES)
+    at = args.drawn_at
+    paths = [REPO / m for m in args.modules.split(",") if m] or (_modules_at(VERDICT_PACKAGES, at) if at else modules(VERDICT_PACKAGES))
     paths = [p for p in paths if str(p.relative_to(REPO)) not in args.exclude.split(",")]
     t0 = time.perf_counter()
-    drawn, population = sample(paths, args.per_module, args.seed)
+    drawn, population = sample(paths, args.per_module, args.seed, at)
     chosen = drawn
     if args.only:
         chosen = [s for s in drawn if s.name in args.only.split(",")]
@@ -268,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"--only: {', '.join(sorted(unknown))} not among the drawn mutants (same --seed and --per-module?)")
     print(f"{len(chosen)} mutants sampled (seed {args.seed}, {args.per_module} per module) of "
-          f"{sum(population.values())} in {len(paths)} modules", flush=True)
+          f"{sum(population.values())} in {len(paths)} modules" + (f" as they were at {at}" if at else ""), flush=True)
     if args.list:
         for s in chosen:
             print(f"{s.name:34s} {s.change}")

@@ -60,3 +60,15 @@ def test_a_results_file_resumes_the_mutants_it_holds_as_drawn(tmp_path):
     mt.record(results, [outcome(first.name, "killed", "AssertionError")], {s.name: s for s in drawn})
     assert mt.recorded(results, drawn)[first.name] == ("killed", "AssertionError")
     assert len(results.read_text().splitlines()) == 2
+
+
+def test_a_mutant_drawn_at_a_commit_is_carried_to_the_module_as_it_is_now():
+    """A mutant drawn over a module as it was is applied where its lines are now (lines added above,
+    a look-alike line told apart by its neighbours); when its lines changed, it no longer applies."""
+    before = "def f(x):\n    y = x + 1\n    return y\n\ndef g(x):\n    y = x + 1\n    return -y\n"
+    mutated = before.replace("def g(x):\n    y = x + 1", "def g(x):\n    y = x - 1")  # the line f has too
+    now = "import os\n\n" + before
+    assert mt.carried(before, mutated, now) == "import os\n\n" + mutated
+    assert mt.carried(before, mutated, now.replace("def g(x):\n    y = x + 1", "def g(x):\n    y = x + 2")) is None
+    assert mt.carried(before, mutated, now.replace("def g(x):", "def h(x):").replace("return -y", "return y")) is None
+    assert mt.carried(before, before, now) == now

@@ -112,3 +112,32 @@ def test_counted_group_marks_are_the_sorted_ids(seed):
     assert np.array_equal(np.arange(e)[v], v)
     assert not np.array_equal(counted(ends) - 1, v[perm])
     assert not np.array_equal(np.arange(1, e + 1)[v], v)
+
+
+def test_a_scatter_index_is_a_group_bound_only_as_its_own_dtype_computes_it():
+    """translate/group_ids.py reads the marks' scatter index g as the group bound b when g(k) = k for
+    every k in [0, n] (a negative index's wrap, where(b < 0, b + n, b), is such a g). g is computed
+    in b's dtype: for int8 b, b + 100 wraps below 0 from k = 28, so where(b + 100 < 0, 99, b) puts
+    the marks of the later groups at row 99, not at b (in a wider dtype it would be b)."""
+    from equivci.hlo.ir import Module
+    from equivci.terms.ir import TermTable
+    from equivci.translate.evaluator import Evaluator
+    from equivci.translate.group_ids import _marks_at
+
+    n, table = 40, TermTable()
+    ev = Evaluator(Module.__new__(Module), table, 1)
+    b = table.make("param", (0,), (), (4,), "s8")
+
+    def const(k):
+        return ev.const(np.full((4,), k, np.int8), "s8")
+
+    def plus(x, k):
+        return table.make("binary", ("add",), (x, const(k)), (4,), "s8")
+
+    def where_negative(x, then, otherwise):
+        p = table.make("binary", ("compare-LT:s8",), (x, const(0)), (4,), "pred")
+        return table.make("ternary", ("select",), (p, then, otherwise), (4,), "s8")
+
+    assert _marks_at(ev, where_negative(b, plus(b, n), b), b, n)
+    assert _marks_at(ev, where_negative(plus(b, 80), const(99), b), b, n)  # b + 80 <= 120: no wrap
+    assert not _marks_at(ev, where_negative(plus(b, 100), const(99), b), b, n)

@@ -160,20 +160,32 @@ def test_mask_lemma():
 
 def test_numeric_ops_follow_the_term_semantics():
     """Builder.numeric (which the mask lemma runs) against the numpy model of the terms."""
-    from equivci.hlo.ir import Module
+    from equivci.hlo.ir import Module, Shape
     from equivci.terms.ir import TermTable
     from equivci.terms.semantics import evaluate
-    from equivci.terms.spec import bcast_spec
+    from equivci.terms.spec import bcast_spec, transpose_text
     from equivci.translate.evaluator import Evaluator
 
     table = TermTable()
     ev = Evaluator(Module.__new__(Module), table, 1)
     rng = np.random.default_rng(0)
-    x = table.make("param", (0,), (), (3, 4), "s32")
-    value = rng.integers(-5, 5, size=(3, 4)).astype(np.int32)
+    x, y = (table.make("param", (k,), (), (3, 4), "s32") for k in (0, 1))
+    env = {k: rng.integers(-5, 5, size=(3, 4)).astype(np.int32) for k in (0, 1)}
     wide = table.make("bcast", (bcast_spec(2, (4, 2, 3), (2, 0)),), (x,), (4, 2, 3), "s32")  # transposing
     cmp = table.make("binary", ("compare-GE:s32",), (wide, wide), (4, 2, 3), "pred")
     conv = table.make("unary", ("convert",), (cmp,), (4, 2, 3), "f32")
-    for term in (wide, cmp, conv):
-        args = [evaluate(a, {0: value}) for a in term.args]
-        assert np.array_equal(ev.numeric(term, args), evaluate(term, {0: value}))
+    # the layout ops and the two-operand ones, on operands that differ (an operand taken for another shows)
+    less = table.make("binary", ("compare-LT:s32",), (x, y), (3, 4), "pred")
+    terms = (
+        wide, cmp, conv, less,
+        ev.slice_term(x, 1, 1, 3),
+        ev.reshape_term(x, Shape("s32", (2, 6))),
+        table.make("transpose", (transpose_text((1, 0)),), (x,), (4, 3), "s32"),
+        ev.concat([x, y], 0),
+        table.make("binary", ("subtract",), (x, y), (3, 4), "s32"),
+        table.make("ternary", ("select",), (less, x, y), (3, 4), "s32"),
+    )
+    assert [t.op for t in terms[4:8]] == ["slice", "reshape", "transpose", "concat"]
+    for term in terms:
+        args = [evaluate(a, env) for a in term.args]
+        assert np.array_equal(ev.numeric(term, args), evaluate(term, env)), term.op

@@ -108,6 +108,15 @@ def _sorted_group_ids(table, ids):  # translate/group_ids.py: each sorted row's 
     return group, jnp.cumsum(marks), jnp.arange(V)[ids], table[ids][jnp.argsort(ids)] * group[:, None]
 
 
+def _group_marks_written_otherwise(table, ids):  # the starts as [0, ends[:-1]]; marks of another dtype than the ids
+    counts = jnp.bincount(ids, length=V)
+    ends = jnp.cumsum(counts)
+    at_starts = jnp.zeros(T, jnp.int32).at[jnp.concatenate([jnp.zeros(1, ends.dtype), ends[:-1]])].add(1)
+    at_ends = jnp.zeros(T, jnp.int16).at[ends].add(jnp.int16(1))
+    group = jnp.repeat(jnp.arange(V), counts, total_repeat_length=T)
+    return jnp.cumsum(at_starts), jnp.cumsum(at_ends), table[ids][jnp.argsort(ids)] * group[:, None]
+
+
 
 def _top_k_combine(x):  # translate/one_hots.py: a row's top-k columns are distinct, so set = sum
     values, idx = lax.top_k(jax.nn.softmax(x), 3)
@@ -166,6 +175,7 @@ CASES = {
     "pad and cut": (_padded, (X,)),
     "integer arithmetic and masks": (_integer_mix, (IDS,)),
     "sorted group ids (jnp.repeat of the group sizes)": (_sorted_group_ids, (TABLE, IDS)),
+    "sorted group ids from the starts as [0, ends[:-1]], marks in int16": (_group_marks_written_otherwise, (TABLE, IDS)),
     "top-k weights set per row (one-hot sum)": (_top_k_combine, (X,)),
     "argsort columns set, expert-major": (_argsort_columns_transposed, (X,)),
     "columns added per row, repeats allowed": (_columns_added, (X, IDS)),
