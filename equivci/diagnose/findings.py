@@ -95,7 +95,8 @@ def defect_findings(
     those of the manifest's models checked against another reference."""
     if shown:
         found = _defect_findings(defect, captured, events, layering, failed_layers, frontier, outputs_equal)
-        found = _caller_choices(found, captured, events, entry, foreign)
+        runs = frozenset(loc.function.split(".")[-1] for e in reference_events or () for loc in e.inst.stack)
+        found = _caller_choices(found, captured, events, entry, foreign, runs)
     else:
         inst = defect.frontier or defect.inst
         found = [
@@ -262,16 +263,17 @@ def _caller_choices(
     events: list[Event],
     entry: tuple[str, str] | None,
     foreign: tuple[tuple[str, str], ...] = (),
+    reference_runs: frozenset[str] = frozenset(),
 ) -> list[tuple[Finding, Instruction | None]]:
     """The lead error moves to the call that passes the static value its op depends on, where another
     call of the same helper passes another (equivci.diagnose.arguments); the op's line stays as a
-    tied note."""
+    tied note. `reference_runs`: the names of the functions the reference runs."""
     if not findings:
         return findings
     (lead, inst), rest = findings[0], findings[1:]
     if inst is None or lead.severity != "error":
         return findings
-    choice = passed_choice(inst, events, captured.repo_root, entry, foreign)
+    choice = passed_choice(inst, events, captured.repo_root, entry, foreign, reference_runs)
     if choice is None:
         return findings
     path, line = source_of(

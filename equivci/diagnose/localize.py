@@ -599,6 +599,10 @@ def first_defect(
             users.setdefault(id(arg), []).append(event)
             if id(arg) not in valued and level < USE_LEVELS:
                 inner.extend((a, level + 1) for a in arg.args)
+    op_users: dict[str, list[Event]] = {}
+    for event in events:
+        for name in dict.fromkeys(event.inst.operands):
+            op_users.setdefault(name, []).append(event)
     verdicts: dict[tuple[int, ...], bool | None] = {}
     budget = [ABSORB_BUDGET]
 
@@ -613,7 +617,13 @@ def first_defect(
         if key in verdicts:
             return verdicts[key]
         verdicts[key] = None
-        found = [u for u in users.get(id(terms[0]), []) if (t := _terms(u)) and t[0] in loader.exprs]
+        # A value no term takes as an argument may still be an op's operand: the evaluator folded
+        # it into that op's term (a pmax of local maxima is the max of the whole row).
+        found = [
+            u
+            for u in users.get(id(terms[0])) or op_users.get(event.inst.name, [])
+            if (t := _terms(u)) and t[0] in loader.exprs
+        ]
         seen: set[bool | None] = set()
         for use in found:
             budget[0] -= 1

@@ -462,6 +462,20 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(TP)), out_specs=P())(x, r, w)
 
 
+    def lse(x):
+        top = jnp.max(x, axis=-1)
+        return jnp.log(jnp.sum(jnp.exp(x - top[:, None]), axis=-1)) + top
+
+
+    def lse_vocab_shift_subtracted(x, *, mesh):
+        def body(x):
+            top = lax.pmax(jnp.max(x, axis=-1), TP)
+            z = lax.psum(jnp.sum(jnp.exp(x - top[:, None]), axis=-1), TP)
+            return jnp.log(z) - top  # MARK:lse-shift
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(None, TP),), out_specs=P())(x)
+
+
     def columns_uncut(x, c, *, mesh):
         def body(x, c):
             y = x * x
@@ -529,6 +543,8 @@ MANIFEST = textwrap.dedent(
          distributed: models.py:rotated_pairs_concatenated, inputs: models.py:seq_inputs, mesh: {tp: 2}}
       - {name: expert-id-strided, reference: models.py:expert_scale, distributed: models.py:expert_scale_strided,
          inputs: models.py:router_inputs, mesh: {tp: 2}}
+      - {name: lse-shift, reference: models.py:lse, distributed: models.py:lse_vocab_shift_subtracted,
+         inputs: models.py:norm_inputs, mesh: {tp: 2}}
       - {name: per-head-swapped, reference: models.py:per_head_scores,
          distributed: models.py:per_head_scores_swapped, inputs: models.py:per_head_inputs, mesh: {tp: 2}}
     """
@@ -668,6 +684,10 @@ FRESH = {
     # The first expert's global id is the device index plus 0 * n, which emits no op: the name
     # computed from the device index on the way to the comparison is the line, not axis_index.
     "expert-id-strided": ("expert-id", ("`g`", "from no input", "`compare`")),
+    # Each device's row maximum is no reference value, but its one use, the pmax, is the
+    # reference's maximum (the evaluator folds the local maxima into it, so only the op's operands
+    # show the use): a step of the shard's own; the sign of the shift added back is the finding.
+    "lse-shift": ("lse-shift", ("`subtract`",)),
 }
 
 
