@@ -126,7 +126,7 @@ def _defect_findings(
     message = defect.message
     if defect.context is not None:
         cpath, cline = source_of(defect.context, captured.repo_root)
-        where = f"{cpath}:{cline}" if cpath else defect.context.name
+        where = f"{cpath}:{cline}" if cpath else "an unknown line"
         message += f" (it is combined with the other operand at {where}, `{defect.context.opcode}`)"
     message = message if message.endswith((".", "!")) else message + "."
     more = same_line_layers(defect.inst, events, failed_layers)
@@ -163,8 +163,8 @@ def _defect_findings(
     elif numeric is not None:
         npath, nline = source_of(numeric.inst, captured.repo_root)
         message += (
-            f" On random inputs, the values first differ from the reference's at the `{numeric.inst.opcode}` at "
-            f"{f'{npath}:{nline}' if npath else numeric.inst.name}."
+            f" On random inputs, the values first differ from the reference's at the `{numeric.inst.opcode}` "
+            f"at {f'{npath}:{nline}' if npath else 'an unknown line'}."
         )
     elif frontier is not None and frontier.event is None and frontier.note is None and outputs_equal:
         message = (
@@ -248,9 +248,9 @@ def _shared_caller(
         _moved(
             finding,
             (call_path, call_line, tie),
-            f"this call, which the reference does not make, hands code the reference runs too (the "
-            f"`{inst.opcode}` at {finding.path}:{finding.line}, which computes the same from the same values) what "
-            f"it uses there. There: {finding.message}",
+            f"the `{inst.opcode}` at {finding.path}:{finding.line} is in code both programs run; the distributed "
+            "program reaches it through this call, which the reference does not make, so what this call passes "
+            f"in is the first suspect. There: {finding.message}",
             f"the `{inst.opcode}` that the finding at {call_path}:{call_line} is about is made here, in code the "
             "reference runs too.",
         )

@@ -457,9 +457,29 @@ def first_defect(
                 if origin
                 else Defect(slip[0].inst, slip[1], context=event.inst)
             )
-        partial_operand = any(
-            e is not None and (ts := _terms(e)) and status.get(_key(ts)) == "partial" for e in operand_events
-        )
+        partials = [
+            (k, e)
+            for k, e in enumerate(operand_events)
+            if e is not None and (ts := _terms(e)) and status.get(_key(ts)) == "partial"
+        ]
+        partial_operand = bool(partials)
+        unsummed = next((e for k, e in partials if _nonlinear_in(event.inst.opcode, k)), None)
+        if unsummed is not None and (ts := _terms(unsummed)) is not None:
+            # f(a + b) is no f(a) + f(b) for a nonlinear f: the share each device holds had to be
+            # summed before this op, where it is made.
+            axis = partial_axis[_key(ts)]
+            return Defect(
+                unsummed.inst,
+                f"this value is each device's share of a sum over mesh axis '{axis}' (their sum is the "
+                f"reference's value), but the `{event.inst.opcode}` at {_at(event.inst)} uses it as the whole sum, "
+                f"and a `{event.inst.opcode}` of a sum is not the sum of the `{event.inst.opcode}`s: a psum "
+                "(all-reduce) over that axis is missing here",
+                alternative=(
+                    event.inst,
+                    f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a copy of any "
+                    f"reference value: it takes a share of a sum over '{axis}' made at {_at(unsummed.inst)}.",
+                ),
+            )
         if any(e is not None and (ts := _terms(e)) and all(id(t) in routed for t in ts) for e in operand_events):
             return Defect(
                 event.inst,
@@ -808,6 +828,33 @@ def _index_origin(event: Event, by_name: dict[str, Event], plain: str) -> Defect
     )
 
 
+# Elementwise ops for which f(a + b) != f(a) + f(b): a share of a sum is no operand of theirs.
+_NONLINEAR = {
+    "log",
+    "log-plus-one",
+    "exponential",
+    "exponential-minus-one",
+    "sqrt",
+    "rsqrt",
+    "cbrt",
+    "tanh",
+    "logistic",
+    "power",
+    "maximum",
+    "minimum",
+    "compare",
+    "abs",
+    "sign",
+    "floor",
+    "ceil",
+}
+
+
+def _nonlinear_in(opcode: str, k: int) -> bool:
+    """The op is not linear in its operand `k` (a divisor is not)."""
+    return opcode in _NONLINEAR or (opcode == "divide" and k == 1)
+
+
 # Ops whose related value may still hold the wrong elements, chosen by an input-free operand.
 _CHOOSERS = LAYOUT_OPS | INDEXED_READS | {"select"}
 # Ops that make no value of their own from an input-free operand: its constants, the device's index.
@@ -1113,7 +1160,14 @@ _BINOPS = {
     "power": ast.Pow,
     "dot": ast.MatMult,
 }
-_CALLS = {"dot": ("einsum", "matmul", "dot", "tensordot"), "reshape": ("reshape",), "broadcast": ("broadcast_to",)}
+_CALLS = {
+    "dot": ("einsum", "matmul", "dot", "tensordot"),
+    "reshape": ("reshape",),
+    "broadcast": ("broadcast_to",),
+    "select": ("where", "select"),
+}
+# Calls whose literal arguments are operands too (a `jnp.where` fill value), not attributes.
+_LITERAL_OPERANDS = {"select"}
 
 
 _loc = innermost
@@ -1128,9 +1182,9 @@ def _repo_of(file: str) -> Path | None:
 
 
 def _at(inst: Instruction) -> str:
-    """Where `inst` is in the source, or its HLO name when its metadata gives no line."""
-    loc = _loc(inst)
-    return _where(loc) if loc is not None else f"HLO `{inst.name}`"
+    """Where `inst` is in the source; an unknown line for an op whose metadata gives none (its HLO
+    name means nothing to a reader of the source)."""
+    return _where(_loc(inst))
 
 
 def _where(loc: tuple[str, int] | None) -> str:
@@ -1153,7 +1207,7 @@ def _operand_exprs(stmt: ast.stmt, opcode: str, count: int) -> list[ast.expr] | 
             return [node.left, node.right]
         if isinstance(node, ast.Call):
             if callee(node) in _CALLS.get(opcode, ()):
-                args = [a for a in node.args if not isinstance(a, ast.Constant)]
+                args = [a for a in node.args if opcode in _LITERAL_OPERANDS or not isinstance(a, ast.Constant)]
                 if opcode == "reshape" and isinstance(node.func, ast.Attribute):
                     return [node.func.value] + args
                 if len(args) == count:
@@ -1515,7 +1569,8 @@ class _Tracer:
         end, rend = path[-1], rpath[-1]
         value = self.value(d_op, dev)
         c_mine, c_ref = self.constant(self.value(end, dev)), self.constant(self.value(rend, 0))
-        if c_mine is not None and c_ref is not None:
+        # Equal constants (a -inf fill of another dtype) show no difference: say nothing of them.
+        if c_mine is not None and c_ref is not None and c_mine != c_ref:
             lead = (
                 f"`{name}` in the `{event.inst.opcode}` there is {c_mine:g} on device {dev}, where the "
                 f"reference's `{ref.inst.opcode}` ({_at(ref.inst)}) uses {c_ref:g}"
@@ -1576,6 +1631,12 @@ class _Tracer:
             )
             return self.at_name_binding(event, k, end, name, said) or Defect(end.inst, said + ".")
         d_shape, r_shape = self.value(end, dev), self.value(rend, 0)
+        if end.inst.opcode == "reshape" and self.per_device_shape(d_shape, r_shape):
+            # A reshape of a part of the reference's operand into the reference's blocks, each
+            # sharded dim cut by the mesh as expected: the part may not start on a block boundary.
+            misaligned = self.misaligned_blocks(end, rend, dev, lead)
+            if misaligned is not None:
+                return misaligned
         shapes = ""
         if d_shape is not None and r_shape is not None and d_shape.shape != r_shape.shape:
             shapes = f": it gives shape {d_shape.shape} where the reference's gives {r_shape.shape}"
@@ -1593,6 +1654,36 @@ class _Tracer:
         if _loc(end.inst) is None:
             return None
         return Defect(end.inst, lead + ".")
+
+    def per_device_shape(self, mine: Term | None, theirs: Term | None) -> bool:
+        """`mine` has `theirs`'s rank, and each dim that differs is cut by a product of mesh axis sizes:
+        the shape a device holds of a sharded value, no defect of its own."""
+        if mine is None or theirs is None or len(mine.shape) != len(theirs.shape):
+            return False
+        sizes = {len(groups[0]) for groups in self.groups_by_axis.values() if groups}
+        cuts = {1}
+        for size in sizes:
+            cuts |= {c * size for c in cuts}
+        return all(n == m or (m and n % m == 0 and n // m in cuts) for m, n in zip(mine.shape, theirs.shape))
+
+    def misaligned_blocks(self, end: Event, rend: Event, dev: int, lead: str) -> Defect | None:
+        """The cut upstream of a reshape whose operand is a part of the reference's operand but whose
+        blocks are not the reference's: where that part starts is what differs."""
+        cuts = [
+            a
+            for a in self.ancestors(end, dev)
+            if a.inst.opcode in CUTTERS and self.constant(self.value(a, dev)) is None and _loc(a.inst) is not None
+        ]
+        if not cuts:
+            return None
+        cut = max(cuts, key=lambda a: self.order.get(a.inst.name, -1))
+        said = (
+            f"this slice takes a part of the value the reference splits into blocks at {_at(rend.inst)}, but on "
+            f"device {dev} the `reshape` at {_at(end.inst)} does not split it into a part of the reference's "
+            f"blocks (its shape is the per-device one): where the slice starts does not line up with those "
+            f"blocks (or the reshape's blocks are not the reference's), {lead}"
+        )
+        return self.at_index_origin(cut, said) or Defect(cut.inst, said + ".")
 
     def at_python_origin(
         self, event: Event, k: int | None, lead: str, path: list[Event], dims: list[int] | None = None
