@@ -12,13 +12,12 @@ the pull request changed first.
 from __future__ import annotations
 
 import dataclasses
-from fractions import Fraction
 from pathlib import Path
 
 from equivci.capture.types import CapturedModel
 from equivci.diagnose.arguments import passed_choice
 from equivci.diagnose.frames import innermost, library_call, shared_call
-from equivci.diagnose.localize import Defect, call_chain_start, source_of
+from equivci.diagnose.localize import Defect, call_chain_start, part_mean, source_of
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.layers.segments import Layering, layer_of, leaves
@@ -350,25 +349,12 @@ def _unrelated(
         message += "; the reference runs no op at this line"
     if outputs_equal:
         return message + ". No check shows the programs differ (likely a rule equivci lacks, not a defect)."
-    if _part_mean(defect.constants):
+    if part_mean(defect.constants):
         # 1/n where the reference has 1/(k n): a mean over a part of the rows (a shard's, a
         # microbatch's), which a later sum over the parts brings back. No guess at all then.
         return message + ". No check shows a difference rounding cannot explain."
     guess = defect.message if defect.message.endswith((".", "!")) else defect.message + "."
     return message + f". No check shows a difference rounding cannot explain; an unchecked guess at a cause: {guess}"
-
-
-def _part_mean(constants: tuple[float, float] | None) -> bool:
-    """(1/n, 1/(k n)) for whole n and k > 1: a mean's factor over a part of the reference's rows."""
-    if constants is None or not all(isinstance(c, float | int) and c > 0 for c in constants):
-        return False
-    # (constants are float32: 1/3 is recovered as the nearest fraction of small denominator)
-    mine, reference = (1 / Fraction(c).limit_denominator(1 << 20) for c in constants)
-    return (
-        mine.denominator == reference.denominator == 1
-        and reference > mine
-        and reference.numerator % mine.numerator == 0
-    )
 
 
 def _nearest_shard_of(inst: Instruction, events: list[Event], reference_events: list[Event]) -> Instruction | None:

@@ -1062,6 +1062,22 @@ MAX_USES_SETTLED = 16  # uses of such a sum (and their uses) settled to see it d
 _GRAD_CALLS = {"grad", "value_and_grad", "vjp"}
 
 
+def part_mean(constants: tuple[float, float] | None) -> bool:
+    """(±1/n, ±1/(k n)) for whole n and k > 1: a mean's factor over a part of the reference's rows (a
+    shard's, a microbatch's), which a later sum over the parts brings back; the sign is the same."""
+    if constants is None or not all(isinstance(c, float | int) and c != 0 for c in constants):
+        return False
+    if (constants[0] > 0) != (constants[1] > 0):
+        return False
+    # (constants are float32: 1/3 is recovered as the nearest fraction of small denominator)
+    mine, reference = (1 / Fraction(abs(c)).limit_denominator(1 << 20) for c in constants)
+    return (
+        mine.denominator == reference.denominator == 1
+        and reference > mine
+        and reference.numerator % mine.numerator == 0
+    )
+
+
 def _scaled_reduction(event: Event, factor: Fraction, axis: str) -> Defect:
     """A sum over `axis` that gives `factor` times the reference value."""
     times = f"{float(factor):g} x the reference value"
@@ -1570,7 +1586,9 @@ class _Tracer:
         value = self.value(d_op, dev)
         c_mine, c_ref = self.constant(self.value(end, dev)), self.constant(self.value(rend, 0))
         # Equal constants (a -inf fill of another dtype) show no difference: say nothing of them.
-        if c_mine is not None and c_ref is not None and c_mine != c_ref:
+        # A mean over a device's part of the rows where the reference averages them all (1/8 for
+        # 1/32) is the distributed program's own step, which a later sum over the parts undoes.
+        if c_mine is not None and c_ref is not None and c_mine != c_ref and not part_mean((c_mine, c_ref)):
             lead = (
                 f"`{name}` in the `{event.inst.opcode}` there is {c_mine:g} on device {dev}, where the "
                 f"reference's `{ref.inst.opcode}` ({_at(ref.inst)}) uses {c_ref:g}"
