@@ -1224,6 +1224,8 @@ def _operand_exprs(stmt: ast.stmt, opcode: str, count: int) -> list[ast.expr] | 
         if isinstance(node, ast.Call):
             if callee(node) in _CALLS.get(opcode, ()):
                 args = [a for a in node.args if opcode in _LITERAL_OPERANDS or not isinstance(a, ast.Constant)]
+                if callee(node) == "einsum" and len(args) == count + 1:
+                    args = args[1:]  # the subscripts, passed by name
                 if opcode == "reshape" and isinstance(node.func, ast.Attribute):
                     return [node.func.value] + args
                 if len(args) == count:
