@@ -29,7 +29,9 @@ Bound = dict[str, ast.expr | None]  # a call's argument by parameter
 @dataclasses.dataclass(frozen=True)
 class Choice:
     """`text` is passed at file:line as `parameter` of `function`; `others` are other calls of it
-    (file, line, what they pass). `paired`: another call passes the same for every other parameter."""
+    (file, line, what they pass). `paired`: another call passes the same for every other parameter.
+    `use`: the op that depends on it when that is a use of the op's value (an index, a mask), not the
+    op itself."""
 
     file: str
     line: int
@@ -38,6 +40,7 @@ class Choice:
     function: str
     others: tuple[tuple[str, int, str], ...]
     paired: bool = False
+    use: Instruction | None = None
 
 
 def passed_choice(
@@ -73,9 +76,10 @@ def passed_choice(
         use_loc = next(f for f in use.stack if in_repository(f, root))
         stmt = statement(use_loc.file, use_loc.line)
         if stmt is not None:
-            choices += _Search(events, tuple(use.stack), entry, foreign, reference_runs).run(
+            through = _Search(events, tuple(use.stack), entry, foreign, reference_runs).run(
                 use_loc.file, use_loc.line, [stmt[0]], MAX_CALLS
             )
+            choices += [dataclasses.replace(c, use=use) for c in through]
     return next((c for c in choices if c.paired), choices[0] if choices else None)
 
 

@@ -281,13 +281,20 @@ def _caller_choices(
     if path is None or (path, line) == (lead.path, lead.line):
         return findings
     others = "; ".join(f"{_shown(file, captured)}:{n} passes `{text}`" for file, n, text in choice.others[:2])
+    depends = f"the `{inst.opcode}` at {lead.path}:{lead.line} depends on it"
+    if choice.use is not None:
+        upath, uline = source_of(choice.use, captured.repo_root)
+        depends = (
+            f"the `{choice.use.opcode}` at {upath}:{uline}, which uses what the `{inst.opcode}` at "
+            f"{lead.path}:{lead.line} computes, depends on it"
+        )
     # A lead tied with other places keeps its tie: the call joins them, first.
     tie = lead.tie if lead.tie is not None else max((f.tie for f, _ in findings if f.tie is not None), default=-1) + 1
     moved, note = _moved(
         lead,
         (path, line, tie),
         f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}` (elsewhere {others}), "
-        f"and the `{inst.opcode}` at {lead.path}:{lead.line} depends on it. There: {lead.message}",
+        f"and {depends}. There: {lead.message}",
         f"the `{inst.opcode}` that the finding at {path}:{line} is about is made here, from what that call passes.",
     )
     return [(moved, None), (note, None)] + rest

@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 
 from equivci.diagnose.arguments import passed_choice
-from equivci.hlo.ir import Instruction, SourceLoc
+from equivci.hlo.ir import Instruction, Shape, SourceLoc
 from equivci.translate.evaluator import Event
 
 SOURCE = textwrap.dedent(
@@ -166,3 +166,44 @@ def test_a_foreign_call_counts_where_another_argument_accounts_for_the_reference
         event.inst, [event], str(tmp_path), (str(path), "attend_b_same_positions"), foreign, frozenset({"rotate_a"})
     )
     assert same is None
+
+
+USE_SOURCE = textwrap.dedent(
+    """
+    from jax import lax
+
+
+    def nll(labels, width, upper):
+        local = labels - lax.axis_index("v") * width
+        owned = (local >= 0) & upper(local, width)
+        return owned
+
+
+    def nll_lt(labels):
+        return nll(labels, 8, lambda local, width: local < width)
+
+
+    def nll_le(labels):
+        return nll(labels, 8, lambda local, width: local <= width)
+    """
+).lstrip()
+
+
+def test_a_choice_found_through_a_use_of_an_index_names_that_use(tmp_path):
+    """The local id is right; the test that uses it applies the lambda the caller passes: the
+    choice names that use as what depends on it, not the subtraction."""
+    path = tmp_path / "model.py"
+    path.write_text(USE_SOURCE)
+    lines = USE_SOURCE.splitlines()
+    line = {key: next(n for n, text in enumerate(lines, 1) if key in text) for key in ("local =", "owned =", "<= width")}
+    caller = SourceLoc(str(path), line["<= width"], "nll_le")
+    frame = {key: SourceLoc(str(path), line[key], "nll") for key in ("local =", "owned =")}
+    sub = Instruction("sub.1", "subtract", Shape("s32", (4,)), (), {}, stack=(frame["local ="], caller))
+    ge = Instruction("ge.1", "compare", Shape("pred", (4,)), ("sub.1",), {}, stack=(frame["owned ="], caller))
+    events = [Event(sub, []), Event(ge, [])]  # type: ignore[arg-type]
+    choice = passed_choice(sub, events, str(tmp_path))
+    assert choice is not None and choice.text == "lambda local, width: local <= width", choice
+    assert choice.use is ge
+    # Near miss: the choice found from the op's own statement names no use.
+    direct = passed_choice(ge, events, str(tmp_path))
+    assert direct is not None and direct.use is None
