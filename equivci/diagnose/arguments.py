@@ -23,12 +23,15 @@ MAX_NAMES = 40  # names followed back from the op's statement, over every level
 MAX_CALLS = 4  # calls followed up from the op's function
 MAX_USES = 12  # uses of an index or mask value whose statements are searched too
 INDEX_TYPES = {"pred", "s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64"}
+Bound = dict[str, ast.expr | None]  # a call's argument by parameter
 
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
     """`text` is passed at file:line as `parameter` of `function`; `others` are other calls of it
-    (file, line, what they pass). `paired`: another call passes the same for every other parameter."""
+    (file, line, what they pass). `paired`: another call passes the same for every other parameter.
+    `use`: the op that depends on it when that is a use of the op's value (an index, a mask), not the
+    op itself."""
 
     file: str
     line: int
@@ -37,6 +40,7 @@ class Choice:
     function: str
     others: tuple[tuple[str, int, str], ...]
     paired: bool = False
+    use: Instruction | None = None
 
 
 def passed_choice(
@@ -45,13 +49,18 @@ def passed_choice(
     repo_root: str,
     entry: tuple[str, str] | None = None,
     foreign: tuple[tuple[str, str], ...] = (),
+    reference_runs: frozenset[str] = frozenset(),
 ) -> Choice | None:
     """The static argument the op depends on, passed where another call of its helper passes another.
 
     `entry`: (file, function) of the distributed entrypoint, where the call chain starts when the
     op stacks end below it (a shard_map body's do). `foreign`: (file, function) of the distributed
     entrypoints of models checked against another reference; a call inside one says nothing of this
-    model and is no other call. Of several such arguments, the first one that
+    model and is no other call, unless it also passes another function than this call where this one
+    passes a function the reference runs (`reference_runs`: names of the functions on the reference's
+    op stacks): that argument then accounts for the two references' difference, and what else it
+    passes otherwise is evidence (a RoPE helper given another rotation, which the references differ
+    in, and other positions, which they do not). Of several such arguments, the first one that
     alone tells its call apart from another call leads (a helper called for the cos and the sin
     table on one axis and for the sin table on another: the axis is the slip), else the first."""
     root = Path(repo_root).resolve()
@@ -59,7 +68,7 @@ def passed_choice(
     found = statement(loc.file, loc.line) if loc is not None else None
     if loc is None or found is None:
         return None
-    search = _Search(events, tuple(inst.stack), entry, foreign)
+    search = _Search(events, tuple(inst.stack), entry, foreign, reference_runs)
     choices = search.run(loc.file, loc.line, [found[0]], MAX_CALLS)
     for use in [] if choices else _index_uses(inst, events, root):
         # Index and mask arithmetic is only as right as what its uses make of it (a bound test
@@ -67,9 +76,10 @@ def passed_choice(
         use_loc = next(f for f in use.stack if in_repository(f, root))
         stmt = statement(use_loc.file, use_loc.line)
         if stmt is not None:
-            choices += _Search(events, tuple(use.stack), entry, foreign).run(
+            through = _Search(events, tuple(use.stack), entry, foreign, reference_runs).run(
                 use_loc.file, use_loc.line, [stmt[0]], MAX_CALLS
             )
+            choices += [dataclasses.replace(c, use=use) for c in through]
     return next((c for c in choices if c.paired), choices[0] if choices else None)
 
 
@@ -102,8 +112,10 @@ class _Search:
         stack: tuple[SourceLoc, ...],
         entry: tuple[str, str] | None,
         foreign: tuple[tuple[str, str], ...] = (),
+        reference_runs: frozenset[str] = frozenset(),
     ):
         self.events, self.stack, self.entry, self.foreign = events, stack, entry, foreign
+        self.reference_runs = reference_runs
         self.budget = MAX_NAMES
 
     def run(self, file: str, line: int, exprs: Sequence[ast.AST], calls: int) -> list[Choice]:
@@ -140,14 +152,23 @@ class _Search:
                     break
         return choices
 
-    def counts(self, file: str, line: int) -> bool:
-        """The call at file:line is not inside a foreign entrypoint (another model's, checked against
-        another reference)."""
+    def counts(self, file: str, line: int, bound: Bound, own: Bound, name: str) -> bool:
+        """The call at file:line, passing `bound` where the op's own call passes `own`, is evidence
+        about parameter `name`: it is not inside a foreign entrypoint (another model's, checked
+        against another reference), or it is and another of its arguments accounts for the two
+        references' difference."""
         for entry in self.foreign:
             body = _entry_function(entry)
             if body is not None and file == entry[0] and body.lineno <= line <= (body.end_lineno or body.lineno):
-                return False
+                return any(
+                    p != name and self._runs(own.get(p)) and not self._runs(bound.get(p))
+                    for p in own.keys() & bound.keys()
+                )
         return True
+
+    def _runs(self, value: ast.expr | None) -> bool:
+        """`value` names a function the reference runs."""
+        return isinstance(value, ast.Name) and value.id in self.reference_runs
 
     def _site(self, file: str, func: Function, name: str) -> tuple[str, ast.expr] | None:
         """The argument for `name` at the call of `func` on the op's own chain, at a call seen on the
@@ -225,14 +246,23 @@ def _defines(func: ast.AST, name: str) -> bool:
     return False
 
 
-def _choice(file: str, arg: ast.expr, func: Function, name: str, func_file: str, counts: Callable[[str, int], bool]):
+def _choice(
+    file: str,
+    arg: ast.expr,
+    func: Function,
+    name: str,
+    func_file: str,
+    counts: Callable[[str, int, Bound, Bound, str], bool],
+):
     """A Choice when `arg`, passed at `file` for parameter `name` of `func`, is a static value and
     another call of `func` that `counts` passes a different one."""
     if not _static(file, arg):
         return None
     calls = list(_calls(func, func_file, file))
     own = next((bound for _, _, bound in calls if any(v is arg for v in bound.values())), None)
-    calls = [(f, node, bound) for f, node, bound in calls if bound is own or counts(f, node.lineno)]
+    calls = [
+        (f, node, bound) for f, node, bound in calls if bound is own or counts(f, node.lineno, bound, own or {}, name)
+    ]
     mine = ast.dump(arg)
     others = [
         (other_file, node.lineno, ast.unparse(value))
@@ -288,7 +318,7 @@ def _lambda_parameter(stmt: ast.stmt, name: ast.Name) -> bool:
     )
 
 
-def _calls(func: Function, *files: str) -> Iterator[tuple[str, ast.Call, dict[str, ast.expr | None]]]:
+def _calls(func: Function, *files: str) -> Iterator[tuple[str, ast.Call, Bound]]:
     """(file, call, argument by parameter) at every call of `func` (direct, or bound by
     functools.partial) in `files`; a call that leaves a parameter out passes its default, a partial
     binds nothing for it (None), and a parameter after a starred argument is unknown (left out)."""
@@ -309,7 +339,7 @@ def _calls(func: Function, *files: str) -> Iterator[tuple[str, ast.Call, dict[st
                 continue
             keywords = {k.arg: k.value for k in node.keywords if k.arg is not None}
             starred = next((k for k, a in enumerate(args) if isinstance(a, ast.Starred)), len(args))
-            bound: dict[str, ast.expr | None] = {}
+            bound: Bound = {}
             for name in names:
                 k = positional.index(name) if name in positional else len(args)
                 if name in keywords:

@@ -12,13 +12,12 @@ the pull request changed first.
 from __future__ import annotations
 
 import dataclasses
-from fractions import Fraction
 from pathlib import Path
 
 from equivci.capture.types import CapturedModel
 from equivci.diagnose.arguments import passed_choice
 from equivci.diagnose.frames import innermost, library_call, shared_call
-from equivci.diagnose.localize import Defect, call_chain_start, source_of
+from equivci.diagnose.localize import Defect, call_chain_start, part_mean, source_of
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.layers.segments import Layering, layer_of, leaves
@@ -95,7 +94,8 @@ def defect_findings(
     those of the manifest's models checked against another reference."""
     if shown:
         found = _defect_findings(defect, captured, events, layering, failed_layers, frontier, outputs_equal)
-        found = _caller_choices(found, captured, events, entry, foreign)
+        runs = frozenset(loc.function.split(".")[-1] for e in reference_events or () for loc in e.inst.stack)
+        found = _caller_choices(found, captured, events, entry, foreign, runs)
     else:
         inst = defect.frontier or defect.inst
         found = [
@@ -125,7 +125,7 @@ def _defect_findings(
     message = defect.message
     if defect.context is not None:
         cpath, cline = source_of(defect.context, captured.repo_root)
-        where = f"{cpath}:{cline}" if cpath else defect.context.name
+        where = f"{cpath}:{cline}" if cpath else "an unknown line"
         message += f" (it is combined with the other operand at {where}, `{defect.context.opcode}`)"
     message = message if message.endswith((".", "!")) else message + "."
     more = same_line_layers(defect.inst, events, failed_layers)
@@ -162,8 +162,8 @@ def _defect_findings(
     elif numeric is not None:
         npath, nline = source_of(numeric.inst, captured.repo_root)
         message += (
-            f" On random inputs, the values first differ from the reference's at the `{numeric.inst.opcode}` at "
-            f"{f'{npath}:{nline}' if npath else numeric.inst.name}."
+            f" On random inputs, the values first differ from the reference's at the `{numeric.inst.opcode}` "
+            f"at {f'{npath}:{nline}' if npath else 'an unknown line'}."
         )
     elif frontier is not None and frontier.event is None and frontier.note is None and outputs_equal:
         message = (
@@ -247,9 +247,9 @@ def _shared_caller(
         _moved(
             finding,
             (call_path, call_line, tie),
-            f"this call, which the reference does not make, hands code the reference runs too (the "
-            f"`{inst.opcode}` at {finding.path}:{finding.line}, which computes the same from the same values) what "
-            f"it uses there. There: {finding.message}",
+            f"the `{inst.opcode}` at {finding.path}:{finding.line} is in code both programs run; the distributed "
+            "program reaches it through this call, which the reference does not make, so what this call passes "
+            f"in is the first suspect. There: {finding.message}",
             f"the `{inst.opcode}` that the finding at {call_path}:{call_line} is about is made here, in code the "
             "reference runs too.",
         )
@@ -262,16 +262,17 @@ def _caller_choices(
     events: list[Event],
     entry: tuple[str, str] | None,
     foreign: tuple[tuple[str, str], ...] = (),
+    reference_runs: frozenset[str] = frozenset(),
 ) -> list[tuple[Finding, Instruction | None]]:
     """The lead error moves to the call that passes the static value its op depends on, where another
     call of the same helper passes another (equivci.diagnose.arguments); the op's line stays as a
-    tied note."""
+    tied note. `reference_runs`: the names of the functions the reference runs."""
     if not findings:
         return findings
     (lead, inst), rest = findings[0], findings[1:]
     if inst is None or lead.severity != "error":
         return findings
-    choice = passed_choice(inst, events, captured.repo_root, entry, foreign)
+    choice = passed_choice(inst, events, captured.repo_root, entry, foreign, reference_runs)
     if choice is None:
         return findings
     path, line = source_of(
@@ -280,13 +281,20 @@ def _caller_choices(
     if path is None or (path, line) == (lead.path, lead.line):
         return findings
     others = "; ".join(f"{_shown(file, captured)}:{n} passes `{text}`" for file, n, text in choice.others[:2])
+    depends = f"the `{inst.opcode}` at {lead.path}:{lead.line} depends on it"
+    if choice.use is not None:
+        upath, uline = source_of(choice.use, captured.repo_root)
+        depends = (
+            f"the `{choice.use.opcode}` at {upath}:{uline}, which uses what the `{inst.opcode}` at "
+            f"{lead.path}:{lead.line} computes, depends on it"
+        )
     # A lead tied with other places keeps its tie: the call joins them, first.
     tie = lead.tie if lead.tie is not None else max((f.tie for f, _ in findings if f.tie is not None), default=-1) + 1
     moved, note = _moved(
         lead,
         (path, line, tie),
         f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}` (elsewhere {others}), "
-        f"and the `{inst.opcode}` at {lead.path}:{lead.line} depends on it. There: {lead.message}",
+        f"and {depends}. There: {lead.message}",
         f"the `{inst.opcode}` that the finding at {path}:{line} is about is made here, from what that call passes.",
     )
     return [(moved, None), (note, None)] + rest
@@ -348,25 +356,12 @@ def _unrelated(
         message += "; the reference runs no op at this line"
     if outputs_equal:
         return message + ". No check shows the programs differ (likely a rule equivci lacks, not a defect)."
-    if _part_mean(defect.constants):
+    if part_mean(defect.constants):
         # 1/n where the reference has 1/(k n): a mean over a part of the rows (a shard's, a
         # microbatch's), which a later sum over the parts brings back. No guess at all then.
         return message + ". No check shows a difference rounding cannot explain."
     guess = defect.message if defect.message.endswith((".", "!")) else defect.message + "."
     return message + f". No check shows a difference rounding cannot explain; an unchecked guess at a cause: {guess}"
-
-
-def _part_mean(constants: tuple[float, float] | None) -> bool:
-    """(1/n, 1/(k n)) for whole n and k > 1: a mean's factor over a part of the reference's rows."""
-    if constants is None or not all(isinstance(c, float | int) and c > 0 for c in constants):
-        return False
-    # (constants are float32: 1/3 is recovered as the nearest fraction of small denominator)
-    mine, reference = (1 / Fraction(c).limit_denominator(1 << 20) for c in constants)
-    return (
-        mine.denominator == reference.denominator == 1
-        and reference > mine
-        and reference.numerator % mine.numerator == 0
-    )
 
 
 def _nearest_shard_of(inst: Instruction, events: list[Event], reference_events: list[Event]) -> Instruction | None:

@@ -457,9 +457,29 @@ def first_defect(
                 if origin
                 else Defect(slip[0].inst, slip[1], context=event.inst)
             )
-        partial_operand = any(
-            e is not None and (ts := _terms(e)) and status.get(_key(ts)) == "partial" for e in operand_events
-        )
+        partials = [
+            (k, e)
+            for k, e in enumerate(operand_events)
+            if e is not None and (ts := _terms(e)) and status.get(_key(ts)) == "partial"
+        ]
+        partial_operand = bool(partials)
+        unsummed = next((e for k, e in partials if _nonlinear_in(event.inst.opcode, k)), None)
+        if unsummed is not None and (ts := _terms(unsummed)) is not None:
+            # f(a + b) is no f(a) + f(b) for a nonlinear f: the share each device holds had to be
+            # summed before this op, where it is made.
+            axis = partial_axis[_key(ts)]
+            return Defect(
+                unsummed.inst,
+                f"this value is each device's share of a sum over mesh axis '{axis}' (their sum is the "
+                f"reference's value), but the `{event.inst.opcode}` at {_at(event.inst)} uses it as the whole sum, "
+                f"and a `{event.inst.opcode}` of a sum is not the sum of the `{event.inst.opcode}`s: a psum "
+                "(all-reduce) over that axis is missing here",
+                alternative=(
+                    event.inst,
+                    f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a copy of any "
+                    f"reference value: it takes a share of a sum over '{axis}' made at {_at(unsummed.inst)}.",
+                ),
+            )
         if any(e is not None and (ts := _terms(e)) and all(id(t) in routed for t in ts) for e in operand_events):
             return Defect(
                 event.inst,
@@ -599,6 +619,10 @@ def first_defect(
             users.setdefault(id(arg), []).append(event)
             if id(arg) not in valued and level < USE_LEVELS:
                 inner.extend((a, level + 1) for a in arg.args)
+    op_users: dict[str, list[Event]] = {}
+    for event in events:
+        for name in dict.fromkeys(event.inst.operands):
+            op_users.setdefault(name, []).append(event)
     verdicts: dict[tuple[int, ...], bool | None] = {}
     budget = [ABSORB_BUDGET]
 
@@ -613,7 +637,13 @@ def first_defect(
         if key in verdicts:
             return verdicts[key]
         verdicts[key] = None
-        found = [u for u in users.get(id(terms[0]), []) if (t := _terms(u)) and t[0] in loader.exprs]
+        # A value no term takes as an argument may still be an op's operand: the evaluator folded
+        # it into that op's term (a pmax of local maxima is the max of the whole row).
+        found = [
+            u
+            for u in users.get(id(terms[0])) or op_users.get(event.inst.name, [])
+            if (t := _terms(u)) and t[0] in loader.exprs
+        ]
         seen: set[bool | None] = set()
         for use in found:
             budget[0] -= 1
@@ -796,6 +826,33 @@ def _index_origin(event: Event, by_name: dict[str, Event], plain: str) -> Defect
         "them) differ from the reference's",
         alternative=(event.inst, plain + f"; its indices are computed at {_where(loc)}."),
     )
+
+
+# Elementwise ops for which f(a + b) != f(a) + f(b): a share of a sum is no operand of theirs.
+_NONLINEAR = {
+    "log",
+    "log-plus-one",
+    "exponential",
+    "exponential-minus-one",
+    "sqrt",
+    "rsqrt",
+    "cbrt",
+    "tanh",
+    "logistic",
+    "power",
+    "maximum",
+    "minimum",
+    "compare",
+    "abs",
+    "sign",
+    "floor",
+    "ceil",
+}
+
+
+def _nonlinear_in(opcode: str, k: int) -> bool:
+    """The op is not linear in its operand `k` (a divisor is not)."""
+    return opcode in _NONLINEAR or (opcode == "divide" and k == 1)
 
 
 # Ops whose related value may still hold the wrong elements, chosen by an input-free operand.
@@ -1005,6 +1062,22 @@ MAX_USES_SETTLED = 16  # uses of such a sum (and their uses) settled to see it d
 _GRAD_CALLS = {"grad", "value_and_grad", "vjp"}
 
 
+def part_mean(constants: tuple[float, float] | None) -> bool:
+    """(±1/n, ±1/(k n)) for whole n and k > 1: a mean's factor over a part of the reference's rows (a
+    shard's, a microbatch's), which a later sum over the parts brings back; the sign is the same."""
+    if constants is None or not all(isinstance(c, float | int) and c != 0 for c in constants):
+        return False
+    if (constants[0] > 0) != (constants[1] > 0):
+        return False
+    # (constants are float32: 1/3 is recovered as the nearest fraction of small denominator)
+    mine, reference = (1 / Fraction(abs(c)).limit_denominator(1 << 20) for c in constants)
+    return (
+        mine.denominator == reference.denominator == 1
+        and reference > mine
+        and reference.numerator % mine.numerator == 0
+    )
+
+
 def _scaled_reduction(event: Event, factor: Fraction, axis: str) -> Defect:
     """A sum over `axis` that gives `factor` times the reference value."""
     times = f"{float(factor):g} x the reference value"
@@ -1103,7 +1176,14 @@ _BINOPS = {
     "power": ast.Pow,
     "dot": ast.MatMult,
 }
-_CALLS = {"dot": ("einsum", "matmul", "dot", "tensordot"), "reshape": ("reshape",), "broadcast": ("broadcast_to",)}
+_CALLS = {
+    "dot": ("einsum", "matmul", "dot", "tensordot"),
+    "reshape": ("reshape",),
+    "broadcast": ("broadcast_to",),
+    "select": ("where", "select"),
+}
+# Calls whose literal arguments are operands too (a `jnp.where` fill value), not attributes.
+_LITERAL_OPERANDS = {"select"}
 
 
 _loc = innermost
@@ -1118,9 +1198,9 @@ def _repo_of(file: str) -> Path | None:
 
 
 def _at(inst: Instruction) -> str:
-    """Where `inst` is in the source, or its HLO name when its metadata gives no line."""
-    loc = _loc(inst)
-    return _where(loc) if loc is not None else f"HLO `{inst.name}`"
+    """Where `inst` is in the source; an unknown line for an op whose metadata gives none (its HLO
+    name means nothing to a reader of the source)."""
+    return _where(_loc(inst))
 
 
 def _where(loc: tuple[str, int] | None) -> str:
@@ -1143,7 +1223,9 @@ def _operand_exprs(stmt: ast.stmt, opcode: str, count: int) -> list[ast.expr] | 
             return [node.left, node.right]
         if isinstance(node, ast.Call):
             if callee(node) in _CALLS.get(opcode, ()):
-                args = [a for a in node.args if not isinstance(a, ast.Constant)]
+                args = [a for a in node.args if opcode in _LITERAL_OPERANDS or not isinstance(a, ast.Constant)]
+                if callee(node) == "einsum" and len(args) == count + 1:
+                    args = args[1:]  # the subscripts, passed by name
                 if opcode == "reshape" and isinstance(node.func, ast.Attribute):
                     return [node.func.value] + args
                 if len(args) == count:
@@ -1505,7 +1587,10 @@ class _Tracer:
         end, rend = path[-1], rpath[-1]
         value = self.value(d_op, dev)
         c_mine, c_ref = self.constant(self.value(end, dev)), self.constant(self.value(rend, 0))
-        if c_mine is not None and c_ref is not None:
+        # Equal constants (a -inf fill of another dtype) show no difference: say nothing of them.
+        # A mean over a device's part of the rows where the reference averages them all (1/8 for
+        # 1/32) is the distributed program's own step, which a later sum over the parts undoes.
+        if c_mine is not None and c_ref is not None and c_mine != c_ref and not part_mean((c_mine, c_ref)):
             lead = (
                 f"`{name}` in the `{event.inst.opcode}` there is {c_mine:g} on device {dev}, where the "
                 f"reference's `{ref.inst.opcode}` ({_at(ref.inst)}) uses {c_ref:g}"
@@ -1566,6 +1651,12 @@ class _Tracer:
             )
             return self.at_name_binding(event, k, end, name, said) or Defect(end.inst, said + ".")
         d_shape, r_shape = self.value(end, dev), self.value(rend, 0)
+        if end.inst.opcode == "reshape" and self.per_device_shape(d_shape, r_shape):
+            # A reshape of a part of the reference's operand into the reference's blocks, each
+            # sharded dim cut by the mesh as expected: the part may not start on a block boundary.
+            misaligned = self.misaligned_blocks(end, rend, dev, lead)
+            if misaligned is not None:
+                return misaligned
         shapes = ""
         if d_shape is not None and r_shape is not None and d_shape.shape != r_shape.shape:
             shapes = f": it gives shape {d_shape.shape} where the reference's gives {r_shape.shape}"
@@ -1583,6 +1674,36 @@ class _Tracer:
         if _loc(end.inst) is None:
             return None
         return Defect(end.inst, lead + ".")
+
+    def per_device_shape(self, mine: Term | None, theirs: Term | None) -> bool:
+        """`mine` has `theirs`'s rank, and each dim that differs is cut by a product of mesh axis sizes:
+        the shape a device holds of a sharded value, no defect of its own."""
+        if mine is None or theirs is None or len(mine.shape) != len(theirs.shape):
+            return False
+        sizes = {len(groups[0]) for groups in self.groups_by_axis.values() if groups}
+        cuts = {1}
+        for size in sizes:
+            cuts |= {c * size for c in cuts}
+        return all(n == m or (m and n % m == 0 and n // m in cuts) for m, n in zip(mine.shape, theirs.shape))
+
+    def misaligned_blocks(self, end: Event, rend: Event, dev: int, lead: str) -> Defect | None:
+        """The cut upstream of a reshape whose operand is a part of the reference's operand but whose
+        blocks are not the reference's: where that part starts is what differs."""
+        cuts = [
+            a
+            for a in self.ancestors(end, dev)
+            if a.inst.opcode in CUTTERS and self.constant(self.value(a, dev)) is None and _loc(a.inst) is not None
+        ]
+        if not cuts:
+            return None
+        cut = max(cuts, key=lambda a: self.order.get(a.inst.name, -1))
+        said = (
+            f"this slice takes a part of the value the reference splits into blocks at {_at(rend.inst)}, but on "
+            f"device {dev} the `reshape` at {_at(end.inst)} does not split it into a part of the reference's "
+            f"blocks (its shape is the per-device one): where the slice starts does not line up with those "
+            f"blocks (or the reshape's blocks are not the reference's), {lead}"
+        )
+        return self.at_index_origin(cut, said) or Defect(cut.inst, said + ".")
 
     def at_python_origin(
         self, event: Event, k: int | None, lead: str, path: list[Event], dims: list[int] | None = None

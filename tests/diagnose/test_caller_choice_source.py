@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 
 from equivci.diagnose.arguments import passed_choice
-from equivci.hlo.ir import Instruction, SourceLoc
+from equivci.hlo.ir import Instruction, Shape, SourceLoc
 from equivci.translate.evaluator import Event
 
 SOURCE = textwrap.dedent(
@@ -94,3 +94,116 @@ def test_a_call_in_the_entrypoint_of_a_model_with_another_reference_is_no_other_
     assert passed_choice(event.inst, [event], str(tmp_path), entry, foreign=foreign) is None
     choice = passed_choice(event.inst, [event], str(tmp_path), entry, foreign=((str(path), "looped"),))
     assert choice is not None and (choice.text, choice.others[0][2]) == ("3.0", "2.0"), choice
+
+
+FOREIGN_SOURCE = textwrap.dedent(
+    """
+    from jax import lax
+
+
+    def rotate_a(x, p):
+        return x * p
+
+
+    def rotate_b(x, p):
+        return x - p
+
+
+    def offset_positions(n):
+        return lax.iota("int32", n) + lax.axis_index("cp") * n
+
+
+    def local_positions(n):
+        return lax.iota("int32", n)
+
+
+    def attend(x, rotate, positions_fn):
+        pos = positions_fn(4)
+        return rotate(x, pos)
+
+
+    def attend_a(x):
+        return attend(x, rotate_a, offset_positions)
+
+
+    def attend_b(x):
+        return attend(x, rotate_b, local_positions)
+
+
+    def attend_b_same_positions(x):
+        return attend(x, rotate_a, local_positions)
+    """
+).lstrip()
+
+
+def _foreign_line(text: str) -> int:
+    return next(k for k, line in enumerate(FOREIGN_SOURCE.splitlines(), 1) if text in line)
+
+
+def test_a_foreign_call_counts_where_another_argument_accounts_for_the_references_difference(tmp_path):
+    """The foreign model passes another rotation (the references differ in it: this reference runs
+    `rotate_b`) and other positions (which no reference accounts for): the positions are the choice.
+    Near miss: where this call passes the rotation the foreign one passes too, nothing accounts for
+    the references' difference, and the foreign call stays no evidence."""
+    path = tmp_path / "model.py"
+    path.write_text(FOREIGN_SOURCE)
+    stack = (
+        SourceLoc(str(path), _foreign_line("def local_positions") + 1, "local_positions"),
+        SourceLoc(str(path), _foreign_line("pos = positions_fn(4)"), "attend"),
+    )
+    event = Event(Instruction("iota.1", "iota", None, (), {}, stack=stack), [])  # type: ignore[arg-type]
+    foreign = ((str(path), "attend_a"),)
+    runs = frozenset({"rotate_b", "attend", "local_positions"})
+    choice = passed_choice(event.inst, [event], str(tmp_path), (str(path), "attend_b"), foreign, runs)
+    assert choice is not None and (choice.text, choice.parameter) == ("local_positions", "positions_fn"), choice
+    assert choice.line == _foreign_line("return attend(x, rotate_b, local_positions)")
+    assert choice.others[0][2] == "offset_positions"
+    # Without the reference running `rotate_b`, the foreign call accounts for nothing.
+    assert passed_choice(event.inst, [event], str(tmp_path), (str(path), "attend_b"), foreign, frozenset()) is None
+    # Near miss: this call passes the foreign call's rotation; only the positions differ, which the
+    # references' difference may be: no evidence.
+    same = passed_choice(
+        event.inst, [event], str(tmp_path), (str(path), "attend_b_same_positions"), foreign, frozenset({"rotate_a"})
+    )
+    assert same is None
+
+
+USE_SOURCE = textwrap.dedent(
+    """
+    from jax import lax
+
+
+    def nll(labels, width, upper):
+        local = labels - lax.axis_index("v") * width
+        owned = (local >= 0) & upper(local, width)
+        return owned
+
+
+    def nll_lt(labels):
+        return nll(labels, 8, lambda local, width: local < width)
+
+
+    def nll_le(labels):
+        return nll(labels, 8, lambda local, width: local <= width)
+    """
+).lstrip()
+
+
+def test_a_choice_found_through_a_use_of_an_index_names_that_use(tmp_path):
+    """The local id is right; the test that uses it applies the lambda the caller passes: the
+    choice names that use as what depends on it, not the subtraction."""
+    path = tmp_path / "model.py"
+    path.write_text(USE_SOURCE)
+    lines = USE_SOURCE.splitlines()
+    line = {key: next(n for n, text in enumerate(lines, 1) if key in text) for key in ("local =", "owned =", "<= width")}
+    caller = SourceLoc(str(path), line["<= width"], "nll_le")
+    frame = {key: SourceLoc(str(path), line[key], "nll") for key in ("local =", "owned =")}
+    sub = Instruction("sub.1", "subtract", Shape("s32", (4,)), (), {}, stack=(frame["local ="], caller))
+    ge = Instruction("ge.1", "compare", Shape("pred", (4,)), ("sub.1",), {}, stack=(frame["owned ="], caller))
+    events = [Event(sub, []), Event(ge, [])]  # type: ignore[arg-type]
+    choice = passed_choice(sub, events, str(tmp_path))
+    assert choice is not None and choice.text == "lambda local, width: local <= width", choice
+    assert choice.use is ge
+    # Near miss: the choice found from the op's own statement names no use.
+    direct = passed_choice(ge, events, str(tmp_path))
+    assert direct is not None and direct.use is None

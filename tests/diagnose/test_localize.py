@@ -462,6 +462,58 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(TP)), out_specs=P())(x, r, w)
 
 
+    def head_sum_inputs():
+        return (jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((8, 32), jnp.float32))
+
+
+    def head_sums(x, w):
+        q, v = jnp.split(x @ w, 2, axis=-1)
+        return jnp.einsum("thd,thd->th", q.reshape(4, 4, 4), jnp.tanh(v.reshape(4, 4, 4)))
+
+
+    def head_sums_tp(offset_of):
+        def body(x, w):
+            dev = lax.axis_index(TP)
+            q = x @ lax.dynamic_slice_in_dim(w, dev * 8, 8, axis=1)
+            v = x @ lax.dynamic_slice_in_dim(w, offset_of(dev), 8, axis=1)  # MARK:head-slice
+            return jnp.einsum("thd,thd->th", q.reshape(4, 2, 4), jnp.tanh(v.reshape(4, 2, 4)))
+
+        return body
+
+
+    def head_sums_tp_offset_in_heads(x, w, *, mesh):
+        body = head_sums_tp(lambda dev: 16 + dev * 2)
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P(None, TP))(x, w)
+
+
+    def head_sums_tp_next_group(x, w, *, mesh):
+        body = head_sums_tp(lambda dev: 16 + (1 - dev) * 8)
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P(None, TP))(x, w)
+
+
+    def lse(x):
+        top = jnp.max(x, axis=-1)
+        return jnp.log(jnp.sum(jnp.exp(x - top[:, None]), axis=-1)) + top
+
+
+    def lse_vocab_shift_subtracted(x, *, mesh):
+        def body(x):
+            top = lax.pmax(jnp.max(x, axis=-1), TP)
+            z = lax.psum(jnp.sum(jnp.exp(x - top[:, None]), axis=-1), TP)
+            return jnp.log(z) - top  # MARK:lse-shift
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(None, TP),), out_specs=P())(x)
+
+
+    def lse_vocab_unsummed(x, *, mesh):
+        def body(x):
+            top = lax.pmax(jnp.max(x, axis=-1), TP)
+            z = jnp.sum(jnp.exp(x - top[:, None]), axis=-1)  # MARK:lse-unsummed
+            return jnp.log(z) + top
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(None, TP),), out_specs=P(), check_vma=False)(x)
+
+
     def columns_uncut(x, c, *, mesh):
         def body(x, c):
             y = x * x
@@ -529,6 +581,14 @@ MANIFEST = textwrap.dedent(
          distributed: models.py:rotated_pairs_concatenated, inputs: models.py:seq_inputs, mesh: {tp: 2}}
       - {name: expert-id-strided, reference: models.py:expert_scale, distributed: models.py:expert_scale_strided,
          inputs: models.py:router_inputs, mesh: {tp: 2}}
+      - {name: offset-in-heads, reference: models.py:head_sums, distributed: models.py:head_sums_tp_offset_in_heads,
+         inputs: models.py:head_sum_inputs, mesh: {tp: 2}}
+      - {name: next-group, reference: models.py:head_sums, distributed: models.py:head_sums_tp_next_group,
+         inputs: models.py:head_sum_inputs, mesh: {tp: 2}}
+      - {name: lse-shift, reference: models.py:lse, distributed: models.py:lse_vocab_shift_subtracted,
+         inputs: models.py:norm_inputs, mesh: {tp: 2}}
+      - {name: lse-unsummed, reference: models.py:lse, distributed: models.py:lse_vocab_unsummed,
+         inputs: models.py:norm_inputs, mesh: {tp: 2}}
       - {name: per-head-swapped, reference: models.py:per_head_scores,
          distributed: models.py:per_head_scores_swapped, inputs: models.py:per_head_inputs, mesh: {tp: 2}}
     """
@@ -668,6 +728,18 @@ FRESH = {
     # The first expert's global id is the device index plus 0 * n, which emits no op: the name
     # computed from the device index on the way to the comparison is the line, not axis_index.
     "expert-id-strided": ("expert-id", ("`g`", "from no input", "`compare`")),
+    # Each device's row maximum is no reference value, but its one use, the pmax, is the
+    # reference's maximum (the evaluator folds the local maxima into it, so only the op's operands
+    # show the use): a step of the shard's own; the sign of the shift added back is the finding.
+    # Device 1's columns [2:10) are a part of the projection the reference splits into heads of 4,
+    # but not on a head boundary: the per-device reshape into 2 heads is no part of the reference's
+    # heads. The slice leads (not the reshape's per-device shape); the findings then move to the
+    # caller that passes its start (equivci.diagnose.arguments).
+    "offset-in-heads": ("head-slice", ("where the slice starts does not line up", "blocks", "device 1")),
+    "lse-shift": ("lse-shift", ("`subtract`",)),
+    # Each device's sum of exponentials is its share of the reference's; the log takes it as the
+    # whole: the psum is missing where the share is made, not at the log (a nonlinear op).
+    "lse-unsummed": ("lse-unsummed", ("share of a sum over mesh axis 'tp'", "`log`", "psum")),
 }
 
 
@@ -700,3 +772,10 @@ def test_rows_of_a_table_the_reference_never_cuts_are_no_wrong_window(tmp_manife
     reference takes cos). No reference value is a window of that table, so no window is wrong."""
     where, message = localize(tmp_manifest, "long-table-other-table")
     assert "wrong window" not in message, (where, message)
+
+
+def test_whole_head_groups_of_the_wrong_device_are_no_misaligned_blocks(tmp_manifest):
+    """The near miss of `offset-in-heads`: each device takes a whole group of heads, the other
+    device's. Its per-device reshape is a part of the reference's heads, so no block is misaligned."""
+    where, message = localize(tmp_manifest, "next-group")
+    assert "where the slice starts does not line up" not in message, (where, message)

@@ -61,12 +61,12 @@ def test_a_mean_over_a_part_of_the_rows_is_no_guessed_cause(tmp_path):
     """1/16 where the reference divides by 64 (a microbatch's mean on one of two shards): a later
     sum over the parts brings the reference's mean back, so no constant is guessed at (a correct
     model's unproven finding must not read as a bug); 1/3 against 1/9 in float32 too."""
-    for constants in ((0.0625, 0.015625), (float(1 / 3), float(1 / 9))):
+    for constants in ((0.0625, 0.015625), (float(1 / 3), float(1 / 9)), (-0.125, -0.03125)):
         message = _constant_guess(tmp_path, constants)
         assert "unchecked guess" not in message and "No check shows a difference" in message
 
 
 def test_near_miss_a_constant_no_part_mean_explains_stays_a_guess(tmp_path):
     """More than the reference divides by, or no reciprocal of a whole count: still a guess."""
-    for constants in ((0.015625, 0.0625), (0.75, 0.25), (256.0, 128.0)):
+    for constants in ((0.015625, 0.0625), (0.75, 0.25), (256.0, 128.0), (-0.125, 0.03125)):
         assert "an unchecked guess at a cause: `operand 1`" in _constant_guess(tmp_path, constants)
