@@ -882,7 +882,7 @@ RULES = {
     "concats/slice_other_dim": (F["concats"], concat_slice_other, False),
     "concats/slice_straddle": (F["concats"], concat_slice_straddle, False),
     "concats/lift": (F["concats"], concat_lift, False),
-    "concats/lift_nested": (F["concats"], concat_lift_nested, False),
+    "concats/lift_nested": (F["concats"], concat_lift_nested, True),
     "dots/lhs_free_lift": (F["dots"], dot_lhs_lift, False),
     "dots/rhs_free_lift": (F["dots"], dot_rhs_lift, False),
     "dots/lhs_free_push": (F["dots"], dot_lhs_push, False),

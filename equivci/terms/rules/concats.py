@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from egglog import eq, ne, union
 
-from equivci.terms.language import T, a, b, c, d, d2, dim, e, g, k, n, x, y
+from equivci.terms.language import T, a, b, c, d, d2, dim, e, g, k, n, w, x, y, z
 from equivci.terms.rules.registry import family, named
 
 CONCATS = family(
@@ -49,13 +49,17 @@ CONCATS = family(
     ).then(union(e).with_(T.concat(x, y, d).slice(k, a, b))),
     # The same when each part is also a window along d itself (rotate_half on a device's heads:
     # concat(-q[heads][..., h:], q[heads][..., :h])): canonical slice order keeps the window
-    # along the lower dim k inside the one along d, out of reach of the rule above.
+    # along the lower dim k inside the one along d, out of reach of the rule above. Read from the
+    # existing concatenation (the reference's) and only at windows its part x already has: from
+    # the device's side it matched every pair of the parts' slice chains, and a training step's
+    # backward pass has so many that one iteration took minutes and gigabytes.
     named(
         "concats/lift_nested",
-        "concat(x[a:b along k][c:g along d], y[a:b along k][c2:g2 along d]; d) = "
-        "concat(x[c:g], y[c2:g2]; d)[a:b along k] for k != d",
-        eq(e).to(T.concat(x.slice(k, a, b).slice(d, c, g), y.slice(k, a, b).slice(d, n, d2), d)),
+        "concat(x[c:g], y[c2:g2]; d)[a:b along k] = "
+        "concat(x[a:b along k][c:g along d], y[a:b along k][c2:g2 along d]; d) for k != d",
+        eq(z).to(T.concat(x.slice(d, c, g), y.slice(d, n, d2), d)),
+        eq(w).to(x.slice(k, a, b)),
         ne(k).to(d),
         eq(dim(x, k)).to(dim(y, k)),
-    ).then(union(e).with_(T.concat(x.slice(d, c, g), y.slice(d, n, d2), d).slice(k, a, b))),
+    ).then(union(z.slice(k, a, b)).with_(T.concat(w.slice(d, c, g), y.slice(k, a, b).slice(d, n, d2), d))),
 )
