@@ -332,6 +332,19 @@ MUTANTS: tuple[Mutant, ...] = (
     M("scatter-max-not-a-write", 'if not adds and not overwrites(called(ev.module, inst, "to_apply")):', "if False:",
       "only a scatter that overwrites (or adds) is a window write (one that takes a max is neither)",
       "pytest:tests/prove/test_unroll.py::test_near_misses_are_mismatches[maxed]"),
+    # -- dynamic slices at offsets from a bounded start (translate/offsets.py) -------------------------
+    M("offset-window-clamp", "    if not (0 <= lo + c and hi + c <= n - size):  # some value of the base would clamp\n"
+      "        return None\n", "",
+      "a start offset from a bounded base is a window of one dynamic slice only where HLO never clamps it",
+      "pytest:tests/translate/test_offset_windows.py::test_offset_window_refuses_a_start_that_may_clamp"),
+    M("slice-start-domain", "ev.index_uses.append((plain, x.shape[dim] - sizes[dim] + 1,",
+      "ev.index_uses.append((plain, x.shape[dim] - sizes[dim],",
+      "a slice start is assumed valid over [0, n - size], every start the reference reads without clamping",
+      "pytest:tests/translate/test_offset_windows.py::test_offset_slices_verify[sp]"),
+    M("affine-bounds-difference", "ev._set_bounds(term, ra[0] - rb[1], ra[1] - rb[0])",
+      "ev._set_bounds(term, ra[0] - rb[0], ra[1] - rb[1])",
+      "the difference of two intervals runs from lo_a - hi_b to hi_a - lo_b",
+      "pytest:tests/translate/test_offset_windows.py::test_affine_bounds_hold_every_result[subtract]"),
     # -- the cache -----------------------------------------------------------------------------------
     M("fingerprint-source", "equivci.__version__,\n            h.hexdigest(),\n            sys.version,", "equivci.__version__,\n            sys.version,",
       "a changed verifier must not reuse old verdicts", CACHE + "test_an_edit_to_the_verifier_source_changes_the_fingerprint"),

@@ -87,6 +87,14 @@ def _dynamic_window(x, ids):
     return lax.dynamic_slice_in_dim(x, start, 2, axis=0), lax.dynamic_update_slice_in_dim(x, x[:1] * 2, start, 0)
 
 
+def _offset_windows(table, start):  # translate/offsets.py: `start` is a valid start of 8 rows, [0, 8]
+    return (
+        lax.dynamic_slice_in_dim(table, start, 8),
+        lax.dynamic_slice_in_dim(table, start + 4, 4),
+        lax.dynamic_slice(table, (2 * 3 + start - 6 + 7, 1), (1, 3)),
+    )
+
+
 def _integer_mix(ids):
     shifted = jnp.clip(ids * 3 - 7, 0, V - 1)
     return (shifted // 2 + (shifted % 3)).astype(jnp.int32), (ids > 4) & (ids < 12)
@@ -170,6 +178,7 @@ CASES = {
     "argsort columns set, expert-major": (_argsort_columns_transposed, (X,)),
     "columns added per row, repeats allowed": (_columns_added, (X, IDS)),
     "top-k weights set per token under vmap (batching dims)": (_vmapped_top_k_combine, (X,)),
+    **{f"windows at offsets from a slice start {s}": (_offset_windows, (TABLE, np.int32(s))) for s in (0, 3, 8)},
 }
 
 
