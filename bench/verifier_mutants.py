@@ -345,6 +345,16 @@ MUTANTS: tuple[Mutant, ...] = (
       "ev._set_bounds(term, ra[0] - rb[0], ra[1] - rb[1])",
       "the difference of two intervals runs from lo_a - hi_b to hi_a - lo_b",
       "pytest:tests/translate/test_offset_windows.py::test_affine_bounds_hold_every_result[subtract]"),
+    # -- complex values as pairs of real ones (translate/complex_pairs.py) ----------------------------
+    M("complex-product-sign", "[(1, f(a, c)), (-1, f(b, d))]", "[(1, f(a, c)), (1, f(b, d))]",
+      "the real part of (a + bi)(c + di) is ac - bd",
+      "pytest:tests/translate/test_translation_against_xla.py -k complex"),
+    M("complex-imag-part", 'return split[0][0 if op == "real" else 1]', "return split[0][0]",
+      "imag of a pair is its second part",
+      "pytest:tests/translate/test_translation_against_xla.py -k complex"),
+    M("complex-quotient-per-part", "    elif op in MOVES:\n", '    elif op in MOVES or op == "divide":\n',
+      "only sums and ops that move elements act part by part (a complex quotient does not)",
+      "pytest:tests/translate/test_complex_pairs.py -k quotient"),
     # -- the cache -----------------------------------------------------------------------------------
     M("fingerprint-source", "equivci.__version__,\n            h.hexdigest(),\n            sys.version,", "equivci.__version__,\n            sys.version,",
       "a changed verifier must not reuse old verdicts", CACHE + "test_an_edit_to_the_verifier_source_changes_the_fingerprint"),

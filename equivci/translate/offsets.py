@@ -25,9 +25,10 @@ from equivci.translate.builder import Builder
 
 def note_starts(ev: Builder, inst: Instruction, x: Term, starts: list, sizes: tuple[int, ...]) -> None:
     """Record each start of a dynamic slice (or update) of `x` by `sizes` elements as an index use:
-    valid starts are [0, n - size] (JAX wraps a negative one by n first, as numpy indexing does)."""
+    valid starts are [0, n - size] (JAX wraps a negative one by n first, as numpy indexing does).
+    A window as long as its dim says nothing of its start (HLO clamps any start to 0 there)."""
     for dim, start in enumerate(starts):
-        if isinstance(start, Term) and ev.folded(start) is None:
+        if isinstance(start, Term) and ev.folded(start) is None and sizes[dim] < x.shape[dim]:
             plain = unwrapped_index(ev, start, x.shape[dim])
             ev.index_uses.append((plain, x.shape[dim] - sizes[dim] + 1, (inst, *reversed(ev.calls))))
 
