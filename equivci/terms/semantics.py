@@ -84,6 +84,8 @@ UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "is-finite": np.isfinite,
     "erf": _erf,
     "not": lambda v: np.logical_not(v) if v.dtype == np.bool_ else ~v,
+    "real": np.real,
+    "imag": np.imag,
 }
 
 
@@ -116,6 +118,8 @@ BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "and": lambda a, b: np.logical_and(a, b) if a.dtype == np.bool_ else np.bitwise_and(a, b),
     "or": lambda a, b: np.logical_or(a, b) if a.dtype == np.bool_ else np.bitwise_or(a, b),
     "xor": lambda a, b: np.logical_xor(a, b) if a.dtype == np.bool_ else np.bitwise_xor(a, b),
+    # re + i·im, in the complex dtype of the parts' precision (translate/complex_pairs.py)
+    "complex": lambda a, b: (a + 1j * b).astype(np.result_type(a.dtype, np.complex64)),
 }
 
 COMPARE = {

@@ -17,17 +17,41 @@ from equivci.translate.builder import Builder
 BOUND_PRESERVING = {"reshape", "bitcast", "broadcast", "slice", "dynamic-slice", "transpose", "copy", "convert"}
 
 
+# Integer ops whose result's range follows from the ends of its operands' ranges.
+AFFINE = {"add", "subtract", "multiply"}
+
+
 def note(ev: Builder, inst: Instruction, args: list, result) -> None:
     """Bounds of an op's result from its operands': a layout op keeps its operand's, a select
-    those of its branches, a clamp to constants its ends."""
+    those of its branches, a clamp to constants its ends, a sum, difference or product the
+    interval arithmetic of its operands' (a slice start `start + axis_index * rows`)."""
     if isinstance(result, Term) and inst.opcode in BOUND_PRESERVING and result not in ev.bounds:
         ev.bound(result, *[a for a in args[:1] if isinstance(a, Term)])
+    if isinstance(result, Term) and inst.opcode in AFFINE and len(args) == 2 and result not in ev.bounds:
+        bound_affine(ev, result, inst.opcode, *args)
     if isinstance(result, Term) and inst.opcode == "select" and len(args) == 3 and result not in ev.bounds:
         bound_select(ev, result, *args)
     if isinstance(result, Term) and inst.opcode in ("clamp", "minimum", "maximum") and result not in ev.bounds:
         # clamp(lo, x, hi) = min(max(x, lo), hi) lies in [lo, hi], whatever x
         if (clamped := masks.clamp_form(ev, result)) is not None:
             ev._set_bounds(result, clamped[0], clamped[2])
+
+
+def bound_affine(ev: Builder, term: Term, op: str, a: Term, b: Term) -> None:
+    """[lo_a, hi_a] op [lo_b, hi_b] over the integers: the sum and difference of intervals, and for
+    a product the least and greatest product of their ends. `_set_bounds` keeps them only where the
+    result's dtype holds the whole interval, so no element wrapped around."""
+    found = [ev.bounds_of(a), ev.bounds_of(b)]
+    if any(r is None or not np.all(np.isfinite(r)) for r in found) or term.dtype[0] not in "su":
+        return
+    ra, rb = [(int(r[0]), int(r[1])) for r in found if r is not None]  # exact, however large
+    if op == "add":
+        ev._set_bounds(term, ra[0] + rb[0], ra[1] + rb[1])
+    elif op == "subtract":
+        ev._set_bounds(term, ra[0] - rb[1], ra[1] - rb[0])
+    else:
+        ends = [x * y for x in ra for y in rb]
+        ev._set_bounds(term, min(ends), max(ends))
 
 
 def bound_select(ev: Builder, term: Term, p: Term, a: Term, b: Term) -> None:

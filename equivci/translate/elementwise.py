@@ -104,7 +104,9 @@ def compare(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
 def select(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     if (plain := without_guard(ev, "select", args)) is not None:
         return plain
-    chosen = select_by_constant(ev, *args)
+    # all three constant: fold (a table the program computes, such as sin(θ) with its zeros chosen
+    # where θ = 0, is a constant like any other, found again as a window of the reference's)
+    chosen = None if all(ev.folded(a) is not None for a in args) else select_by_constant(ev, *args)
     if chosen is not None:
         return chosen
     return _built(ev, "ternary", ("select",), args, inst.shape, lambda p, a, b: np.where(p, a, b))

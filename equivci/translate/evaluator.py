@@ -21,7 +21,18 @@ from typing import Callable, Protocol
 from equivci.hlo.ir import Computation, Instruction, Module
 from equivci.options import Budgets
 from equivci.terms.ir import Term, TermTable
-from equivci.translate import bounds, collectives, elementwise, group_ids, literals, reductions, regroup, shapes, sorts
+from equivci.translate import (
+    bounds,
+    collectives,
+    complex_pairs,
+    elementwise,
+    group_ids,
+    literals,
+    reductions,
+    regroup,
+    shapes,
+    sorts,
+)
 from equivci.translate.attributes import called
 from equivci.translate.builder import Builder, Unsupported, Value
 from equivci.translate.opaque import opaque
@@ -136,7 +147,9 @@ class Evaluator(Builder):
     def local(self, inst: Instruction, args: list, device: int):
         handler = HANDLERS.get(inst.opcode)
         handler = handler if handler is not None else _opaque
-        result = handler(self, inst, args, device)
+        result = complex_pairs.evaluate(self, inst, args, device, HANDLERS)  # complex values as real pairs
+        if result is None:
+            result = handler(self, inst, args, device)
         bounds.note(self, inst, args, result)
         regroup.note(self, inst, args, result, handler, device)
         return result

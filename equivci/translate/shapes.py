@@ -16,7 +16,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.spec import GatherDims, bcast_spec, parse_transpose, reshape_spec, transpose_text
-from equivci.translate import masks, one_hots, scatter_adds
+from equivci.translate import masks, offsets, one_hots, scatter_adds
 from equivci.translate.attributes import (
     called,
     custom_call_target,
@@ -112,9 +112,10 @@ def dynamic_slice(ev: Builder, inst: Instruction, args: list, device: int) -> Va
     sizes = dims_attr(inst.attrs.get("dynamic_slice_sizes"))
     starts = [ev.folded(a) for a in args[1:]]
     symbolic = [dim for dim, s in enumerate(starts) if s is None]
+    x = args[0]
+    offsets.note_starts(ev, inst, x, args[1:], sizes)
     if len(symbolic) > 1:
         return opaque(ev, inst, args)
-    x = args[0]
     ranges = []
     for dim, (s, size) in enumerate(zip(starts, sizes)):
         start = 0 if s is None else int(np.clip(int(s), 0, x.shape[dim] - size))  # HLO clamps starts
@@ -250,6 +251,8 @@ def dynamic_window(ev: Builder, x: Term, dim: int, start: Term, size: int) -> Te
     """`size` elements of `x` along `dim` from a start known only as a term (a loop counter)."""
     if size == x.shape[dim]:  # the start clamps to 0
         return x
+    if (window := offsets.window(ev, x, dim, start, size)) is not None:
+        return window
     shape = list(x.shape)
     shape[dim] = size
     return ev.mk("dslice", (dim, size), (x, start), Shape(x.dtype, tuple(shape)))
@@ -257,6 +260,7 @@ def dynamic_window(ev: Builder, x: Term, dim: int, start: Term, size: int) -> Te
 
 def dynamic_update_slice(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     x, update, *idx = args
+    offsets.note_starts(ev, inst, x, idx, update.shape)
     starts = [ev.folded(a) for a in idx]
     symbolic = [d for d, s in enumerate(starts) if s is None]
     if symbolic:

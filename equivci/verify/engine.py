@@ -226,7 +226,8 @@ def _candidates(programs, captured: CapturedModel) -> list:
 
 def _assumptions(programs, captured: CapturedModel) -> tuple[Finding, ...]:
     """Notes on what a proof took for granted: integer inputs the reference indexes with are valid
-    indices (outside [0, size) the programs may differ: numpy wraps negative ids, JAX clamps)."""
+    indices (outside [0, size) the programs may differ: numpy wraps negative ids, JAX clamps), and
+    those it slices at are valid slice starts (outside [0, n - size] HLO clamps them)."""
     notes = []
     for k, ((lo, hi), site) in sorted(programs.assumed.items()):
         path, line = next((loc for loc in (source_of(i, captured.repo_root) for i in site) if loc[0]), (None, None))
@@ -238,7 +239,7 @@ def _assumptions(programs, captured: CapturedModel) -> tuple[Finding, ...]:
                 "note",
                 None,
                 f"proved for input {leaf} in [{int(lo)}, {int(hi)}]: "
-                "the reference uses it as an index here, and other values are taken not to occur",
+                "the reference uses it as an index (or a slice start) here, and other values are taken not to occur",
             )
         )
     return tuple(notes)

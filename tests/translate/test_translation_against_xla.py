@@ -87,6 +87,22 @@ def _dynamic_window(x, ids):
     return lax.dynamic_slice_in_dim(x, start, 2, axis=0), lax.dynamic_update_slice_in_dim(x, x[:1] * 2, start, 0)
 
 
+def _offset_windows(table, start):  # translate/offsets.py: `start` is a valid start of 8 rows, [0, 8]
+    return (
+        lax.dynamic_slice_in_dim(table, start, 8),
+        lax.dynamic_slice_in_dim(table, start + 4, 4),
+        lax.dynamic_slice(table, (2 * 3 + start - 6 + 7, 1), (1, 3)),
+    )
+
+
+def _complex_rotation(x):  # translate/complex_pairs.py: complex values as pairs of real ones
+    z = lax.complex(x[:, 0::2], x[:, 1::2])
+    rot = jnp.exp(1j * (jnp.arange(T, dtype=jnp.float32)[:, None] * jnp.linspace(0.1, 1.0, D // 2)))
+    w = (z * rot + z) - rot.astype(jnp.complex64) * 2.0
+    paired = jnp.stack([w.real, jnp.imag(w)], axis=-1).reshape(x.shape)
+    return paired, jnp.real(z @ jnp.swapaxes(z, 0, 1)), -w[1:, :2].T
+
+
 def _integer_mix(ids):
     shifted = jnp.clip(ids * 3 - 7, 0, V - 1)
     return (shifted // 2 + (shifted % 3)).astype(jnp.int32), (ids > 4) & (ids < 12)
@@ -180,6 +196,8 @@ CASES = {
     "argsort columns set, expert-major": (_argsort_columns_transposed, (X,)),
     "columns added per row, repeats allowed": (_columns_added, (X, IDS)),
     "top-k weights set per token under vmap (batching dims)": (_vmapped_top_k_combine, (X,)),
+    "complex rotation, product, dot and layout as real pairs": (_complex_rotation, (X,)),
+    **{f"windows at offsets from a slice start {s}": (_offset_windows, (TABLE, np.int32(s))) for s in (0, 3, 8)},
 }
 
 
