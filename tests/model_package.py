@@ -9,8 +9,11 @@ from pathlib import Path
 
 from equivci.capture.run import capture_model
 from equivci.capture.types import CapturedModel
+from equivci.hlo.parser import parse_module
 from equivci.manifest import Manifest, ModelSpec, load_manifest
+from equivci.prove.programs import build_programs
 from equivci.results import ModelResult
+from equivci.translate.programs import Programs
 from equivci.verify.engine import verify_model
 
 
@@ -46,3 +49,14 @@ def capture_named(manifest: Manifest, name: str) -> CapturedModel:
 def verify_named(manifest: Manifest, name: str) -> ModelResult:
     """Verify one model of the manifest in this process (no cache, no sandbox)."""
     return verify_model(model_named(manifest, name), manifest, capture_named(manifest, name))
+
+
+def programs_of(captured: CapturedModel) -> Programs:
+    """Both programs of a capture as terms, as the verifier builds them."""
+    return build_programs(
+        parse_module(captured.reference_hlo),
+        parse_module(captured.distributed_hlo),
+        captured.inputs,
+        captured.outputs,
+        captured.num_devices,
+    )

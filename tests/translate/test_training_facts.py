@@ -28,8 +28,6 @@ import numpy as np
 import pytest
 from model_package import verify_named as _verify
 
-from equivci.hlo.parser import parse_module
-from equivci.prove.programs import build_programs
 from equivci.results import Status
 from equivci.terms.semantics import evaluate
 
@@ -238,13 +236,7 @@ def test_scatter_add_terms_compute_what_jax_computes(manifest, name):
     import jax
 
     captured = model_package.capture_named(manifest, name)
-    programs = build_programs(
-        parse_module(captured.reference_hlo),
-        parse_module(captured.distributed_hlo),
-        captured.inputs,
-        captured.outputs,
-        captured.num_devices,
-    )
+    programs = model_package.programs_of(captured)
     spec = importlib.util.spec_from_file_location("training_m", manifest.path.parent / "m.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
