@@ -152,7 +152,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "x != k is decided only when k lies outside x's range", "model:guard-ne-top", "model:guard-always"),
     M("decide-eq-never", '"EQ": ra[1] < rb[0] or ra[0] > rb[1],', '"EQ": ra[1] <= rb[0] or ra[0] > rb[1],',
       "x == k is never true only when k lies outside x's range", "model:guard-eq-top", "model:guard-always"),
-    M("index-domain", "domains[p] = ((0.0, float(size - 1)), inst)", "domains[p] = ((0.0, float(size - 2)), inst)",
+    M("index-domain", "float(size - 1 - offsets.max())", "float(size - 2 - offsets.max())",
       "valid indices are [0, size - 1]", "model:guard-lt", "model:guard-always"),
     # -- elementwise side conditions --------------------------------------------------------------
     M("abs-any", "return all(_nonnegative(a) for a in t.args)  # (an empty",
