@@ -70,10 +70,33 @@ def index_domains(ev: Builder) -> dict[Term, tuple[tuple[float, float], tuple[In
     smallest such range) and the gather that gives it (with its calls)."""
     domains: dict[Term, tuple[tuple[float, float], tuple[Instruction, ...]]] = {}
     for idx, size, inst in ev.index_uses:
-        p = unwrapped_index(ev, idx, size)
-        if p.op == "param" and p.dtype[0] in "su" and (p not in domains or size - 1 < domains[p][0][1]):
-            domains[p] = ((0.0, float(size - 1)), inst)
+        p, offsets = offset_input(ev, unwrapped_index(ev, idx, size))
+        if p.op != "param" or p.dtype[0] not in "su":
+            continue
+        # p + c indexes [0, size) for every constant offset c: p in [-min c, size - 1 - max c];
+        # several uses: every one of them valid (the gather that narrows the range is named)
+        lo, hi = float(-offsets.min()), float(size - 1 - offsets.max())
+        if p in domains:
+            (was_lo, was_hi), was = domains[p]
+            narrower = lo > was_lo or hi < was_hi
+            lo, hi, inst = max(lo, was_lo), min(hi, was_hi), inst if narrower else was
+        if lo <= hi:
+            domains[p] = ((lo, hi), inst)
+        else:  # no value makes every use valid: nothing is assumed
+            domains.pop(p, None)
     return domains
+
+
+def offset_input(ev: Builder, idx: Term) -> tuple[Term, np.ndarray]:
+    """`idx` as p + c, with c a constant array and p a scalar broadcast (positions `start +
+    arange(n)`), or p itself (c = 0)."""
+    if idx.op == "binary" and idx.attrs == ("add",):
+        for k in (0, 1):
+            c = ev.folded(idx.args[1 - k])
+            base = idx.args[k]
+            if c is not None and c.size and base.op == "bcast" and base.args[0].shape == ():
+                return base.args[0], c.astype(np.int64)
+    return idx, np.zeros(1, dtype=np.int64)
 
 
 def unwrapped_index(ev: Builder, idx: Term, size: int) -> Term:

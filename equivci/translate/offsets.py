@@ -19,7 +19,8 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
-from equivci.translate.bounds import unwrapped_index
+from equivci.terms.spec import GatherDims
+from equivci.translate.bounds import offset_input, unwrapped_index
 from equivci.translate.builder import Builder
 
 
@@ -67,6 +68,35 @@ def window(ev: Builder, x: Term, dim: int, start: Term, size: int) -> Term | Non
     shape[dim] = width
     whole = x if width == n else ev.mk("dslice", (dim, width), (x, base), Shape(x.dtype, tuple(shape)))
     return ev.slice_term(whole, dim, lo + c, lo + c + size)
+
+
+def consecutive_rows(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
+    """x[p + c0 + arange(n)] along dim 0 (a gather of whole rows at consecutive positions from a
+    scalar p, `jnp.take(table, start + jnp.arange(n), axis=0)`) is the window of n rows from
+    p + c0, where no value of p puts a row out of bounds (a gather clamps each row on its own, a
+    dynamic slice the whole window: they agree only there); None otherwise."""
+    rank = len(x.shape)
+    if len(idx.shape) == 2 and idx.shape[1] == 1 and dims.vector_dim == 1:  # one index per row
+        idx = ev.reshape_term(idx, Shape(idx.dtype, idx.shape[:1]))
+    if (
+        len(idx.shape) != 1
+        or dims.start_map != (0,)
+        or dims.collapsed != (0,)
+        or dims.operand_batch
+        or tuple(dims.offset) != tuple(range(1, rank))
+        or tuple(dims.slice_sizes) != (1, *x.shape[1:])
+        or out.dims != (idx.shape[0], *x.shape[1:])
+    ):
+        return None
+    base, c = offset_input(ev, idx)
+    if base is idx or c.shape != idx.shape or not np.array_equal(c, c[0] + np.arange(c.size)):
+        return None
+    start = (
+        base
+        if c[0] == 0
+        else ev.binary("add", base, ev.const(np.asarray(c[0], dtype=NP_DTYPES[base.dtype]), base.dtype))
+    )
+    return window(ev, x, 0, start, c.size)
 
 
 def _scalar(ev: Builder, t: Term) -> int | None:

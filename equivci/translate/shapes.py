@@ -394,6 +394,8 @@ def gather(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     out = Shape(inst.shape.dtype, tuple(inst.shape.dims[o] for o in kept_out))
     if len(dims.start_map) == 1:
         ev.index_uses.append((idx, x.shape[dims.start_map[0]], (inst, *reversed(ev.calls))))
+    if (rows := offsets.consecutive_rows(ev, x, idx, dims, out)) is not None:
+        return ev.reshape_term(rows, inst.shape)
     if (picked := iota_at(ev, x, idx, dims, out)) is not None:
         return ev.reshape_term(picked, inst.shape)
     term = ev.gather_term(x, idx, dims, out)

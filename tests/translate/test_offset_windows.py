@@ -3,7 +3,9 @@ start is a valid start, [0, n - size]; a start offset from it by a constant is t
 one dynamic slice at the input, when no value of the input makes HLO clamp (translate/offsets.py).
 Styles: a table sliced with `dynamic_slice_in_dim` per device (sequence over one axis), a 2-D
 `lax.dynamic_slice` with the offset written as `(start + idx) * rows`-free arithmetic, the
-reference's own window sliced again per device; near misses that differ only where the fact's
+reference's own window sliced again per device, positions `start + arange(n)` gathered with
+`jnp.take` (a gather of consecutive rows is that window, bounds.offset_input gives the input's
+range); near misses that differ only where the fact's
 side conditions matter (a missing or extra offset, a wider window that clamps where the reference
 does not, a start the reference never bounds)."""
 
@@ -86,6 +88,28 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P("sp"), P()), out_specs=P("sp"))(x, start)
 
 
+    def taken(x, start):
+        return x * jnp.take(jnp.asarray(TABLE), start + jnp.arange(T), axis=0)
+
+
+    def _taken_sp(x, start, mesh, order):
+        def body(xs, start):
+            rows = xs.shape[0]
+            pos = start + lax.axis_index("sp") * rows + order(jnp.arange(rows))
+            return xs * jnp.take(jnp.asarray(TABLE), pos, axis=0)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P("sp"), P()), out_specs=P("sp"))(x, start)
+
+
+    def taken_sp(x, start, *, mesh):
+        return _taken_sp(x, start, mesh, lambda r: r)
+
+
+    def taken_sp_swapped(x, start, *, mesh):
+        # the last two positions of each device swapped: not consecutive rows, though they start and end there
+        return _taken_sp(x, start, mesh, lambda r: jnp.concatenate([r[:-2], r[-1:], r[-2:-1]]))  # MARK:swapped
+
+
     def shifted(x, start):
         # the reference never uses `start` itself as a slice start, only start + 2: no bounds for it
         return x * lax.dynamic_slice_in_dim(jnp.asarray(TABLE), start + 2, T)
@@ -105,6 +129,10 @@ MANIFEST = textwrap.dedent(
       - {name: two-dim, reference: m.py:scaled, distributed: m.py:scaled_2d, inputs: m.py:inputs, mesh: {sp: 2}}
       - {name: resliced, reference: m.py:scaled, distributed: m.py:scaled_resliced, inputs: m.py:inputs,
          mesh: {sp: 4}}
+      - {name: take, reference: m.py:taken, distributed: m.py:taken_sp, inputs: m.py:inputs, mesh: {sp: 2}}
+      - {name: take-vs-slice, reference: m.py:scaled, distributed: m.py:taken_sp, inputs: m.py:inputs, mesh: {sp: 4}}
+      - {name: take-swapped, reference: m.py:taken, distributed: m.py:taken_sp_swapped, inputs: m.py:inputs,
+         mesh: {sp: 2}}
       - {name: ahead, reference: m.py:scaled, distributed: m.py:scaled_sp_ahead, inputs: m.py:inputs, mesh: {sp: 2}}
       - {name: no-start, reference: m.py:scaled, distributed: m.py:scaled_sp_no_start, inputs: m.py:inputs,
          mesh: {sp: 2}}
@@ -113,8 +141,8 @@ MANIFEST = textwrap.dedent(
     """
 )
 
-EQUIVALENT = ["sp", "sp4", "two-dim", "resliced"]
-NEAR_MISSES = ["ahead", "no-start", "wide"]
+EQUIVALENT = ["sp", "sp4", "two-dim", "resliced", "take", "take-vs-slice"]
+NEAR_MISSES = ["ahead", "no-start", "wide", "take-swapped"]
 
 
 @pytest.fixture(scope="module")

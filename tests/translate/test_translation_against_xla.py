@@ -92,6 +92,7 @@ def _offset_windows(table, start):  # translate/offsets.py: `start` is a valid s
         lax.dynamic_slice_in_dim(table, start, 8),
         lax.dynamic_slice_in_dim(table, start + 4, 4),
         lax.dynamic_slice(table, (2 * 3 + start - 6 + 7, 1), (1, 3)),
+        jnp.take(table, start + 2 + jnp.arange(5), axis=0),
     )
 
 
