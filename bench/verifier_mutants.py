@@ -301,6 +301,13 @@ MUTANTS: tuple[Mutant, ...] = (
     M("one-hot-sort-output", 'order_dim_output[-2:] != [str(dim), "1"]', "False",
       "only a sort's index output along the summed dim is a permutation of distinct lanes",
       "pytest:tests/translate/test_translation_against_xla.py::test_overwrites_that_could_lose_a_write_stay_opaque"),
+    # -- a gather of one element per row as a one-hot sum (translate/picks.py) -------------------------
+    M("pick-index-bounds", "found is None or found[0] < 0 or found[1] >= x.shape[v]", "found is None",
+      "a gather clamps an index outside [0, V) where a one-hot of it is all zeros",
+      "model:pick-one-hot-past-end", "model:pick-one-hot"),
+    M("pick-lane-order", "or [dims.indices_batch[dims.operand_batch.index(k)] for k in others] != lanes\n", "",
+      "the sum keeps the operand's lanes in order: the gather's must be the same lanes",
+      "pytest:tests/translate/test_picks.py::test_lanes_gathered_across_stay_a_gather"),
     # -- ops on values split in groups (a vmapped reference) ------------------------------------------
     M("regroup-reduce-split-dims", "        if any(k < 2 for k in dims):  # a reduce over the split dims mixes groups\n"
       "            return None\n", "",

@@ -16,7 +16,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.spec import GatherDims, bcast_spec, parse_transpose, reshape_spec, transpose_text
-from equivci.translate import masks, one_hots, scatter_adds
+from equivci.translate import masks, one_hots, picks, scatter_adds
 from equivci.translate.attributes import (
     called,
     custom_call_target,
@@ -398,6 +398,8 @@ def gather(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     lookup = masks.masked_lookup(ev, x, idx, dims, out)
     if lookup is not None:
         ev.masked_rows[term] = lookup
+    if (summed := picks.one_hot_sum(ev, x, idx, dims, out)) is not None:
+        ev.equal_terms.append([term, summed])
     return ev.reshape_term(term, inst.shape)
 
 

@@ -18,7 +18,7 @@ VERIFIED = {
     "argsort-tokens", "sorted-moe", "ragged-moe", "sorted-top2", "sorted-ids", "sorted-ids-ends",
     "sorted-ids-starts", "topk-set-experts", "topk-add-into-ones",
     "topk-set-vmapped", "finite-guard",
-    "embed-outside", "embed-outside-not",
+    "embed-outside", "embed-outside-not", "pick-one-hot",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -33,6 +33,7 @@ MISMATCH = {
     "sorted-ids-ends-minus-one", "sorted-ids-from-one", "sorted-ids-starts-minus-two",
     "topk-set-repeated-slot", "topk-set-into-ones", "topk-set-experts-rotated", "select-by-not",
     "embed-outside-drops-first", "embed-outside-and", "embed-outside-ones",
+    "pick-one-hot-next", "pick-one-hot-past-end",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -71,5 +72,6 @@ DEFAULT = {
     "topk-tokens", "topk-local-experts",  # sorts: lanes of other dims, not windows of the sorted dim
     "sorted-moe", "sorted-moe-unsort-by-order",  # sort-based dispatch: un-sorted by the inverse permutation
     "topk-set-experts", "topk-set-repeated-slot",  # a scatter at a row's distinct columns: a one-hot sum
+    "pick-one-hot", "pick-one-hot-past-end",  # a gather at a column in range: a one-hot sum
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

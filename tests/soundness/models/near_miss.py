@@ -994,3 +994,42 @@ def sorted_ids_starts(x, router, w1, w2, *, mesh):
 def sorted_ids_starts_minus_two(x, router, w1, w2, *, mesh):
     # BUG: marks at the groups' starts count the group plus one; minus two is one group too low
     return _sorted_ids_tokens(x, router, w1, w2, mesh, "starts-minus-two")
+
+
+# --- a gather of one element per row as the sum against a one-hot (equivci/translate/picks.py) ----
+def pick_inputs():
+    return (spec(V, V), spec(V, dtype=jnp.int32))
+
+
+def _picked(x, ids, mode=None):
+    return jnp.take_along_axis(x, ids[:, None], axis=-1, mode=mode)[:, 0]
+
+
+def _one_hot_sum(x, ids, mesh):
+    """The vocabulary dim cut by the SPMD partitioner: each device sums its columns against its
+    columns of the one-hot (an iota offset by the partition's start), then an all-reduce."""
+    x = lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, P(None, TP)))
+    return jnp.sum(x * jax.nn.one_hot(ids, V, dtype=x.dtype), axis=-1)
+
+
+def pick(x, ids):
+    return _picked(x, ids)
+
+
+def pick_one_hot(x, ids, *, mesh):
+    return _one_hot_sum(x, ids, mesh)
+
+
+def pick_one_hot_next(x, ids, *, mesh):
+    return _one_hot_sum(x, ids + 1, mesh)  # BUG: the next column's logit
+
+
+def pick_next_clipped(x, ids):
+    """A raw gather (no range check) at ids + 1 clipped to [0, V], which XLA clamps: V reads V - 1."""
+    return _picked(x, jnp.clip(ids + 1, 0, V), mode="promise_in_bounds")
+
+
+def pick_one_hot_next_clipped(x, ids, *, mesh):
+    # BUG: the one-hot of V is all zeros where the reference's clamped gather reads column V - 1;
+    # only the bounds of the index, [0, V], tell the gather from the one-hot sum
+    return _one_hot_sum(x, jnp.clip(ids + 1, 0, V), mesh)
