@@ -308,6 +308,19 @@ MUTANTS: tuple[Mutant, ...] = (
     M("pick-lane-order", "or [dims.indices_batch[dims.operand_batch.index(k)] for k in others] != lanes\n", "",
       "the sum keeps the operand's lanes in order: the gather's must be the same lanes",
       "pytest:tests/translate/test_picks.py::test_lanes_gathered_across_stay_a_gather"),
+    # -- sums of concatenations, sums over devices regrouped (translate/pieces.py, collectives.py) -----
+    M("pieces-overlap", "    if any(prev[1] > nxt[0] for prev, nxt in zip(held, held[1:])):\n        return None\n", "",
+      "zero-padded pieces are their concatenation only when no two non-zero pieces overlap",
+      "pytest:tests/translate/test_pieces.py::test_overlapping_pieces_stay_a_sum"),
+    M("pieces-same-cut", "if any(m.attrs[0] != dim or [p.shape[dim] for p in parts] != sizes for m, parts in zip(members, cut)):",
+      "if any(m.attrs[0] != dim for m in members):",
+      "concatenations are summed piece by piece only when cut at the same places",
+      "pytest:tests/translate/test_pieces.py::"
+      "test_an_all_reduce_of_values_concatenated_alike_is_the_concatenation_of_the_reduced_pieces"),
+    M("regroup-same-count", "if len(terms[0]) < 2 or any(len(t) != len(terms[0]) for t in terms):",
+      "if len(terms[0]) < 2:",
+      "device sums are regrouped term by term only when every device sums as many terms",
+      "pytest:tests/translate/test_pieces.py::test_sums_over_devices_of_each_devices_sums_are_regrouped"),
     # -- ops on values split in groups (a vmapped reference) ------------------------------------------
     M("regroup-reduce-split-dims", "        if any(k < 2 for k in dims):  # a reduce over the split dims mixes groups\n"
       "            return None\n", "",

@@ -18,7 +18,7 @@ VERIFIED = {
     "argsort-tokens", "sorted-moe", "ragged-moe", "sorted-top2", "sorted-ids", "sorted-ids-ends",
     "sorted-ids-starts", "topk-set-experts", "topk-add-into-ones",
     "topk-set-vmapped", "finite-guard",
-    "embed-outside", "embed-outside-not", "pick-one-hot",
+    "embed-outside", "embed-outside-not", "pick-one-hot", "accum-dp",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -33,7 +33,7 @@ MISMATCH = {
     "sorted-ids-ends-minus-one", "sorted-ids-from-one", "sorted-ids-starts-minus-two",
     "topk-set-repeated-slot", "topk-set-into-ones", "topk-set-experts-rotated", "select-by-not",
     "embed-outside-drops-first", "embed-outside-and", "embed-outside-ones",
-    "pick-one-hot-next", "pick-one-hot-past-end",
+    "pick-one-hot-next", "pick-one-hot-past-end", "accum-dp-first-micro",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {

@@ -1033,3 +1033,51 @@ def pick_one_hot_next_clipped(x, ids, *, mesh):
     # BUG: the one-hot of V is all zeros where the reference's clamped gather reads column V - 1;
     # only the bounds of the index, [0, V], tell the gather from the one-hot sum
     return _one_hot_sum(x, jnp.clip(ids + 1, 0, V), mesh)
+
+
+# --- sums over microbatches and devices regrouped; zero-padded pieces joined (translate/pieces.py) --
+MICRO, ROWS, WIDTH = 2, 8, 3  # microbatches of ROWS rows, each split over 2 devices
+
+
+def accum_inputs():
+    return (spec(WIDTH * 2 + 2), spec(MICRO, ROWS, WIDTH))
+
+
+def _accum_loss(flat, x):
+    w, b = flat[: WIDTH * 2].reshape(WIDTH, 2), flat[WIDTH * 2 :]
+    return jnp.mean(jnp.sum((x @ w + b) ** 2, -1))
+
+
+def _accum(flat, xs, loss):
+    def micro(g, x):
+        value, grad = jax.value_and_grad(loss)(flat, x)
+        return g + grad, value
+
+    g, losses = lax.scan(micro, jnp.zeros_like(flat), xs)
+    return g, losses
+
+
+def accum_step(flat, xs):
+    """Gradient accumulation over microbatches of a flat parameter vector: the mean loss, the mean gradient."""
+    g, losses = _accum(flat, xs, _accum_loss)
+    return g / MICRO, jnp.mean(losses)
+
+
+def _accum_step_dp(flat, xs, mesh, losses_of):
+    def body(flat, xs):
+        g, losses = _accum(flat, xs, _accum_loss)
+        return lax.pmean(g, TP) / MICRO, lax.pmean(losses_of(losses), TP)
+
+    # without the varying-axes check, the gradient of the replicated vector stays each device's own
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, TP)), out_specs=(P(), P()), check_vma=False)(
+        flat, xs
+    )
+
+
+def accum_step_dp(flat, xs, *, mesh):
+    """Rows split over devices; each device's mean over its microbatches, then the mean over devices."""
+    return _accum_step_dp(flat, xs, mesh, jnp.mean)
+
+
+def accum_step_dp_first_micro(flat, xs, *, mesh):
+    return _accum_step_dp(flat, xs, mesh, lambda losses: losses[0])  # BUG: the first microbatch's loss only
