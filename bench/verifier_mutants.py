@@ -309,6 +309,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "the sum keeps the operand's lanes in order: the gather's must be the same lanes",
       "pytest:tests/translate/test_picks.py::test_lanes_gathered_across_stay_a_gather"),
     # -- sums of concatenations, sums over devices regrouped (translate/pieces.py, collectives.py) -----
+    M("factor-beside-zeros", "held = {f for f, a in zip(factors, args) if self.uniform(a) != 0}",
+      "held = {f for f, a in zip(factors, args) if self.uniform(a) is None}",
+      "only a zero operand takes any factor: a constant one beside f * a is no multiple of f",
+      "pytest:tests/translate/test_pieces.py::test_only_zeros_take_any_factor"),
     M("pieces-overlap", "    if any(prev[1] > nxt[0] for prev, nxt in zip(held, held[1:])):\n        return None\n", "",
       "zero-padded pieces are their concatenation only when no two non-zero pieces overlap",
       "pytest:tests/translate/test_pieces.py::test_overlapping_pieces_stay_a_sum"),
