@@ -170,8 +170,11 @@ class Builder:
         if op == "dot" and factors != [1, 1]:
             return self.scaled(self.mk(kind, attrs, bases, shape), factors[0] * factors[1])
         linear = op in ("add", "subtract", "negate", "reduce-add") or kind in ("concat", "transpose")
-        if linear and factors[0] != 1 and all(f == factors[0] for f in factors):
-            return self.scaled(self.mk(kind, attrs, bases, shape), factors[0])
+        # a zero operand takes any factor: f * a beside zeros (a gradient padded into a flat
+        # parameter vector) is f * (a beside zeros)
+        held = {f for f, a in zip(factors, args) if self.uniform(a) != 0}
+        if linear and len(held) == 1 and (factor := held.pop()) != 1:
+            return self.scaled(self.mk(kind, attrs, bases, shape), factor)
         if op in ("add", "subtract") and 1 not in factors and 0 not in factors:
             # f * a + g * b = f * (a + (g / f) * b) when g / f is exact: sums scaled alike up to one
             # ratio meet (a gradient's two terms, each with the loss's scale, in a shard's and the

@@ -6,6 +6,7 @@ windows, collective-permute the source device's value (zeros where none is sent)
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from equivci.hlo.ir import Instruction, Shape
 from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
-from equivci.translate import masks
+from equivci.translate import masks, pieces
 from equivci.translate.attributes import dims_attr, reducer_of
 from equivci.translate.builder import Builder, Unsupported
 
@@ -79,6 +80,8 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
     tiled = masks.tiled_lookup(ev, members) if reducer == "add" else masks.tiled_reduce(ev, reducer, members)
     if tiled is not None:
         return tiled
+    if (joined := _pieces_combined(ev, reducer, members)) is not None:
+        return joined
     acc = members[0]
     for m in members[1:]:
         acc = ev.fold_or(
@@ -88,7 +91,62 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
             Shape(acc.dtype, acc.shape),
             lambda a, b: semantics.apply(semantics.BINARY, reducer, a, b),
         )
+    if (regrouped := _sums_summed(ev, reducer, members)) is not None:
+        factor, summed = regrouped
+        scale, base = ev.scale_of(acc)
+        if scale == factor:  # stated of the sums themselves: scaled alike, their multiples meet too
+            ev.equal_terms.append([base, summed])
     return acc
+
+
+def _sums_summed(ev: Builder, reducer: str, members: list[Term]) -> tuple[Fraction, Term] | None:
+    """A sum over devices of sums each device made of its own terms (its microbatches, accumulated)
+    as the sum, term by term, of their sums over devices: finite sums commute,
+    sum_d f * (x_d1 + ... + x_dM) = f * (sum_d x_d1 + ... + sum_d x_dM), and a device's sum of
+    values concatenated alike (its microbatches' losses, stacked) is a reduce of its pieces,
+    sum_d f * reduce(concat(a_d, b_d)) = f * reduce(concat(sum_d a_d, sum_d b_d)). Returns (f, the
+    regrouped sum), stated beside the sum in group order, which keeps the windows a sum over
+    shards merges."""
+    scales = [ev.scale_of(m) for m in members]
+    sums = [base for _, base in scales]
+    if reducer != "add" or len({f for f, _ in scales}) != 1:
+        return None
+    first = sums[0]
+    if first.op == "reduce" and first.attrs[:1] == ("add",) and all(t.attrs == first.attrs for t in sums):
+        bases = [t.args[0] for t in sums]
+        if pieces.split_alike(ev, bases) is None:
+            return None
+        whole = combine(ev, reducer, bases)
+        return scales[0][0], ev.normal("reduce", first.attrs, [whole], Shape(first.dtype, first.shape))
+    terms = [_summands(t) for t in sums]
+    if len(terms[0]) < 2 or any(len(t) != len(terms[0]) for t in terms):
+        return None
+    columns = [combine(ev, reducer, list(column)) for column in zip(*terms)]
+    acc = columns[0]
+    for column in columns[1:]:
+        acc = ev.normal("binary", ("add",), [acc, column], Shape(acc.dtype, acc.shape))
+    return scales[0][0], acc
+
+
+def _summands(t: Term) -> list[Term]:
+    """The terms of a tree of adds, in order."""
+    if t.op == "binary" and t.attrs == ("add",):
+        return _summands(t.args[0]) + _summands(t.args[1])
+    return [t]
+
+
+def _pieces_combined(ev: Builder, reducer: str, members: list[Term]) -> Term | None:
+    """The reduction of members concatenated alike as the concatenation of the reduced pieces
+    (equivci.translate.pieces); a factor they share stays in front of a sum."""
+    scales = [ev.scale_of(m) for m in members]
+    factors = {f for f, _ in scales}
+    if len(factors) != 1 or (factor := factors.pop()) != 1 and reducer != "add":
+        return None
+    split = pieces.split_alike(ev, [base for _, base in scales])
+    if split is None:
+        return None
+    dim, columns = split
+    return ev.scaled(ev.concat([combine(ev, reducer, column) for column in columns], dim), factor)
 
 
 def collective_value(ev: Builder, inst: Instruction, members: list[Term], pos: int, shape: Shape) -> Term:

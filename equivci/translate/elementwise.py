@@ -12,7 +12,7 @@ from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import DotSpec, compare_text, parse_transpose, swapped_dot, transpose_text
-from equivci.translate import bounds, squeezes
+from equivci.translate import bounds, pieces, squeezes
 from equivci.translate.arrays import all_equal
 from equivci.translate.builder import Builder
 
@@ -86,6 +86,8 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
         return plain
     if (cancelled := offset_cancelled(ev, op, args)) is not None:
         return cancelled
+    if op == "add" and (joined := pieces.padded_sum(ev, *args)) is not None:
+        return joined
     fn = lambda a, b: semantics.apply(semantics.BINARY, op, a, b)  # noqa: E731
     if (moved := through_transpose(ev, op, args, shape, fn)) is not None:
         return moved

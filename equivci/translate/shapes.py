@@ -16,7 +16,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.spec import GatherDims, bcast_spec, parse_transpose, reshape_spec, transpose_text
-from equivci.translate import masks, offsets, one_hots, scatter_adds
+from equivci.translate import masks, offsets, one_hots, picks, pieces, scatter_adds
 from equivci.translate.attributes import (
     called,
     custom_call_target,
@@ -343,7 +343,7 @@ def write_window(ev: Builder, x: Term, piece: Term, starts: list[int]) -> Term:
     )
     # x's parts along d around the band (x may be earlier writes), so writes compose flat
     before, after, lo = [], [], 0
-    for part in _parts_along(x, d):
+    for part in pieces.parts_along(x, d):
         hi = lo + part.shape[d]
         if lo < s:
             before.append(ev.slice_term(part, d, 0, min(hi, s) - lo))
@@ -404,6 +404,8 @@ def gather(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     lookup = masks.masked_lookup(ev, x, idx, dims, out)
     if lookup is not None:
         ev.masked_rows[term] = lookup
+    if (summed := picks.one_hot_sum(ev, x, idx, dims, out)) is not None:
+        ev.equal_terms.append([term, summed])
     return ev.reshape_term(term, inst.shape)
 
 
@@ -445,13 +447,6 @@ def gather_at_constant(ev: Builder, x: Term, idx: Term, dims: GatherDims, shape:
         starts[k] = min(max(int(start), 0), x.shape[k] - dims.slice_sizes[k])
     ranges = [(s, s + n) for s, n in zip(starts, dims.slice_sizes)]
     return ev.reshape_term(ev.slice_nd(x, ranges), shape)
-
-
-def _parts_along(x: Term, dim: int) -> list[Term]:
-    """The operands of nested concatenations along `dim`, in order (x itself when it is none)."""
-    if x.op == "concat" and x.attrs[0] == dim:
-        return [p for arg in x.args for p in _parts_along(arg, dim)]
-    return [x]
 
 
 HANDLERS = {

@@ -18,7 +18,7 @@ VERIFIED = {
     "argsort-tokens", "sorted-moe", "ragged-moe", "sorted-top2", "sorted-ids", "sorted-ids-ends",
     "sorted-ids-starts", "topk-set-experts", "topk-add-into-ones",
     "topk-set-vmapped", "finite-guard",
-    "embed-outside", "embed-outside-not", "slots-a2a",
+    "embed-outside", "embed-outside-not", "slots-a2a", "pick-one-hot", "accum-dp",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -33,6 +33,7 @@ MISMATCH = {
     "sorted-ids-ends-minus-one", "sorted-ids-from-one", "sorted-ids-starts-minus-two",
     "topk-set-repeated-slot", "topk-set-into-ones", "topk-set-experts-rotated", "select-by-not",
     "embed-outside-drops-first", "embed-outside-and", "embed-outside-ones", "slots-a2a-swapped",
+    "pick-one-hot-next", "pick-one-hot-past-end", "accum-dp-first-micro",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -72,5 +73,6 @@ DEFAULT = {
     "sorted-moe", "sorted-moe-unsort-by-order",  # sort-based dispatch: un-sorted by the inverse permutation
     "topk-set-experts", "topk-set-repeated-slot",  # a scatter at a row's distinct columns: a one-hot sum
     "slots-a2a", "slots-a2a-swapped",  # all_to_all of every group's slots: one window of the batched slots
+    "pick-one-hot", "pick-one-hot-past-end",  # a gather at a column in range: a one-hot sum
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

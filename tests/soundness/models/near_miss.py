@@ -1030,3 +1030,89 @@ def slots_exchanged(x, w, *, mesh):
 
 def slots_exchanged_swapped(x, w, *, mesh):  # each device gets the other device's experts
     return _slots_exchanged(x, w, mesh, lambda s: jnp.concatenate([s[SLOT_E // 2 :], s[: SLOT_E // 2]]))
+
+# --- a gather of one element per row as the sum against a one-hot (equivci/translate/picks.py) ----
+def pick_inputs():
+    return (spec(V, V), spec(V, dtype=jnp.int32))
+
+
+def _picked(x, ids, mode=None):
+    return jnp.take_along_axis(x, ids[:, None], axis=-1, mode=mode)[:, 0]
+
+
+def _one_hot_sum(x, ids, mesh):
+    """The vocabulary dim cut by the SPMD partitioner: each device sums its columns against its
+    columns of the one-hot (an iota offset by the partition's start), then an all-reduce."""
+    x = lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, P(None, TP)))
+    return jnp.sum(x * jax.nn.one_hot(ids, V, dtype=x.dtype), axis=-1)
+
+
+def pick(x, ids):
+    return _picked(x, ids)
+
+
+def pick_one_hot(x, ids, *, mesh):
+    return _one_hot_sum(x, ids, mesh)
+
+
+def pick_one_hot_next(x, ids, *, mesh):
+    return _one_hot_sum(x, ids + 1, mesh)  # BUG: the next column's logit
+
+
+def pick_next_clipped(x, ids):
+    """A raw gather (no range check) at ids + 1 clipped to [0, V], which XLA clamps: V reads V - 1."""
+    return _picked(x, jnp.clip(ids + 1, 0, V), mode="promise_in_bounds")
+
+
+def pick_one_hot_next_clipped(x, ids, *, mesh):
+    # BUG: the one-hot of V is all zeros where the reference's clamped gather reads column V - 1;
+    # only the bounds of the index, [0, V], tell the gather from the one-hot sum
+    return _one_hot_sum(x, jnp.clip(ids + 1, 0, V), mesh)
+
+
+# --- sums over microbatches and devices regrouped; zero-padded pieces joined (translate/pieces.py) --
+MICRO, ROWS, WIDTH = 2, 8, 3  # microbatches of ROWS rows, each split over 2 devices
+
+
+def accum_inputs():
+    return (spec(WIDTH * 2 + 2), spec(MICRO, ROWS, WIDTH))
+
+
+def _accum_loss(flat, x):
+    w, b = flat[: WIDTH * 2].reshape(WIDTH, 2), flat[WIDTH * 2 :]
+    return jnp.mean(jnp.sum((x @ w + b) ** 2, -1))
+
+
+def _accum(flat, xs, loss):
+    def micro(g, x):
+        value, grad = jax.value_and_grad(loss)(flat, x)
+        return g + grad, value
+
+    g, losses = lax.scan(micro, jnp.zeros_like(flat), xs)
+    return g, losses
+
+
+def accum_step(flat, xs):
+    """Gradient accumulation over microbatches of a flat parameter vector: the mean loss, the mean gradient."""
+    g, losses = _accum(flat, xs, _accum_loss)
+    return g / MICRO, jnp.mean(losses)
+
+
+def _accum_step_dp(flat, xs, mesh, losses_of):
+    def body(flat, xs):
+        g, losses = _accum(flat, xs, _accum_loss)
+        return lax.pmean(g, TP) / MICRO, lax.pmean(losses_of(losses), TP)
+
+    # without the varying-axes check, the gradient of the replicated vector stays each device's own
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, TP)), out_specs=(P(), P()), check_vma=False)(
+        flat, xs
+    )
+
+
+def accum_step_dp(flat, xs, *, mesh):
+    """Rows split over devices; each device's mean over its microbatches, then the mean over devices."""
+    return _accum_step_dp(flat, xs, mesh, jnp.mean)
+
+
+def accum_step_dp_first_micro(flat, xs, *, mesh):
+    return _accum_step_dp(flat, xs, mesh, lambda losses: losses[0])  # BUG: the first microbatch's loss only

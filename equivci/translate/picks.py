@@ -1,0 +1,56 @@
+"""A gather of one element per lane is the lane's sum against a one-hot.
+
+    take_along_axis(x, col[..., None], axis=v)[..., 0] = sum_v x * (col[..., None] == iota(V))
+
+holds for indices known to lie in [0, V): the one-hot picks exactly one element of each lane, the
+one the gather reads (outside [0, V) a gather clamps and a one-hot is all zeros, so the bounds are
+the guard). A cross-entropy picks the target logit either way (integer labels or one-hot labels),
+and a vocabulary sharded by the SPMD partitioner is the sum form cut along V: each device sums its
+columns against its rows of the one-hot (an iota offset by the partition's start), and the
+all-reduce of those partial sums is the whole sum. Stating the gather equal to the sum relates
+both; the one-hot is built as `jax.nn.one_hot` writes it (compare of broadcasts, converted,
+multiplied), the form the translated programs have.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from equivci.hlo.ir import Shape
+from equivci.terms.ir import Term
+from equivci.terms.semantics import NP_DTYPES
+from equivci.terms.spec import GatherDims, ReduceSpec, bcast_spec, compare_text
+from equivci.translate.builder import Builder
+
+
+def one_hot_sum(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
+    """The gather `x[lanes, idx]` as the sum over the indexed dim of x times idx's one-hot, when it
+    picks single elements along one operand dim, every other operand dim is a batching dim in the
+    index's order, and the index's bounds lie in that dim; None otherwise."""
+    if len(dims.start_map) != 1 or x.dtype != out.dtype or x.dtype == "pred":
+        return None
+    (v,) = dims.start_map
+    others = [k for k in range(len(x.shape)) if k != v]
+    lanes = [j for j in range(len(idx.shape)) if j != dims.vector_dim]
+    if (
+        dims.collapsed != (v,)
+        or sorted(dims.operand_batch) != others
+        or [dims.indices_batch[dims.operand_batch.index(k)] for k in others] != lanes
+        or tuple(idx.shape[j] for j in lanes) != out.dims
+        or tuple(x.shape[k] for k in others) != out.dims
+    ):
+        return None
+    held = idx
+    while ev.bounds_of(held) is None and held.op == "reshape":  # a reshape keeps the elements
+        held = held.args[0]
+    found = ev.bounds_of(held)
+    if found is None or found[0] < 0 or found[1] >= x.shape[v]:
+        return None
+    column = idx if len(lanes) == len(idx.shape) else ev.reshape_term(idx, Shape(idx.dtype, out.dims))
+    spread = ev.mk("bcast", (bcast_spec(len(others), x.shape, tuple(others)),), [column], Shape(idx.dtype, x.shape))
+    iota = ev.const(np.arange(x.shape[v], dtype=NP_DTYPES[idx.dtype]), idx.dtype)
+    across = ev.mk("bcast", (bcast_spec(1, x.shape, (v,)),), [iota], Shape(idx.dtype, x.shape))
+    equal = ev.mk("binary", (compare_text("EQ", idx.dtype),), [spread, across], Shape("pred", x.shape))
+    one_hot = ev.normal("unary", ("convert",), [equal], Shape(x.dtype, x.shape))
+    product = ev.binary("multiply", x, one_hot)
+    return ev.normal("reduce", ("add", ReduceSpec(len(x.shape), (v,)).text()), [product], out)

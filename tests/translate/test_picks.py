@@ -1,0 +1,126 @@
+"""A gather of one element per row as the sum against a one-hot (equivci/translate/picks.py).
+
+The fact is stated beside the gather's term when the index is known to lie in the gathered dim;
+both members are evaluated here and checked against what XLA computes. Where the fact would be
+false (an index that may leave the dim, which a gather clamps and a one-hot zeroes; lanes gathered
+across) it is not stated. The end-to-end near misses are tests/soundness (pick-one-hot*)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from equivci.capture.types import LeafPlacement
+from equivci.hlo.ir import Shape
+from equivci.hlo.parser import parse_module
+from equivci.prove.programs import build_programs
+from equivci.terms.ir import Term, TermTable
+from equivci.terms.semantics import evaluate
+from equivci.terms.spec import GatherDims
+from equivci.translate.builder import Builder
+from equivci.translate.picks import one_hot_sum
+
+RNG = np.random.default_rng(5)
+T, V = 6, 8
+IDS = RNG.integers(0, V, (T,)).astype(np.int32)
+
+
+def _along_last(x, ids):
+    return jnp.take_along_axis(x, ids[:, None], axis=-1)[:, 0]
+
+
+def _batched(x, ids):  # [B, T/B, V] at [B, T/B] ids
+    return jnp.take_along_axis(x, ids.reshape(2, T // 2)[..., None], axis=-1)[..., 0]
+
+
+def _along_first(x, ids):  # the vocabulary leading: [V, T]
+    return jnp.take_along_axis(x.T, ids[None, :], axis=0)[0]
+
+
+def _clipped_previous(x, ids):  # ids - 1 has no known bounds; the clip gives it [0, V)
+    return _along_last(x, jnp.clip(ids - 1, 0, V - 1))
+
+
+def _log_softmax_picked(x, ids):  # a cross-entropy's target term
+    return -_along_last(jax.nn.log_softmax(x), ids)
+
+
+PICKS = {
+    "along the last dim": (_along_last, (T, V)),
+    "batched rows": (_batched, (2, T // 2, V)),
+    "along the first dim": (_along_first, (T, V)),
+    "clipped index": (_clipped_previous, (T, V)),
+    "log-softmax target": (_log_softmax_picked, (T, V)),
+}
+
+
+def _leaf(path: str, value) -> LeafPlacement:
+    value = np.asarray(value)
+    return LeafPlacement(path, value.shape, str(value.dtype), (tuple((0, n) for n in value.shape),))
+
+
+def _programs(fn, args):
+    module = parse_module(jax.jit(fn).lower(*args).as_text(dialect="hlo", debug_info=True))
+    want = np.asarray(jax.jit(fn)(*args))
+    inputs = tuple(_leaf(f"[{k}]", a) for k, a in enumerate(args))
+    return build_programs(module, module, inputs, (_leaf("[0]", want),), 1), want
+
+
+def _one_hot_facts(programs) -> list[list[Term]]:
+    """[the gather's term, the one-hot sum] pairs the translation stated."""
+    return [
+        group
+        for group in programs.evaluator.equal_terms
+        if len(group) == 2 and group[1].op == "reduce" and group[1].args[0].attrs == ("multiply",)
+    ]
+
+
+@pytest.mark.parametrize("case", sorted(PICKS))
+def test_a_picked_element_is_the_sum_against_its_one_hot(case):
+    fn, shape = PICKS[case]
+    x = RNG.standard_normal(shape).astype(np.float32)
+    programs, want = _programs(fn, (x, IDS))
+    facts = _one_hot_facts(programs)
+    assert facts, "the gather's one-hot sum was not stated"
+    params, values = {0: x, 1: IDS}, programs.evaluator.values
+    for gathered, summed in facts:
+        np.testing.assert_allclose(evaluate(summed, params, values), evaluate(gathered, params, values), atol=1e-6)
+    np.testing.assert_allclose(evaluate(programs.reference_outputs[0], params, values), want, rtol=1e-5, atol=1e-5)
+
+
+def _raw_previous(x, ids):  # no range check: XLA clamps -1 to column 0, a one-hot of -1 is zeros
+    return _along_last(x, ids) + jnp.take_along_axis(x, (ids - 1)[:, None], axis=-1, mode="promise_in_bounds")[:, 0]
+
+
+def _rows(table, ids):  # whole rows, not single elements
+    return table[ids]
+
+
+@pytest.mark.parametrize("fn", [_raw_previous, _rows], ids=["index below the dim", "rows of a table"])
+def test_only_single_elements_at_a_bounded_column_are_one_hot_sums(fn):
+    x = RNG.standard_normal((T, V)).astype(np.float32)
+    programs, _ = _programs(fn, (x, IDS))
+    stated = [gathered for gathered, _ in _one_hot_facts(programs)]
+    indices = {_unreshaped(gathered.args[1]) for gathered in stated}
+    # the in-range take's (in both programs), never the one at ids - 1
+    assert indices == ({programs.params[1]} if fn is _raw_previous else set())
+
+
+def _unreshaped(t: Term) -> Term:
+    return _unreshaped(t.args[0]) if t.op == "reshape" else t
+
+
+def test_lanes_gathered_across_stay_a_gather():
+    """out[i, j] = x[j, i, idx[i, j]]: the batching dims pair the operand's lanes with the index's
+    the other way round, so the one-hot sum over x's own lanes is the transpose, not the gather."""
+    ev = Builder(None, TermTable(), 1)  # type: ignore[arg-type]
+    x = ev.mk("param", (0,), (), Shape("f32", (3, 3, V)))
+    idx = ev.mk("param", (1,), (), Shape("s32", (3, 3)))
+    ev.bounds[idx] = (0, V - 1)
+    straight = GatherDims((), (2,), (2,), (0, 1), (0, 1), 2, (1, 1, 1))
+    across = GatherDims((), (2,), (2,), (0, 1), (1, 0), 2, (1, 1, 1))
+    out = Shape("f32", (3, 3))
+    assert one_hot_sum(ev, x, idx, straight, out) is not None
+    assert one_hot_sum(ev, x, idx, across, out) is None
