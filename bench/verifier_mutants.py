@@ -24,7 +24,6 @@ forks once per mutant; the fork imports equivci from the mutated copy.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -379,15 +378,22 @@ def edited_copy(edit: tuple[Path, str] | None, root: Path) -> Path:
 
 # -- captures (once, by the unmutated package) -------------------------------------------------------
 def capture_models(names: list[str], out: Path, workers: int = 2) -> Path:
+    """The near-miss models' captures, `workers` at a time, by tests/forked_captures.py (jax imported
+    once, the product's capture_model for each model, the same programs as fresh captures)."""
     if out.exists() and set(names) <= set(pickle.loads(out.read_bytes())):
         return out  # captured by an earlier run (captures do not depend on the mutated engine)
+    sys.path.insert(0, str(REPO / "tests"))
+    import forked_captures
+
+    from equivci.manifest import load_manifest
+
     sys.path.insert(0, str(SOUNDNESS))
-    import engine_api
     from near_miss_cases import MANIFEST
 
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:  # each capture is a JAX child process
-        captured = dict(zip(names, pool.map(lambda n: engine_api.capture(MANIFEST, n), names)))
-    out.write_bytes(pickle.dumps(captured))
+    manifest = load_manifest(MANIFEST)
+    models = {m.name: m for m in manifest.models}
+    captured = forked_captures.capture_all([(models[n], manifest) for n in names], workers)
+    out.write_bytes(pickle.dumps(dict(zip(names, captured))))
     return out
 
 
