@@ -12,6 +12,7 @@ Checks:
   a buggy model comes out `verified`, or a correct one does not while the engine ran to a verdict
   (an internal error, a crash of egglog or a timeout is not a kill).
 * `pytest:ARGS`: tests run with the mutated package; killed when they fail on an AssertionError.
+A mutant's checks stop at its first kill (the outcome names that one); the unmutated baseline runs all.
 
 Each worker is one process that imports the heavy dependencies (egglog, numpy, pytest) once and
 forks once per mutant; the fork imports equivci from the mutated copy.
@@ -489,13 +490,15 @@ def _observe(job: dict, captures: str) -> dict:
             observed["models"][name] = {"status": "error", "crash": True, "detail": f"{type(exc).__name__}: {exc}"[:300]}
         if job.get("first") and (observed["models"][name]["status"] == "verified") != (_expected_model(name) == "verified"):
             return observed  # the first wrong verdict decides (a sampled mutant needs no second one)
+        if job["name"] != BASELINE and _model_kill(name, observed["models"][name]):
+            return observed  # killed: judge() stops at the first kill, so the checks after it cannot change the outcome
     for args in job["pytest"]:
         _note(job, f"pytest:{' '.join(args)}", started)
         started += 1
         plugin = _Failures()
         code = pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), *args], plugins=[plugin])
         observed["pytest"].append({"args": args, "exit": int(code), "failed": plugin.failed})
-        if job.get("first") and code != 0:
+        if job.get("first") and code != 0 or job["name"] != BASELINE and _asserted(observed["pytest"][-1]):
             break
     return observed
 
@@ -513,6 +516,22 @@ def _expected_model(name: str) -> str:
     return "verified" if name in VERIFIED else "not verified"
 
 
+def _model_kill(model: str, r: dict) -> str | None:
+    """Why a model's verdict kills the mutant: a buggy model verified, or a correct one refused by an
+    engine that ran to a verdict (a crash is no kill)."""
+    want = _expected_model(model)
+    if r["status"] == "verified" and want != "verified":
+        return f"{model}: verified, must not be"
+    if want == "verified" and r["status"] != "verified" and not r["crash"]:
+        return f"{model}: {r['status']}, must be verified"
+    return None
+
+
+def _asserted(run_: dict) -> list[tuple[str, str]]:
+    """The tests of a pytest check that failed on an assertion (a kill; any other failure is a crash)."""
+    return [(node, msg) for node, msg in run_["failed"] if msg.startswith(("AssertionError", "assert"))]
+
+
 def judge(name: str, observed: dict, package: Path) -> Outcome:
     """Killed: an assertion on a verdict failed (a buggy model verified, a correct one refused by an
     engine that ran to the end, or a test failing on an AssertionError). A crash is not a kill."""
@@ -523,17 +542,12 @@ def judge(name: str, observed: dict, package: Path) -> Outcome:
     assert Path(observed["package"]).resolve().parent == package.resolve(), ("the fork imported", observed["package"])
     crashes = []
     for model, r in observed["models"].items():
-        want = _expected_model(model)
-        if r["status"] == "verified" and want != "verified":
-            return Outcome(name, "killed", f"{model}: verified, must not be")
-        if want == "verified" and r["status"] != "verified":
-            if r["crash"]:
-                crashes.append(f"{model}: {r['detail'][:120]}")
-            else:
-                return Outcome(name, "killed", f"{model}: {r['status']}, must be verified")
+        if kill := _model_kill(model, r):
+            return Outcome(name, "killed", kill)
+        if _expected_model(model) == "verified" and r["status"] != "verified":
+            crashes.append(f"{model}: {r['detail'][:120]}")
     for run_ in observed["pytest"]:
-        asserted = [(node, msg) for node, msg in run_["failed"] if msg.startswith(("AssertionError", "assert"))]
-        if asserted:
+        if asserted := _asserted(run_):
             return Outcome(name, "killed", f"{asserted[0][0]}: {asserted[0][1][:100]}")
         if run_["exit"] not in (0,):
             crashes.append(f"pytest {' '.join(run_['args'])[:80]}: exit {run_['exit']} {run_['failed'][:1]}")
