@@ -12,6 +12,7 @@ Checks:
   a buggy model comes out `verified`, or a correct one does not while the engine ran to a verdict
   (an internal error, a crash of egglog or a timeout is not a kill).
 * `pytest:ARGS`: tests run with the mutated package; killed when they fail on an AssertionError.
+A mutant's checks stop at its first kill (the outcome names that one); the unmutated baseline runs all.
 
 Each worker is one process that imports the heavy dependencies (egglog, numpy, pytest) once and
 forks once per mutant; the fork imports equivci from the mutated copy.
@@ -24,7 +25,6 @@ forks once per mutant; the fork imports equivci from the mutated copy.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -451,15 +451,22 @@ def edited_copy(edit: tuple[Path, str] | None, root: Path) -> Path:
 
 # -- captures (once, by the unmutated package) -------------------------------------------------------
 def capture_models(names: list[str], out: Path, workers: int = 2) -> Path:
+    """The near-miss models' captures, `workers` at a time, by tests/forked_captures.py (jax imported
+    once, the product's capture_model for each model, the same programs as fresh captures)."""
     if out.exists() and set(names) <= set(pickle.loads(out.read_bytes())):
         return out  # captured by an earlier run (captures do not depend on the mutated engine)
+    sys.path.insert(0, str(REPO / "tests"))
+    import forked_captures
+
+    from equivci.manifest import load_manifest
+
     sys.path.insert(0, str(SOUNDNESS))
-    import engine_api
     from near_miss_cases import MANIFEST
 
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:  # each capture is a JAX child process
-        captured = dict(zip(names, pool.map(lambda n: engine_api.capture(MANIFEST, n), names)))
-    out.write_bytes(pickle.dumps(captured))
+    manifest = load_manifest(MANIFEST)
+    models = {m.name: m for m in manifest.models}
+    captured = forked_captures.capture_all([(models[n], manifest) for n in names], workers)
+    out.write_bytes(pickle.dumps(dict(zip(names, captured))))
     return out
 
 
@@ -555,13 +562,15 @@ def _observe(job: dict, captures: str) -> dict:
             observed["models"][name] = {"status": "error", "crash": True, "detail": f"{type(exc).__name__}: {exc}"[:300]}
         if job.get("first") and (observed["models"][name]["status"] == "verified") != (_expected_model(name) == "verified"):
             return observed  # the first wrong verdict decides (a sampled mutant needs no second one)
+        if job["name"] != BASELINE and _model_kill(name, observed["models"][name]):
+            return observed  # killed: judge() stops at the first kill, so the checks after it cannot change the outcome
     for args in job["pytest"]:
         _note(job, f"pytest:{' '.join(args)}", started)
         started += 1
         plugin = _Failures()
         code = pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), *args], plugins=[plugin])
         observed["pytest"].append({"args": args, "exit": int(code), "failed": plugin.failed})
-        if job.get("first") and code != 0:
+        if job.get("first") and code != 0 or job["name"] != BASELINE and _asserted(observed["pytest"][-1]):
             break
     return observed
 
@@ -579,6 +588,22 @@ def _expected_model(name: str) -> str:
     return "verified" if name in VERIFIED else "not verified"
 
 
+def _model_kill(model: str, r: dict) -> str | None:
+    """Why a model's verdict kills the mutant: a buggy model verified, or a correct one refused by an
+    engine that ran to a verdict (a crash is no kill)."""
+    want = _expected_model(model)
+    if r["status"] == "verified" and want != "verified":
+        return f"{model}: verified, must not be"
+    if want == "verified" and r["status"] != "verified" and not r["crash"]:
+        return f"{model}: {r['status']}, must be verified"
+    return None
+
+
+def _asserted(run_: dict) -> list[tuple[str, str]]:
+    """The tests of a pytest check that failed on an assertion (a kill; any other failure is a crash)."""
+    return [(node, msg) for node, msg in run_["failed"] if msg.startswith(("AssertionError", "assert"))]
+
+
 def judge(name: str, observed: dict, package: Path) -> Outcome:
     """Killed: an assertion on a verdict failed (a buggy model verified, a correct one refused by an
     engine that ran to the end, or a test failing on an AssertionError). A crash is not a kill."""
@@ -589,17 +614,12 @@ def judge(name: str, observed: dict, package: Path) -> Outcome:
     assert Path(observed["package"]).resolve().parent == package.resolve(), ("the fork imported", observed["package"])
     crashes = []
     for model, r in observed["models"].items():
-        want = _expected_model(model)
-        if r["status"] == "verified" and want != "verified":
-            return Outcome(name, "killed", f"{model}: verified, must not be")
-        if want == "verified" and r["status"] != "verified":
-            if r["crash"]:
-                crashes.append(f"{model}: {r['detail'][:120]}")
-            else:
-                return Outcome(name, "killed", f"{model}: {r['status']}, must be verified")
+        if kill := _model_kill(model, r):
+            return Outcome(name, "killed", kill)
+        if _expected_model(model) == "verified" and r["status"] != "verified":
+            crashes.append(f"{model}: {r['detail'][:120]}")
     for run_ in observed["pytest"]:
-        asserted = [(node, msg) for node, msg in run_["failed"] if msg.startswith(("AssertionError", "assert"))]
-        if asserted:
+        if asserted := _asserted(run_):
             return Outcome(name, "killed", f"{asserted[0][0]}: {asserted[0][1][:100]}")
         if run_["exit"] not in (0,):
             crashes.append(f"pytest {' '.join(run_['args'])[:80]}: exit {run_['exit']} {run_['failed'][:1]}")

@@ -13,7 +13,6 @@ from pathlib import Path
 import model_package
 import pytest
 
-from equivci.capture.run import capture_model
 from equivci.layers.canonical import canonical_form
 from equivci.layers.segments import layer_of, split
 from equivci.manifest import load_manifest
@@ -159,7 +158,7 @@ def examples():
 
 def _verify(manifest, name: str):
     model = next(m for m in manifest.models if m.name == name)
-    return verify_model(model, manifest, capture_model(model, manifest))
+    return verify_model(model, manifest, model_package.capture_named(manifest, name))
 
 
 def test_identical_layers_are_proved_once(examples):

@@ -13,9 +13,9 @@ import textwrap
 import model_package
 import numpy as np
 import pytest
+from model_package import capture_named
 from model_package import model_named as _model
 
-from equivci.capture.run import capture_model
 from equivci.hlo.ir import Shape
 from equivci.hlo.parser import parse_module
 from equivci.prove.programs import build_programs
@@ -204,7 +204,7 @@ def manifest(tmp_path_factory):
 @pytest.mark.parametrize("name", ["embed", "clipped", "row_max", "xent", "head_xent"])
 def test_vocab_parallel_programs_verify(manifest, name):
     model = _model(manifest, name)
-    result = verify_model(model, manifest, capture_model(model, manifest))
+    result = verify_model(model, manifest, capture_named(manifest, model.name))
     assert result.status is Status.VERIFIED, result.findings
     # The proof took the ids to be valid indices: the verdict says so, where the reference indexes.
     notes = [(f.severity, f.path, f.message.split(":")[0]) for f in result.findings]
@@ -223,7 +223,7 @@ NEAR_MISSES = {"gap": [(0, 7), (8, 15)], "overlap": [(0, 12), (4, 16)], "shifted
 @pytest.mark.parametrize("name", list(NEAR_MISSES))
 def test_near_misses_are_not_verified(manifest, name):
     model = _model(manifest, name)
-    captured = capture_model(model, manifest)
+    captured = capture_named(manifest, model.name)
     programs = _programs(captured)
     assert [(k.window.lo, k.window.hi) for k in programs.evaluator.masked_rows.values()] == NEAR_MISSES[name]
     result = verify_model(model, manifest, captured)
@@ -235,7 +235,7 @@ def test_index_clipped_short_is_a_lookup_only_where_the_clip_leaves_it(manifest)
     """The near miss of `clipped`: the clip keeps ids - lo only in [0, n - 2], so each shard's
     lookup is the table's rows on one id fewer than its mask admits, and the sum is not the lookup."""
     model = _model(manifest, "clipped_short")
-    captured = capture_model(model, manifest)
+    captured = capture_named(manifest, model.name)
     ev = _programs(captured).evaluator
     assert [(k.window.lo, k.window.hi) for k in ev.masked_rows.values()] == [(0, 7), (8, 15)]
     assert verify_model(model, manifest, captured).status is Status.MISMATCH
@@ -245,7 +245,7 @@ def test_logits_with_a_bias_of_another_window_are_not_a_window(manifest):
     """The near miss of `head_xent`: every device adds the first shard's bias, so the second
     device's logits are not a window of the reference's: only the first device's lookup is one."""
     model = _model(manifest, "wrong_bias")
-    captured = capture_model(model, manifest)
+    captured = capture_named(manifest, model.name)
     ev = _programs(captured).evaluator
     assert [(k.window.lo, k.window.hi) for k in ev.masked_rows.values()] == [(0, 8)]
     assert verify_model(model, manifest, captured).status is Status.MISMATCH
@@ -260,7 +260,7 @@ def _programs(captured):
 def test_collapsed_collectives_equal_the_sums_they_replace(manifest, name):
     """On random inputs (integers as valid indices), each all-reduce's term is the elementwise
     reduction of its members, and each window lookup is the full lookup where its mask holds."""
-    captured = capture_model(_model(manifest, name), manifest)
+    captured = capture_named(manifest, name)
     programs = _programs(captured)
     ev = programs.evaluator
     rng = np.random.default_rng(0)

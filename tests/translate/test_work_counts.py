@@ -10,7 +10,6 @@ import textwrap
 import model_package
 import pytest
 
-from equivci.capture.run import capture_model
 from equivci.hlo.parser import parse_module
 from equivci.prove.programs import build_programs
 
@@ -70,7 +69,7 @@ def counts(tmp_path_factory):
     manifest = model_package.write_package(tmp_path_factory.mktemp("work"), "m.py", source, _manifest(layers))
     out = {}
     for model, n in zip(manifest.models, layers):
-        captured = capture_model(model, manifest)
+        captured = model_package.capture_named(manifest, model.name)
         programs = build_programs(parse_module(captured.reference_hlo), parse_module(captured.distributed_hlo),
                                   captured.inputs, captured.outputs, captured.num_devices)
         constants = programs.evaluator.constants
