@@ -1676,9 +1676,9 @@ class _Tracer:
         return Defect(end.inst, lead + ".")
 
     def per_device_shape(self, mine: Term | None, theirs: Term | None) -> bool:
-        """`mine` has `theirs`'s rank, and each dim that differs is cut by a product of mesh axis sizes:
+        """`mine` has `theirs`'s rank, some dims differ, and each is cut by a product of mesh axis sizes:
         the shape a device holds of a sharded value, no defect of its own."""
-        if mine is None or theirs is None or len(mine.shape) != len(theirs.shape):
+        if mine is None or theirs is None or len(mine.shape) != len(theirs.shape) or mine.shape == theirs.shape:
             return False
         sizes = {len(groups[0]) for groups in self.groups_by_axis.values() if groups}
         cuts = {1}
