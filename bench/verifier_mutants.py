@@ -495,7 +495,7 @@ def batch_main(spec_path: str) -> int:
                 os._exit(0)
         t0 = time.monotonic()
         deadline = t0 + job.get("timeout", CHILD_TIMEOUT)
-        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        while (ended := os.waitpid(pid, os.WNOHANG)) == (0, 0):
             if time.monotonic() > deadline:
                 os.kill(pid, 9)
                 os.waitpid(pid, 0)
@@ -503,6 +503,9 @@ def batch_main(spec_path: str) -> int:
                 _write(out, {"timeout": True, "during": during.read_text() if during.exists() else "the import"})
                 break
             time.sleep(0.05)
+        else:
+            if not out.exists():  # the mutant killed its own fork (a segfault in egglog, ...): a crash
+                _write(out, {"error": f"the fork died without an answer (wait status {ended[1]})"})
     return 0
 
 
@@ -685,12 +688,12 @@ def run_edits(edits: list[Edit], baseline_checks: tuple[str, ...], work: Path, c
                                       env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, start_new_session=True))
     outcomes: dict[int, Outcome] = {}
 
-    def collect(ended: bool) -> None:
+    def collect() -> None:
         for k, job in enumerate(jobs):
             out = Path(job["out"])
-            if k in outcomes or not (out.exists() or ended):
-                continue
-            observed = json.loads(out.read_text()) if out.exists() else {"error": "the fork died without an answer"}
+            if k in outcomes or not out.exists():
+                continue  # (a job its batch never answered, the batch having died first, is not run)
+            observed = json.loads(out.read_text())
             outcomes[k] = judge(job["name"], observed, Path(job["root"]) / "equivci")
             log(f"{outcomes[k].verdict:9s} {outcomes[k].mutant:28s} {outcomes[k].how}")
 
@@ -702,10 +705,12 @@ def run_edits(edits: list[Edit], baseline_checks: tuple[str, ...], work: Path, c
                     os.killpg(proc.pid, 9)
                 proc.wait()
             break
-        collect(ended=False)
+        collect()
         time.sleep(1)
     else:
-        collect(ended=True)
+        collect()
+        for job in (j for k, j in enumerate(jobs) if k not in outcomes):
+            log(f"not run   {job['name']:28s} its batch process ended before it")
     if 0 not in outcomes:
         raise RuntimeError("the unmutated package's checks did not finish within the budget")
     return outcomes[0], [outcomes[k] for k in sorted(outcomes) if k]
