@@ -332,6 +332,11 @@ MUTANTS: tuple[Mutant, ...] = (
     M("scatter-max-not-a-write", 'if not adds and not overwrites(called(ev.module, inst, "to_apply")):', "if False:",
       "only a scatter that overwrites (or adds) is a window write (one that takes a max is neither)",
       "pytest:tests/prove/test_unroll.py::test_near_misses_are_mismatches[maxed]"),
+    # -- layered proofs --------------------------------------------------------------------------------
+    M("layer-form-partners", "form = canonical_form(roots + [t for g in groups for t in g], marked, groups)",
+      "form = canonical_form(roots, marked, groups)",
+      "a layer's proof may use the partners brought in: layers share one only when those are the same",
+      "pytest:tests/prove/test_layered_groups.py::test_layers_share_a_proof_only_when_their_partners_are_the_same"),
     # -- the cache -----------------------------------------------------------------------------------
     M("fingerprint-source", "equivci.__version__,\n            h.hexdigest(),\n            sys.version,", "equivci.__version__,\n            sys.version,",
       "a changed verifier must not reuse old verdicts", CACHE + "test_an_edit_to_the_verifier_source_changes_the_fingerprint"),
