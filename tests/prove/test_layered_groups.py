@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from equivci.cache import Memo
-from equivci.layers.segments import split
+from equivci.layers.segments import Layering, split
 from equivci.prove.layered import _Abstraction, _ModelIndex, _Problem, prove_layers
 from equivci.terms.ir import Term, TermTable
 from equivci.translate.evaluator import Evaluator, Event
@@ -61,7 +61,7 @@ def _programs(minus_signs: int, partner: bool = True) -> tuple[Programs, Term]:
     return programs, device
 
 
-def _prove(programs: Programs):
+def _layering(programs: Programs) -> Layering:
     layering = split(
         programs.reference_events,
         programs.distributed_events,
@@ -70,6 +70,11 @@ def _prove(programs: Programs):
         programs.targets,
     )
     assert layering is not None and [s.name for s in layering.segments] == ["layers_0", "layers_1"]
+    return layering
+
+
+def _prove(programs: Programs):
+    layering = _layering(programs)
     return prove_layers(programs, layering, Memo(None)), layering
 
 
@@ -98,23 +103,17 @@ def test_a_partner_of_a_value_that_differs_does_not_prove_it() -> None:
 
 def test_layers_share_a_proof_only_when_their_partners_are_the_same() -> None:
     """The canonical form covers the partners brought in: two layers with the same terms and
-    different stated partners (one true, one of another value) must not share a cached proof."""
+    different partners (here exp(h) and exp(-h), only the forms are compared) must not share a
+    cached proof."""
     forms = []
-    for minus_signs in (2, 1):
+    for other_partner in (False, True):
         programs, device = _programs(minus_signs=2)
-        if minus_signs == 1:  # the same layer terms, the partner of another value
+        if other_partner:
             t = programs.evaluator.table
             h = programs.reference_events[0].values[0]
             neg = t.make("unary", ("negate",), (t.make("slice", (0, 0, 4), (h,), (4,), "f32"),), (4,), "f32")
             programs.evaluator.equal_terms[0] = [device, t.make("unary", ("exponential",), (neg,), (4,), "f32")]
-        layering = split(
-            programs.reference_events,
-            programs.distributed_events,
-            programs.reference_outputs,
-            programs.device_outputs,
-            programs.targets,
-        )
-        assert layering is not None
+        layering = _layering(programs)
         segment = layering.segments[1]
         index = _ModelIndex(list(programs.params), programs.evaluator.equal_terms)
         abstraction = _Abstraction(programs, layering, segment.name, {}, {})
