@@ -404,6 +404,11 @@ MUTANTS: tuple[Mutant, ...] = (
     M("complex-quotient-per-part", "    elif op in MOVES:\n", '    elif op in MOVES or op == "divide":\n',
       "only sums and ops that move elements act part by part (a complex quotient does not)",
       "pytest:tests/translate/test_complex_pairs.py -k quotient"),
+    # -- layered proofs --------------------------------------------------------------------------------
+    M("layer-form-partners", "form = canonical_form(roots + [t for g in groups for t in g], marked, groups)",
+      "form = canonical_form(roots, marked, groups)",
+      "a layer's proof may use the partners brought in: layers share one only when those are the same",
+      "pytest:tests/prove/test_layered_groups.py::test_layers_share_a_proof_only_when_their_partners_are_the_same"),
     # -- the cache -----------------------------------------------------------------------------------
     M("fingerprint-source", "equivci.__version__,\n            h.hexdigest(),\n            sys.version,", "equivci.__version__,\n            sys.version,",
       "a changed verifier must not reuse old verdicts", CACHE + "test_an_edit_to_the_verifier_source_changes_the_fingerprint"),

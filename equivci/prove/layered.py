@@ -73,7 +73,7 @@ class _Abstraction:
             t = stack[-1]
             if t in self.map:
                 stack.pop()
-            elif self.layering.label[t] not in (self.name, None):
+            elif self.layering.label.get(t) not in (self.name, None):  # unlabelled: a stated partner's own term
                 self.map[t] = self._entering(t)
                 stack.pop()
             elif pending := [a for a in t.args if a not in self.map]:
@@ -159,28 +159,40 @@ class _ModelIndex:
             self.positions.setdefault(v, []).append(i)
         self.equal_terms = equal_terms  # appended to while terms are made: indexed as it grows
         self._groups_of: dict[Term, list[int]] = {}
-        self._empty: list[int] = []
         self._indexed = 0
 
     def reference_values_among(self, terms) -> list[Term]:
         """The reference values in `terms`, in order and with repeats, as in the model's list."""
         return [self.reference_values[i] for i in sorted(i for t in terms for i in self.positions.get(t, ()))]
 
-    def groups_among(self, terms) -> list[list[Term]]:
-        """The groups all of whose terms are in `terms`, in the model's order."""
+    def groups_reached(self, abstraction: _Abstraction) -> list[list[Term]]:
+        """The groups with a member among the layer's terms, in the model's order, each with its
+        other members brought into the layer (abstracted as the layer's own terms are; a partner
+        that reaches into another layer meets that layer's values as leaves). The translator states
+        a term's partners beside it (the written form of a transposed dot, the unsqueezed op, a
+        reference builder's facts), often from terms nothing else in the layer uses: a group kept
+        only when all its members are already there loses them. Partners bring their own groups,
+        until none is new: only what the layer's terms reach joins its e-graph."""
+        found: set[int] = set()
+        scanned = 0
+        while True:
+            self._index_new_groups()  # abstracting a partner can make terms, and state groups
+            terms = list(abstraction.map)
+            new = {j for t in terms[scanned:] for j in self._groups_of.get(t, ())} - found
+            scanned = len(terms)
+            if not new:
+                return [[abstraction.map[t] for t in self.equal_terms[j]] for j in sorted(found)]
+            found |= new
+            for j in sorted(new):
+                for t in self.equal_terms[j]:
+                    abstraction(t)
+
+    def _index_new_groups(self) -> None:
         for j in range(self._indexed, len(self.equal_terms)):
             group = self.equal_terms[j]
             for t in group:
                 self._groups_of.setdefault(t, []).append(j)
-            if not group:
-                self._empty.append(j)
         self._indexed = len(self.equal_terms)
-        found = {j for t in terms for j in self._groups_of.get(t, ())}
-        return [
-            self.equal_terms[j]
-            for j in sorted(found.union(self._empty))
-            if all(t in terms for t in self.equal_terms[j])
-        ]
 
 
 @dataclasses.dataclass
@@ -202,11 +214,14 @@ class _Problem:
             (abstraction(programs.device_outputs[d][k]), abstraction(programs.targets[d][k]))
             for d, k in segment.obligations
         ]
+        groups = index.groups_reached(abstraction)
         seen = abstraction.map
         marked = [seen[v] for v in index.reference_values_among(seen)]
-        groups = [[seen[t] for t in g] for g in index.groups_among(seen)]
         roots = reference_outputs + distributed_outputs + [t for pair in pairs for t in pair]
-        return cls(reference_outputs, distributed_outputs, pairs, marked, groups, canonical_form(roots, marked, groups))
+        # The partners are part of what the layer's proof may use: two layers share a proof only
+        # when their partners are the same too.
+        form = canonical_form(roots + [t for g in groups for t in g], marked, groups)
+        return cls(reference_outputs, distributed_outputs, pairs, marked, groups, form)
 
 
 def _prove(problem: _Problem, programs: Programs, iterations: int) -> dict:
