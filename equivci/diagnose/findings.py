@@ -17,7 +17,7 @@ from pathlib import Path
 from equivci.capture.types import CapturedModel
 from equivci.diagnose.arguments import passed_choice
 from equivci.diagnose.frames import innermost, library_call, shared_call
-from equivci.diagnose.localize import Defect, call_chain_start, part_mean, source_of
+from equivci.diagnose.localize import Defect, call_chain_start, part_mean, source_of, unlocated
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.layers.segments import Layering, layer_of, leaves
@@ -125,7 +125,7 @@ def _defect_findings(
     message = defect.message
     if defect.context is not None:
         cpath, cline = source_of(defect.context, captured.repo_root)
-        where = f"{cpath}:{cline}" if cpath else "an unknown line"
+        where = f"{cpath}:{cline}" if cpath else unlocated(defect.context)
         message += f" (it is combined with the other operand at {where}, `{defect.context.opcode}`)"
     message = message if message.endswith((".", "!")) else message + "."
     more = same_line_layers(defect.inst, events, failed_layers)
@@ -163,7 +163,7 @@ def _defect_findings(
         npath, nline = source_of(numeric.inst, captured.repo_root)
         message += (
             f" On random inputs, the values first differ from the reference's at the `{numeric.inst.opcode}` "
-            f"at {f'{npath}:{nline}' if npath else 'an unknown line'}."
+            f"at {f'{npath}:{nline}' if npath else unlocated(numeric.inst)}."
         )
     elif frontier is not None and frontier.event is None and frontier.note is None and outputs_equal:
         message = (

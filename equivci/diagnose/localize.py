@@ -1198,9 +1198,15 @@ def _repo_of(file: str) -> Path | None:
 
 
 def _at(inst: Instruction) -> str:
-    """Where `inst` is in the source; an unknown line for an op whose metadata gives none (its HLO
-    name means nothing to a reader of the source)."""
-    return _where(_loc(inst))
+    """Where `inst` is in the source, else `unlocated(inst)`."""
+    loc = _loc(inst)
+    return _where(loc) if loc is not None else unlocated(inst)
+
+
+def unlocated(inst: Instruction) -> str:
+    """An op whose metadata gives no source line (made by the compiler, or read from an HLO file):
+    its HLO name, marked as such, is the only handle a reader has to find it."""
+    return f"no source line, HLO `{inst.name}`"
 
 
 def _where(loc: tuple[str, int] | None) -> str:
