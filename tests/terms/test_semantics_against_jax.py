@@ -24,6 +24,7 @@ X[0, :3] = [2.5, -2.5, 0.5]  # halves: the two roundings differ there
 POSITIVE = np.abs(X) + 0.25
 INTS = RNG.integers(-50, 50, (3, 4)).astype(np.int32)
 BOOLS = RNG.random((3, 4)) < 0.5
+COMPLEX = (X + 1j * X.T.reshape(3, 4)).astype(np.complex64)
 
 
 def _term(t: TermTable, op: str, attrs: tuple, values: list[np.ndarray], shape, dtype: str):
@@ -33,6 +34,7 @@ def _term(t: TermTable, op: str, attrs: tuple, values: list[np.ndarray], shape, 
         np.dtype(np.int32): "s32",
         np.dtype(np.bool_): "pred",
         np.dtype(np.uint32): "u32",
+        np.dtype(np.complex64): "c64",
     }
     args = tuple(t.make("param", (k,), (), v.shape, dtypes[v.dtype]) for k, v in enumerate(values))
     return t.make(op, attrs, args, tuple(shape), dtype), dict(enumerate(values))
@@ -73,6 +75,8 @@ UNARY = {
     "exp": (lax.exp, X),  # (the names some HLO printers use)
     "cos": (lax.cos, X),
     "not": (lax.bitwise_not, INTS),
+    "real": (lax.real, COMPLEX),
+    "imag": (lax.imag, COMPLEX),
 }
 
 
@@ -107,6 +111,7 @@ BINARY = {
     "and": (lax.bitwise_and, INTS, INTS.T.reshape(3, 4)),
     "or": (lax.bitwise_or, INTS, INTS.T.reshape(3, 4)),
     "xor": (lax.bitwise_xor, INTS, INTS.T.reshape(3, 4)),
+    "complex": (lax.complex, X, X.T.reshape(3, 4)),
 }
 
 

@@ -90,22 +90,23 @@ def test_a_picked_element_is_the_sum_against_its_one_hot(case):
     np.testing.assert_allclose(evaluate(programs.reference_outputs[0], params, values), want, rtol=1e-5, atol=1e-5)
 
 
-def _raw_previous(x, ids):  # no range check: XLA clamps -1 to column 0, a one-hot of -1 is zeros
-    return _along_last(x, ids) + jnp.take_along_axis(x, (ids - 1)[:, None], axis=-1, mode="promise_in_bounds")[:, 0]
+def _raw_next(x, ids):  # no range check: XLA clamps V to column V - 1, a one-hot of V is zeros
+    # (not ids - 1: jnp wraps -1 to V - 1 first, and that index is in range, its one-hot sum true)
+    return _along_last(x, ids) + jnp.take_along_axis(x, (ids + 1)[:, None], axis=-1, mode="promise_in_bounds")[:, 0]
 
 
 def _rows(table, ids):  # whole rows, not single elements
     return table[ids]
 
 
-@pytest.mark.parametrize("fn", [_raw_previous, _rows], ids=["index below the dim", "rows of a table"])
+@pytest.mark.parametrize("fn", [_raw_next, _rows], ids=["index past the dim", "rows of a table"])
 def test_only_single_elements_at_a_bounded_column_are_one_hot_sums(fn):
     x = RNG.standard_normal((T, V)).astype(np.float32)
     programs, _ = _programs(fn, (x, IDS))
     stated = [gathered for gathered, _ in _one_hot_facts(programs)]
     indices = {_unreshaped(gathered.args[1]) for gathered in stated}
-    # the in-range take's (in both programs), never the one at ids - 1
-    assert indices == ({programs.params[1]} if fn is _raw_previous else set())
+    # the in-range take's (in both programs), never the one at ids + 1
+    assert indices == ({programs.params[1]} if fn is _raw_next else set())
 
 
 def _unreshaped(t: Term) -> Term:
