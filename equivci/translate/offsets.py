@@ -20,6 +20,7 @@ from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import GatherDims
+from equivci.translate import masks
 from equivci.translate.bounds import offset_input, unwrapped_index
 from equivci.translate.builder import Builder
 
@@ -40,9 +41,9 @@ def offset_parts(ev: Builder, start: Term) -> tuple[Term, int]:
     c = 0
     while start.op == "binary" and start.attrs in (("add",), ("subtract",)) and start.shape == ():
         a, b = start.args
-        k = _scalar(ev, b)
+        k = masks.scalar_int(ev, b)
         if k is None and start.attrs == ("add",):
-            a, b, k = b, a, _scalar(ev, a)
+            a, b, k = b, a, masks.scalar_int(ev, a)
         if k is None or a.dtype != start.dtype:
             break
         c += k if start.attrs == ("add",) else -k
@@ -97,10 +98,3 @@ def consecutive_rows(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Sha
         else ev.binary("add", base, ev.const(np.asarray(c[0], dtype=NP_DTYPES[base.dtype]), base.dtype))
     )
     return window(ev, x, 0, start, c.size)
-
-
-def _scalar(ev: Builder, t: Term) -> int | None:
-    value = ev.folded(t)
-    if value is None or value.shape != () or t.dtype[0] not in "su":
-        return None
-    return int(value)
