@@ -25,14 +25,21 @@ def all_equal(value: np.ndarray) -> bool:
 
 
 def is_identity(reducer: str, value: np.ndarray) -> bool:
-    v = value.item() if value.ndim == 0 else None
-    if v is None:
+    """`value` (a reduce's init) leaves `reducer` unchanged for every element of its dtype: the
+    dtype's own lowest/highest value, not a fixed width's (int8's max starts at -128, an unsigned
+    max at 0; -2**31 is not int64's lowest). `and`/`or` only over bools: the terms read them as
+    logical ops, and a bitwise reduce of integers is another operation."""
+    if value.ndim != 0:
         return False
-    return {
-        "add": v == 0,
-        "multiply": v == 1,
-        "maximum": v == float("-inf") or (isinstance(v, int) and v <= -(2**31)),
-        "minimum": v == float("inf") or (isinstance(v, int) and v >= 2**31 - 1),
-        "and": v is True or v == 1,
-        "or": v is False or v == 0,
-    }[reducer]
+    dtype = value.dtype
+    v = value.item()
+    if dtype == np.bool_:
+        return {"and": v is True, "or": v is False}.get(reducer, False)
+    if reducer in ("and", "or"):
+        return False
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        lowest, highest = int(info.min), int(info.max)
+    else:
+        lowest, highest = float("-inf"), float("inf")
+    return {"add": v == 0, "multiply": v == 1, "maximum": v == lowest, "minimum": v == highest}[reducer]

@@ -54,6 +54,9 @@ IDENTITIES = [
     ("minimum", np.float32(np.inf)),
     ("minimum", np.int32(np.iinfo(np.int32).max)),
     ("minimum", np.uint32(np.iinfo(np.uint32).max)),
+    ("maximum", np.int8(-128)),
+    ("maximum", np.uint32(0)),
+    ("maximum", np.int64(np.iinfo(np.int64).min)),
     ("and", np.bool_(True)),
     ("or", np.bool_(False)),
 ]
@@ -67,6 +70,15 @@ NOT_IDENTITIES = [
     ("minimum", np.float32(3e38)),
     ("and", np.bool_(False)),
     ("or", np.bool_(True)),
+    # a fixed width's bound is not another width's: int64 holds values below -2**31
+    ("maximum", np.int64(-(2**31))),
+    ("minimum", np.int64(2**31 - 1)),
+    ("maximum", np.uint32(1)),
+    # bitwise reductions of integers: 1 is not `and`'s identity (x & 1 clears bits), and the terms
+    # read and/or as logical ops, so no integer init is taken as one
+    ("and", np.int32(1)),
+    ("and", np.int32(-1)),
+    ("or", np.int32(0)),
 ]
 
 
