@@ -76,6 +76,9 @@ def status_table(report: Report) -> list[str]:
         layers = f"{m.layers.verified}/{m.layers.total}" if m.layers.total else "–"
         reused = str(m.layers.reused) if m.layers.total else "–"
         note = " (unchanged, from cache)" if m.reused else ""
+        if m.status is Status.VERIFIED and any(f.severity == "note" for f in m.findings):
+            # a proof that rests on an input assumption must not read as an unconditional one
+            note += ", assuming the inputs its note names"
         lines.append(
             f"| {escape(m.name)} | {ICON[m.status]} {m.status.value}{note} | {layers} | {reused} | {m.seconds:.1f} s |"
         )

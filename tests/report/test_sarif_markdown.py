@@ -85,3 +85,17 @@ def test_markdown_without_links_and_empty():
     assert "- `models/mlp_tp_buggy.py:28`: counterexample: 1 vs 2" in text
     assert "#### Findings" in text
     assert "No model was selected" in markdown.render(Report(models=()))
+
+
+def test_a_proof_under_an_input_assumption_says_so_in_the_status_table():
+    """A `verified` that rests on an assumption about the inputs (its `note`) must not read, in the
+    table a reviewer sees first, like one that holds for every input."""
+    assumed = ModelResult(
+        "rope-offset",
+        Status.VERIFIED,
+        1.0,
+        findings=(Finding("models/rope.py", 22, "note", None, "proved for input [4] in [0, 16]"),),
+    )
+    lines = markdown.status_table(Report(models=(assumed, REPORT.models[0])))
+    assert "| rope-offset | ✅ verified, assuming the inputs its note names | – | – | 1.0 s |" in lines
+    assert "| mlp-tp | ✅ verified | 32/32 | 30 | 1.2 s |" in lines  # no note: no qualifier
