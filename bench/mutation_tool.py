@@ -27,6 +27,7 @@ other than AssertionError) is counted apart from "killed by an assertion", and b
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import dataclasses
 import difflib
@@ -45,6 +46,27 @@ REPO = Path(__file__).resolve().parents[1]
 # (The oracle, capture/oracle.py, decides `mismatch` in a JAX child process: its mutants need a JAX run
 # per mutant and are left to the curated mutants and tests/capture.)
 VERDICT_PACKAGES = ("equivci/terms", "equivci/translate", "equivci/prove", "equivci/layers")
+
+
+def in_process(files: tuple[str, ...]) -> str:
+    """The node ids of the tests of tests/translate/FILES that run in this process (one pytest run): those
+    that take no fixture of their file (its fixtures capture JAX models in child processes) and no
+    tmp_path, and are not slow. Read from the files, so a test added there is run too."""
+    ids = []
+    for name in files:
+        tree = ast.parse((REPO / "tests" / "translate" / name).read_text())
+        functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+        fixtures = {f.name for f in functions if any("fixture" in ast.unparse(d) for d in f.decorator_list)}
+        ids += [
+            f"tests/translate/{name}::{f.name}"
+            for f in functions
+            if f.name.startswith("test_")
+            and not {a.arg for a in f.args.args} & (fixtures | {"tmp_path", "tmp_path_factory"})
+            and not any("slow" in ast.unparse(d) for d in f.decorator_list)
+        ]
+    return " ".join(ids)
+
+
 TESTS = (
     "tests/terms",
     "tests/translate/test_strided_slices.py",
@@ -100,6 +122,11 @@ TESTS = (
         )
         for t in names
     ),
+    # the in-process tests of the other translate test files (about 20 s; stop 25)
+    in_process(("test_dot_orientation.py", "test_gather_through_broadcast.py", "test_group_pieces.py",
+                "test_offset_windows.py", "test_outside_masks.py", "test_picks.py", "test_pieces.py",
+                "test_relaid_windows.py", "test_stacked_gathers.py", "test_transpose_pairs.py",
+                "test_two_dim_windows.py", "test_unary_through_reshapes.py", "test_window_of_reshaped_window.py")),
 )
 # Tests that exercise one module's code and capture JAX models in child processes (about two minutes
 # each here): too slow for every mutant, they run for that module's mutants only, first (as mutmut

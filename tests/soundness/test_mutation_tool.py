@@ -91,3 +91,10 @@ def test_past_errors_goes_on_from_a_check_that_raises_to_one_that_asserts(tmp_pa
         observed = vm._observe({**job, "first": first, "out": str(tmp_path / f"observed-{first}.json")}, captures="")
         verdicts[first] = vm.judge("m", observed, REPO / "equivci").verdict
     assert verdicts == {True: "crashed", False: "killed"}
+
+
+def test_the_in_process_tests_of_a_file_leave_out_those_that_capture_models():
+    ids = mt.in_process(("test_regroup.py",)).split()
+    assert "tests/translate/test_regroup.py::test_only_ops_that_keep_the_groups_apart_are_regrouped" in ids
+    assert not any("near_misses_are_mismatches" in i or "verifies_one_group_per_device" in i for i in ids)  # `manifest`
+    assert all(i.startswith("tests/translate/test_regroup.py::test_") for i in ids) and len(ids) == 3
