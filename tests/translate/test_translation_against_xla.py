@@ -163,6 +163,10 @@ def _writes_at_constant_rows(x):  # scatters at constant indices: a row, two row
     return x.at[2].set(x[0] * 2), x.at[jnp.array([1, 4])].set(x[:2] + 1), x.at[:, 3].set(x[:, 0])
 
 
+
+def _updates_at_constant_starts(x):  # XLA clamps a start that would put the update past the end
+    return lax.dynamic_update_slice(x, x[:2, :3] * 2, (1, 2)), lax.dynamic_update_slice(x, x[:2, :3] + 1, (T - 1, 100))
+
 def _loop_of_three_trips(x):  # a while loop with a constant trip count (jax.lax.fori_loop)
     x = jnp.asarray(x)
     return lax.fori_loop(0, 3, lambda i, c: c * 2 + x[i], x)
@@ -184,6 +188,7 @@ CASES = {
     "heads, strides, concat, repeat": (_layouts, (X,)),
     "dynamic slice and update": (_dynamic_window, (X, IDS)),
     "writes at constant rows and columns": (_writes_at_constant_rows, (X,)),
+    "updates at constant starts, one clamped": (_updates_at_constant_starts, (X,)),
     "an iota gathered at ids or -1": (
         lambda table, ids: (table[ids], jnp.arange(V).at[jnp.where(ids > 3, ids, -1)].get(mode="promise_in_bounds", wrap_negative_indices=False)), (TABLE, IDS)),
     "a select by a constant mask of one row": (lambda x: jnp.where(jnp.arange(D)[None, :] < 5, x[:1], -x[1:2]), (X,)),
