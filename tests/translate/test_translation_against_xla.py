@@ -310,6 +310,24 @@ def test_a_loop_with_a_constant_trip_count_unrolls_to_what_xla_computes():
     np.testing.assert_allclose(evaluate(out, {0: X}, ev.values), jax.jit(_loop_of_three_trips)(X), rtol=1e-5)
 
 
+
+def test_a_loop_no_handler_takes_is_an_opaque_term_of_its_own_computations():
+    """Without a loop handler (the handler declines a loop whose trip count is known only at run time)
+    a `while` is an opaque term named by its body and condition: the same loop translated again is
+    the same term (both programs meet there), a loop with another body is another term."""
+    table = TermTable()
+
+    def translated(factor: float):
+        fn = lambda x: lax.while_loop(lambda c: c[1].sum() < 1e6, lambda c: (c[0] + 1, c[1] * factor), (0, x))[1]  # noqa: E731
+        module = parse_module(jax.jit(fn).lower(X).as_text(dialect="hlo"))
+        ev = Evaluator(module, table, 1)
+        (out,) = flatten(ev.run(module.entry, [[table.make("param", (0,), (), X.shape, "f32")]])[0])
+        assert len(ev.loops) == 1 and "opaque" in _ops(out) and out.shape == X.shape
+        return out
+
+    assert translated(2.0) is translated(2.0)
+    assert translated(2.0) is not translated(3.0)
+
 def test_both_programs_fold_constants_within_the_budget_they_are_given():
     """A budget of one folded element keeps an 8-element constant computation symbolic in the
     reference as in the distributed program (each evaluator gets the caller's budgets)."""
