@@ -189,6 +189,7 @@ CASES = {
     "dynamic slice and update": (_dynamic_window, (X, IDS)),
     "writes at constant rows and columns": (_writes_at_constant_rows, (X,)),
     "updates at constant starts, one clamped": (_updates_at_constant_starts, (X,)),
+    "a vmapped lookup over a batch of one": (lambda t, i: jax.vmap(lambda t, i: t[i])(t[None], i[None]), (TABLE, IDS)),
     "an iota gathered at ids or -1": (
         lambda table, ids: (table[ids], jnp.arange(V).at[jnp.where(ids > 3, ids, -1)].get(mode="promise_in_bounds", wrap_negative_indices=False)), (TABLE, IDS)),
     "a select by a constant mask of one row": (lambda x: jnp.where(jnp.arange(D)[None, :] < 5, x[:1], -x[1:2]), (X,)),
