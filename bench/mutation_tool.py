@@ -380,10 +380,13 @@ def run_sample(args: argparse.Namespace, chosen: list[Sampled]) -> list | None:
     sys.path.insert(0, str(vm.SOUNDNESS))
     from near_miss_cases import DEFAULT
 
-    checks = tuple(f"model:{n}" for n in sorted(DEFAULT)) + tuple(f"pytest:{t} -x" for t in TESTS)
+    # -x: a pytest check stops at its first failure, except with --past-errors, where an error in one
+    # test must not hide an assertion of a later test of the same check
+    x = "" if args.past_errors else " -x"
+    checks = tuple(f"model:{n}" for n in sorted(DEFAULT)) + tuple(f"pytest:{t}{x}" for t in TESTS)
 
     def own(s: Sampled) -> tuple[str, ...]:
-        return tuple(f"pytest:{t} -x" for t in MODULE_TESTS.get(str(s.path.relative_to(REPO)), ()))
+        return tuple(f"pytest:{t}{x}" for t in MODULE_TESTS.get(str(s.path.relative_to(REPO)), ()))
 
     edits = [vm.Edit(s.name, (s.path, s.text), own(s) + checks) for s in interleaved(chosen)]
     baseline_checks = checks + tuple(dict.fromkeys(k for s in chosen for k in own(s)))
