@@ -16,7 +16,7 @@ imported in a fork of a worker that has egglog, numpy and pytest loaded. Its che
   candidates and layers (`TESTS`), and for the loop modules their own tests (`MODULE_TESTS`).
 
 A mutant is killed when a check fails and the unmutated package passes them all; the checks stop at
-the first failure. "killed by an error" (the mutated engine raised, or a test failed on an exception
+the first failure (with `--past-errors`, at the first failure by an assertion only). "killed by an error" (the mutated engine raised, or a test failed on an exception
 other than AssertionError) is counted apart from "killed by an assertion", and both are detection.
 
     nice -n 10 python bench/mutation_tool.py --per-module 8 --seed 1         # every verdict-deciding module
@@ -27,6 +27,7 @@ other than AssertionError) is counted apart from "killed by an assertion", and b
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import dataclasses
 import difflib
@@ -45,6 +46,27 @@ REPO = Path(__file__).resolve().parents[1]
 # (The oracle, capture/oracle.py, decides `mismatch` in a JAX child process: its mutants need a JAX run
 # per mutant and are left to the curated mutants and tests/capture.)
 VERDICT_PACKAGES = ("equivci/terms", "equivci/translate", "equivci/prove", "equivci/layers")
+
+
+def in_process(files: tuple[str, ...]) -> str:
+    """The node ids of the tests of tests/translate/FILES that run in this process (one pytest run): those
+    that take no fixture of their file (its fixtures capture JAX models in child processes) and no
+    tmp_path, and are not slow. Read from the files, so a test added there is run too."""
+    ids = []
+    for name in files:
+        tree = ast.parse((REPO / "tests" / "translate" / name).read_text())
+        functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+        fixtures = {f.name for f in functions if any("fixture" in ast.unparse(d) for d in f.decorator_list)}
+        ids += [
+            f"tests/translate/{name}::{f.name}"
+            for f in functions
+            if f.name.startswith("test_")
+            and not {a.arg for a in f.args.args} & (fixtures | {"tmp_path", "tmp_path_factory"})
+            and not any("slow" in ast.unparse(d) for d in f.decorator_list)
+        ]
+    return " ".join(ids)
+
+
 TESTS = (
     "tests/terms",
     "tests/translate/test_strided_slices.py",
@@ -72,7 +94,8 @@ TESTS = (
                                         "bounds_pass_a_convert_only_where_the_new_dtype_holds_them",
                                         "a_range_test_of_integers_with_constant_ends_is_its_window",
                                         "ids_used_by_several_lookups_are_valid_for_the_smallest_table",
-                                        "a_clipped_index_is_a_window_of_the_ids_it_can_hold")),
+                                        "a_clipped_index_is_a_window_of_the_ids_it_can_hold",
+                                        "an_offset_range_test_is_one_of_the_ids_only_where_the_offset_cannot_wrap")),
             ("test_dot_relayouts.py", ("a_dot_of_a_sliced_head_split_weight_is_the_window_of_the_dot",
                                        "several_consecutive_contracting_dims_are_one_merged_contraction",
                                        "a_reshape_that_regroups_a_contracting_dim_is_not_lifted",
@@ -83,6 +106,9 @@ TESTS = (
                                   "squeezes_of_one_shape_a_constant_and_a_select_lift_together",
                                   "integer_arithmetic_on_a_row_is_not_lifted", "squeezes_of_different_shapes_are_not_lifted",
                                   "an_operand_that_is_neither_squeezed_broadcast_nor_constant_is_not_lifted")),
+            ("test_regroup.py", ("elementwise_ops_and_a_broadcast_on_groups_are_the_reshaped_ops_on_the_rows",
+                                 "a_broadcast_that_moves_the_split_dims_is_not_lifted",
+                                 "only_ops_that_keep_the_groups_apart_are_regrouped")),
             ("test_unit_broadcasts.py", ("a_kept_unit_dim_is_a_new_dim_of_size_one",
                                          "a_broadcast_along_unit_dims_only_has_no_other_form")),
             ("test_evaluator.py", ("saved_tp_sample_is_proved", "saved_gspmd_sample_is_proved",
@@ -97,6 +123,11 @@ TESTS = (
         )
         for t in names
     ),
+    # the in-process tests of the other translate test files (about 20 s; stop 25)
+    in_process(("test_dot_orientation.py", "test_gather_through_broadcast.py", "test_group_pieces.py",
+                "test_offset_windows.py", "test_outside_masks.py", "test_picks.py", "test_pieces.py",
+                "test_relaid_windows.py", "test_stacked_gathers.py", "test_transpose_pairs.py",
+                "test_two_dim_windows.py", "test_unary_through_reshapes.py", "test_window_of_reshaped_window.py")),
 )
 # Tests that exercise one module's code and capture JAX models in child processes (about two minutes
 # each here): too slow for every mutant, they run for that module's mutants only, first (as mutmut
@@ -302,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drawn-at", default="", help="a commit: draw the sample over the modules as they were there "
                         "(a results file's sample), each mutant carried to the module as it is now; those that no longer "
                         "apply are said and left out")
+    parser.add_argument("--past-errors", action="store_true", help="a check failing by an error (not an assertion) does "
+                        "not stop a mutant's checks: they go on to the first assertion, so a mutant killed by an error "
+                        "is one no check asserts against (slower: it runs every check, as a survivor does)")
     parser.add_argument("--list", action="store_true", help="print the sampled mutants and stop")
     args = parser.parse_args(argv)
     at = args.drawn_at
@@ -346,16 +380,20 @@ def run_sample(args: argparse.Namespace, chosen: list[Sampled]) -> list | None:
     sys.path.insert(0, str(vm.SOUNDNESS))
     from near_miss_cases import DEFAULT
 
-    checks = tuple(f"model:{n}" for n in sorted(DEFAULT)) + tuple(f"pytest:{t} -x" for t in TESTS)
+    # -x: a pytest check stops at its first failure, except with --past-errors, where an error in one
+    # test must not hide an assertion of a later test of the same check
+    x = "" if args.past_errors else " -x"
+    checks = tuple(f"model:{n}" for n in sorted(DEFAULT)) + tuple(f"pytest:{t}{x}" for t in TESTS)
 
     def own(s: Sampled) -> tuple[str, ...]:
-        return tuple(f"pytest:{t} -x" for t in MODULE_TESTS.get(str(s.path.relative_to(REPO)), ()))
+        return tuple(f"pytest:{t}{x}" for t in MODULE_TESTS.get(str(s.path.relative_to(REPO)), ()))
 
     edits = [vm.Edit(s.name, (s.path, s.text), own(s) + checks) for s in interleaved(chosen)]
     baseline_checks = checks + tuple(dict.fromkeys(k for s in chosen for k in own(s)))
     with tempfile.TemporaryDirectory(prefix="mutation-tool-") as tmp:
         captures = args.captures or Path(tmp) / "captures.pkl"
-        baseline, outcomes = vm.run_edits(edits, baseline_checks, Path(tmp), captures, args.workers, args.timeout, first=True,
+        baseline, outcomes = vm.run_edits(edits, baseline_checks, Path(tmp), captures, args.workers, args.timeout,
+                                          first=not args.past_errors,
                                           budget=args.budget, log=lambda line: print(line, flush=True))
     if baseline.verdict != "survived":
         print(f"the unmutated package fails its own checks ({baseline.verdict}: {baseline.how}); no figures")

@@ -72,3 +72,29 @@ def test_a_mutant_drawn_at_a_commit_is_carried_to_the_module_as_it_is_now():
     assert mt.carried(before, mutated, now.replace("def g(x):\n    y = x + 1", "def g(x):\n    y = x + 2")) is None
     assert mt.carried(before, mutated, now.replace("def g(x):", "def h(x):").replace("return -y", "return y")) is None
     assert mt.carried(before, before, now) == now
+
+
+@pytest.mark.slow  # three in-process pytest runs and the harness's imports: about 10 s under load
+def test_past_errors_goes_on_from_a_check_that_raises_to_one_that_asserts(tmp_path, monkeypatch):
+    """A sampled mutant's checks stop at its first failed check, so one a test raises under is "killed by
+    an error" even where a later test asserts against it; with --past-errors (`first` false) the checks
+    go on to that assertion."""
+    vm = mt._harness()
+    raises, asserts = tmp_path / "test_mut_raises.py", tmp_path / "test_mut_asserts.py"
+    raises.write_text("def test_raises():\n    raise TypeError('a mutant broke a call')\n")
+    asserts.write_text("def test_asserts():\n    assert 1 + 1 == 3\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the harness's fork puts the mutated copy first
+    monkeypatch.setenv("PYTHONPATH", "")
+    job = {"name": "m", "root": str(REPO), "models": [], "pytest": [[str(raises), "-x"], [str(asserts), "-x"]]}
+    verdicts = {}
+    for first in (True, False):
+        observed = vm._observe({**job, "first": first, "out": str(tmp_path / f"observed-{first}.json")}, captures="")
+        verdicts[first] = vm.judge("m", observed, REPO / "equivci").verdict
+    assert verdicts == {True: "crashed", False: "killed"}
+
+
+def test_the_in_process_tests_of_a_file_leave_out_those_that_capture_models():
+    ids = mt.in_process(("test_regroup.py",)).split()
+    assert "tests/translate/test_regroup.py::test_only_ops_that_keep_the_groups_apart_are_regrouped" in ids
+    assert not any("near_misses_are_mismatches" in i or "verifies_one_group_per_device" in i for i in ids)  # `manifest`
+    assert all(i.startswith("tests/translate/test_regroup.py::test_") for i in ids) and len(ids) == 3

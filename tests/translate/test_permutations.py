@@ -141,3 +141,35 @@ def test_a_scatter_index_is_a_group_bound_only_as_its_own_dtype_computes_it():
     assert _marks_at(ev, where_negative(b, plus(b, n), b), b, n)
     assert _marks_at(ev, where_negative(plus(b, 80), const(99), b), b, n)  # b + 80 <= 120: no wrap
     assert not _marks_at(ev, where_negative(plus(b, 100), const(99), b), b, n)
+
+
+@pytest.mark.parametrize(("cut", "kept"), [("columns", True), ("rows", False)])
+def test_a_slice_keeps_a_permutation_only_across_the_permuted_rows(cut, kept):
+    """X[P][:, :2] is X[:, :2] with its rows permuted by P; X[P][:6] is no permutation of any 6 rows
+    of X (which rows it keeps depends on P)."""
+    import jax
+    import jax.numpy as jnp
+
+    from equivci.hlo.parser import parse_module
+    from equivci.terms.ir import TermTable
+    from equivci.terms.semantics import evaluate
+    from equivci.translate.evaluator import Evaluator
+    from equivci.translate.permutations import Permutations
+    from equivci.translate.programs import flatten
+
+    rng = np.random.default_rng(5)
+    x, v = rng.standard_normal((8, 3)).astype(np.float32), rng.integers(0, 4, 8).astype(np.int32)
+    window = (slice(None), slice(0, 2)) if cut == "columns" else (slice(0, 6),)
+    module = parse_module(jax.jit(lambda x, v: jnp.take(x, jnp.argsort(v), axis=0)[window]).lower(x, v).as_text(dialect="hlo"))
+    ev = Evaluator(module, TermTable(), 1)
+    params = [[ev.table.make("param", (k,), (), a.shape, dtype)] for k, (a, dtype) in enumerate(((x, "f32"), (v, "s32")))]
+    (out,) = flatten(ev.run(module.entry, params)[0])
+    perms = Permutations(ev)
+    perms.run([out])
+    found = perms.info(out)
+    assert out.op == "slice" and (found is not None) is kept
+    if kept:
+        values = {0: x, 1: v}
+        dense, perm = evaluate(found.dense, values, ev.values), evaluate(found.perm, values, ev.values)
+        assert found.row == 0 and dense.shape == (8, 2)
+        np.testing.assert_array_equal(np.take(dense, perm, axis=0), evaluate(out, values, ev.values))

@@ -163,6 +163,10 @@ def _writes_at_constant_rows(x):  # scatters at constant indices: a row, two row
     return x.at[2].set(x[0] * 2), x.at[jnp.array([1, 4])].set(x[:2] + 1), x.at[:, 3].set(x[:, 0])
 
 
+
+def _updates_at_constant_starts(x):  # XLA clamps a start that would put the update past the end
+    return lax.dynamic_update_slice(x, x[:2, :3] * 2, (1, 2)), lax.dynamic_update_slice(x, x[:2, :3] + 1, (T - 1, 100))
+
 def _loop_of_three_trips(x):  # a while loop with a constant trip count (jax.lax.fori_loop)
     x = jnp.asarray(x)
     return lax.fori_loop(0, 3, lambda i, c: c * 2 + x[i], x)
@@ -184,6 +188,8 @@ CASES = {
     "heads, strides, concat, repeat": (_layouts, (X,)),
     "dynamic slice and update": (_dynamic_window, (X, IDS)),
     "writes at constant rows and columns": (_writes_at_constant_rows, (X,)),
+    "updates at constant starts, one clamped": (_updates_at_constant_starts, (X,)),
+    "a vmapped lookup over a batch of one": (lambda t, i: jax.vmap(lambda t, i: t[i])(t[None], i[None]), (TABLE, IDS)),
     "an iota gathered at ids or -1": (
         lambda table, ids: (table[ids], jnp.arange(V).at[jnp.where(ids > 3, ids, -1)].get(mode="promise_in_bounds", wrap_negative_indices=False)), (TABLE, IDS)),
     "a select by a constant mask of one row": (lambda x: jnp.where(jnp.arange(D)[None, :] < 5, x[:1], -x[1:2]), (X,)),
@@ -304,6 +310,24 @@ def test_a_loop_with_a_constant_trip_count_unrolls_to_what_xla_computes():
     assert "opaque" not in _ops(out) and len(ev.loops) == 1
     np.testing.assert_allclose(evaluate(out, {0: X}, ev.values), jax.jit(_loop_of_three_trips)(X), rtol=1e-5)
 
+
+
+def test_a_loop_no_handler_takes_is_an_opaque_term_of_its_own_computations():
+    """Without a loop handler (the handler declines a loop whose trip count is known only at run time)
+    a `while` is an opaque term named by its body and condition: the same loop translated again is
+    the same term (both programs meet there), a loop with another body is another term."""
+    table = TermTable()
+
+    def translated(factor: float):
+        fn = lambda x: lax.while_loop(lambda c: c[1].sum() < 1e6, lambda c: (c[0] + 1, c[1] * factor), (0, x))[1]  # noqa: E731
+        module = parse_module(jax.jit(fn).lower(X).as_text(dialect="hlo"))
+        ev = Evaluator(module, table, 1)
+        (out,) = flatten(ev.run(module.entry, [[table.make("param", (0,), (), X.shape, "f32")]])[0])
+        assert len(ev.loops) == 1 and "opaque" in _ops(out) and out.shape == X.shape
+        return out
+
+    assert translated(2.0) is translated(2.0)
+    assert translated(2.0) is not translated(3.0)
 
 def test_both_programs_fold_constants_within_the_budget_they_are_given():
     """A budget of one folded element keeps an 8-element constant computation symbolic in the

@@ -377,6 +377,34 @@ def test_a_range_test_of_integers_with_constant_ends_is_its_window():
     assert window_of(ev, both(cmp("GE", ids, c(3)), cmp("LT", ends, c(7)))) is None  # two values tested
 
 
+
+def test_an_offset_range_test_is_one_of_the_ids_only_where_the_offset_cannot_wrap():
+    """(x >= 1) & (x < 11) with x = ids + 1 tests ids in [0, 10) only where ids + 1 cannot wrap: int8
+    ids up to 126 (ids + 1 reaches 127, the largest int8, exactly), not up to 127 (ids + 1 wraps to
+    -128); likewise x = ids - 1 (ids in [2, 12)) for ids from -127, not from -128. Where it may wrap,
+    the window stays on x."""
+    from equivci.translate.masks import window_of
+
+    ev = Evaluator(None, TermTable(), 1)
+    s8 = Shape("s8", (6,))
+    c = lambda v: ev.const(np.full((6,), v, np.int8), "s8")  # noqa: E731
+    cmp = lambda d, x, k: ev.normal("binary", (f"compare-{d}:s8",), [x, k], Shape("pred", (6,)))  # noqa: E731
+    cases = [("add", (0, 126), (0, 10)), ("add", (0, 127), None), ("subtract", (-127, 0), (2, 12)),
+             ("subtract", (-128, 0), None)]
+    for k, (op, (lo, hi), window) in enumerate(cases):
+        ids = ev.table.make("param", (k,), (), (6,), "s8")
+        ev.bounds[ids] = (float(lo), float(hi))
+        x = ev.normal("binary", (op,), [ids, c(1)], s8)
+        w = window_of(ev, ev.normal("binary", ("and",), [cmp("GE", x, c(1)), cmp("LT", x, c(11))], Shape("pred", (6,))))
+        assert w is not None, (op, lo, hi)
+        if window is None:
+            assert (w.x, w.lo, w.hi) == (x, 1, 11), (op, lo, hi)
+            continue
+        assert (w.x, w.lo, w.hi) == (ids, *window), (op, lo, hi)
+        values = np.arange(lo, hi + 1)
+        shifted = (values + 1 if op == "add" else values - 1).astype(np.int8)  # no wrap in these bounds
+        np.testing.assert_array_equal((shifted >= 1) & (shifted < 11), (w.lo <= values) & (values < w.hi))
+
 def test_a_clipped_index_is_a_window_of_the_ids_it_can_hold():
     """clip(ids - 4, 0, 9) leaves ids - 4 as it is for ids in [4, 14): for ids known to lie in [0, 7]
     that is [4, 8), a window inside a table of 8 rows (a lookup by it is then the table's rows
