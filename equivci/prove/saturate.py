@@ -12,7 +12,7 @@ from equivci.options import SATURATION_ITERATIONS
 from equivci.terms import language as L
 from equivci.terms.ir import Term
 from equivci.terms.load import Loader
-from equivci.terms.rules import DIMS, RELATIONS, REWRITES
+from equivci.terms.rules import DIMS, RELATIONS, REWRITES, SEEDS
 from equivci.translate.programs import Programs, flatten
 
 # The saturation budget: at least this many iterations (EQUIVCI_SATURATION_ITERATIONS sets it), and
@@ -116,7 +116,8 @@ def saturate_terms(
 def _run(egraph: EGraph, iterations: int) -> int:
     """Saturate for at most `iterations`; 0 when the rules reached a fixed point, else `iterations`
     (one more pass still changed the e-graph: the budget, not the rules, ended the search)."""
-    step = DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate() + REWRITES
+    # The seeds record what the rules start from, before them: a rule reads in the pass that made its seed.
+    step = DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate() + SEEDS + REWRITES
     egraph.run(step * iterations)  # egglog stops repeating at the first pass that changes nothing
     more = egraph.run(step).updated
     egraph.run(DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate())

@@ -158,7 +158,19 @@ repeat_window = relation("repeat_window", i64, i64, i64)  # (n, width, c): 0 <= 
 
 related = relation("related", T)  # equal to a slice of a reference value
 reference = relation("reference", T)  # a value the reference program computes (or its input)
+# (op, x[a:b along d], y[a:b along d], x op y, d, a, b): both operands of an existing elementwise op
+# have a window of the same range; the first join of elementwise/binary_lift_nested (a rule's seed).
+# (egglog types relations of up to 4 columns: the ignores below.)
+operand_windows = relation("operand_windows", String, T, T, T, i64, i64, i64)  # type: ignore[call-overload]
+# (spec, dot(x[a:b along k], y[a:b along j]), x, y, k, a, b) for a contraction pair (k, j) of spec:
+# one piece of a split contraction; the seed of dots/contraction_merge.
+contraction_piece = relation("contraction_piece", String, T, T, T, i64, i64, i64)  # type: ignore[call-overload]
+# (z, x, y, d, c, g, n, m): z = concat(x[c:g along d], y[n:m along d]; d); the seed of concats/lift_nested.
+concat_windows = relation("concat_windows", T, T, T, i64, i64, i64, i64, i64)  # type: ignore[call-overload]
+# (d, a, b, d2, c, g, n, m): some value of size n along d and m along d2 has the window
+# [a:b along d][c:g along d2] (d != d2); the seed of layouts/bcast_as_slice_nested.
+nested_window = relation("nested_window", i64, i64, i64, i64, i64, i64, i64, i64)  # type: ignore[call-overload]
 
-x, y, z, w, e = vars_("x y z w e", T)
+x, y, z, w, e, v = vars_("x y z w e v", T)
 d, d2, a, b, c, g, n, m, o, k, j, s1, s2 = vars_("d d2 a b c g n m o k j s1 s2", i64)
 op, spec, spec2, spec3, key = vars_("op spec spec2 spec3 key", String)

@@ -5,8 +5,11 @@ split into layers): every rule sees every layer's forward and backward terms at 
 whose matches multiply across layers (one that pairs every slice chain of one operand with every
 chain of the other) makes the proof super-linear in depth. A rule of that kind once took 21.6 M
 matches, 580 s and 7 GB in one saturation iteration of bench/'s two-layer training step. Counted
-here, without timing: rule matches and e-graph tuples at the fixed point, for 1, 2 and 3 layers of
-bench/styles/train_step.py at its tiny shape; the third layer may not cost much more than the second.
+here, without timing: rule matches and e-graph tuples at the fixed point, for 2 and 3 layers of a
+small residual-MLP step (default suite) and for 1, 2 and 3 layers of bench/styles/train_step.py at its
+tiny shape (slow); the third layer may not cost much more than the second. Not counted: a search that
+scans a table without matching, the other way a rule's cost grows with depth (bench/STYLES.md times
+the rules one by one).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import forked_captures
 import pytest
 from model_package import programs_of
 
@@ -31,15 +35,91 @@ models:
     mesh: {tp: 8}
 """
 
+# A small training step of the same kind (a residual MLP, Megatron TP inside shard_map, the gradient
+# through it, an SGD update) at two depths, named in one manifest: one capture server for both.
+MLP_STEP = """import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+
+def layer(x, w1, w2, reduce=lambda t: t):
+    return x + reduce(jax.nn.gelu(x @ w1) @ w2)
+
+
+def sgd(forward, x, params):
+    value, grads = jax.value_and_grad(lambda p: jnp.mean(forward(x, p) ** 2))(params)
+    return jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads), value
+
+
+def reference(n, x, params):
+    def forward(x, params):
+        for w1, w2 in params:
+            x = layer(x, w1, w2)
+        return x
+
+    return sgd(forward, x, params)
+
+
+def distributed(n, x, params, *, mesh):
+    def body(x, params):
+        for w1, w2 in params:
+            x = layer(x, w1, w2, lambda t: jax.lax.psum(t, "tp"))
+        return x
+
+    specs = (P(), [(P(None, "tp"), P("tp", None))] * n)
+    return sgd(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P()), x, params)
+
+
+def inputs(n):
+    s = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    return s(4, 16), [(s(16, 32), s(32, 16)) for _ in range(n)]
+
+
+for n in (2, 3):
+    globals()[f"step_{n}"] = functools.partial(reference, n)
+    globals()[f"step_{n}_tp"] = functools.partial(distributed, n)
+    globals()[f"inputs_{n}"] = functools.partial(inputs, n)
+"""
+MLP_MANIFEST = "version: 1\nmodels:\n" + "".join(
+    f"""  - name: step-{n}
+    reference: models/mlp_step.py:step_{n}
+    distributed: models/mlp_step.py:step_{n}_tp
+    inputs: models/mlp_step.py:inputs_{n}
+    mesh: {{tp: 8}}
+"""
+    for n in (2, 3)
+)
+
+
+def _counts(captured) -> tuple[int, int]:
+    """(rule matches, e-graph tuples) of the whole-program saturation of a captured step."""
+    proof = saturate(programs_of(captured))
+    assert not proof.exhausted  # a fixed point: the counts are the whole search's
+    matches = sum(proof.egraph.stats().num_matches_per_rule.values())
+    return matches, sum(size for _, size in proof.egraph.all_function_sizes())
+
 
 def _work(repo: Path, layers: int, monkeypatch) -> tuple[int, int]:
     """(rule matches, e-graph tuples) of the whole-program saturation with `layers` layers."""
     monkeypatch.setenv("EQUIVCI_BENCH_LAYERS", str(layers))  # read by bench/llama_tp.py in the capture child
     manifest = load_manifest(repo / "equivci.yaml")
-    proof = saturate(programs_of(capture_model(manifest.models[0], manifest)))
-    assert not proof.exhausted  # a fixed point: the counts are the whole search's
-    matches = sum(proof.egraph.stats().num_matches_per_rule.values())
-    return matches, sum(size for _, size in proof.egraph.all_function_sizes())
+    return _counts(capture_model(manifest.models[0], manifest))
+
+
+def test_the_third_layer_of_a_training_step_costs_no_more_than_the_first_two_on_average(tmp_path):
+    """Two depths of a small step (the slow test below has three of bench/'s): with 2 layers the step
+    costs its fixed part (loss, update) and two layers, so a third that costs much more than half of
+    that is a layer whose cost grows with the depth."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "mlp_step.py").write_text(MLP_STEP)
+    (tmp_path / "equivci.yaml").write_text(MLP_MANIFEST)
+    manifest = load_manifest(tmp_path / "equivci.yaml")
+    two, three = (_counts(forked_captures.capture(m, manifest)) for m in manifest.models)
+    for unit, name in enumerate(("rule matches", "e-graph tuples")):
+        assert two[unit] < three[unit], (name, two, three)
+        assert three[unit] - two[unit] <= 1.25 * two[unit] / 2, (name, two, three)
 
 
 @pytest.mark.slow  # three captures and whole-program saturations of a training step (about a minute idle)

@@ -9,6 +9,9 @@ what that test's coverage check reads)."""
 
 from __future__ import annotations
 
+import functools
+import operator
+
 from equivci.terms.rules.aligned import ALIGNED
 from equivci.terms.rules.concats import CONCATS
 from equivci.terms.rules.dims import DIMS
@@ -37,13 +40,15 @@ REWRITE_FAMILIES: tuple[Family, ...] = (
 FAMILIES: dict[str, Family] = {f.name: f for f in (DIMS, *REWRITE_FAMILIES, RELATIONS)}
 
 REWRITES = (
-    SLICES.ruleset
-    | ELEMENTWISE.ruleset
-    | CONCATS.ruleset
-    | DOTS.ruleset
-    | REDUCTIONS.ruleset
-    | ALIGNED.ruleset
-    | LAYOUTS.ruleset
-    | REPEATS.ruleset
-    | DYNAMIC.ruleset
+    SLICES.main
+    | ELEMENTWISE.main
+    | CONCATS.main
+    | DOTS.main
+    | REDUCTIONS.main
+    | ALIGNED.main
+    | LAYOUTS.main
+    | REPEATS.main
+    | DYNAMIC.main
 )
+# What the rules above start from (registry._Pending.seeded), recorded before them in each pass.
+SEEDS = functools.reduce(operator.or_, [f.seeds for f in REWRITE_FAMILIES if f.seeds is not None])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from egglog import eq, ne, union
 
-from equivci.terms.language import T, a, b, c, d, d2, dim, e, g, k, n, w, x, y, z
+from equivci.terms.language import T, a, b, c, concat_windows, d, d2, dim, e, g, k, n, w, x, y, z
 from equivci.terms.rules.registry import family, named
 
 CONCATS = family(
@@ -52,14 +52,17 @@ CONCATS = family(
     # along the lower dim k inside the one along d, out of reach of the rule above. Read from the
     # existing concatenation (the reference's) and only at windows its part x already has: from
     # the device's side it matched every pair of the parts' slice chains, and a training step's
-    # backward pass has so many that one iteration took minutes and gigabytes.
+    # backward pass has so many that one iteration took minutes and gigabytes. The concatenations of
+    # windows are recorded once (a seed), so that the search starts from them.
     named(
         "concats/lift_nested",
         "concat(x[c:g], y[c2:g2]; d)[a:b along k] = "
         "concat(x[a:b along k][c:g along d], y[a:b along k][c2:g2 along d]; d) for k != d",
-        eq(z).to(T.concat(x.slice(d, c, g), y.slice(d, n, d2), d)),
+        concat_windows(z, x, y, d, c, g, n, d2),
         eq(w).to(x.slice(k, a, b)),
         ne(k).to(d),
         eq(dim(x, k)).to(dim(y, k)),
-    ).then(union(z.slice(k, a, b)).with_(T.concat(w.slice(d, c, g), y.slice(k, a, b).slice(d, n, d2), d))),
+    )
+    .seeded(concat_windows(z, x, y, d, c, g, n, d2), eq(z).to(T.concat(x.slice(d, c, g), y.slice(d, n, d2), d)))
+    .then(union(z.slice(k, a, b)).with_(T.concat(w.slice(d, c, g), y.slice(k, a, b).slice(d, n, d2), d))),
 )

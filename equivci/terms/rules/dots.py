@@ -9,6 +9,7 @@ from equivci.terms.language import (
     a,
     b,
     c,
+    contraction_piece,
     dim,
     dot_batch,
     dot_batch_out,
@@ -69,16 +70,18 @@ DOTS = family(
         eq(o).to(dot_batch_out(spec, k)),
         eq(dim(x, k)).to(dim(y, j)),
     ).then(union(e).with_(T.dot(spec, x, y).slice(o, a, b))),
+    # Read from the pieces, each a dot of two windows recorded once: joined from the sum, the search
+    # paired every form of one piece with every form of the other.
     named(
         "dots/contraction_merge",
         "dot(x[a:b], y[a:b]) + dot(x[b:c], y[b:c]) = dot(x[a:c], y[a:c]) along a contraction",
-        eq(e).to(
-            T.binary(
-                "add", T.dot(spec, x.slice(k, a, b), y.slice(j, a, b)), T.dot(spec, x.slice(k, b, c), y.slice(j, b, c))
-            )
-        ),
+        eq(e).to(T.binary("add", z, w)),
+        contraction_piece(spec, z, x, y, k, a, b),
+        contraction_piece(spec, w, x, y, k, b, c),
         eq(j).to(dot_contract(spec, k)),
-    ).then(union(e).with_(T.dot(spec, x.slice(k, a, c), y.slice(j, a, c)))),
+    )
+    .seeded(contraction_piece(spec, z, x, y, k, a, b), eq(z).to(_piece(a, b)), eq(j).to(dot_contract(spec, k)))
+    .then(union(e).with_(T.dot(spec, x.slice(k, a, c), y.slice(j, a, c)))),
     # Partial sums added in another order than their windows (a gradient reduce-scattered per
     # microbatch, then accumulated: (mb0 of device 0 + mb0 of device 1) + (mb1 of 0 + mb1 of 1)):
     # the pieces of adjacent windows are brought together, only where they merge into one dot.

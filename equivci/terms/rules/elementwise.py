@@ -4,7 +4,28 @@ from __future__ import annotations
 
 from egglog import eq, ne, union
 
-from equivci.terms.language import T, a, b, bcast_shrink, c, d, d2, dim, e, g, n, op, spec, spec2, w, x, y, z
+from equivci.terms.language import (
+    T,
+    a,
+    b,
+    bcast_shrink,
+    c,
+    d,
+    d2,
+    dim,
+    e,
+    g,
+    n,
+    op,
+    operand_windows,
+    spec,
+    spec2,
+    v,
+    w,
+    x,
+    y,
+    z,
+)
 from equivci.terms.rules.registry import family, named
 
 COMMUTATIVE = ("add", "multiply", "maximum", "minimum", "and", "or", "xor")
@@ -30,17 +51,27 @@ ELEMENTWISE = family(
     ).then(union(e).with_(T.binary(op, x.slice(d, a, b), y.slice(d, a, b)))),
     # A window over two dims (an FSDP device's batch rows and a TP device's heads, then RoPE's half of
     # each head) is a slice under a slice: the one-dim lift above needs the inner pair already
-    # combined, which nothing builds when only the whole pair occurs in the reference.
+    # combined, which nothing builds when only the whole pair occurs in the reference. Read from the
+    # existing x op y (the reference's) and the windows of its operands: joined from the device's
+    # pair, the search paired every slice chain of one operand with every chain of the other, and cost
+    # seconds an iteration on a training step's backward pass even when nothing matched.
     named(
         "elementwise/binary_lift_nested",
         "x[a:b along d][c:g along d2] op y[a:b along d][c:g along d2] = (x op y)[a:b along d][c:g along d2] "
         "where x and y have the same size along d and d2",
-        eq(e).to(T.binary(op, x.slice(d, a, b).slice(d2, c, g), y.slice(d, a, b).slice(d2, c, g))),
+        operand_windows(op, w, v, z, d, a, b),
+        eq(e).to(T.binary(op, w.slice(d2, c, g), v.slice(d2, c, g))),
         ne(d2).to(d),
-        eq(dim(x, d)).to(dim(y, d)),
-        eq(dim(x, d2)).to(dim(y, d2)),
+        eq(dim(w, d2)).to(dim(v, d2)),
+    )
+    .seeded(
+        operand_windows(op, w, v, z, d, a, b),
         eq(z).to(T.binary(op, x, y)),
-    ).then(union(e).with_(z.slice(d, a, b).slice(d2, c, g))),
+        eq(w).to(x.slice(d, a, b)),
+        eq(v).to(y.slice(d, a, b)),
+        eq(dim(x, d)).to(dim(y, d)),
+    )
+    .then(union(e).with_(z.slice(d, a, b).slice(d2, c, g))),
     # A broadcast along a new dim is the same at every offset of that dim: it is the slice of the
     # wider broadcast the unsliced operand pairs with (bcast_shrink only pairs new-dim sizes).
     named(

@@ -20,7 +20,9 @@ from equivci.terms.language import (
     e,
     g,
     k,
+    m,
     n,
+    nested_window,
     o,
     op,
     perm_in,
@@ -81,20 +83,29 @@ LAYOUTS = family(
     ).then(union(e).with_(z.slice(d, a, b))),
     # The same along two new dims at once (a mask over an FSDP device's batch rows and a TP device's
     # heads): the broadcast narrowed along one of them only is no reference value, so the rule
-    # above cannot take the two windows one at a time.
+    # above cannot take the two windows one at a time. The windows are any value's (the device's
+    # window positions), recorded once by their offsets and sizes: joined with every broadcast, the
+    # search went through every two-dim window of the program at every iteration.
     named(
         "layouts/bcast_as_slice_nested",
         "bcast(y) narrow along new dims d and d2 = (the reference's wider bcast(y))[a:b along d][c:g along d2]",
         eq(e).to(T.bcast(spec, y)),
-        eq(w).to(x.slice(d, a, b).slice(d2, c, g)),
-        ne(d2).to(d),
+        nested_window(d, a, b, d2, c, g, n, m),
         eq(b - a).to(bcast_new(spec, d)),
         eq(g - c).to(bcast_new(spec, d2)),
-        eq(spec2).to(bcast_shrink(spec, d, dim(x, d))),
-        eq(spec3).to(bcast_shrink(spec2, d2, dim(x, d2))),
+        eq(spec2).to(bcast_shrink(spec, d, n)),
+        eq(spec3).to(bcast_shrink(spec2, d2, m)),
         eq(z).to(T.bcast(spec3, y)),
         reference(z),
-    ).then(union(e).with_(z.slice(d, a, b).slice(d2, c, g))),
+    )
+    .seeded(
+        nested_window(d, a, b, d2, c, g, n, m),
+        eq(w).to(x.slice(d, a, b).slice(d2, c, g)),
+        ne(d2).to(d),
+        eq(n).to(dim(x, d)),
+        eq(m).to(dim(x, d2)),
+    )
+    .then(union(e).with_(z.slice(d, a, b).slice(d2, c, g))),
     # A broadcast to a smaller size along a new dim than the reference's broadcast of the same value
     # is its leading window (a shard repeating its KV head fewer times than the reference does).
     named(
