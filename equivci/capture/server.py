@@ -17,9 +17,10 @@ it is a fresh capture child in everything that decides the captured programs:
   are a fresh child's (tests/capture/test_server.py compares the programs byte for byte).
 
 Each capture is a message on the server's control socket carrying, as file descriptors, the
-capture's own socket (the worker writes the exit status there; anything the parent writes there,
-or its closing, kills the child), the child's stdout and stderr and the write end of the pipe the
-child signals the compile on; the child gets that pipe's descriptor number as its last argument.
+capture's own socket, the child's stdout and stderr and the write end of the pipe the child signals
+the compile on (the child gets that pipe's descriptor number as its last argument). On the capture's
+socket the parent writes the request (arguments, environment, folder: one JSON line), then anything
+it writes, or its closing, kills the child; the worker writes the exit status there.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import threading
 import time
 from typing import IO
 
-_MESSAGE = 1 << 20  # a request (environment included) is a few kB
 _NOT_KEYS = ("PYTEST_CURRENT_TEST",)  # changed at every test by pytest; jax never reads it
 
 
@@ -79,16 +79,17 @@ def start_child(
     """`python -m equivci.capture.child ARGS FD`, forked by the server, where FD is the child's
     descriptor of `signal_fd` (a pipe's write end). `env` is the child's whole environment."""
     mine, theirs = socket.socketpair()
-    request = json.dumps({"args": args, "env": env, "cwd": str(cwd)}).encode()
+    fds = [theirs.fileno(), stdout.fileno(), stderr.fileno(), signal_fd]
     with _lock:
-        control = _running(env)
         try:
-            socket.send_fds(control, [request], [theirs.fileno(), stdout.fileno(), stderr.fileno(), signal_fd])
+            socket.send_fds(_running(env), [b"capture"], fds)
         except OSError:  # the server ended (killed from outside): a new one
             _stop()
-            socket.send_fds(_running(env), [request], [theirs.fileno(), stdout.fileno(), stderr.fileno(), signal_fd])
+            socket.send_fds(_running(env), [b"capture"], fds)
         finally:
             theirs.close()
+    # On the capture's own socket, which any size fits (the control socket's messages have a limit).
+    mine.sendall(json.dumps({"args": args, "env": env, "cwd": str(cwd)}).encode() + b"\n")
     return CaptureChild(args, mine)
 
 
@@ -148,7 +149,7 @@ def _serve(control: socket.socket) -> int:
         pass
     workers: set[int] = set()
     while True:
-        message, fds, _, _ = socket.recv_fds(control, _MESSAGE, 4)
+        message, fds, _, _ = socket.recv_fds(control, 64, 4)
         if not message:  # the process that started the server closed its end, or ended
             for worker in workers:  # (their children's time then counts as the server's, and its parent's)
                 os.waitpid(worker, 0)
@@ -158,7 +159,7 @@ def _serve(control: socket.socket) -> int:
         pid = os.fork()
         if pid == 0:
             control.close()
-            _work(json.loads(message), *fds)
+            _work(*fds)
         workers.add(pid)
         for fd in fds:
             os.close(fd)
@@ -167,10 +168,19 @@ def _serve(control: socket.socket) -> int:
                 workers.discard(worker)
 
 
-def _work(request: dict, connection_fd: int, out: int, err: int, compiling: int) -> None:
-    """In a worker: fork the child, report its exit status, kill it when asked. Never returns."""
+def _work(connection_fd: int, out: int, err: int, compiling: int) -> None:
+    """In a worker: read the request, fork the child, report its exit status, kill it when asked.
+    Never returns."""
     try:
         connection = socket.socket(fileno=connection_fd)
+        said = b""
+        while b"\n" not in said:
+            data = connection.recv(1 << 16)
+            if not data:  # the process that asked is gone
+                return
+            said += data
+        line, early = said.split(b"\n", 1)  # `early`: a kill request already (a timeout while the server started)
+        request = json.loads(line)
         pid = os.fork()
         if pid == 0:
             connection.close()
@@ -178,6 +188,9 @@ def _work(request: dict, connection_fd: int, out: int, err: int, compiling: int)
         for fd in (out, err, compiling):  # the child's only now: end of file on the pipe when it ends
             os.close(fd)
         killed = False
+        if early:
+            os.kill(pid, signal.SIGKILL)
+            killed = True
         while True:
             if killed:
                 time.sleep(0.02)
