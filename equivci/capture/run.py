@@ -155,6 +155,7 @@ def capture_model(
                 "MemoryError",
                 "bad_alloc",
                 "pthread_create",
+                "can't start new thread",  # Python's word for a pthread_create that failed
                 "Cannot allocate memory",
                 "Resource temporarily unavailable",
             )
