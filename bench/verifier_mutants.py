@@ -455,13 +455,13 @@ def edited_copy(edit: tuple[Path, str] | None, root: Path) -> Path:
 
 # -- captures (once, by the unmutated package) -------------------------------------------------------
 def capture_models(names: list[str], out: Path, workers: int = 2) -> Path:
-    """The near-miss models' captures, `workers` at a time, by tests/forked_captures.py (jax imported
-    once, the product's capture_model for each model, the same programs as fresh captures)."""
+    """The near-miss models' captures, `workers` at a time (the product's capture_model, whose
+    children one capture server forks)."""
     if out.exists() and set(names) <= set(pickle.loads(out.read_bytes())):
         return out  # captured by an earlier run (captures do not depend on the mutated engine)
-    sys.path.insert(0, str(REPO / "tests"))
-    import forked_captures
+    from concurrent.futures import ThreadPoolExecutor
 
+    from equivci.capture.run import capture_model
     from equivci.manifest import load_manifest
 
     sys.path.insert(0, str(SOUNDNESS))
@@ -469,7 +469,8 @@ def capture_models(names: list[str], out: Path, workers: int = 2) -> Path:
 
     manifest = load_manifest(MANIFEST)
     models = {m.name: m for m in manifest.models}
-    captured = forked_captures.capture_all([(models[n], manifest) for n in names], workers)
+    with ThreadPoolExecutor(workers) as pool:
+        captured = list(pool.map(lambda n: capture_model(models[n], manifest), names))
     out.write_bytes(pickle.dumps(dict(zip(names, captured))))
     return out
 

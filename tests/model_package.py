@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import forked_captures
-
+from equivci.capture.run import capture_model
 from equivci.capture.types import CapturedModel
 from equivci.hlo.parser import parse_module
 from equivci.manifest import Manifest, ModelSpec, load_manifest
@@ -40,10 +39,10 @@ _captures: dict[tuple[Path, str], CapturedModel] = {}
 
 def capture_named(manifest: Manifest, name: str) -> CapturedModel:
     """One model of the manifest, captured once per test session (the tests do not edit the files of
-    their manifests after writing them), by capture_model in tests/forked_captures.py's server."""
+    their manifests after writing them)."""
     key = (manifest.path, name)
     if key not in _captures:
-        _captures[key] = forked_captures.capture(model_named(manifest, name), manifest)
+        _captures[key] = capture_model(model_named(manifest, name), manifest)
     return _captures[key]
 
 

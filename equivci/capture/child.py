@@ -1,8 +1,9 @@
 """Capture child process: lower both entrypoints with abstract inputs on fake CPU devices.
 
-Runs as `python -m equivci.capture.child REQUEST.json RESULT.json`. The parent sets XLA_FLAGS
-(device count and the SPMD-partitioning dump) before this process imports jax, which is the
-only moment the fake device count can be chosen.
+Runs as `python -m equivci.capture.child REQUEST.json RESULT.json FD`, forked by the capture server
+(capture/server.py); FD is the write end of a pipe on which it says when the compile starts. Its
+environment's XLA_FLAGS carry the device count and the SPMD-partitioning dump: XLA reads them when
+the backend starts, in this process, which is the only moment the fake device count can be chosen.
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ def capture(request: dict, laps: Laps) -> dict:
         laps.lap("content key")
         if memo_fields["cached"]:
             return memo_fields
-    if "compiling_fd" in request:  # the result will be verified: the parent prepares for it meanwhile
-        os.write(request["compiling_fd"], b"compiling\n")
+    # the result will be verified: the parent prepares for it meanwhile
+    os.write(request["compiling_fd"], b"compiling\n")
     reference_hlo = ref_lowered.as_text(dialect="hlo", debug_info=True)
     laps.lap("reference HLO")
     spmd = partitioned.wait_for_spmd_dump(watcher, dump_dir, job) if watcher else None
@@ -297,8 +298,8 @@ def _bytecode(lowered) -> bytes:
 
 
 def main(argv: list[str]) -> int:
-    request_path, result_path = argv
-    request = json.loads(Path(request_path).read_text())
+    request_path, result_path, compiling_fd = argv
+    request = {**json.loads(Path(request_path).read_text()), "compiling_fd": int(compiling_fd)}
     laps = Laps()
     # From the parent's spawn to here: the interpreter's start and equivci's imports.
     laps.rows.append(("start-up", max(0.0, time.time() - request.get("spawned_at", time.time()))))

@@ -8,13 +8,12 @@ import resource
 import select
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from equivci.capture import partitioned
+from equivci.capture import partitioned, server
 from equivci.capture.types import CapturedModel, LeafPlacement
 from equivci.errors import EquivciError
 from equivci.git import repo_root
@@ -42,7 +41,7 @@ def _leaves(rows: list[dict]) -> tuple[LeafPlacement, ...]:
     )
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: server.CaptureChild) -> None:
     proc.kill()
     proc.wait()
 
@@ -96,7 +95,6 @@ def capture_model(
         )
         env["EQUIVCI_DUMP_DIR"] = str(dump_dir)
         compiling, compiling_w = os.pipe()
-        fields["compiling_fd"] = compiling_w
         fields["spawned_at"] = time.time()
         request.write_text(json.dumps(fields))
         timeout = model.capture_timeout
@@ -105,13 +103,13 @@ def capture_model(
         # the child while this process waits for the compile signal.
         with open(Path(tmp, "out"), "wb") as out, open(Path(tmp, "err"), "w+b") as err:
             try:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "equivci.capture.child", str(request), str(result_path)],
+                proc = server.start_child(
+                    [str(request), str(result_path)],
                     env=env,
                     stdout=out,
                     stderr=err,
-                    cwd=manifest.root,
-                    pass_fds=(compiling_w,),
+                    cwd=str(manifest.root),
+                    signal_fd=compiling_w,
                 )
             finally:
                 os.close(compiling_w)
@@ -157,6 +155,7 @@ def capture_model(
                 "MemoryError",
                 "bad_alloc",
                 "pthread_create",
+                "can't start new thread",  # Python's word for a pthread_create that failed
                 "Cannot allocate memory",
                 "Resource temporarily unavailable",
             )

@@ -36,17 +36,50 @@ def start(repo: Path, tmp: Path, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def capture_children(tmp: Path) -> list[int]:
-    """Processes whose command line names a request file under `tmp` (the capture children)."""
+def _environ(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def capture_children(tmp: Path, cli: int) -> list[int]:
+    """Processes other than the CLI holding a file under `tmp` open (a capture child: its stdout and
+    stderr are files in its capture folder)."""
     pids = []
     for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == cli:
+            continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            fds = list((entry / "fd").iterdir())
         except OSError:
             continue
-        if entry.name.isdigit() and "equivci.capture.child" in cmdline and str(tmp) in cmdline:
+        if any(_link(fd).startswith(str(tmp) + os.sep) for fd in fds):
             pids.append(int(entry.name))
     return pids
+
+
+def _link(fd: Path) -> str:
+    try:
+        return os.readlink(fd)
+    except OSError:  # closed since it was listed
+        return ""
+
+
+def started_by(tmp: Path) -> list[int]:
+    """Live processes started with TMPDIR=tmp (the CLI's, which the capture server and its forks share)."""
+    mark = b"TMPDIR=" + str(tmp).encode() + b"\0"
+    return [
+        int(e.name) for e in Path("/proc").iterdir()
+        if e.name.isdigit() and mark in _environ(e.name) and _state(e.name) not in ("Z", "")
+    ]
+
+
+def _state(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -55,17 +88,19 @@ def test_signal_during_capture_cleans_up(repo: Path, tmp_path: Path, signum: sig
     tmp.mkdir()
     proc = start(repo, tmp, "--model", "slow")
     deadline = time.monotonic() + 60
-    while not capture_children(tmp) and time.monotonic() < deadline:
+    while not (started := capture_children(tmp, proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert capture_children(tmp), "the capture child never started"
+    assert started, "the capture child never started"
     time.sleep(1.0)  # let it get into the user's code
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signum.value
     assert TRACEBACK not in out + err and f"stopped by {signum.name}" in err
     assert list(tmp.iterdir()) == []  # no equivci-capture-* folder left
-    time.sleep(0.2)
-    assert capture_children(tmp) == []
+    deadline = time.monotonic() + 10  # the capture server ends when it sees the CLI's end
+    while started_by(tmp) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert started_by(tmp) == []  # no capture child, worker or server left
 
 
 @pytest.mark.parametrize("how", ["cli", "manifest"])

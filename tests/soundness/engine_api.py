@@ -13,18 +13,16 @@ import dataclasses
 import sys
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1]
-for folder in (TESTS / "terms", TESTS):  # test_rules_numeric: the term builders of the rule tests; forked_captures
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+# test_rules_numeric: the term builders of the rule tests
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "terms"))
 
-import forked_captures
 from test_rules_numeric import (
     B,  # term builders that compute shapes the way the evaluator does
 )
 
 from equivci import cache as memo
 from equivci.capture.oracle import compare_many_in_child  # the numeric oracle
+from equivci.capture.run import capture_model
 from equivci.hlo.parser import parse_module
 from equivci.manifest import load_manifest
 from equivci.options import Budgets
@@ -45,11 +43,10 @@ __all__ = [
 
 
 def capture(manifest_path: Path, name: str):
-    """The captured programs of one manifest model (capture_model, its child forked from a process
-    that has imported jax: tests/forked_captures.py)."""
+    """The captured programs of one manifest model."""
     manifest = load_manifest(manifest_path)
     model = next(m for m in manifest.models if m.name == name)
-    return forked_captures.capture(model, manifest)
+    return capture_model(model, manifest)
 
 
 def verify_captured(manifest_path: Path, name: str, captured, oracle: bool = False):
