@@ -6,7 +6,8 @@ device either equals a window of some reference value (a shard, or a copy), or i
 devices of one mesh axis does (a partial sum awaiting its all-reduce), or it matches nothing. The
 first distributed op, in program order, whose value matches nothing on some device and is not a
 step whose uses match again (`_Flow`: an equal value computed in another form) is the numeric
-frontier: the proof's finding should agree with it, and where the proof's first unrelated op
+frontier; a value of a kind the reference never computes (no reference value of its dtype and rank
+could hold it) is passed over, as it differs from nothing: the proof's finding should agree with it, and where the proof's first unrelated op
 matches the reference numerically, the proof only lacked a rule there.
 
 Cost: every term is evaluated once (numpy) and each value is compared with the reference values
@@ -111,6 +112,14 @@ class _ReferenceIndex:
             self.by_kind.setdefault(key, []).append(value)
             self.positions.setdefault(key, []).append(position)
 
+    def has_kind(self, a: np.ndarray) -> bool:
+        """Some reference value has `a`'s dtype and rank and could hold it as a shard: `a` is not a
+        value of a kind the reference never computes (the device's index, a per-device offset)."""
+        return any(
+            all(m <= n and n % m == 0 for m, n in zip(a.shape, r.shape))
+            for r in self.by_kind.get((a.dtype.str, a.ndim), [])
+        )
+
     def matches(self, a: np.ndarray) -> bool:
         if a.size == 0:
             return True
@@ -208,17 +217,19 @@ def numeric_frontier(
         if dev == -1:
             continue
         compared += 1
-        if dev is not None and not flow.step(event, unmatched):
+        kind = dev is not None and (a := values(event.values[dev])) is not None and index.has_kind(a)
+        if dev is not None and kind and not flow.step(event, unmatched):
             return NumericFrontier(event, dev, compared)
     return NumericFrontier(None, compared=compared)
 
 
 class _Flow:
     """Which distributed ops use which values, to tell the value where the programs part from a
-    step of the distributed program's own: a float value that matches no reference value but whose
-    every use leads, through values that match none either, to one that matches again (`g**2` where
-    the reference computes `(c*g)*g`; a device's local max before its pmax) is a step on the way,
-    not where the values first differ. A use is found by the terms that take the value as an
+    step of the distributed program's own: a value that matches no reference value but whose every
+    use leads, through values that match none either, to one that matches again (`g**2` where the
+    reference computes `(c*g)*g`; a device's local max before its pmax; the device's index before
+    the positions it offsets) is a step on the way, not where the values first differ. An integer
+    or boolean value is a step only through arithmetic. A use is found by the terms that take the value as an
     argument and by the instructions that name it as an operand (loop iterations share names:
     more uses, so more values count as differing, never fewer)."""
 
@@ -260,8 +271,6 @@ class _Flow:
     def step(self, event: Event, unmatched) -> bool:
         """Every path of non-matching float values from `event` ends at a value that matches (bounded:
         past `STEP_SEARCH` values, or at any other value, the answer is no)."""
-        if not _floating(event):
-            return False
         stack, seen = [event], {id(event)}
         while stack:
             e = stack.pop()
@@ -274,19 +283,38 @@ class _Flow:
                 seen.add(id(use))
                 if len(seen) > STEP_SEARCH:
                     return False
+                if not _floating(e) and use.inst.opcode not in ARITHMETIC:
+                    # A wrong index or mask can select a window that matches another one by chance.
+                    return False
                 if use.inst.opcode in TRIVIAL_OPS:
                     stack.append(use)
                     continue
                 dev = unmatched(use)
                 if dev is None:
                     continue
-                if dev == -1 or not _floating(use):
+                if dev == -1:
                     return False
                 stack.append(use)
         return True
 
 
 STEP_SEARCH = 64  # values a step's search for matching uses visits
+# The uses through which an integer or boolean value can be a step (positions made from the
+# device's index and an iota): arithmetic and layout, never an op that selects with it.
+ARITHMETIC = {
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "remainder",
+    "negate",
+    "convert",
+    "broadcast",
+    "reshape",
+    "transpose",
+    "copy",
+    "bitcast",
+}
 USE_LEVELS = 3  # levels of a term that is no op's value searched for the values it uses
 
 
