@@ -199,8 +199,9 @@ def numeric_frontier(
         """The first device whose value matches no reference value; -1 for a value not compared."""
         if event.inst.opcode in TRIVIAL_OPS or not flow.compared(event):
             return -1
-        arrays = [values(t) for t in event.values]
-        if any(a is None for a in arrays):
+        evaluated = [values(t) for t in event.values]
+        arrays = [a for a in evaluated if a is not None]
+        if len(arrays) < len(evaluated):
             return -1
         for dev, (t, a) in enumerate(zip(event.values, arrays)):
             if id(t) not in verdict:
@@ -229,9 +230,9 @@ class _Flow:
     use leads, through values that match none either, to one that matches again (`g**2` where the
     reference computes `(c*g)*g`; a device's local max before its pmax; the device's index before
     the positions it offsets) is a step on the way, not where the values first differ. An integer
-    or boolean value is a step only through arithmetic. A use is found by the terms that take the value as an
-    argument and by the instructions that name it as an operand (loop iterations share names:
-    more uses, so more values count as differing, never fewer)."""
+    or boolean value is a step only through arithmetic. A use is found by the terms that take the
+    value as an argument and by the instructions that name it as an operand (loop iterations share
+    names: more uses, so more values count as differing, never fewer)."""
 
     def __init__(self, events: list[Event], routed: frozenset[int] | set[int]):
         self.routed = routed
@@ -246,14 +247,15 @@ class _Flow:
         self.users: dict[int, list[Event]] = {}  # id(event) -> the events that use its value
         for event in events:
             for name in dict.fromkeys(event.inst.operands):
-                for made in by_name.get(name, ()):
-                    self.users.setdefault(id(made), []).append(event)
+                for named in by_name.get(name, ()):
+                    self.users.setdefault(id(named), []).append(event)
             if event.inst.opcode in TRIVIAL_OPS:
                 continue
             for t in event.values:
-                inner, seen = list(t.args) if isinstance(t, Term) else [], set()
-                for level in range(USE_LEVELS):
-                    deeper = []
+                inner: list[Term] = list(t.args) if isinstance(t, Term) else []
+                seen: set[int] = set()
+                for _ in range(USE_LEVELS):
+                    deeper: list[Term] = []
                     for arg in inner:
                         if id(arg) in seen:
                             continue
