@@ -47,6 +47,15 @@ def test_a_partial_sum_matches_through_its_axis():
     assert not _partial(index, parts, 0, {"tp": [[0, 1], [2, 3]]})
 
 
+def test_a_value_of_a_kind_the_reference_never_computes_has_no_counterpart():
+    # the device's index (a scalar) differs from nothing; a row block of a mask could be a shard
+    index = index_of(np.arange(16, dtype=np.int32).reshape(4, 4), RNG.normal(size=(8,)).astype(np.float32))
+    assert not index.has_kind(np.int32(3).reshape(()))
+    assert index.has_kind(np.zeros((2, 4), np.int32))
+    assert not index.has_kind(np.zeros((3, 4), np.int32))  # 3 rows cannot tile 4
+    assert not index.has_kind(np.zeros((2, 4), np.float32))  # no float value of rank 2
+
+
 # -- the frontier on captured programs: a value computed in another form is a step, not a difference --
 
 STEPS = textwrap.dedent(
