@@ -56,7 +56,8 @@ def _inside(attempt: LoopAttempt, mesh: tuple[tuple[str, int], ...]) -> Defect:
         found = dataclasses.replace(
             found, message=found.message + " (in a loop body, checked once for every iteration of the loop)"
         )
-    return found
+    # what the step's proof accounted for are the step's terms, not the program's
+    return dataclasses.replace(found, accounted=None)
 
 
 def _position(programs: Programs, defect: Defect) -> int:
