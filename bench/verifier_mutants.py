@@ -188,10 +188,23 @@ MUTANTS: tuple[Mutant, ...] = (
     M("permute-zero-fill", "out.append(ops[0][source[d]])\n            else:\n                out.append(\n                    ev.const(",
       "out.append(ops[0][source[d]])\n            else:\n                out.append(\n                    ops[0][d] if True else ev.const(",
       "a device that no pair targets receives zeros", "model:ppermute-self-only"),
-    M("relaid-order", "if not np.array_equal(whole[tuple(slice(a, b) for a, b in box)].ravel(), local):\n            return None",
-      "pass", "a moved value is a window only where its labels read the box in order",
-      "pytest:tests/translate/test_relaid_windows.py::test_a_transposed_box_is_no_window "
+    M("relaid-order", "        if np.array_equal(block.transpose(perm).ravel(), local):\n            return tuple(perm)",
+      "        return tuple(perm)", "a moved value is a window only where its labels read the box in one dim order",
+      "pytest:tests/translate/test_relaid_windows.py::test_rows_read_in_an_order_no_transpose_gives_are_no_window "
       "tests/translate/test_relaid_windows.py::test_rows_of_two_sources_read_across_are_no_window"),
+    M("relaid-run-shape-order", " and np.array_equal(block.transpose(perm).ravel(), local):", ":",
+      "a dim order that gives the run's shape must still read the labels in order",
+      "pytest:tests/translate/test_relaid_windows.py::test_rows_read_in_an_order_no_transpose_gives_are_no_window"),
+    M("relaid-swapped-dot-perm", "tuple(perm[int(k)] for k in np.argsort(back))", "perm",
+      "a dot of a piece's operands swapped holds the piece's elements with the free dims exchanged",
+      "pytest:tests/translate/test_relaid_windows.py::test_a_dot_of_a_pieces_operands_swapped_is_the_piece_transposed"),
+    M("relaid-swapped-dot-spec", "key = (spec.text(), term.args[1], term.args[0], term.dtype)",
+      "key = (term.attrs[0], term.args[1], term.args[0], term.dtype)",
+      "only the swapped spec (contracting the same dims) makes a dot of swapped operands the piece",
+      "pytest:tests/translate/test_relaid_windows.py::test_a_dot_of_swapped_operands_contracting_other_dims_is_not_the_piece"),
+    M("relaid-transposed-piece-inverse", "np.argsort(parse_transpose(piece.attrs[0]))",
+      "parse_transpose(piece.attrs[0])", "the operand of transpose(y, p) is the piece transposed by p's inverse",
+      "pytest:tests/translate/test_relaid_windows.py::test_the_operand_of_a_transposed_piece_is_the_piece_transposed_back"),
     # -- rewrite rules -------------------------------------------------------------------------------
     M("reshape-lift-guard", "eq((a * s1) % s2).to(i64(0)),\n        eq((b * s1) % s2).to(i64(0)),\n    ).then(",
       ").then(", "a reshape of a slice is a slice only at group boundaries (either guard alone suffices on\n"

@@ -134,17 +134,18 @@ def test_a_dot_of_swapped_operands_contracting_other_dims_is_not_the_piece() -> 
 
 
 def test_the_operand_of_a_transposed_piece_is_the_piece_transposed_back() -> None:
-    # piece = transpose(y, (1, 2, 0)) (a three-cycle: its own inverse it is not); y's rows received
+    # piece = transpose(y, (1, 2, 0)): a three-cycle (its own inverse it is not) of a cube, so a
+    # wrong perm still gives the right shape; y's second rows received from both groups
     ev = Evaluator(None, TermTable(), 1)
-    whole = ev.table.make("param", (0,), (), (2, 3, 4, 2), "f32")
-    ys = [ev.table.make("param", (1 + g,), (), (2, 3, 4), "f32") for g in range(2)]
-    values = {1 + g: RNG.standard_normal((2, 3, 4)) for g in range(2)}
+    whole = ev.table.make("param", (0,), (), (2, 3, 3, 3), "f32")
+    ys = [ev.table.make("param", (1 + g,), (), (3, 3, 3), "f32") for g in range(2)]
+    values = {1 + g: RNG.standard_normal((3, 3, 3)) for g in range(2)}
     values[0] = np.stack([values[1 + g].transpose(1, 2, 0) for g in range(2)])
     for g, y in enumerate(ys):
-        piece = ev.table.make("transpose", ("1,2,0",), (y,), (3, 4, 2), "f32")
-        ev.boxes[piece] = (whole, ((g, g + 1), (0, 3), (0, 4), (0, 2)))
+        piece = ev.table.make("transpose", ("1,2,0",), (y,), (3, 3, 3), "f32")
+        ev.boxes[piece] = (whole, ((g, g + 1), (0, 3), (0, 3), (0, 3)))
     received = ev.concat([ev.slice_term(y, 0, 1, 2) for y in ys], 0)
-    term = ev.reshape_term(received, Shape("f32", (2, 1, 3, 4)))
+    term = ev.reshape_term(received, Shape("f32", (2, 1, 3, 3)))
     assert whole in set(_leaves(term))
     np.testing.assert_array_equal(evaluate(term, values), np.stack([values[1 + g][1:2] for g in range(2)]))
 
