@@ -188,8 +188,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("permute-zero-fill", "out.append(ops[0][source[d]])\n            else:\n                out.append(\n                    ev.const(",
       "out.append(ops[0][source[d]])\n            else:\n                out.append(\n                    ops[0][d] if True else ev.const(",
       "a device that no pair targets receives zeros", "model:ppermute-self-only"),
-    M("relaid-order", "        if np.array_equal(block.transpose(perm).ravel(), local):\n            return tuple(perm)",
-      "        return tuple(perm)", "a moved value is a window only where its labels read the box in one dim order",
+    M("relaid-order", "        if np.array_equal(block.transpose(placed).ravel(), local):\n            return tuple(placed)",
+      "        return tuple(placed)", "a moved value is a window only where its labels read the box in one dim order",
       "pytest:tests/translate/test_relaid_windows.py::test_rows_read_in_an_order_no_transpose_gives_are_no_window "
       "tests/translate/test_relaid_windows.py::test_rows_of_two_sources_read_across_are_no_window"),
     M("relaid-run-shape-order", " and np.array_equal(block.transpose(perm).ravel(), local):", ":",

@@ -60,7 +60,7 @@ def windows(
     if nodes is None or not any(t.op in ("transpose", "concat") for t in nodes):
         return None
     permuted = _permuted_pieces(known)
-    pieces = {t: found for t in sources if (found := _piece_of(t, known, permuted)) is not None}
+    pieces = {t: piece for t in sources if (piece := _piece_of(t, known, permuted)) is not None}
     bases = list(dict.fromkeys(known[pieces[t][0]][0] if t in pieces else t for t in sources))
     sizes = [int(np.prod(t.shape)) for t in bases]
     if not sizes or sum(sizes) > budget or 0 in out_shape:
@@ -185,9 +185,9 @@ def _reading_order(block: np.ndarray, local: np.ndarray, run: tuple[int, ...]) -
     if len(moving) > MAX_PERMUTED_RANK:
         return None
     for order in itertools.permutations(moving):
-        perm = list(range(block.ndim))
+        placed = list(range(block.ndim))
         for k, m in zip(moving, order):
-            perm[k] = m
-        if np.array_equal(block.transpose(perm).ravel(), local):
-            return tuple(perm)
+            placed[k] = m
+        if np.array_equal(block.transpose(placed).ravel(), local):
+            return tuple(placed)
     return None
