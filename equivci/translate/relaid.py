@@ -19,7 +19,7 @@ the same products, summed alike), so a device that writes `einsum("sec,sd->ecd")
 reference whose einsum put the tokens first.
 
 An all-to-all is a transpose of the (device, chunk) block grid: the run a device receives from each
-source may be a box of the bigger value read with its dims in another order (the reference
+group's piece may be a box of the bigger value read with its dims in another order (the reference
 transposes its [groups, experts, ...] value to [experts, groups, ...] where the device reshapes
 what it received). A run is then a box of transpose(value, perm), the perm found on the labels
 (identity first); nothing else is a window.
@@ -79,9 +79,12 @@ def windows(
     out = labels.reshape(out_shape)
     source_of = np.searchsorted(starts, out, side="right") - 1
     order = bases
+    # only the values group pieces are boxes of are read in another dim order (through a piece or
+    # whole): elsewhere a reshape of a transposed value keeps the form both programs write
+    reorderable = {whole for whole, _ in known.values()}
     best = None
     for dim in range(len(out_shape)):
-        found = _runs(out, source_of, dim, order, starts)
+        found = _runs(out, source_of, dim, order, starts, reorderable)
         if found is not None and (best is None or len(found) < len(best[1])):
             best = (dim, found)
     return best
@@ -143,10 +146,12 @@ def _labels(t: Term, leaf: Callable[[Term], np.ndarray]) -> np.ndarray:
     return np.take(inner, np.arange(start, stop), axis=dim)
 
 
-def _runs(out: np.ndarray, source_of: np.ndarray, dim: int, order: list[Term], starts: np.ndarray) -> list[Run] | None:
+def _runs(
+    out: np.ndarray, source_of: np.ndarray, dim: int, order: list[Term], starts: np.ndarray, reorderable: set[Term]
+) -> list[Run] | None:
     """[(source, perm, box, length)] for the runs of `out` along dim, when every slab along dim comes
-    from one source and every run of slabs from one source is one box of the source transposed by
-    perm, read in order; else None."""
+    from one source and every run of slabs from one source is one box of the source (transposed by
+    perm, for a `reorderable` source), read in order; else None."""
     ids = np.moveaxis(source_of, dim, 0).reshape(out.shape[dim], -1)
     if not np.all(ids == ids[:, :1]):
         return None
@@ -165,7 +170,11 @@ def _runs(out: np.ndarray, source_of: np.ndarray, dim: int, order: list[Term], s
             return None
         whole = np.arange(int(np.prod(source.shape))).reshape(source.shape)
         run = tuple(hi - lo if k == dim else n for k, n in enumerate(out.shape))
-        perm = _reading_order(whole[tuple(slice(a, b) for a, b in box)], local, run)
+        block = whole[tuple(slice(a, b) for a, b in box)]
+        in_order = np.array_equal(block.ravel(), local)
+        perm = _reading_order(block, local, run) if source in reorderable else None
+        if perm is None and in_order:
+            perm = tuple(range(block.ndim))
         if perm is None:
             return None
         found.append((source, perm, tuple(box[k] for k in perm), hi - lo))

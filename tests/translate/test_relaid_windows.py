@@ -79,14 +79,26 @@ def test_rows_of_two_sources_read_across_are_no_window() -> None:
 
 
 def test_rows_read_in_an_order_no_transpose_gives_are_no_window() -> None:
-    # x's rows read 0, 2, 1, 3: one box of x, but no order of x's dims reads it so
+    # a group piece's rows read 0, 2, 1, 3: one box of the whole, but no order of its dims reads it so
     ev = Evaluator(None, TermTable(), 1)
-    x = ev.table.make("param", (0,), (), (4, 4), "f32")
-    split = ev.reshape_term(x, Shape("f32", (2, 2, 4)))
+    whole = ev.table.make("param", (0,), (), (2, 4, 4), "f32")
+    piece = ev.table.make("param", (1,), (), (4, 4), "f32")
+    ev.boxes[piece] = (whole, ((1, 2), (0, 4), (0, 4)))
+    split = ev.reshape_term(piece, Shape("f32", (2, 2, 4)))
     moved = ev.table.make("transpose", ("1,0,2",), (split,), (2, 2, 4), "f32")
-    term = ev.reshape_term(moved, Shape("f32", (4, 4)))
+    term = ev.reshape_term(moved, Shape("f32", (1, 4, 4)))  # the box's own shape: every dim order is tried
     value = RNG.standard_normal((4, 4))
-    np.testing.assert_array_equal(evaluate(term, {0: value}), value[[0, 2, 1, 3]])
+    values = {0: np.stack([RNG.standard_normal((4, 4)), value]), 1: value}
+    np.testing.assert_array_equal(evaluate(term, values), value[None, [0, 2, 1, 3]])
+
+
+def test_a_transposed_read_of_a_plain_value_keeps_its_form() -> None:
+    # only group pieces' wholes are read in another dim order: a plain value's transposed reshape
+    # stays as both programs write it
+    ev = Evaluator(None, TermTable(), 1)
+    x = ev.table.make("param", (0,), (), (2, 1, 3), "f32")
+    moved = ev.table.make("transpose", ("1,2,0",), (x,), (1, 3, 2), "f32")
+    assert ev.reshape_term(moved, Shape("f32", (3, 2))).args[0] is moved
 
 
 def _dot(ev: Evaluator, a, b, lc: int, rc: int):
