@@ -21,7 +21,15 @@ from equivci.options import Budgets
 from equivci.terms import semantics
 from equivci.terms.ir import Term, TermTable, gather_map
 from equivci.terms.semantics import NP_DTYPES
-from equivci.terms.spec import BcastSpec, GatherDims, bcast_spec, parse_compare, parse_transpose, reshape_spec
+from equivci.terms.spec import (
+    BcastSpec,
+    GatherDims,
+    bcast_spec,
+    parse_compare,
+    parse_transpose,
+    reshape_spec,
+    transpose_text,
+)
 from equivci.translate import gathers, masks, relaid
 from equivci.translate.arrays import all_equal, distinct
 from equivci.translate.constants import ConstantPool, Window
@@ -403,10 +411,11 @@ class Builder:
         self._relaying = True
         try:
             parts = []
-            for source, box, length in pieces:
+            for source, perm, box, length in pieces:
                 run = list(shape.dims)
                 run[dim] = length
-                parts.append(self.reshape_term(self.slice_nd(source, box), Shape(shape.dtype, tuple(run))))
+                window = self.slice_nd(self.transpose_term(source, perm), box)
+                parts.append(self.reshape_term(window, Shape(shape.dtype, tuple(run))))
             return self.concat(parts, dim)
         finally:
             self._relaying = False
@@ -417,8 +426,25 @@ class Builder:
         found = relaid.windows(moved, moved.shape, self.budgets.layout_labels, self.boxes)
         if found is None or len(found[1]) != 1 or not any(found[1][0][0] is whole for whole, _ in self.boxes.values()):
             return None
-        ((whole, box, _),) = found[1]
-        return self.reshape_term(self.slice_nd(whole, box), Shape(moved.dtype, moved.shape))
+        ((whole, perm, box, _),) = found[1]
+        window = self.slice_nd(self.transpose_term(whole, perm), box)
+        return self.reshape_term(window, Shape(moved.dtype, moved.shape))
+
+    def transpose_term(self, x: Term, perm: tuple[int, ...]) -> Term:
+        """transpose(x, perm) (output dim o is x's dim perm[o]). A transpose of a transpose is one
+        transpose by the composed permutation: XLA fuses the pair in one program but not where a
+        sharding constraint's copy sits between them in the other, and both must meet in one form."""
+        if x.op == "transpose":
+            inner = parse_transpose(x.attrs[0])
+            x, perm = x.args[0], tuple(inner[q] for q in perm)
+        if perm == tuple(range(len(perm))):
+            return x
+        shape = Shape(x.dtype, tuple(x.shape[k] for k in perm))
+        value = self.folded(x)
+        if value is not None:
+            return self.const(value.transpose(perm), shape.dtype)
+        attrs = (transpose_text(perm),)
+        return self.factored("transpose", attrs, [x], shape) or self.mk("transpose", attrs, [x], shape)
 
     def gather_term(self, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
         aligned = gather_map(dims, len(x.shape), len(idx.shape), len(out.dims))

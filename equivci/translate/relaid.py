@@ -12,37 +12,56 @@ A source known to be one box of a bigger value (`known`: a group's piece of a va
 computes group by group, regroup.py) is labelled by that box of the bigger value's numbers, so the
 windows found are of the bigger value: the slots every group's device sends to one expert's device
 (an all-to-all after a per-group dispatch) are one window of the reference's slots of all groups.
+So is a source whose elements are a known piece's elements permuted, by two general facts: the
+operand of a transposed piece (x = transpose(transpose(x, p), p^-1)), and a dot of the piece's
+operands swapped (dot_general(a, b) = transpose(dot_general(b, a)) with the free dims exchanged:
+the same products, summed alike), so a device that writes `einsum("sec,sd->ecd")` meets a
+reference whose einsum put the tokens first.
+
+An all-to-all is a transpose of the (device, chunk) block grid: the run a device receives from each
+group's piece may be a box of the bigger value read with its dims in another order (the reference
+transposes its [groups, experts, ...] value to [experts, groups, ...] where the device reshapes
+what it received). A run is then a box of transpose(value, perm), the perm found on the labels
+(identity first); nothing else is a window.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from equivci.terms.ir import Term
-from equivci.terms.spec import parse_transpose
+from equivci.terms.spec import DotSpec, parse_transpose, swapped_dot
 
 MOVES = ("slice", "reshape", "transpose", "concat")
 MAX_NODES = 32
 MAX_RUNS = 64
+MAX_PERMUTED_RANK = 6  # 720 dim orders tried per run at most
 
 Box = tuple[tuple[int, int], ...]
+Perm = tuple[int, ...]
+# a run of the result: (source, perm, box of transpose(source, perm), run length)
+Run = tuple[Term, Perm, Box, int]
 
 
 def windows(
     operand: Term, out_shape: tuple[int, ...], budget: int, known: Mapping[Term, tuple[Term, Box]] | None = None
-) -> tuple[int, list[tuple[Term, Box, int]]] | None:
-    """(dim, [(source, box, run length)]) when reshape(operand, out_shape) is the concatenation along
-    dim of the sources' boxes (each reshaped to its run of the result), fewest runs first; None when the
-    operand is not moved by a transpose or concatenation, or is no such concatenation. `known`: sources
-    that are a box of a bigger value (read in row-major order), which is then the source."""
+) -> tuple[int, list[Run]] | None:
+    """(dim, [(source, perm, box, run length)]) when reshape(operand, out_shape) is the concatenation
+    along dim of boxes of the sources transposed by perm (each reshaped to its run of the result),
+    fewest runs first; None when the operand is not moved by a transpose or concatenation, or is no
+    such concatenation. `known`: sources that are a box of a bigger value (read in row-major order),
+    which is then the source; and sources whose elements are such a box's permuted (module docstring)."""
     known = known or {}
     sources: dict[Term, int] = {}
     nodes = _walk(operand, sources)
     if nodes is None or not any(t.op in ("transpose", "concat") for t in nodes):
         return None
-    bases = list(dict.fromkeys(known[t][0] if t in known else t for t in sources))
+    permuted = _permuted_pieces(known)
+    pieces = {t: piece for t in sources if (piece := _piece_of(t, known, permuted)) is not None}
+    bases = list(dict.fromkeys(known[pieces[t][0]][0] if t in pieces else t for t in sources))
     sizes = [int(np.prod(t.shape)) for t in bases]
     if not sizes or sum(sizes) > budget or 0 in out_shape:
         return None
@@ -50,21 +69,52 @@ def windows(
     numbers = {b: lo + np.arange(int(np.prod(b.shape))).reshape(b.shape) for b, lo in zip(bases, starts[:-1].tolist())}
 
     def leaf(t: Term) -> np.ndarray:
-        if t not in known:
+        if t not in pieces:
             return numbers[t]
-        whole, box = known[t]
-        return numbers[whole][tuple(slice(a, b) for a, b in box)].reshape(t.shape)
+        piece, perm = pieces[t]
+        whole, box = known[piece]
+        return numbers[whole][tuple(slice(a, b) for a, b in box)].reshape(piece.shape).transpose(perm)
 
     labels = _labels(operand, leaf)
     out = labels.reshape(out_shape)
     source_of = np.searchsorted(starts, out, side="right") - 1
     order = bases
+    # only the values group pieces are boxes of are read in another dim order (through a piece or
+    # whole): elsewhere a reshape of a transposed value keeps the form both programs write
+    reorderable = {whole for whole, _ in known.values()}
     best = None
     for dim in range(len(out_shape)):
-        found = _runs(out, source_of, dim, order, starts)
+        found = _runs(out, source_of, dim, order, starts, reorderable)
         if found is not None and (best is None or len(found) < len(best[1])):
             best = (dim, found)
     return best
+
+
+def _permuted_pieces(known: Mapping[Term, tuple[Term, Box]]) -> dict:
+    """Terms whose elements are a known piece's permuted, as the lookups _piece_of reads: the operand
+    of a transposed piece by identity, a dot of swapped operands by (spec, lhs, rhs, dtype); each
+    -> (piece, perm) with labels(term) = labels(piece).transpose(perm)."""
+    found: dict = {}
+    for piece in known:
+        forms: list[tuple[Term, Perm]] = [(piece, tuple(range(len(piece.shape))))]
+        if piece.op == "transpose":  # piece = transpose(x, p): x = transpose(piece, p^-1)
+            forms.append((piece.args[0], tuple(int(k) for k in np.argsort(parse_transpose(piece.attrs[0])))))
+        for term, perm in forms:
+            if term is not piece:
+                found.setdefault(term, (piece, perm))
+            if term.op == "dot":  # term = transpose(swapped, back): swapped = transpose(term, back^-1)
+                spec, back = swapped_dot(DotSpec.parse(term.attrs[0]), tuple(range(len(term.shape))))
+                key = (spec.text(), term.args[1], term.args[0], term.dtype)
+                found.setdefault(key, (piece, tuple(perm[int(k)] for k in np.argsort(back))))
+    return found
+
+
+def _piece_of(t: Term, known: Mapping[Term, tuple[Term, Box]], permuted: dict) -> tuple[Term, Perm] | None:
+    if t in known:
+        return t, tuple(range(len(t.shape)))
+    if t.op == "dot" and (found := permuted.get((t.attrs[0], t.args[0], t.args[1], t.dtype))) is not None:
+        return found
+    return permuted.get(t)
 
 
 def _walk(t: Term, sources: dict[Term, int], seen: list[Term] | None = None) -> list[Term] | None:
@@ -96,9 +146,12 @@ def _labels(t: Term, leaf: Callable[[Term], np.ndarray]) -> np.ndarray:
     return np.take(inner, np.arange(start, stop), axis=dim)
 
 
-def _runs(out: np.ndarray, source_of: np.ndarray, dim: int, order: list[Term], starts: np.ndarray):
-    """[(source, box, length)] for the runs of `out` along dim, when every slab along dim comes from one
-    source and every run of slabs from one source is one box of it in order; else None."""
+def _runs(
+    out: np.ndarray, source_of: np.ndarray, dim: int, order: list[Term], starts: np.ndarray, reorderable: set[Term]
+) -> list[Run] | None:
+    """[(source, perm, box, length)] for the runs of `out` along dim, when every slab along dim comes
+    from one source and every run of slabs from one source is one box of the source (transposed by
+    perm, for a `reorderable` source), read in order; else None."""
     ids = np.moveaxis(source_of, dim, 0).reshape(out.shape[dim], -1)
     if not np.all(ids == ids[:, :1]):
         return None
@@ -116,7 +169,34 @@ def _runs(out: np.ndarray, source_of: np.ndarray, dim: int, order: list[Term], s
         if int(np.prod([b - a for a, b in box])) != local.size:
             return None
         whole = np.arange(int(np.prod(source.shape))).reshape(source.shape)
-        if not np.array_equal(whole[tuple(slice(a, b) for a, b in box)].ravel(), local):
+        run = tuple(hi - lo if k == dim else n for k, n in enumerate(out.shape))
+        block = whole[tuple(slice(a, b) for a, b in box)]
+        in_order = np.array_equal(block.ravel(), local)
+        perm = _reading_order(block, local, run) if source in reorderable else None
+        if perm is None and in_order:
+            perm = tuple(range(block.ndim))
+        if perm is None:
             return None
-        found.append((source, box, hi - lo))
+        found.append((source, perm, tuple(box[k] for k in perm), hi - lo))
     return found
+
+
+def _reading_order(block: np.ndarray, local: np.ndarray, run: tuple[int, ...]) -> Perm | None:
+    """The perm with block.transpose(perm) read in row-major order equal to local: one that gives the
+    block the run's own shape first (the reference's transpose of the value, sliced, is then the very
+    term), else one that keeps the unit dims in place (moving them reads the same order), identity
+    first."""
+    if block.ndim == len(run) and block.ndim <= MAX_PERMUTED_RANK:
+        for perm in itertools.permutations(range(block.ndim)):
+            if tuple(block.shape[k] for k in perm) == run and np.array_equal(block.transpose(perm).ravel(), local):
+                return tuple(perm)
+    moving = [k for k in range(block.ndim) if block.shape[k] > 1]
+    if len(moving) > MAX_PERMUTED_RANK:
+        return None
+    for order in itertools.permutations(moving):
+        placed = list(range(block.ndim))
+        for k, m in zip(moving, order):
+            placed[k] = m
+        if np.array_equal(block.transpose(placed).ravel(), local):
+            return tuple(placed)
+    return None

@@ -15,7 +15,7 @@ import numpy as np
 
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
-from equivci.terms.spec import GatherDims, bcast_spec, parse_transpose, reshape_spec, transpose_text
+from equivci.terms.spec import GatherDims, bcast_spec, reshape_spec
 from equivci.translate import masks, offsets, one_hots, picks, pieces, scatter_adds
 from equivci.translate.attributes import (
     called,
@@ -75,22 +75,7 @@ def reshape(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
 
 
 def transpose(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
-    """A transpose of a transpose is one transpose by the composed permutation (output dim o is
-    the inner operand's dim p[q[o]]): XLA fuses the pair in one program but not where a sharding
-    constraint's copy sits between them in the other, and both must meet in one form."""
-    shape = inst.shape
-    perm = dims_attr(inst.attrs.get("dimensions"))
-    x = args[0]
-    if x.op == "transpose":
-        inner = parse_transpose(x.attrs[0])
-        x, perm = x.args[0], tuple(inner[q] for q in perm)
-    if perm == tuple(range(len(perm))):
-        return x
-    value = ev.folded(x)
-    if value is not None:
-        return ev.const(value.transpose(perm), shape.dtype)
-    attrs = (transpose_text(perm),)
-    return ev.factored("transpose", attrs, [x], shape) or ev.mk("transpose", attrs, [x], shape)
+    return ev.transpose_term(args[0], dims_attr(inst.attrs.get("dimensions")))
 
 
 def slice_(ev: Builder, inst: Instruction, args: list, device: int) -> Value:

@@ -18,7 +18,7 @@ VERIFIED = {
     "argsort-tokens", "sorted-moe", "ragged-moe", "sorted-top2", "sorted-ids", "sorted-ids-ends",
     "sorted-ids-starts", "topk-set-experts", "topk-add-into-ones",
     "topk-set-vmapped", "finite-guard",
-    "embed-outside", "embed-outside-not", "slots-a2a", "pick-one-hot", "accum-dp",
+    "embed-outside", "embed-outside-not", "slots-a2a", "pick-one-hot", "accum-dp", "slots-to-experts",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -32,7 +32,7 @@ MISMATCH = {
     "ragged-moe-add-into-ones", "ragged-moe-added-at-inverse", "sorted-top2-tiled-token-ids",
     "sorted-ids-ends-minus-one", "sorted-ids-from-one", "sorted-ids-starts-minus-two",
     "topk-set-repeated-slot", "topk-set-into-ones", "topk-set-experts-rotated", "select-by-not",
-    "embed-outside-drops-first", "embed-outside-and", "embed-outside-ones", "slots-a2a-swapped",
+    "embed-outside-drops-first", "embed-outside-and", "embed-outside-ones", "slots-a2a-swapped", "slots-to-experts-reshaped",
     "pick-one-hot-next", "pick-one-hot-past-end", "accum-dp-first-micro",
 }
 # buggy model -> why the oracle's random inputs do not show the difference

@@ -164,7 +164,7 @@ def test_known_boxes_label_their_sources_by_the_whole() -> None:
     both = table.make("concat", (0,), (left, right), (8, 3), "f32")
     found = relaid.windows(both, (2, 4, 3), 1000, known)
     assert found is not None
-    assert [(source, box) for source, box, _ in found[1]] == [(whole, ((0, 2), (0, 4), (0, 3)))]
+    assert [(source, perm, box) for source, perm, box, _ in found[1]] == [(whole, (0, 1, 2), ((0, 2), (0, 4), (0, 3)))]
     swapped = table.make("concat", (0,), (right, left), (8, 3), "f32")
     found = relaid.windows(swapped, (2, 4, 3), 1000, known)
     assert found is None or len(found[1]) == 2  # read in another order: two windows, never one

@@ -23,6 +23,7 @@ from equivci.hlo.ir import Shape
 from equivci.results import Status
 from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
+from equivci.terms.spec import DotSpec
 from equivci.translate.evaluator import Evaluator
 
 RNG = np.random.default_rng(0)
@@ -75,6 +76,97 @@ def test_rows_of_two_sources_read_across_are_no_window() -> None:
     assert term.op == "reshape"
     va, vb = RNG.standard_normal((2, 4)), RNG.standard_normal((2, 4))
     np.testing.assert_array_equal(evaluate(term, {0: va, 1: vb}), np.concatenate([va, vb], 1).T.reshape(4, 4))
+
+
+def test_rows_read_in_an_order_no_transpose_gives_are_no_window() -> None:
+    # a group piece's rows read 0, 2, 1, 3: one box of the whole, but no order of its dims reads it so
+    ev = Evaluator(None, TermTable(), 1)
+    whole = ev.table.make("param", (0,), (), (2, 4, 4), "f32")
+    piece = ev.table.make("param", (1,), (), (4, 4), "f32")
+    ev.boxes[piece] = (whole, ((1, 2), (0, 4), (0, 4)))
+    split = ev.reshape_term(piece, Shape("f32", (2, 2, 4)))
+    moved = ev.table.make("transpose", ("1,0,2",), (split,), (2, 2, 4), "f32")
+    term = ev.reshape_term(moved, Shape("f32", (1, 4, 4)))  # the box's own shape: every dim order is tried
+    value = RNG.standard_normal((4, 4))
+    values = {0: np.stack([RNG.standard_normal((4, 4)), value]), 1: value}
+    np.testing.assert_array_equal(evaluate(term, values), value[None, [0, 2, 1, 3]])
+
+
+def test_a_transposed_read_of_a_plain_value_keeps_its_form() -> None:
+    # only group pieces' wholes are read in another dim order: a plain value's transposed reshape
+    # stays as both programs write it
+    ev = Evaluator(None, TermTable(), 1)
+    x = ev.table.make("param", (0,), (), (2, 1, 3), "f32")
+    moved = ev.table.make("transpose", ("1,2,0",), (x,), (1, 3, 2), "f32")
+    assert ev.reshape_term(moved, Shape("f32", (3, 2))).args[0] is moved
+
+
+def _dot(ev: Evaluator, a, b, lc: int, rc: int):
+    spec = DotSpec((), (), (lc,), (rc,), 2, 2, ("f32", "f32"))
+    shape = (a.shape[1 - lc], b.shape[1 - rc])
+    return ev.table.make("dot", (spec.text(),), (a, b), shape, "f32")
+
+
+def _group_products(groups: int):
+    """Pieces a_g @ b_g of a whole W [g, 3, 3] (what regroup.py records), and values where W[g] is
+    that product."""
+    ev = Evaluator(None, TermTable(), 1)
+    whole = ev.table.make("param", (0,), (), (groups, 3, 3), "f32")
+    a = [ev.table.make("param", (1 + 2 * g,), (), (3, 3), "f32") for g in range(groups)]
+    b = [ev.table.make("param", (2 + 2 * g,), (), (3, 3), "f32") for g in range(groups)]
+    values = {1 + 2 * g: RNG.standard_normal((3, 3)) for g in range(groups)}
+    values |= {2 + 2 * g: RNG.standard_normal((3, 3)) for g in range(groups)}
+    values[0] = np.stack([values[1 + 2 * g] @ values[2 + 2 * g] for g in range(groups)])
+    for g in range(groups):
+        ev.boxes[_dot(ev, a[g], b[g], 1, 0)] = (whole, ((g, g + 1), (0, 3), (0, 3)))
+    return ev, whole, a, b, values
+
+
+def test_a_dot_of_a_pieces_operands_swapped_is_the_piece_transposed() -> None:
+    """dot(b, a) contracting b's columns with a's rows is (a @ b).T: rows 1:3 of it on every group,
+    received side by side, are a window of transpose(W) (the run read in another dim order)."""
+    ev, whole, a, b, values = _group_products(2)
+    swapped = [_dot(ev, b[g], a[g], 0, 1) for g in range(2)]
+    received = ev.concat([ev.slice_term(s, 0, 1, 3) for s in swapped], 0)
+    term = ev.reshape_term(received, Shape("f32", (2, 2, 3)))
+    assert {t for t in _leaves(term)} == {whole}
+    expected = np.stack([(values[1 + 2 * g] @ values[2 + 2 * g]).T[1:3] for g in range(2)])
+    np.testing.assert_allclose(evaluate(term, values), expected, rtol=1e-12)
+
+
+def test_a_dot_of_swapped_operands_contracting_other_dims_is_not_the_piece() -> None:
+    # dot(b, a) contracting b's rows with a's columns is b @ a, not (a @ b).T
+    ev, whole, a, b, values = _group_products(2)
+    other = [_dot(ev, b[g], a[g], 1, 0) for g in range(2)]
+    received = ev.concat([ev.slice_term(s, 0, 1, 3) for s in other], 0)
+    term = ev.reshape_term(received, Shape("f32", (2, 2, 3)))
+    assert whole not in set(_leaves(term))
+    expected = np.stack([(values[2 + 2 * g] @ values[1 + 2 * g])[1:3] for g in range(2)])
+    np.testing.assert_allclose(evaluate(term, values), expected, rtol=1e-12)
+
+
+def test_the_operand_of_a_transposed_piece_is_the_piece_transposed_back() -> None:
+    # piece = transpose(y, (1, 2, 0)): a three-cycle (its own inverse it is not) of a cube, so a
+    # wrong perm still gives the right shape; y's second rows received from both groups
+    ev = Evaluator(None, TermTable(), 1)
+    whole = ev.table.make("param", (0,), (), (2, 3, 3, 3), "f32")
+    ys = [ev.table.make("param", (1 + g,), (), (3, 3, 3), "f32") for g in range(2)]
+    values = {1 + g: RNG.standard_normal((3, 3, 3)) for g in range(2)}
+    values[0] = np.stack([values[1 + g].transpose(1, 2, 0) for g in range(2)])
+    for g, y in enumerate(ys):
+        piece = ev.table.make("transpose", ("1,2,0",), (y,), (3, 3, 3), "f32")
+        ev.boxes[piece] = (whole, ((g, g + 1), (0, 3), (0, 3), (0, 3)))
+    received = ev.concat([ev.slice_term(y, 0, 1, 2) for y in ys], 0)
+    term = ev.reshape_term(received, Shape("f32", (2, 1, 3, 3)))
+    assert whole in set(_leaves(term))
+    np.testing.assert_array_equal(evaluate(term, values), np.stack([values[1 + g][1:2] for g in range(2)]))
+
+
+def _leaves(t):
+    if not t.args:
+        yield t
+    for arg in t.args:
+        yield from _leaves(arg)
 
 
 MODELS = textwrap.dedent(

@@ -1031,6 +1031,33 @@ def slots_exchanged(x, w, *, mesh):
 def slots_exchanged_swapped(x, w, *, mesh):  # each device gets the other device's experts
     return _slots_exchanged(x, w, mesh, lambda s: jnp.concatenate([s[SLOT_E // 2 :], s[: SLOT_E // 2]]))
 
+
+def slots_by_expert(x, w):  # [E, G, D]: the reference's slots, expert-major
+    return slots_by_group(x, w).transpose(1, 0, 2)
+
+
+def _slots_to_experts(x, w, mesh, arrange):
+    """Each device writes its group's slots as a transposed einsum, receives its experts' slots of
+    every group [G, E/n, D] and arranges them expert-major (translate/relaid.py: a run read in
+    another dim order, a dot of a piece's operands swapped)."""
+    n = mesh.shape["ep"]
+
+    def body(xg, w):
+        probs = jax.nn.softmax(xg @ w, axis=-1)
+        mine = jnp.einsum("td,te->de", xg, probs * (probs >= probs.max(-1, keepdims=True))).T
+        got = lax.all_to_all(mine.reshape(n, SLOT_E // n, SLOT_D), "ep", split_axis=0, concat_axis=0, tiled=True)
+        return arrange(got)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P("ep"), P()), out_specs=P("ep"))(x, w)
+
+
+def slots_to_experts(x, w, *, mesh):
+    return _slots_to_experts(x, w, mesh, lambda got: got.swapaxes(0, 1))
+
+
+def slots_to_experts_reshaped(x, w, *, mesh):  # a reshape where the axes must be swapped
+    return _slots_to_experts(x, w, mesh, lambda got: got.reshape(got.shape[1], got.shape[0], SLOT_D))
+
 # --- a gather of one element per row as the sum against a one-hot (equivci/translate/picks.py) ----
 def pick_inputs():
     return (spec(V, V), spec(V, dtype=jnp.int32))
