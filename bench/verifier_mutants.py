@@ -394,6 +394,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "ev._set_bounds(term, ra[0] - rb[0], ra[1] - rb[1])",
       "the difference of two intervals runs from lo_a - hi_b to hi_a - lo_b",
       "pytest:tests/translate/test_offset_windows.py::test_affine_bounds_hold_every_result[subtract]"),
+    # -- lookups at ids - lo by a gather that clamps its own index (translate/masks.py) ---------------
+    M("take-clip-not-a-lookup", "    return Window(ids, shift, shift + size).clipped(ev.bounds_of(ids)), shift\n",
+      "    return None\n",
+      "a gather at ids - c of the shard's rows, masked to the shard's ids, is the full table's lookup there",
+      "model:embed-take-clip"),
     # -- constants known as windows of several tables (translate/constants.py) ------------------------
     M("constant-window-other-source-unchecked",
       "if np.array_equal(window.reshape(view.shape), view, equal_nan=True):",
