@@ -132,16 +132,31 @@ class Builder:
             return base
         if base.dtype not in SCALABLE:
             return None
-        scalar: np.ndarray = np.asarray(float(factor), dtype=NP_DTYPES[base.dtype])
-        if Fraction(float(scalar)) != factor:
+        splat = self.splat(factor, Shape(base.dtype, base.shape))
+        if splat is None:
             return None
-        return self.table.make(
-            "binary",
-            ("multiply",),
-            (base, self.const(np.broadcast_to(scalar, base.shape), base.dtype)),
-            base.shape,
-            base.dtype,
-        )
+        return self.table.make("binary", ("multiply",), (base, splat), base.shape, base.dtype)
+
+    def divided(self, base: Term, ratio: Fraction, shape: Shape) -> Term | None:
+        """ratio * base where the ratio is no number of the dtype (1/3, 1/6): (a * base) / b with b the
+        odd part of its denominator, one form however the program wrote it ((0.5 * x) / 3 and x / 6,
+        (0.2 * x) / 6 and (0.1 * x) / 3: a mean gradient's scale, then a division by the count of
+        microbatches, or once by the count of microbatches and devices); None when a or b is no
+        number of the dtype either."""
+        odd = ratio.denominator // (ratio.denominator & -ratio.denominator)
+        numerator, divisor = self.scaled(base, ratio * odd), self.splat(Fraction(odd), shape)
+        if odd == 1 or numerator is None or divisor is None:
+            return None
+        return self.mk("binary", ("divide",), [numerator, divisor], shape)
+
+    def splat(self, value: Fraction, shape: Shape) -> Term | None:
+        """The constant `value` at every element of `shape`; None when it is not exactly a number of
+        the dtype."""
+        with np.errstate(over="ignore"):
+            scalar: np.ndarray = np.asarray(float(value), dtype=NP_DTYPES[shape.dtype])
+        if not np.isfinite(scalar) or Fraction(float(scalar)) != value:
+            return None
+        return self.const(np.broadcast_to(scalar, shape.dims), shape.dtype)
 
     def factored(self, kind: str, attrs: tuple, args: list[Term], shape: Shape) -> Term | None:
         """The op with its operands' constant factors pulled in front, if any (else None)."""
@@ -164,7 +179,7 @@ class Builder:
         if op == "divide":
             value = self.uniform(args[1])
             if value:
-                return self.scaled(bases[0], factors[0] / value)
+                return self.scaled(bases[0], factors[0] / value) or self.divided(bases[0], factors[0] / value, shape)
             numerator = self.uniform(args[0])
             if numerator and (numerator != 1 or factors[1] != 1):  # c / (f * x) = (c / f) * (1 / x)
                 one = self.const(np.ones(shape.dims, NP_DTYPES[shape.dtype]), shape.dtype)
