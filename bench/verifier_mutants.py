@@ -412,6 +412,22 @@ MUTANTS: tuple[Mutant, ...] = (
       "ev._set_bounds(term, ra[0] - rb[0], ra[1] - rb[1])",
       "the difference of two intervals runs from lo_a - hi_b to hi_a - lo_b",
       "pytest:tests/translate/test_offset_windows.py::test_affine_bounds_hold_every_result[subtract]"),
+    # -- lookups at ids - lo by a gather that clamps its own index (translate/masks.py) ---------------
+    M("take-clip-not-a-lookup", "    return Window(ids, shift, shift + size).clipped(ev.bounds_of(ids)), shift\n",
+      "    return None\n",
+      "a gather at ids - c of the shard's rows, masked to the shard's ids, is the full table's lookup there",
+      "model:embed-take-clip"),
+    # -- constants known as windows of several tables (translate/constants.py) ------------------------
+    M("constant-window-other-source-unchecked",
+      "if np.array_equal(window.reshape(view.shape), view, equal_nan=True):",
+      "if new_source or np.array_equal(window.reshape(view.shape), view, equal_nan=True):",
+      "a window of a further table is stated equal only where its elements are the constant's",
+      "pytest:tests/translate/test_constant_windows.py::test_near_miss_rows_one_table_holds_are_no_window_of_the_other"),
+    # -- a division by a count in one normal form (translate/builder.py) ------------------------------
+    M("divided-odd-part", "numerator, divisor = self.scaled(base, ratio * odd), self.splat(Fraction(odd), shape)",
+      "numerator, divisor = self.scaled(base, ratio * odd), self.splat(Fraction(odd + 2), shape)",
+      "(f * x) / c is (a * x) / b only with a / b = f / c",
+      "pytest:tests/translate/test_evaluator.py::test_a_division_by_a_count_has_one_form_however_it_is_written"),
     # -- complex values as pairs of real ones (translate/complex_pairs.py) ----------------------------
     M("complex-product-sign", "[(1, f(a, c)), (-1, f(b, d))]", "[(1, f(a, c)), (1, f(b, d))]",
       "the real part of (a + bi)(c + di) is ac - bd",

@@ -82,7 +82,7 @@ class Builder:
                 return scalar
             term = self.table.make("bcast", (bcast_spec(0, value.shape, ()),), (scalar,), value.shape, dtype)
         elif (term := self.constants.seen(value, dtype)) is None:
-            windows = self.constants.windows(value, dtype)
+            windows = self.constants.windows(value, dtype, self.budgets.constant_sources)
             if windows:
                 # Device-local tables (RoPE angles at a shard's positions, a mask's rows) are windows
                 # of the reference's tables; saying so relates them. One that repeats along the dim
@@ -99,8 +99,13 @@ class Builder:
         return term
 
     def window_term(self, window: Window, shape: tuple[int, ...], dtype: str) -> Term:
-        """The term of a constant pool window, laid out as `shape` (which differs in unit dims only)."""
-        term = self.slice_term(window.source, window.dim, window.start, window.start + window.width)
+        """The term of a constant pool window, laid out as `shape` (which differs in unit dims only):
+        a slice of that very source (slice_term would move it to the oldest constant holding it, and
+        windows of several sources are stated equal to relate those sources)."""
+        source, stop = window.source, window.start + window.width
+        dims = tuple(window.width if k == window.dim else n for k, n in enumerate(source.shape))
+        term = self.table.make("slice", (window.dim, window.start, stop), (source,), dims, dtype)
+        self.values[term] = np.take(self.values[source], range(window.start, stop), axis=window.dim)
         return self.reshape_term(term, Shape(dtype, shape)) if window.reshaped else term
 
     def folded(self, term: Term) -> np.ndarray | None:
@@ -135,16 +140,31 @@ class Builder:
             return base
         if base.dtype not in SCALABLE:
             return None
-        scalar: np.ndarray = np.asarray(float(factor), dtype=NP_DTYPES[base.dtype])
-        if Fraction(float(scalar)) != factor:
+        splat = self.splat(factor, Shape(base.dtype, base.shape))
+        if splat is None:
             return None
-        return self.table.make(
-            "binary",
-            ("multiply",),
-            (base, self.const(np.broadcast_to(scalar, base.shape), base.dtype)),
-            base.shape,
-            base.dtype,
-        )
+        return self.table.make("binary", ("multiply",), (base, splat), base.shape, base.dtype)
+
+    def divided(self, base: Term, ratio: Fraction, shape: Shape) -> Term | None:
+        """ratio * base where the ratio is no number of the dtype (1/3, 1/6): (a * base) / b with b the
+        odd part of its denominator, one form however the program wrote it ((0.5 * x) / 3 and x / 6,
+        (0.2 * x) / 6 and (0.1 * x) / 3: a mean gradient's scale, then a division by the count of
+        microbatches, or once by the count of microbatches and devices); None when a or b is no
+        number of the dtype either."""
+        odd = ratio.denominator // (ratio.denominator & -ratio.denominator)
+        numerator, divisor = self.scaled(base, ratio * odd), self.splat(Fraction(odd), shape)
+        if odd == 1 or numerator is None or divisor is None:
+            return None
+        return self.mk("binary", ("divide",), [numerator, divisor], shape)
+
+    def splat(self, value: Fraction, shape: Shape) -> Term | None:
+        """The constant `value` at every element of `shape`; None when it is not exactly a number of
+        the dtype."""
+        with np.errstate(over="ignore"):
+            scalar: np.ndarray = np.asarray(float(value), dtype=NP_DTYPES[shape.dtype])
+        if not np.isfinite(scalar) or Fraction(float(scalar)) != value:
+            return None
+        return self.const(np.broadcast_to(scalar, shape.dims), shape.dtype)
 
     def factored(self, kind: str, attrs: tuple, args: list[Term], shape: Shape) -> Term | None:
         """The op with its operands' constant factors pulled in front, if any (else None)."""
@@ -167,7 +187,7 @@ class Builder:
         if op == "divide":
             value = self.uniform(args[1])
             if value:
-                return self.scaled(bases[0], factors[0] / value)
+                return self.scaled(bases[0], factors[0] / value) or self.divided(bases[0], factors[0] / value, shape)
             numerator = self.uniform(args[0])
             if numerator and (numerator != 1 or factors[1] != 1):  # c / (f * x) = (c / f) * (1 / x)
                 one = self.const(np.ones(shape.dims, NP_DTYPES[shape.dtype]), shape.dtype)

@@ -233,8 +233,9 @@ def laid_out_window(ev: Evaluator, m: Term, outside: bool = False) -> tuple[Wind
 
 def masked_lookup(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shape) -> MaskedRows | None:
     """A gather from the window [s, e) of T along its one indexed dim (a slice of T, or a value made
-    from one by ops the window passes through), at where(mask, ids - s, z) or a clamp of ids - s
-    (reshaped): T[ids] wherever the mask holds (the clamp leaves ids - s as it is)."""
+    from one by ops the window passes through), at where(mask, ids - s, z), a clamp of ids - s or
+    ids - s itself (reshaped): T[ids] wherever the mask holds (the clamp, and the gather's own clamp
+    of its index into [0, e - s - 1], leave ids - s as it is where ids lie in [s, e))."""
     lifted = windows.window_form(ev, x)
     if (
         lifted is None
@@ -248,7 +249,7 @@ def masked_lookup(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shap
     chosen = idx
     while chosen.op == "reshape":
         chosen = chosen.args[0]
-    found = index_window(ev, chosen)
+    found = index_window(ev, chosen, e - s)
     if found is None:
         return None
     w, shift = found
@@ -262,10 +263,12 @@ def masked_lookup(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shap
     return MaskedRows(full, w, labels)
 
 
-def index_window(ev: Evaluator, chosen: Term) -> tuple[Window, int] | None:
-    """(w, c) such that `chosen` = ids - c wherever the ids lie in w: where(ids in w, ids - c, z),
-    where(ids outside w, z, ids - c), or a clamp of ids - c to [lo, hi] with w = [lo + c, hi + c]
-    (there it leaves ids - c as it is)."""
+def index_window(ev: Evaluator, chosen: Term, size: int) -> tuple[Window, int] | None:
+    """(w, c) such that a gather along a dim of `size` elements at `chosen` reads element ids - c
+    wherever the ids lie in w: where(ids in w, ids - c, z), where(ids outside w, z, ids - c), a
+    clamp of ids - c to [lo, hi] with w = [lo + c, hi + c] (there it leaves ids - c as it is), or
+    ids - c itself (c may be 0) with w = [c, c + size) (the gather clamps its index into [0, size - 1], which
+    leaves ids - c as it is there: `jnp.take(rows, ids - first, mode="clip")`)."""
     if chosen.op == "ternary" and chosen.attrs == ("select",):
         p, a, b = chosen.args
         for kept, outside in ((a, False), (b, True)):
@@ -281,7 +284,8 @@ def index_window(ev: Evaluator, chosen: Term) -> tuple[Window, int] | None:
         lo, a, hi = clamped
         ids, shift = _split_offset(ev, a)
         return Window(ids, lo + shift, hi + shift + 1).clipped(ev.bounds_of(ids)), shift
-    return None
+    ids, shift = _split_offset(ev, chosen)  # (chosen, 0) when it is no offset: the first shard's ids
+    return Window(ids, shift, shift + size).clipped(ev.bounds_of(ids)), shift
 
 
 def clamp_form(ev: Evaluator, t: Term) -> tuple[int, Term, int] | None:

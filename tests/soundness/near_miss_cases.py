@@ -19,6 +19,7 @@ VERIFIED = {
     "sorted-ids-starts", "topk-set-experts", "topk-add-into-ones",
     "topk-set-vmapped", "finite-guard",
     "embed-outside", "embed-outside-not", "slots-a2a", "pick-one-hot", "accum-dp", "slots-to-experts",
+    "embed-take-clip",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -33,7 +34,8 @@ MISMATCH = {
     "sorted-ids-ends-minus-one", "sorted-ids-from-one", "sorted-ids-starts-minus-two",
     "topk-set-repeated-slot", "topk-set-into-ones", "topk-set-experts-rotated", "select-by-not",
     "embed-outside-drops-first", "embed-outside-and", "embed-outside-ones", "slots-a2a-swapped", "slots-to-experts-reshaped",
-    "pick-one-hot-next", "pick-one-hot-past-end", "accum-dp-first-micro",
+    "pick-one-hot-next", "pick-one-hot-past-end", "accum-dp-first-micro", "embed-take-clip-next",
+    "embed-take-clip-uneven",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {

@@ -364,6 +364,30 @@ def test_factors_are_only_pulled_out_where_that_is_exact_and_linear():
     assert ev.factored("binary", ("divide",), [y, half], s46) is None
 
 
+
+def test_a_division_by_a_count_has_one_form_however_it_is_written():
+    """(f * x) / c is (a * x) / b with b the odd part of f / c's denominator: (0.5 * x) / 3 and x / 6
+    meet, so do (0.2 * x) / 6 and (0.1 * x) / 3 (float32's 0.2 is twice its 0.1); each equals the
+    division as written over the reals (checked in float64). Near miss: x / 3 and (0.5 * x) / 3
+    differ."""
+    from equivci.terms.semantics import evaluate
+
+    ev, Shape, x, y, w, c = _scale_setup()
+    s46 = Shape("f32", (4, 6))
+    divide = lambda a, k: ev.normal("binary", ("divide",), [a, c(k)], s46)  # noqa: E731
+    tenth, fifth = (ev.fold_or("binary", ("multiply",), [x, c(v)], s46, None) for v in (0.1, 0.2))
+    assert divide(ev.scaled(x, Fraction(1, 2)), 3.0) is divide(x, 6.0)
+    assert divide(fifth, 6.0) is divide(tenth, 3.0)
+    assert divide(x, 3.0) is not divide(ev.scaled(x, Fraction(1, 2)), 3.0)
+    params = {0: np.random.default_rng(1).standard_normal((4, 6))}
+    for f, k in ((Fraction(1, 2), 3.0), (Fraction(1), 6.0), (Fraction(float(np.float32(0.2))), 6.0)):
+        written = ev.mk("binary", ("divide",), (ev.scaled(x, f), c(k)), s46)
+        np.testing.assert_allclose(evaluate(divide(ev.scaled(x, f), k), params, ev.values),
+                                   evaluate(written, params, ev.values), rtol=1e-6)
+    assert divide(x, float(3 << 25)).args[1] is c(3.0)  # a large count: its odd part divides
+    assert divide(x, 7.0) is ev.mk("binary", ("divide",), (x, c(7.0)), s46)  # an odd count: as written
+    assert divide(ev.scaled(x, Fraction(3)), 6.0) is ev.scaled(x, Fraction(1, 2))  # an exact ratio: a factor
+
 def test_elided_constants_are_never_one_term():
     """XLA's dumps print large constants as `constant({...})`: two different tables must not meet."""
     from equivci.terms.ir import TermTable

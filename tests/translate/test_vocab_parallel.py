@@ -419,7 +419,7 @@ def test_a_clipped_index_is_a_window_of_the_ids_it_can_hold():
     other = ev.table.make("param", (1,), (), (6,), "s32")
     for x, hi in ((ids, 8), (other, 14)):
         local = ev.normal("binary", ("subtract",), [x, c(4)], s)
-        found = index_window(ev, ev.normal("ternary", ("clamp",), [c(0), local, c(9)], s))
+        found = index_window(ev, ev.normal("ternary", ("clamp",), [c(0), local, c(9)], s), 8)
         assert found is not None
         w, shift = found
         assert (w.x, w.lo, w.hi, shift) == (x, 4, hi, 4)
@@ -428,6 +428,32 @@ def test_a_clipped_index_is_a_window_of_the_ids_it_can_hold():
         lo, top = ev.bounds_of(x) or (-np.inf, np.inf)
         np.testing.assert_array_equal((w.lo <= values) & (values < w.hi), kept & (lo <= values) & (values <= top))
 
+
+
+def test_a_bare_offset_index_is_a_window_of_the_ids_the_gather_does_not_clamp():
+    """A gather of a shard's 4 rows at ids - 4 itself (`jnp.take(rows, ids - first, mode="clip")`:
+    HLO's gather clamps the index into [0, 3]) reads row ids - 4 for ids in [4, 8) and a clamped row
+    elsewhere: checked against XLA's gather for every id; ids - 0 (the first shard) is the window
+    [0, 4)."""
+    import jax.numpy as jnp
+
+    from equivci.translate.masks import index_window
+
+    ev = Evaluator(None, TermTable(), 1)
+    s = Shape("s32", (6,))
+    ids = ev.table.make("param", (0,), (), (6,), "s32")
+    ev.bounds[ids] = (0.0, 15.0)
+    table = np.arange(16 * 3, dtype=np.float32).reshape(16, 3)
+    for first in (4, 0):
+        local = ev.normal("binary", ("subtract",), [ids, ev.const(np.full((6,), first, np.int32), "s32")], s)
+        found = index_window(ev, local, 4)
+        assert found is not None
+        w, shift = found
+        assert (w.x, w.lo, w.hi, shift) == (ids, first, first + 4, first)
+        values = np.arange(16, dtype=np.int32)
+        taken = np.asarray(jnp.take(jnp.asarray(table[first : first + 4]), jnp.asarray(values - first), axis=0, mode="clip"))
+        reads_own_row = np.all(taken == table[values], axis=1)
+        np.testing.assert_array_equal((w.lo <= values) & (values < w.hi), reads_own_row)
 
 def test_ids_used_by_several_lookups_are_valid_for_the_smallest_table():
     """An id input that indexes tables of 8 and of 7 rows is taken to be in [0, 6], whichever

@@ -742,6 +742,39 @@ def embed_clipped_short(table, ids, *, mesh):
 
 
 
+# --- lookups at ids - lo by a gather that clamps its own index (jnp.take(mode="clip")) -----------
+def _take_clip(table, ids, mesh, first=lambda lo, n: lo, end=lambda lo, n: lo + n, row=0):
+    """Each shard takes rows at `ids - lo + row` (the gather clamps the index into its rows) and
+    keeps those of the ids in [first, end) (on its local ids)."""
+
+    def body(table, ids):
+        n = table.shape[0]
+        lo = lax.axis_index(TP) * n
+        local = ids - lo
+        rows = jnp.take(table, local + row, axis=0, mode="clip")
+        mine = (local >= first(lo, n) - lo) & (local < end(lo, n) - lo)
+        return lax.psum(jnp.where(mine[..., None], rows, 0.0), TP)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P()), out_specs=P())(table, ids)
+
+
+def embed_take_clip(table, ids, *, mesh):
+    return _take_clip(table, ids, mesh)
+
+
+def embed_take_clip_next(table, ids, *, mesh):
+    # BUG: every id reads the row after its own
+    return _take_clip(table, ids, mesh, row=1)
+
+
+def embed_take_clip_uneven(table, ids, *, mesh):
+    # BUG: the windows tile the ids, but shard 0 claims one id past its rows: the gather clamps id n
+    # to shard 0's last row (and shard 1 starts one id late)
+    n = V // 2
+    return _take_clip(table, ids, mesh, first=lambda lo, n_: jnp.where(lo == 0, 0, lo + 1),
+                      end=lambda lo, n_: jnp.where(lo == 0, n + 1, lo + n_))
+
+
 # --- lookups masked by the complement of their window: where(outside, 0, rows) (De Morgan) -------
 def _outside(table, ids, mesh, outside_of, fill=0.0):
     """Each shard zeroes the rows of ids outside its window; `outside_of(ids, lo, n)` tests them."""
