@@ -37,6 +37,8 @@ def is_identity(reducer: str, value: np.ndarray) -> bool:
         return {"and": v is True, "or": v is False}.get(reducer, False)
     if reducer in ("and", "or"):
         return False
+    lowest: float
+    highest: float
     if np.issubdtype(dtype, np.integer):
         info = np.iinfo(dtype)
         lowest, highest = int(info.min), int(info.max)
