@@ -132,7 +132,7 @@ def _defect_findings(
     if more:
         message += _more_layers(more)
     numeric = frontier.event if frontier is not None else None
-    if numeric is not None and _before(numeric.inst, defect, events) and not _unaccounted(numeric, defect):
+    if numeric is not None and _before(numeric.inst, defect, events):
         # The proof related (or deferred, as a routed or scaled value) what numerics cannot
         # match to a single reference value: the proof's order stands.
         numeric = None
@@ -388,17 +388,6 @@ def _before(numeric: Instruction, defect: Defect, events: list[Event]) -> bool:
     position = {id(e.inst): k for k, e in enumerate(events)}
     stop = position.get(id(defect.frontier or defect.inst))
     return stop is None or position.get(id(numeric), stop) < stop
-
-
-def _unaccounted(numeric: Event, defect: Defect) -> bool:
-    """The proof passed the numeric frontier's value by without an account of it (it is related only
-    as a constant: a mask or positions computed from iotas and the device's index), and the user
-    wrote it (an op the compiler made is no line to change)."""
-    return (
-        defect.accounted is not None
-        and tuple(id(t) for t in numeric.values) not in defect.accounted
-        and innermost(numeric.inst) is not None
-    )
 
 
 def _agrees(defect: Defect, numeric: Instruction) -> bool:

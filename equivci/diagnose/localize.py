@@ -48,10 +48,6 @@ class Defect:
     frontier: Instruction | None = None  # the first unrelated op, which led to `inst`
     constants: tuple[float, float] | None = None  # (distributed, reference) when a differing constant is the defect
     alternative: tuple[Instruction, str] | None = None  # an equally supported place, and what to say there
-    # The values (each device's term ids) the proof gave an account of before it stopped: related to
-    # the reference other than as a constant, partial sums, multiples of one, or absorbed (None: the
-    # defect does not come from that search).
-    accounted: frozenset[tuple[int, ...]] | None = None
 
 
 def _terms(event: Event) -> list[Term] | None:
@@ -567,7 +563,6 @@ def first_defect(
         return any((t := _terms(u)) is not None and settle(u, t) == "related" for u in uses[:MAX_USES_SETTLED])
 
     settled: dict[tuple[int, ...], str] = {}
-    input_free: dict[tuple[int, ...], bool] = {}  # related only as a constant: no account of it
 
     def settle(event: Event, terms: list[Term]) -> str:
         """related, partial (its sum over `partial_axis` is related), scaled (a multiple of a related
@@ -575,7 +570,6 @@ def first_defect(
         key = _key(terms)
         if key in settled:
             return settled[key]
-        input_free[key] = all(t in constants for t in terms)
         if event.inst.opcode in LAYOUT_OPS and _all_routed(event, by_name, routed):
             routed.update(id(t) for t in terms)  # the same routed rows (or mask entries), laid out anew
             settled[key] = "related"
@@ -682,55 +676,46 @@ def first_defect(
         )
 
     add_terms(proof, _unloaded(events, loader.exprs, constants))
-
-    def search() -> Defect | None:
-        first_scaled: tuple[Event, list[Term]] | None = None
-        for event in events:
-            terms = _terms(event)
-            if terms is None or _key(terms) in defined:
+    first_scaled: tuple[Event, list[Term]] | None = None
+    for event in events:
+        terms = _terms(event)
+        if terms is None or _key(terms) in defined:
+            continue
+        defined[_key(terms)] = event
+        if event.inst.opcode in TRIVIAL_OPS or terms[0] not in loader.exprs:
+            continue
+        outcome = settle(event, terms)
+        if outcome == "related":
+            continue
+        output = _is_output(terms, output_terms)
+        if outcome == "partial":
+            if output:
+                return Defect(
+                    event.inst,
+                    f"this value is a partial sum over mesh axis '{partial_axis[_key(terms)]}' but it is "
+                    "returned as the full value: a psum (all-reduce) over that axis is missing",
+                )
+            continue
+        if outcome == "scaled":
+            first_scaled = first_scaled or (event, terms)
+            if not output:
                 continue
-            defined[_key(terms)] = event
-            if event.inst.opcode in TRIVIAL_OPS or terms[0] not in loader.exprs:
-                continue
-            outcome = settle(event, terms)
-            if outcome == "related":
-                continue
-            output = _is_output(terms, output_terms)
-            if outcome == "partial":
-                if output:
-                    return Defect(
-                        event.inst,
-                        f"this value is a partial sum over mesh axis '{partial_axis[_key(terms)]}' but it is "
-                        "returned as the full value: a psum (all-reduce) over that axis is missing",
-                    )
-                continue
-            if outcome == "scaled":
-                first_scaled = first_scaled or (event, terms)
-                if not output:
-                    continue
-            elif not output and (absorbed(event) is True or (absorbed(event) is None and made_of_absorbed(event))):
-                # Every use of it is related again (a fused projection read in windows, a microbatch's
-                # share of a sum): a step of the distributed program's own, not where the programs part.
-                status[_key(terms)] = "absorbed"
-                continue
-            # A multiple that never turns back into the reference value: the sum that made it, or else
-            # the first deferred op, as the plain rules would have said.
-            found = scaled_sum(event) or scaled_reduction_after(event)
-            if found is not None:
-                return found
-            return explain(*(first_scaled or (event, terms)))
-        if first_scaled:
-            return explain(*first_scaled)
-        # Every value is related, yet an output is not its part of the reference: values may have
-        # been sent to the wrong devices.
-        return wrong_permutation(events, proof, evaluator, None)
-
-    found = search()
-    if found is None:
-        return None
-    accounted = {k for k, how in settled.items() if how != "unrelated" and not input_free[k]}
-    accounted |= {k for k, how in status.items() if how == "absorbed"}
-    return dataclasses.replace(found, accounted=frozenset(accounted))
+        elif not output and (absorbed(event) is True or (absorbed(event) is None and made_of_absorbed(event))):
+            # Every use of it is related again (a fused projection read in windows, a microbatch's
+            # share of a sum): a step of the distributed program's own, not where the programs part.
+            status[_key(terms)] = "absorbed"
+            continue
+        # A multiple that never turns back into the reference value: the sum that made it, or else
+        # the first deferred op, as the plain rules would have said.
+        found = scaled_sum(event) or scaled_reduction_after(event)
+        if found is not None:
+            return found
+        return explain(*(first_scaled or (event, terms)))
+    if first_scaled:
+        return explain(*first_scaled)
+    # Every value is related, yet an output is not its part of the reference: values may have
+    # been sent to the wrong devices.
+    return wrong_permutation(events, proof, evaluator, None)
 
 
 def unfinished_output(

@@ -56,8 +56,7 @@ def _inside(attempt: LoopAttempt, mesh: tuple[tuple[str, int], ...]) -> Defect:
         found = dataclasses.replace(
             found, message=found.message + " (in a loop body, checked once for every iteration of the loop)"
         )
-    # what the step's proof accounted for are the step's terms, not the program's
-    return dataclasses.replace(found, accounted=None)
+    return found
 
 
 def _position(programs: Programs, defect: Defect) -> int:

@@ -1,11 +1,6 @@
-"""Where the numeric frontier and the missing-work finder lead the findings.
-
-- A mask made from iotas and the device's index is related to the reference only as a constant
-  (every device's mask is one), so the proof passes it by and stops at the op that uses it; the
-  numeric frontier, at the mask, is the line to change.
-- Work the reference applies to a value (a residual add) that another use of the same value in
-  the distributed program does apply is missing at the use that lacks it, not where the value is
-  made."""
+"""Work the reference applies to a value (a residual add) that another use of the same value in
+the distributed program does apply is missing at the use that lacks it, not where the value is
+made."""
 
 from __future__ import annotations
 
@@ -92,13 +87,6 @@ MANIFEST = "version: 1\nmodels:\n" + "".join(
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory):
     return write_package(tmp_path_factory.mktemp("numeric_lead"), "model.py", MODEL, MANIFEST)
-
-
-def test_a_mask_related_only_as_a_constant_is_found_by_its_values(manifest):
-    result = verify_named(manifest, "causal_sp_strict")
-    assert result.status == Status.MISMATCH
-    lead = result.findings[0]
-    assert (lead.path, lead.line) == ("model.py", line_of(MODEL, "mask")), result.findings
 
 
 def test_missing_work_another_use_applies_is_missing_at_the_use(manifest):
