@@ -27,6 +27,7 @@ from equivci.translate.attributes import (
 )
 from equivci.translate.builder import Builder, Value
 from equivci.translate.opaque import opaque
+from equivci.translate.relayouts import reoriented
 
 IDENTITY_CUSTOM_CALLS = {
     "Sharding",
@@ -84,6 +85,10 @@ def transpose(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     if x.op == "transpose":
         inner = parse_transpose(x.attrs[0])
         x, perm = x.args[0], tuple(inner[q] for q in perm)
+    swapped = reoriented(ev, x)  # a transposed dot in one operand order whichever way it was written
+    if swapped is not None:
+        inner = parse_transpose(swapped.attrs[0])
+        x, perm = swapped.args[0], tuple(inner[q] for q in perm)
     if perm == tuple(range(len(perm))):
         return x
     value = ev.folded(x)
