@@ -18,6 +18,7 @@ import model_package
 import numpy as np
 import pytest
 from model_package import verify_named as _verify
+from test_dot_relayouts import _dot_inst
 
 from equivci.hlo.ir import Instruction, Shape
 from equivci.results import Status
@@ -31,19 +32,14 @@ from equivci.translate.shapes import transpose
 RNG = np.random.default_rng(0)
 
 
-def _dot_inst(out: tuple[int, ...], lc: str, rc: str, lb: str = "", rb: str = "") -> Instruction:
-    attrs = {"lhs_contracting_dims": lc, "rhs_contracting_dims": rc}
-    if lb:
-        attrs |= {"lhs_batch_dims": lb, "rhs_batch_dims": rb}
-    return Instruction("d", "dot", Shape("f32", out), ("a", "b"), attrs)
-
-
 def _values(*shapes):
     return {k: RNG.standard_normal(shape) for k, shape in enumerate(shapes)}
 
 
 def _transpose_inst(out: tuple[int, ...], perm: tuple[int, ...]) -> Instruction:
-    return Instruction("t", "transpose", Shape("f32", out), ("a",), {"dimensions": "{" + ",".join(map(str, perm)) + "}"})
+    return Instruction(
+        "t", "transpose", Shape("f32", out), ("a",), {"dimensions": "{" + ",".join(map(str, perm)) + "}"}
+    )
 
 
 def _xw(ev):
