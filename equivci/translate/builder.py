@@ -275,9 +275,10 @@ class Builder:
             # projection laid out [3, b, s, h, k] is then a transpose of a window of the dot.
             perm = parse_transpose(x.attrs[0])
             inner = self.slice_term(x.args[0], perm[dim], start, stop)
-            return self.factored("transpose", x.attrs, [inner], Shape(x.dtype, tuple(shape))) or self.mk(
-                "transpose", x.attrs, [inner], Shape(x.dtype, tuple(shape))
-            )
+            out = Shape(x.dtype, tuple(shape))
+            term = self.factored("transpose", x.attrs, [inner], out) or self.mk("transpose", x.attrs, [inner], out)
+            self.equal_terms.append([term, self.table.make("slice", (dim, start, stop), (x,), tuple(shape), x.dtype)])
+            return term
         term = self.table.make("slice", (dim, start, stop), (x,), tuple(shape), x.dtype)
         if value is not None:
             self.values[term] = window
@@ -369,6 +370,11 @@ class Builder:
             and operand.op == "transpose"
             and (term := self.transposed_reshape(operand, shape)) is not None
         ):
+            # The written form stays stated beside it: a device's unit dim (one head per device)
+            # moved by the transpose leaves a plain reshape, where the reference's several heads
+            # keep the transpose, and the window rules relate the two in the written form.
+            spec = (reshape_spec(operand.shape, shape.dims),)
+            self.equal_terms.append([term, self.mk("reshape", spec, [operand], shape)])
             return term
         # Tables stay symbolic (a device's table is a window of the reference's); the value is
         # kept so that index arithmetic on it still folds.

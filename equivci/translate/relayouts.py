@@ -219,7 +219,7 @@ def reads(ev: Builder, term: Term) -> int:
 
 def canonical_dot(ev: Builder, dot: Term) -> tuple[DotSpec, Term, Term, tuple[int, ...]] | None:
     """dot(a, b) as transpose(dot(a', b'; spec), composed) in one form whichever way it was written:
-    the operand that reads the lower-numbered reference inputs first (dot(a, b) is transpose(dot(b,
+    the operand that reads the higher-numbered reference inputs first (dot(a, b) is transpose(dot(b,
     a)) with the free dims swapped: swapped_dot), then the batch pairs in the order of the lhs's
     dims (each batch pair's output dim moves with it). Output dim o of `dot` is the canonical dot's
     dim composed[o]. None when `dot` is in that form already."""
@@ -227,7 +227,7 @@ def canonical_dot(ev: Builder, dot: Term) -> tuple[DotSpec, Term, Term, tuple[in
     a, b = dot.args
     identity = tuple(range(len(dot.shape)))
     composed = identity
-    if reads(ev, b) < reads(ev, a):
+    if reads(ev, b) > reads(ev, a):
         spec, composed = swapped_dot(spec, identity)
         a, b = b, a
     order = sorted(range(len(spec.lhs_batch)), key=spec.lhs_batch.__getitem__)

@@ -67,7 +67,7 @@ def test_a_dot_reading_a_dot_reads_it_in_one_operand_order() -> None:
     moved = ev.mk("transpose", (transpose_text((1, 2, 0)),), [wx], Shape("f32", (2, 3, 5)))
     from_wx = dot(ev, _dot_inst((2, 3, 3), "{2}", "{2}", "{0}", "{0}"), [moved, moved], 0)
     assert from_xw is from_wx
-    assert from_xw.op == "dot" and from_xw.args == (wx, wx)  # the lower-numbered input first: w
+    assert from_xw.op == "dot" and from_xw.args == (xw, xw)  # the higher-numbered input first: x
     values = _values((8, 5), (2, 3, 8))
     projected = values[1] @ values[0]
     np.testing.assert_allclose(evaluate(from_xw, values), np.einsum("bsf,btf->bst", projected, projected), rtol=1e-6)
@@ -76,35 +76,35 @@ def test_a_dot_reading_a_dot_reads_it_in_one_operand_order() -> None:
 def test_a_transposed_dot_is_a_transpose_of_the_dot_in_one_order() -> None:
     ev = Evaluator(None, TermTable(), 1)
     w, x, xw, wx = _xw(ev)
-    t = transpose(ev, _transpose_inst((5, 3, 2), (2, 1, 0)), [xw], 0)  # [f, s, b] from x @ w
-    assert t.op == "transpose" and t.args[0] is wx
+    t = transpose(ev, _transpose_inst((3, 2, 5), (2, 1, 0)), [wx], 0)  # [s, b, f] from the einsum
+    assert t.op == "transpose" and t.args[0] is xw
     values = _values((8, 5), (2, 3, 8))
-    np.testing.assert_allclose(evaluate(t, values), (values[1] @ values[0]).transpose(2, 1, 0), rtol=1e-6)
+    np.testing.assert_allclose(evaluate(t, values), (values[1] @ values[0]).transpose(1, 0, 2), rtol=1e-6)
 
 
 def test_windows_of_a_dot_read_in_the_other_order_move_with_its_dims() -> None:
-    # a head window of x @ w, transposed: the window is taken of dot(w, x) along w's dim
+    # a head window of the weights-first einsum, transposed: the window is taken of x @ w
     ev = Evaluator(None, TermTable(), 1)
     w, x, xw, wx = _xw(ev)
-    window = ev.slice_term(xw, 2, 1, 4)  # [b, s, 3]
-    t = transpose(ev, _transpose_inst((3, 2, 3), (2, 0, 1)), [window], 0)
-    assert t.op == "slice" and t.args[0] is wx and t.attrs == (0, 1, 4)
+    window = ev.slice_term(wx, 0, 1, 4)  # [3, b, s]
+    t = transpose(ev, _transpose_inst((2, 3, 3), (1, 2, 0)), [window], 0)
+    assert t.op == "slice" and t.args[0] is xw and t.attrs == (2, 1, 4)
     values = _values((8, 5), (2, 3, 8))
-    expected = (values[1] @ values[0])[:, :, 1:4].transpose(2, 0, 1)
+    expected = (values[1] @ values[0])[:, :, 1:4]
     np.testing.assert_allclose(evaluate(t, values), expected, rtol=1e-6)
 
 
 def test_a_dot_read_by_a_dot_has_its_batch_pairs_in_the_lhs_order() -> None:
     # einsum("hbgqs,gbhsk->bghqk"): batch pairs (b, g, h) written in another order than the lhs's
     ev = Evaluator(None, TermTable(), 1)
-    p = ev.table.make("param", (0,), (), (2, 3, 4, 5, 6), "f32")  # [h, b, g, q, s]
-    v = ev.table.make("param", (1,), (), (4, 3, 2, 6, 7), "f32")  # [g, b, h, s, k]
+    p = ev.table.make("param", (1,), (), (2, 3, 4, 5, 6), "f32")  # [h, b, g, q, s]
+    v = ev.table.make("param", (0,), (), (4, 3, 2, 6, 7), "f32")  # [g, b, h, s, k]
     ctx = dot(ev, _dot_inst((3, 4, 2, 5, 7), "{4}", "{3}", "{1,2,0}", "{1,0,2}"), [p, v], 0)
     assert ctx.op == "dot"  # its own term as written
     moved = transpose(ev, _transpose_inst((2, 3, 4, 5, 7), (2, 0, 1, 3, 4)), [ctx], 0)  # [h, b, g, q, k]
     assert moved.op == "dot" and moved.attrs[0].startswith("0,1,2|2,1,0|")
-    values = _values((2, 3, 4, 5, 6), (4, 3, 2, 6, 7))
-    expected = np.einsum("hbgqs,gbhsk->hbgqk", values[0], values[1])
+    values = _values((4, 3, 2, 6, 7), (2, 3, 4, 5, 6))
+    expected = np.einsum("hbgqs,gbhsk->hbgqk", values[1], values[0])
     np.testing.assert_allclose(evaluate(moved, values), expected, rtol=1e-6)
     other = transpose(ev, _transpose_inst((4, 3, 2, 5, 7), (1, 0, 2, 3, 4)), [ctx], 0)  # [g, b, h, q, k]
     np.testing.assert_allclose(evaluate(other, values), expected.transpose(2, 1, 0, 3, 4), rtol=1e-6)
