@@ -24,7 +24,7 @@ from equivci.hlo.ir import Instruction, Shape
 from equivci.results import Status
 from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
-from equivci.terms.spec import transpose_text
+from equivci.terms.spec import parse_transpose, transpose_text
 from equivci.translate.evaluator import Evaluator
 from equivci.translate.reductions import dot
 from equivci.translate.shapes import transpose
@@ -150,6 +150,7 @@ def _reshape_of_transpose(perm, y_shape, out):
 def test_a_reshape_of_a_transpose_along_runs_is_a_transpose_of_a_reshape(perm, y_shape, out) -> None:
     term, y = _reshape_of_transpose(perm, y_shape, out)
     assert term.op == "transpose" and term.args[0].op == "reshape" and term.args[0].args[0] is y
+    assert tuple(term.args[0].shape[k] for k in parse_transpose(term.attrs[0])) == out  # the transpose fits
     value = RNG.standard_normal(y_shape)
     np.testing.assert_allclose(evaluate(term, {0: value}), value.transpose(perm).reshape(out), rtol=1e-6)
 
