@@ -17,7 +17,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import forked_captures
 import pytest
 from model_package import programs_of
 
@@ -116,7 +115,7 @@ def test_the_third_layer_of_a_training_step_costs_no_more_than_the_first_two_on_
     (tmp_path / "models" / "mlp_step.py").write_text(MLP_STEP)
     (tmp_path / "equivci.yaml").write_text(MLP_MANIFEST)
     manifest = load_manifest(tmp_path / "equivci.yaml")
-    two, three = (_counts(forked_captures.capture(m, manifest)) for m in manifest.models)
+    two, three = (_counts(capture_model(m, manifest)) for m in manifest.models)
     for unit, name in enumerate(("rule matches", "e-graph tuples")):
         assert two[unit] < three[unit], (name, two, three)
         assert three[unit] - two[unit] <= 1.25 * two[unit] / 2, (name, two, three)
