@@ -436,12 +436,6 @@ MUTANTS: tuple[Mutant, ...] = (
       "    return None\n",
       "a gather at ids - c of the shard's rows, masked to the shard's ids, is the full table's lookup there",
       "model:embed-take-clip"),
-    # -- constants known as windows of several tables (translate/constants.py) ------------------------
-    M("constant-window-other-source-unchecked",
-      "if np.array_equal(window.reshape(view.shape), view, equal_nan=True):",
-      "if new_source or np.array_equal(window.reshape(view.shape), view, equal_nan=True):",
-      "a window of a further table is stated equal only where its elements are the constant's",
-      "pytest:tests/translate/test_constant_windows.py::test_near_miss_rows_one_table_holds_are_no_window_of_the_other"),
     # -- a division by a count in one normal form (translate/builder.py) ------------------------------
     M("divided-odd-part", "numerator, divisor = self.scaled(base, ratio * odd), self.splat(Fraction(odd), shape)",
       "numerator, divisor = self.scaled(base, ratio * odd), self.splat(Fraction(odd + 2), shape)",

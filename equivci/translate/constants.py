@@ -89,13 +89,9 @@ class ConstantPool:
                 for i in range(view.shape[k]):
                     rows.setdefault(_digest(np.take(view, i, axis=k)), []).append((known, i, dims[k]))
 
-    def windows(self, value: np.ndarray, dtype: str, sources: int = 1) -> list[Window]:
+    def windows(self, value: np.ndarray, dtype: str) -> list[Window]:
         """Every window of the oldest known constant that holds `value` as a window along one dim
-        (several when it repeats along that dim), as it is or with unit dims squeezed on either side;
-        then those of the next such constants (or dims), oldest first, up to `sources` of them in
-        all, trying at most `sources` further candidates past the first window found. Equal values
-        built differently (the first rows of a sliding-window mask are the causal mask's rows) are
-        all found, so a device's rows relate to the table the reference uses."""
+        (several when it repeats along that dim), as it is or with unit dims squeezed on either side."""
         kept = _kept(value.shape)
         views = [value] + ([value.reshape([value.shape[k] for k in kept])] if len(kept) < value.ndim else [])
         candidates: dict[tuple[int, int, int], tuple[_Known, np.ndarray, int]] = {}
@@ -109,19 +105,14 @@ class ConstantPool:
                     if view.shape[k] < known.value.shape[own] and start + view.shape[k] <= known.value.shape[own]:
                         candidates.setdefault((known.order, own, start), (known, view, k))
         found: list[Window] = []
-        held: list[tuple[int, int]] = []  # the (source, dim) pairs that hold a window found
-        further = 0  # candidates tried past the first window found
         for (order, own, start), (known, view, k) in sorted(candidates.items(), key=lambda item: item[0]):
-            new_source = bool(found) and (order, own) not in held
-            if new_source and (len(held) >= sources or further >= sources):
+            if found and (order, own) != (found[0].order, found[0].dim):
                 break
-            further += new_source
             width = view.shape[k]
             self.comparisons += 1
             window = np.take(known.value, range(start, start + width), axis=own)
             if np.array_equal(window.reshape(view.shape), view, equal_nan=True):
                 found.append(Window(known.term, own, start, width, order, reshaped=window.shape != value.shape))
-                held += [] if (order, own) in held else [(order, own)]
         return found
 
     def older_windows(self, value: np.ndarray, dtype: str, than) -> list[Window]:
