@@ -142,7 +142,7 @@ def _defect_findings(
             f"on random inputs (the numeric oracle's seed 0) this `{numeric.inst.opcode}` "
             f"gives device {frontier.device} the first distributed value that is no shard, "
             "copy or partial sum of any reference value; every value before it matches "
-            "one, or only leads to values that match one again. The proof stops elsewhere (next finding).",
+            "one. The proof stops elsewhere (next finding).",
             captured,
             events,
             layering,
@@ -150,8 +150,7 @@ def _defect_findings(
         later = _finding(
             defect.inst,
             "the proof cannot relate the value here to the reference, but on random "
-            "inputs it matches one, or only leads to values that match one again, so this may be a "
-            f"missing rule, not the defect: {message}",
+            f"inputs it matches one, so this may be a missing rule, not the defect: {message}",
             captured,
             events,
             layering,

@@ -1577,25 +1577,10 @@ class _Tracer:
             f"`{name}` goes into this `{event.inst.opcode}` as {held}, without the "
             f"{found.what} the reference applies to it before its {consumer}: {applies}.",
         )
-        if made is not None and self.used_rightly(made, event, dev):
-            # The value is right where another use adds the work (`x + a` later): this use lacks it.
-            return Defect(*at_consumer, work=found)
         if found.tied and at_producer is not None:
             lead, other = (at_producer, at_consumer) if found.at_producer else (at_consumer, at_producer)
             return Defect(*lead, work=found, alternative=other)
         return Defect(*(at_producer if found.at_producer and at_producer else at_consumer), work=found)
-
-    def used_rightly(self, made: Event, consumer: Event, dev: int) -> bool:
-        """Another op that computes with `made`'s value (not the consumer's own line) is related to
-        the reference other than as a constant."""
-        here = innermost(consumer.inst)
-        for use in self.events:
-            if made.inst.name not in use.inst.operands or use.inst.opcode in PASSIVE or innermost(use.inst) == here:
-                continue
-            t = self.value(use, dev)
-            if t is not None and t not in self.evaluator.values and is_related(self.proof, t, self.evaluator.values):
-                return True
-        return False
 
     def wrong_operand(self, event: Event, ref: Event, k: int, dev: int) -> Defect | None:
         d_op, r_op = self.operands(event)[k], self.operands(ref, refs=True)[k]

@@ -4,10 +4,8 @@ The verifier's terms are both programs over the reference inputs. Evaluated on o
 (the numeric oracle's seed 0, so the inputs of the counterexample), each distributed value on each
 device either equals a window of some reference value (a shard, or a copy), or its sum over the
 devices of one mesh axis does (a partial sum awaiting its all-reduce), or it matches nothing. The
-first distributed op, in program order, whose value matches nothing on some device and is not a
-step whose uses match again (`_Flow`: an equal value computed in another form) is the numeric
-frontier; a value of a kind the reference never computes (no reference value of its dtype and rank
-could hold it) is passed over, as it differs from nothing: the proof's finding should agree with it, and where the proof's first unrelated op
+first distributed op, in program order, whose value matches nothing on some device is the numeric
+frontier: the proof's finding should agree with it, and where the proof's first unrelated op
 matches the reference numerically, the proof only lacked a rule there.
 
 Cost: every term is evaluated once (numpy) and each value is compared with the reference values
@@ -36,8 +34,8 @@ from equivci.translate.evaluator import Event
 
 @dataclasses.dataclass(frozen=True)
 class NumericFrontier:
-    """`event`: the first distributed op whose value matches no reference value and whose uses do
-    not all match again (None: there is none); `note`: why the comparison was skipped, when it was."""
+    """`event`: the first distributed op whose value matches no reference value (None: every
+    compared value matches); `note`: why the comparison was skipped, when it was."""
 
     event: Event | None
     device: int = 0
@@ -112,14 +110,6 @@ class _ReferenceIndex:
             self.by_kind.setdefault(key, []).append(value)
             self.positions.setdefault(key, []).append(position)
 
-    def has_kind(self, a: np.ndarray) -> bool:
-        """Some reference value has `a`'s dtype and rank and could hold it as a shard: `a` is not a
-        value of a kind the reference never computes (the device's index, a per-device offset)."""
-        return any(
-            all(m <= n and n % m == 0 for m, n in zip(a.shape, r.shape))
-            for r in self.by_kind.get((a.dtype.str, a.ndim), [])
-        )
-
     def matches(self, a: np.ndarray) -> bool:
         if a.size == 0:
             return True
@@ -192,136 +182,25 @@ def numeric_frontier(
             found = values(v)
             if found is not None:
                 index.add(found, position)
-    flow = _Flow(distributed_events, routed)
     verdict: dict[int, bool] = {}  # id(term) -> matches
-
-    def unmatched(event: Event) -> int | None:
-        """The first device whose value matches no reference value; -1 for a value not compared."""
-        if event.inst.opcode in TRIVIAL_OPS or not flow.compared(event):
-            return -1
-        evaluated = [values(t) for t in event.values]
+    compared = 0
+    for event in distributed_events:
+        terms = event.values
+        if event.inst.opcode in TRIVIAL_OPS or any(not isinstance(t, Term) or id(t) in routed for t in terms):
+            continue
+        evaluated = [values(t) for t in terms]
         arrays = [a for a in evaluated if a is not None]
         if len(arrays) < len(evaluated):
-            return -1
-        for dev, (t, a) in enumerate(zip(event.values, arrays)):
+            continue
+        compared += 1
+        for dev, (t, a) in enumerate(zip(terms, arrays)):
             if id(t) not in verdict:
                 verdict[id(t)] = (
                     id(t) in reference_ids or index.matches(a) or _partial(index, arrays, dev, groups_by_axis)
                 )
             if not verdict[id(t)]:
-                return dev
-        return None
-
-    compared = 0
-    for event in distributed_events:
-        dev = unmatched(event)
-        if dev == -1:
-            continue
-        compared += 1
-        kind = dev is not None and (a := values(event.values[dev])) is not None and index.has_kind(a)
-        if dev is not None and kind and not flow.step(event, unmatched):
-            return NumericFrontier(event, dev, compared)
+                return NumericFrontier(event, dev, compared)
     return NumericFrontier(None, compared=compared)
-
-
-class _Flow:
-    """Which distributed ops use which values, to tell the value where the programs part from a
-    step of the distributed program's own: a value that matches no reference value but whose every
-    use leads, through values that match none either, to one that matches again (`g**2` where the
-    reference computes `(c*g)*g`; a device's local max before its pmax; the device's index before
-    the positions it offsets) is a step on the way, not where the values first differ. An integer
-    or boolean value is a step only through arithmetic. A use is found by the terms that take the
-    value as an argument and by the instructions that name it as an operand (loop iterations share
-    names: more uses, so more values count as differing, never fewer)."""
-
-    def __init__(self, events: list[Event], routed: frozenset[int] | set[int]):
-        self.routed = routed
-        producer: dict[int, Event] = {}
-        for event in events:
-            if event.inst.opcode not in TRIVIAL_OPS and all(isinstance(t, Term) for t in event.values):
-                for t in event.values:
-                    producer.setdefault(id(t), event)
-        by_name: dict[str, list[Event]] = {}
-        for event in events:
-            by_name.setdefault(event.inst.name, []).append(event)
-        self.users: dict[int, list[Event]] = {}  # id(event) -> the events that use its value
-        for event in events:
-            for name in dict.fromkeys(event.inst.operands):
-                for named in by_name.get(name, ()):
-                    self.users.setdefault(id(named), []).append(event)
-            if event.inst.opcode in TRIVIAL_OPS:
-                continue
-            for t in event.values:
-                inner: list[Term] = list(t.args) if isinstance(t, Term) else []
-                seen: set[int] = set()
-                for _ in range(USE_LEVELS):
-                    deeper: list[Term] = []
-                    for arg in inner:
-                        if id(arg) in seen:
-                            continue
-                        seen.add(id(arg))
-                        made = producer.get(id(arg))
-                        if made is not None and made is not event:
-                            self.users.setdefault(id(made), []).append(event)
-                        elif made is None:
-                            deeper.extend(arg.args)
-                    inner = deeper
-
-    def compared(self, event: Event) -> bool:
-        return all(isinstance(t, Term) and id(t) not in self.routed for t in event.values)
-
-    def step(self, event: Event, unmatched) -> bool:
-        """Every path of non-matching float values from `event` ends at a value that matches (bounded:
-        past `STEP_SEARCH` values, or at any other value, the answer is no)."""
-        stack, seen = [event], {id(event)}
-        while stack:
-            e = stack.pop()
-            uses = self.users.get(id(e), [])
-            if not uses:
-                return False  # an output, or a value the search cannot follow
-            for use in uses:
-                if id(use) in seen:
-                    continue
-                seen.add(id(use))
-                if len(seen) > STEP_SEARCH:
-                    return False
-                if not _floating(e) and use.inst.opcode not in ARITHMETIC:
-                    # A wrong index or mask can select a window that matches another one by chance.
-                    return False
-                if use.inst.opcode in TRIVIAL_OPS:
-                    stack.append(use)
-                    continue
-                dev = unmatched(use)
-                if dev is None:
-                    continue
-                if dev == -1:
-                    return False
-                stack.append(use)
-        return True
-
-
-STEP_SEARCH = 64  # values a step's search for matching uses visits
-# The uses through which an integer or boolean value can be a step (positions made from the
-# device's index and an iota): arithmetic and layout, never an op that selects with it.
-ARITHMETIC = {
-    "add",
-    "subtract",
-    "multiply",
-    "divide",
-    "remainder",
-    "negate",
-    "convert",
-    "broadcast",
-    "reshape",
-    "transpose",
-    "copy",
-    "bitcast",
-}
-USE_LEVELS = 3  # levels of a term that is no op's value searched for the values it uses
-
-
-def _floating(event: Event) -> bool:
-    return all(isinstance(t, Term) and t.dtype.startswith(("f", "bf")) for t in event.values)
 
 
 def _partial(
