@@ -154,6 +154,13 @@ MUTANTS: tuple[Mutant, ...] = (
       "x == k is never true only when k lies outside x's range", "model:guard-eq-top", "model:guard-always"),
     M("index-domain", "float(size - 1 - offsets.max())", "float(size - 2 - offsets.max())",
       "valid indices are [0, size - 1]", "model:guard-lt", "model:guard-always"),
+    M("offset-input-sign", 'sign = 1 if idx.attrs == ("add",) else -1', "sign = 1",
+      "p - c is p offset by -c",
+      "pytest:tests/translate/test_offset_windows.py::test_offset_input_sums_the_constants_at_every_level_and_not_a_negated_input"
+      " tests/verify/test_index_assumptions.py::test_the_oracle_draws_positions_where_the_proof_assumed_them_valid"),
+    M("offset-input-negated", "sides = (0, 1) if sign == 1 else (0,)", "sides = (0, 1)",
+      "c - p is no constant offset of p",
+      "pytest:tests/translate/test_offset_windows.py::test_offset_input_sums_the_constants_at_every_level_and_not_a_negated_input"),
     # -- elementwise side conditions --------------------------------------------------------------
     M("abs-any", "return all(_nonnegative(a) for a in t.args)  # (an empty",
       "return any(_nonnegative(a) for a in t.args)  # (an empty",

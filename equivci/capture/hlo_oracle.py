@@ -25,6 +25,7 @@ import numpy as np
 from equivci.capture.oracle import (
     DEFAULT_SEEDS,
     NumericComparison,
+    Ranges,
     compare_outputs,
     random_inputs,
     tolerance_for,
@@ -37,11 +38,11 @@ from equivci.options import Budgets
 
 def compare_hlo_in_child(
     captured: CapturedModel,
-    ranges: dict[int, int] | None = None,
+    ranges: Ranges | None = None,
     seeds: Sequence[int] = DEFAULT_SEEDS,
     timeout: float = Budgets.oracle_timeout_seconds,
 ) -> NumericComparison:
-    """`ranges`: input index -> n, for integer inputs drawn in [0, n) (indices the reference takes)."""
+    """`ranges`: input index -> [lo, hi), for integer inputs the proof took to be valid indices."""
     with tempfile.TemporaryDirectory(prefix="equivci-hlo-oracle-") as tmp:
         request, result = Path(tmp, "request.json"), Path(tmp, "result.json")
         request.write_text(
@@ -53,7 +54,7 @@ def compare_hlo_in_child(
                     "outputs": [_leaf(x) for x in captured.outputs],
                     "devices": captured.num_devices,
                     "seeds": list(seeds),
-                    "ranges": {str(k): n for k, n in (ranges or {}).items()},
+                    "ranges": {str(k): list(r) for k, r in (ranges or {}).items()},
                 }
             )
         )
@@ -135,7 +136,7 @@ def _run(request: dict) -> NumericComparison:
         )
         for x in inputs
     ]
-    ranges = {int(k): v for k, v in request["ranges"].items()}
+    ranges = {int(k): (int(lo), int(hi)) for k, (lo, hi) in request["ranges"].items()}
     ref_outs: dict[int, dict[str, np.ndarray]] = {}
     dist_outs: dict[int, dict[str, np.ndarray]] = {}
     for seed in request["seeds"]:

@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -41,6 +41,8 @@ DEFAULT_SEEDS = (0, 1, 2)
 # input, so that an integer used as an index into any axis of any input is in bounds; capped.
 INT_RANGE_DEFAULT = 8
 INT_RANGE_MAX = 64
+# flat input leaf index -> integers [lo, hi) to draw it from
+Ranges = dict[int, tuple[int, int]]
 
 # How many times the rounding floor (rounding.py) a difference may reach before it is a
 # counterexample: the floor is one draw of the moves re-association can make, and moves of
@@ -195,10 +197,10 @@ def int_range(args_abstract: Sequence[Any]) -> int:
     return min(min(dims), INT_RANGE_MAX) if dims else INT_RANGE_DEFAULT
 
 
-def random_inputs(args_abstract: Sequence[Any], seed: int, ranges: dict[int, int] | None = None) -> tuple:
-    """Concrete arguments for one seed: normal floats, fair booleans, integers in [0, n) with n
-    from `ranges` (flat leaf index -> how many places the reference indexes with it, see
-    index_ranges.py) or else small and non-negative."""
+def random_inputs(args_abstract: Sequence[Any], seed: int, ranges: Ranges | None = None) -> tuple:
+    """Concrete arguments for one seed: normal floats, fair booleans, integers in [lo, hi) from
+    `ranges` (flat leaf index -> the values valid as the reference's indices, see index_ranges.py
+    and the proof's own assumption) or else small and non-negative."""
     # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax
     import jax.numpy as jnp
@@ -214,10 +216,11 @@ def random_inputs(args_abstract: Sequence[Any], seed: int, ranges: dict[int, int
             value = jax.random.bernoulli(k, 0.5, shape)
         elif jnp.issubdtype(dtype, jnp.integer):
             info = jnp.iinfo(dtype)
-            # [0, n) up to the dtype's own max included (a 256-row table indexed by uint8 ids); the
+            # [lo, hi) up to the dtype's own max included (a 256-row table indexed by uint8 ids); the
             # draw is int32, whose max bounds the range
-            top = min((ranges or {}).get(i, high), int(info.max) + 1, 2**31 - 1)
-            value = jax.random.randint(k, shape, 0, top, dtype=jnp.int32).astype(dtype)
+            lo, hi = (ranges or {}).get(i, (0, high))
+            top = min(hi, int(info.max) + 1, 2**31 - 1)
+            value = jax.random.randint(k, shape, max(lo, int(info.min)), top, dtype=jnp.int32).astype(dtype)
         elif jnp.issubdtype(dtype, jnp.complexfloating):
             kr, ki = jax.random.split(k)
             value = (jax.random.normal(kr, shape) + 1j * jax.random.normal(ki, shape)).astype(dtype)
@@ -398,7 +401,7 @@ def _run_and_compare(
     ref_name="reference",
     dist_name="distributed",
     tolerance: Tolerance | None = None,
-    index_ranges: dict[int, int] | None = None,
+    index_ranges: Ranges | None = None,
 ):
     """jit both, run them on one random draw per seed (the distributed one under the mesh), compare."""
     # lazy: jax is heavy; equivci's parent process loads this module without it
@@ -460,7 +463,10 @@ def _run_failure(side: str, spec: str, exc: BaseException) -> str:
     return f"running the {side} entrypoint {spec} on random inputs failed{where}: {type(exc).__name__}: {first}"
 
 
-def _compare_model(model, root: Path, seeds: tuple[int, ...]) -> NumericComparison:
+def _compare_model(model, root: Path, seeds: tuple[int, ...], assumed: Ranges) -> NumericComparison:
+    """`assumed`: the integer inputs the proof took to be valid indices and their [lo, hi); the
+    draw stays inside them too (a position whose window reaches before the cache's start is no
+    more an input of the oracle than of the proof), unless the oracle has inputs of its own."""
     reference_ep, distributed_ep, inputs_ep = model.entrypoints()
     reference = entrypoints.load_function(reference_ep, root)
     distributed = entrypoints.load_function(distributed_ep, root)
@@ -468,7 +474,9 @@ def _compare_model(model, root: Path, seeds: tuple[int, ...]) -> NumericComparis
     args = entrypoints.abstract_inputs(entrypoints.load_function(inputs, root), inputs)
     mesh = entrypoints.build_mesh(model)
     bound = entrypoints.bind_distributed(distributed, mesh)
-    ranges = index_ranges(reference, tuple(args))
+    ranges = {i: (0, n) for i, n in index_ranges(reference, tuple(args)).items()}
+    if model.oracle.inputs is None:
+        ranges = narrowed(ranges, assumed)
     tolerance = Tolerance(model.oracle.rtol or 0.0, model.oracle.atol or 0.0) if model.oracle.tolerance_set else None
     return _run_and_compare(
         reference,
@@ -497,11 +505,30 @@ def _parse_seeds(text: str) -> tuple[int, ...]:
     return seeds
 
 
+def _parse_ranges(text: str) -> dict[str, Ranges]:
+    return {
+        name: {int(k): (int(lo), int(hi)) for k, (lo, hi) in leaves.items()}
+        for name, leaves in json.loads(text).items()
+    }
+
+
+def narrowed(ranges: Ranges, assumed: Ranges) -> Ranges:
+    """Each leaf's range inside both; a leaf whose ranges do not meet keeps the first (no draw
+    can satisfy both, and the proof then assumed nothing the oracle could honour)."""
+    out = dict(ranges)
+    for i, (lo, hi) in assumed.items():
+        was_lo, was_hi = out.get(i, (lo, hi))
+        if max(lo, was_lo) < min(hi, was_hi):
+            out[i] = (max(lo, was_lo), min(hi, was_hi))
+    return out
+
+
 def child_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m equivci.capture.oracle", description=__doc__.split("\n")[0])
     parser.add_argument("--manifest", required=True, type=Path)
     parser.add_argument("--model", action="append", required=True, help="repeatable")
     parser.add_argument("--seeds", type=_parse_seeds, default=DEFAULT_SEEDS)
+    parser.add_argument("--ranges", type=_parse_ranges, default={}, help="JSON: model -> leaf -> [lo, hi)")
     opts = parser.parse_args(argv)
 
     if "jax" in sys.modules:
@@ -542,7 +569,7 @@ def child_main(argv: Sequence[str] | None = None) -> int:
         else:
             try:
                 t0 = time.perf_counter()
-                comparison = _compare_model(model, manifest.root, opts.seeds)
+                comparison = _compare_model(model, manifest.root, opts.seeds, opts.ranges.get(name, {}))
                 row = {"model": name, "comparison": comparison.to_json(), "seconds": round(time.perf_counter() - t0, 3)}
             except EquivciError as exc:
                 row, status = {"model": name, "error": str(exc)}, 2
@@ -560,9 +587,11 @@ def compare_many_in_child(
     model_names: Sequence[str],
     seeds: Sequence[int] = DEFAULT_SEEDS,
     timeout: float = Budgets.oracle_timeout_seconds,
+    ranges: Mapping[str, Ranges] | None = None,
 ) -> dict[str, NumericComparison | EquivciError]:
     """Compare several models of one manifest in one child process (device count = the largest
-    mesh among them). Returns per model a NumericComparison, or the EquivciError that stopped it."""
+    mesh among them). Returns per model a NumericComparison, or the EquivciError that stopped it.
+    `ranges`: per model, the integer inputs its proof assumed valid indices, drawn inside them."""
     names = list(model_names)
     if not names:
         return {}
@@ -574,6 +603,8 @@ def compare_many_in_child(
         str(Path(manifest_path).absolute()),
         "--seeds",
         ",".join(str(int(s)) for s in seeds),
+        "--ranges",
+        json.dumps({m: {str(k): list(r) for k, r in leaves.items()} for m, leaves in (ranges or {}).items()}),
     ]
     for name in names:
         cmd += ["--model", name]
@@ -616,10 +647,11 @@ def compare_in_child(
     model_name: str,
     seeds: Sequence[int] = DEFAULT_SEEDS,
     timeout: float = Budgets.oracle_timeout_seconds,
+    ranges: Ranges | None = None,
 ) -> NumericComparison:
     """Run the numeric comparison of one manifest model in a child process with the fake device
     count its mesh needs. Raises EquivciError if the model cannot be loaded or run."""
-    result = compare_many_in_child(manifest_path, [model_name], seeds, timeout)[model_name]
+    result = compare_many_in_child(manifest_path, [model_name], seeds, timeout, {model_name: ranges or {}})[model_name]
     if isinstance(result, EquivciError):
         raise result
     return result

@@ -89,14 +89,28 @@ def index_domains(ev: Builder) -> dict[Term, tuple[tuple[float, float], tuple[In
 
 def offset_input(ev: Builder, idx: Term) -> tuple[Term, np.ndarray]:
     """`idx` as p + c, with c a constant array and p a scalar broadcast (positions `start +
-    arange(n)`), or p itself (c = 0)."""
-    if idx.op == "binary" and idx.attrs == ("add",):
-        for k in (0, 1):
-            c = ev.folded(idx.args[1 - k])
-            base = idx.args[k]
-            if c is not None and c.size and base.op == "bcast" and base.args[0].shape == ():
-                return base.args[0], c.astype(np.int64)
-    return idx, np.zeros(1, dtype=np.int64)
+    arange(n)`, a window `pos - 3 + arange(4)`), or p itself (c = 0). Constants added or subtracted
+    at every level are summed elementwise: HLO's elementwise ops take operands of one shape, and
+    a scalar's broadcast adds the same to every element, so c is exact, not a bound. Only a scalar
+    p is offset (a position or a start): an array of ids `ids + 1` would narrow every id of the
+    vocabulary by what one lookup reads, so it stays an index of its own."""
+    whole, offsets = idx, np.zeros(1, dtype=np.int64)
+    while True:
+        if idx.op == "bcast" and idx.args[0].shape == ():
+            idx = idx.args[0]
+            continue
+        if idx.op == "binary" and idx.attrs in (("add",), ("subtract",)):
+            sign = 1 if idx.attrs == ("add",) else -1
+            sides = (0, 1) if sign == 1 else (0,)  # c - p is not p plus a constant
+            peeled = next(
+                ((idx.args[k], c.astype(np.int64)) for k in sides if (c := ev.folded(idx.args[1 - k])) is not None),
+                None,
+            )
+            if peeled is not None and peeled[1].size:
+                idx, c = peeled
+                offsets = offsets + sign * c
+                continue
+        return (idx, offsets) if idx.shape == () else (whole, np.zeros(1, dtype=np.int64))
 
 
 def unwrapped_index(ev: Builder, idx: Term, size: int) -> Term:

@@ -7,7 +7,7 @@ import time
 
 from equivci.cache import Memo
 from equivci.capture.hlo_oracle import compare_hlo_in_child
-from equivci.capture.oracle import NOISE_MARGIN, NumericComparison, compare_in_child
+from equivci.capture.oracle import NOISE_MARGIN, NumericComparison, Ranges, compare_in_child
 from equivci.capture.types import CapturedModel
 from equivci.diagnose import numeric
 from equivci.diagnose.findings import defect_findings, with_counterexample, with_note
@@ -279,6 +279,7 @@ def _comparison(
     `budgets`: the input elements the oracle runs on a CPU and how long its child may take."""
     most, timeout = budgets.oracle_elements, budgets.oracle_timeout_seconds
     total = sum(_size(leaf.shape) for leaf in captured.inputs)
+    ranges = oracle_ranges(model, assumed)
     if model.hlo is not None:
         # Programs given as HLO files: XLA runs them as the capture rewrote them.
         if total > most:
@@ -287,7 +288,6 @@ def _comparison(
                 f"{most:,} it runs on a CPU, so this is `unproven`, never `mismatch` by a "
                 "counterexample; dump the programs at smaller sizes to have them run"
             )
-        ranges = {k: int(hi) + 1 for k, ((lo, hi), _) in assumed.items() if lo >= 0}
         try:
             return compare_hlo_in_child(captured, ranges, timeout=timeout)
         except EquivciError as exc:
@@ -301,9 +301,19 @@ def _comparison(
             "`oracle: {inputs: FILE.py:FUNC}` in the manifest"
         )
     try:
-        return compare_in_child(manifest.path, model.name, timeout=timeout)
+        return compare_in_child(manifest.path, model.name, timeout=timeout, ranges=ranges)
     except EquivciError as exc:
         return f"the numeric check could not run: {exc}"
+
+
+def oracle_ranges(model: ModelSpec, assumed: dict) -> Ranges:
+    """The oracle draws the inputs the proof assumed valid indices inside the same ranges: outside
+    them the programs may differ (numpy wraps a negative index, HLO clamps a slice start), and a
+    difference there is no counterexample to a claim that was never made. Not when the manifest
+    refuses the assumption (`assume_valid_indices: false`): then every value is an input."""
+    if not model.assume_valid_indices:
+        return {}
+    return {k: (int(lo), int(hi) + 1) for k, ((lo, hi), _) in assumed.items()}
 
 
 def _numeric_note(comparison: NumericComparison | str) -> str:

@@ -185,6 +185,6 @@ def test_integer_inputs_are_drawn_over_their_whole_range_in_every_integer_dtype(
     table indexed by uint8 ids gets id 255 (a bug in the last row is then seen)."""
     import jax  # (lazy, as in the oracle: the zoo tests above run JAX in children only)
 
-    (drawn,) = random_inputs((jax.ShapeDtypeStruct((20_000,), dtype),), 0, {0: n})
+    (drawn,) = random_inputs((jax.ShapeDtypeStruct((20_000,), dtype),), 0, {0: (0, n)})
     drawn = np.asarray(drawn)
     assert drawn.dtype == np.dtype(dtype) and drawn.min() == 0 and drawn.max() == top

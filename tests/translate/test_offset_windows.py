@@ -7,7 +7,7 @@ reference's own window sliced again per device, positions `start + arange(n)` ga
 `jnp.take` (a gather of consecutive rows is that window, bounds.offset_input gives the input's
 range); near misses that differ only where the fact's
 side conditions matter (a missing or extra offset, a wider window that clamps where the reference
-does not, a start the reference never bounds)."""
+does not); a start the reference offsets by a constant bounds its input, shifted."""
 
 from __future__ import annotations
 
@@ -164,11 +164,19 @@ def test_offset_near_misses_are_mismatches(manifest, name):
     assert result.status is Status.MISMATCH, (result.status, result.findings)
 
 
-def test_start_the_reference_does_not_bound_is_not_assumed(manifest):
-    """`start + 2` as the reference's slice start says nothing of `start` alone (only of start + 2,
-    which is no input): no assumption is made, and the proof cannot drop the clamping."""
+def test_a_start_offset_by_a_constant_bounds_the_input_it_is_made_of(manifest):
+    """The reference slices at `start + 2`: it is a valid start for start in [-2, n - size - 2],
+    and only there. The proof takes that range (and says so in its note); the programs agree on
+    every start inside it and differ just outside, where HLO clamps the reference's start and not
+    the devices' (so no proof could cover those values, and none claims to)."""
+    from equivci.capture.oracle import compare_in_child
+
     result = _verify(manifest, "unbounded")
-    assert result.status is not Status.VERIFIED, result.findings
+    assert result.status is Status.VERIFIED, result.findings
+    assert [f.message.split(":")[0] for f in result.findings] == ["proved for input [1] in [-2, 14]"]
+    seeds = tuple(range(6))
+    assert compare_in_child(manifest.path, "unbounded", seeds, ranges={1: (-2, 15)}).equal
+    assert not compare_in_child(manifest.path, "unbounded", seeds, ranges={1: (15, 17)}).equal
 
 
 def _evaluator_with_start(lo: int, hi: int):
@@ -254,3 +262,21 @@ def test_an_integer_offset_taken_back_is_the_value_itself():
     values = np.arange(-128, 128).astype(np.int8)
     with np.errstate(over="ignore"):
         assert np.array_equal((values + np.int8(100)) - np.int8(100), values)  # the wrap goes back
+
+
+def test_offset_input_sums_the_constants_at_every_level_and_not_a_negated_input():
+    """`bcast(start - 3) + arange(4)` is start + [-3, -2, -1, 0] exactly (the window before a
+    position); `3 - start` is no constant offset of start (its range is reversed)."""
+    from equivci.translate.bounds import offset_input
+    from equivci.hlo.ir import Shape
+    from equivci.translate.shapes import broadcast_term
+
+    ev, start, _ = _evaluator_with_start(0, 15)
+    three = ev.const(np.asarray(3, dtype=np.int32), "s32")
+    before = ev.binary("subtract", start, three)
+    window = ev.binary("add", broadcast_term(ev, before, Shape("s32", (4,)), ()), ev.const(np.arange(4, dtype=np.int32), "s32"))
+    base, c = offset_input(ev, window)
+    assert base is start and c.tolist() == [-3, -2, -1, 0]
+    negated = ev.binary("subtract", three, start)
+    base, c = offset_input(ev, negated)
+    assert base is negated and c.tolist() == [0]
