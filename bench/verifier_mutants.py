@@ -432,6 +432,14 @@ MUTANTS: tuple[Mutant, ...] = (
     M("complex-quotient-per-part", "    elif op in MOVES:\n", '    elif op in MOVES or op == "divide":\n',
       "only sums and ops that move elements act part by part (a complex quotient does not)",
       "pytest:tests/translate/test_complex_pairs.py -k quotient"),
+    # -- a dot of a quotient as the quotient of the dot (translate/quotients.py) ------------------------
+    M("quotient-contracted", 'contract = set(dims_attr(a.get("lhs_contracting_dims" if side == 0 else "rhs_contracting_dims")))',
+      "contract: set[int] = set()",
+      "only a divisor constant along the contraction comes out of the dot's sum",
+      "pytest:tests/translate/test_quotients.py -k numerically"),
+    M("quotient-rhs-offset", "start = len(batch) + (len(lhs_free) if side == 1 else 0)", "start = len(batch)",
+      "the right operand's free dims come after the left's in the dot's output",
+      "pytest:tests/translate/test_quotients.py -k numerically"),
     # -- layered proofs --------------------------------------------------------------------------------
     M("layer-form-partners", "form = canonical_form(roots + [t for g in groups for t in g], marked, groups)",
       "form = canonical_form(roots, marked, groups)",
