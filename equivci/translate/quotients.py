@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term, bcast_form
-from equivci.terms.spec import BcastSpec
+from equivci.terms.spec import BcastSpec, DotSpec, swapped_dot
 from equivci.translate import reductions
 from equivci.translate.attributes import dims_attr
 from equivci.translate.builder import Builder
@@ -20,62 +20,83 @@ def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     """The dot as reductions.dot builds it; where an operand is such a quotient, the quotient of the
     dot is stated equal beside it (the written form stays the term: both programs keep it)."""
     term = reductions.dot(ev, inst, args, device)
+    if any(not isinstance(x, Term) or x.dtype != inst.shape.dtype for x in args):
+        return term
+    a = inst.attrs
+    spec = DotSpec(
+        dims_attr(a.get("lhs_batch_dims")),
+        dims_attr(a.get("rhs_batch_dims")),
+        dims_attr(a.get("lhs_contracting_dims")),
+        dims_attr(a.get("rhs_contracting_dims")),
+        len(args[0].shape),
+        len(args[1].shape),
+        (args[0].dtype, args[1].dtype),
+    )
+    swapped, back = swapped_dot(spec, tuple(range(len(inst.shape.dims))))
+    swapped_shape = [0] * len(back)
+    for o, k in enumerate(back):
+        swapped_shape[k] = inst.shape.dims[o]
     for side in (0, 1):
-        found = _divisor_out_dims(inst, args, side)
+        found = _divisor_out_dims(spec, args[side], side)
         if found is None:
             continue
         numerator, divisor, out_dims = found
         operands = list(args)
         operands[side] = numerator
         spread = broadcast_term(ev, divisor, inst.shape, out_dims)
-        quotient = ev.normal(
-            "binary",
-            ("divide",),
-            [reductions.dot(ev, inst, operands, device), spread],
-            Shape(inst.shape.dtype, inst.shape.dims),
-        )
+        quotient = ev.normal("binary", ("divide",), [reductions.dot(ev, inst, operands, device), spread], inst.shape)
         ev.equal_terms.append([term, quotient])
+        # The same fact of the dot with its operands swapped, the form the loader also knows a
+        # transposed dot by (attention's context written dot(v, probs) then transposed, against
+        # dot(probs, v)): its quotient meets the other program's there.
+        shape = Shape(inst.shape.dtype, tuple(swapped_shape))
+        dims = tuple(back[o] for o in out_dims)
+        ev.equal_terms.append(
+            [
+                ev.normal("dot", (swapped.text(),), [args[1], args[0]], shape),
+                ev.normal(
+                    "binary",
+                    ("divide",),
+                    [
+                        ev.normal("dot", (swapped.text(),), [operands[1], operands[0]], shape),
+                        broadcast_term(ev, divisor, shape, dims),
+                    ],
+                    shape,
+                ),
+            ]
+        )
     return term
 
 
-def _divisor_out_dims(inst: Instruction, args: list, side: int) -> tuple[Term, Term, tuple[int, ...]] | None:
-    """(a, z, the dot's output dim of each dim of z) when operand `side` is a / bcast(z) with bcast
-    repeating z along every contracted dim of that operand, all in the dot's own dtype."""
-    operand = args[side]
-    if operand.op != "binary" or operand.attrs != ("divide",) or not isinstance(operand, Term):
-        return None
-    if any(not isinstance(x, Term) or x.dtype != inst.shape.dtype for x in args):
+def output_dims(spec: DotSpec, side: int) -> dict[int, int]:
+    """The dot's output dim of each batch and free dim of operand `side` (HLO order: batch dims, then
+    the lhs's free dims, then the rhs's)."""
+    batch, contract, rank = (
+        (spec.lhs_batch, spec.lhs_contract, spec.lhs_rank)
+        if side == 0
+        else (spec.rhs_batch, spec.rhs_contract, spec.rhs_rank)
+    )
+    own_free = [k for k in range(rank) if k not in batch and k not in contract]
+    start = len(batch) + (spec.lhs_rank - len(spec.lhs_batch) - len(spec.lhs_contract) if side == 1 else 0)
+    return {**{k: n for n, k in enumerate(batch)}, **{k: start + n for n, k in enumerate(own_free)}}
+
+
+def _divisor_out_dims(spec: DotSpec, operand: Term, side: int) -> tuple[Term, Term, tuple[int, ...]] | None:
+    """(a, z, the dot's output dim of each dim of z) when `operand` is a / bcast(z) with bcast
+    repeating z along every contracted dim of the operand."""
+    if operand.op != "binary" or operand.attrs != ("divide",):
         return None
     numerator, denominator = operand.args
     form = bcast_form(denominator)
     if form is None:
         return None
-    spec, divisor = form
-    a = inst.attrs
-    batch = dims_attr(a.get("lhs_batch_dims" if side == 0 else "rhs_batch_dims"))
-    contract = set(dims_attr(a.get("lhs_contracting_dims" if side == 0 else "rhs_contracting_dims")))
-    out_of = _output_dims(inst, args, side, batch, contract)
-    pairs = BcastSpec.parse(spec).operand_dims()  # (operand dim of the dot, dim of z)
-    if any(k in contract for k, _ in pairs):
+    bcast, divisor = form
+    out_of = output_dims(spec, side)
+    pairs = BcastSpec.parse(bcast).operand_dims()  # (operand dim of the dot, dim of z)
+    if any(k not in out_of for k, _ in pairs):  # z varies along a contracted dim
         return None
-    by_divisor_dim = dict((i, out_of[k]) for k, i in pairs)
+    by_divisor_dim = {i: out_of[k] for k, i in pairs}
     return numerator, divisor, tuple(by_divisor_dim[i] for i in range(len(divisor.shape)))
-
-
-def _output_dims(
-    inst: Instruction, args: list, side: int, batch: tuple[int, ...], contract: set[int]
-) -> dict[int, int]:
-    """The dot's output dim of each batch and free dim of operand `side` (HLO order: batch dims, then
-    the lhs's free dims, then the rhs's)."""
-    a = inst.attrs
-    lhs_free = [
-        k
-        for k in range(len(args[0].shape))
-        if k not in dims_attr(a.get("lhs_batch_dims")) and k not in dims_attr(a.get("lhs_contracting_dims"))
-    ]
-    own_free = [k for k in range(len(args[side].shape)) if k not in batch and k not in contract]
-    start = len(batch) + (len(lhs_free) if side == 1 else 0)
-    return {**{k: n for n, k in enumerate(batch)}, **{k: start + n for n, k in enumerate(own_free)}}
 
 
 HANDLERS = {"dot": dot}
