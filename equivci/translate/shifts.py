@@ -165,7 +165,9 @@ def _in_order(ev: Builder, op: str, terms: list[Term]) -> Term:
 def _window_key(t: Term) -> tuple:
     """The windows (slices) a term reads, in the order a walk of it meets them: terms that differ
     only in which block of an input they read sort by the block's place."""
-    found, seen, stack = [], set(), [t]
+    found: list[tuple] = []
+    seen: set[int] = set()
+    stack = [t]
     while stack and len(seen) < KEY_NODES:
         u = stack.pop()
         if id(u) in seen:
