@@ -15,12 +15,15 @@ from equivci.translate.attributes import dims_attr
 from equivci.translate.builder import Builder
 from equivci.translate.shapes import broadcast_term
 
+FLOATS = {"bf16", "f16", "f32", "f64"}
+
 
 def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     """The dot as reductions.dot builds it; where an operand is such a quotient, the quotient of the
     dot is stated equal beside it (the written form stays the term: both programs keep it)."""
     term = reductions.dot(ev, inst, args, device)
-    if any(not isinstance(x, Term) or x.dtype != inst.shape.dtype for x in args):
+    # (an integer quotient truncates: (a / z) summed is not the sum divided)
+    if inst.shape.dtype not in FLOATS or any(not isinstance(x, Term) or x.dtype != inst.shape.dtype for x in args):
         return term
     a = inst.attrs
     spec = DotSpec(

@@ -1,7 +1,8 @@
 """A dot of a quotient whose divisor is constant along the contraction is the quotient of the dot
 (equivci/translate/quotients.py): softmax weights normalised before the dot against a flash-decode
 that psums numerators and denominators and divides last, in two operand orders; near misses (a
-local denominator, a local max, a divisor that varies along the contraction) are not verified, and
+local denominator, a local max, a divisor that varies along the contraction, an integer quotient)
+are not verified, and
 every stated fact holds numerically.
 """
 
@@ -70,6 +71,20 @@ MODELS = textwrap.dedent(
     flash_vt = _sharded(lambda q, k, v: _flash(q, k, v, vt=True))
     flash_local_max = _sharded(lambda q, k, v: _flash(q, k, v, local_max=True))
     flash_local_den = _sharded(lambda q, k, v: _flash(q, k, v, local_den=True))
+
+
+    def int_inputs():
+        return (jax.ShapeDtypeStruct((S, S), jnp.int32), jax.ShapeDtypeStruct((S,), jnp.int32),
+                jax.ShapeDtypeStruct((S, D), jnp.int32))
+
+
+    def int_rows_divided(a, z, v):  # an integer quotient truncates: not the sum divided
+        return lax.div(a, z[:, None] + 1) @ v
+
+
+    def int_sum_divided(a, z, v):
+        return jax.shard_map(lambda a, z, v: lax.div(a @ v, z[:, None] + 1), in_specs=(P(), P(), P()),
+                             out_specs=P())(a, z, v)
     """
 )
 
@@ -82,6 +97,7 @@ MANIFEST = textwrap.dedent(
       - {name: local-max, reference: m.py:attention, distributed: m.py:flash_local_max, inputs: m.py:inputs, mesh: {kv: 2}}
       - {name: local-den, reference: m.py:attention, distributed: m.py:flash_local_den, inputs: m.py:inputs, mesh: {kv: 2}}
       - {name: columns, reference: m.py:attention_columns, distributed: m.py:flash, inputs: m.py:inputs, mesh: {kv: 2}}
+      - {name: integer, reference: m.py:int_rows_divided, distributed: m.py:int_sum_divided, inputs: m.py:int_inputs, mesh: {kv: 1}}
     """
 )
 
@@ -111,10 +127,11 @@ def test_flash_decode_dividing_after_the_psum_verifies(manifest, name):
     assert result.status is Status.VERIFIED, result.findings
 
 
-@pytest.mark.parametrize("name", ["local-max", "local-den", "columns"])
+@pytest.mark.parametrize("name", ["local-max", "local-den", "columns", "integer"])
 def test_near_misses_are_mismatch(manifest, name):
     """A shard's own max (exponentials scaled differently per shard, then summed), a denominator
-    without its psum, and a reference normalised along the contracted dim (no quotient of the dot)."""
+    without its psum, a reference normalised along the contracted dim (no quotient of the dot), and
+    an integer quotient (truncated before the sum)."""
     model = _model(manifest, name)
     result = verify_model(model, manifest, capture_named(manifest, name))
     assert result.status is Status.MISMATCH, result.findings
