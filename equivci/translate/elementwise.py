@@ -12,7 +12,7 @@ from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import DotSpec, compare_text, parse_transpose, swapped_dot, transpose_text
-from equivci.translate import bounds, pieces, squeezes
+from equivci.translate import bounds, pieces, shifts, squeezes
 from equivci.translate.arrays import all_equal
 from equivci.translate.builder import Builder
 
@@ -64,6 +64,9 @@ BINARY = {
 }
 
 
+SHIFTS = {"multiply": shifts.rescaled_product, "add": shifts.sorted_sum, "maximum": shifts.sorted_max}
+
+
 def convert(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     """convert and bitcast-convert: a convert to the same dtype is its operand; bitcasts are not folded."""
     op, shape = inst.opcode, inst.shape
@@ -86,6 +89,8 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
         return plain
     if (cancelled := offset_cancelled(ev, op, args)) is not None:
         return cancelled
+    if (shifted := SHIFTS[op](ev, *args) if op in SHIFTS else None) is not None:
+        return shifted  # online softmax's exponentials rescaled to the newest shift, its blocks in order
     if op == "add" and (joined := pieces.padded_sum(ev, *args)) is not None:
         return joined
     fn = lambda a, b: semantics.apply(semantics.BINARY, op, a, b)  # noqa: E731

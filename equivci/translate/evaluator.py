@@ -28,6 +28,7 @@ from equivci.translate import (
     elementwise,
     group_ids,
     literals,
+    quotients,
     reductions,
     regroup,
     shapes,
@@ -44,6 +45,7 @@ HANDLERS: dict[str, Handler] = {
     **elementwise.HANDLERS,
     **shapes.HANDLERS,
     **reductions.HANDLERS,
+    **quotients.HANDLERS,  # a dot of a quotient, also as the quotient of the dot
     **sorts.HANDLERS,
     **group_ids.HANDLERS,
 }

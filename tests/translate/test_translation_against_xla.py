@@ -167,6 +167,17 @@ def _writes_at_constant_rows(x):  # scatters at constant indices: a row, two row
 def _updates_at_constant_starts(x):  # XLA clamps a start that would put the update past the end
     return lax.dynamic_update_slice(x, x[:2, :3] * 2, (1, 2)), lax.dynamic_update_slice(x, x[:2, :3] + 1, (T - 1, 100))
 
+def _online_softmax(x):  # translate/shifts.py: blocks of keys in rotated order, rescaled to the running max
+    s = x @ TABLE.T
+    m, acc, den = jnp.full(T, -jnp.inf), jnp.zeros((T, D)), jnp.zeros(T)
+    for b in (2, 0, 3, 1):
+        block = s[:, 4 * b : 4 * b + 4]
+        new = jnp.maximum(m, block.max(-1))
+        p, alpha = jnp.exp(block - new[:, None]), jnp.exp(m - new)
+        acc, den, m = acc * alpha[:, None] + p @ TABLE[4 * b : 4 * b + 4], den * alpha + p.sum(-1), new
+    return acc / den[:, None], den, m
+
+
 def _loop_of_three_trips(x):  # a while loop with a constant trip count (jax.lax.fori_loop)
     x = jnp.asarray(x)
     return lax.fori_loop(0, 3, lambda i, c: c * 2 + x[i], x)
@@ -177,6 +188,7 @@ CASES = {
     "embedding with uint32 ids": (_embed_u32, (TABLE, IDS.astype(np.uint32))),
     "embedding by one-hot matmul": (_take_one_hot, (TABLE, IDS)),
     "softmax and normalization": (_softmax_norm, (X,)),
+    "online softmax over blocks in rotated order": (_online_softmax, (X,)),
     "max, min, product, all": (_reductions, (X,)),
     "top-k": (_top_k, (X,)),
     "scatter-add of rows": (_scatter_add, (X, IDS)),

@@ -1,0 +1,116 @@
+"""Online softmax across shards (equivci/translate/shifts.py): ring attention whose accumulator and
+denominator are rescaled by exp(old max - new max) as the running max grows, K/V blocks arriving in
+rotated order, against the reference's softmax; in two output layouts. Near misses: an accumulator
+not rescaled while its denominator is, a rescale from the block's max instead of the previous running
+max, and one by the factor broadcast along the wrong dim, are mismatch.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import model_package
+import pytest
+from model_package import capture_named
+from model_package import model_named as _model
+
+from equivci.results import Status
+from equivci.verify.engine import verify_model
+
+MODELS = textwrap.dedent(
+    """\
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    B, L, NH, D = 1, 16, 2, 4  # D = L / 4: a factor broadcast along the wrong dim is well shaped
+
+
+    def inputs():
+        spec = jax.ShapeDtypeStruct((B, L, NH, D), jnp.float32)
+        return spec, spec, spec
+
+
+    def _scores(q, k):
+        return jnp.einsum("bqhd,bkhd->bhqk", q, k) * D ** -0.5
+
+
+    def attention(q, k, v):  # [b, h, q, d]
+        return jnp.einsum("bhqk,bkhd->bhqd", jax.nn.softmax(_scores(q, k), axis=-1), v)
+
+
+    def attention_bqhd(q, k, v):  # XLA writes this one as dot(v, probs), then transposes
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(_scores(q, k), axis=-1), v)
+
+
+    def _online(q, k, v, rescale, spread=lambda alpha: alpha[..., None]):
+        n = lax.axis_size("ring")
+        perm = [(j, (j + 1) % n) for j in range(n)]
+
+        def step(_, c):
+            acc, m, den, k, v = c
+            s = _scores(q, k)
+            new = jnp.maximum(m, s.max(-1))
+            p = jnp.exp(s - new[..., None])
+            alpha = rescale(m, new, s)
+            acc = acc * spread(alpha) + jnp.einsum("bhqk,bkhd->bhqd", p, v)
+            den = den * jnp.exp(m - new) + p.sum(-1)
+            return acc, new, den, lax.ppermute(k, "ring", perm), lax.ppermute(v, "ring", perm)
+
+        b, lq, h, d = q.shape
+        c = (jnp.zeros((b, h, lq, d)), jnp.full((b, h, lq), -jnp.inf), jnp.zeros((b, h, lq)), k, v)
+        acc, _, den, _, _ = lax.fori_loop(0, n, step, c)
+        return acc / den[..., None]
+
+
+    def _ring(rescale, transposed=False, **kw):
+        def run(q, k, v):
+            seq = P(None, "ring")
+            body = lambda q, k, v: _online(q, k, v, rescale, **kw)
+            if transposed:
+                return jax.shard_map(lambda q, k, v: body(q, k, v).transpose(0, 2, 1, 3), in_specs=(seq,) * 3,
+                                     out_specs=seq, check_vma=False)(q, k, v)
+            return jax.shard_map(body, in_specs=(seq,) * 3, out_specs=P(None, None, "ring"), check_vma=False)(q, k, v)
+        return run
+
+
+    ring = _ring(lambda m, new, s: jnp.exp(m - new))
+    ring_bqhd = _ring(lambda m, new, s: jnp.exp(m - new), transposed=True)
+    ring_no_rescale = _ring(lambda m, new, s: jnp.ones_like(m))  # MARK:no_rescale
+    ring_block_max = _ring(lambda m, new, s: jnp.exp(s.max(-1) - new))  # MARK:block_max
+    ring_across = _ring(lambda m, new, s: jnp.exp(m - new), spread=lambda alpha: alpha[:, :, None, :])  # MARK:across
+    """
+)
+
+MANIFEST = textwrap.dedent(
+    """\
+    version: 1
+    models:
+      - {name: ring, reference: m.py:attention, distributed: m.py:ring, inputs: m.py:inputs, mesh: {ring: 4}}
+      - {name: ring-bqhd, reference: m.py:attention_bqhd, distributed: m.py:ring_bqhd, inputs: m.py:inputs, mesh: {ring: 4}}
+      - {name: no-rescale, reference: m.py:attention, distributed: m.py:ring_no_rescale, inputs: m.py:inputs, mesh: {ring: 4}}
+      - {name: block-max, reference: m.py:attention, distributed: m.py:ring_block_max, inputs: m.py:inputs, mesh: {ring: 4}}
+      - {name: across, reference: m.py:attention, distributed: m.py:ring_across, inputs: m.py:inputs, mesh: {ring: 4}}
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    return model_package.write_package(tmp_path_factory.mktemp("shift_models"), "m.py", MODELS, MANIFEST)
+
+
+@pytest.mark.parametrize("name", ["ring", "ring-bqhd"])
+def test_ring_attention_with_online_softmax_verifies(manifest, name):
+    result = verify_model(_model(manifest, name), manifest, capture_named(manifest, name))
+    assert result.status is Status.VERIFIED, result.findings
+
+
+@pytest.mark.parametrize("name", ["no-rescale", "block-max", "across"])
+def test_a_wrong_rescale_is_mismatch(manifest, name):
+    """The accumulator's exponentials keep the shifts of their blocks (not rescaled), are rescaled
+    from the block's own max instead of the shift they have (the new shift right, the old one wrong),
+    or by another query's factor (the factor along the head dim): the ratio is not the softmax."""
+    result = verify_model(_model(manifest, name), manifest, capture_named(manifest, name))
+    assert result.status is Status.MISMATCH, result.findings
