@@ -48,6 +48,7 @@ def note(ev: Builder, inst: Instruction, args: list, result: Value, handler: Cal
             continue
         laid = broadcast_term(ev, scale.args[0], Shape(scale.dtype, out), dims)
         ev.equal_terms.append([result, ev.binary(op, unscaled, laid)])
+        note(ev, inst, plain, unscaled, handler, device)  # w itself scaled again (per row and column)
 
 
 def _scaled(t: Term) -> tuple[str, Term, Term] | None:
