@@ -115,8 +115,11 @@ ENTRY main {
   by_index = f32[4,6] conditional(i, x, x, x), branch_computations={twice, negated, squared}
   by_constant = f32[4,6] conditional(c, x, x, x), branch_computations={twice, negated, squared}
   by_flag = f32[4,6] conditional(f, x, x), true_computation=negated, false_computation=squared
+  t = pred[] constant(true)
+  by_true = f32[4,6] conditional(t, x, x), true_computation=negated, false_computation=squared
   a = f32[4,6] add(by_index, by_constant)
-  ROOT r = f32[4,6] add(a, by_flag)
+  b = f32[4,6] add(by_flag, by_true)
+  ROOT r = f32[4,6] add(a, b)
 }
 """
 
