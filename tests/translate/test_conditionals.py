@@ -5,8 +5,10 @@ Checked against XLA on the terms (a data-dependent predicate, a switch index and
 operands and results, the predicate form of hand-written HLO with an index out of range), and on
 JAX programs unlike the blind pipelines: a column-parallel layer whose devices each choose their
 activation with lax.switch on axis_index, and a tensor-parallel MLP whose activation is chosen by a
-replicated flag (the same select on every device). Near misses: the branches swapped, the switch
-index off by one (JAX clamps it onto the last branch), and a collective inside a branch that only
+replicated flag (the same select on every device), and a remat'ed scan over layers that picks each
+layer's activation with lax.switch on the layer index (proved once as a loop step, where the index
+is unknown: both programs' selects on it). Near misses: the branches swapped, the switch
+index off by one (JAX clamps it onto the last branch) or shifted by a layer, and a collective inside a branch that only
 some devices take (honest `unproven`, naming the conditional).
 """
 
@@ -208,6 +210,42 @@ MODELS = textwrap.dedent(
         return _mlp_tp(x, w1, w2, flag, mesh, lambda f, h: lax.cond(f > 0, jnp.tanh, jax.nn.gelu, h))
 
 
+    def stack_inputs():
+        f = jnp.float32
+        return (jax.ShapeDtypeStruct((ROWS, D), f), jax.ShapeDtypeStruct((3, D, H), f),
+                jax.ShapeDtypeStruct((3, H, D), f))
+
+
+    def stack(x, w1, w2):  # odd layers relu, even layers tanh
+        @jax.checkpoint
+        def layer(h, inp):
+            (a, b), i = inp
+            return h + lax.switch(i % 2, [jnp.tanh, jax.nn.relu], h @ a) @ b, None
+
+        return lax.scan(layer, x, ((w1, w2), jnp.arange(3)))[0]
+
+
+    def _stack_tp(x, w1, w2, mesh, shift):
+        def body(x, w1, w2):
+            @jax.checkpoint
+            def layer(h, inp):
+                (a, b), i = inp
+                return h + lax.psum(lax.switch((i + shift) % 2, [jnp.tanh, jax.nn.relu], h @ a) @ b, "tp"), None
+
+            return lax.scan(layer, x, ((w1, w2), jnp.arange(3)))[0]
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, None, "tp"), P(None, "tp")), out_specs=P())(
+            x, w1, w2)
+
+
+    def stack_tp(x, w1, w2, *, mesh):
+        return _stack_tp(x, w1, w2, mesh, 0)
+
+
+    def stack_tp_shifted(x, w1, w2, *, mesh):
+        return _stack_tp(x, w1, w2, mesh, 1)
+
+
     def psum_in_a_branch(x, w, *, mesh):  # only device 0 runs the psum: not a program to relate
         def body(x, w):
             h = x @ w
@@ -227,6 +265,8 @@ MANIFEST = textwrap.dedent(
       - {name: switch-off-by-one, reference: m.py:two_activations, distributed: m.py:off_by_one, inputs: m.py:inputs, mesh: {tp: 2}}
       - {name: cond-flag, reference: m.py:mlp, distributed: m.py:mlp_tp, inputs: m.py:flag_inputs, mesh: {tp: 2}}
       - {name: cond-flag-swapped, reference: m.py:mlp, distributed: m.py:mlp_tp_swapped, inputs: m.py:flag_inputs, mesh: {tp: 2}}
+      - {name: scan-switch, reference: m.py:stack, distributed: m.py:stack_tp, inputs: m.py:stack_inputs, mesh: {tp: 2}}
+      - {name: scan-switch-shifted, reference: m.py:stack, distributed: m.py:stack_tp_shifted, inputs: m.py:stack_inputs, mesh: {tp: 2}}
       - {name: psum-in-a-branch, reference: m.py:two_activations, distributed: m.py:psum_in_a_branch, inputs: m.py:inputs, mesh: {tp: 2}}
     """
 )
@@ -237,7 +277,7 @@ def manifest(tmp_path_factory):
     return model_package.write_package(tmp_path_factory.mktemp("conditionals"), "m.py", MODELS, MANIFEST)
 
 
-@pytest.mark.parametrize("name", ["switch", "cond-flag"])
+@pytest.mark.parametrize("name", ["switch", "cond-flag", "scan-switch"])
 def test_a_branch_chosen_per_device_or_by_a_replicated_flag_verifies(manifest, name):
     result = _verify(manifest, name)
     assert result.status is Status.VERIFIED, result.findings
@@ -249,6 +289,7 @@ def test_a_branch_chosen_per_device_or_by_a_replicated_flag_verifies(manifest, n
         "switch-swapped",
         pytest.param("switch-off-by-one", marks=pytest.mark.slow),
         pytest.param("cond-flag-swapped", marks=pytest.mark.slow),
+        pytest.param("scan-switch-shifted", marks=pytest.mark.slow),
     ],
 )
 def test_near_miss_branches_swapped_or_index_off_by_one_is_a_mismatch(manifest, name):
