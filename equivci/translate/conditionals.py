@@ -56,6 +56,8 @@ def evaluate(ev: Builder, inst: Instruction, ops: list[list], run: Runner) -> li
     try:
         for k in needed:
             results[k] = run(branches[k], [ops[k + 1]])
+    except Unsupported as exc:
+        raise Unsupported(f"branch {k} of conditional {inst.name}: {exc}") from exc
     finally:
         ev.calls.pop()
     out = []
