@@ -100,15 +100,22 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
 
 
 def compare(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
-    direction, shape = inst.attrs["direction"], inst.shape
-    decided = bounds.decide(ev, direction, args[0], args[1], shape)
+    return compare_terms(ev, inst.attrs["direction"], args[0], args[1], inst.shape)
+
+
+def compare_terms(ev: Builder, direction: str, a: Term, b: Term, shape: Shape) -> Term:
+    decided = bounds.decide(ev, direction, a, b, shape)
     if decided is not None:
         return decided
-    name = compare_text(direction, args[0].dtype)
-    return ev.fold_or("binary", (name,), args, shape, lambda a, b: semantics.COMPARE[direction](a, b))
+    name = compare_text(direction, a.dtype)
+    return ev.fold_or("binary", (name,), [a, b], shape, lambda x, y: semantics.COMPARE[direction](x, y))
 
 
 def select(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    return select_terms(ev, args, inst.shape)
+
+
+def select_terms(ev: Builder, args: list, shape: Shape) -> Term:
     if (plain := without_guard(ev, "select", args)) is not None:
         return plain
     # all three constant: fold (a table the program computes, such as sin(θ) with its zeros chosen
@@ -116,7 +123,7 @@ def select(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     chosen = None if all(ev.folded(a) is not None for a in args) else select_by_constant(ev, *args)
     if chosen is not None:
         return chosen
-    return _built(ev, "ternary", ("select",), args, inst.shape, lambda p, a, b: np.where(p, a, b))
+    return _built(ev, "ternary", ("select",), args, shape, lambda p, a, b: np.where(p, a, b))
 
 
 def clamp(ev: Builder, inst: Instruction, args: list, device: int) -> Term:

@@ -9,8 +9,9 @@ Ops without a model become `opaque` terms: equal only to the same op on equal ar
 
 This module is the driver: it walks the instructions and hands each to the handler of its opcode
 (`HANDLERS`, one module per op family: literals, elementwise, shapes, reductions, sorts, collectives);
-the handlers build terms through the `Builder` the evaluator is. Calls are evaluated inline, and
-loops by the loop handler a caller installs (prove/loops.py, translate/unroll.py).
+the handlers build terms through the `Builder` the evaluator is. Calls are evaluated inline,
+conditionals as their branches (conditionals.py), and loops by the loop handler a caller installs
+(prove/loops.py, translate/unroll.py).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from equivci.translate import (
     bounds,
     collectives,
     complex_pairs,
+    conditionals,
     elementwise,
     group_ids,
     literals,
     quotients,
     reductions,
     regroup,
+    scaled_dots,
     shapes,
     sorts,
 )
@@ -135,6 +138,8 @@ class Evaluator(Builder):
                 self.calls.pop()
         if op == "while":
             return self.loop(inst, ops[0])
+        if op == "conditional":
+            return conditionals.evaluate(self, inst, ops, self.run)
         if (kept := elementwise.plus_zero(self, inst, ops)) is not None:
             return kept
         return [self.local(inst, [o[d] for o in ops], d) for d in range(self.n)]
@@ -154,6 +159,7 @@ class Evaluator(Builder):
             result = handler(self, inst, args, device)
         bounds.note(self, inst, args, result)
         regroup.note(self, inst, args, result, handler, device)
+        scaled_dots.note(self, inst, args, result, handler, device)
         return result
 
 
