@@ -21,12 +21,13 @@ from equivci.layers.segments import split
 from equivci.manifest import Manifest, ModelSpec
 from equivci.options import ENV_SATURATION_ITERATIONS, Budgets
 from equivci.prove.candidates import window_candidates
-from equivci.prove.layered import prefix_proof, prove_layers
+from equivci.prove.layered import prove_layers
 from equivci.prove.programs import build_programs
-from equivci.prove.saturate import MAX_ITERATIONS, saturate, with_hints
+from equivci.prove.saturate import MAX_ITERATIONS, Proof, saturate, with_hints
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
 from equivci.translate.builder import Unsupported
+from equivci.verify.prefix import diagnose_prefix
 
 
 def verify_model(
@@ -88,10 +89,20 @@ def verify_model(
             )
     # The layers alone do not prove it (a relation between layers that is not a window, or a
     # real defect): prove the whole program, which also gives the localization its e-graph; on a
-    # big model only up to the first unproved layer, where the first defect is.
+    # big model only up to the first unproved layer, where the first defect is (kept in the memo:
+    # a change after that layer finds it there).
+    proof: Proof | None
     if layering is not None and len(programs.evaluator.table) > budgets.whole_program_terms:
-        proof = prefix_proof(programs, layering, layered.layers, iterations)
-        laps.lap("prove up to the first unproved layer")
+        diagnosis = diagnose_prefix(
+            programs,
+            layering,
+            layered.layers,
+            captured.mesh,
+            iterations,
+            memo if memo is not None else Memo(None),
+            laps,
+        )
+        proof, defect, exhausted = diagnosis.proof, diagnosis.defect, diagnosis.exhausted
     else:
         proof = saturate(programs, iterations=iterations)
         laps.lap("prove whole program")
@@ -102,7 +113,11 @@ def verify_model(
             if hints:
                 proof = with_hints(proof, programs, hints, budgets.hinted_iterations)
                 laps.lap(f"prove whole program with {len(hints)} proposed windows")
-    if proof.all_proved:
+        defect = None if proof.all_proved else defect_with_loops(programs, proof, captured.mesh)
+        exhausted = proof.exhausted
+        if not proof.all_proved:
+            laps.lap("localize")
+    if proof is not None and proof.all_proved:
         return _finish(
             model,
             Status.VERIFIED,
@@ -112,11 +127,10 @@ def verify_model(
             laps,
         )
 
-    defect = defect_with_loops(programs, proof, captured.mesh)
-    laps.lap("localize")
     comparison = _comparison(model, manifest, captured, programs.assumed, budgets)
     laps.lap("counterexample")
     if defect is None:
+        assert proof is not None  # a diagnosis from the memo always names a defect
         findings = [_output_finding(proof, captured)]
     else:
         frontier = numeric_frontier(
@@ -154,7 +168,7 @@ def verify_model(
     findings = with_note(findings, _numeric_note(comparison))
     for limit in programs.limits:
         findings = with_note(findings, limit)
-    budget = _budget_note(programs, proof, layered.layers if layering is not None else [])
+    budget = _budget_note(programs, exhausted, iterations, layered.layers if layering is not None else [])
     return _finish(model, Status.UNPROVEN, t0, tuple(findings) + budget, layers, laps)
 
 
@@ -179,7 +193,7 @@ def _foreign(model: ModelSpec, manifest: Manifest) -> tuple[tuple[str, str], ...
     )
 
 
-def _budget_note(programs, proof, layers) -> tuple[Finding, ...]:
+def _budget_note(programs, exhausted: int, iterations: int, layers) -> tuple[Finding, ...]:
     """Say so when `unproven` may be the budget's doing: a saturation that failed to prove what it was
     asked stopped at its iteration budget while the rules could still add facts."""
     stopped = [(f"layer {o.name}" if o.name else "a layer", o.exhausted) for o in layers if o.exhausted]
@@ -188,8 +202,8 @@ def _budget_note(programs, proof, layers) -> tuple[Finding, ...]:
         for a in programs.loops
         if not a.proved and a.proof is not None and a.proof.exhausted
     ]
-    if proof.exhausted:
-        stopped.append(("the whole program", proof.exhausted))
+    if exhausted:
+        stopped.append(("the whole program", exhausted))
     if not stopped:
         return ()
     where, budget = stopped[0]
@@ -202,7 +216,7 @@ def _budget_note(programs, proof, layers) -> tuple[Finding, ...]:
             None,
             f"the proof search of {where}{more} stopped at its budget of {budget} saturation iterations while "
             "its rules could still add facts, so a larger budget may prove it: the budget is the larger of "
-            f"the terms' depth and {ENV_SATURATION_ITERATIONS} ({proof.iterations} now); set "
+            f"the terms' depth and {ENV_SATURATION_ITERATIONS} ({iterations} now); set "
             f"{ENV_SATURATION_ITERATIONS}={2 * budget} to raise it",
         ),
     )
