@@ -22,7 +22,7 @@ from equivci import cache
 from equivci.diagnose.localize import Defect
 from equivci.diagnose.loops import defect_with_loops
 from equivci.diagnose.missing import MissingWork
-from equivci.hlo.ir import Instruction, Shape, SourceLoc
+from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.layers.canonical import canonical_form
 from equivci.layers.segments import Layering, leaves
 from equivci.prove.layered import LayerOutcome, Prefix, prefix_of, prefix_proof
@@ -107,16 +107,48 @@ def _key(prefix: Prefix, programs: Programs, mesh, iterations: int) -> str | Non
         routed,
         repr((rows, ends, mesh, iterations, programs.evaluator.budgets)),
         str(len(prefix.reference_events)),
-        *(_inst_text(e.inst) for e in events),
+        *_inst_texts(prefix.reference_events),
+        *_inst_texts(prefix.distributed_events),
         *(f"{file}:{_source_digest(file, lines[file])}" for file in sorted(lines)),
     )
 
 
-def _inst_text(inst: Instruction) -> str:
-    """The instruction as the localization reads it: its metadata is read as `op_name` and `stack`
-    (the metadata's stack frame number changes with the frames of other ops)."""
-    attrs = {k: v for k, v in inst.attrs.items() if k != "metadata"}
-    return repr(dataclasses.replace(inst, attrs=attrs))
+# Attributes that name other computations (a reduction's function, a call's body): their ops are
+# translated into the terms, their names are XLA's numbering.
+_COMPUTATION_ATTRS = {
+    "to_apply",
+    "calls",
+    "condition",
+    "body",
+    "branch_computations",
+    "true_computation",
+    "false_computation",
+}
+
+
+def _inst_texts(events: list[Event]) -> list[str]:
+    """The instructions as the localization reads them, with XLA's names replaced by their order
+    (an op added after the prefix renumbers the ops before it) and the metadata by what is read
+    from it, `op_name` and `stack` (its stack frame number changes with other ops' frames). The
+    localization reads `op_name` only for JAX's transformation wrappers (`transpose(`)."""
+    order: dict[str, str] = {}
+    for e in events:
+        order.setdefault(e.inst.name, f"#{len(order)}")
+
+    def renamed(name: str) -> str:
+        return order.setdefault(name, f"?{len(order)}")  # an operand made outside the prefix
+
+    texts = []
+    for e in events:
+        attrs = {
+            k: ("<computation>" if k in _COMPUTATION_ATTRS else v) for k, v in e.inst.attrs.items() if k != "metadata"
+        }
+        operands = tuple(renamed(o) for o in e.inst.operands)
+        name = order[e.inst.name]
+        # Without a scope (`broadcast.14`: an op XLA made) it is one more of XLA's names.
+        op_name = e.inst.op_name if "/" in e.inst.op_name or "(" in e.inst.op_name else "<unscoped>"
+        texts.append(repr(dataclasses.replace(e.inst, name=name, op_name=op_name, operands=operands, attrs=attrs)))
+    return texts
 
 
 def _source_digest(file: str, lines: set[int]) -> str:
@@ -177,10 +209,17 @@ class _Writer:
     def __init__(self, view: Programs):
         self.events: dict[int, list] = {}
         self.insts: dict[int, list] = {}
-        for side, events in (("reference", view.reference_events), ("distributed", view.distributed_events)):
+        self.names: dict[str, list] = {}
+        self.sides = {"reference": view.reference_events, "distributed": view.distributed_events}
+        for side, events in self.sides.items():
             for i, e in enumerate(events):
                 self.events.setdefault(id(e), [side, i])
                 self.insts.setdefault(id(e.inst), [side, i])
+                self.names.setdefault(e.inst.name, [side, i])
+
+    def by_ref(self, ref: list) -> Instruction:
+        side, i = ref
+        return self.sides[side][i].inst
 
     def defect(self, d: Defect) -> dict[str, Any]:
         return {
@@ -194,9 +233,14 @@ class _Writer:
         }
 
     def inst(self, inst: Instruction) -> dict[str, Any]:
+        """An event's instruction by the event's position, or one placed at another line (the same
+        op, another stack) by the event's position and that stack; never by XLA's name."""
         if id(inst) in self.insts:
             return {"event": self.insts[id(inst)]}
-        return {"whole": _inst_json(inst)}
+        ref = self.names.get(inst.name)
+        if ref is None or dataclasses.replace(self.by_ref(ref), stack=inst.stack) != inst:
+            raise _Unstorable
+        return {"event": ref, "stack": [_loc_json(loc) for loc in inst.stack]}
 
     def event(self, e: Event) -> list:
         if id(e) not in self.events:
@@ -238,7 +282,8 @@ class _Reader:
         return self.sides[side][i]
 
     def inst(self, d: dict[str, Any]) -> Instruction:
-        return self.event(d["event"]).inst if "event" in d else _inst_of(d["whole"])
+        inst = self.event(d["event"]).inst
+        return dataclasses.replace(inst, stack=tuple(_loc_of(loc) for loc in d["stack"])) if "stack" in d else inst
 
     def work(self, w: dict[str, Any]) -> MissingWork:
         return MissingWork(
@@ -251,41 +296,6 @@ class _Reader:
             _loc_of(w["anchor"]),
             str(w["what"]),
         )
-
-
-def _inst_json(inst: Instruction) -> dict[str, Any]:
-    return {
-        "name": inst.name,
-        "opcode": inst.opcode,
-        "shape": _shape_json(inst.shape),
-        "operands": list(inst.operands),
-        "attrs": dict(inst.attrs),
-        "op_name": inst.op_name,
-        "stack": [_loc_json(loc) for loc in inst.stack],
-        "is_root": inst.is_root,
-    }
-
-
-def _inst_of(d: dict[str, Any]) -> Instruction:
-    return Instruction(
-        str(d["name"]),
-        str(d["opcode"]),
-        _shape_of(d["shape"]),
-        tuple(str(o) for o in d["operands"]),
-        {str(k): str(v) for k, v in d["attrs"].items()},
-        str(d["op_name"]),
-        tuple(_loc_of(loc) for loc in d["stack"]),
-        bool(d["is_root"]),
-    )
-
-
-def _shape_json(shape: Shape) -> list:
-    return [shape.dtype, list(shape.dims), [_shape_json(e) for e in shape.elements]]
-
-
-def _shape_of(d: list) -> Shape:
-    dtype, dims, elements = d
-    return Shape(str(dtype), tuple(int(n) for n in dims), tuple(_shape_of(e) for e in elements))
 
 
 def _loc_json(loc: SourceLoc) -> list:
