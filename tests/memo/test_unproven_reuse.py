@@ -202,3 +202,16 @@ def test_another_budget_reuses_nothing(repo, work, tmp_path):
     other = dataclasses.replace(BUDGETS, layer_windows=63)
     verify_model(model, manifest, captured, Memo(tmp_path / "cache"), budgets=other)
     assert (work["prefix"], work["layers"]) == (3 * done["prefix"], 3 * done["layers"])
+
+
+def test_a_prefix_with_a_collective_permute_is_not_kept(repo, work, tmp_path):
+    """Near miss of the guard: the same model with the first layer's psum replaced by a ppermute
+    (a real defect too). Its localization tries the permutation's pairs sent another way, which
+    runs the whole program again: the diagnosis depends on more than the prefix, so it is never
+    kept, and every run diagnoses it anew (with the same finding)."""
+    _edit(repo, "(partial if i == 0 else", "(lax.ppermute(partial, 'tp', [(k, (k + 1) % 4) for k in range(4)]) if i == 0 else")
+    first = _verify(repo, Memo(tmp_path / "cache"))
+    assert first.status is not Status.VERIFIED
+    again = _verify(repo, Memo(tmp_path / "cache"))
+    assert work["prefix"] == 2
+    assert _summary(again) == _summary(first)
