@@ -173,7 +173,7 @@ def test_a_comment_in_another_function_keeps_the_diagnosis_one_in_its_statement_
     _verify(repo, Memo(tmp_path / "cache"))
     assert work["prefix"] == before["prefix"]
     # Same lines, another text in the function of the first layer's ops (the localization reads it).
-    _edit(repo, 'for _ in range(3)]\n    return', 'for _ in range(3)]  # the weights\n    return')
+    _edit(repo, "for _ in range(3)]\n    return", "for _ in range(3)]  # the weights\n    return")
     _verify(repo, Memo(tmp_path / "cache"))
     assert work["prefix"] == before["prefix"] + 1
 
@@ -209,7 +209,11 @@ def test_a_prefix_with_a_collective_permute_is_not_kept(repo, work, tmp_path):
     (a real defect too). Its localization tries the permutation's pairs sent another way, which
     runs the whole program again: the diagnosis depends on more than the prefix, so it is never
     kept, and every run diagnoses it anew (with the same finding)."""
-    _edit(repo, "(partial if i == 0 else", "(lax.ppermute(partial, 'tp', [(k, (k + 1) % 4) for k in range(4)]) if i == 0 else")
+    _edit(
+        repo,
+        "(partial if i == 0 else",
+        "(lax.ppermute(partial, 'tp', [(k, (k + 1) % 4) for k in range(4)]) if i == 0 else",
+    )
     first = _verify(repo, Memo(tmp_path / "cache"))
     assert first.status is not Status.VERIFIED
     again = _verify(repo, Memo(tmp_path / "cache"))
