@@ -27,7 +27,7 @@ from equivci.prove.saturate import MAX_ITERATIONS, Proof, saturate, with_hints
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
 from equivci.translate.builder import Unsupported
-from equivci.verify.prefix import diagnose_prefix
+from equivci.verify.prefix import Diagnosis, diagnose_prefix
 
 
 def verify_model(
@@ -92,6 +92,7 @@ def verify_model(
     # big model only up to the first unproved layer, where the first defect is (kept in the memo:
     # a change after that layer finds it there).
     proof: Proof | None
+    searched: Proof | Diagnosis  # what the budget note reads: the search's budget and whether it ran out
     if layering is not None and len(programs.evaluator.table) > budgets.whole_program_terms:
         diagnosis = diagnose_prefix(
             programs,
@@ -102,7 +103,7 @@ def verify_model(
             memo if memo is not None else Memo(None),
             laps,
         )
-        proof, defect, exhausted = diagnosis.proof, diagnosis.defect, diagnosis.exhausted
+        proof, defect, searched = diagnosis.proof, diagnosis.defect, diagnosis
     else:
         proof = saturate(programs, iterations=iterations)
         laps.lap("prove whole program")
@@ -114,7 +115,7 @@ def verify_model(
                 proof = with_hints(proof, programs, hints, budgets.hinted_iterations)
                 laps.lap(f"prove whole program with {len(hints)} proposed windows")
         defect = None if proof.all_proved else defect_with_loops(programs, proof, captured.mesh)
-        exhausted = proof.exhausted
+        searched = proof
         if not proof.all_proved:
             laps.lap("localize")
     if proof is not None and proof.all_proved:
@@ -168,7 +169,7 @@ def verify_model(
     findings = with_note(findings, _numeric_note(comparison))
     for limit in programs.limits:
         findings = with_note(findings, limit)
-    budget = _budget_note(programs, exhausted, iterations, layered.layers if layering is not None else [])
+    budget = _budget_note(programs, searched, layered.layers if layering is not None else [])
     return _finish(model, Status.UNPROVEN, t0, tuple(findings) + budget, layers, laps)
 
 
@@ -193,7 +194,7 @@ def _foreign(model: ModelSpec, manifest: Manifest) -> tuple[tuple[str, str], ...
     )
 
 
-def _budget_note(programs, exhausted: int, iterations: int, layers) -> tuple[Finding, ...]:
+def _budget_note(programs, proof, layers) -> tuple[Finding, ...]:
     """Say so when `unproven` may be the budget's doing: a saturation that failed to prove what it was
     asked stopped at its iteration budget while the rules could still add facts."""
     stopped = [(f"layer {o.name}" if o.name else "a layer", o.exhausted) for o in layers if o.exhausted]
@@ -202,8 +203,8 @@ def _budget_note(programs, exhausted: int, iterations: int, layers) -> tuple[Fin
         for a in programs.loops
         if not a.proved and a.proof is not None and a.proof.exhausted
     ]
-    if exhausted:
-        stopped.append(("the whole program", exhausted))
+    if proof.exhausted:
+        stopped.append(("the whole program", proof.exhausted))
     if not stopped:
         return ()
     where, budget = stopped[0]
@@ -216,7 +217,7 @@ def _budget_note(programs, exhausted: int, iterations: int, layers) -> tuple[Fin
             None,
             f"the proof search of {where}{more} stopped at its budget of {budget} saturation iterations while "
             "its rules could still add facts, so a larger budget may prove it: the budget is the larger of "
-            f"the terms' depth and {ENV_SATURATION_ITERATIONS} ({iterations} now); set "
+            f"the terms' depth and {ENV_SATURATION_ITERATIONS} ({proof.iterations} now); set "
             f"{ENV_SATURATION_ITERATIONS}={2 * budget} to raise it",
         ),
     )

@@ -39,6 +39,7 @@ class Diagnosis:
     defect: Defect | None
     proof: Proof | None  # None when the diagnosis came from the memo
     exhausted: int  # > 0: the prefix proof stopped at this saturation budget, not at a fixed point
+    iterations: int  # the saturation budget it was given
 
 
 def diagnose_prefix(
@@ -59,21 +60,21 @@ def diagnose_prefix(
     restored = _restored(stored, view) if stored is not None else None
     if restored is not None:
         laps.lap("diagnosis up to the first unproved layer (from the memo)")
-        return Diagnosis(restored[0], None, restored[1])
-    proof = prefix_proof(prefix)
+        return Diagnosis(restored[0], None, restored[1], iterations)
+    proof = prefix_proof(prefix, iterations)
     laps.lap("prove up to the first unproved layer")
     if proof.all_proved:
-        return Diagnosis(None, proof, proof.exhausted)
+        return Diagnosis(None, proof, proof.exhausted, iterations)
     found = defect_with_loops(view, proof, mesh)
     if found is None:  # nothing inside the prefix: look at the whole program, on the same e-graph
         found = defect_with_loops(programs, proof, mesh)
         laps.lap("localize")
-        return Diagnosis(found, proof, proof.exhausted)
+        return Diagnosis(found, proof, proof.exhausted, iterations)
     laps.lap("localize")
     payload = _stored(found, view, proof.exhausted)
     if k is not None and payload is not None:
         memo.put(KIND, k, payload)
-    return Diagnosis(found, proof, proof.exhausted)
+    return Diagnosis(found, proof, proof.exhausted, iterations)
 
 
 def _key(prefix: Prefix, programs: Programs, mesh, iterations: int) -> str | None:

@@ -97,13 +97,15 @@ def repo(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def work(monkeypatch) -> dict[str, int]:
+def work(monkeypatch) -> dict:
     """Counts of the saturations run: layer proofs and prefix proofs."""
-    counts = {"layers": 0, "prefix": 0}
+    counts: dict = {"layers": 0, "prefix": 0, "iterations": []}  # iterations: each prefix proof's budget
 
     def counted(name, function):
         def run(*args, **kwargs):
             counts[name] += 1
+            if name == "prefix":
+                counts["iterations"].append(args[1])
             return function(*args, **kwargs)
 
         return run
@@ -199,6 +201,7 @@ def test_another_budget_reuses_nothing(repo, work, tmp_path):
     done = dict(work)
     verify_model(model, manifest, captured, Memo(tmp_path / "cache"), iterations=121, budgets=BUDGETS)
     assert (work["prefix"], work["layers"]) == (2 * done["prefix"], 2 * done["layers"])
+    assert work["iterations"] == [120, 121]  # the prefix proof runs with the budget asked for
     other = dataclasses.replace(BUDGETS, layer_windows=63)
     verify_model(model, manifest, captured, Memo(tmp_path / "cache"), budgets=other)
     assert (work["prefix"], work["layers"]) == (3 * done["prefix"], 3 * done["layers"])
