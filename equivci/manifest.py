@@ -22,7 +22,7 @@ MAX_DEVICES = 64  # fake CPU devices per capture child; more makes capture impra
 
 TOP_KEYS = ("version", "models")
 REQUIRED_MODEL_KEYS = ("name", "reference", "distributed", "inputs", "mesh")
-MODEL_KEYS = REQUIRED_MODEL_KEYS + ("kind", "tags", "capture_timeout", "oracle")
+MODEL_KEYS = REQUIRED_MODEL_KEYS + ("kind", "tags", "capture_timeout", "oracle", "assume_valid_indices")
 # `kind: hlo`: programs given as HLO files (another compiler's dumps) and a relation file.
 HLO_REQUIRED_KEYS = ("name", "kind", "reference", "distributed", "relations", "mesh")
 HLO_MODEL_KEYS = HLO_REQUIRED_KEYS + ("tags",)
@@ -94,6 +94,9 @@ class ModelSpec:
     capture_timeout: float = DEFAULT_CAPTURE_TIMEOUT  # seconds; `capture_timeout:` or --capture-timeout
     oracle: OracleSpec = OracleSpec()
     hlo: HloSources | None = None
+    # False: a proof that holds only for integer inputs in the range the reference indexes with
+    # is `unproven`, not "verified, assuming the inputs its note names".
+    assume_valid_indices: bool = True
 
     @property
     def num_devices(self) -> int:
@@ -380,6 +383,19 @@ def _capture_timeout(ctx: _Ctx, model: _Map, prefix: str) -> float:
     return float(value)
 
 
+def _assume_valid_indices(ctx: _Ctx, model: _Map, prefix: str) -> bool:
+    value = model.get("assume_valid_indices", True)
+    if not isinstance(value, bool):
+        ctx.fail(
+            f"{prefix}.assume_valid_indices",
+            model.key_lines.get("assume_valid_indices"),
+            f"expected true or false, got {_describe(value)}",
+            "write `assume_valid_indices: false` to refuse proofs that hold only for valid index inputs "
+            "(the default, true, accepts them with a note)",
+        )
+    return value
+
+
 def _model(ctx: _Ctx, node: Any, index: int, line: int) -> ModelSpec:
     prefix = f"models[{index}]"
     if not isinstance(node, dict):
@@ -430,6 +446,7 @@ def _model(ctx: _Ctx, node: Any, index: int, line: int) -> ModelSpec:
         tags=_tags(ctx, node, prefix),
         capture_timeout=_capture_timeout(ctx, node, prefix),
         oracle=_oracle(ctx, node, prefix),
+        assume_valid_indices=_assume_valid_indices(ctx, node, prefix),
     )
 
 

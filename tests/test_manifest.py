@@ -89,6 +89,8 @@ BAD = [
     ("tags-not-list", _doc(_model(tags="nightly")), "models[0].tags: expected a list of strings"),
     ("tags-not-strings", _doc(_model(tags=["nightly", 3])), "models[0].tags[1]: expected a non-empty string"),
     ("oracle-not-mapping", _doc(_model(oracle=0.01)), "models[0].oracle: expected a mapping, got a number"),
+    ("assume-valid-indices-string", _doc(_model(assume_valid_indices="no")),
+     "models[0].assume_valid_indices: expected true or false, got a string ('no')"),
     ("oracle-unknown-key", _doc(_model(oracle={"rtole": 0.1})), "models[0].oracle.rtole: unknown key; did you mean 'rtol'?"),
     ("oracle-negative-rtol", _doc(_model(oracle={"rtol": -1})), "models[0].oracle.rtol: expected a non-negative number, got an integer (-1)"),
     ("oracle-string-atol", _doc(_model(oracle={"atol": "1e-3"})), "models[0].oracle.atol: expected a non-negative number, got a string"),
@@ -167,3 +169,9 @@ def test_oracle_settings(project: Path) -> None:
     assert (first.oracle.rtol, first.oracle.atol, first.oracle.tolerance_set) == (0.02, None, True)
     assert first.oracle.inputs is not None and first.oracle.inputs.function == "small"
     assert not second.oracle.tolerance_set and second.oracle.inputs is None
+
+
+def test_assume_valid_indices_defaults_to_true(project: Path) -> None:
+    (project / "equivci.yaml").write_text(_doc(_model(assume_valid_indices=False), _model(name="b")))
+    first, second = load_manifest(project / "equivci.yaml").models
+    assert (first.assume_valid_indices, second.assume_valid_indices) == (False, True)

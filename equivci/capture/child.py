@@ -241,6 +241,8 @@ class _MemoKeys:
             leaves(dist_lowered.out_info),
             # The oracle's settings decide between `mismatch` and `unproven`.
             json.dumps([model.oracle.rtol, model.oracle.atol, model.oracle.inputs and model.oracle.inputs.spec]),
+            # ... and so does whether a proof may rest on valid index inputs.
+            f"assume_valid_indices={model.assume_valid_indices}",
         )
         self.store = memo.Memo(Path(memo_request["cache_dir"])) if memo_request.get("cache_dir") else None
         try:

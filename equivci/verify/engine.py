@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from equivci.cache import Memo
@@ -79,14 +80,7 @@ def verify_model(
         layers = LayerCounts(len(outcomes), sum(o.proved for o in outcomes), sum(o.reused for o in outcomes))
         laps.lap(f"prove layers ({layers.total - layers.reused} new, {layers.reused} reused)")
         if layered.all_proved:
-            return _finish(
-                model,
-                Status.VERIFIED,
-                t0,
-                _assumptions(programs, captured),
-                LayerCounts(layers.total, layers.total, layers.reused),
-                laps,
-            )
+            return _proved(model, programs, captured, t0, LayerCounts(layers.total, layers.total, layers.reused), laps)
     # The layers alone do not prove it (a relation between layers that is not a window, or a
     # real defect): prove the whole program, which also gives the localization its e-graph; on a
     # big model only up to the first unproved layer, where the first defect is (kept in the memo:
@@ -119,14 +113,7 @@ def verify_model(
         if not proof.all_proved:
             laps.lap("localize")
     if proof is not None and proof.all_proved:
-        return _finish(
-            model,
-            Status.VERIFIED,
-            t0,
-            _assumptions(programs, captured),
-            LayerCounts(layers.total, layers.total, layers.reused),
-            laps,
-        )
+        return _proved(model, programs, captured, t0, LayerCounts(layers.total, layers.total, layers.reused), laps)
 
     comparison = _comparison(model, manifest, captured, programs.assumed, budgets)
     laps.lap("counterexample")
@@ -258,6 +245,24 @@ def _assumptions(programs, captured: CapturedModel) -> tuple[Finding, ...]:
             )
         )
     return tuple(notes)
+
+
+def _proved(model: ModelSpec, programs, captured: CapturedModel, t0, layers: LayerCounts, laps: Laps) -> ModelResult:
+    """`verified`, with notes on what the proof assumed; `unproven` when it assumed valid index
+    inputs and the manifest refuses that (`assume_valid_indices: false`)."""
+    notes = _assumptions(programs, captured)
+    if notes and not model.assume_valid_indices:
+        refused = tuple(
+            dataclasses.replace(
+                n,
+                severity="error",
+                message=n.message + "; `assume_valid_indices: false` in the manifest refuses such proofs "
+                "(remove it to accept the proof with this note)",
+            )
+            for n in notes
+        )
+        return _finish(model, Status.UNPROVEN, t0, refused, layers, laps)
+    return _finish(model, Status.VERIFIED, t0, notes, layers, laps)
 
 
 def _finish(model, status, t0, findings, layers: LayerCounts, laps: Laps) -> ModelResult:

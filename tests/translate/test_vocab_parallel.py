@@ -8,6 +8,7 @@ near misses (a gap or an overlap in the cover, a shifted local index) must not v
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 
 import model_package
@@ -213,6 +214,21 @@ def test_vocab_parallel_programs_verify(manifest, name):
                 "head_xent": [("note", "vocab.py", "proved for input [3] in [0, 15]")],
                 "xent": [("note", "vocab.py", "proved for input [1] in [0, 15]")], "row_max": []}
     assert notes == expected[name]
+
+
+@pytest.mark.parametrize("name", ["embed", "row_max"])
+def test_a_manifest_that_refuses_index_assumptions_gets_unproven_for_a_proof_resting_on_one(manifest, name):
+    """`assume_valid_indices: false`: the embedding's proof holds only for ids in [0, 15], so it is
+    `unproven` with the assumption as its error; row_max assumes nothing and stays verified."""
+    model = dataclasses.replace(_model(manifest, name), assume_valid_indices=False)
+    result = verify_model(model, manifest, capture_named(manifest, name))
+    if name == "row_max":
+        assert result.status is Status.VERIFIED and result.findings == (), result.findings
+        return
+    assert result.status is Status.UNPROVEN, result.findings
+    [finding] = result.findings
+    assert finding.severity == "error" and finding.path == "vocab.py", finding
+    assert finding.message.startswith("proved for input [1] in [0, 15]") and "assume_valid_indices" in finding.message
 
 
 # near miss -> the windows of the lookups recognised: the gap and the overlap get past the lookup
