@@ -185,7 +185,8 @@ STAGES = {
     "build": ("verify/build programs",),
     "split": ("verify/split layers",),
     "layers": ("verify/prove layers",),
-    "whole": ("verify/prove whole program", "verify/prove up to the first unproved layer"),
+    "whole": ("verify/prove whole program", "verify/prove up to the first unproved layer",
+              "verify/diagnosis up to the first unproved layer (from the memo)"),
     "localize": ("verify/localize", "verify/counterexample"),
     "ver.rest": ("verify/import the verifier", "verify/other (process start and exit, transfer)"),
 }
@@ -211,8 +212,10 @@ def summary(doc_text: str) -> str:
     except (ValueError, KeyError, IndexError):
         return "no report"
     layers = m["layers"]
+    first = next((f for f in m.get("findings") or () if f.get("severity") == "error"), None)
+    where = f", first finding {Path(first['path'] or '-').name}:{first['line']}" if first else ""
     return f"{m['status']}, layers {layers['verified']}/{layers['total']} verified, {layers['reused']} reused" + (
-        ", skipped (unchanged)" if m.get("reused") else "")
+        ", skipped (unchanged)" if m.get("reused") else "") + where
 
 
 def bench_config(cfg: str, timeout: float, layers: int | None = None, repeat: int = 1, style: str = "llama_tp",

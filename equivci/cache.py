@@ -21,8 +21,11 @@ verified one, which has no lines to get wrong).
 
 Every file is written atomically (a temporary file in the same folder, then os.replace). An entry
 that cannot be read, does not parse, has another format number or a different key inside is
-ignored (and rebuilt by the next write). The layer-level cache uses the same store with another
-`kind` and keys built by `key()` from the layer's canonical text and input relations.
+ignored (and rebuilt by the next write). The layer-level cache (kind "layers": a layer's result, proved or not) and the diagnoses of big
+unproven models (kind "diagnoses": the first defect up to the first unproved layer,
+equivci.verify.prefix) use the same store, with keys built by `key()` from what each is computed
+from (the layer's canonical text and input relations; the prefix's terms, instructions and source
+statements), equivci's fingerprint and the budgets.
 
 The "programs" entries only save work: the bytecode is a lossless serialization of the modules
 (locations included), so equal bytecode means equal printed texts and hence the same content key

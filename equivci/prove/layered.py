@@ -18,9 +18,10 @@ import time
 
 from equivci import cache
 from equivci.layers.canonical import CanonicalForm, canonical_form
-from equivci.layers.segments import Layering, Segment, leaves
+from equivci.layers.segments import Layering, Segment, leaves, postorder, program_order
 from equivci.prove.saturate import MAX_ITERATIONS, Proof, add_terms, proved_equal, saturate_terms
 from equivci.terms.ir import Term
+from equivci.translate.evaluator import Event
 from equivci.translate.programs import Programs
 
 # Leaves standing for values that enter a layer are params numbered from here (the model's own
@@ -127,7 +128,9 @@ def prove_layers(
         t0 = time.perf_counter()
         abstraction = _Abstraction(programs, layering, segment.name, relations, entry_leaves)
         problem = _Problem.of(segment, programs, abstraction, index)
-        key = cache.key(cache.fingerprint(), "layer", problem.form.digest, str(iterations))
+        key = cache.key(
+            cache.fingerprint(), "layer", problem.form.digest, str(iterations), repr(programs.evaluator.budgets)
+        )
         stored = _valid(memo.get("layers", key), problem)
         result = stored or _prove(problem, programs, iterations)
         if stored is None:
@@ -302,35 +305,87 @@ def _valid(payload, problem: _Problem) -> dict | None:
     return payload
 
 
-def prefix_proof(
-    programs: Programs, layering: Layering, outcomes: list[LayerOutcome], iterations: int = MAX_ITERATIONS
-) -> Proof:
-    """The whole-program proof restricted to the layers up to the first unproved one: what the
-    localization needs on a model too big to saturate whole. Obligations outside it stay unproved."""
+@dataclasses.dataclass
+class Prefix:
+    """The layers up to the first unproved one, with the terms outside every layer: what the
+    localization of a model too big to saturate whole works on, and all that it works on."""
+
+    reference_values: list[Term]  # the model's inputs and the reference values inside
+    distributed_values: list[Term]
+    rows: list[list[tuple[Term, Term] | None]]  # [device][output leaf]: (output, target) inside, else None
+    groups: list[list[Term]]  # the groups of terms stated equal that the terms inside reach
+    reference_events: list[Event]  # the events with a value inside, in program order
+    distributed_events: list[Event]
+
+
+def prefix_of(programs: Programs, layering: Layering, outcomes: list[LayerOutcome]) -> Prefix:
+    """The prefix of `programs` up to the first of `outcomes` not proved (the last when all are). Its
+    terms outside every layer are those its layers use (the tables and constants of a later layer
+    are not part of it), or all of them when the prefix reaches the obligations outside every layer."""
     first_bad = next((i for i, o in enumerate(outcomes) if not o.proved), len(outcomes) - 1)
-    names = {s.name for s in layering.segments[: first_bad + 1]} | {None}
+    names = {s.name for s in layering.segments[: first_bad + 1]}
+    label = layering.label
+    events = programs.reference_events + programs.distributed_events
+    used = set(program_order([v for e in events for dv in e.values for v in leaves(dv) if label.get(v) in names]))
 
     def inside(t: Term) -> bool:
-        return layering.label.get(t) in names
+        name = label.get(t)
+        return name in names or (name is None and (None in names or t in used))
+
+    def events_inside(events: list[Event]) -> list[Event]:
+        return [e for e in events if any(inside(v) for dv in e.values for v in leaves(dv))]
 
     reference_values = list(programs.params) + [
         v for e in programs.reference_events for v in leaves(e.values[0]) if inside(v)
     ]
     distributed_values = [v for e in programs.distributed_events for dv in e.values for v in leaves(dv) if inside(v)]
-    rows = [
+    rows: list[list[tuple[Term, Term] | None]] = [
         [(o, t) if inside(o) and inside(t) else None for o, t in zip(row, targets)]
         for row, targets in zip(programs.device_outputs, programs.targets)
     ]
-    proof = saturate_terms(
+    roots = reference_values + distributed_values + [t for row in rows for p in row if p for t in p]
+    return Prefix(
         reference_values,
-        reference_values,
-        [[p for p in row if p] for row in rows],
-        programs.evaluator.equal_terms,
         distributed_values,
+        rows,
+        groups_reaching(roots, programs.evaluator.equal_terms),
+        events_inside(programs.reference_events),
+        events_inside(programs.distributed_events),
+    )
+
+
+def groups_reaching(roots: list[Term], equal_terms: list[list[Term]]) -> list[list[Term]]:
+    """The groups of `equal_terms` with a member among the terms under `roots`, in their order, and
+    those their members' terms reach in turn (a layer's proof takes its groups the same way)."""
+    groups_of: dict[Term, list[int]] = {}
+    for j, group in enumerate(equal_terms):
+        for t in group:
+            groups_of.setdefault(t, []).append(j)
+    seen: set[Term] = set()
+    found: set[int] = set()
+    pending = list(roots)
+    while pending:
+        reached: list[int] = []
+        for t in postorder(pending, seen.__contains__):
+            seen.add(t)
+            reached.extend(j for j in groups_of.get(t, ()) if j not in found)
+        found.update(reached)
+        pending = [t for j in reached for t in equal_terms[j]]
+    return [equal_terms[j] for j in sorted(found)]
+
+
+def prefix_proof(prefix: Prefix, iterations: int = MAX_ITERATIONS) -> Proof:
+    """The whole-program proof restricted to `prefix`. Obligations outside it stay unproved."""
+    proof = saturate_terms(
+        prefix.reference_values,
+        prefix.reference_values,
+        [[p for p in row if p] for row in prefix.rows],
+        prefix.groups,
+        prefix.distributed_values,
         iterations=iterations,
     )
     proved = []
-    for row, results in zip(rows, proof.proved):
+    for row, results in zip(prefix.rows, proof.proved):
         answers = iter(results)
         proved.append([next(answers) if p else False for p in row])
     return dataclasses.replace(proof, proved=proved)

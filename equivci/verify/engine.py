@@ -22,12 +22,13 @@ from equivci.layers.segments import split
 from equivci.manifest import Manifest, ModelSpec
 from equivci.options import ENV_SATURATION_ITERATIONS, Budgets
 from equivci.prove.candidates import window_candidates
-from equivci.prove.layered import prefix_proof, prove_layers
+from equivci.prove.layered import prove_layers
 from equivci.prove.programs import build_programs
-from equivci.prove.saturate import MAX_ITERATIONS, saturate, with_hints
+from equivci.prove.saturate import MAX_ITERATIONS, Proof, saturate, with_hints
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
 from equivci.translate.builder import Unsupported
+from equivci.verify.prefix import Diagnosis, diagnose_prefix
 
 
 def verify_model(
@@ -82,10 +83,21 @@ def verify_model(
             return _proved(model, programs, captured, t0, LayerCounts(layers.total, layers.total, layers.reused), laps)
     # The layers alone do not prove it (a relation between layers that is not a window, or a
     # real defect): prove the whole program, which also gives the localization its e-graph; on a
-    # big model only up to the first unproved layer, where the first defect is.
+    # big model only up to the first unproved layer, where the first defect is (kept in the memo:
+    # a change after that layer finds it there).
+    proof: Proof | None
+    searched: Proof | Diagnosis  # what the budget note reads: the search's budget and whether it ran out
     if layering is not None and len(programs.evaluator.table) > budgets.whole_program_terms:
-        proof = prefix_proof(programs, layering, layered.layers, iterations)
-        laps.lap("prove up to the first unproved layer")
+        diagnosis = diagnose_prefix(
+            programs,
+            layering,
+            layered.layers,
+            captured.mesh,
+            iterations,
+            memo if memo is not None else Memo(None),
+            laps,
+        )
+        proof, defect, searched = diagnosis.proof, diagnosis.defect, diagnosis
     else:
         proof = saturate(programs, iterations=iterations)
         laps.lap("prove whole program")
@@ -96,14 +108,17 @@ def verify_model(
             if hints:
                 proof = with_hints(proof, programs, hints, budgets.hinted_iterations)
                 laps.lap(f"prove whole program with {len(hints)} proposed windows")
-    if proof.all_proved:
+        defect = None if proof.all_proved else defect_with_loops(programs, proof, captured.mesh)
+        searched = proof
+        if not proof.all_proved:
+            laps.lap("localize")
+    if proof is not None and proof.all_proved:
         return _proved(model, programs, captured, t0, LayerCounts(layers.total, layers.total, layers.reused), laps)
 
-    defect = defect_with_loops(programs, proof, captured.mesh)
-    laps.lap("localize")
     comparison = _comparison(model, manifest, captured, programs.assumed, budgets)
     laps.lap("counterexample")
     if defect is None:
+        assert proof is not None  # a diagnosis from the memo always names a defect
         findings = [_output_finding(proof, captured)]
     else:
         frontier = numeric_frontier(
@@ -141,7 +156,7 @@ def verify_model(
     findings = with_note(findings, _numeric_note(comparison))
     for limit in programs.limits:
         findings = with_note(findings, limit)
-    budget = _budget_note(programs, proof, layered.layers if layering is not None else [])
+    budget = _budget_note(programs, searched, layered.layers if layering is not None else [])
     return _finish(model, Status.UNPROVEN, t0, tuple(findings) + budget, layers, laps)
 
 
