@@ -247,7 +247,8 @@ def reoriented(ev: Builder, operand: Term) -> Term | None:
     (through_transposes). Whichever order two programs wrote the inner dot in
     (`einsum("dhk,bsd->hkbs", w, x)` in one, `x @ w.reshape(d, -1)` in the other), the outer one
     then reads the same dot. None when the operand is no such dot or is in that form already (the
-    dot's own term keeps its written form: other ops read its layout)."""
+    dot's own term keeps its written form: other ops read its layout; so does a transpose of it,
+    which a device's unit head dim may turn into a plain reshape in one form only)."""
     windows = []
     base = operand
     while base.op == "slice":

@@ -15,7 +15,7 @@ import numpy as np
 
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
-from equivci.terms.spec import GatherDims, bcast_spec, parse_transpose, reshape_spec
+from equivci.terms.spec import GatherDims, bcast_spec, reshape_spec
 from equivci.translate import masks, offsets, one_hots, picks, pieces, scatter_adds
 from equivci.translate.attributes import (
     called,
@@ -27,7 +27,6 @@ from equivci.translate.attributes import (
 )
 from equivci.translate.builder import Builder, Value
 from equivci.translate.opaque import opaque
-from equivci.translate.relayouts import reoriented
 
 IDENTITY_CUSTOM_CALLS = {
     "Sharding",
@@ -76,14 +75,7 @@ def reshape(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
 
 
 def transpose(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
-    """A transposed dot is read in one operand order whichever way it was written
-    (relayouts.reoriented); a transpose of a transpose composes (Builder.transpose_term)."""
-    x, perm = args[0], dims_attr(inst.attrs.get("dimensions"))
-    if x.op == "transpose":
-        inner = parse_transpose(x.attrs[0])
-        x, perm = x.args[0], tuple(inner[q] for q in perm)
-    swapped = reoriented(ev, x)
-    return ev.transpose_term(x if swapped is None else swapped, perm)
+    return ev.transpose_term(args[0], dims_attr(inst.attrs.get("dimensions")))
 
 
 def slice_(ev: Builder, inst: Instruction, args: list, device: int) -> Value:

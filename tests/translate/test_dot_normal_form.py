@@ -1,6 +1,6 @@
 """One form for a dot whatever the operand order, the operands' transposes and merged contractions
 (equivci.translate.relayouts: reoriented, split_contraction; equivci.translate.builder:
-transposed_reshape and windows of transposes; equivci.translate.shapes.transpose).
+transposed_reshape and windows of transposes).
 
 Each fact is checked numerically on the terms the evaluator builds (the normal form against the
 dot as written, on random arrays), each guard on a near miss (the rewrite it forbids changes the
@@ -73,25 +73,30 @@ def test_a_dot_reading_a_dot_reads_it_in_one_operand_order() -> None:
     np.testing.assert_allclose(evaluate(from_xw, values), np.einsum("bsf,btf->bst", projected, projected), rtol=1e-6)
 
 
-def test_a_transposed_dot_is_a_transpose_of_the_dot_in_one_order() -> None:
+def test_a_transposed_dot_keeps_its_written_order() -> None:
+    # Only a dot reads a dot in one order: a transpose keeps the written one, since a device's unit
+    # head dim can make the transpose of the one order a plain reshape where the reference's several
+    # heads keep it (test_window_of_reshaped_window's GQA); the dot reading the transpose absorbs it.
     ev = Evaluator(None, TermTable(), 1)
     w, x, xw, wx = _xw(ev)
     t = transpose(ev, _transpose_inst((3, 2, 5), (2, 1, 0)), [wx], 0)  # [s, b, f] from the einsum
-    assert t.op == "transpose" and t.args[0] is xw
+    assert t.op == "transpose" and t.args[0] is wx
     values = _values((8, 5), (2, 3, 8))
     np.testing.assert_allclose(evaluate(t, values), (values[1] @ values[0]).transpose(1, 0, 2), rtol=1e-6)
 
 
 def test_windows_of_a_dot_read_in_the_other_order_move_with_its_dims() -> None:
-    # a head window of the weights-first einsum, transposed: the window is taken of x @ w
+    # a head window of the weights-first einsum, transposed and contracted: the window is taken of x @ w
     ev = Evaluator(None, TermTable(), 1)
     w, x, xw, wx = _xw(ev)
+    u = ev.table.make("param", (2,), (), (3, 4), "f32")
     window = ev.slice_term(wx, 0, 1, 4)  # [3, b, s]
-    t = transpose(ev, _transpose_inst((2, 3, 3), (1, 2, 0)), [window], 0)
-    assert t.op == "slice" and t.args[0] is xw and t.attrs == (2, 1, 4)
-    values = _values((8, 5), (2, 3, 8))
-    expected = (values[1] @ values[0])[:, :, 1:4]
-    np.testing.assert_allclose(evaluate(t, values), expected, rtol=1e-6)
+    moved = transpose(ev, _transpose_inst((2, 3, 3), (1, 2, 0)), [window], 0)  # [b, s, 3]
+    out = dot(ev, _dot_inst((2, 3, 4), "{2}", "{0}"), [moved, u], 0)
+    assert out.op == "dot" and out.args == (ev.slice_term(xw, 2, 1, 4), u)
+    values = _values((8, 5), (2, 3, 8), (3, 4))
+    expected = (values[1] @ values[0])[:, :, 1:4] @ values[2]
+    np.testing.assert_allclose(evaluate(out, values), expected, rtol=1e-6)
 
 
 def test_a_dot_read_by_a_dot_has_its_batch_pairs_in_the_lhs_order() -> None:
@@ -99,15 +104,16 @@ def test_a_dot_read_by_a_dot_has_its_batch_pairs_in_the_lhs_order() -> None:
     ev = Evaluator(None, TermTable(), 1)
     p = ev.table.make("param", (1,), (), (2, 3, 4, 5, 6), "f32")  # [h, b, g, q, s]
     v = ev.table.make("param", (0,), (), (4, 3, 2, 6, 7), "f32")  # [g, b, h, s, k]
+    u = ev.table.make("param", (2,), (), (7,), "f32")
     ctx = dot(ev, _dot_inst((3, 4, 2, 5, 7), "{4}", "{3}", "{1,2,0}", "{1,0,2}"), [p, v], 0)
     assert ctx.op == "dot"  # its own term as written
-    moved = transpose(ev, _transpose_inst((2, 3, 4, 5, 7), (2, 0, 1, 3, 4)), [ctx], 0)  # [h, b, g, q, k]
-    assert moved.op == "dot" and moved.attrs[0].startswith("0,1,2|2,1,0|")
-    values = _values((4, 3, 2, 6, 7), (2, 3, 4, 5, 6))
-    expected = np.einsum("hbgqs,gbhsk->hbgqk", values[1], values[0])
-    np.testing.assert_allclose(evaluate(moved, values), expected, rtol=1e-6)
-    other = transpose(ev, _transpose_inst((4, 3, 2, 5, 7), (1, 0, 2, 3, 4)), [ctx], 0)  # [g, b, h, q, k]
-    np.testing.assert_allclose(evaluate(other, values), expected.transpose(2, 1, 0, 3, 4), rtol=1e-6)
+    summed = dot(ev, _dot_inst((3, 4, 2, 5), "{4}", "{0}"), [ctx, u], 0)  # [b, g, h, q]
+    assert summed.op == "transpose" and summed.args[0].op == "dot"  # transpose(dot(ctx in one form, u))
+    inner = summed.args[0].args[0]
+    assert inner.op == "dot" and inner.attrs[0].startswith("0,1,2|2,1,0|") and inner.args == (p, v)
+    values = _values((4, 3, 2, 6, 7), (2, 3, 4, 5, 6), (7,))
+    expected = np.einsum("hbgqs,gbhsk,k->bghq", values[1], values[0], values[2])
+    np.testing.assert_allclose(evaluate(summed, values), expected, rtol=1e-5)
 
 
 def test_operands_that_read_the_same_inputs_keep_the_written_order() -> None:
@@ -115,10 +121,11 @@ def test_operands_that_read_the_same_inputs_keep_the_written_order() -> None:
     x = ev.table.make("param", (0,), (), (3, 8), "f32")
     ex = ev.mk("unary", ("exponential",), [x], Shape("f32", (3, 8)))
     xx = dot(ev, _dot_inst((3, 3), "{1}", "{1}"), [ex, x], 0)
-    t = transpose(ev, _transpose_inst((3, 3), (1, 0)), [xx], 0)
-    assert t.op == "transpose" and t.args[0] is xx
+    summed = dot(ev, _dot_inst((3, 3), "{0}", "{0}"), [xx, xx], 0)
+    assert summed.op == "dot" and summed.args == (xx, xx)
     value = RNG.standard_normal((3, 8))
-    np.testing.assert_allclose(evaluate(t, {0: value}), (np.exp(value) @ value.T).T, rtol=1e-6)
+    expected = np.exp(value) @ value.T
+    np.testing.assert_allclose(evaluate(summed, {0: value}), expected.T @ expected, rtol=1e-6)
 
 
 def test_a_window_of_a_transpose_is_a_transpose_of_the_window() -> None:
