@@ -290,6 +290,10 @@ MUTANTS: tuple[Mutant, ...] = (
     M("routing-own-slots", "if tuple(r.slots[a, b]) != (dev, pos[e_row], pos[c_row]) or r.ex[a, b] != pos[e_row]:",
       "if False:", "the combine must read this device's own slots, each with its expert's output (either "
       "clause alone stops the near miss)", "model:moe-ep-no-return"),
+    M("routing-other-order-free", "if free != sorted(free):", "if False:",
+      "a combine read over the expert's dot in the other operand order keeps its output only where the "
+      "uncontracted dims keep their order",
+      "pytest:tests/translate/test_routing.py::test_a_combine_reads_the_expert_output_in_either_operand_order"),
     # -- sort-based dispatch (translate/permutations.py) -----------------------------------------------
     M("segment-end-strict", 'if (op1, op2) != ("LE", "LT") or b1 is not b2:', 'if op1 != "LE" or b1 is not b2:',
       "a ragged group is [starts, ends): its end is excluded", "model:sorted-moe-inclusive-end", "model:sorted-moe"),
