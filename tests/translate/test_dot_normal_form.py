@@ -111,6 +111,7 @@ def test_a_dot_read_by_a_dot_has_its_batch_pairs_in_the_lhs_order() -> None:
     assert summed.op == "transpose" and summed.args[0].op == "dot"  # transpose(dot(ctx in one form, u))
     inner = summed.args[0].args[0]
     assert inner.op == "dot" and inner.attrs[0].startswith("0,1,2|2,1,0|") and inner.args == (p, v)
+    assert inner.shape == (2, 3, 4, 5, 7)  # [h, b, g, q, k]: each batch pair took its output dim along
     values = _values((4, 3, 2, 6, 7), (2, 3, 4, 5, 6), (7,))
     expected = np.einsum("hbgqs,gbhsk,k->bghq", values[1], values[0], values[2])
     np.testing.assert_allclose(evaluate(summed, values), expected, rtol=1e-5)
