@@ -27,6 +27,7 @@ from equivci.terms.spec import (
     bcast_spec,
     parse_compare,
     parse_transpose,
+    reshape_groups,
     reshape_spec,
     transpose_text,
 )
@@ -71,6 +72,7 @@ class Builder:
         # (gather index, size of the dim it indexes, the gather and the calls it is in, innermost first)
         self.index_uses: list[tuple[Term, int, tuple[Instruction, ...]]] = []
         self.calls: list[Instruction] = []  # the calls being evaluated, outermost first
+        self.reads: dict[Term, int] = {}  # terms -> the reference inputs they read, as bits (relayouts.reads)
         self._relaying = False  # building relaid_windows' concatenation
 
     def const(self, value: np.ndarray, dtype: str) -> Term:
@@ -282,6 +284,16 @@ class Builder:
             and (term := self.reshaped_window(x, Shape(x.dtype, tuple(shape)), (dim, start, stop))) is not None
         ):
             return term
+        if x.op == "transpose" and value is None:
+            # A window of a transpose is the transpose of the window, so that transposes move out
+            # to the dot that absorbs them (relayouts.through_transposes): q = qkv[0] of a fused
+            # projection laid out [3, b, s, h, k] is then a transpose of a window of the dot.
+            perm = parse_transpose(x.attrs[0])
+            inner = self.slice_term(x.args[0], perm[dim], start, stop)
+            out = Shape(x.dtype, tuple(shape))
+            term = self.factored("transpose", x.attrs, [inner], out) or self.mk("transpose", x.attrs, [inner], out)
+            self.equal_terms.append([term, self.table.make("slice", (dim, start, stop), (x,), tuple(shape), x.dtype)])
+            return term
         term = self.table.make("slice", (dim, start, stop), (x,), tuple(shape), x.dtype)
         if value is not None:
             self.values[term] = window
@@ -368,12 +380,51 @@ class Builder:
             return term
         if value is None and (term := self.relaid_windows(operand, shape)) is not None:
             return term
+        if (
+            value is None
+            and operand.op == "transpose"
+            and (term := self.transposed_reshape(operand, shape)) is not None
+        ):
+            # The written form stays stated beside it: a device's unit dim (one head per device)
+            # moved by the transpose leaves a plain reshape, where the reference's several heads
+            # keep the transpose, and the window rules relate the two in the written form.
+            spec = (reshape_spec(operand.shape, shape.dims),)
+            self.equal_terms.append([term, self.mk("reshape", spec, [operand], shape)])
+            return term
         # Tables stay symbolic (a device's table is a window of the reference's); the value is
         # kept so that index arithmetic on it still folds.
         term = self.mk("reshape", (reshape_spec(operand.shape, shape.dims),), [operand], shape)
         if value is not None:
             self.values[term] = value.reshape(shape.dims)
         return term
+
+    def transposed_reshape(self, operand: Term, shape: Shape) -> Term | None:
+        """reshape(transpose(y, p)) as transpose(reshape(y), q), when each group of dims the reshape
+        splits or merges comes from consecutive dims of y in the same order (row-major, a run of y's
+        dims is then split or merged alike): the transpose moves out, where the dot that reads the
+        value absorbs it (relayouts.through_transposes), so `dot(x, w).reshape(..).transpose(..)`
+        and a dot of the other operand order meet. Size-1 dims the reshape adds follow the group
+        before them. None when a group's dims are not such a run."""
+        y, p = operand.args[0], parse_transpose(operand.attrs[0])
+        groups = reshape_groups(operand.shape, shape.dims, singletons=True)
+        if groups is None:
+            return None
+        keys = []
+        key = (-1, 0)
+        for gi, _ in groups:
+            run = [p[i] for i in gi]
+            if run and run != list(range(run[0], run[0] + len(run))):
+                return None
+            key = (run[0], 0) if run else (key[0], key[1] + 1)
+            keys.append(key)
+        order = sorted(range(len(groups)), key=keys.__getitem__)
+        dims = [j for g in order for j in groups[g][1]]  # out dims in the order of y's runs
+        inner = self.reshape_term(y, Shape(y.dtype, tuple(shape.dims[j] for j in dims)))
+        perm = tuple(dims.index(j) for j in range(len(shape.dims)))
+        if perm == tuple(range(len(perm))):
+            return inner
+        attrs = (transpose_text(perm),)
+        return self.factored("transpose", attrs, [inner], shape) or self.mk("transpose", attrs, [inner], shape)
 
     def reshaped_window(self, operand: Term, shape: Shape, last: tuple[int, int, int] | None = None) -> Term | None:
         """reshape(slices and reshapes of y) as (a reshape of) one window of y, when it is one: a

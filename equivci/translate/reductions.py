@@ -14,7 +14,13 @@ from equivci.translate.arrays import is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
 from equivci.translate.builder import Builder, Value
 from equivci.translate.opaque import opaque
-from equivci.translate.relayouts import dot_of_relayouts, merged_contraction, through_transposes
+from equivci.translate.relayouts import (
+    dot_of_relayouts,
+    merged_contraction,
+    reoriented,
+    split_contraction,
+    through_transposes,
+)
 
 
 def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -23,10 +29,16 @@ def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     lc, rc = dims_attr(a.get("lhs_contracting_dims")), dims_attr(a.get("rhs_contracting_dims"))
     lhs, rhs = args
     dot_spec = DotSpec(lb, rb, lc, rc, len(lhs.shape), len(rhs.shape), (lhs.dtype, rhs.dtype))
-    untransposed = through_transposes(dot_spec, lhs, rhs)
-    if untransposed is None:
+    spec, x, y = split_contraction(ev, dot_spec, lhs, rhs) or (dot_spec, lhs, rhs)
+    spec, x, y, perm = through_transposes(spec, x, y) or (spec, x, y, tuple(range(len(inst.shape.dims))))
+    # a transpose absorbed may uncover a reshape that merged a contraction (heads moved, then flattened)
+    spec, x, y = split_contraction(ev, spec, x, y) or (spec, x, y)
+    x_dot, y_dot = reoriented(ev, x), reoriented(ev, y)
+    if x_dot is not None or y_dot is not None:
+        spec, x, y, moved = through_transposes(spec, x_dot or x, y_dot or y) or (spec, x, y, perm)
+        perm = tuple(moved[k] for k in perm)
+    if (spec, x, y) == (dot_spec, lhs, rhs):
         return _dot(ev, dot_spec, lhs, rhs, inst.shape)
-    spec, x, y, perm = untransposed
     inner = Shape(inst.shape.dtype, tuple(inst.shape.dims[perm.index(k)] for k in range(len(perm))))
     term = _dot(ev, spec, x, y, inner)
     if perm != tuple(range(len(perm))):

@@ -24,7 +24,7 @@ import math
 
 from equivci.hlo.ir import Shape
 from equivci.terms.ir import Term
-from equivci.terms.spec import DotSpec, parse_transpose, reshape_groups
+from equivci.terms.spec import DotSpec, parse_transpose, reshape_groups, swapped_dot, transpose_text
 from equivci.translate.builder import Builder
 
 _MAX_CHAIN = 8
@@ -193,3 +193,126 @@ def through_transposes(spec: DotSpec, lhs: Term, rhs: Term) -> tuple[DotSpec, Te
     (x, lb, lc), (y, rb, rc) = sides
     untransposed = DotSpec(lb, rb, lc, rc, spec.lhs_rank, spec.rhs_rank, spec.dtypes)
     return untransposed, x, y, tuple(out_perm)
+
+
+def reads(ev: Builder, term: Term) -> int:
+    """The reference inputs `term` reads, as a bit set (bit k: input k). A device reads windows of
+    the same inputs as the reference, so the set names an operand alike in both programs."""
+    memo = ev.reads
+    stack = [term]
+    while stack:
+        t = stack[-1]
+        if t in memo:
+            stack.pop()
+            continue
+        pending = [a for a in t.args if a not in memo]
+        if pending:
+            stack.extend(pending)
+            continue
+        stack.pop()
+        bits = 1 << t.attrs[0] if t.op == "param" else 0
+        for a in t.args:
+            bits |= memo[a]
+        memo[t] = bits
+    return memo[term]
+
+
+def canonical_dot(ev: Builder, dot: Term) -> tuple[DotSpec, Term, Term, tuple[int, ...]] | None:
+    """dot(a, b) as transpose(dot(a', b'; spec), composed) in one form whichever way it was written:
+    the operand that reads the higher-numbered reference inputs first (dot(a, b) is transpose(dot(b,
+    a)) with the free dims swapped: swapped_dot), then the batch pairs in the order of the lhs's
+    dims (each batch pair's output dim moves with it). Output dim o of `dot` is the canonical dot's
+    dim composed[o]. None when `dot` is in that form already."""
+    spec = DotSpec.parse(dot.attrs[0])
+    a, b = dot.args
+    identity = tuple(range(len(dot.shape)))
+    composed = identity
+    if reads(ev, b) > reads(ev, a):
+        spec, composed = swapped_dot(spec, identity)
+        a, b = b, a
+    order = sorted(range(len(spec.lhs_batch)), key=spec.lhs_batch.__getitem__)
+    moved = {old: new for new, old in enumerate(order)}  # batch output dim old -> new
+    composed = tuple(moved.get(k, k) for k in composed)
+    if composed == identity:
+        return None
+    spec = dataclasses.replace(
+        spec, lhs_batch=tuple(spec.lhs_batch[k] for k in order), rhs_batch=tuple(spec.rhs_batch[k] for k in order)
+    )
+    return spec, a, b, composed
+
+
+def reoriented(ev: Builder, operand: Term) -> Term | None:
+    """A dot's operand that is (windows of) another dot, as the transpose of (the same windows of)
+    that dot in its canonical form (canonical_dot), which the dot reading it absorbs
+    (through_transposes). Whichever order two programs wrote the inner dot in
+    (`einsum("dhk,bsd->hkbs", w, x)` in one, `x @ w.reshape(d, -1)` in the other), the outer one
+    then reads the same dot. None when the operand is no such dot or is in that form already (the
+    dot's own term keeps its written form: other ops read its layout; so does a transpose of it,
+    which a device's unit head dim may turn into a plain reshape in one form only)."""
+    windows = []
+    base = operand
+    while base.op == "slice":
+        windows.append(base.attrs)
+        base = base.args[0]
+    canonical = canonical_dot(ev, base) if base.op == "dot" else None
+    if canonical is None:
+        return None
+    spec, a, b, composed = canonical
+    shape = [0] * len(base.shape)
+    for o, size in enumerate(base.shape):
+        shape[composed[o]] = size
+    out = Shape(base.dtype, tuple(shape))
+    inner = ev.factored("dot", (spec.text(),), [a, b], out) or ev.mk("dot", (spec.text(),), [a, b], out)
+    for dim, start, stop in reversed(windows):  # innermost first
+        inner = ev.slice_term(inner, composed[dim], start, stop)
+    attrs = (transpose_text(composed),)
+    return ev.mk("transpose", attrs, [inner], Shape(operand.dtype, operand.shape))
+
+
+def split_contraction(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term) -> tuple[DotSpec, Term, Term] | None:
+    """The dot over the dims that both operands' reshapes merged into a contracting dim, when they
+    merged dims of the same sizes (row-major: index i of the merged dim is the same tuple of split
+    indices on both sides, so the sum over i is the sum over the tuples): `o.reshape(b, s, h*d) @
+    w.reshape(h*d, m)` is einsum("bshd,hdm->bsm", o, w), and a transpose below a reshape is then
+    absorbed into the dot (through_transposes). None when no contraction is such a merge."""
+
+    def merged_from(x: Term, dim: int) -> tuple[int, ...] | None:  # the sizes reshaped into `dim`
+        if x.op != "reshape":
+            return None
+        groups = reshape_groups(x.args[0].shape, x.shape, singletons=True) or []
+        return next((tuple(x.args[0].shape[i] for i in gi) for gi, gj in groups if gj == [dim] and len(gi) > 1), None)
+
+    split = {}  # contracting pair -> the sizes both sides merged
+    for i, j in zip(spec.lhs_contract, spec.rhs_contract):
+        sizes = merged_from(lhs, i)
+        if sizes is not None and sizes == merged_from(rhs, j):
+            split[(i, j)] = sizes
+    if not split:
+        return None
+
+    def entries(rank: int, side: int) -> list[tuple[int, int]]:  # (old dim, part) per new dim
+        parts = {pair[side]: len(sizes) for pair, sizes in split.items()}
+        return [(d, m) for d in range(rank) for m in range(parts.get(d, 1))]
+
+    left, right = entries(len(lhs.shape), 0), entries(len(rhs.shape), 1)
+    lc, rc = [], []
+    for i, j in zip(spec.lhs_contract, spec.rhs_contract):
+        for m in range(len(split.get((i, j), (0,)))):
+            lc.append(left.index((i, m)))
+            rc.append(right.index((j, m)))
+
+    def unmerged(x: Term, dims: list[tuple[int, int]], side: int) -> Term:
+        by_dim = {pair[side]: sizes for pair, sizes in split.items()}
+        shape = tuple(by_dim[d][m] if d in by_dim else x.shape[d] for d, m in dims)
+        return ev.reshape_term(x, Shape(x.dtype, shape))
+
+    new_spec = DotSpec(
+        tuple(left.index((d, 0)) for d in spec.lhs_batch),
+        tuple(right.index((d, 0)) for d in spec.rhs_batch),
+        tuple(lc),
+        tuple(rc),
+        len(left),
+        len(right),
+        spec.dtypes,
+    )
+    return new_spec, unmerged(lhs, left, 0), unmerged(rhs, right, 1)

@@ -36,7 +36,7 @@ import numpy as np
 from equivci.hlo.ir import Shape
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
-from equivci.terms.spec import DotSpec, GatherDims
+from equivci.terms.spec import DotSpec, GatherDims, swapped_dot
 from equivci.translate.arrays import all_equal
 
 
@@ -337,6 +337,9 @@ class Router:
         if mask is None:
             return
         r = self.info(back)
+        if r is None and (swapped := _other_order(self.ev, spec, back)) is not None:
+            spec, back = swapped
+            r = self.info(back)
         if r is None or r.ed is None or r.ex is None or sorted(spec.rc) != [0, 1] or r.masks[dev] is not m:
             return  # the combine must undo this device's own dispatch
         # back's row dim k is contracted with M's dim lc[rc.index(k)]
@@ -414,6 +417,24 @@ def _dot_spec(t: Term) -> _Dot | None:
         return None
     spec = DotSpec.parse(t.attrs[0])
     return _Dot(list(spec.lhs_batch), list(spec.rhs_batch), list(spec.lhs_contract), list(spec.rhs_contract))
+
+
+def _other_order(ev, combine: _Dot, back: Term) -> tuple[_Dot, Term] | None:
+    """The combine dot(M, back) over back = dot(a, b) read as dot(b, a) (the builder reads a dot
+    that a dot reads in one operand order, relayouts.reoriented, which may put an expert's weights
+    first): back's dim k is dot(b, a)'s dim moved[k], so the contracted dims are renamed; None when
+    back is no dot or its uncontracted dims would change order (the combine's output would)."""
+    if back.op != "dot":
+        return None
+    spec = DotSpec.parse(back.attrs[0])
+    swapped, moved = swapped_dot(spec, tuple(range(len(back.shape))))
+    free = [moved[k] for k in range(len(back.shape)) if k not in combine.rc]
+    if free != sorted(free):
+        return None
+    shape = tuple(back.shape[moved.index(j)] for j in range(len(back.shape)))
+    other = ev.normal("dot", (swapped.text(),), back.args[::-1], Shape(back.dtype, shape))
+    renamed = _Dot(combine.lb, combine.rb, combine.lc, [moved[k] for k in combine.rc])
+    return renamed, other
 
 
 def _make_dot(ev, x: Term, y: Term, lb, rb, lc, rc, dtype: str) -> Term:

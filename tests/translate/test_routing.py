@@ -189,3 +189,34 @@ def test_numeric_ops_follow_the_term_semantics():
     for term in terms:
         args = [evaluate(a, env) for a in term.args]
         assert np.array_equal(ev.numeric(term, args), evaluate(term, env)), term.op
+
+
+def test_a_combine_reads_the_expert_output_in_either_operand_order():
+    """The builder reads a dot that a dot reads in one operand order (relayouts.reoriented), which
+    may put an expert's weights first: the combine over dot(w, h) is the combine over dot(h, w) with
+    its contracted dims renamed (routing._other_order). Checked on random arrays; a combine whose
+    free dims the swap would reorder is refused."""
+    from equivci.hlo.ir import Module, Shape
+    from equivci.terms.ir import TermTable
+    from equivci.terms.semantics import evaluate
+    from equivci.terms.spec import DotSpec
+    from equivci.translate.evaluator import Evaluator
+    from equivci.translate.routing import _dot_spec, _other_order
+
+    table = TermTable()
+    ev = Evaluator(Module.__new__(Module), table, 1)
+    rng = np.random.default_rng(1)
+    m, h, w = (table.make("param", (k,), (), s, "f32") for k, s in enumerate([(4, 2, 3), (2, 3, 6), (6, 5)]))
+    env = {k: rng.standard_normal(s) for k, s in enumerate([(4, 2, 3), (2, 3, 6), (6, 5)])}
+    f32 = ("f32", "f32")
+    written = ev.mk("dot", (DotSpec((), (), (2,), (0,), 3, 2, f32).text(),), [h, w], Shape("f32", (2, 3, 5)))
+    back = ev.mk("dot", (DotSpec((), (), (0,), (2,), 2, 3, f32).text(),), [w, h], Shape("f32", (5, 2, 3)))
+    combine = ev.mk("dot", (DotSpec((), (), (1, 2), (1, 2), 3, 3, f32).text(),), [m, back], Shape("f32", (4, 5)))
+    renamed, other = _other_order(ev, _dot_spec(combine), back)
+    assert other is written and renamed.rc == [0, 1]
+    spec = DotSpec((), (), tuple(renamed.lc), tuple(renamed.rc), 3, 3, f32).text()
+    again = ev.mk("dot", (spec,), [m, other], Shape("f32", (4, 5)))
+    np.testing.assert_allclose(evaluate(again, env), evaluate(combine, env), rtol=1e-6)
+    # contracting only the expert dim leaves back's dims 0 and 2 free: swapped, they come out 2, 0
+    one = ev.mk("dot", (DotSpec((), (), (1,), (1,), 3, 3, f32).text(),), [m, back], Shape("f32", (4, 3, 5, 3)))
+    assert _other_order(ev, _dot_spec(one), back) is None
