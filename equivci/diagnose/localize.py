@@ -125,6 +125,22 @@ def cutter(events: list[Event], leaf: int, dim: int, ranges: list[tuple[int, int
     return None
 
 
+def cut_as_held(event: Event, leaf: int, dim: int, ranges: list[tuple[int, int]]) -> bool:
+    """The op that cut the windows gives each device the window it holds where it is used. Where it
+    gave them in another order (in device order, then moved round a ring by a collective-permute),
+    the cut is not what misplaced them."""
+    terms = _terms(event)
+    if not terms or len(terms) != len(ranges):
+        return True
+    cut = [
+        (t.attrs[1], t.attrs[2])
+        if t.op == "slice" and t.args[0].op == "param" and (t.args[0].attrs[0], t.attrs[0]) == (leaf, dim)
+        else None
+        for t in terms
+    ]
+    return None in cut or cut == list(ranges)
+
+
 def _shown(ranges: list[tuple[int, int]]) -> str:
     return ", ".join(f"[{a}:{b})" for a, b in ranges)
 
@@ -132,8 +148,9 @@ def _shown(ranges: list[tuple[int, int]]) -> str:
 def misplaced_slice(events: list[Event], operands: list[list[Term]]) -> tuple[Event, str] | None:
     """The op that cut a slice whose offsets across devices are out of device order."""
     cuts = [
-        (f"input #{leaf}", dim, ranges, cutter(events, leaf, dim, ranges))
+        (f"input #{leaf}", dim, ranges, made)
         for (leaf, dim), ranges in input_windows(operands).items()
+        if (made := cutter(events, leaf, dim, ranges)) is None or cut_as_held(made, leaf, dim, ranges)
     ]
     cuts += [
         (_sliced_value(event), windows[0].attrs[0], [(t.attrs[1], t.attrs[2]) for t in windows], event)
