@@ -422,6 +422,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "numerator, divisor = self.scaled(base, ratio * odd), self.splat(Fraction(odd + 2), shape)",
       "(f * x) / c is (a * x) / b only with a / b = f / c",
       "pytest:tests/translate/test_evaluator.py::test_a_division_by_a_count_has_one_form_however_it_is_written"),
+    # -- constants known as windows of several tables (translate/constants.py) ------------------------
+    M("constant-window-other-source-unchecked",
+      "if np.array_equal(window.reshape(view.shape), view, equal_nan=True):",
+      "if new_source or np.array_equal(window.reshape(view.shape), view, equal_nan=True):",
+      "a window of a further table is stated equal only where its elements are the constant's",
+      "pytest:tests/translate/test_constant_windows.py::test_near_miss_rows_one_table_holds_are_no_window_of_the_other"),
     # -- complex values as pairs of real ones (translate/complex_pairs.py) ----------------------------
     M("complex-product-sign", "[(1, f(a, c)), (-1, f(b, d))]", "[(1, f(a, c)), (1, f(b, d))]",
       "the real part of (a + bi)(c + di) is ac - bd",

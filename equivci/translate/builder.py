@@ -82,7 +82,7 @@ class Builder:
                 return scalar
             term = self.table.make("bcast", (bcast_spec(0, value.shape, ()),), (scalar,), value.shape, dtype)
         elif (term := self.constants.seen(value, dtype)) is None:
-            windows = self.constants.windows(value, dtype)
+            windows = self.constants.windows(value, dtype, self.budgets.constant_sources)
             if windows:
                 # Device-local tables (RoPE angles at a shard's positions, a mask's rows) are windows
                 # of the reference's tables; saying so relates them. One that repeats along the dim
@@ -99,8 +99,13 @@ class Builder:
         return term
 
     def window_term(self, window: Window, shape: tuple[int, ...], dtype: str) -> Term:
-        """The term of a constant pool window, laid out as `shape` (which differs in unit dims only)."""
-        term = self.slice_term(window.source, window.dim, window.start, window.start + window.width)
+        """The term of a constant pool window, laid out as `shape` (which differs in unit dims only):
+        a slice of that very source (slice_term would move it to the oldest constant holding it, and
+        windows of several sources are stated equal to relate those sources)."""
+        source, stop = window.source, window.start + window.width
+        dims = tuple(window.width if k == window.dim else n for k, n in enumerate(source.shape))
+        term = self.table.make("slice", (window.dim, window.start, stop), (source,), dims, dtype)
+        self.values[term] = np.take(self.values[source], range(window.start, stop), axis=window.dim)
         return self.reshape_term(term, Shape(dtype, shape)) if window.reshaped else term
 
     def folded(self, term: Term) -> np.ndarray | None:
