@@ -30,7 +30,7 @@ from equivci.terms.spec import (
     reshape_spec,
     transpose_text,
 )
-from equivci.translate import gathers, masks, relaid
+from equivci.translate import cumsums, gathers, masks, relaid
 from equivci.translate.arrays import all_equal, distinct
 from equivci.translate.constants import ConstantPool, Window
 
@@ -270,6 +270,10 @@ class Builder:
         factor, base = self.scale_of(x)
         if factor != 1 and (term := self.scaled(self.slice_term(base, dim, start, stop), factor)) is not None:
             return term
+        if x.op == "opaque" and x.dtype in SCALABLE:
+            total = cumsums.last_total(self, x, dim, start, stop)
+            if total is not None:  # the last running sum is the total
+                return total
         if x.op == "concat" and x.attrs[0] == dim:  # a window of a concatenation is windows of its parts
             left, right = x.args
             n = left.shape[dim]
@@ -422,21 +426,33 @@ class Builder:
         """reshape(operand) as the concatenation of windows of the values it was moved from, when it
         is one (an all-to-all resharding rows to columns; relaid.py checks it on labels). Not
         re-entered: the concatenation built here is already in that form."""
+        found = self.relaid_pieces(operand, shape)
+        if found is None:
+            return None
+        self._relaying = True
+        try:
+            return self.concat(found[1], found[0])
+        finally:
+            self._relaying = False
+
+    def relaid_pieces(self, operand: Term, shape: Shape) -> tuple[int, list[Term]] | None:
+        """(dim, pieces) when reshape(operand) is the concatenation of the pieces along dim, each a
+        window of a value it was moved from (relaid.py); None otherwise, or while building them."""
         if self._relaying:
             return None
         found = relaid.windows(operand, shape.dims, self.budgets.layout_labels, self.boxes)
         if found is None:
             return None
-        dim, pieces = found
+        dim, runs = found
         self._relaying = True
         try:
             parts = []
-            for source, perm, box, length in pieces:
+            for source, perm, box, length in runs:
                 run = list(shape.dims)
                 run[dim] = length
                 window = self.slice_nd(self.transpose_term(source, perm), box)
                 parts.append(self.reshape_term(window, Shape(shape.dtype, tuple(run))))
-            return self.concat(parts, dim)
+            return dim, parts
         finally:
             self._relaying = False
 
