@@ -8,7 +8,7 @@ out; a reduction of the identity is the identity; x + 0 = x. Each is checked on 
 stated groups' members evaluate alike), and end to end in two styles unlike blind split 5's: the
 totals all-gathered tiled along the sequence dim and masked there, and a psum of each device's total
 placed in its own slot. Near misses (an inclusive scan, the later shards' totals, a shard too few, no
-carry) are refuted by the oracle.
+carry, shard 0 adding a constant one) are refuted by the oracle.
 """
 
 from __future__ import annotations
@@ -96,10 +96,14 @@ MODELS = textwrap.dedent(
 
     def local(x, w, *, mesh):
         return _sp(x, w, mesh, lambda total, me: 0.0)
+
+
+    def first_adds_one(x, w, *, mesh):  # shard 0 adds a constant where it should add nothing
+        return _sp(x, w, mesh, lambda total, me: jnp.where(me == 0, 1.0, _gathered(lambda k, me: k < me)(total, me)))
     """
 )
 
-NAMES = ("gathered", "slotted", "inclusive", "later", "one-short", "local")
+NAMES = ("gathered", "slotted", "inclusive", "later", "one-short", "local", "first-adds-one")
 MANIFEST = "version: 1\nmodels:\n" + "".join(
     f"  - {{name: {n}, reference: m.py:mixer, distributed: m.py:{n.replace('-', '_')}, inputs: m.py:inputs, "
     "mesh: {sp: 4}}\n"
@@ -118,7 +122,7 @@ def test_a_shard_plus_the_earlier_shards_totals_verifies(manifest, name):
     assert result.status is Status.VERIFIED, result.findings
 
 
-@pytest.mark.parametrize("name", ["inclusive", "later", "one-short", "local"])
+@pytest.mark.parametrize("name", ["inclusive", "later", "one-short", "local", "first-adds-one"])
 def test_carries_of_other_shards_are_mismatches(manifest, name):
     result = _verify(manifest, name)
     assert result.status is Status.MISMATCH, (result.status, result.findings)

@@ -177,6 +177,7 @@ def _reduced_pieces(x):  # sums and maxima over the concat dim, identity pieces 
         jnp.min(jnp.concatenate([x[:, :3], x[:, 5:]], axis=1), axis=1),
         jnp.sum(both, axis=1),
         jnp.sum(jnp.where(rows < 0, x, 0.0), axis=0) + x[0],
+        jnp.sum(jnp.full((3, D), 2.0), axis=0) + x[1],
     )
 
 
