@@ -56,6 +56,9 @@ class Budgets:
     hinted_iterations: int = 16
     # translate/windows: ops walked through from a window to the value that is read
     window_depth: int = 8
+    # translate/constants: known constants (or their dims) a new constant is found a window of, stated
+    # equal (a device's mask rows that both the causal and the sliding-window mask hold)
+    constant_sources: int = 4
     # translate/elementwise: windows a select by a constant mask is split into (more: it stays a select)
     select_runs: int = 4
     # diagnose/missing: reference ops a chain of missing work may span, reference ops visited forward

@@ -31,7 +31,7 @@ from equivci.terms.spec import (
     reshape_spec,
     transpose_text,
 )
-from equivci.translate import gathers, masks, relaid
+from equivci.translate import cumsums, gathers, masks, relaid
 from equivci.translate.arrays import all_equal, distinct
 from equivci.translate.constants import ConstantPool, Window
 
@@ -84,7 +84,7 @@ class Builder:
                 return scalar
             term = self.table.make("bcast", (bcast_spec(0, value.shape, ()),), (scalar,), value.shape, dtype)
         elif (term := self.constants.seen(value, dtype)) is None:
-            windows = self.constants.windows(value, dtype)
+            windows = self.constants.windows(value, dtype, self.budgets.constant_sources)
             if windows:
                 # Device-local tables (RoPE angles at a shard's positions, a mask's rows) are windows
                 # of the reference's tables; saying so relates them. One that repeats along the dim
@@ -101,8 +101,13 @@ class Builder:
         return term
 
     def window_term(self, window: Window, shape: tuple[int, ...], dtype: str) -> Term:
-        """The term of a constant pool window, laid out as `shape` (which differs in unit dims only)."""
-        term = self.slice_term(window.source, window.dim, window.start, window.start + window.width)
+        """The term of a constant pool window, laid out as `shape` (which differs in unit dims only):
+        a slice of that very source (slice_term would move it to the oldest constant holding it, and
+        windows of several sources are stated equal to relate those sources)."""
+        source, stop = window.source, window.start + window.width
+        dims = tuple(window.width if k == window.dim else n for k, n in enumerate(source.shape))
+        term = self.table.make("slice", (window.dim, window.start, stop), (source,), dims, dtype)
+        self.values[term] = np.take(self.values[source], range(window.start, stop), axis=window.dim)
         return self.reshape_term(term, Shape(dtype, shape)) if window.reshaped else term
 
     def folded(self, term: Term) -> np.ndarray | None:
@@ -267,6 +272,10 @@ class Builder:
         factor, base = self.scale_of(x)
         if factor != 1 and (term := self.scaled(self.slice_term(base, dim, start, stop), factor)) is not None:
             return term
+        if x.op == "opaque" and x.dtype in SCALABLE:
+            total = cumsums.last_total(self, x, dim, start, stop)
+            if total is not None:  # the last running sum is the total
+                return total
         if x.op == "concat" and x.attrs[0] == dim:  # a window of a concatenation is windows of its parts
             left, right = x.args
             n = left.shape[dim]
@@ -468,21 +477,33 @@ class Builder:
         """reshape(operand) as the concatenation of windows of the values it was moved from, when it
         is one (an all-to-all resharding rows to columns; relaid.py checks it on labels). Not
         re-entered: the concatenation built here is already in that form."""
+        found = self.relaid_pieces(operand, shape)
+        if found is None:
+            return None
+        self._relaying = True
+        try:
+            return self.concat(found[1], found[0])
+        finally:
+            self._relaying = False
+
+    def relaid_pieces(self, operand: Term, shape: Shape) -> tuple[int, list[Term]] | None:
+        """(dim, pieces) when reshape(operand) is the concatenation of the pieces along dim, each a
+        window of a value it was moved from (relaid.py); None otherwise, or while building them."""
         if self._relaying:
             return None
         found = relaid.windows(operand, shape.dims, self.budgets.layout_labels, self.boxes)
         if found is None:
             return None
-        dim, pieces = found
+        dim, runs = found
         self._relaying = True
         try:
             parts = []
-            for source, perm, box, length in pieces:
+            for source, perm, box, length in runs:
                 run = list(shape.dims)
                 run[dim] = length
                 window = self.slice_nd(self.transpose_term(source, perm), box)
                 parts.append(self.reshape_term(window, Shape(shape.dtype, tuple(run))))
-            return self.concat(parts, dim)
+            return dim, parts
         finally:
             self._relaying = False
 

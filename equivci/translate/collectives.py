@@ -144,9 +144,19 @@ def _pieces_combined(ev: Builder, reducer: str, members: list[Term]) -> Term | N
         return None
     split = pieces.split_alike(ev, [base for _, base in scales])
     if split is None:
-        return None
+        return _padded_pieces(ev, members) if reducer == "add" else None
     dim, columns = split
     return ev.scaled(ev.concat([combine(ev, reducer, column) for column in columns], dim), factor)
+
+
+def _padded_pieces(ev: Builder, members: list[Term]) -> Term | None:
+    """A sum of members that hold non-zero pieces at places no other member does, zeros elsewhere
+    (each device's total put in its own slot, then psummed) as the concatenation of those pieces
+    (pieces.padded_sum, member by member)."""
+    acc: Term | None = members[0]
+    for m in members[1:]:
+        acc = pieces.padded_sum(ev, acc, m) if acc is not None else None
+    return acc
 
 
 def collective_value(ev: Builder, inst: Instruction, members: list[Term], pos: int, shape: Shape) -> Term:

@@ -49,6 +49,7 @@ class _Known:
     term: Term
     value: np.ndarray
     dtype: str
+    content: tuple  # the value with its unit dims squeezed, by digest: alike for one table laid out two ways
 
 
 class ConstantPool:
@@ -76,22 +77,30 @@ class ConstantPool:
         self._by_content.setdefault((dtype, value.shape, _digest(value)), term)
         if not source:
             return
-        known = _Known(len(self._known), term, value, dtype)
+        kept = _kept(value.shape)
+        squeezed = value.reshape([value.shape[k] for k in kept])
+        known = _Known(len(self._known), term, value, dtype, (dtype, squeezed.shape, _digest(squeezed)))
         self._known.append(known)
         self._order.setdefault(term, known.order)
-        kept = _kept(value.shape)
         views = [(value, list(range(value.ndim)))]
         if len(kept) < value.ndim:
-            views.append((value.reshape([value.shape[k] for k in kept]), kept))
+            views.append((squeezed, kept))
         for view, dims in views:
             for k in range(view.ndim):
                 rows = self._rows.setdefault(_frame(dtype, view.shape, k), {})
                 for i in range(view.shape[k]):
                     rows.setdefault(_digest(np.take(view, i, axis=k)), []).append((known, i, dims[k]))
 
-    def windows(self, value: np.ndarray, dtype: str) -> list[Window]:
+    def windows(self, value: np.ndarray, dtype: str, sources: int = 1) -> list[Window]:
         """Every window of the oldest known constant that holds `value` as a window along one dim
-        (several when it repeats along that dim), as it is or with unit dims squeezed on either side."""
+        (several when it repeats along that dim), as it is or with unit dims squeezed on either side;
+        then those of the next such constants (or dims), oldest first, up to `sources` of them in
+        all, trying at most `sources` further candidates past the first window found. Equal values
+        built differently (the first rows of a sliding-window mask are the causal mask's rows) are
+        all found, so a device's rows relate to the table the reference uses. A table that only lays out
+        a held one's elements with other unit dims is skipped: its windows are the same windows, and
+        stating them equal again (a [s, d] table and its [s, d, 1] broadcast operand) only gives the
+        saturation reshapes of slices to rewrite into one another."""
         kept = _kept(value.shape)
         views = [value] + ([value.reshape([value.shape[k] for k in kept])] if len(kept) < value.ndim else [])
         candidates: dict[tuple[int, int, int], tuple[_Known, np.ndarray, int]] = {}
@@ -105,14 +114,23 @@ class ConstantPool:
                     if view.shape[k] < known.value.shape[own] and start + view.shape[k] <= known.value.shape[own]:
                         candidates.setdefault((known.order, own, start), (known, view, k))
         found: list[Window] = []
+        held: list[tuple[int, int]] = []  # the (source, dim) pairs that hold a window found
+        contents: dict[tuple, int] = {}  # the content of each source held -> its order
+        further = 0  # candidates tried past the first window found
         for (order, own, start), (known, view, k) in sorted(candidates.items(), key=lambda item: item[0]):
-            if found and (order, own) != (found[0].order, found[0].dim):
+            if contents.get(known.content, order) != order:
+                continue
+            new_source = bool(found) and (order, own) not in held
+            if new_source and (len(held) >= sources or further >= sources):
                 break
+            further += new_source
             width = view.shape[k]
             self.comparisons += 1
             window = np.take(known.value, range(start, start + width), axis=own)
             if np.array_equal(window.reshape(view.shape), view, equal_nan=True):
                 found.append(Window(known.term, own, start, width, order, reshaped=window.shape != value.shape))
+                held += [] if (order, own) in held else [(order, own)]
+                contents[known.content] = order
         return found
 
     def older_windows(self, value: np.ndarray, dtype: str, than) -> list[Window]:

@@ -96,7 +96,14 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     fn = lambda a, b: semantics.apply(semantics.BINARY, op, a, b)  # noqa: E731
     if (moved := through_transpose(ev, op, args, shape, fn)) is not None:
         return moved
-    return _built(ev, "binary", (op,), args, shape, fn)
+    term = _built(ev, "binary", (op,), args, shape, fn)
+    if op == "add" and ev.folded(term) is None:
+        for k in (0, 1):
+            if ev.uniform(args[k]) == 0 and args[1 - k].shape == term.shape and args[1 - k].dtype == term.dtype:
+                # x + 0 = x, stated beside the add that one device keeps (plus_zero drops it only when
+                # every device adds zero): shard 0 adds no earlier shards' totals to its running sum
+                ev.equal_terms.append([term, args[1 - k]])
+    return term
 
 
 def compare(ev: Builder, inst: Instruction, args: list, device: int) -> Term:

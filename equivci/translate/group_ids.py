@@ -18,6 +18,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
+from equivci.translate import cumsums
 from equivci.translate.builder import Builder, Value
 from equivci.translate.opaque import opaque
 from equivci.translate.permutations import Permutations
@@ -29,6 +30,8 @@ def reduce_window(ev: Builder, inst: Instruction, args: list, device: int) -> Va
     term = opaque(ev, inst, args)
     if isinstance(term, Term) and (ids := sorted_group_ids(ev, term)) is not None:
         return ids
+    if isinstance(term, Term):
+        cumsums.note(ev, inst, args, term)
     return term
 
 

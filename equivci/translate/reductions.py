@@ -10,7 +10,8 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Module, Shape
 from equivci.terms.ir import Term, reduce_pair_map
 from equivci.terms.spec import DotSpec, ReduceSpec, transpose_text
-from equivci.translate.arrays import is_identity
+from equivci.translate import relaid
+from equivci.translate.arrays import all_equal, distinct, is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
 from equivci.translate.builder import Builder, Value
 from equivci.translate.opaque import opaque
@@ -21,6 +22,9 @@ from equivci.translate.relayouts import (
     split_contraction,
     through_transposes,
 )
+
+# reducers whose reduction over a concatenation is that op of the pieces' reductions
+COMBINED = {"add": "add", "maximum": "maximum", "minimum": "minimum"}
 
 
 def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -76,12 +80,52 @@ def reduce(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     value = ev.folded(x)
     if value is not None and reducer in ("and", "or"):  # masks of range checks fold away
         return ev.const(np.all(value, axis=dims) if reducer == "and" else np.any(value, axis=dims), inst.shape.dtype)
-    if all(x.shape[k] == 1 for k in dims) and x.dtype == inst.shape.dtype:
+    if _identity(ev, reducer, x):  # (exact: no element changes the identity; the earlier shards' totals of shard 0)
+        return ev.const(np.full(inst.shape.dims, init_value), inst.shape.dtype)
+    return over_pieces(ev, reducer, x, dims, inst.shape) or reduce_term(ev, reducer, x, dims, inst.shape)
+
+
+def reduce_term(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape: Shape) -> Term:
+    """The reduction of `x` over `dims` by `reducer` (from its identity), in normal form."""
+    if all(x.shape[k] == 1 for k in dims) and x.dtype == shape.dtype:
         # Each output element reduces one element with the identity: a reshape. (The transpose of
         # a broadcast through a unit dim, as in a bias's gradient, sums over it.)
-        return ev.reshape_term(x, inst.shape)
+        return ev.reshape_term(x, shape)
     key = ReduceSpec(len(x.shape), tuple(sorted(dims))).text()
-    return ev.factored("reduce", (reducer, key), [x], inst.shape) or ev.mk("reduce", (reducer, key), (x,), inst.shape)
+    return ev.factored("reduce", (reducer, key), [x], shape) or ev.mk("reduce", (reducer, key), (x,), shape)
+
+
+def over_pieces(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape: Shape) -> Term | None:
+    """A reduction over a dim along which `x` is the concatenation of windows of other values (moved
+    by slices, reshapes and concatenations: each device's total all-gathered, the earlier ones kept
+    by a select against zeros) is the reducer applied to the reductions of the pieces, pieces that
+    are the reducer's identity left out: sum(concat(a, b, 0)) = sum(a) + sum(b). A running total
+    carried across shards then meets the sums of the reference's adjacent windows, which merge
+    (rules reductions/merge_*). None when x is no such concatenation (or one piece)."""
+    if reducer not in COMBINED or x.op not in relaid.MOVES or x.dtype != shape.dtype:
+        return None
+    found = ev.relaid_pieces(x, Shape(x.dtype, x.shape))
+    if found is None or found[0] not in dims or len(found[1]) < 2:
+        return None
+    kept = [p for p in found[1] if not _identity(ev, reducer, p)]
+    if not kept:
+        return None
+    reduced = [reduce_term(ev, reducer, p, dims, shape) for p in kept]
+    inner = [r.args[0] for r in reduced if r.op == "reshape"]
+    if len(inner) == len(reduced) and len({t.shape for t in inner}) == 1:
+        # reshaped alike (totals kept as [b, 1, c]): combined, then reshaped once, as collectives.combine
+        reduced = inner
+    acc = reduced[0]
+    for r in reduced[1:]:
+        acc = ev.binary(COMBINED[reducer], acc, r)
+    return ev.reshape_term(acc, shape)
+
+
+def _identity(ev: Builder, reducer: str, piece: Term) -> bool:
+    """Whether every element of `piece` is a constant the reducer leaves unchanged."""
+    value = ev.folded(piece)
+    held = distinct(value) if value is not None and value.size else None
+    return held is not None and all_equal(held) and is_identity(reducer, np.asarray(held.flat[0]))
 
 
 def reduce_pair(ev: Builder, inst: Instruction, args: list) -> Value:

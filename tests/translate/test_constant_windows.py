@@ -53,3 +53,52 @@ def test_a_window_of_an_older_table_is_preferred_to_its_own_source():
     moved = pool.older_windows(longer[8:16], "f32", own)
     assert [(w.source, w.dim, w.start) for w in moved] == [(term, 1, 8)]
     assert pool.older_windows(longer[20:28], "f32", own) == []  # rows only the longer table holds
+
+
+def test_a_window_several_tables_hold_is_found_in_each():
+    """The first rows of a sliding-window mask are the causal mask's rows: both are found (oldest
+    first), so a device's rows relate to whichever table the reference uses."""
+    causal = np.tril(np.ones((16, 16), dtype=bool))
+    band = causal & ~np.tril(np.ones((16, 16), dtype=bool), -4)
+    pool = ConstantPool()
+    terms = [TermTable().make("const", (name,), (), (16, 16), "pred") for name in ("causal", "band")]
+    for term, table in zip(terms, (causal, band)):
+        pool.add(term, table, "pred")
+    assert [w.source for w in pool.windows(band[0:4], "pred")] == [terms[0]]  # one source by default
+    assert [(w.source, w.start) for w in pool.windows(band[0:4], "pred", sources=4)] == [(terms[0], 0), (terms[1], 0)]
+    assert [(w.source, w.start) for w in pool.windows(band[4:8], "pred", sources=4)] == [(terms[1], 4)]
+
+
+def test_near_miss_rows_one_table_holds_are_no_window_of_the_other():
+    """The causal mask's first five rows: the wider band's agree with them; the band's first four do,
+    its fifth does not (one key fewer): no window of the band. Rows 4..8 of the band differ from a wider
+    band's in one element each: no window of it."""
+    causal = np.tril(np.ones((16, 16), dtype=bool))
+    band = causal & ~np.tril(np.ones((16, 16), dtype=bool), -4)
+    wider = causal & ~np.tril(np.ones((16, 16), dtype=bool), -5)
+    pool = ConstantPool()
+    terms = [TermTable().make("const", (name,), (), (16, 16), "pred") for name in ("causal", "band", "wider")]
+    for term, table in zip(terms, (causal, band, wider)):
+        pool.add(term, table, "pred")
+    assert [(w.source, w.start) for w in pool.windows(causal[0:5], "pred", sources=4)] == [(terms[0], 0), (terms[2], 0)]
+    assert [w.source for w in pool.windows(band[4:8], "pred", sources=4)] == [terms[1]]
+
+
+def test_a_table_laid_out_with_other_unit_dims_is_one_source():
+    """A [s, d] table and its [s, d, 1] broadcast operand hold the same windows: only the oldest is
+    found (stating the other's windows equal too blew a saturation past 23 GB), while a table of
+    other content holding the rows still is."""
+    angles = np.cos(np.arange(8.0)[:, None] * np.arange(1.0, 3.0)[None, :]).astype(np.float32)
+    doubled = np.concatenate([angles[:4], 2 * angles[4:]])
+    pool = ConstantPool()
+    terms = [
+        TermTable().make("const", (name,), (), shape, "f32")
+        for name, shape in (("angles", (8, 2)), ("unit", (8, 2, 1)), ("doubled", (8, 2)))
+    ]
+    for term, table in zip(terms, (angles, angles[:, :, None], doubled)):
+        pool.add(term, table, "f32")
+    assert [(w.source, w.start) for w in pool.windows(angles[4:], "f32", sources=4)] == [(terms[0], 4)]
+    assert [(w.source, w.start) for w in pool.windows(angles[:4, :, None], "f32", sources=4)] == [
+        (terms[0], 0),
+        (terms[2], 0),
+    ]

@@ -178,6 +178,20 @@ def _online_softmax(x):  # translate/shifts.py: blocks of keys in rotated order,
     return acc / den[:, None], den, m
 
 
+def _reduced_pieces(x):  # sums and maxima over the concat dim, identity pieces dropped; over a kept dim
+    rows = jnp.arange(T)[:, None]
+    both = jnp.concatenate([x[:2], x[3:5] * 2], axis=0)
+    return (
+        jnp.sum(jnp.where(rows < 3, x, 0.0), axis=0),
+        jnp.max(jnp.where(rows >= 2, x, -jnp.inf), axis=0),
+        jnp.sum(jnp.concatenate([both, jnp.ones((2, D))], axis=0), axis=0),
+        jnp.min(jnp.concatenate([x[:, :3], x[:, 5:]], axis=1), axis=1),
+        jnp.sum(both, axis=1),
+        jnp.sum(jnp.where(rows < 0, x, 0.0), axis=0) + x[0],
+        jnp.sum(jnp.full((3, D), 2.0), axis=0) + x[1],
+    )
+
+
 def _loop_of_three_trips(x):  # a while loop with a constant trip count (jax.lax.fori_loop)
     x = jnp.asarray(x)
     return lax.fori_loop(0, 3, lambda i, c: c * 2 + x[i], x)
@@ -217,6 +231,7 @@ CASES = {
     "top-k weights set per token under vmap (batching dims)": (_vmapped_top_k_combine, (X,)),
     "complex rotation, product, dot and layout as real pairs": (_complex_rotation, (X,)),
     **{f"windows at offsets from a slice start {s}": (_offset_windows, (TABLE, np.int32(s))) for s in (0, 3, 8)},
+    "reductions over concatenations, identity pieces among them": (_reduced_pieces, (X,)),
 }
 
 

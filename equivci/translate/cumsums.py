@@ -1,0 +1,101 @@
+"""A running sum of a window is the window of the running sum, less what precedes the window.
+
+With CS(v) the running sum of v along dim k (HLO: a reduce-window add whose window spans the whole
+dim, padded by n - 1 before it and 1 wide elsewhere, as `jnp.cumsum` lowers) and u = v[a:b]
+along k:
+
+    CS(v)[a:b] = CS(u) + broadcast(sum(v[0:a]) along k)   (CS(u) itself for a = 0)
+    CS(u)[n-1:n] = sum(u) along k, kept as a unit dim     (the last running sum is the total)
+
+The first is stated equal beside the terms (`Builder.equal_terms`); the second is the normal form of
+that slice (`Builder.slice_term`), so that a total however it is laid out next (squeezed for an
+all-gather, kept [b, 1, c] for a psum) is a reshape of the sum, whose reshapes compose. A shard of a
+sequence that adds the totals of the shards before it (a causal running mean over a sequence split
+across devices) then meets the reference's running sum: the totals are the shards' sums, a sum over
+the gathered totals is the sum of the kept ones (reductions.over_pieces), sums of adjacent windows
+merge (rules reductions/merge_add), and what remains is the first fact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from equivci.hlo.ir import Instruction, Shape
+from equivci.terms.ir import Term
+from equivci.terms.spec import ReduceSpec, bcast_spec
+from equivci.translate import windows
+from equivci.translate.attributes import semantic_attrs
+
+if TYPE_CHECKING:
+    from equivci.translate.builder import Builder
+
+
+def note(ev: Builder, inst: Instruction, args: list, term: Term) -> None:
+    """State the first fact for `term`, a reduce-window of args[0] (with init args[1]), when it is a
+    running sum along one dim of a window of another value."""
+    dim = running_dim(ev.window_sums, term)
+    if dim is None or len(args) != 2:
+        return
+    u, init = args
+    n = u.shape[dim]
+    lifted = windows.window_form(ev, u)
+    if lifted is None or lifted.dim != dim or lifted.stop - lifted.start != n or lifted.whole.dtype != u.dtype:
+        return
+    whole, start = lifted.whole, lifted.start
+    whole_sum = running_sum(ev, inst, whole, init, dim)
+    window = ev.slice_term(whole_sum, dim, start, start + n)
+    if start == 0:
+        ev.equal_terms.append([window, term])
+        return
+    before = _sum_along(ev, ev.slice_term(whole, dim, 0, start), dim)
+    kept = tuple(k for k in range(len(term.shape)) if k != dim)
+    spread = ev.mk("bcast", (bcast_spec(len(kept), term.shape, kept),), (before,), Shape(term.dtype, term.shape))
+    ev.equal_terms.append([window, ev.binary("add", term, spread)])
+
+
+def last_total(ev: Builder, x: Term, dim: int, start: int, stop: int) -> Term | None:
+    """x[n-1:n] along dim as the sum of x's operand along dim (the unit dim kept), when x is a running
+    sum along dim; None otherwise."""
+    n = x.shape[dim]
+    if (start, stop) != (n - 1, n) or running_dim(ev.window_sums, x) != dim:
+        return None
+    total = _sum_along(ev, x.args[0], dim)
+    return ev.reshape_term(total, Shape(x.dtype, x.shape[:dim] + (1,) + x.shape[dim + 1 :]))
+
+
+def running_dim(window_sums: dict[Term, tuple], term: Term) -> int | None:
+    """k when `term` is a running sum along dim k: a windowed sum (`Builder.window_sums`) of size n
+    and padding (n - 1, 0) along k, of size 1 without padding along every other dim."""
+    found = window_sums.get(term)
+    if found is None:
+        return None
+    sizes, pads = found
+    along = [k for k, size in enumerate(sizes) if size != 1 or tuple(pads[k]) != (0, 0)]
+    if len(along) != 1:
+        return None
+    k = along[0]
+    n = term.shape[k]
+    return k if sizes[k] == n and tuple(pads[k]) == (n - 1, 0) and n > 1 else None
+
+
+def running_sum(ev: Builder, inst: Instruction, x: Term, init: Term, dim: int) -> Term:
+    """The running sum of `x` along `dim` as the op `inst` (a running sum of a window of x) is
+    written for all of x: the same reduce-window, its window and padding widened to x's dim."""
+    n = x.shape[dim]
+    sizes = [n if k == dim else 1 for k in range(len(x.shape))]
+    pads = [(n - 1, 0) if k == dim else (0, 0) for k in range(len(x.shape))]
+    window = "{size=" + "x".join(map(str, sizes)) + " pad=" + "x".join(f"{lo}_{hi}" for lo, hi in pads) + "}"
+    whole = dataclasses.replace(inst, attrs={**inst.attrs, "window": window}, shape=Shape(inst.shape.dtype, x.shape))
+    attrs = semantic_attrs(whole, ev.module)
+    key = f"{whole.opcode}|{sorted(attrs.items())}|{whole.shape}"
+    term = ev.mk("opaque", (key,), (x, init), whole.shape)
+    ev.window_sums[term] = (sizes, pads)
+    return term
+
+
+def _sum_along(ev: Builder, x: Term, dim: int) -> Term:
+    """The sum of `x` over `dim` (which it drops)."""
+    key = ReduceSpec(len(x.shape), (dim,)).text()
+    shape = Shape(x.dtype, tuple(s for k, s in enumerate(x.shape) if k != dim))
+    return ev.factored("reduce", ("add", key), [x], shape) or ev.mk("reduce", ("add", key), (x,), shape)
