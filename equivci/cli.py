@@ -16,7 +16,7 @@ import typer  # noqa: E402
 
 from equivci import __version__  # noqa: E402
 from equivci.errors import EquivciError  # noqa: E402
-from equivci.options import ENV_SATURATION_ITERATIONS  # noqa: E402
+from equivci.options import ENV_SATURATION_ITERATIONS, ENV_SATURATION_NODES  # noqa: E402
 
 # Modules that may be absent (written separately) are skipped; each defines register(app).
 COMMANDS = ("verify", "dump", "ci", "precommit", "merge")
@@ -111,6 +111,7 @@ NUMERIC_ENVIRONMENT = {
     "EQUIVCI_VERIFY_TIMEOUT": (float, "a number of seconds for each proof search, e.g. 900"),
     "EQUIVCI_VERIFY_MEMORY": (int, "a whole number of bytes the proof search may use, e.g. 8000000000"),
     ENV_SATURATION_ITERATIONS: (int, "a whole number of iterations for each equality saturation, e.g. 400"),
+    ENV_SATURATION_NODES: (int, "a whole number of e-graph nodes each equality saturation may reach, e.g. 8000000"),
 }
 
 

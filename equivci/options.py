@@ -13,6 +13,8 @@ ENV_VERIFY_MEMORY = "EQUIVCI_VERIFY_MEMORY"
 ENV_CACHE_DIR = "EQUIVCI_CACHE_DIR"
 ENV_SATURATION_ITERATIONS = "EQUIVCI_SATURATION_ITERATIONS"
 SATURATION_ITERATIONS = 120
+ENV_SATURATION_NODES = "EQUIVCI_SATURATION_NODES"
+SATURATION_NODES = 4_000_000  # the most rows an e-graph reaches when EQUIVCI_SATURATION_NODES is unset
 
 
 def _three_quarters_of_memory() -> int:
@@ -51,6 +53,9 @@ class Budgets:
     # verify: past this many terms a model the layers do not prove is saturated only up to its first
     # unproved layer (the whole e-graph of a 100-layer model costs minutes)
     whole_program_terms: int = 20_000
+    # prove: no saturation pass starts on an e-graph of this many rows (about 350 bytes each); None:
+    # a budget derived from the program (prove/saturate.py: node_budget). EQUIVCI_SATURATION_NODES.
+    saturation_nodes: int | None = None
     # verify: the saturation with proposed windows is bounded tighter (the windows are pushed into the
     # reference terms a few levels deep, and where they keep the rules growing it stops early)
     hinted_iterations: int = 16
@@ -89,4 +94,5 @@ class Options:
             verify_memory_bytes=memory or _three_quarters_of_memory(),
             cache_dir=Path(cache_dir).resolve() if cache_dir else None,
             saturation_iterations=int(environ.get(ENV_SATURATION_ITERATIONS, SATURATION_ITERATIONS)),
+            budgets=Budgets(saturation_nodes=int(nodes) if (nodes := environ.get(ENV_SATURATION_NODES)) else None),
         )

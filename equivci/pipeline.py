@@ -139,8 +139,13 @@ def _all_reused(result: ModelResult, name: str) -> ModelResult:
 
 def _verdict_fingerprint(workspace: Workspace) -> str:
     """What decides a verdict besides the model: the verifier (its source fingerprint, which covers
-    the budgets in code) and the settings read from the environment (the saturation budget)."""
-    return key(fingerprint(), f"saturation_iterations={workspace.options.saturation_iterations}")
+    the budgets in code) and the settings read from the environment (the saturation budgets)."""
+    options = workspace.options
+    return key(
+        fingerprint(),
+        f"saturation_iterations={options.saturation_iterations}",
+        f"saturation_nodes={options.budgets.saturation_nodes}",
+    )
 
 
 def _run_memoized(

@@ -38,6 +38,7 @@ class LayerOutcome:
     reused: bool  # the proof of an identical layer (this run or the cache) was reused
     seconds: float
     exhausted: int = 0  # > 0: not proved, and its saturation stopped at this budget, not at a fixed point
+    outgrown: tuple[int, int] = (0, 0)  # not proved, and its e-graph stopped at (rows, past this size budget)
 
 
 @dataclasses.dataclass
@@ -143,7 +144,9 @@ def prove_layers(
                 relations[t] = (segment.reference_outputs[i], tuple(map(tuple, window)))
         ok = all(result["proved"]) and all(r is not None for r in result["relations"])
         exhausted = 0 if ok else result.get("exhausted", 0)
-        outcomes.append(LayerOutcome(segment.name, ok, stored is not None, time.perf_counter() - t0, exhausted))
+        outgrown = (0, 0) if ok else tuple(result.get("outgrown", (0, 0)))
+        seconds = time.perf_counter() - t0
+        outcomes.append(LayerOutcome(segment.name, ok, stored is not None, seconds, exhausted, outgrown))
         if progress is not None:
             progress(n + 1, len(layering.segments))
     return LayeredProof(proved, outcomes)
@@ -235,6 +238,7 @@ def _prove(problem: _Problem, programs: Programs, iterations: int) -> dict:
         problem.groups,
         problem.distributed_outputs,
         iterations=iterations,
+        nodes=programs.evaluator.budgets.saturation_nodes,
     )
     relations: list = [None] * len(problem.distributed_outputs)
 
@@ -262,7 +266,8 @@ def _prove(problem: _Problem, programs: Programs, iterations: int) -> dict:
     for (j, i, window), s in candidates.items():
         if relations[j] is None and holds(problem.distributed_outputs[j], s):
             relations[j] = [i, [list(w) for w in window]]
-    return {"proved": proof.proved[0], "relations": relations, "exhausted": proof.exhausted}
+    outgrown = [proof.outgrown, proof.node_budget] if proof.outgrown else [0, 0]
+    return {"proved": proof.proved[0], "relations": relations, "exhausted": proof.exhausted, "outgrown": outgrown}
 
 
 def _windows(t: Term, r: Term, most: int) -> list[Window]:
@@ -291,6 +296,9 @@ def _valid(payload, problem: _Problem) -> dict | None:
     if not (isinstance(relations, list) and len(relations) == len(problem.distributed_outputs)):
         return None
     if not isinstance(payload.get("exhausted", 0), int):
+        return None
+    outgrown = payload.get("outgrown", [0, 0])
+    if not (isinstance(outgrown, list) and len(outgrown) == 2 and all(isinstance(n, int) for n in outgrown)):
         return None
     for relation, t in zip(relations, problem.distributed_outputs):
         if relation is None:
@@ -374,8 +382,9 @@ def groups_reaching(roots: list[Term], equal_terms: list[list[Term]]) -> list[li
     return [equal_terms[j] for j in sorted(found)]
 
 
-def prefix_proof(prefix: Prefix, iterations: int = MAX_ITERATIONS) -> Proof:
-    """The whole-program proof restricted to `prefix`. Obligations outside it stay unproved."""
+def prefix_proof(prefix: Prefix, iterations: int = MAX_ITERATIONS, nodes: int | None = None) -> Proof:
+    """The whole-program proof restricted to `prefix`. Obligations outside it stay unproved.
+    `nodes`: the e-graph's size budget (Budgets.saturation_nodes; None derives it)."""
     proof = saturate_terms(
         prefix.reference_values,
         prefix.reference_values,
@@ -383,6 +392,7 @@ def prefix_proof(prefix: Prefix, iterations: int = MAX_ITERATIONS) -> Proof:
         prefix.groups,
         prefix.distributed_values,
         iterations=iterations,
+        nodes=nodes,
     )
     proved = []
     for row, results in zip(prefix.rows, proof.proved):

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from egglog import EGraph, eq, union
 
-from equivci.options import SATURATION_ITERATIONS
+from equivci.options import SATURATION_ITERATIONS, SATURATION_NODES
 from equivci.terms import language as L
 from equivci.terms.ir import Term
 from equivci.terms.load import Loader
@@ -18,6 +18,18 @@ from equivci.translate.programs import Programs, flatten
 # The saturation budget: at least this many iterations (EQUIVCI_SATURATION_ITERATIONS sets it), and
 # at least the depth of the terms, since a fact about an op can need one iteration per op below it.
 MAX_ITERATIONS = SATURATION_ITERATIONS
+
+# The size budget: no saturation pass starts on an e-graph of more rows than GROWTH times the rows its
+# terms loaded, nor than SATURATION_NODES (EQUIVCI_SATURATION_NODES sets one budget for every
+# saturation instead). A rule that keeps making new terms grows the e-graph geometrically, 2.5x a
+# pass (measured: 600 rows to 9.5M rows and 3.3 GB in 15 passes), long before the iteration budget
+# ends the search; the proofs of tests/prove and tests/soundness grow less than 4x.
+GROWTH = 1000
+
+
+def node_budget(loaded: int, setting: int | None) -> int:
+    """The rows an e-graph may reach whose terms loaded `loaded` rows (`setting`: the user's budget)."""
+    return setting if setting is not None else min(SATURATION_NODES, GROWTH * loaded)
 
 
 @dataclasses.dataclass
@@ -30,10 +42,17 @@ class Proof:
     targets: list[list[Term]] = dataclasses.field(default_factory=list)  # [device][leaf], as in Programs
     iterations: int = MAX_ITERATIONS  # the budget asked for (each run allows at least the terms' depth)
     exhausted: int = 0  # > 0: a run used this many iterations and the rules could still change the e-graph
+    nodes: int | None = None  # the size budget set by the user (Budgets.saturation_nodes); None: derived
+    loaded: int = 0  # the e-graph's rows that loading the terms made (the hints and hypotheses added too)
+    outgrown: int = 0  # > 0: a run stopped at the size budget with this many rows in the e-graph
 
     @property
     def all_proved(self) -> bool:
         return all(all(row) for row in self.proved) and all(self.obligations)
+
+    @property
+    def node_budget(self) -> int:
+        return node_budget(self.loaded, self.nodes)
 
 
 def saturate(programs: Programs, iterations: int = MAX_ITERATIONS) -> Proof:
@@ -47,6 +66,7 @@ def saturate(programs: Programs, iterations: int = MAX_ITERATIONS) -> Proof:
         programs.evaluator.equal_terms,
         obligations=programs.obligations,
         iterations=iterations,
+        nodes=programs.evaluator.budgets.saturation_nodes,
     )
 
 
@@ -80,10 +100,12 @@ def saturate_terms(
     extra_terms: Sequence[Term] = (),
     obligations: Sequence[tuple[Term, Term]] = (),
     iterations: int = MAX_ITERATIONS,
+    nodes: int | None = None,
 ) -> Proof:
     """Saturate the terms of both programs; `pairs[d]` are (distributed output, target) to prove
     equal, `reference_values` the terms that are values of the reference program, `obligations`
-    more (term, target) pairs the proof needs (the initial states loops assumed)."""
+    more (term, target) pairs the proof needs (the initial states loops assumed). `nodes`: the size
+    budget (node_budget), None to derive it from the rows the terms load."""
     t0 = time.perf_counter()
     egraph = EGraph()
     loader = Loader(egraph)
@@ -106,22 +128,40 @@ def saturate_terms(
             first = loader.expr(group[0])
             facts += [union(first).with_(loader.expr(t)) for t in group[1:]]
         loader.facts += facts
-    exhausted = _run(egraph, max(iterations, loader.depth))
+    loaded = size(egraph)
+    exhausted, outgrown = _run(egraph, max(iterations, loader.depth), node_budget(loaded, nodes))
     proved = [[proved_equal(egraph, loader.expr(o), loader.expr(target)) for o, target in row] for row in pairs]
     held = [proved_equal(egraph, loader.expr(a), loader.expr(b)) for a, b in obligations]
     targets = [[target for _, target in row] for row in pairs]
-    return Proof(proved, egraph, loader, time.perf_counter() - t0, held, targets, iterations, exhausted)
+    seconds = time.perf_counter() - t0
+    return Proof(proved, egraph, loader, seconds, held, targets, iterations, exhausted, nodes, loaded, outgrown)
 
 
-def _run(egraph: EGraph, iterations: int) -> int:
-    """Saturate for at most `iterations`; 0 when the rules reached a fixed point, else `iterations`
-    (one more pass still changed the e-graph: the budget, not the rules, ended the search)."""
+def size(egraph: EGraph) -> int:
+    """The rows of all the e-graph's tables (e-nodes, analyses, relations): what its memory grows with."""
+    return sum(n for _, n in egraph.all_function_sizes())
+
+
+def _run(egraph: EGraph, iterations: int, nodes: int = SATURATION_NODES) -> tuple[int, int]:
+    """Saturate for at most `iterations` passes, none of them started on an e-graph of `nodes` rows or
+    more. Returns (exhausted, outgrown): `exhausted` is `iterations` when one more pass still changed
+    the e-graph (the iteration budget, not the rules, ended the search), else 0; `outgrown` is the
+    e-graph's rows when the size budget ended it, else 0."""
     # The seeds record what the rules start from, before them: a rule reads in the pass that made its seed.
     step = DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate() + SEEDS + REWRITES
-    egraph.run(step * iterations)  # egglog stops repeating at the first pass that changes nothing
-    more = egraph.run(step).updated
+    exhausted, outgrown = iterations, 0
+    # One pass at a time, so that the size is read between passes; the last one only asks whether
+    # the rules could still change the e-graph.
+    for _ in range(iterations + 1):
+        rows = size(egraph)
+        if rows >= nodes:
+            exhausted, outgrown = 0, rows
+            break
+        if not egraph.run(step).updated:
+            exhausted = 0
+            break
     egraph.run(DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate())
-    return iterations if more else 0
+    return exhausted, outgrown
 
 
 def add_terms(proof: Proof, terms: list[Term], equal_groups: Sequence[list[Term]] = ()) -> None:
@@ -130,13 +170,16 @@ def add_terms(proof: Proof, terms: list[Term], equal_groups: Sequence[list[Term]
     new = [t for t in terms if t not in proof.loader.exprs]
     if not new and not equal_groups:
         return
+    before = size(proof.egraph)
     with proof.loader.bulk():
         for t in new:
             proof.loader.expr(t)
         for group in equal_groups:
             first = proof.loader.expr(group[0])
             proof.loader.facts += [union(first).with_(proof.loader.expr(t)) for t in group[1:]]
-    proof.exhausted = max(proof.exhausted, _run(proof.egraph, max(proof.iterations, proof.loader.depth)))
+    proof.loaded += size(proof.egraph) - before
+    exhausted, outgrown = _run(proof.egraph, max(proof.iterations, proof.loader.depth), proof.node_budget)
+    proof.exhausted, proof.outgrown = max(proof.exhausted, exhausted), max(proof.outgrown, outgrown)
 
 
 def is_related(proof: Proof, term: Term, constants: dict) -> bool:

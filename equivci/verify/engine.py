@@ -20,11 +20,11 @@ from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import HloParseError, parse_module
 from equivci.layers.segments import split
 from equivci.manifest import Manifest, ModelSpec
-from equivci.options import ENV_SATURATION_ITERATIONS, Budgets
+from equivci.options import ENV_SATURATION_ITERATIONS, ENV_SATURATION_NODES, SATURATION_NODES, Budgets
 from equivci.prove.candidates import window_candidates
 from equivci.prove.layered import prove_layers
 from equivci.prove.programs import build_programs
-from equivci.prove.saturate import MAX_ITERATIONS, Proof, saturate, with_hints
+from equivci.prove.saturate import GROWTH, MAX_ITERATIONS, Proof, saturate, with_hints
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
 from equivci.translate.builder import Unsupported
@@ -103,7 +103,7 @@ def verify_model(
         laps.lap("prove whole program")
         # Proposed windows only join an e-graph the rules saturated: one still growing would
         # grow the more with them (and a proof there is the budget's, not the hints').
-        if not proof.all_proved and not proof.exhausted:
+        if not proof.all_proved and not proof.exhausted and not proof.outgrown:
             hints = _candidates(programs, captured)
             if hints:
                 proof = with_hints(proof, programs, hints, budgets.hinted_iterations)
@@ -183,7 +183,39 @@ def _foreign(model: ModelSpec, manifest: Manifest) -> tuple[tuple[str, str], ...
 
 def _budget_note(programs, proof, layers) -> tuple[Finding, ...]:
     """Say so when `unproven` may be the budget's doing: a saturation that failed to prove what it was
-    asked stopped at its iteration budget while the rules could still add facts."""
+    asked stopped at its iteration or size budget while the rules could still add facts."""
+    return _iterations_note(programs, proof, layers) + _size_note(programs, proof, layers)
+
+
+def _size_note(programs, proof, layers) -> tuple[Finding, ...]:
+    outgrown = [(f"layer {o.name}" if o.name else "a layer", o.outgrown) for o in layers if o.outgrown[0]]
+    outgrown += [
+        ("a loop body", (a.proof.outgrown, a.proof.node_budget))
+        for a in programs.loops
+        if not a.proved and a.proof is not None and a.proof.outgrown
+    ]
+    if proof.outgrown:
+        outgrown.append(("the whole program", (proof.outgrown, proof.node_budget)))
+    if not outgrown:
+        return ()
+    where, (rows, budget) = outgrown[0]
+    more = f" and {len(outgrown) - 1} more" if len(outgrown) > 1 else ""
+    return (
+        Finding(
+            None,
+            None,
+            "note",
+            None,
+            f"the proof search of {where}{more} stopped when its e-graph held {rows:,} nodes, past its size budget "
+            f"of {budget:,}, while its rules were still adding facts, so a larger budget may prove it: the budget "
+            f"is {ENV_SATURATION_NODES} where set, else {GROWTH} times the nodes the terms load and at most "
+            f"{SATURATION_NODES:,}; set {ENV_SATURATION_NODES}={2 * budget} to raise it (a node takes about 350 "
+            "bytes, and one more saturation pass may multiply them by a few)",
+        ),
+    )
+
+
+def _iterations_note(programs, proof, layers) -> tuple[Finding, ...]:
     stopped = [(f"layer {o.name}" if o.name else "a layer", o.exhausted) for o in layers if o.exhausted]
     stopped += [
         ("a loop body", a.proof.exhausted)

@@ -40,6 +40,8 @@ class Diagnosis:
     proof: Proof | None  # None when the diagnosis came from the memo
     exhausted: int  # > 0: the prefix proof stopped at this saturation budget, not at a fixed point
     iterations: int  # the saturation budget it was given
+    outgrown: int = 0  # > 0: the prefix proof stopped past its size budget with this many rows
+    node_budget: int = 0  # that size budget
 
 
 def diagnose_prefix(
@@ -61,7 +63,7 @@ def diagnose_prefix(
     if restored is not None:
         laps.lap("diagnosis up to the first unproved layer (from the memo)")
         return Diagnosis(restored[0], None, restored[1], iterations)
-    proof = prefix_proof(prefix, iterations)
+    proof = prefix_proof(prefix, iterations, programs.evaluator.budgets.saturation_nodes)
     laps.lap("prove up to the first unproved layer")
     if proof.all_proved:
         return Diagnosis(None, proof, proof.exhausted, iterations)
@@ -69,12 +71,13 @@ def diagnose_prefix(
     if found is None:  # nothing inside the prefix: look at the whole program, on the same e-graph
         found = defect_with_loops(programs, proof, mesh)
         laps.lap("localize")
-        return Diagnosis(found, proof, proof.exhausted, iterations)
+        return Diagnosis(found, proof, proof.exhausted, iterations, proof.outgrown, proof.node_budget)
     laps.lap("localize")
     payload = _stored(found, view, proof.exhausted)
-    if k is not None and payload is not None:
+    # An e-graph stopped by its size budget is not stored: the memo restores no size note.
+    if k is not None and payload is not None and not proof.outgrown:
         memo.put(KIND, k, payload)
-    return Diagnosis(found, proof, proof.exhausted, iterations)
+    return Diagnosis(found, proof, proof.exhausted, iterations, proof.outgrown, proof.node_budget)
 
 
 def _key(prefix: Prefix, programs: Programs, mesh, iterations: int) -> str | None:

@@ -87,8 +87,10 @@ def test_rerun_edits_the_same_comment(scenario):
     assert len(fake.reviews[PR]) == 1
 
 
-def test_read_only_token_from_a_fork(tmp_path):
-    pr = make_pr_repo(tmp_path)
+def test_read_only_token_from_a_fork(scenario, tmp_path):
+    # The scenario's repository: its cache holds the verdict, so this run checks the publishing only
+    # (the scenario's first run is the one that verifies afresh).
+    pr = scenario["pr"]
     with FakeGitHub() as fake:
         fake.read_only = True
         fake.set_pull_files(PR, pull_files_from_git(pr.path, pr.base, pr.head))
@@ -103,8 +105,8 @@ def test_read_only_token_from_a_fork(tmp_path):
         assert "❌ mismatch" in summary and "annotations and the job summary only" in summary
 
 
-def test_precommit_command_selects_models_by_file(tmp_path):
-    pr = make_pr_repo(tmp_path)
+def test_precommit_command_selects_models_by_file(scenario):
+    pr = scenario["pr"]  # its cache holds the verdicts: this checks the selection and the output
     env: dict[str, str] = {}
     # an unrelated file: nothing to verify
     unrelated = cli(["precommit", ".gitignore"], pr.path, env)

@@ -1,4 +1,5 @@
-"""The saturation budget: a search the budget cut short says so, and the budget grows with depth.
+"""The saturation budgets: a search the budget cut short says so, the iteration budget grows with
+depth, and the size budget stops an e-graph between passes.
 
 The instance: k unary ops over a slice, against the slice of the k ops over the whole input. The
 slice climbs one op per iteration (elementwise/unary_lift), so the proof needs about k iterations.
@@ -11,8 +12,8 @@ from egglog import EGraph
 
 from equivci.cli import _check_environment
 from equivci.errors import EquivciError
-from equivci.options import ENV_SATURATION_ITERATIONS, Options
-from equivci.prove.saturate import _run, proved_equal, saturate_terms
+from equivci.options import ENV_SATURATION_ITERATIONS, ENV_SATURATION_NODES, SATURATION_NODES, Budgets, Options
+from equivci.prove.saturate import GROWTH, _run, node_budget, proved_equal, saturate_terms, size
 from equivci.terms.ir import Term, TermTable
 from equivci.terms.load import Loader
 
@@ -41,14 +42,14 @@ def loaded(lhs: Term, rhs: Term):
 def test_a_run_cut_short_by_its_budget_says_so() -> None:
     _, lhs, rhs = chain()
     egraph, a, b = loaded(lhs, rhs)
-    assert _run(egraph, 3) == 3
+    assert _run(egraph, 3) == (3, 0)
     assert not proved_equal(egraph, a, b)
 
 
 def test_a_run_that_reaches_a_fixed_point_reports_no_budget() -> None:
     _, lhs, rhs = chain()
     egraph, a, b = loaded(lhs, rhs)
-    assert _run(egraph, 10 * DEPTH) == 0
+    assert _run(egraph, 10 * DEPTH) == (0, 0)
     assert proved_equal(egraph, a, b)
 
 
@@ -75,7 +76,7 @@ def test_unproven_for_lack_of_budget_names_the_budget_and_how_to_raise_it() -> N
     from equivci.verify.engine import _budget_note
 
     programs = SimpleNamespace(loops=[])
-    whole = SimpleNamespace(exhausted=0, iterations=120)
+    whole = SimpleNamespace(exhausted=0, iterations=120, outgrown=0)
     layers = [LayerOutcome("layers_0", True, False, 0.1), LayerOutcome("layers_1", False, False, 0.1, exhausted=130)]
     (note,) = _budget_note(programs, whole, layers)
     assert note.severity == "note"
@@ -94,7 +95,7 @@ def test_the_callers_budget_reaches_the_saturation_of_both_programs() -> None:
     x, lhs, rhs = chain()
     programs = SimpleNamespace(
         params=[x], reference_events=[], reference_outputs=[rhs], device_outputs=[[lhs]], targets=[[rhs]],
-        evaluator=SimpleNamespace(equal_terms=[]), obligations=[],
+        evaluator=SimpleNamespace(equal_terms=[], budgets=Budgets()), obligations=[],
     )
     for iterations in (1, 300):
         proof = saturate(programs, iterations=iterations)
@@ -125,3 +126,93 @@ def test_terms_added_to_a_proof_are_saturated_with_it() -> None:
     proof = saturate_terms([x], [x], [], [], iterations=1)
     add_terms(proof, [lhs, rhs])
     assert proved_equal(proof.egraph, proof.loader.expr(lhs), proof.loader.expr(rhs))
+
+
+def test_a_run_stops_at_its_size_budget_and_says_so() -> None:
+    """The chain's e-graph loads 81 rows and grows to about 90 by its fixed point: a size budget of 85
+    rows stops it on the way (no proof, the rows it held), and a budget above its fixed point changes
+    nothing (the same proof, no stop)."""
+    _, lhs, rhs = chain()
+    egraph, a, b = loaded(lhs, rhs)
+    loaded_rows = size(egraph)
+    assert loaded_rows < 85
+    exhausted, outgrown = _run(egraph, 10 * DEPTH, 85)
+    assert exhausted == 0 and 85 <= outgrown <= size(egraph) and not proved_equal(egraph, a, b)
+    egraph, a, b = loaded(lhs, rhs)
+    assert _run(egraph, 10 * DEPTH, 200) == (0, 0) and proved_equal(egraph, a, b)
+    assert size(egraph) < 200
+
+
+def test_the_size_budget_is_derived_from_the_loaded_terms_unless_set() -> None:
+    assert node_budget(600, None) == GROWTH * 600 < SATURATION_NODES
+    assert node_budget(10 * SATURATION_NODES, None) == SATURATION_NODES
+    assert node_budget(600, 85) == node_budget(10 * SATURATION_NODES, 85) == 85
+    x, lhs, rhs = chain()
+    free = saturate_terms([x], [x], [[(lhs, rhs)]], [], iterations=1)
+    assert free.all_proved and free.outgrown == 0 and free.node_budget == GROWTH * free.loaded
+    tight = saturate_terms([x], [x], [[(lhs, rhs)]], [], iterations=1, nodes=free.loaded + 2)
+    assert not tight.all_proved and tight.node_budget == free.loaded + 2 <= tight.outgrown
+    assert tight.exhausted == 0  # the size, not the iterations, ended it
+
+
+def test_terms_added_past_the_size_budget_are_loaded_but_not_saturated() -> None:
+    """Localization keeps adding hypotheses to an e-graph that outgrew its budget: they are loaded
+    (and counted in the rows its terms loaded), but no pass runs on the e-graph any more (with a
+    budget, test_terms_added_to_a_proof_are_saturated_with_it proves the same pair)."""
+    from equivci.prove.saturate import add_terms
+
+    x, lhs, rhs = chain()
+    proof = saturate_terms([x], [x], [], [], iterations=1, nodes=1)
+    first = proof.loaded
+    assert proof.outgrown >= first > 0
+    add_terms(proof, [lhs, rhs])
+    assert proof.loaded > first and proof.outgrown >= proof.loaded
+    assert not proved_equal(proof.egraph, proof.loader.expr(lhs), proof.loader.expr(rhs))
+
+
+def test_the_size_budget_setting_is_read_once_and_a_bad_value_is_a_usage_error(monkeypatch) -> None:
+    assert Options.from_env({}).budgets.saturation_nodes is None
+    assert Options.from_env({ENV_SATURATION_NODES: "8000000"}).budgets.saturation_nodes == 8_000_000
+    for bad in ("0", "lots", "-5", "2.5"):
+        monkeypatch.setenv(ENV_SATURATION_NODES, bad)
+        with pytest.raises(EquivciError, match=ENV_SATURATION_NODES):
+            _check_environment()
+
+
+def test_unproven_for_lack_of_size_budget_names_the_nodes_the_budget_and_how_to_raise_it() -> None:
+    from types import SimpleNamespace
+
+    from equivci.prove.layered import LayerOutcome
+    from equivci.verify.engine import _budget_note
+
+    programs = SimpleNamespace(loops=[])
+    whole = SimpleNamespace(exhausted=0, iterations=120, outgrown=812_345, node_budget=600_000)
+    layers = [LayerOutcome("layers_0", True, False, 0.1), LayerOutcome("layers_1", False, False, 0.1, outgrown=(21_000, 20_000))]
+    (note,) = _budget_note(programs, whole, layers)
+    assert note.severity == "note"
+    assert "layer layers_1 and 1 more" in note.message and "21,000 nodes" in note.message and "20,000" in note.message
+    assert f"{ENV_SATURATION_NODES}=40000 " in note.message
+    (note,) = _budget_note(programs, whole, layers[:1])
+    assert "the whole program" in note.message and "812,345 nodes" in note.message
+    assert f"{ENV_SATURATION_NODES}=1200000 " in note.message
+    assert _budget_note(programs, SimpleNamespace(exhausted=0, iterations=120, outgrown=0), layers[:1]) == ()
+
+
+def test_a_layer_stopped_by_its_size_budget_is_proved_afresh_under_another_budget() -> None:
+    """Layer proofs are stored by content: one the size budget stopped is not what a larger budget
+    finds, so the budget is part of the layer's key (layer 1 of the partner programs needs its rules)."""
+    from test_layered_groups import _layering, _programs
+
+    from equivci.cache import Memo
+    from equivci.prove.layered import prove_layers
+
+    programs, _ = _programs(minus_signs=2)
+    layering, memo = _layering(programs), Memo(None)
+    programs.evaluator.budgets = Budgets(saturation_nodes=1)
+    tight = prove_layers(programs, layering, memo).layers
+    assert [o.proved for o in tight] == [True, False] and tight[1].outgrown[1] == 1 <= tight[1].outgrown[0]
+    assert tight[1].exhausted == 0
+    programs.evaluator.budgets = Budgets()
+    free = prove_layers(programs, layering, memo).layers
+    assert [(o.proved, o.reused, o.outgrown) for o in free] == [(True, False, (0, 0))] * 2
+    assert [o.reused for o in prove_layers(programs, layering, memo).layers] == [True, True]

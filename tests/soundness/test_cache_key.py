@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from engine_api import fingerprint_of, memo
 from near_miss_cases import MANIFEST
-from equivci.options import ENV_CACHE_DIR, ENV_SATURATION_ITERATIONS, SATURATION_ITERATIONS
+from equivci.options import ENV_CACHE_DIR, ENV_SATURATION_ITERATIONS, ENV_SATURATION_NODES, SATURATION_ITERATIONS
 from equivci.testing.zoo import REPO
 
 import equivci
@@ -62,16 +62,17 @@ def test_equivci_and_python_versions_change_the_fingerprint(monkeypatch, what):
     assert memo.fingerprint() != before
 
 
-def _verify(cache: Path, env_extra: dict[str, str] | None = None, package_root: Path | None = None) -> dict:
+def _verify(cache: Path, env_extra: dict[str, str] | None = None, package_root: Path | None = None,
+            model: str = "abs-of-positive") -> dict:
     env = {**os.environ, ENV_CACHE_DIR: str(cache), **(env_extra or {})}
     if package_root is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_root), os.environ.get("PYTHONPATH", "")) if p)
     proc = subprocess.run([sys.executable, "-P", "-m", "equivci", "verify", "--manifest", str(MANIFEST), "--model",
-                           "abs-of-positive", "--format", "json"], cwd=REPO, env=env, capture_output=True, text=True,
+                           model, "--format", "json"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300, check=False)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     (model,) = json.loads(proc.stdout)["models"]
-    return model
+    return {**model, "exit": proc.returncode}
 
 
 def _reused(model: dict) -> bool:
@@ -81,7 +82,8 @@ def _reused(model: dict) -> bool:
 def test_a_warm_cache_misses_after_a_verifier_edit_or_another_xla_flag(tmp_path):
     """End to end on one model and one cache folder: the second run reuses the first's verdict;
     a copy of equivci with one edited verifier file, another XLA flag or another saturation budget
-    verifies afresh."""
+    (iterations or size) verifies afresh. A size budget too small for any pass leaves a model whose
+    proof needs the rules `unproven` (exit 1, never `mismatch`), saying so."""
     cache = tmp_path / "cache"
     first = _verify(cache)
     assert first["status"] == "verified" and not _reused(first), first
@@ -94,3 +96,10 @@ def test_a_warm_cache_misses_after_a_verifier_edit_or_another_xla_flag(tmp_path)
     assert not _reused(_verify(cache, {"XLA_FLAGS": flags.strip()})), "another XLA flag reused an old verdict"
     budget = {ENV_SATURATION_ITERATIONS: str(2 * SATURATION_ITERATIONS)}
     assert not _reused(_verify(cache, budget)), "another saturation budget reused an old verdict"
+    tiny = {ENV_SATURATION_NODES: "10"}
+    assert not _reused(_verify(cache, tiny)), "another size budget reused an old verdict"
+    # interleaved-heads is `verified` under the default budgets (test_near_misses.py)
+    stopped = _verify(cache, tiny, model="interleaved-heads")
+    assert (stopped["status"], stopped["exit"]) == ("unproven", 1), stopped
+    (note,) = [f["message"] for f in stopped["findings"] if ENV_SATURATION_NODES in f["message"]]
+    assert "past its size budget of 10," in note and f"set {ENV_SATURATION_NODES}=20 to raise it" in note, note
