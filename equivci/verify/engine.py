@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 from equivci.cache import Memo
 from equivci.capture.hlo_oracle import compare_hlo_in_child
@@ -187,15 +188,28 @@ def _budget_note(programs, proof, layers) -> tuple[Finding, ...]:
     return _iterations_note(programs, proof, layers) + _size_note(programs, proof, layers)
 
 
-def _size_note(programs, proof, layers) -> tuple[Finding, ...]:
-    outgrown = [(f"layer {o.name}" if o.name else "a layer", o.outgrown) for o in layers if o.outgrown[0]]
-    outgrown += [
-        ("a loop body", (a.proof.outgrown, a.proof.node_budget))
+def _stops(programs, proof, layers, of_layer, of_proof) -> list[tuple[str, Any]]:
+    """(where, what) of each saturation that stopped at a budget: the layers', the unproved loop
+    bodies', the whole program's; `of_layer` / `of_proof` give what stopped it, or None."""
+    stops = [(f"layer {o.name}" if o.name else "a layer", of_layer(o)) for o in layers if of_layer(o)]
+    stops += [
+        ("a loop body", of_proof(a.proof))
         for a in programs.loops
-        if not a.proved and a.proof is not None and a.proof.outgrown
+        if not a.proved and a.proof is not None and of_proof(a.proof)
     ]
-    if proof.outgrown:
-        outgrown.append(("the whole program", (proof.outgrown, proof.node_budget)))
+    if of_proof(proof):
+        stops.append(("the whole program", of_proof(proof)))
+    return stops
+
+
+def _size_note(programs, proof, layers) -> tuple[Finding, ...]:
+    outgrown = _stops(
+        programs,
+        proof,
+        layers,
+        lambda o: o.outgrown if o.outgrown[0] else None,
+        lambda p: (p.outgrown, p.node_budget) if p.outgrown else None,
+    )
     if not outgrown:
         return ()
     where, (rows, budget) = outgrown[0]
@@ -216,14 +230,7 @@ def _size_note(programs, proof, layers) -> tuple[Finding, ...]:
 
 
 def _iterations_note(programs, proof, layers) -> tuple[Finding, ...]:
-    stopped = [(f"layer {o.name}" if o.name else "a layer", o.exhausted) for o in layers if o.exhausted]
-    stopped += [
-        ("a loop body", a.proof.exhausted)
-        for a in programs.loops
-        if not a.proved and a.proof is not None and a.proof.exhausted
-    ]
-    if proof.exhausted:
-        stopped.append(("the whole program", proof.exhausted))
+    stopped = _stops(programs, proof, layers, lambda o: o.exhausted or None, lambda p: p.exhausted or None)
     if not stopped:
         return ()
     where, budget = stopped[0]
