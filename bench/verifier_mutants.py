@@ -530,6 +530,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("scaled-dot-divisor", '_SCALE_AT = {"multiply": (0, 1), "divide": (1,)}', '_SCALE_AT = {"multiply": (0, 1), "divide": (0, 1)}',
       "w / s is w scaled by 1 / s; s / w is no scale of w",
       "pytest:tests/translate/test_scaled_dots.py -k not_moved"),
+    M("scaled-dot-integer-divide", 'if op == "divide" and inst.shape.dtype not in FLOATS:', "if False:",
+      "an integer quotient truncates each product: the sum of quotients is not the quotient of the sum",
+      "pytest:tests/translate/test_quotients.py -k integer"),
     # -- layered proofs --------------------------------------------------------------------------------
     M("layer-form-partners", "form = canonical_form(roots + [t for g in groups for t in g], marked, groups)",
       "form = canonical_form(roots, marked, groups)",

@@ -19,16 +19,30 @@ merge (rules reductions/merge_add), and what remains is the first fact.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from equivci.hlo.ir import Instruction, Shape
+from equivci.hlo.ir import Instruction, Module, Shape
 from equivci.terms.ir import Term
 from equivci.terms.spec import ReduceSpec, bcast_spec
 from equivci.translate import windows
 from equivci.translate.attributes import semantic_attrs
 
-if TYPE_CHECKING:
-    from equivci.translate.builder import Builder
+
+class Builder(windows.Evaluator, Protocol):
+    """What these facts need of the evaluator (an equivci.translate.builder.Builder, which calls
+    `last_total` while it builds slices, so it cannot be imported here)."""
+
+    module: Module
+    equal_terms: list[list[Term]]
+    window_sums: dict[Term, tuple]
+
+    def binary(self, op: str, a: Term, b: Term, dtype: str | None = None) -> Term: ...
+
+    def slice_term(self, x: Term, dim: int, start: int, stop: int) -> Term: ...
+
+    def reshape_term(self, operand: Term, shape: Shape) -> Term: ...
+
+    def factored(self, kind: str, attrs: tuple, args: list[Term], shape: Shape) -> Term | None: ...
 
 
 def note(ev: Builder, inst: Instruction, args: list, term: Term) -> None:

@@ -11,11 +11,10 @@ from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term, bcast_form
 from equivci.terms.spec import BcastSpec, DotSpec, swapped_dot
 from equivci.translate import reductions
+from equivci.translate.arrays import FLOATS
 from equivci.translate.attributes import dims_attr
 from equivci.translate.builder import Builder
 from equivci.translate.shapes import broadcast_term
-
-FLOATS = {"bf16", "f16", "f32", "f64"}
 
 
 def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:

@@ -4,7 +4,8 @@ dot(x, w * bcast(s)) = dot(x, w) * bcast'(s) when every dim of w the scale varie
 or batch dim of the dot (a per-output-channel scale of a weight-only int8 linear layer: the
 reference dequantizes the weight, `w.astype(f32) * scales[None, :]`, where a device applies its
 slice of the scales to its dot's columns); bcast' lays s along the output dims those dims become.
-The same for w / bcast(s), and for the scale on either operand. Over the reals each output element
+The same for w / bcast(s) over floats (an integer quotient truncates each product before the
+sum), and for the scale on either operand. Over the reals each output element
 is sum_k x[.., k] * w[k, j] * s[j] = (sum_k x[.., k] * w[k, j]) * s[j]; a scale along a contracted
 dim varies inside the sum and does not come out.
 
@@ -20,6 +21,7 @@ from typing import Callable
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.spec import BcastSpec
+from equivci.translate.arrays import FLOATS
 from equivci.translate.attributes import dims_attr
 from equivci.translate.builder import Builder, Value
 from equivci.translate.shapes import broadcast_term
@@ -40,6 +42,8 @@ def note(ev: Builder, inst: Instruction, args: list, result: Value, handler: Cal
         op, base, scale = found
         dims = _output_dims(inst, side, len(operand.shape), BcastSpec.parse(scale.attrs[0]))
         if dims is None or scale.dtype != inst.shape.dtype or base.dtype != operand.dtype:
+            continue
+        if op == "divide" and inst.shape.dtype not in FLOATS:  # an integer quotient truncates inside the sum
             continue
         plain = list(args)
         plain[side] = base

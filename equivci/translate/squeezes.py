@@ -18,9 +18,9 @@ from __future__ import annotations
 from equivci.hlo.ir import Shape
 from equivci.terms.ir import Term, inserted_unit_dims
 from equivci.terms.spec import BcastSpec
+from equivci.translate.arrays import FLOATS
 from equivci.translate.builder import Builder
 
-FLOATS = {"bf16", "f16", "f32", "f64"}
 ELEMENTWISE = ("unary", "binary", "ternary")
 
 
