@@ -188,9 +188,10 @@ def _budget_note(programs, proof, layers) -> tuple[Finding, ...]:
     return _iterations_note(programs, proof, layers) + _size_note(programs, proof, layers)
 
 
-def _stops(programs, proof, layers, of_layer, of_proof) -> list[tuple[str, Any]]:
-    """(where, what) of each saturation that stopped at a budget: the layers', the unproved loop
-    bodies', the whole program's; `of_layer` / `of_proof` give what stopped it, or None."""
+def _first_stop(programs, proof, layers, of_layer, of_proof) -> tuple[str, Any] | None:
+    """("the whole program and 2 more", what) for the first saturation that stopped at a budget
+    among the layers', the unproved loop bodies' and the whole program's; `of_layer` / `of_proof`
+    give what stopped one, or None."""
     stops = [(f"layer {o.name}" if o.name else "a layer", of_layer(o)) for o in layers if of_layer(o)]
     stops += [
         ("a loop body", of_proof(a.proof))
@@ -199,28 +200,30 @@ def _stops(programs, proof, layers, of_layer, of_proof) -> list[tuple[str, Any]]
     ]
     if of_proof(proof):
         stops.append(("the whole program", of_proof(proof)))
-    return stops
+    if not stops:
+        return None
+    where, what = stops[0]
+    return (f"{where} and {len(stops) - 1} more" if len(stops) > 1 else where), what
 
 
 def _size_note(programs, proof, layers) -> tuple[Finding, ...]:
-    outgrown = _stops(
+    outgrown = _first_stop(
         programs,
         proof,
         layers,
         lambda o: o.outgrown if o.outgrown[0] else None,
         lambda p: (p.outgrown, p.node_budget) if p.outgrown else None,
     )
-    if not outgrown:
+    if outgrown is None:
         return ()
-    where, (rows, budget) = outgrown[0]
-    more = f" and {len(outgrown) - 1} more" if len(outgrown) > 1 else ""
+    where, (rows, budget) = outgrown
     return (
         Finding(
             None,
             None,
             "note",
             None,
-            f"the proof search of {where}{more} stopped when its e-graph held {rows:,} nodes, past its size budget "
+            f"the proof search of {where} stopped when its e-graph held {rows:,} nodes, past its size budget "
             f"of {budget:,}, while its rules were still adding facts, so a larger budget may prove it: the budget "
             f"is {ENV_SATURATION_NODES} where set, else {GROWTH} times the nodes the terms load and at most "
             f"{SATURATION_NODES:,}; set {ENV_SATURATION_NODES}={2 * budget} to raise it (a node takes about 350 "
@@ -230,18 +233,17 @@ def _size_note(programs, proof, layers) -> tuple[Finding, ...]:
 
 
 def _iterations_note(programs, proof, layers) -> tuple[Finding, ...]:
-    stopped = _stops(programs, proof, layers, lambda o: o.exhausted or None, lambda p: p.exhausted or None)
-    if not stopped:
+    stopped = _first_stop(programs, proof, layers, lambda o: o.exhausted or None, lambda p: p.exhausted or None)
+    if stopped is None:
         return ()
-    where, budget = stopped[0]
-    more = f" and {len(stopped) - 1} more" if len(stopped) > 1 else ""
+    where, budget = stopped
     return (
         Finding(
             None,
             None,
             "note",
             None,
-            f"the proof search of {where}{more} stopped at its budget of {budget} saturation iterations while "
+            f"the proof search of {where} stopped at its budget of {budget} saturation iterations while "
             "its rules could still add facts, so a larger budget may prove it: the budget is the larger of "
             f"the terms' depth and {ENV_SATURATION_ITERATIONS} ({proof.iterations} now); set "
             f"{ENV_SATURATION_ITERATIONS}={2 * budget} to raise it",
