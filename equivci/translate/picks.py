@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from equivci.hlo.ir import Shape
-from equivci.terms.ir import Term
+from equivci.terms.ir import Term, gather_map
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import GatherDims, ReduceSpec, bcast_spec, compare_text
 from equivci.translate.builder import Builder
@@ -54,3 +54,31 @@ def one_hot_sum(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -
     one_hot = ev.normal("unary", ("convert",), [equal], Shape(x.dtype, x.shape))
     product = ev.binary("multiply", x, one_hot)
     return ev.normal("reduce", ("add", ReduceSpec(len(x.shape), (v,)).text()), [product], out)
+
+
+def one_hot_facts(ev: Builder, term: Term, x: Term, idx: Term, dims: GatherDims, out: Shape) -> list[list[Term]]:
+    """[gather, its one-hot sum] for the gather `term` of x at idx, and for each gather at idx that
+    `term` holds when it is f(gather(a, idx), m) (gathers.py: log-softmax's x - max - lse taken at
+    the labels is x at the labels less max and lse, and a vocabulary-parallel device sums its
+    logits, not its log-probabilities, against its columns of the one-hot)."""
+    facts = []
+    if (summed := one_hot_sum(ev, x, idx, dims, out)) is not None:
+        facts.append([term, summed])
+    stack = list(term.args) if term.op == "binary" else []
+    while stack:
+        inner = stack.pop()
+        if inner.op == "binary":
+            stack.extend(inner.args)
+        elif (
+            inner.op == "aligned" and inner.args[1] is idx and inner.attrs == _gather_key(inner.args[0], idx, dims, out)
+        ):
+            if (summed := one_hot_sum(ev, inner.args[0], idx, dims, Shape(inner.dtype, out.dims))) is not None:
+                facts.append([inner, summed])
+    return facts
+
+
+def _gather_key(x: Term, idx: Term, dims: GatherDims, out: Shape) -> tuple | None:
+    """The attributes of the gather of x at idx by `dims` (Builder.gather_term's): an inner term
+    is a gather by these very dims only with these."""
+    aligned = gather_map(dims, len(x.shape), len(idx.shape), len(out.dims))
+    return None if aligned is None else (aligned.key(dims.key()),)
