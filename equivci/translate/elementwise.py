@@ -98,6 +98,8 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     if (moved := through_transpose(ev, op, args, shape, fn)) is not None:
         return moved
     term = _built(ev, "binary", (op,), args, shape, fn)
+    if op == "multiply" and (same := idempotent_product(ev, args, shape)) is not None:
+        ev.equal_terms.append([term, same])
     if op == "add" and ev.folded(term) is None:
         for k in (0, 1):
             if ev.uniform(args[k]) == 0 and args[1 - k].shape == term.shape and args[1 - k].dtype == term.dtype:
@@ -105,6 +107,24 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
                 # every device adds zero): shard 0 adds no earlier shards' totals to its running sum
                 ev.equal_terms.append([term, args[1 - k]])
     return term
+
+
+def idempotent_product(ev: Builder, args: list, shape: Shape) -> Term | None:
+    """(c - m) * m as (c - 1) * m (and c + m as c + 1) for m a converted predicate: m is 0 or 1, so
+    m * m = m. A token's queue position in its expert's buffer, `(cumsum(m) - m) * m` or
+    `(cumsum(m) - 1) * m`, is one value."""
+    for k in (0, 1):
+        s, m = args[k], args[1 - k]
+        if not (m.op == "unary" and m.attrs[0] == "convert" and m.args[0].dtype == "pred"):
+            continue
+        if s.op != "binary" or s.attrs[0] not in ("add", "subtract") or s.args[1] is not m or s.shape != m.shape:
+            continue
+        one = ev.const(np.ones(s.shape, NP_DTYPES[s.dtype]), s.dtype)
+        sub_fn = lambda a, b, op=s.attrs[0]: semantics.apply(semantics.BINARY, op, a, b)  # noqa: E731
+        moved = _built(ev, "binary", s.attrs, [s.args[0], one], Shape(s.dtype, s.shape), sub_fn)
+        mul_fn = lambda a, b: semantics.apply(semantics.BINARY, "multiply", a, b)  # noqa: E731
+        return _built(ev, "binary", ("multiply",), [moved, m] if k == 0 else [m, moved], shape, mul_fn)
+    return None
 
 
 def compare(ev: Builder, inst: Instruction, args: list, device: int) -> Term:

@@ -19,7 +19,7 @@ VERIFIED = {
     "sorted-ids-starts", "topk-set-experts", "topk-add-into-ones",
     "topk-set-vmapped", "finite-guard",
     "embed-outside", "embed-outside-not", "slots-a2a", "pick-one-hot", "accum-dp", "slots-to-experts",
-    "embed-take-clip", "pick-where-ids", "pick-local-one-hot",
+    "embed-take-clip", "pick-where-ids", "pick-local-one-hot", "router-logits",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -36,7 +36,7 @@ MISMATCH = {
     "embed-outside-drops-first", "embed-outside-and", "embed-outside-ones", "slots-a2a-swapped", "slots-to-experts-reshaped",
     "pick-one-hot-next", "pick-one-hot-past-end", "accum-dp-first-micro", "embed-take-clip-next",
     "embed-take-clip-uneven", "pick-where-next-shard", "pick-where-ge", "pick-local-one-hot-plus-one",
-    "pick-where-ones",
+    "pick-where-ones", "router-argmin", "router-negated",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {

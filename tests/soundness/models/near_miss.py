@@ -1168,6 +1168,43 @@ def pick_where_ones(x, ids, *, mesh):
     return _vocab_pick(x, ids, mesh, lambda x, t, lo, n: jnp.where(lo + jnp.arange(n) == t[:, None], x, 1.0))
 
 
+# --- a router's ids and gate: argmax of an increasing map, the pick at the argmax (translate/orders.py)
+ROUTER_T, ROUTER_E = 8, 4
+
+
+def router_inputs():
+    return (spec(2 * ROUTER_T, D), spec(D, ROUTER_E))
+
+
+def route(x, w):
+    probs = jax.nn.softmax(x @ w, axis=-1)
+    return jnp.max(probs, axis=-1) * (jnp.argmax(probs, axis=-1) + 1)
+
+
+def _route_rows(x, w, mesh, ids_of):
+    def body(x, w):
+        logits = x @ w
+        idx = ids_of(logits)
+        gate = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), idx[:, None], axis=-1)[:, 0]
+        return gate * (idx + 1)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP), P()), out_specs=P(TP))(x, w)
+
+
+def route_logits(x, w, *, mesh):  # argmax of the logits, not of the probabilities; the gate picked there
+    return _route_rows(x, w, mesh, lambda l: jnp.argmax(l, axis=-1))
+
+
+def route_argmin(x, w, *, mesh):
+    # BUG: the least logit's expert
+    return _route_rows(x, w, mesh, lambda l: jnp.argmin(l, axis=-1))
+
+
+def route_negated(x, w, *, mesh):
+    # BUG: argmax of -logits (a decreasing map)
+    return _route_rows(x, w, mesh, lambda l: jnp.argmax(-l, axis=-1))
+
+
 # --- sums over microbatches and devices regrouped; zero-padded pieces joined (translate/pieces.py) --
 MICRO, ROWS, WIDTH = 2, 8, 3  # microbatches of ROWS rows, each split over 2 devices
 
