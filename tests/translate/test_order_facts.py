@@ -125,6 +125,19 @@ def _gate_at_argmin(x):
     return jnp.take_along_axis(probs, jnp.argmin(x, axis=-1)[:, None], axis=-1)[:, 0]
 
 
+def _least_first(a, b):  # an argmin comparator: the smaller value (the lower index on a tie)
+    (av, ai), (bv, bi) = a, b
+    pick = (av < bv) | ((av == bv) & (ai < bi))
+    return jax.lax.select(pick, av, bv), jax.lax.select(pick, ai, bi)
+
+
+def _gate_at_argmin_from_minus_inf(x):
+    """An argmin from -inf, which wins every comparison: the index stays 0, no max's position."""
+    positions = jnp.broadcast_to(jnp.arange(E, dtype=jnp.int32), x.shape)
+    _, idx = jax.lax.reduce((x, positions), (-jnp.inf, 0), _least_first, (1,))
+    return jnp.take_along_axis(x, idx[:, None], axis=-1)[:, 0]
+
+
 def _gate_of_negated(x):  # -x is no increasing map of x: its largest value is not at x's argmax
     return jnp.take_along_axis(-x, jnp.argmax(x, axis=-1)[:, None], axis=-1)[:, 0]
 
@@ -138,7 +151,9 @@ def test_a_pick_at_the_argmax_is_the_max():
     _checked(programs, want, {0: X})
 
 
-@pytest.mark.parametrize("fn", [_gate_at_argmin, _gate_of_negated], ids=["argmin", "negated"])
+@pytest.mark.parametrize(
+    "fn", [_gate_at_argmin, _gate_at_argmin_from_minus_inf, _gate_of_negated], ids=["argmin", "argmin from -inf", "negated"]
+)
 def test_other_picks_are_no_max(fn):
     programs, want, _ = _programs(fn, (X,))
     assert not [g for g in _max_groups(programs) if g[0].op != "reduce"]
