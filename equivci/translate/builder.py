@@ -60,6 +60,8 @@ class Builder:
         self.window_sums: dict[Term, tuple] = {}  # opaque reduce-window sums -> (sizes, padding)
         self.row_scatters: dict[Term, str] = {}  # opaque out[idx[b]] op= update[b] -> "add" or "set"
         self.masked_rows: dict[Term, masks.MaskedRows] = {}  # window lookups -> the full table's rows
+        # argmax positions along one dim -> (the value they are the argmax of, that dim) (orders.py)
+        self.argmaxes: dict[Term, tuple[Term, int]] = {}
         # elementwise terms -> the term of the unsqueezed shape whose squeeze they equal (squeezes.py)
         self.unsqueezed: dict[Term, Term] = {}
         # ops on a value split in groups along its leading dim -> the op on the unsplit value (regroup.py)

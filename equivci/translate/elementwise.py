@@ -12,7 +12,7 @@ from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import DotSpec, compare_text, parse_transpose, swapped_dot, transpose_text
-from equivci.translate import bounds, pieces, shifts, squeezes
+from equivci.translate import bounds, masks, pieces, shifts, squeezes
 from equivci.translate.arrays import all_equal
 from equivci.translate.builder import Builder
 
@@ -64,6 +64,7 @@ BINARY = {
 }
 
 
+FLOATS = ("f32", "bf16", "f16", "f64")
 SHIFTS = {"multiply": shifts.rescaled_product, "add": shifts.sorted_sum, "maximum": shifts.sorted_max}
 
 
@@ -97,6 +98,8 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     if (moved := through_transpose(ev, op, args, shape, fn)) is not None:
         return moved
     term = _built(ev, "binary", (op,), args, shape, fn)
+    if op == "multiply" and (same := idempotent_product(ev, args, shape)) is not None:
+        ev.equal_terms.append([term, same])
     if op == "add" and ev.folded(term) is None:
         for k in (0, 1):
             if ev.uniform(args[k]) == 0 and args[1 - k].shape == term.shape and args[1 - k].dtype == term.dtype:
@@ -106,16 +109,96 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     return term
 
 
+def idempotent_product(ev: Builder, args: list, shape: Shape) -> Term | None:
+    """(c - m) * m as (c - 1) * m (and c + m as c + 1) for m a converted predicate: m is 0 or 1, so
+    m * m = m. A token's queue position in its expert's buffer, `(cumsum(m) - m) * m` or
+    `(cumsum(m) - 1) * m`, is one value."""
+    for k in (0, 1):
+        s, m = args[k], args[1 - k]
+        if not (m.op == "unary" and m.attrs[0] == "convert" and m.args[0].dtype == "pred"):
+            continue
+        if s.op != "binary" or s.attrs[0] not in ("add", "subtract") or s.args[1] is not m or s.shape != m.shape:
+            continue
+        one = ev.const(np.ones(s.shape, NP_DTYPES[s.dtype]), s.dtype)
+        sub_fn = lambda a, b, op=s.attrs[0]: semantics.apply(semantics.BINARY, op, a, b)  # noqa: E731
+        moved = _built(ev, "binary", s.attrs, [s.args[0], one], Shape(s.dtype, s.shape), sub_fn)
+        mul_fn = lambda a, b: semantics.apply(semantics.BINARY, "multiply", a, b)  # noqa: E731
+        return _built(ev, "binary", ("multiply",), [moved, m] if k == 0 else [m, moved], shape, mul_fn)
+    return None
+
+
 def compare(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     return compare_terms(ev, inst.attrs["direction"], args[0], args[1], inst.shape)
+
+
+# a < b is b > a (and so on), NaN included: every direction is false on NaN on both sides
+MIRRORED = {"EQ": "EQ", "NE": "NE", "LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}
 
 
 def compare_terms(ev: Builder, direction: str, a: Term, b: Term, shape: Shape) -> Term:
     decided = bounds.decide(ev, direction, a, b, shape)
     if decided is not None:
         return decided
+    if ev.folded(a) is not None and ev.folded(b) is None:
+        # a constant on the right, as `ids == targets[..., None]` and `targets[..., None] == ids`
+        # are one one-hot (and `lo <= ids` the range test `ids >= lo`)
+        direction, a, b = MIRRORED[direction], b, a
+    if (moved := offset_moved(ev, direction, a, b)) is not None:
+        a, b = moved
     name = compare_text(direction, a.dtype)
     return ev.fold_or("binary", (name,), [a, b], shape, lambda x, y: semantics.COMPARE[direction](x, y))
+
+
+def offset_moved(ev: Builder, direction: str, a: Term, b: Term) -> tuple[Term, Term] | None:
+    """(x - c == k) as (x == k + c), and x + c as x - -c, for integers and constant c and k, also
+    under broadcasts and reshapes of x - c: exact, overflow included (adding c is one-to-one modulo
+    2^bits). `one_hot(t - lo, n)` on a shard is then `t == lo + arange(n)`, the window of the
+    reference's `t == arange(V)`. (Not for <, <=: overflow can carry x + c past the end.)"""
+    k = ev.folded(b)
+    if direction not in ("EQ", "NE") or k is None or ev.folded(a) is not None or a.dtype[0] not in "su":
+        return None
+    layout: list[Term] = []
+    inner = a
+    while inner.op in ("bcast", "reshape"):
+        layout.append(inner)
+        inner = inner.args[0]
+    signs = {"add": -1, "subtract": 1}
+    if inner.op != "binary" or inner.attrs[0] not in signs or inner.args[0].shape != inner.shape:
+        return None
+    c = masks.scalar_int(ev, inner.args[1])
+    if c is None:
+        return None
+    return _relaid(ev, layout, inner.args[0]), _relaid(ev, *_offset_const(ev, b, signs[inner.attrs[0]] * c))
+
+
+def _offset_const(ev: Builder, b: Term, c: int) -> tuple[list[Term], Term]:
+    """(b's broadcasts and reshapes, outermost first; the constant under them plus c): the offset
+    added where the table is smallest, so that it is still found as a window of a known table
+    (a shard's `lo + arange(n)` of the reference's `arange(V)`)."""
+    layout: list[Term] = []
+    while b.op in ("bcast", "reshape") and ev.folded(b.args[0]) is not None:
+        layout.append(b)
+        b = b.args[0]
+    value = ev.folded(b)
+    assert value is not None
+    with np.errstate(all="ignore"):
+        moved = (value + np.asarray(c)).astype(value.dtype)
+    return layout, ev.const(moved, b.dtype)
+
+
+def _relaid(ev: Builder, layout: list[Term], x: Term) -> Term:
+    """x under the layout ops `layout` (outermost first), each built again on the new operand."""
+    for t in reversed(layout):
+        shape = Shape(t.dtype, t.shape)
+        if t.op == "reshape":
+            x = ev.reshape_term(x, shape)
+            continue
+        # a broadcast table stays a broadcast, its value kept for folding (shapes.broadcast_term)
+        value = ev.folded(x)
+        x = ev.mk("bcast", t.attrs, [x], shape)
+        if value is not None and np.prod(t.shape) <= ev.budgets.fold_elements:
+            ev.values[x] = semantics.broadcast(value, t.attrs[0], t.shape)
+    return x
 
 
 def select(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -130,7 +213,15 @@ def select_terms(ev: Builder, args: list, shape: Shape) -> Term:
     chosen = None if all(ev.folded(a) is not None for a in args) else select_by_constant(ev, *args)
     if chosen is not None:
         return chosen
-    return _built(ev, "ternary", ("select",), args, shape, lambda p, a, b: np.where(p, a, b))
+    term = _built(ev, "ternary", ("select",), args, shape, lambda p, a, b: np.where(p, a, b))
+    p, a, b = args
+    if ev.folded(term) is None and a.dtype in FLOATS and p.shape == a.shape and ev.uniform(b) == 0:
+        # select(p, x, 0) = x * p over the reals: a one-hot picks by `where(ids == t, x, 0)` or
+        # by `x * one_hot(t)` (an infinite x is where they part: inf * 0 is NaN)
+        ev.equal_terms.append(
+            [term, ev.binary("multiply", a, ev.normal("unary", ("convert",), [p], Shape(a.dtype, p.shape)))]
+        )
+    return term
 
 
 def clamp(ev: Builder, inst: Instruction, args: list, device: int) -> Term:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from equivci.hlo.ir import Shape
-from equivci.terms.ir import Term
+from equivci.terms.ir import Term, gather_map
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import GatherDims, ReduceSpec, bcast_spec, compare_text
+from equivci.translate import orders
 from equivci.translate.builder import Builder
 
 
@@ -27,19 +28,11 @@ def one_hot_sum(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -
     """The gather `x[lanes, idx]` as the sum over the indexed dim of x times idx's one-hot, when it
     picks single elements along one operand dim, every other operand dim is a batching dim in the
     index's order, and the index's bounds lie in that dim; None otherwise."""
-    if len(dims.start_map) != 1 or x.dtype != out.dtype or x.dtype == "pred":
+    v = lane_dim(x, idx, dims, out)
+    if v is None:
         return None
-    (v,) = dims.start_map
     others = [k for k in range(len(x.shape)) if k != v]
     lanes = [j for j in range(len(idx.shape)) if j != dims.vector_dim]
-    if (
-        dims.collapsed != (v,)
-        or sorted(dims.operand_batch) != others
-        or [dims.indices_batch[dims.operand_batch.index(k)] for k in others] != lanes
-        or tuple(idx.shape[j] for j in lanes) != out.dims
-        or tuple(x.shape[k] for k in others) != out.dims
-    ):
-        return None
     held = idx
     while ev.bounds_of(held) is None and held.op == "reshape":  # a reshape keeps the elements
         held = held.args[0]
@@ -54,3 +47,65 @@ def one_hot_sum(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -
     one_hot = ev.normal("unary", ("convert",), [equal], Shape(x.dtype, x.shape))
     product = ev.binary("multiply", x, one_hot)
     return ev.normal("reduce", ("add", ReduceSpec(len(x.shape), (v,)).text()), [product], out)
+
+
+def lane_dim(x: Term, idx: Term, dims: GatherDims, out: Shape) -> int | None:
+    """The dim v when the gather picks x[lanes, idx[lanes]] (single elements along v, every other
+    operand dim a batching dim in the index's order); None otherwise."""
+    if len(dims.start_map) != 1 or x.dtype != out.dtype or x.dtype == "pred":
+        return None
+    (v,) = dims.start_map
+    others = [k for k in range(len(x.shape)) if k != v]
+    lanes = [j for j in range(len(idx.shape)) if j != dims.vector_dim]
+    if (
+        dims.collapsed != (v,)
+        or sorted(dims.operand_batch) != others
+        or [dims.indices_batch[dims.operand_batch.index(k)] for k in others] != lanes
+        or tuple(idx.shape[j] for j in lanes) != out.dims
+        or tuple(x.shape[k] for k in others) != out.dims
+    ):
+        return None
+    return v
+
+
+def max_pick(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
+    """x[lanes, argmax(z)[lanes]] as max(x) along the lane, where x is z or a strictly increasing
+    map of z along it (orders.py): the argmax's position holds the lane's largest value (a router's
+    gate `take_along_axis(probs, argmax(logits))` is `max(probs)`); None otherwise."""
+    v = lane_dim(x, idx, dims, out)
+    while idx.op == "reshape":  # a reshape keeps the elements
+        idx = idx.args[0]
+    if v is None or idx not in ev.argmaxes or idx.shape != out.dims:
+        return None
+    z, dim = ev.argmaxes[idx]
+    if dim != v or z.shape != x.shape or all(t is not z for t in orders.increasing_chain(ev, x, (v,))):
+        return None
+    return ev.normal("reduce", ("maximum", ReduceSpec(len(x.shape), (v,)).text()), [x], out)
+
+
+def one_hot_facts(ev: Builder, term: Term, x: Term, idx: Term, dims: GatherDims, out: Shape) -> list[list[Term]]:
+    """[gather, its one-hot sum] for the gather `term` of x at idx, and for each gather at idx that
+    `term` holds when it is f(gather(a, idx), m) (gathers.py: log-softmax's x - max - lse taken at
+    the labels is x at the labels less max and lse, and a vocabulary-parallel device sums its
+    logits, not its log-probabilities, against its columns of the one-hot)."""
+    facts = []
+    if (summed := one_hot_sum(ev, x, idx, dims, out)) is not None:
+        facts.append([term, summed])
+    stack = list(term.args) if term.op == "binary" else []
+    while stack:
+        inner = stack.pop()
+        if inner.op == "binary":
+            stack.extend(inner.args)
+        elif (
+            inner.op == "aligned" and inner.args[1] is idx and inner.attrs == _gather_key(inner.args[0], idx, dims, out)
+        ):
+            if (summed := one_hot_sum(ev, inner.args[0], idx, dims, Shape(inner.dtype, out.dims))) is not None:
+                facts.append([inner, summed])
+    return facts
+
+
+def _gather_key(x: Term, idx: Term, dims: GatherDims, out: Shape) -> tuple | None:
+    """The attributes of the gather of x at idx by `dims` (Builder.gather_term's): an inner term
+    is a gather by these very dims only with these."""
+    aligned = gather_map(dims, len(x.shape), len(idx.shape), len(out.dims))
+    return None if aligned is None else (aligned.key(dims.key()),)

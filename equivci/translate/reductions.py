@@ -10,7 +10,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Module, Shape
 from equivci.terms.ir import Term, reduce_pair_map
 from equivci.terms.spec import DotSpec, ReduceSpec, transpose_text
-from equivci.translate import relaid
+from equivci.translate import orders, relaid
 from equivci.translate.arrays import all_equal, distinct, is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
 from equivci.translate.builder import Builder, Value
@@ -148,7 +148,29 @@ def reduce_pair(ev: Builder, inst: Instruction, args: list) -> Value:
     for k, term in enumerate(out):
         if picks_operand(ev.module, inst, k):  # an argmax index is one of the operand's (or the init)
             ev.bound(term, (x, y)[k], inits[k])
+    reducer = called(ev.module, inst, "to_apply").name
+    if not orders.orders_only(ev.module, reducer) or not picks_operand(ev.module, inst, 1):
+        return out
+    if (base := orders.unmapped(ev, x, dims, init_values[0])) is not None:
+        # the index of argmax(softmax(x)) is that of argmax(x) (orders.py); the maximum itself is not
+        ev.equal_terms.append([out[1], ev.mk("aligned", out[1].attrs, (base, y), inst.shape.elements[1])])
+    if (
+        len(dims) == 1
+        and init_values[0] == -np.inf
+        and _positions(ev, y, dims[0])
+        and orders.is_argmax(ev.module, reducer)
+    ):
+        ev.argmaxes[out[1]] = (x, dims[0])
     return out
+
+
+def _positions(ev: Builder, y: Term, dim: int) -> bool:
+    """Whether y[..., i, ...] = i along dim: the index an argmax returns is the position."""
+    value = ev.folded(y)
+    if value is None:
+        return False
+    expected = np.arange(y.shape[dim]).reshape([-1 if k == dim else 1 for k in range(len(y.shape))])
+    return bool(np.array_equal(value, np.broadcast_to(expected, y.shape)))
 
 
 def picks_operand(module: Module, inst: Instruction, k: int) -> bool:

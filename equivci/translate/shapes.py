@@ -389,8 +389,9 @@ def gather(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     lookup = masks.masked_lookup(ev, x, idx, dims, out)
     if lookup is not None:
         ev.masked_rows[term] = lookup
-    if (summed := picks.one_hot_sum(ev, x, idx, dims, out)) is not None:
-        ev.equal_terms.append([term, summed])
+    ev.equal_terms.extend(picks.one_hot_facts(ev, term, x, idx, dims, out))
+    if (top := picks.max_pick(ev, x, idx, dims, out)) is not None:
+        ev.equal_terms.append([term, top])
     return ev.reshape_term(term, inst.shape)
 
 

@@ -1130,6 +1130,81 @@ def pick_one_hot_next_clipped(x, ids, *, mesh):
     return _one_hot_sum(x, jnp.clip(ids + 1, 0, V), mesh)
 
 
+def _vocab_pick(x, ids, mesh, picked):
+    """A vocabulary-parallel pick written by hand: each device's columns are lo + arange(n)."""
+
+    def body(x, ids):
+        n = x.shape[-1]
+        return lax.psum(jnp.sum(picked(x, ids, lax.axis_index(TP) * n, n), axis=-1), TP)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(None, TP), P()), out_specs=P())(x, ids)
+
+
+def pick_where_ids(x, ids, *, mesh):  # the columns compared against the ids, selected against zeros
+    return _vocab_pick(x, ids, mesh, lambda x, t, lo, n: jnp.where(lo + jnp.arange(n) == t[:, None], x, 0.0))
+
+
+def pick_local_one_hot(x, ids, *, mesh):  # the one-hot of the local id
+    return _vocab_pick(x, ids, mesh, lambda x, t, lo, n: x * jax.nn.one_hot(t - lo, n, dtype=x.dtype))
+
+
+def pick_where_next_shard(x, ids, *, mesh):
+    # BUG: the next shard's columns (offset by one shard)
+    return _vocab_pick(x, ids, mesh, lambda x, t, lo, n: jnp.where(lo + n + jnp.arange(n) == t[:, None], x, 0.0))
+
+
+def pick_where_ge(x, ids, *, mesh):
+    # BUG: `>=` for `==`: every column at or past the id
+    return _vocab_pick(x, ids, mesh, lambda x, t, lo, n: jnp.where(lo + jnp.arange(n) >= t[:, None], x, 0.0))
+
+
+def pick_local_one_hot_plus_one(x, ids, *, mesh):
+    # BUG: the local id off by one (lo - 1 taken for lo)
+    return _vocab_pick(x, ids, mesh, lambda x, t, lo, n: x * jax.nn.one_hot(t - lo + 1, n, dtype=x.dtype))
+
+
+def pick_where_ones(x, ids, *, mesh):
+    # BUG: the other columns count as ones, not zeros
+    return _vocab_pick(x, ids, mesh, lambda x, t, lo, n: jnp.where(lo + jnp.arange(n) == t[:, None], x, 1.0))
+
+
+# --- a router's ids and gate: argmax of an increasing map, the pick at the argmax (translate/orders.py)
+ROUTER_T, ROUTER_E = 8, 4
+
+
+def router_inputs():
+    return (spec(2 * ROUTER_T, D), spec(D, ROUTER_E))
+
+
+def route(x, w):
+    probs = jax.nn.softmax(x @ w, axis=-1)
+    return jnp.max(probs, axis=-1) * (jnp.argmax(probs, axis=-1) + 1)
+
+
+def _route_rows(x, w, mesh, ids_of):
+    def body(x, w):
+        logits = x @ w
+        idx = ids_of(logits)
+        gate = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), idx[:, None], axis=-1)[:, 0]
+        return gate * (idx + 1)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP), P()), out_specs=P(TP))(x, w)
+
+
+def route_logits(x, w, *, mesh):  # argmax of the logits, not of the probabilities; the gate picked there
+    return _route_rows(x, w, mesh, lambda l: jnp.argmax(l, axis=-1))
+
+
+def route_argmin(x, w, *, mesh):
+    # BUG: the least logit's expert
+    return _route_rows(x, w, mesh, lambda l: jnp.argmin(l, axis=-1))
+
+
+def route_negated(x, w, *, mesh):
+    # BUG: argmax of -logits (a decreasing map)
+    return _route_rows(x, w, mesh, lambda l: jnp.argmax(-l, axis=-1))
+
+
 # --- sums over microbatches and devices regrouped; zero-padded pieces joined (translate/pieces.py) --
 MICRO, ROWS, WIDTH = 2, 8, 3  # microbatches of ROWS rows, each split over 2 devices
 

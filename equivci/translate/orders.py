@@ -1,0 +1,131 @@
+"""An argmax of a strictly increasing map of each lane is the argmax of the lane itself.
+
+    argmax(f(x), axis) = argmax(x, axis)    (and argmin, and any reducer that only orders)
+
+holds over the reals for every f that is strictly increasing and the same along the reduced dims:
+it keeps which elements are larger and which are equal, all such a reducer reads of the values
+(the index operand is not mapped). f is a chain of `exp`, `tanh`, `logistic`, `+ m` and `- m` with
+m constant along the reduced dims, `* m` and `/ m` with m positive there (a positive constant, or
+a sum of exponentials): softmax's `exp(x - max) / sum`. A router's `argmax(softmax(logits))` then
+meets `argmax(logits)`. The reducer's initial value is not mapped: it must be infinite, so that a
+finite element compares with it alike before and after f. (In floats f can round two elements to
+one value, where argmax takes the first: over the reals it cannot.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from equivci.hlo.ir import Module
+from equivci.terms.ir import Term
+from equivci.terms.spec import BcastSpec
+from equivci.translate.builder import Builder
+
+# opcodes of a reducer that reads its values only through comparisons and passes them on unchanged
+ORDERING = {"parameter", "compare", "select", "and", "or", "not", "tuple"}
+INCREASING = {"exponential", "tanh", "logistic"}
+
+
+def orders_only(module: Module, computation: str) -> bool:
+    """Whether the reducer's result depends on its values only through how they compare."""
+    return all(inst.opcode in ORDERING for inst in module.computations[computation].instructions)
+
+
+def is_argmax(module: Module, computation: str) -> bool:
+    """Whether an ordering reducer of (value, index) pairs keeps the pair with the larger value,
+    either pair on a tie: its result depends only on how the values and the indices compare, so
+    the nine orderings of two pairs decide it for every real input."""
+    comp = module.computations[computation]
+    for a, b in ((0.0, 1.0), (1.0, 0.0), (1.0, 1.0)):
+        for i, j in ((0, 1), (1, 0), (0, 0)):
+            out = _run(comp, [a, i, b, j])
+            if out is None or len(out) != 2:
+                return False
+            value, index = out
+            if value != max(a, b) or index not in ([i] if a > b else [j] if b > a else [i, j]):
+                return False
+    return True
+
+
+def _run(comp, params: list) -> list | None:
+    """The reducer's result on scalars (its ops are those of ORDERING), None if it reads something else."""
+    env: dict[str, object] = {}
+    compare = {
+        "EQ": lambda x, y: x == y,
+        "NE": lambda x, y: x != y,
+        "LT": lambda x, y: x < y,
+        "LE": lambda x, y: x <= y,
+        "GT": lambda x, y: x > y,
+        "GE": lambda x, y: x >= y,
+    }
+    for inst in comp.instructions:
+        ops = [env.get(o) for o in inst.operands]
+        if inst.opcode == "parameter":
+            env[inst.name] = params[int(inst.attrs["_number"])]
+        elif inst.opcode == "compare" and inst.attrs.get("direction") in compare:
+            env[inst.name] = compare[inst.attrs["direction"]](*ops)
+        elif inst.opcode == "select":
+            env[inst.name] = ops[1] if ops[0] else ops[2]
+        elif inst.opcode in ("and", "or"):
+            env[inst.name] = (ops[0] and ops[1]) if inst.opcode == "and" else (ops[0] or ops[1])
+        elif inst.opcode == "not":
+            env[inst.name] = not ops[0]
+        elif inst.opcode == "tuple":
+            env[inst.name] = list(ops)
+        else:
+            return None
+    result = env.get(comp.root.name)
+    return result if isinstance(result, list) else None
+
+
+def increasing_chain(ev: Builder, x: Term, reduced: tuple[int, ...]) -> list[Term]:
+    """x, then each operand a strictly increasing step along the reduced dims was applied to."""
+    chain = [x]
+    while (inner := _increasing_operand(ev, chain[-1], reduced)) is not None:
+        chain.append(inner)
+    return chain
+
+
+def unmapped(ev: Builder, x: Term, reduced: tuple[int, ...], init: np.ndarray) -> Term | None:
+    """x without its strictly increasing map along the reduced dims (module docstring), or None
+    when there is none to take off or the reducer's initial value is finite."""
+    if np.isfinite(init).all():
+        return None
+    base = increasing_chain(ev, x, reduced)[-1]
+    return None if base is x else base
+
+
+def _increasing_operand(ev: Builder, t: Term, reduced: tuple[int, ...]) -> Term | None:
+    """a when t = f(a) for one strictly increasing step f, the same along the reduced dims."""
+    if t.op == "unary" and t.attrs[0] in INCREASING:
+        return t.args[0]
+    if t.op != "binary" or t.attrs[0] not in ("add", "subtract", "multiply", "divide"):
+        return None
+    op, (a, b) = t.attrs[0], t.args
+    if op in ("add", "multiply") and _lane_constant(a, reduced) and not _lane_constant(b, reduced):
+        a, b = b, a  # m + a, m * a
+    if a.shape != t.shape or not _lane_constant(b, reduced):
+        return None
+    if op in ("add", "subtract") or _positive(ev, b):
+        return a
+    return None
+
+
+def _lane_constant(t: Term, reduced: tuple[int, ...]) -> bool:
+    """Whether t is a broadcast along every reduced dim (one value per lane)."""
+    if t.op != "bcast":
+        return False
+    parts = BcastSpec.parse(t.attrs[0]).parts
+    return all(parts[d][0] == "n" for d in reduced)
+
+
+def _positive(ev: Builder, spread: Term) -> bool:
+    """Whether every element of the broadcast's operand is > 0 over the reals: a positive constant,
+    or a sum of exponentials (through reshapes)."""
+    (m,) = spread.args
+    value = ev.folded(m)
+    if value is not None:
+        return bool(value.size) and bool(np.all(value > 0))
+    while m.op == "reshape":
+        m = m.args[0]
+    return m.op == "reduce" and m.attrs[0] == "add" and m.args[0].op == "unary" and m.args[0].attrs[0] == "exponential"

@@ -1,0 +1,155 @@
+"""Integer index compares in one form (equivci/translate/elementwise.py), checked against XLA.
+
+* a compare with its constant operand on the left is the mirrored compare with it on the right
+  (c < x is x > c, NaN included), so `ids == t[:, None]` and `t[:, None] == ids` are one one-hot;
+* (x - c == k) is (x == k + c) for integers, exact modulo 2^bits, so `one_hot(t - lo, n)` on a
+  shard is `t == lo + arange(n)`; not for <, <= (wraparound carries x - c past k + c);
+* select(p, x, 0) is x * p over the reals: a pick written `where(ids == t, x, 0)` meets one written
+  `x * one_hot(t)`;
+* a gather of f(a, bcast(m)) picks a too: the gather of a is stated as its one-hot sum beside it.
+
+Each translated program is evaluated on its terms and compared with what XLA computes; every
+group of terms stated equal is evaluated too. The end-to-end near misses are tests/soundness
+(pick-where-*, pick-local-one-hot*).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from equivci.capture.types import LeafPlacement
+from equivci.hlo.parser import parse_module
+from equivci.prove.programs import build_programs
+from equivci.terms.semantics import evaluate
+from equivci.terms.spec import parse_compare
+
+RNG = np.random.default_rng(13)
+T, V = 6, 8
+IDS = RNG.integers(0, V, (T,)).astype(np.int32)
+# near the ends of int32: x - 5 wraps where the one-hot's compare must still be exact
+EDGES = np.array([np.iinfo(np.int32).min + 2, np.iinfo(np.int32).max - 1, 3, 7, 0, 12], np.int32)
+
+
+def _leaf(path: str, value) -> LeafPlacement:
+    value = np.asarray(value)
+    return LeafPlacement(path, value.shape, str(value.dtype), (tuple((0, n) for n in value.shape),))
+
+
+def _programs(fn, args):
+    module = parse_module(jax.jit(fn).lower(*args).as_text(dialect="hlo", debug_info=True))
+    want = np.asarray(jax.jit(fn)(*args))
+    inputs = tuple(_leaf(f"[{k}]", a) for k, a in enumerate(args))
+    return build_programs(module, module, inputs, (_leaf("[0]", want),), 1), want
+
+
+def _terms(t, seen=None):
+    seen = set() if seen is None else seen
+    if id(t) not in seen:
+        seen.add(id(t))
+        yield t
+        for a in t.args:
+            yield from _terms(a, seen)
+
+
+def _compares(term):
+    return [t for t in _terms(term) if t.op == "binary" and parse_compare(t.attrs[0])]
+
+
+def _check_values(programs, want, params):
+    values = programs.evaluator.values
+    got = evaluate(programs.reference_outputs[0], params, values)
+    np.testing.assert_array_equal(got, want)
+    for group in programs.evaluator.equal_terms:
+        first = evaluate(group[0], params, values)
+        for other in group[1:]:
+            np.testing.assert_allclose(evaluate(other, params, values), first, atol=1e-6)
+
+
+MIRRORED = {
+    "==": lambda c, x: c == x,
+    "!=": lambda c, x: c != x,
+    "<": lambda c, x: c < x,
+    "<=": lambda c, x: c <= x,
+    ">": lambda c, x: c > x,
+    ">=": lambda c, x: c >= x,
+}
+
+
+@pytest.mark.parametrize("op", sorted(MIRRORED))
+def test_a_constant_on_the_left_is_mirrored_to_the_right(op):
+    fn = lambda t: MIRRORED[op](jnp.arange(V)[None, :], t[:, None])  # noqa: E731
+    programs, want = _programs(fn, (IDS,))
+    (compare,) = _compares(programs.reference_outputs[0])
+    assert programs.evaluator.folded(compare.args[1]) is not None, "the constant stays on the right"
+    assert programs.evaluator.folded(compare.args[0]) is None
+    _check_values(programs, want, {0: IDS})
+
+
+def _one_hot_of_local(t):
+    return jax.nn.one_hot(t - 5, V, dtype=jnp.int32)
+
+
+def _ids_plus_offset(t):
+    return (t[:, None] + 3 == jnp.arange(V)).astype(jnp.int32)
+
+
+def _ne_of_local(t):
+    return (t[:, None] - 5 != jnp.arange(V)).astype(jnp.int32)
+
+
+@pytest.mark.parametrize("fn", [_one_hot_of_local, _ids_plus_offset, _ne_of_local], ids=["one_hot", "plus", "ne"])
+@pytest.mark.parametrize("ids", [IDS, EDGES], ids=["ids", "int32 ends"])
+def test_an_offset_of_an_equality_moves_to_the_constant(fn, ids):
+    programs, want = _programs(fn, (ids,))
+    (compare,) = _compares(programs.reference_outputs[0])
+    assert not any(t.op == "binary" and t.attrs[0] in ("add", "subtract") for t in _terms(compare))
+    _check_values(programs, want, {0: ids})
+
+
+def _less_of_local(t):
+    return (t[:, None] - 5 < jnp.arange(V)).astype(jnp.int32)
+
+
+def test_an_offset_of_an_order_stays():
+    """t - 5 < k is not t < k + 5 where t - 5 wraps (int32's least values)."""
+    programs, want = _programs(_less_of_local, (EDGES,))
+    (compare,) = _compares(programs.reference_outputs[0])
+    assert any(t.op == "binary" and t.attrs[0] == "subtract" for t in _terms(compare))
+    _check_values(programs, want, {0: EDGES})
+
+
+def _products(programs):
+    return [g for g in programs.evaluator.equal_terms if g[0].op == "ternary" and g[1].attrs == ("multiply",)]
+
+
+def test_a_select_against_zeros_is_the_product_with_its_mask():
+    x = RNG.standard_normal((T, V)).astype(np.float32)
+    fn = lambda x, t: jnp.where(jnp.arange(V) == t[:, None], x, 0.0).sum(-1)  # noqa: E731
+    programs, want = _programs(fn, (x, IDS))
+    assert _products(programs), "select(p, x, 0) was not stated as x * p"
+    _check_values(programs, want, {0: x, 1: IDS})
+
+
+@pytest.mark.parametrize("other", [1.0, -1e30], ids=["ones", "a large negative"])
+def test_a_select_against_other_values_is_no_product(other):
+    x = RNG.standard_normal((T, V)).astype(np.float32)
+    fn = lambda x, t: jnp.where(jnp.arange(V) == t[:, None], x, other).sum(-1)  # noqa: E731
+    programs, _ = _programs(fn, (x, IDS))
+    assert not _products(programs)
+
+
+def test_a_pick_through_a_broadcast_operand_states_the_inner_pick():
+    """log_softmax(x) at the labels is x at the labels less lse (gathers.py); that pick of x is
+    stated as its one-hot sum too, the form a vocabulary-parallel device sums its logits in."""
+    x = RNG.standard_normal((T, V)).astype(np.float32)
+    fn = lambda x, t: jnp.take_along_axis(jax.nn.log_softmax(x), t[:, None], axis=-1)[:, 0]  # noqa: E731
+    programs, want = _programs(fn, (x, IDS))
+    summed = [g for g in programs.evaluator.equal_terms if g[1].op == "reduce" and g[0].op == "aligned"]
+    assert any(g[0].args[0] == programs.params[0] for g in summed), "the pick of x itself has no one-hot sum"
+    np.testing.assert_allclose(evaluate(programs.reference_outputs[0], {0: x, 1: IDS}, programs.evaluator.values), want, rtol=1e-5, atol=1e-5)
+    values = programs.evaluator.values
+    for gathered, one_hot in summed:
+        np.testing.assert_allclose(evaluate(one_hot, {0: x, 1: IDS}, values), evaluate(gathered, {0: x, 1: IDS}, values), atol=1e-5)
