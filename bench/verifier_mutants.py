@@ -199,6 +199,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "a moved value is a window only where its labels read the box in order",
       "pytest:tests/translate/test_relaid_windows.py::test_a_transposed_box_is_no_window "
       "tests/translate/test_relaid_windows.py::test_rows_of_two_sources_read_across_are_no_window"),
+    M("relaid-layout-box", 'return ("piece", index[whole], box, piece.shape, perm)',
+      'return ("piece", index[whole], piece.shape, perm)',
+      "relaid's answers are kept by layout: which box of its whole a piece is belongs to it",
+      "pytest:tests/translate/test_relaid_windows.py::test_pieces_of_other_boxes_moved_alike_are_windows_of_their_own_boxes"),
     M("relaid-piece-order", "        if np.array_equal(block.transpose(placed).ravel(), local):\n            return tuple(placed)",
       "        return tuple(placed)", "a group piece's whole is read in another dim order only where its labels say so",
       "pytest:tests/translate/test_relaid_windows.py::test_rows_read_in_an_order_no_transpose_gives_are_no_window"),

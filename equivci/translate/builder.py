@@ -76,6 +76,7 @@ class Builder:
         self.calls: list[Instruction] = []  # the calls being evaluated, outermost first
         self.reads: dict[Term, int] = {}  # terms -> the reference inputs they read, as bits (relayouts.reads)
         self._relaying = False  # building relaid_windows' concatenation
+        self.relaid_layouts: dict = {}  # relaid.windows' answers by layout
 
     def const(self, value: np.ndarray, dtype: str) -> Term:
         value = np.asarray(value)
@@ -493,7 +494,7 @@ class Builder:
         window of a value it was moved from (relaid.py); None otherwise, or while building them."""
         if self._relaying:
             return None
-        found = relaid.windows(operand, shape.dims, self.budgets.layout_labels, self.boxes)
+        found = relaid.windows(operand, shape.dims, self.budgets.layout_labels, self.boxes, self.relaid_layouts)
         if found is None:
             return None
         dim, runs = found
@@ -512,7 +513,7 @@ class Builder:
     def one_window(self, moved: Term) -> Term | None:
         """`moved` (slices, reshapes, transposes and concatenations of group pieces: an all-to-all's
         value) as one window of the value the pieces are boxes of, when its labels show it is one."""
-        found = relaid.windows(moved, moved.shape, self.budgets.layout_labels, self.boxes)
+        found = relaid.windows(moved, moved.shape, self.budgets.layout_labels, self.boxes, self.relaid_layouts)
         if found is None or len(found[1]) != 1 or not any(found[1][0][0] is whole for whole, _ in self.boxes.values()):
             return None
         ((whole, perm, box, _),) = found[1]

@@ -47,13 +47,18 @@ Run = tuple[Term, Perm, Box, int]
 
 
 def windows(
-    operand: Term, out_shape: tuple[int, ...], budget: int, known: Mapping[Term, tuple[Term, Box]] | None = None
+    operand: Term,
+    out_shape: tuple[int, ...],
+    budget: int,
+    known: Mapping[Term, tuple[Term, Box]] | None = None,
+    memo: dict | None = None,
 ) -> tuple[int, list[Run]] | None:
     """(dim, [(source, perm, box, run length)]) when reshape(operand, out_shape) is the concatenation
     along dim of boxes of the sources transposed by perm (each reshaped to its run of the result),
     fewest runs first; None when the operand is not moved by a transpose or concatenation, or is no
     such concatenation. `known`: sources that are a box of a bigger value (read in row-major order),
-    which is then the source; and sources whose elements are such a box's permuted (module docstring)."""
+    which is then the source; and sources whose elements are such a box's permuted (module docstring).
+    `memo`: answers by layout (`_layout`), shared by the calls of one translation."""
     known = known or {}
     sources: dict[Term, int] = {}
     nodes = _walk(operand, sources)
@@ -62,6 +67,54 @@ def windows(
     permuted = _permuted_pieces(known)
     pieces = {t: piece for t in sources if (piece := _piece_of(t, known, permuted)) is not None}
     bases = list(dict.fromkeys(known[pieces[t][0]][0] if t in pieces else t for t in sources))
+    # The answer depends on the terms only through the layout: the same moves of sources of the
+    # same shapes (every layer's attention heads, every device's shard) are labelled alike.
+    if memo is None:
+        return _windows(operand, out_shape, budget, known, pieces, bases)
+    key = _layout(operand, out_shape, budget, known, pieces, bases)
+    if key not in memo:
+        found = _windows(operand, out_shape, budget, known, pieces, bases)
+        index = {b: k for k, b in enumerate(bases)}
+        memo[key] = None if found is None else (found[0], [(index[s], p, b, n) for s, p, b, n in found[1]])
+    answer = memo[key]
+    return None if answer is None else (answer[0], [(bases[k], p, b, n) for k, p, b, n in answer[1]])
+
+
+def _layout(
+    operand: Term,
+    out_shape: tuple[int, ...],
+    budget: int,
+    known: Mapping[Term, tuple[Term, Box]],
+    pieces: dict[Term, tuple[Term, Perm]],
+    bases: list[Term],
+) -> tuple:
+    """Everything `_windows` reads of its arguments, with the sources named by their position among
+    `bases`: the moves (op, attributes, shape), each source's shape and, for a piece, the box of its
+    base it is and the order its elements are read in, and which bases are reorderable."""
+    index = {b: k for k, b in enumerate(bases)}
+    reorderable = {whole for whole, _ in known.values()}
+
+    def tree(t: Term) -> tuple:
+        if t.op in MOVES:
+            return (t.op, t.attrs, t.shape, *(tree(a) for a in t.args))
+        if t not in pieces:
+            return ("source", index[t])
+        piece, perm = pieces[t]
+        whole, box = known[piece]
+        return ("piece", index[whole], box, piece.shape, perm)
+
+    bases_layout = tuple((b.shape, b in reorderable) for b in bases)
+    return (tree(operand), bases_layout, tuple(out_shape), budget)
+
+
+def _windows(
+    operand: Term,
+    out_shape: tuple[int, ...],
+    budget: int,
+    known: Mapping[Term, tuple[Term, Box]],
+    pieces: dict[Term, tuple[Term, Perm]],
+    bases: list[Term],
+) -> tuple[int, list[Run]] | None:
     sizes = [int(np.prod(t.shape)) for t in bases]
     if not sizes or sum(sizes) > budget or 0 in out_shape:
         return None

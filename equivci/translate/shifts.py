@@ -17,6 +17,9 @@ them apart: nothing here applies, and the ratio is not the reference's.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterator
+
 import numpy as np
 
 from equivci.hlo.ir import Shape
@@ -50,20 +53,23 @@ def rescaled_product(ev: Builder, x: Term, y: Term) -> Term | None:
 def sorted_sum(ev: Builder, x: Term, y: Term) -> Term | None:
     """x + y with the terms of both in window order, when every term is an exponential (or a sum
     or dot of one) shifted by one and the same value."""
-    terms = _leaves(x, "add") + _leaves(y, "add")
-    shifts = {id(s[1]) if (s := _shifted_piece(t)) is not None else None for t in terms}
-    if None in shifts or len(shifts) != 1:
-        return None
-    return _in_order(ev, "add", terms)
+    shifts = set()
+    for t in _shallowest_first((x, y), "add"):
+        piece = _shifted_piece(t)
+        if piece is None:
+            return None
+        shifts.add(id(piece[1]))
+        if len(shifts) > 1:
+            return None
+    return _in_order(ev, "add", _leaves(x, "add") + _leaves(y, "add"))
 
 
 def sorted_max(ev: Builder, x: Term, y: Term) -> Term | None:
     """max(x, y) with the terms of both in window order, when every term is a reduce-max (a running
     max over blocks)."""
-    terms = _leaves(x, "maximum") + _leaves(y, "maximum")
-    if any(t.op != "reduce" or t.attrs[0] != "maximum" for t in terms):
+    if any(t.op != "reduce" or t.attrs[0] != "maximum" for t in _shallowest_first((x, y), "maximum")):
         return None
-    return _in_order(ev, "maximum", terms)
+    return _in_order(ev, "maximum", _leaves(x, "maximum") + _leaves(y, "maximum"))
 
 
 def _operand_dims(spec: str | None, rank: int) -> tuple[int, ...]:
@@ -152,6 +158,19 @@ def _leaves(t: Term, op: str) -> list[Term]:
     if t.op == "binary" and t.attrs == (op,):
         return _leaves(t.args[0], op) + _leaves(t.args[1], op)
     return [t]
+
+
+def _shallowest_first(roots: tuple[Term, ...], op: str) -> Iterator[Term]:
+    """The leaves of the `op` trees under roots, the shallowest first: a leaf that is no term of a
+    sorted sum or max ends the check before the walk descends a long chain (the residual stream, a
+    sum of every earlier layer's outputs: walked whole at every layer, quadratic in the depth)."""
+    queue = deque(roots)
+    while queue:
+        t = queue.popleft()
+        if t.op == "binary" and t.attrs == (op,):
+            queue.extend(t.args)
+        else:
+            yield t
 
 
 def _in_order(ev: Builder, op: str, terms: list[Term]) -> Term:

@@ -168,6 +168,39 @@ def test_the_operand_of_a_transposed_piece_is_the_piece_transposed_back() -> Non
     np.testing.assert_array_equal(evaluate(term, values), np.stack([values[1 + g][1:2] for g in range(2)]))
 
 
+def test_the_same_moves_of_other_sources_are_their_windows() -> None:
+    # the answers are kept by layout (every layer's heads, every device's shard move alike): the
+    # same all-to-all of other rows is found again, without labelling, as the window of those rows
+    ev = Evaluator(None, TermTable(), 1)
+    values = {k: RNG.standard_normal((4, 8)) for k in range(4)}
+    layouts = []
+    for lo in (0, 2):
+        rows = [ev.table.make("param", (lo + k,), (), (4, 8), "f32") for k in range(2)]
+        term = _resharded(ev, rows, 1, 4)
+        assert term.op == "concat" and {t.attrs[0] for t in _leaves(term)} == {lo, lo + 1}
+        np.testing.assert_array_equal(evaluate(term, values), np.concatenate([values[lo], values[lo + 1]])[:, 4:8])
+        layouts.append(len(ev.relaid_layouts))
+    assert layouts[1] == layouts[0] > 0
+
+
+def test_pieces_of_other_boxes_moved_alike_are_windows_of_their_own_boxes() -> None:
+    # the same moves of pieces that are the groups of the whole in the other order read its rows in
+    # the other order (no window: a run of two rows read out of order): which box of its whole a
+    # piece is belongs to the layout
+    ev = Evaluator(None, TermTable(), 1)
+    whole = ev.table.make("param", (0,), (), (2, 3, 3), "f32")
+    values = {0: RNG.standard_normal((2, 3, 3))}
+    for first, order in ((1, (0, 1)), (3, (1, 0))):
+        ys = [ev.table.make("param", (first + g,), (), (3, 3), "f32") for g in range(2)]
+        for g, y in enumerate(ys):
+            ev.boxes[y] = (whole, ((order[g], order[g] + 1), (0, 3), (0, 3)))
+            values[first + g] = values[0][order[g]]
+        received = ev.concat([ev.slice_term(y, 0, 1, 2) for y in ys], 0)
+        term = ev.reshape_term(received, Shape("f32", (2, 1, 3)))
+        assert (whole in set(_leaves(term))) == (order == (0, 1))
+        np.testing.assert_array_equal(evaluate(term, values), np.stack([values[0][g][1:2] for g in order]))
+
+
 def _leaves(t):
     if not t.args:
         yield t

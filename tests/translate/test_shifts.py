@@ -14,7 +14,11 @@ import pytest
 from model_package import capture_named
 from model_package import model_named as _model
 
+from equivci.hlo.ir import Shape
 from equivci.results import Status
+from equivci.terms.ir import TermTable
+from equivci.translate import shifts
+from equivci.translate.evaluator import Evaluator
 from equivci.verify.engine import verify_model
 
 MODELS = textwrap.dedent(
@@ -114,3 +118,22 @@ def test_a_wrong_rescale_is_mismatch(manifest, name):
     or by another query's factor (the factor along the head dim): the ratio is not the softmax."""
     result = verify_model(_model(manifest, name), manifest, capture_named(manifest, name))
     assert result.status is Status.MISMATCH, result.findings
+
+
+@pytest.mark.parametrize("op, ordered", [("add", shifts.sorted_sum), ("maximum", shifts.sorted_max)])
+def test_one_term_added_to_a_long_sum_is_checked_without_walking_the_sum(monkeypatch, op, ordered):
+    """Work counted: whether x + y is a sum of shifted exponentials (or a max of reduce-maxima) is
+    settled by its shallowest term that is not one. Adding a layer's output to the residual stream
+    (a sum of every earlier layer's outputs) looks at a few terms, not at the depth of the sum: a
+    walk of the whole sum at every layer made the translation quadratic in the number of layers."""
+    ev = Evaluator(None, TermTable(), 1)
+    x = [ev.table.make("param", (k,), (), (4,), "f32") for k in range(201)]
+    stream = x[0]
+    for term in x[1:200]:
+        stream = ev.mk("binary", (op,), [stream, term], Shape("f32", (4,)))
+    read: list = []
+    monkeypatch.setattr(shifts, "_shifted_piece", lambda t, seen=shifts._shifted_piece: read.append(t) or seen(t))
+    leaves: list = []
+    monkeypatch.setattr(shifts, "_leaves", lambda t, o, seen=shifts._leaves: leaves.append(t) or seen(t, o))
+    assert ordered(ev, stream, x[200]) is None
+    assert len(read) <= 2 and not leaves
