@@ -826,20 +826,22 @@ class Probe:
         return self.status == "verified" and self.name not in PROBES_EQUIVALENT
 
 
-def run_probes(verify_timeout: float, manifest: Path = PROBES) -> list[Probe]:
+def run_probes(verify_timeout: float, manifest: Path = PROBES, oracle: bool = True) -> list[Probe]:
+    """`oracle`: also label each probe with the numeric oracle's verdict (the report's column only:
+    the verdicts, and whether a probe is unsound, never depend on it)."""
     probes = [Probe(m["name"]) for m in yaml.safe_load(manifest.read_text())["models"]]
-    # The verdicts do not depend on the oracle's (it only labels the report's column): both at once.
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        oracle = pool.submit(run_oracle, manifest, probes)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # both at once
+        labels = pool.submit(run_oracle, manifest, probes) if oracle else None
         run_verifier(manifest, probes, verify_timeout)
-        oracle.result()
+        if labels is not None:
+            labels.result()
     return probes
 
 
 def probe_report(probes: list[Probe], out=print) -> int:
     out(f"{'probe':<40} {'oracle':>9} {'equivci':>9}  (only {', '.join(sorted(PROBES_EQUIVALENT))} may be verified)")
     for p in probes:
-        oracle = "fail" if p.oracle is None else "equal" if p.oracle.equal else "different"
+        oracle = ("fail" if p.oracle_error else "-") if p.oracle is None else "equal" if p.oracle.equal else "different"
         out(f"{p.name:<40} {oracle:>9} {p.status:>9}{'  UNSOUND' if p.unsound else ''}")
     return 1 if any(p.unsound for p in probes) else 0
 

@@ -11,7 +11,8 @@ Checks:
   the unmutated package), verified by the mutated engine without the numeric oracle. Killed when
   a buggy model comes out `verified`, or a correct one does not while the engine ran to a verdict
   (an internal error, a crash of egglog or a timeout is not a kill).
-* `pytest:ARGS`: tests run with the mutated package; killed when they fail on an AssertionError.
+* `pytest:ARGS`: tests run with the mutated package (whatever their mark: a test moved to `slow`
+  still runs here); killed when they fail on an AssertionError.
 A mutant's checks stop at its first kill (the outcome names that one); the unmutated baseline runs all.
 
 Each worker is one process that imports the heavy dependencies (egglog, numpy, pytest) once and
@@ -747,7 +748,9 @@ def _observe(job: dict, captures: str) -> dict:
         _note(job, f"pytest:{' '.join(args)}", started)
         started += 1
         plugin = _Failures()
-        code = pytest.main(["-q", "-p", "no:cacheprovider", "--rootdir", str(REPO), *args], plugins=[plugin])
+        # `-m ""`: the ini's `-m 'not slow'` would deselect a named test marked slow, and a check that runs
+        # nothing kills nothing
+        code = pytest.main(["-q", "-p", "no:cacheprovider", "-m", "", "--rootdir", str(REPO), *args], plugins=[plugin])
         observed["pytest"].append({"args": args, "exit": int(code), "failed": plugin.failed})
         if job.get("first") and code != 0 or job["name"] != BASELINE and _asserted(observed["pytest"][-1]):
             break
