@@ -325,6 +325,13 @@ class Builder:
         regathered = self.concat_of_reshapes(parts, dim)
         if regathered is not None:
             return regathered
+        if len(parts) > 1 and all(p.op == "transpose" and p.attrs == parts[0].attrs for p in parts):
+            # Values transposed alike, concatenated, are their concatenation transposed (along the
+            # dim the transpose moves to `dim`): the transpose stays outside, where the dot that
+            # reads the value absorbs it, and the blocks of a transposed attention output that an
+            # all-to-all joins are windows of the untransposed value, which merge.
+            perm = parse_transpose(parts[0].attrs[0])
+            return self.transpose_term(self.concat([p.args[0] for p in parts], perm[dim]), perm)
         acc = parts[0]
         for p in parts[1:]:
             if acc.op == p.op == "slice" and acc.args[0] is p.args[0] and acc.attrs[0] == p.attrs[0] == dim:

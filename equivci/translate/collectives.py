@@ -1,6 +1,7 @@
 """Handlers of the collectives, over every device's operand at once: all-reduce is a sum in group
 order, all-gather a concatenation, reduce-scatter a window of the sum, all-to-all concatenated
-windows, collective-permute the source device's value (zeros where none is sent).
+windows (the tuple form: each member's k-th operand to member k), collective-permute the source
+device's value (zeros where none is sent).
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ def evaluate(ev: Builder, state: Collectives, inst: Instruction, ops: list[list]
         return v[k] if isinstance(v, tuple) else v
 
     shapes = inst.shape.elements if inst.shape.is_tuple else (inst.shape,)
+    if inst.opcode == "all-to-all" and "dimensions" not in inst.attrs:
+        # The tuple form: operand k of each member goes to member k, which has them as its outputs
+        # in group order (one operand per member).
+        if n_vals != len(group_of[0]) or any(len(g) != n_vals for g in groups):
+            raise Unsupported(f"tuple all-to-all {inst.name} with {n_vals} operands over groups of {len(groups[0])}")
+        return [tuple(operand(group_of[d].index(d), g) for g in group_of[d]) for d in range(ev.n)]
     out = []
     for d in range(ev.n):
         group = group_of[d]
@@ -177,7 +184,7 @@ def collective_value(ev: Builder, inst: Instruction, members: list[Term], pos: i
     if op == "all-to-all":
         dims = dims_attr(inst.attrs.get("dimensions"))
         if len(dims) != 1:
-            raise Unsupported(f"tuple all-to-all {inst.name}")
+            raise Unsupported(f"all-to-all {inst.name} along dims {dims}")
         dim = dims[0]
         chunk = members[0].shape[dim] // len(members)
         moved = ev.concat([ev.slice_term(m, dim, pos * chunk, (pos + 1) * chunk) for m in members], dim)

@@ -18,6 +18,14 @@ operands swapped (dot_general(a, b) = transpose(dot_general(b, a)) with the free
 the same products, summed alike), so a device that writes `einsum("sec,sd->ecd")` meets a
 reference whose einsum put the tokens first.
 
+The sources are where the moves end; when no window of those is found, the concatenations' parts
+are taken as the sources instead, each read in any dim order: an all-to-all's received blocks
+(each a window of a member's value, which may itself be a slice or a transpose of what the member
+computed: the heads of a transposed attention output) joined and laid out by the reshape,
+transpose, reshape around HLO's one-dim all-to-all are then the concatenation of those blocks
+along the dim the all-to-all concatenates (Ulysses' heads back to the sequence shards). Exact
+either way: the labels say where every element came from.
+
 An all-to-all is a transpose of the (device, chunk) block grid: the run a device receives from each
 group's piece may be a box of the bigger value read with its dims in another order (the reference
 transposes its [groups, experts, ...] value to [experts, groups, ...] where the device reshapes
@@ -60,9 +68,18 @@ def windows(
     which is then the source; and sources whose elements are such a box's permuted (module docstring).
     `memo`: answers by layout (`_layout`), shared by the calls of one translation."""
     known = known or {}
+    return _windows(operand, out_shape, budget, known, False) or _windows(operand, out_shape, budget, known, True)
+
+
+def _windows(
+    operand: Term, out_shape: tuple[int, ...], budget: int, known: Mapping[Term, tuple[Term, Box]], at_parts: bool
+) -> tuple[int, list[Run]] | None:
+    """windows() with the sources where the moves end, or (`at_parts`) at the concatenations' parts
+    (module docstring); None also when no part is a move (the same sources as without)."""
     sources: dict[Term, int] = {}
-    nodes = _walk(operand, sources)
-    if nodes is None or not any(t.op in ("transpose", "concat") for t in nodes):
+    parts: set[Term] = set()
+    nodes = _walk(operand, sources, parts if at_parts else None)
+    if nodes is None or not any(t.op in ("transpose", "concat") for t in nodes) or at_parts and not parts:
         return None
     permuted = _permuted_pieces(known)
     pieces = {t: piece for t in sources if (piece := _piece_of(t, known, permuted)) is not None}
@@ -128,13 +145,14 @@ def _windows(
         whole, box = known[piece]
         return numbers[whole][tuple(slice(a, b) for a, b in box)].reshape(piece.shape).transpose(perm)
 
-    labels = _labels(operand, leaf)
+    labels = _labels(operand, leaf, sources)
     out = labels.reshape(out_shape)
     source_of = np.searchsorted(starts, out, side="right") - 1
     order = bases
-    # only the values group pieces are boxes of are read in another dim order (through a piece or
-    # whole): elsewhere a reshape of a transposed value keeps the form both programs write
-    reorderable = {whole for whole, _ in known.values()}
+    # only the values group pieces are boxes of, and a collective's parts, are read in another dim
+    # order (through a piece or whole): elsewhere a reshape of a transposed value keeps the form
+    # both programs write
+    reorderable = {whole for whole, _ in known.values()} | parts
     best = None
     for dim in range(len(out_shape)):
         found = _runs(out, source_of, dim, order, starts, reorderable)
@@ -170,27 +188,32 @@ def _piece_of(t: Term, known: Mapping[Term, tuple[Term, Box]], permuted: dict) -
     return permuted.get(t)
 
 
-def _walk(t: Term, sources: dict[Term, int], seen: list[Term] | None = None) -> list[Term] | None:
-    """The move nodes of the tree under t (sources recorded in order), None past MAX_NODES."""
+def _walk(
+    t: Term, sources: dict[Term, int], parts: set[Term] | None, seen: list[Term] | None = None, part: bool = False
+) -> list[Term] | None:
+    """The move nodes of the tree under t (sources recorded in order), None past MAX_NODES. With
+    `parts`, a concatenation's part is a source too (recorded in `parts` when it is a move)."""
     seen = [] if seen is None else seen
-    if t.op not in MOVES:
+    if t.op not in MOVES or parts is not None and part and t.op != "concat":
+        if t.op in MOVES and parts is not None:
+            parts.add(t)
         sources.setdefault(t, len(sources))
         return seen
     seen.append(t)
     if len(seen) > MAX_NODES:
         return None
     for a in t.args:
-        if _walk(a, sources, seen) is None:
+        if _walk(a, sources, parts, seen, t.op == "concat") is None:
             return None
     return seen
 
 
-def _labels(t: Term, leaf: Callable[[Term], np.ndarray]) -> np.ndarray:
-    if t.op not in MOVES:
+def _labels(t: Term, leaf: Callable[[Term], np.ndarray], sources: Mapping[Term, int]) -> np.ndarray:
+    if t in sources:
         return leaf(t)
     if t.op == "concat":
-        return np.concatenate([_labels(a, leaf) for a in t.args], axis=t.attrs[0])
-    inner = _labels(t.args[0], leaf)
+        return np.concatenate([_labels(a, leaf, sources) for a in t.args], axis=t.attrs[0])
+    inner = _labels(t.args[0], leaf, sources)
     if t.op == "reshape":
         return inner.reshape(t.shape)
     if t.op == "transpose":

@@ -16,7 +16,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.spec import GatherDims, bcast_spec, reshape_spec
-from equivci.translate import masks, offsets, one_hots, picks, pieces, scatter_adds
+from equivci.translate import index_writes, masks, offsets, one_hots, picks, pieces, scatter_adds
 from equivci.translate.attributes import (
     called,
     custom_call_target,
@@ -143,7 +143,14 @@ def pad(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
 
 
 def scatter(ev: Builder, inst: Instruction, args: list, device: int):
-    for handler in (scatter_at_constants, scatter_adds.per_row, scatter_adds.windows, one_hots.columns):
+    handlers = (
+        scatter_at_constants,
+        index_writes.one_window,
+        scatter_adds.per_row,
+        scatter_adds.windows,
+        one_hots.columns,
+    )
+    for handler in handlers:
         if (written := handler(ev, inst, args)) is not None:
             return written
     term = opaque(ev, inst, args)

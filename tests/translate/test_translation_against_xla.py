@@ -96,6 +96,10 @@ def _offset_windows(table, start):  # translate/offsets.py: `start` is a valid s
     )
 
 
+def _set_at(x, pos):  # translate/index_writes.py: a row and a column overwritten at an index input
+    return x.at[pos].set(x[0] * 2), x.at[:, pos].set(x[:, 1] + 1)
+
+
 def _complex_rotation(x):  # translate/complex_pairs.py: complex values as pairs of real ones
     z = lax.complex(x[:, 0::2], x[:, 1::2])
     rot = jnp.exp(1j * (jnp.arange(T, dtype=jnp.float32)[:, None] * jnp.linspace(0.1, 1.0, D // 2)))
@@ -134,7 +138,6 @@ def _group_marks_written_otherwise(table, ids):  # the starts as [0, ends[:-1]];
     return jnp.cumsum(at_starts), jnp.cumsum(at_ends), table[ids][jnp.argsort(ids)] * group[:, None]
 
 
-
 def _top_k_combine(x):  # translate/one_hots.py: a row's top-k columns are distinct, so set = sum
     values, idx = lax.top_k(jax.nn.softmax(x), 3)
     return jnp.zeros((T, D), x.dtype).at[jnp.arange(T)[:, None], idx].set(values * 2.0)
@@ -163,9 +166,9 @@ def _writes_at_constant_rows(x):  # scatters at constant indices: a row, two row
     return x.at[2].set(x[0] * 2), x.at[jnp.array([1, 4])].set(x[:2] + 1), x.at[:, 3].set(x[:, 0])
 
 
-
 def _updates_at_constant_starts(x):  # XLA clamps a start that would put the update past the end
     return lax.dynamic_update_slice(x, x[:2, :3] * 2, (1, 2)), lax.dynamic_update_slice(x, x[:2, :3] + 1, (T - 1, 100))
+
 
 def _online_softmax(x):  # translate/shifts.py: blocks of keys in rotated order, rescaled to the running max
     s = x @ TABLE.T
@@ -217,14 +220,25 @@ CASES = {
     "updates at constant starts, one clamped": (_updates_at_constant_starts, (X,)),
     "a vmapped lookup over a batch of one": (lambda t, i: jax.vmap(lambda t, i: t[i])(t[None], i[None]), (TABLE, IDS)),
     "an iota gathered at ids or -1": (
-        lambda table, ids: (table[ids], jnp.arange(V).at[jnp.where(ids > 3, ids, -1)].get(mode="promise_in_bounds", wrap_negative_indices=False)), (TABLE, IDS)),
+        lambda table, ids: (
+            table[ids],
+            jnp.arange(V).at[jnp.where(ids > 3, ids, -1)].get(mode="promise_in_bounds", wrap_negative_indices=False),
+        ),
+        (TABLE, IDS),
+    ),
     "a select by a constant mask of one row": (lambda x: jnp.where(jnp.arange(D)[None, :] < 5, x[:1], -x[1:2]), (X,)),
     "a clamp of an input": (lambda x: lax.clamp(np.float32(-0.5), x, np.float32(0.5)), (X,)),
-    "a scatter-add of one number per row": (_picked_sum_gradient, (RNG.standard_normal((T, V)).astype(np.float32), IDS)),
+    "a scatter-add of one number per row": (
+        _picked_sum_gradient,
+        (RNG.standard_normal((T, V)).astype(np.float32), IDS),
+    ),
     "pad and cut": (_padded, (X,)),
     "integer arithmetic and masks": (_integer_mix, (IDS,)),
     "sorted group ids (jnp.repeat of the group sizes)": (_sorted_group_ids, (TABLE, IDS)),
-    "sorted group ids from the starts as [0, ends[:-1]], marks in int16": (_group_marks_written_otherwise, (TABLE, IDS)),
+    "sorted group ids from the starts as [0, ends[:-1]], marks in int16": (
+        _group_marks_written_otherwise,
+        (TABLE, IDS),
+    ),
     "top-k weights set per row (one-hot sum)": (_top_k_combine, (X,)),
     "argsort columns set, expert-major": (_argsort_columns_transposed, (X,)),
     "columns added per row, repeats allowed": (_columns_added, (X, IDS)),
@@ -232,6 +246,7 @@ CASES = {
     "complex rotation, product, dot and layout as real pairs": (_complex_rotation, (X,)),
     **{f"windows at offsets from a slice start {s}": (_offset_windows, (TABLE, np.int32(s))) for s in (0, 3, 8)},
     "reductions over concatenations, identity pieces among them": (_reduced_pieces, (X,)),
+    **{f"a row and a column set at index {s}": (_set_at, (X, np.int32(s))) for s in (0, 2, T - 1)},
 }
 
 
@@ -245,7 +260,9 @@ def test_translated_terms_compute_what_xla_computes(case):
     _assert_xla_values(*CASES[case])
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, jnp.bfloat16, np.int32, np.uint32, np.int8, np.uint8, np.bool_])
+@pytest.mark.parametrize(
+    "dtype", [np.float32, np.float16, jnp.bfloat16, np.int32, np.uint32, np.int8, np.uint8, np.bool_]
+)
 def test_each_input_is_a_term_of_its_hlo_dtype(dtype):
     x = np.zeros((2, 3), dtype)
     module = parse_module(jax.jit(lambda v: v).lower(x).as_text(dialect="hlo"))
@@ -314,7 +331,9 @@ OVERWRITES = {  # each could lose a write or keep part of the operand: not a sum
     "a column repeated": lambda x: _set_at(jnp.zeros((T, D)), jnp.argmax(x, -1)[:, None].repeat(2, 1), x),
     "into ones": lambda x: _set_at(jnp.ones((T, D)), lax.top_k(x, 2)[1], x),
     "sorted keys, not their indices": lambda x: _sorted_keys_set(x),
-    "two rows at one row": lambda x: jnp.zeros((T, D)).at[jnp.arange(T)[:, None] // 2, lax.top_k(x, 2)[1]].set(x[:, :2]),
+    "two rows at one row": lambda x: (
+        jnp.zeros((T, D)).at[jnp.arange(T)[:, None] // 2, lax.top_k(x, 2)[1]].set(x[:, :2])
+    ),
 }
 
 
@@ -338,7 +357,6 @@ def test_a_loop_with_a_constant_trip_count_unrolls_to_what_xla_computes():
     np.testing.assert_allclose(evaluate(out, {0: X}, ev.values), jax.jit(_loop_of_three_trips)(X), rtol=1e-5)
 
 
-
 def test_a_loop_no_handler_takes_is_an_opaque_term_of_its_own_computations():
     """Without a loop handler (the handler declines a loop whose trip count is known only at run time)
     a `while` is an opaque term named by its body and condition: the same loop translated again is
@@ -355,6 +373,7 @@ def test_a_loop_no_handler_takes_is_an_opaque_term_of_its_own_computations():
 
     assert translated(2.0) is translated(2.0)
     assert translated(2.0) is not translated(3.0)
+
 
 def test_both_programs_fold_constants_within_the_budget_they_are_given():
     """A budget of one folded element keeps an 8-element constant computation symbolic in the
