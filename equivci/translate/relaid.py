@@ -68,11 +68,18 @@ def windows(
     which is then the source; and sources whose elements are such a box's permuted (module docstring).
     `memo`: answers by layout (`_layout`), shared by the calls of one translation."""
     known = known or {}
-    return _windows(operand, out_shape, budget, known, False) or _windows(operand, out_shape, budget, known, True)
+    return _windows_at(operand, out_shape, budget, known, memo, False) or _windows_at(
+        operand, out_shape, budget, known, memo, True
+    )
 
 
-def _windows(
-    operand: Term, out_shape: tuple[int, ...], budget: int, known: Mapping[Term, tuple[Term, Box]], at_parts: bool
+def _windows_at(
+    operand: Term,
+    out_shape: tuple[int, ...],
+    budget: int,
+    known: Mapping[Term, tuple[Term, Box]],
+    memo: dict | None,
+    at_parts: bool,
 ) -> tuple[int, list[Run]] | None:
     """windows() with the sources where the moves end, or (`at_parts`) at the concatenations' parts
     (module docstring); None also when no part is a move (the same sources as without)."""
@@ -87,10 +94,10 @@ def _windows(
     # The answer depends on the terms only through the layout: the same moves of sources of the
     # same shapes (every layer's attention heads, every device's shard) are labelled alike.
     if memo is None:
-        return _windows(operand, out_shape, budget, known, pieces, bases)
-    key = _layout(operand, out_shape, budget, known, pieces, bases)
+        return _windows(operand, out_shape, budget, known, pieces, bases, sources, parts)
+    key = _layout(operand, out_shape, budget, known, pieces, bases, sources, parts)
     if key not in memo:
-        found = _windows(operand, out_shape, budget, known, pieces, bases)
+        found = _windows(operand, out_shape, budget, known, pieces, bases, sources, parts)
         index = {b: k for k, b in enumerate(bases)}
         memo[key] = None if found is None else (found[0], [(index[s], p, b, n) for s, p, b, n in found[1]])
     answer = memo[key]
@@ -104,15 +111,18 @@ def _layout(
     known: Mapping[Term, tuple[Term, Box]],
     pieces: dict[Term, tuple[Term, Perm]],
     bases: list[Term],
+    sources: Mapping[Term, int],
+    parts: set[Term],
 ) -> tuple:
     """Everything `_windows` reads of its arguments, with the sources named by their position among
-    `bases`: the moves (op, attributes, shape), each source's shape and, for a piece, the box of its
-    base it is and the order its elements are read in, and which bases are reorderable."""
+    `bases`: the moves (op, attributes, shape) down to the sources, each source's shape and, for a
+    piece, the box of its base it is and the order its elements are read in, and which bases are
+    reorderable."""
     index = {b: k for k, b in enumerate(bases)}
-    reorderable = {whole for whole, _ in known.values()}
+    reorderable = {whole for whole, _ in known.values()} | parts
 
     def tree(t: Term) -> tuple:
-        if t.op in MOVES:
+        if t.op in MOVES and t not in sources:
             return (t.op, t.attrs, t.shape, *(tree(a) for a in t.args))
         if t not in pieces:
             return ("source", index[t])
@@ -131,6 +141,8 @@ def _windows(
     known: Mapping[Term, tuple[Term, Box]],
     pieces: dict[Term, tuple[Term, Perm]],
     bases: list[Term],
+    sources: Mapping[Term, int],
+    parts: set[Term],
 ) -> tuple[int, list[Run]] | None:
     sizes = [int(np.prod(t.shape)) for t in bases]
     if not sizes or sum(sizes) > budget or 0 in out_shape:
