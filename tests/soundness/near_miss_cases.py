@@ -54,8 +54,9 @@ NOT_VERIFIED = {
     # past it, so a correct layer is `unproven` (see test_routing_limit).
     "moe-ep-past-enumeration": "correct, but past the routing lemma's enumeration limit",
 }
-EXPECTED = {**{n: "verified" for n in VERIFIED}, **{n: "mismatch" for n in MISMATCH},
-            **{n: "not verified" for n in NOT_VERIFIED}}
+# sorted: test ids in the same order in every process (pytest-xdist's workers must collect alike)
+EXPECTED = {**{n: "verified" for n in sorted(VERIFIED)}, **{n: "mismatch" for n in sorted(MISMATCH)},
+            **{n: "not verified" for n in sorted(NOT_VERIFIED)}}
 
 
 def agrees(name: str, status: str) -> bool:
