@@ -3,8 +3,10 @@
 A helper parameterized by a plain Python value (an axis name, a flag, a callback, a reduction)
 computes what its caller asks for. When the op where the programs part depends on such a parameter
 and another call of the same helper passes a different value, the reviewer's line is the call that
-passes this one: the helper's body runs as written for both calls. The search follows the names the
-op's statement reads back through assignments and parameters, up the calls seen on the op stacks.
+passes this one: the helper's body runs as written for both calls. A function passed by name is the
+exception: it is written in its own body, where the reviewer changes it (`made_in`). The search
+follows the names the op's statement reads back through assignments and parameters, up the calls
+seen on the op stacks.
 """
 
 from __future__ import annotations

@@ -136,10 +136,17 @@ def _defect_findings(
         # The proof related (or deferred, as a routed or scaled value) what numerics cannot
         # match to a single reference value: the proof's order stands.
         numeric = None
-    if frontier is not None and numeric is not None and defect.unexplained and not _agrees(defect, numeric.inst):
-        # A value numerics confirms differs leads one the proof only could not relate (where the
-        # values do not differ yet on the draw); a defect the proof explains (a wrong window, a
-        # missing sum) keeps the lead: numerics cannot tell the right reference value from another.
+    if (
+        frontier is not None
+        and numeric is not None
+        and defect.unexplained
+        and frontier.start_matches
+        and not _agrees(defect, numeric.inst)
+    ):
+        # A value numerics confirms differs leads one the proof only could not relate and whose
+        # value (or one computed from it) matches a reference value on the draw; a defect the proof
+        # explains (a wrong window, a missing sum) keeps the lead: numerics cannot tell the right
+        # reference value from another.
         first = _finding(
             numeric.inst,
             f"on random inputs (the numeric oracle's seed 0) this `{numeric.inst.opcode}` "
@@ -153,7 +160,7 @@ def _defect_findings(
         later = _finding(
             defect.inst,
             "the proof cannot relate the value here to the reference, but on random "
-            "inputs the values do not differ here yet, so this may be a missing rule, not the defect: "
+            "inputs it (or a value computed from it) matches one, so this may be a missing rule, not the defect: "
             f"{message}",
             captured,
             events,

@@ -47,9 +47,13 @@ class NumericFrontier:
     device: int = 0
     compared: int = 0
     note: str | None = None
+    # The value at the comparison's start (the proof's stop), or one computed from it, matches a
+    # reference value: the stop is no difference numerics can see.
+    start_matches: bool = False
 
 
 MAX_DIFFERING = 16  # values that match nothing followed to the values computed from them
+START = -1  # the comparison's start among what a value is computed from
 
 # Set in the verifier's forked child when its parent had jax loaded (a test, an application embedding
 # equivci; the CLI never does): jax's runtime does not survive a fork, its threads are gone, and
@@ -253,6 +257,7 @@ def numeric_frontier(
     for event in distributed_events[begin:]:
         inst, terms = event.inst, event.values
         reads = frozenset().union(*(upstream.get(name.split("#")[0], frozenset()) for name in inst.operands))
+        reads |= {START} if inst is start else frozenset()
         upstream[inst.name] = reads
         if inst.opcode in TRIVIAL_OPS or any(not isinstance(t, Term) or id(t) in routed for t in terms):
             continue
@@ -285,7 +290,9 @@ def numeric_frontier(
             upstream[inst.name] = reads | {len(differing)}
             differing.append((event, differs))
     first = next((d for k, d in enumerate(differing) if k not in absorbed), None)
-    return NumericFrontier(first[0], first[1], compared) if first else NumericFrontier(None, compared=compared)
+    return NumericFrontier(
+        first[0] if first else None, first[1] if first else 0, compared, start_matches=START in absorbed
+    )
 
 
 def _undecided(term: Term, unknown: set[tuple[str, tuple[int, ...]]]) -> bool:

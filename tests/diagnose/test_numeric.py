@@ -174,3 +174,26 @@ def test_a_value_that_may_be_a_window_of_a_reference_value_numerics_cannot_evalu
     assert numeric_frontier(reference, events, {}, (leaf,), {}, 10).event is None
     found = numeric_frontier(reference, [_event("concatenate", "w", wide)], {}, (leaf,), {}, 10)
     assert found.event is not None and found.event.inst.name == "w", found  # near miss: no block of [4, 8]
+
+
+def test_the_start_matches_when_a_value_computed_from_it_does():
+    """The proof's stop is no difference numerics can see when its value, or one computed from it
+    (a mask's use summed into a reference value), matches; a mask whose use matches nothing is
+    no evidence either way."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    twice = table.make("binary", ("add",), (x, x), (4, 8), "f32")
+    wrong = table.make("binary", ("add",), (twice, x), (4, 8), "f32")
+    mask = table.make("unary", ("convert",), (x,), (4, 8), "s32")
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    reference, stop = [_event("add", "ref", twice)], _event("compare", "mask", mask, "s32")
+    used = _event("select", "used", twice, operands=("mask",))
+    found = numeric_frontier(reference, [stop, used, _event("add", "w", wrong)], {}, (leaf,), {}, 10, start=stop.inst)
+    assert found.start_matches and found.event is not None and found.event.inst.name == "w", found
+    unmatched = _event("select", "used", wrong, operands=("mask",))  # near miss: its use differs
+    found = numeric_frontier(reference, [stop, unmatched], {}, (leaf,), {}, 10, start=stop.inst)
+    assert not found.start_matches and found.event is unmatched, found
