@@ -46,7 +46,7 @@ def test_a_value_with_unit_dims_added_or_dropped_matches():
     with a unit dim holds the data of the device's value without it."""
     x = RNG.normal(size=(2, 8)).astype(np.float32)
     assert index_of(x).matches(x[:, None, :].copy())
-    assert index_of(x[:, None, :].copy()).matches(x)
+    assert index_of(x[:, :, None].copy()).matches(x)
     assert not index_of(x).matches(x[:, None, :] + 1)  # near miss: other data, same layout
 
 
