@@ -197,3 +197,24 @@ def test_the_start_matches_when_a_value_computed_from_it_does():
     unmatched = _event("select", "used", wrong, operands=("mask",))  # near miss: its use differs
     found = numeric_frontier(reference, [stop, unmatched], {}, (leaf,), {}, 10, start=stop.inst)
     assert not found.start_matches and found.event is unmatched, found
+
+
+def test_a_value_of_equal_elements_that_matches_is_no_evidence():
+    """A fully masked shard's maximum (all -1e9) matches the reference's masked scores: that says
+    nothing of the stop, which stays unconfirmed; near miss: a value of distinct elements does."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    masked = table.make("opaque", ("masked",), (x,), (4, 8), "f32")
+    column = table.make("slice", (1, 0, 1), (x,), (4, 1), "f32")
+    uniform = table.make("binary", ("subtract",), (column, column), (4, 1), "f32")
+    wrong = table.make("binary", ("add",), (x, x), (4, 8), "f32")
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    reference = [_event("select", "ref", masked)]
+    for stop, matches in ((_event("subtract", "max", uniform), False), (_event("slice", "max", column), True)):
+        events = [stop, _event("add", "w", wrong, operands=("max",))]
+        found = numeric_frontier(reference, events, {masked: np.zeros((4, 8), np.float32)}, (leaf,), {}, 10, start=stop.inst)
+        assert found.start_matches == matches and found.event is events[1], (stop, found)
