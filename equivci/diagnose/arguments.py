@@ -3,8 +3,10 @@
 A helper parameterized by a plain Python value (an axis name, a flag, a callback, a reduction)
 computes what its caller asks for. When the op where the programs part depends on such a parameter
 and another call of the same helper passes a different value, the reviewer's line is the call that
-passes this one: the helper's body runs as written for both calls. The search follows the names the
-op's statement reads back through assignments and parameters, up the calls seen on the op stacks.
+passes this one: the helper's body runs as written for both calls. A function passed by name is the
+exception: it is written in its own body, where the reviewer changes it (`made_in`). The search
+follows the names the op's statement reads back through assignments and parameters, up the calls
+seen on the op stacks.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from equivci.translate.evaluator import Event
 MAX_NAMES = 40  # names followed back from the op's statement, over every level
 MAX_CALLS = 4  # calls followed up from the op's function
 MAX_USES = 12  # uses of an index or mask value whose statements are searched too
+MAX_READS = 5000  # ops followed back through operands to the helper that made what an op reads
 INDEX_TYPES = {"pred", "s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64"}
 Bound = dict[str, ast.expr | None]  # a call's argument by parameter
 
@@ -81,6 +84,29 @@ def passed_choice(
             )
             choices += [dataclasses.replace(c, use=use) for c in through]
     return next((c for c in choices if c.paired), choices[0] if choices else None)
+
+
+def made_in(function: str, inst: Instruction, events: list[Event], repo_root: str) -> SourceLoc | None:
+    """The frame inside the repository function named `function` of `inst`, or else of the op made
+    there that `inst` reads (through its operands) latest in program order: where a helper passed
+    by that name computes what `inst` depends on. None when nothing `inst` reads is made there."""
+    root = Path(repo_root).resolve()
+    position = {e.inst.name: k for k, e in enumerate(events)}
+    by_name = {e.inst.name: e.inst for e in events}
+    queue, seen, found = [inst], {inst.name}, list[tuple[int, SourceLoc]]()
+    while queue and len(seen) <= MAX_READS:
+        op = queue.pop()
+        loc = next((f for f in op.stack if in_repository(f, root) and f.function.split(".")[-1] == function), None)
+        if loc is not None:
+            if op is inst:
+                return loc
+            found.append((position.get(op.name, -1), loc))
+            continue  # what a helper's op reads is its arguments' business, or the helper's own
+        for name in op.operands:
+            if name not in seen and name in by_name:
+                seen.add(name)
+                queue.append(by_name[name])
+    return max(found, key=lambda pair: pair[0])[1] if found else None
 
 
 def _index_uses(inst: Instruction, events: list[Event], root: Path) -> list[Instruction]:

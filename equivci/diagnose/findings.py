@@ -15,7 +15,7 @@ import dataclasses
 from pathlib import Path
 
 from equivci.capture.types import CapturedModel
-from equivci.diagnose.arguments import passed_choice
+from equivci.diagnose.arguments import made_in, passed_choice
 from equivci.diagnose.frames import innermost, library_call, shared_call
 from equivci.diagnose.localize import Defect, call_chain_start, part_mean, source_of, unlocated
 from equivci.diagnose.numeric import NumericFrontier
@@ -136,13 +136,23 @@ def _defect_findings(
         # The proof related (or deferred, as a routed or scaled value) what numerics cannot
         # match to a single reference value: the proof's order stands.
         numeric = None
-    if frontier is not None and numeric is not None and not _agrees(defect, numeric.inst):
+    if (
+        frontier is not None
+        and numeric is not None
+        and defect.unexplained
+        and frontier.start_matches
+        and not _agrees(defect, numeric.inst)
+    ):
+        # A value numerics confirms differs leads one the proof only could not relate and whose
+        # value (or one computed from it) matches a reference value on the draw; a defect the proof
+        # explains (a wrong window, a missing sum) keeps the lead: numerics cannot tell the right
+        # reference value from another.
         first = _finding(
             numeric.inst,
             f"on random inputs (the numeric oracle's seed 0) this `{numeric.inst.opcode}` "
             f"gives device {frontier.device} the first distributed value that is no shard, "
-            "copy or partial sum of any reference value; every value before it matches "
-            "one. The proof stops elsewhere (next finding).",
+            "copy or partial sum of any reference value and that no value computed from it "
+            "matches again, after the op where the proof stops (next finding).",
             captured,
             events,
             layering,
@@ -150,7 +160,8 @@ def _defect_findings(
         later = _finding(
             defect.inst,
             "the proof cannot relate the value here to the reference, but on random "
-            f"inputs it matches one, so this may be a missing rule, not the defect: {message}",
+            "inputs it (or a value computed from it) matches one, so this may be a missing rule, not the defect: "
+            f"{message}",
             captured,
             events,
             layering,
@@ -290,6 +301,29 @@ def _caller_choices(
         )
     # A lead tied with other places keeps its tie: the call joins them, first.
     tie = lead.tie if lead.tie is not None else max((f.tie for f, _ in findings if f.tie is not None), default=-1) + 1
+    helper = made_in(choice.text, inst, events, captured.repo_root) if choice.text.isidentifier() else None
+    if helper is not None:
+        # A function passed by name is written in its own body: that body, where it computes what the
+        # op depends on, is the line to change, not the call that names it (a lambda is written at
+        # the call itself).
+        hpath, hline = source_of(dataclasses.replace(inst, stack=(helper,)), captured.repo_root)
+        if hpath is not None:
+            moved, note = _moved(
+                lead,
+                (hpath, hline, tie),
+                f"`{choice.text}`, passed at {path}:{line} as `{choice.parameter}` of `{choice.function}` "
+                f"(elsewhere {others}), computes this, and {depends}. There: {lead.message}",
+                f"the `{inst.opcode}` that the finding at {hpath}:{hline} is about is made here, from what "
+                f"`{choice.text}` computes.",
+            )
+            call = dataclasses.replace(
+                note,
+                path=path,
+                line=line,
+                message=f"`{choice.text}`, which the finding at {hpath}:{hline} is in, is passed here.",
+            )
+            kept = [] if (hpath, hline) == (lead.path, lead.line) else [(note, None)]
+            return [(moved, None), (call, None)] + kept + rest
     moved, note = _moved(
         lead,
         (path, line, tie),

@@ -48,6 +48,8 @@ class Defect:
     frontier: Instruction | None = None  # the first unrelated op, which led to `inst`
     constants: tuple[float, float] | None = None  # (distributed, reference) when a differing constant is the defect
     alternative: tuple[Instruction, str] | None = None  # an equally supported place, and what to say there
+    # The proof only found no relation here (no rule, perhaps): nothing says how the value differs.
+    unexplained: bool = False
 
 
 def _terms(event: Event) -> list[Term] | None:
@@ -522,7 +524,7 @@ def first_defect(
             _index_origin(event, by_name, plain)
             or _input_free_origin(event, by_name, constants, plain, shared_lines, lambda ts: classify(ts) == "related")
             or _bounds_origin(event, plain, {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]})
-            or Defect(event.inst, plain)
+            or Defect(event.inst, plain, unexplained=True)
         )
 
     def scaled_sum(event: Event) -> Defect | None:

@@ -1,12 +1,17 @@
 """Numeric localization: both programs' values on the same random inputs, where the proof cannot decide.
 
 The verifier's terms are both programs over the reference inputs. Evaluated on one random draw
-(the numeric oracle's seed 0, so the inputs of the counterexample), each distributed value on each
-device either equals a window of some reference value (a shard, or a copy), or its sum over the
-devices of one mesh axis does (a partial sum awaiting its all-reduce), or it matches nothing. The
-first distributed op, in program order, whose value matches nothing on some device is the numeric
-frontier: the proof's finding should agree with it, and where the proof's first unrelated op
-matches the reference numerically, the proof only lacked a rule there.
+(the numeric oracle's seed 0 and integer ranges, so the inputs of the counterexample), each
+distributed value on each device either equals a window of some reference value or input (a
+shard, or a copy; also with unit dims dropped, and one group of a value vmapped over groups), or
+its sum over the devices of one mesh axis does (a partial sum awaiting its all-reduce), or it
+matches nothing. From the op where the proof stops (before it every value is proved related), the
+first distributed op whose value matches nothing on some device, and from which no matching value
+is computed later (a difference masked out or summed away is none), is the numeric frontier: the
+proof's finding should agree with it, and where the proof only could not relate a value that
+does not differ yet, it lacked a rule there. Index arithmetic and values no input reaches are
+not compared (the reference holds no counterpart: the values they index are compared), nor values
+that may be windows of a reference value numerics cannot evaluate.
 
 Cost: every term is evaluated once (numpy) and each value is compared with the reference values
 of its dtype and rank; models past `numeric_terms` terms or `numeric_elements` input elements
@@ -23,9 +28,10 @@ import math
 
 import numpy as np
 
-from equivci.capture.oracle import random_inputs, tolerance_for
+from equivci.capture.oracle import Ranges, random_inputs, tolerance_for
 from equivci.capture.types import LeafPlacement
-from equivci.hlo.ir import TRIVIAL_OPS
+from equivci.diagnose.arguments import INDEX_TYPES
+from equivci.hlo.ir import TRIVIAL_OPS, Instruction
 from equivci.options import Budgets
 from equivci.terms.ir import Term
 from equivci.terms.semantics import TermEvalError, evaluate
@@ -41,7 +47,13 @@ class NumericFrontier:
     device: int = 0
     compared: int = 0
     note: str | None = None
+    # The value at the comparison's start (the proof's stop), or one computed from it, matches a
+    # reference value: the stop is no difference numerics can see.
+    start_matches: bool = False
 
+
+MAX_DIFFERING = 16  # values that match nothing followed to the values computed from them
+START = -1  # the comparison's start among what a value is computed from
 
 # Set in the verifier's forked child when its parent had jax loaded (a test, an application embedding
 # equivci; the CLI never does): jax's runtime does not survive a fork, its threads are gone, and
@@ -49,20 +61,27 @@ class NumericFrontier:
 JAX_FORKED = False
 
 
-def draw_inputs(inputs: tuple[LeafPlacement, ...], seed: int = 0) -> dict[int, np.ndarray]:
-    """The oracle's random draw for these input leaves (same leaf order, same per-leaf keys)."""
-    return dict(_draw(tuple((tuple(leaf.shape), leaf.dtype) for leaf in inputs), seed))
+def draw_inputs(
+    inputs: tuple[LeafPlacement, ...], seed: int = 0, ranges: Ranges | None = None
+) -> dict[int, np.ndarray]:
+    """The oracle's random draw for these input leaves (same leaf order, same per-leaf keys), its
+    integer inputs inside `ranges` (equivci.verify.engine.oracle_ranges: those the proof assumed
+    valid indices), as the oracle draws them: a value at a position outside them is no input."""
+    leaves = tuple((tuple(leaf.shape), leaf.dtype) for leaf in inputs)
+    return dict(_draw(leaves, seed, tuple(sorted((ranges or {}).items()))))
 
 
 @functools.lru_cache(maxsize=1)
-def _draw(leaves: tuple[tuple[tuple[int, ...], str], ...], seed: int) -> dict[int, np.ndarray]:
+def _draw(
+    leaves: tuple[tuple[tuple[int, ...], str], ...], seed: int, ranges: tuple[tuple[int, tuple[int, int]], ...]
+) -> dict[int, np.ndarray]:
     """One draw per verification, however many stages ask for it (the window candidates, numeric
     localization): jax compiles its random functions per shape, which costs seconds on a big
     model. The arrays are read-only views of jax's, so sharing them is safe."""
     # lazy: jax is heavy; the CLI's parent process must not import it
     import jax
 
-    drawn = random_inputs(tuple(jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in leaves), seed)
+    drawn = random_inputs(tuple(jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in leaves), seed, dict(ranges))
     return {k: np.asarray(v) for k, v in enumerate(drawn)}
 
 
@@ -73,6 +92,7 @@ class _Values:
         self.params, self.consts = params, consts
         self.memo: dict[int, np.ndarray] = {}
         self.failed: set[int] = set()
+        self.reads: dict[int, bool] = {}  # id(term) -> it depends on an input
 
     def __call__(self, t: Term) -> np.ndarray | None:
         if id(t) in self.failed:
@@ -82,6 +102,27 @@ class _Values:
         except (TermEvalError, KeyError, ValueError, TypeError, IndexError):
             self.failed.add(id(t))
             return None
+
+    def reads_input(self, term: Term) -> bool:
+        """`term` depends on an input leaf (a value folded to a constant, or made of constants
+        only, does not: a device's offsets and masks, which the values they index are judged by)."""
+        stack = [term]
+        while stack:
+            t = stack[-1]
+            if id(t) in self.reads:
+                stack.pop()
+                continue
+            if t.op == "param" or t in self.consts or not t.args:
+                self.reads[id(t)] = t.op == "param"
+                stack.pop()
+                continue
+            missing = [a for a in t.args if id(a) not in self.reads]
+            if missing:
+                stack.extend(missing)
+                continue
+            self.reads[id(t)] = any(self.reads[id(a)] for a in t.args)
+            stack.pop()
+        return self.reads[id(term)]
 
 
 def _tolerance(dtype) -> tuple[float, float]:
@@ -105,14 +146,25 @@ class _ReferenceIndex:
         self.near = 0  # program position of the last reference value matched
 
     def add(self, value: np.ndarray, position: int = 0) -> None:
-        if value.size:
-            key = (value.dtype.str, value.ndim)
-            self.by_kind.setdefault(key, []).append(value)
-            self.positions.setdefault(key, []).append(position)
+        # A value is also kept without its unit dims: `x[:, None, :]` (a reshape that only adds a
+        # unit dim, as for a dynamic-update-slice's update) holds the same data as x. And with its
+        # two leading dims as one: a reference vmapped over groups computes [G, S, ...] where a
+        # device computes one group's [S, ...], rows S*g to S*(g+1) of the merged value.
+        forms = [value] + [np.squeeze(value)] * (1 in value.shape)
+        if value.ndim >= 3:
+            forms.append(value.reshape((-1,) + value.shape[2:]))
+        for v in forms:
+            if v.size:
+                key = (v.dtype.str, v.ndim)
+                self.by_kind.setdefault(key, []).append(v)
+                self.positions.setdefault(key, []).append(position)
 
     def matches(self, a: np.ndarray) -> bool:
         if a.size == 0:
             return True
+        return self._matches(a) or (1 in a.shape and self._matches(np.squeeze(a)))
+
+    def _matches(self, a: np.ndarray) -> bool:
         rtol, atol = _tolerance(a.dtype)
         # The absolute tolerance scales with the value's own magnitude: a candidate's (an exp
         # that overflows to 1e30) would let it match anything.
@@ -151,9 +203,13 @@ def numeric_frontier(
     term_count: int,
     routed: frozenset[int] | set[int] = frozenset(),
     budgets: Budgets = Budgets(),
+    ranges: Ranges | None = None,
+    start: Instruction | None = None,
 ) -> NumericFrontier:
-    """The first distributed op whose value is no window of any reference value, on any device.
-    `routed`: ids of MoE dispatch masks and routed rows (related only through their combine)."""
+    """The first distributed op, from `start` (the proof's stop) on, whose value is no window of
+    any reference value, on any device. `routed`: ids of MoE dispatch masks and routed rows
+    (related only through their combine); `ranges`: the integer inputs' ranges the oracle draws
+    in (see draw_inputs)."""
     if term_count > budgets.numeric_terms:
         return NumericFrontier(
             None, note=f"numeric localization skipped: {term_count} terms (limit {budgets.numeric_terms})"
@@ -169,12 +225,16 @@ def numeric_frontier(
             "running jax, whose runtime a fork does not carry",
         )
     try:
-        params = draw_inputs(inputs)
+        params = draw_inputs(inputs, ranges=ranges)
     except Exception as exc:  # noqa: BLE001 - an aid to the finding: its failure must not cost the verdict
         return NumericFrontier(None, note=f"numeric localization skipped: the random inputs could not be drawn ({exc})")
     values = _Values(params, consts)
     index = _ReferenceIndex()
+    for k in sorted(params):
+        # The inputs are the reference's values too: a gathered copy of a sharded input matches one.
+        index.add(params[k])
     reference_ids = set()
+    unknown: set[tuple[str, tuple[int, ...]]] = set()  # (dtype, shape) of reference values without one
     for position, e in enumerate(reference_events):
         v = e.values[0]
         if isinstance(v, Term) and id(v) not in reference_ids:
@@ -182,11 +242,30 @@ def numeric_frontier(
             found = values(v)
             if found is not None:
                 index.add(found, position)
+            else:
+                unknown.add((v.dtype, v.shape))
     verdict: dict[int, bool] = {}  # id(term) -> matches
     compared = 0
-    for event in distributed_events:
-        terms = event.values
-        if event.inst.opcode in TRIVIAL_OPS or any(not isinstance(t, Term) or id(t) in routed for t in terms):
+    # Values that match nothing, in program order, as (event, device); `upstream`: by op name, those
+    # its value is computed from; `absorbed`: those a value that matches is computed from.
+    differing: list[tuple[Event, int]] = []
+    upstream: dict[str, frozenset[int]] = {}
+    absorbed: set[int] = set()
+    # Before the proof's stop every value is proved related to the reference (a rescaled or routed
+    # one numerics cannot match is no difference): the comparison starts there.
+    begin = next((k for k, e in enumerate(distributed_events) if e.inst is start), 0)
+    for event in distributed_events[begin:]:
+        inst, terms = event.inst, event.values
+        reads = frozenset().union(*(upstream.get(name.split("#")[0], frozenset()) for name in inst.operands))
+        reads |= {START} if inst is start else frozenset()
+        upstream[inst.name] = reads
+        if inst.opcode in TRIVIAL_OPS or any(not isinstance(t, Term) or id(t) in routed for t in terms):
+            continue
+        if inst.shape.dtype in INDEX_TYPES or not any(values.reads_input(t) for t in terms):
+            # Index arithmetic (an offset from the device index, a vocabulary shard's mask, ids
+            # shifted into a shard) and values no input reaches (a position table) have no
+            # counterpart the reference must hold: the values they shift, mask or select are
+            # compared, and those differ where they are wrong.
             continue
         evaluated = [values(t) for t in terms]
         arrays = [a for a in evaluated if a is not None]
@@ -198,9 +277,42 @@ def numeric_frontier(
                 verdict[id(t)] = (
                     id(t) in reference_ids or index.matches(a) or _partial(index, arrays, dev, groups_by_axis)
                 )
-            if not verdict[id(t)]:
-                return NumericFrontier(event, dev, compared)
-    return NumericFrontier(None, compared=compared)
+        differs = next((dev for dev, t in enumerate(terms) if not verdict[id(t)]), None)
+        if differs is None and all(a.size > 1 and (a == a.flat[0]).all() for a in arrays):
+            # Elements all equal (a fully masked shard's maximum, -1e9) match any tile of equal
+            # elements: no evidence that the value is right.
+            continue
+        if differs is not None and _undecided(terms[differs], unknown):
+            # It may be a window of a reference value numerics could not evaluate (an op without
+            # a numpy model): no evidence either way.
+            continue
+        if differs is None:
+            # What a matching value is computed from differed only where it was masked out or
+            # summed away (a vocabulary shard's rows outside the shard, a piece of a sum).
+            absorbed |= reads
+        elif len(differing) < MAX_DIFFERING:
+            upstream[inst.name] = reads | {len(differing)}
+            differing.append((event, differs))
+    first = next((d for k, d in enumerate(differing) if k not in absorbed), None)
+    return NumericFrontier(
+        first[0] if first else None, first[1] if first else 0, compared, start_matches=START in absorbed
+    )
+
+
+def _undecided(term: Term, unknown: set[tuple[str, tuple[int, ...]]]) -> bool:
+    """`term` could be a block of a reference value of these (dtype, shape), also without unit dims."""
+
+    def squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(n for n in shape if n != 1)
+
+    return any(
+        dtype == term.dtype
+        and any(
+            len(a) == len(r) and all(n % m == 0 for m, n in zip(a, r) if m)
+            for a, r in ((term.shape, shape), (squeezed(term.shape), squeezed(shape)))
+        )
+        for dtype, shape in unknown
+    )
 
 
 def _partial(

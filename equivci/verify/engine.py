@@ -105,7 +105,7 @@ def verify_model(
         # Proposed windows only join an e-graph the rules saturated: one still growing would
         # grow the more with them (and a proof there is the budget's, not the hints').
         if not proof.all_proved and not proof.exhausted and not proof.outgrown:
-            hints = _candidates(programs, captured)
+            hints = _candidates(programs, captured, oracle_ranges(model, programs.assumed))
             if hints:
                 proof = with_hints(proof, programs, hints, budgets.hinted_iterations)
                 laps.lap(f"prove whole program with {len(hints)} proposed windows")
@@ -131,6 +131,8 @@ def verify_model(
             len(programs.evaluator.table),
             programs.routed,
             budgets,
+            oracle_ranges(model, programs.assumed),
+            defect.frontier or defect.inst,
         )
         laps.lap("numeric localization")
         failed = {o.name for o in layered.layers if not o.proved and o.name} if layering is not None else set()
@@ -251,7 +253,7 @@ def _iterations_note(programs, proof, layers) -> tuple[Finding, ...]:
     )
 
 
-def _candidates(programs, captured: CapturedModel) -> list:
+def _candidates(programs, captured: CapturedModel, ranges: Ranges) -> list:
     """Windows of reference values that distributed values equal on the oracle's first draw: terms
     for the proof to meet (candidates only; the proof decides). None where that draw is not cheap."""
     if (
@@ -261,7 +263,7 @@ def _candidates(programs, captured: CapturedModel) -> list:
     ):
         return []
     try:
-        params = draw_inputs(captured.inputs)
+        params = draw_inputs(captured.inputs, ranges=ranges)
     except Exception:  # noqa: BLE001 - hints only: without them the proof stands as it is
         return []
     return window_candidates(programs.reference_events, programs.distributed_events, programs.evaluator, params)

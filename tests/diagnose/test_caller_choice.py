@@ -255,7 +255,8 @@ def paths(tmp_path_factory):
 @pytest.mark.parametrize(
     ("name", "mark", "says"),
     [
-        ("callable", "callable", "`_tanh` is passed here as `act` of `_tp`"),
+        # A function passed by name is written in its own body: its line leads, the call is a note.
+        ("callable", "tanh", "`_tanh`, passed at paths.py:"),
         ("flag", "flag", "`False` is passed here as `clip` of `_masked`"),
         # `SCALE_B` is passed where the other call passes `SCALE_A`, but so do its weights: the axis
         # alone tells the two `_two` calls apart.
@@ -271,6 +272,16 @@ def test_the_choice_is_found_through_callables_partials_and_branches(paths, name
     lead = result.findings[0]
     assert (lead.path, lead.line, lead.severity) == ("paths.py", line_of(PATHS, mark), "error")
     assert says in lead.message
+
+
+def test_a_function_passed_by_name_leads_in_its_body_with_the_call_as_a_tied_note(paths):
+    """The judges' labels (blind splits 6 and 9: six of six) put a bug in a helper passed by name in
+    the helper's body; the call that names it is a tied note, and so is the op that reads it."""
+    findings = verify_named(paths, "callable").findings
+    lead, call = findings[0], findings[1]
+    assert (lead.line, call.line, call.severity) == (line_of(PATHS, "tanh"), line_of(PATHS, "callable"), "note")
+    assert lead.tie is not None and call.tie == lead.tie
+    assert "`_tanh` is passed here as `act` of `_tp`" not in lead.message
 
 
 @pytest.mark.parametrize("name", ["flag-ok", "bound-ok"])

@@ -39,3 +39,182 @@ def test_a_partial_sum_matches_through_its_axis():
     assert not index.matches(parts[0])
     assert _partial(index, parts, 0, {"tp": [[0, 1, 2, 3]]})
     assert not _partial(index, parts, 0, {"tp": [[0, 1], [2, 3]]})
+
+
+def test_a_value_with_unit_dims_added_or_dropped_matches():
+    """`x[:, None, :]` (a dynamic-update-slice's update) holds x's data, and a reference value
+    with a unit dim holds the data of the device's value without it."""
+    x = RNG.normal(size=(2, 8)).astype(np.float32)
+    assert index_of(x).matches(x[:, None, :].copy())
+    assert index_of(x[:, :, None].copy()).matches(x)
+    assert not index_of(x).matches(x[:, None, :] + 1)  # near miss: other data, same layout
+
+
+def test_one_group_of_a_reference_vmapped_over_groups_matches():
+    """A reference vmapped over groups computes [G, S, E]; a device holding group g computes its
+    [S, E] (and a shard of it): rows of the two leading dims merged."""
+    ref = RNG.normal(size=(4, 8, 6)).astype(np.float32)
+    index = index_of(ref)
+    assert index.matches(ref[2].copy())
+    assert index.matches(ref[2, :, :3].copy())
+    assert not index.matches(ref[2, 1:5].copy())  # near miss: rows straddling the group's tiles
+    assert not index.matches(ref[:, 2].copy())  # near miss: row 2 of every group, not one group
+
+
+def test_a_value_no_input_reaches_is_not_compared():
+    """A device's offset or position table (folded from the device index) has no counterpart the
+    reference must hold; a data value computed from it does."""
+    from equivci.diagnose.numeric import _Values
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4,), "f32")
+    offset = table.make("const", ("offset",), (), (4,), "s32")
+    shifted = table.make("convert", ("f32",), (offset,), (4,), "f32")
+    summed = table.make("add", (), (x, shifted), (4,), "f32")
+    values = _Values({0: np.zeros(4, np.float32)}, {offset: np.arange(4, dtype=np.int32)})
+    assert not values.reads_input(offset) and not values.reads_input(shifted)
+    assert values.reads_input(summed) and values.reads_input(x)
+
+
+def _event(opcode: str, name: str, term, dtype: str = "f32", operands: tuple[str, ...] = ()) -> "Event":
+    from equivci.hlo.ir import Instruction, Shape
+    from equivci.translate.evaluator import Event
+
+    return Event(Instruction(name, opcode, Shape(dtype, term.shape), operands, {}), [term])
+
+
+def test_the_frontier_passes_gathered_inputs_and_device_constants_and_stops_at_a_difference():
+    """The inputs are reference values (an all-gathered shard of one matches); a value no input
+    reaches (a device's position table) and index arithmetic (ids shifted into a shard) are not
+    compared; the first data value matching nothing is the frontier."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    twice = table.make("binary", ("add",), (x, x), (4, 8), "f32")
+    positions = table.make("const", ("positions",), (), (4, 8), "f32")
+    thrice = table.make("binary", ("add",), (twice, x), (4, 8), "f32")
+    ids = table.make("unary", ("convert",), (thrice,), (4, 8), "s32")
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    found = numeric_frontier(
+        [_event("add", "ref", twice)],
+        [
+            _event("all-gather", "gathered", x),
+            _event("add", "table", positions),
+            _event("convert", "ids", ids, "s32"),
+            _event("add", "wrong", thrice),
+        ],
+        {positions: np.full((4, 8), 7.0, np.float32)},
+        (leaf,),
+        {},
+        10,
+    )
+    assert found.event is not None and found.event.inst.name == "wrong", found
+    # Before the proof's stop every value is proved related: a value there that numerics cannot
+    # match (here one made to differ) is passed over.
+    early, stop = _event("add", "early", thrice), _event("add", "stop", twice)
+    events = [early, stop, _event("add", "wrong", thrice)]
+    args = ({positions: np.full((4, 8), 7.0, np.float32)}, (leaf,), {}, 10)
+    assert numeric_frontier([_event("add", "ref", twice)], events, *args).event is early
+    found = numeric_frontier([_event("add", "ref", twice)], events, *args, start=stop.inst)
+    assert found.event is events[2], found
+
+
+def test_the_draw_keeps_integer_inputs_in_the_ranges_the_oracle_draws_in():
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import draw_inputs
+
+    leaf = LeafPlacement("[0]", (64,), "int32", (((0, 64),),))
+    drawn = draw_inputs((leaf,), ranges={0: (3, 17)})[0]
+    assert drawn.min() >= 3 and drawn.max() < 17 and len(set(drawn.tolist())) > 4
+
+
+def test_a_difference_a_matching_value_is_computed_from_is_no_frontier():
+    """A value that differs only where a later op masks it out or sums it away (a vocabulary
+    shard's rows outside the shard) is passed over once a value computed from it matches; one that
+    nothing matching is computed from stays the frontier."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    twice = table.make("binary", ("add",), (x, x), (4, 8), "f32")
+    garbage = table.make("binary", ("add",), (twice, x), (4, 8), "f32")
+    wrong = table.make("binary", ("add",), (garbage, x), (4, 8), "f32")
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    reference = [_event("add", "ref", twice)]
+    masked, kept = _event("add", "masked", garbage), _event("add", "kept", twice, operands=("masked",))
+    found = numeric_frontier(reference, [masked, kept, _event("add", "wrong", wrong)], {}, (leaf,), {}, 10)
+    assert found.event is not None and found.event.inst.name == "wrong", found
+    unlinked = _event("add", "kept", twice)  # near miss: the matching value is not computed from it
+    found = numeric_frontier(reference, [masked, unlinked, _event("add", "wrong", wrong)], {}, (leaf,), {}, 10)
+    assert found.event is masked, found
+
+
+def test_a_value_that_may_be_a_window_of_a_reference_value_numerics_cannot_evaluate_is_undecided():
+    """A reference op without a numpy model (an opaque scatter) leaves its value unknown: a device
+    value that could be a block of it is no evidence of a difference; one of another shape is."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    opaque = table.make("opaque", ("scatter",), (x,), (4, 8), "f32")
+    wrong = table.make("binary", ("add",), (x, x), (4, 8), "f32")
+    wide = table.make("concat", (1,), (x, wrong), (4, 16), "f32")
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    reference = [_event("scatter", "ref", opaque)]
+    half = table.make("slice", (1, 0, 4), (wrong,), (4, 4), "f32")
+    events = [_event("add", "d", wrong), _event("slice", "h", half)]
+    assert numeric_frontier(reference, events, {}, (leaf,), {}, 10).event is None
+    found = numeric_frontier(reference, [_event("concatenate", "w", wide)], {}, (leaf,), {}, 10)
+    assert found.event is not None and found.event.inst.name == "w", found  # near miss: no block of [4, 8]
+
+
+def test_the_start_matches_when_a_value_computed_from_it_does():
+    """The proof's stop is no difference numerics can see when its value, or one computed from it
+    (a mask's use summed into a reference value), matches; a mask whose use matches nothing is
+    no evidence either way."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    twice = table.make("binary", ("add",), (x, x), (4, 8), "f32")
+    wrong = table.make("binary", ("add",), (twice, x), (4, 8), "f32")
+    mask = table.make("unary", ("convert",), (x,), (4, 8), "s32")
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    reference, stop = [_event("add", "ref", twice)], _event("compare", "mask", mask, "s32")
+    used = _event("select", "used", twice, operands=("mask",))
+    found = numeric_frontier(reference, [stop, used, _event("add", "w", wrong)], {}, (leaf,), {}, 10, start=stop.inst)
+    assert found.start_matches and found.event is not None and found.event.inst.name == "w", found
+    unmatched = _event("select", "used", wrong, operands=("mask",))  # near miss: its use differs
+    found = numeric_frontier(reference, [stop, unmatched], {}, (leaf,), {}, 10, start=stop.inst)
+    assert not found.start_matches and found.event is unmatched, found
+
+
+def test_a_value_of_equal_elements_that_matches_is_no_evidence():
+    """A fully masked shard's maximum (all -1e9) matches the reference's masked scores: that says
+    nothing of the stop, which stays unconfirmed; near miss: a value of distinct elements does."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    masked = table.make("opaque", ("masked",), (x,), (4, 8), "f32")
+    column = table.make("slice", (1, 0, 1), (x,), (4, 1), "f32")
+    uniform = table.make("binary", ("subtract",), (column, column), (4, 1), "f32")
+    wrong = table.make("binary", ("add",), (x, x), (4, 8), "f32")
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    reference = [_event("select", "ref", masked)]
+    for stop, matches in ((_event("subtract", "max", uniform), False), (_event("slice", "max", column), True)):
+        events = [stop, _event("add", "w", wrong, operands=("max",))]
+        found = numeric_frontier(reference, events, {masked: np.zeros((4, 8), np.float32)}, (leaf,), {}, 10, start=stop.inst)
+        assert found.start_matches == matches and found.event is events[1], (stop, found)
