@@ -35,7 +35,8 @@ _TABLES = (
     "dim", "dot_batch", "dot_batch_out", "dot_lhs_out", "dot_out_lhs", "dot_rhs_out", "dot_out_rhs", "dot_contract",
     "reduced", "reduce_out", "reduce_in", "bcast_out", "bcast_in", "bcast_new", "bcast_shrink", "repeat_dim",
     "repeat_count", "repeat_window", "aligned_lhs", "aligned_rhs", "aligned_rhs_alone", "aligned_fixed", "perm_out",
-    "perm_in", "rs_lead_out", "rs_lead_in", "rs_in_tail", "rs_out_tail", "rs_fixed",
+    "perm_in", "rs_lead_out", "rs_lead_in", "rs_in_tail", "rs_out_tail", "rs_fixed", "rs_narrow_in",
+    "rs_narrow_out",
 )  # fmt: skip
 CALLABLES = {
     **{name: getattr(T, name) for name in _CONSTRUCTORS},
@@ -144,8 +145,9 @@ class Loader:
         elif op == "transpose":
             self._seed_transpose(at[0])
             ex = egg.call("transpose", at[0], args[0])
-            if t.args[0].op == "dot":
-                self._commands.append(egg.union(ex, self._swapped_dot(t.args[0], parse_transpose(at[0]))))
+            swapped = self._swapped_windows(t.args[0], parse_transpose(at[0]))
+            if swapped is not None:
+                self._commands.append(egg.union(ex, swapped))
         elif op == "gte":
             ex = egg.call("gte", at[0], args[0])
         elif op == "aligned":
@@ -173,6 +175,23 @@ class Loader:
         for k, size in enumerate(t.shape):
             self._commands.append(egg.set("dim", (handle, k), size))
         return self._count
+
+    def _swapped_windows(self, operand: Term, perm: tuple[int, ...]):
+        """transpose(windows of dot(x, y), perm) as the same windows of the dot with its operands
+        swapped, transposed once (_swapped_dot): a device's gate and up projections, windows of
+        einsum("bsd,dtf->tbsf") moved back to [b, s, f], are windows of the reference's x @ w.
+        None when `operand` is no (window of a) dot."""
+        windows = []
+        base = operand
+        while base.op == "slice":
+            windows.append(base.attrs)
+            base = base.args[0]
+        if base.op != "dot":
+            return None
+        expr = self._swapped_dot(base, perm)
+        for dim, start, stop in reversed(windows):  # innermost first
+            expr = self.egg.call("slice", expr, perm.index(dim), start, stop)
+        return expr
 
     def _swapped_dot(self, dot: Term, perm: tuple[int, ...]):
         """transpose(dot(x, y), perm) as the dot with its operands swapped, transposed once (or not
@@ -353,3 +372,6 @@ class Loader:
             self._table("rs_out_tail", spec, k, pout)
         for o, size in fixed:
             self._table("rs_fixed", spec, o, size)
+        for side in ("in", "out"):
+            for p, size, narrower in ReshapeSpec.parse(spec).narrowed_second(side):
+                self._commands.append(self.egg.set(f"rs_narrow_{side}", (spec, p, size), narrower))

@@ -422,19 +422,23 @@ class Builder:
         splits or merges comes from consecutive dims of y in the same order (row-major, a run of y's
         dims is then split or merged alike): the transpose moves out, where the dot that reads the
         value absorbs it (relayouts.through_transposes), so `dot(x, w).reshape(..).transpose(..)`
-        and a dot of the other operand order meet. Size-1 dims the reshape adds follow the group
-        before them. None when a group's dims are not such a run."""
+        and a dot of the other operand order meet. Size-1 dims the reshape adds lead the group after
+        them (trailing ones follow the group before). None when a group's dims are not such a run."""
         y, p = operand.args[0], parse_transpose(operand.attrs[0])
         groups = reshape_groups(operand.shape, shape.dims, singletons=True)
         if groups is None:
             return None
+        runs = [[p[i] for i in gi] for gi, _ in groups]
+        if any(run and run != list(range(run[0], run[0] + len(run))) for run in runs):
+            return None
         keys = []
         key = (-1, 0)
-        for gi, _ in groups:
-            run = [p[i] for i in gi]
-            if run and run != list(range(run[0], run[0] + len(run))):
-                return None
-            key = (run[0], 0) if run else (key[0], key[1] + 1)
+        for g, run in enumerate(runs):
+            later = next((r for r in runs[g:] if r), None)
+            # a size-1 dim leads the split it stands before ([b, s, 1, 2, hd] of [b, s, 2 * hd] is
+            # a device's one group of heads, the reference's [groups, heads, hd] split of its
+            # columns); trailing ones follow the group before them
+            key = (run[0], 0) if run else (later[0], g - len(runs)) if later else (key[0], key[1] + 1)
             keys.append(key)
         order = sorted(range(len(groups)), key=keys.__getitem__)
         dims = [j for g in order for j in groups[g][1]]  # out dims in the order of y's runs

@@ -254,6 +254,23 @@ def reoriented(ev: Builder, operand: Term) -> Term | None:
     while base.op == "slice":
         windows.append(base.attrs)
         base = base.args[0]
+    if base.op == "reshape":
+        # heads split off a projection (q = (x @ w)[..., :d].reshape(b, s, h, hd), and a KV group
+        # taken of it): the reshape of the reoriented dot, where it moves out of the transpose
+        # (Builder.transposed_reshape), and its windows, which keep the transpose outside. Only a
+        # split of a dim into several heads: a device's one head (a unit dim inserted, or merged
+        # with head_dim) is a run of the other form where the reference's several heads are none
+        # (its KV heads repeated), and the two would part.
+        groups = reshape_groups(base.args[0].shape, base.shape, singletons=True) or []
+        if any(len(gi) > 1 for gi, _ in groups) or not any(sum(base.shape[j] > 1 for j in gj) > 1 for _, gj in groups):
+            return None
+        inner = reoriented(ev, base.args[0])
+        if inner is None:
+            return None
+        moved = ev.reshape_term(inner, Shape(base.dtype, base.shape))
+        for dim, start, stop in reversed(windows):  # innermost first
+            moved = ev.slice_term(moved, dim, start, stop)
+        return moved if moved.op == "transpose" else None
     canonical = canonical_dot(ev, base) if base.op == "dot" else None
     if canonical is None:
         return None

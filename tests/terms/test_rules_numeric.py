@@ -682,6 +682,29 @@ def reshape_push(rng, b: B):
     return b.sl(b.reshape(x, out_shape), o, ao, bo), b.reshape(b.sl(x, k, ai, bi), small_out)
 
 
+def _group_window(rng):
+    """A [rows, G*M*t] value's window that is m < M heads of group g from head h, of a [G, M, t]
+    split: (G, M, t), (g, h, m), the window's flat bounds."""
+    big, heads, t = (int(v) for v in rng.integers(2, 5, size=3))
+    g, m = int(rng.integers(big)), int(rng.integers(1, heads))
+    h = int(rng.integers(heads - m + 1))
+    return (big, heads, t), (g, h, m), ((g * heads + h) * t, (g * heads + h + m) * t)
+
+
+def reshape_lift_in_group(rng, b: B):
+    (big, heads, t), (g, h, m), (lo, hi) = _group_window(rng)
+    x = b.param(0, (3, big * heads * t))
+    split = b.reshape(x, (3, big, heads, t))  # the reference's split, a reference value
+    return b.reshape(b.sl(x, 1, lo, hi), (3, 1, m, t)), b.sl(b.sl(split, 1, g, g + 1), 2, h, h + m)
+
+
+def reshape_merge_in_group(rng, b: B):
+    (big, heads, t), (g, h, m), (lo, hi) = _group_window(rng)
+    x = b.param(0, (3, big, heads, t))
+    merged = b.reshape(x, (3, big * heads * t))  # the reference's merge, a reference value
+    return b.reshape(b.sl(b.sl(x, 1, g, g + 1), 2, h, h + m), (3, m * t)), b.sl(merged, 1, lo, hi)
+
+
 def repeat_shift(rng, b: B):
     """A window inside one group of a repeat is a window in the same group of another repeat."""
     y = b.param(0, rshape(rng, int(rng.integers(1, 4))))
@@ -914,6 +937,9 @@ RULES = {
     "layouts/binary_transpose_lift": (F["layouts"], binary_transpose_lift, False),
     "layouts/reshape_lift": (F["layouts"], reshape_lift, False),
     "layouts/reshape_push": (F["layouts"], reshape_push, False),
+    # Onto the reference's split or merge, which seeds the narrowed specs: the rhs is loaded too.
+    "layouts/reshape_lift_in_group": (F["layouts"], reshape_lift_in_group, True),
+    "layouts/reshape_merge_in_group": (F["layouts"], reshape_merge_in_group, True),
     # The rhs's repeat is a reference value and seeds the repeat tables: it is loaded too.
     "repeats/shift": (F["repeats"], repeat_shift, True),
     "repeats/one_row": (F["repeats"], repeat_one_row, True),
@@ -1193,6 +1219,22 @@ def _near_misses():
     # difference the other way round of another term
     cases["negate_subtract_same_order"] = (b.un("negate", b.bi("subtract", x, y)), b.bi("subtract", x, y))
     cases["negate_subtract_other_term"] = (b.un("negate", b.bi("subtract", x, y)), b.bi("subtract", z, x))
+
+    b = B()
+    x = b.param(0, (3, 2 * 4 * 2))
+    split = b.reshape(x, (3, 2, 4, 2))
+    # heads 1-2 of group 0 against heads 0-1 of that group, and against heads 1-2 of group 1
+    device = b.reshape(b.sl(x, 1, 2, 6), (3, 1, 2, 2))
+    cases["reshape_lift_in_group_other_heads"] = (device, b.sl(b.sl(split, 1, 0, 1), 2, 0, 2), split)
+    cases["reshape_lift_in_group_other_group"] = (device, b.sl(b.sl(split, 1, 1, 2), 2, 1, 3), split)
+    y = b.param(1, (3, 2, 4, 2))
+    merged = b.reshape(y, (3, 16))
+    # heads 0-1 of both groups merged is not one run of the merge
+    both = b.reshape(b.sl(y, 2, 0, 1), (3, 4))
+    cases["reshape_merge_in_group_two_groups"] = (both, b.sl(merged, 1, 0, 4), merged)
+    # heads 0-1 of group 1 merged are not the run of group 0's
+    group1 = b.reshape(b.sl(b.sl(y, 1, 1, 2), 2, 0, 2), (3, 4))
+    cases["reshape_merge_in_group_other_group"] = (group1, b.sl(merged, 1, 0, 4), merged)
     return cases
 
 

@@ -105,3 +105,14 @@ def test_shape_constructors() -> None:
     assert compose_bcast("i0,n4", "n2,i1,i0") == "n2,n4,i0"
     assert repeat_form("1:>1:;2:4>1:;1:>1:", "i0,i1,n4,i2") == (1, 4)
     assert repeat_form("1:>1:;2:4>1:", "i0,n4,i1") is None  # the reshape merges dims 0 and 1, not the new dim with the one before it
+
+
+def test_a_narrowed_head_split_is_the_split_of_a_window() -> None:
+    # [b, s, 32] split as [b, s, 2, 4, 4]; [b, s, 8] split as [b, s, 1, 2, 4] narrows dim 3 to 2
+    spec = reshape_spec((2, 8, 32), (2, 8, 2, 4, 4))
+    device = reshape_spec((2, 8, 8), (2, 8, 1, 2, 4))
+    assert (3, 2, device) in ReshapeSpec.parse(spec).narrowed_second("out")
+    assert [m for p, m, _ in ReshapeSpec.parse(spec).narrowed_second("out")] == [1, 2, 3]
+    # and the merge of [b, s, 2, 4, 4], narrowed along the input's dim 3
+    merge = reshape_spec((2, 8, 2, 4, 4), (2, 8, 32))
+    assert (3, 2, reshape_spec((2, 8, 1, 2, 4), (2, 8, 8))) in ReshapeSpec.parse(merge).narrowed_second("in")

@@ -28,9 +28,12 @@ from equivci.terms.language import (
     perm_in,
     perm_out,
     reference,
+    rs_fixed,
     rs_in_tail,
     rs_lead_in,
     rs_lead_out,
+    rs_narrow_in,
+    rs_narrow_out,
     rs_out_tail,
     s1,
     s2,
@@ -157,4 +160,46 @@ LAYOUTS = family(
         eq((a * s2) % s1).to(i64(0)),
         eq((b * s2) % s1).to(i64(0)),
     ).then(union(e).with_(T.reshape(spec, x.slice(k, a * s2 / s1, b * s2 / s1)))),
+    # A device's heads within one group: q [b, t, 8 * hd] split by the reference into [2 groups, 4
+    # heads, hd] and by a device holding heads 0-1 into [1, 2, hd]. The device's window is the
+    # reference's split narrowed along two dims, which reshape_lift (lead windows only) cannot
+    # reach. Only onto a split of x that exists (the group sizes come from its spec); the merge
+    # below is the same fact read the other way (a device's [1, 2, hd] heads flattened).
+    named(
+        "layouts/reshape_lift_in_group",
+        "reshape(x[a:b along a group's lead]) split as [1, m, ...] = (the [G, M, ...] split of x)"
+        "[g:g+1][h:h+m] when [a:b) is m rows of lead g's block from row h",
+        eq(e).to(T.reshape(spec2, x.slice(k, a, b))),
+        eq(spec2).to(rs_narrow_out(spec, o, m)),
+        eq(z).to(T.reshape(spec, x)),
+        eq(k).to(rs_lead_in(spec, o - 1)),
+        eq(s1).to(rs_in_tail(spec, k)),
+        eq(s2).to(rs_out_tail(spec, k)),
+        eq(n).to(rs_fixed(spec, o)),
+        eq((a * s1) % (s2 / n)).to(i64(0)),
+        eq((b - a) * s1).to(m * (s2 / n)),
+        ((a * s1) % s2) / (s2 / n) + m <= n,
+    ).then(
+        union(e).with_(
+            z.slice(o - 1, (a * s1) / s2, (a * s1) / s2 + 1).slice(
+                o, ((a * s1) % s2) / (s2 / n), ((a * s1) % s2) / (s2 / n) + m
+            )
+        )
+    ),
+    named(
+        "layouts/reshape_merge_in_group",
+        "reshape(x[c:c+1 along a group's input lead][a:a+m along the next dim]) merged as [1, m, ...] = (the"
+        " merge of x)[(c*M + a)*t : (c*M + a + m)*t] along the group's output lead, divisible",
+        eq(e).to(T.reshape(spec2, x.slice(k, c, g).slice(d, a, b))),
+        eq(d).to(k + 1),
+        eq(g).to(c + 1),
+        eq(spec2).to(rs_narrow_in(spec, d, b - a)),
+        eq(z).to(T.reshape(spec, x)),
+        eq(o).to(rs_lead_out(spec, k)),
+        eq(s1).to(rs_in_tail(spec, k)),
+        eq(s2).to(rs_out_tail(spec, k)),
+        eq(n).to(dim(x, d)),
+        eq(((c * n + a) * (s1 / n)) % s2).to(i64(0)),
+        eq(((c * n + b) * (s1 / n)) % s2).to(i64(0)),
+    ).then(union(e).with_(z.slice(o, (c * n + a) * (s1 / n) / s2, (c * n + b) * (s1 / n) / s2))),
 )
