@@ -19,7 +19,7 @@ VERIFIED = {
     "sorted-ids-starts", "topk-set-experts", "topk-add-into-ones",
     "topk-set-vmapped", "finite-guard",
     "embed-outside", "embed-outside-not", "slots-a2a", "pick-one-hot", "accum-dp", "slots-to-experts",
-    "embed-take-clip",
+    "embed-take-clip", "linear-tail", "experts-tp-combined",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -35,7 +35,7 @@ MISMATCH = {
     "topk-set-repeated-slot", "topk-set-into-ones", "topk-set-experts-rotated", "select-by-not",
     "embed-outside-drops-first", "embed-outside-and", "embed-outside-ones", "slots-a2a-swapped", "slots-to-experts-reshaped",
     "pick-one-hot-next", "pick-one-hot-past-end", "accum-dp-first-micro", "embed-take-clip-next",
-    "embed-take-clip-uneven",
+    "embed-take-clip-uneven", "linear-tail-bias", "linear-tail-device-gate",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -76,5 +76,6 @@ DEFAULT = {
     "topk-set-experts", "topk-set-repeated-slot",  # a scatter at a row's distinct columns: a one-hot sum
     "slots-a2a", "slots-a2a-swapped",  # all_to_all of every group's slots: one window of the batched slots
     "pick-one-hot", "pick-one-hot-past-end",  # a gather at a column in range: a one-hot sum
+    "linear-tail", "linear-tail-bias",  # a partial sum through linear maps, then psummed
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }
