@@ -423,6 +423,21 @@ MUTANTS: tuple[Mutant, ...] = (
       "if len(terms[0]) < 2:",
       "device sums are regrouped term by term only when every device sums as many terms",
       "pytest:tests/translate/test_pieces.py::test_sums_over_devices_of_each_devices_sums_are_regrouped"),
+    # -- a sum over devices of one linear map of each device's value (translate/linear_sums.py) --------
+    M("linear-sum-shared-add", 'return t.attrs[0] == "multiply" or (t.attrs[0] == "divide" and pos == 0)',
+      'return t.attrs[0] in ("multiply", "add") or (t.attrs[0] == "divide" and pos == 0)',
+      "a shared term added to each device's value is counted once per device: x + s is no linear map of x",
+      "model:linear-tail-bias", "pytest:tests/translate/test_linear_sums.py -k shared-add"),
+    M("linear-sum-divisor", '(t.attrs[0] == "divide" and pos == 0)', '(t.attrs[0] == "divide")',
+      "a quotient is linear in its numerator only", "pytest:tests/translate/test_linear_sums.py -k divisor"),
+    M("linear-sum-one-varying", "if len(varying) != 1:\n        return None\n    pos = varying[0]", "if not varying:\n        return None\n    pos = varying[0]",
+      "with two operands differing between the devices (a device's own scale) the map is not shared",
+      "model:linear-tail-device-gate", "pytest:tests/translate/test_linear_sums.py -k two_operands"),
+    M("linear-sum-select-zero", "return ev.uniform(t.args[3 - pos]) == 0", "return True",
+      "a select is linear in a branch only against zeros", "pytest:tests/translate/test_linear_sums.py -k select-one"),
+    M("linear-sum-reducer", 'return t.attrs[0] == "add" and len(t.args) == 1', "return len(t.args) == 1",
+      "only an add-reduce is linear: a max of sums is no sum of maxima",
+      "pytest:tests/translate/test_linear_sums.py -k max-reduce"),
     # -- ops on values split in groups (a vmapped reference) ------------------------------------------
     M("regroup-reduce-split-dims", "        if any(k < 2 for k in dims):  # a reduce over the split dims mixes groups\n"
       "            return None\n", "",

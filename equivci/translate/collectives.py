@@ -19,6 +19,7 @@ from equivci.terms.semantics import NP_DTYPES
 from equivci.translate import masks, pieces
 from equivci.translate.attributes import dims_attr, reducer_of
 from equivci.translate.builder import Builder, Unsupported
+from equivci.translate.linear_sums import linear_sum
 
 OPCODES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"}
 
@@ -103,6 +104,8 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
         scale, base = ev.scale_of(acc)
         if scale == factor:  # stated of the sums themselves: scaled alike, their multiples meet too
             ev.equal_terms.append([base, summed])
+    if reducer == "add" and (mapped := linear_sum(ev, members, lambda inner: combine(ev, reducer, inner))) is not None:
+        ev.equal_terms.append([acc, mapped])
     return acc
 
 

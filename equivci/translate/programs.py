@@ -120,7 +120,11 @@ def _translate(
     router.run(dist_eval.events)
     dist_eval.equal_terms.extend([a, b] for a, b in router.facts)
     # Sort-based dispatch undone in both programs (a global sort against per-shard sorts).
-    for evaluator, roots in ((ref_eval, reference_outputs), (dist_eval, [t for out in device_outputs for t in out])):
+    # The distributed roots include the terms the builder stated equal to its values (a sum over
+    # devices stated as the map of a sum holds the put-back of that sum).
+    stated = [t for group in dist_eval.equal_terms for t in group]
+    dist_roots = [t for out in device_outputs for t in out] + stated
+    for evaluator, roots in ((ref_eval, reference_outputs), (dist_eval, dist_roots)):
         permutations = Permutations(evaluator)
         permutations.run(roots)
         dist_eval.equal_terms.extend([a, b] for a, b in permutations.facts)

@@ -1251,3 +1251,73 @@ def accum_step_dp(flat, xs, *, mesh):
 
 def accum_step_dp_first_micro(flat, xs, *, mesh):
     return _accum_step_dp(flat, xs, mesh, lambda losses: losses[0])  # BUG: the first microbatch's loss only
+
+
+# --- a partial sum carried through linear ops before the psum: translate/linear_sums.py ----------
+ROWS_L, K_L, N_L = 4, 8, 6
+
+
+def linear_inputs():
+    return (spec(ROWS_L, K_L), spec(K_L, N_L), spec(ROWS_L), spec(ROWS_L, dtype=jnp.int32))
+
+
+def _pairs_summed(y):
+    return y.reshape(N_L // 2, 2, ROWS_L).sum(1)
+
+
+def gated_projection(x, w, gate, ids):
+    """A projection scaled per row, rows taken at ids, transposed, adjacent columns summed."""
+    return _pairs_summed(jnp.take(x @ w * gate[:, None], ids, axis=0, mode="clip").T)
+
+
+def _contraction_split(x, w, gate, ids, mesh, tail):
+    def body(xs, ws, g, i):
+        return lax.psum(tail(xs @ ws, g, i, lax.axis_index(TP)), TP)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(None, TP), P(TP), P(), P()), out_specs=P(),
+                         check_vma=False)(x, w, gate, ids)
+
+
+def _gated_tail(partial, g, i, _):
+    return _pairs_summed(jnp.take(partial * g[:, None], i, axis=0, mode="clip").T)
+
+
+def gated_projection_tp(x, w, gate, ids, *, mesh):
+    """The contraction split over tp; each device's partial sum goes through the gate, the take, the
+    transpose and the sum of column pairs before the psum."""
+    return _contraction_split(x, w, gate, ids, mesh, _gated_tail)
+
+
+def expert_inputs():
+    return (spec(ROWS_L, K_L), spec(2, K_L, N_L), spec(2, N_L, K_L), spec(ROWS_L, 2))
+
+
+def experts_combined(x, w1, w2, weights):
+    """Every expert's MLP on every row, combined by per-row expert weights."""
+    h = jax.nn.gelu(jnp.einsum("td,edh->eth", x, w1))
+    return jnp.einsum("te,etd->td", weights, jnp.einsum("eth,ehd->etd", h, w2))
+
+
+def experts_combined_tp(x, w1, w2, weights, *, mesh):
+    """The experts' hidden dim split over tp: the down projection's partial sums are combined by
+    the (shared) expert weights before the psum."""
+
+    def body(x, w1, w2, weights):
+        return lax.psum(experts_combined(x, w1, w2, weights), TP)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, None, TP), P(None, TP), P()), out_specs=P(),
+                         check_vma=False)(x, w1, w2, weights)
+
+
+def gated_projection_tp_bias(x, w, gate, ids, *, mesh):
+    def tail(partial, g, i, d):
+        return _gated_tail(partial + g[:, None], g, i, d)  # BUG: a shared term added before the psum: counted once per device
+
+    return _contraction_split(x, w, gate, ids, mesh, tail)
+
+
+def gated_projection_tp_device_gate(x, w, gate, ids, *, mesh):
+    def tail(partial, g, i, d):
+        return _gated_tail(partial, g * (d + 1), i, d)  # BUG: each device scales its partial sum by its own factor
+
+    return _contraction_split(x, w, gate, ids, mesh, tail)
