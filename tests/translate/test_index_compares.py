@@ -19,10 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from one_device import programs
 
-from equivci.capture.types import LeafPlacement
-from equivci.hlo.parser import parse_module
-from equivci.prove.programs import build_programs
 from equivci.terms.semantics import evaluate
 from equivci.terms.spec import parse_compare
 
@@ -33,16 +31,9 @@ IDS = RNG.integers(0, V, (T,)).astype(np.int32)
 EDGES = np.array([np.iinfo(np.int32).min + 2, np.iinfo(np.int32).max - 1, 3, 7, 0, 12], np.int32)
 
 
-def _leaf(path: str, value) -> LeafPlacement:
-    value = np.asarray(value)
-    return LeafPlacement(path, value.shape, str(value.dtype), (tuple((0, n) for n in value.shape),))
-
-
 def _programs(fn, args):
-    module = parse_module(jax.jit(fn).lower(*args).as_text(dialect="hlo", debug_info=True))
-    want = np.asarray(jax.jit(fn)(*args))
-    inputs = tuple(_leaf(f"[{k}]", a) for k, a in enumerate(args))
-    return build_programs(module, module, inputs, (_leaf("[0]", want),), 1), want
+    built, want, _ = programs(fn, args)
+    return built, want
 
 
 def _terms(t, seen=None):
@@ -149,7 +140,11 @@ def test_a_pick_through_a_broadcast_operand_states_the_inner_pick():
     programs, want = _programs(fn, (x, IDS))
     summed = [g for g in programs.evaluator.equal_terms if g[1].op == "reduce" and g[0].op == "aligned"]
     assert any(g[0].args[0] == programs.params[0] for g in summed), "the pick of x itself has no one-hot sum"
-    np.testing.assert_allclose(evaluate(programs.reference_outputs[0], {0: x, 1: IDS}, programs.evaluator.values), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        evaluate(programs.reference_outputs[0], {0: x, 1: IDS}, programs.evaluator.values), want, rtol=1e-5, atol=1e-5
+    )
     values = programs.evaluator.values
     for gathered, one_hot in summed:
-        np.testing.assert_allclose(evaluate(one_hot, {0: x, 1: IDS}, values), evaluate(gathered, {0: x, 1: IDS}, values), atol=1e-5)
+        np.testing.assert_allclose(
+            evaluate(one_hot, {0: x, 1: IDS}, values), evaluate(gathered, {0: x, 1: IDS}, values), atol=1e-5
+        )

@@ -16,28 +16,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from one_device import programs as _programs
 
-from equivci.capture.types import LeafPlacement
-from equivci.hlo.parser import parse_module
-from equivci.prove.programs import build_programs
 from equivci.terms.semantics import TermEvalError, evaluate
 from equivci.translate import orders
 
 RNG = np.random.default_rng(21)
 T, E = 6, 4
 X = RNG.standard_normal((T, E)).astype(np.float32)
-
-
-def _leaf(path: str, value) -> LeafPlacement:
-    value = np.asarray(value)
-    return LeafPlacement(path, value.shape, str(value.dtype), (tuple((0, n) for n in value.shape),))
-
-
-def _programs(fn, args):
-    module = parse_module(jax.jit(fn).lower(*args).as_text(dialect="hlo", debug_info=True))
-    want = np.asarray(jax.jit(fn)(*args))
-    inputs = tuple(_leaf(f"[{k}]", a) for k, a in enumerate(args))
-    return build_programs(module, module, inputs, (_leaf("[0]", want),), 1), want, module
 
 
 def _checked(programs, want, params):
@@ -152,7 +138,9 @@ def test_a_pick_at_the_argmax_is_the_max():
 
 
 @pytest.mark.parametrize(
-    "fn", [_gate_at_argmin, _gate_at_argmin_from_minus_inf, _gate_of_negated], ids=["argmin", "argmin from -inf", "negated"]
+    "fn",
+    [_gate_at_argmin, _gate_at_argmin_from_minus_inf, _gate_of_negated],
+    ids=["argmin", "argmin from -inf", "negated"],
 )
 def test_other_picks_are_no_max(fn):
     programs, want, _ = _programs(fn, (X,))

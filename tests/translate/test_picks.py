@@ -11,11 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from one_device import programs
 
-from equivci.capture.types import LeafPlacement
 from equivci.hlo.ir import Shape
-from equivci.hlo.parser import parse_module
-from equivci.prove.programs import build_programs
 from equivci.terms.ir import Term, TermTable
 from equivci.terms.semantics import evaluate
 from equivci.terms.spec import GatherDims
@@ -56,16 +54,9 @@ PICKS = {
 }
 
 
-def _leaf(path: str, value) -> LeafPlacement:
-    value = np.asarray(value)
-    return LeafPlacement(path, value.shape, str(value.dtype), (tuple((0, n) for n in value.shape),))
-
-
 def _programs(fn, args):
-    module = parse_module(jax.jit(fn).lower(*args).as_text(dialect="hlo", debug_info=True))
-    want = np.asarray(jax.jit(fn)(*args))
-    inputs = tuple(_leaf(f"[{k}]", a) for k, a in enumerate(args))
-    return build_programs(module, module, inputs, (_leaf("[0]", want),), 1), want
+    built, want, _ = programs(fn, args)
+    return built, want
 
 
 def _one_hot_facts(programs) -> list[list[Term]]:

@@ -1,0 +1,27 @@
+"""Both programs of a test as one jitted function on one device: translate facts checked against
+what XLA computes for the same HLO."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from equivci.capture.types import LeafPlacement
+from equivci.hlo.ir import Module
+from equivci.hlo.parser import parse_module
+from equivci.prove.programs import build_programs
+from equivci.translate.programs import Programs
+
+
+def leaf(path: str, value) -> LeafPlacement:
+    """The placement of a whole value on the one device."""
+    value = np.asarray(value)
+    return LeafPlacement(path, value.shape, str(value.dtype), (tuple((0, n) for n in value.shape),))
+
+
+def programs(fn, args) -> tuple[Programs, np.ndarray, Module]:
+    """fn's HLO built as both programs, what XLA computes for args, and the parsed module."""
+    module = parse_module(jax.jit(fn).lower(*args).as_text(dialect="hlo", debug_info=True))
+    want = np.asarray(jax.jit(fn)(*args))
+    inputs = tuple(leaf(f"[{k}]", a) for k, a in enumerate(args))
+    return build_programs(module, module, inputs, (leaf("[0]", want),), 1), want, module
