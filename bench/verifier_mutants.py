@@ -214,8 +214,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "a dim order that gives the run's shape must still read the labels in order",
       "pytest:tests/translate/test_relaid_windows.py::test_rows_read_in_an_order_no_transpose_gives_are_no_window"),
     M("relaid-parts-fallback",
-      "return _windows(operand, out_shape, budget, known, False) or _windows(operand, out_shape, budget, known, True)",
-      "return _windows(operand, out_shape, budget, known, False)",
+      "return found or _windows_at(operand, out_shape, budget, known, memo, True)",
+      "return found",
       "without the concatenations' parts as sources, the blocks of a transposed value an all-to-all joins "
       "(Ulysses' heads back to the sequence shards) stay a reshape of a transpose, no window",
       "pytest:tests/translate/test_all_to_all_resharding.py::test_blocks_of_transposed_members_are_joined_along_the_concat_dim"),

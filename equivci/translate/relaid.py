@@ -68,9 +68,8 @@ def windows(
     which is then the source; and sources whose elements are such a box's permuted (module docstring).
     `memo`: answers by layout (`_layout`), shared by the calls of one translation."""
     known = known or {}
-    return _windows_at(operand, out_shape, budget, known, memo, False) or _windows_at(
-        operand, out_shape, budget, known, memo, True
-    )
+    found = _windows_at(operand, out_shape, budget, known, memo, False)
+    return found or _windows_at(operand, out_shape, budget, known, memo, True)
 
 
 def _windows_at(
