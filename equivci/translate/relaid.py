@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -52,6 +53,20 @@ Box = tuple[tuple[int, int], ...]
 Perm = tuple[int, ...]
 # a run of the result: (source, perm, box of transpose(source, perm), run length)
 Run = tuple[Term, Perm, Box, int]
+
+
+class _Walk(NamedTuple):
+    """What the walk of one operand found: its sources (and the group pieces among them), the values
+    they are read from, and a collective's parts; read by `_layout` and `_windows` alike."""
+
+    operand: Term
+    out_shape: tuple[int, ...]
+    budget: int
+    known: Mapping[Term, tuple[Term, Box]]
+    pieces: dict[Term, tuple[Term, Perm]]
+    bases: list[Term]
+    sources: Mapping[Term, int]
+    parts: set[Term]
 
 
 def windows(
@@ -92,31 +107,24 @@ def _windows_at(
     bases = list(dict.fromkeys(known[pieces[t][0]][0] if t in pieces else t for t in sources))
     # The answer depends on the terms only through the layout: the same moves of sources of the
     # same shapes (every layer's attention heads, every device's shard) are labelled alike.
+    walk = _Walk(operand, out_shape, budget, known, pieces, bases, sources, parts)
     if memo is None:
-        return _windows(operand, out_shape, budget, known, pieces, bases, sources, parts)
-    key = _layout(operand, out_shape, budget, known, pieces, bases, sources, parts)
+        return _windows(walk)
+    key = _layout(walk)
     if key not in memo:
-        found = _windows(operand, out_shape, budget, known, pieces, bases, sources, parts)
+        found = _windows(walk)
         index = {b: k for k, b in enumerate(bases)}
         memo[key] = None if found is None else (found[0], [(index[s], p, b, n) for s, p, b, n in found[1]])
     answer = memo[key]
     return None if answer is None else (answer[0], [(bases[k], p, b, n) for k, p, b, n in answer[1]])
 
 
-def _layout(
-    operand: Term,
-    out_shape: tuple[int, ...],
-    budget: int,
-    known: Mapping[Term, tuple[Term, Box]],
-    pieces: dict[Term, tuple[Term, Perm]],
-    bases: list[Term],
-    sources: Mapping[Term, int],
-    parts: set[Term],
-) -> tuple:
+def _layout(walk: _Walk) -> tuple:
     """Everything `_windows` reads of its arguments, with the sources named by their position among
     `bases`: the moves (op, attributes, shape) down to the sources, each source's shape and, for a
     piece, the box of its base it is and the order its elements are read in, and which bases are
     reorderable."""
+    operand, out_shape, budget, known, pieces, bases, sources, parts = walk
     index = {b: k for k, b in enumerate(bases)}
     reorderable = {whole for whole, _ in known.values()} | parts
 
@@ -133,16 +141,8 @@ def _layout(
     return (tree(operand), bases_layout, tuple(out_shape), budget)
 
 
-def _windows(
-    operand: Term,
-    out_shape: tuple[int, ...],
-    budget: int,
-    known: Mapping[Term, tuple[Term, Box]],
-    pieces: dict[Term, tuple[Term, Perm]],
-    bases: list[Term],
-    sources: Mapping[Term, int],
-    parts: set[Term],
-) -> tuple[int, list[Run]] | None:
+def _windows(walk: _Walk) -> tuple[int, list[Run]] | None:
+    operand, out_shape, budget, known, pieces, bases, sources, parts = walk
     sizes = [int(np.prod(t.shape)) for t in bases]
     if not sizes or sum(sizes) > budget or 0 in out_shape:
         return None
