@@ -611,9 +611,10 @@ def compare_many_in_child(
     for name in names:
         args += ["--model", name]
     env = dict(os.environ)
-    # The child picks its own device count from the manifest before its backend starts.
+    # The child picks its own device count from the manifest before its backend starts. The rest as
+    # a capture child's (run.child_env): the same server serves both.
     env["XLA_FLAGS"] = _without_device_count(env.get("XLA_FLAGS", ""))
-    env.setdefault("JAX_PLATFORMS", "cpu")
+    env["JAX_PLATFORMS"] = "cpu"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     try:
         child = server.run("equivci.capture.oracle", args, env=env, cwd=os.getcwd(), timeout=timeout)

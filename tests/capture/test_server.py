@@ -169,6 +169,9 @@ def test_a_model_s_side_effects_crash_and_hang_stay_its_own(tmp_path):
     assert server._server["proc"].pid == served_by
     assert [len(leaf.device_slices) for leaf in clean.inputs] == [4]
     assert "f32[2,16]" in clean.distributed_hlo
+    # the numeric check: a child of the same server (one per run), which sees none of it either
+    assert compare_many_in_child(manifest.path, ["clean"])["clean"].equal
+    assert server._server["proc"].pid == served_by
 
 
 def test_a_numeric_check_s_crash_exit_and_hang_are_reported_as_a_fresh_child_s(tmp_path):
