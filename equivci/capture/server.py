@@ -184,8 +184,7 @@ def _serve(control: socket.socket) -> int:
     try:
         import jax  # noqa: F401  # lazy: once for every capture (each child starts its own backend)
 
-        import equivci.capture.child  # noqa: F401  # lazy: and what the children import, after jax as there
-        import equivci.capture.oracle  # noqa: F401
+        import equivci.capture.child  # noqa: F401  # lazy: and what the child imports, after jax as there
     except Exception:  # noqa: BLE001 - then each child imports them again and reports the error as a fresh one would
         pass
     workers: set[int] = set()
