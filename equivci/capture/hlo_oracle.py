@@ -8,12 +8,14 @@ several partitions only through its own SPMD partitioner), so its device index i
 outputs, by the oracle's comparison (capture/oracle.py): a difference beyond rounding on any
 device is a counterexample.
 
-Runs as `python -m equivci.capture.hlo_oracle REQUEST.json RESULT.json`.
+Runs as `python -m equivci.capture.hlo_oracle REQUEST.json RESULT.json`, forked by the capture
+server (server.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from equivci.capture import server
 from equivci.capture.oracle import (
     DEFAULT_SEEDS,
     NumericComparison,
@@ -59,17 +62,17 @@ def compare_hlo_in_child(
             )
         )
         try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "equivci.capture.hlo_oracle", str(request), str(result)],
+            child = server.run(
+                "equivci.capture.hlo_oracle",
+                [str(request), str(result)],
                 env=child_env(captured.num_devices),
-                capture_output=True,
-                text=True,
+                cwd=os.getcwd(),
                 timeout=timeout,
             )
         except subprocess.TimeoutExpired:
             raise EquivciError(f"running the HLO programs on random inputs took longer than {timeout:g} s") from None
         if not result.exists():
-            tail = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+            tail = (child.stderr.strip().splitlines() or ["no message"])[-1]
             raise EquivciError(f"running the HLO programs on random inputs failed ({tail})")
         answer = json.loads(result.read_text())
     if "error" in answer:

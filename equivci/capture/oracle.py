@@ -4,7 +4,8 @@ This is the cross-check behind every `mismatch` counterexample and every verdict
 zoo. It is not a proof: equal outputs on a few random inputs only make equivalence likely,
 while a difference beyond the dtype's tolerance is a concrete counterexample.
 
-Child entry (the parent never imports jax with the wrong device count):
+Child entry (the parent never imports jax with the wrong device count), forked by the capture
+server (server.py) as if it were started as
 
     python -m equivci.capture.oracle --manifest PATH --model NAME [--model NAME2 ...] [--seeds 0,1,2]
 
@@ -29,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from equivci.capture import entrypoints, rounding
+from equivci.capture import entrypoints, rounding, server
 from equivci.capture.index_ranges import index_ranges
 from equivci.errors import EquivciError
 from equivci.manifest import load_manifest
@@ -532,7 +533,10 @@ def child_main(argv: Sequence[str] | None = None) -> int:
     opts = parser.parse_args(argv)
 
     if "jax" in sys.modules:
-        raise RuntimeError("equivci.capture.oracle child: jax was imported before the device count was set")
+        from jax._src import xla_bridge  # lazy: imported by now (the capture server imports jax, never its backend)
+
+        if xla_bridge.backends_are_initialized():
+            raise RuntimeError("equivci.capture.oracle child: jax's backend started before the device count was set")
 
     try:
         manifest = load_manifest(opts.manifest)
@@ -590,15 +594,13 @@ def compare_many_in_child(
     ranges: Mapping[str, Ranges] | None = None,
 ) -> dict[str, NumericComparison | EquivciError]:
     """Compare several models of one manifest in one child process (device count = the largest
-    mesh among them). Returns per model a NumericComparison, or the EquivciError that stopped it.
+    mesh among them), forked by the capture server (server.py: a fresh child that skips importing
+    jax). Returns per model a NumericComparison, or the EquivciError that stopped it.
     `ranges`: per model, the integer inputs its proof assumed valid indices, drawn inside them."""
     names = list(model_names)
     if not names:
         return {}
-    cmd = [
-        sys.executable,
-        "-m",
-        "equivci.capture.oracle",
+    args = [
         "--manifest",
         str(Path(manifest_path).absolute()),
         "--seeds",
@@ -607,21 +609,20 @@ def compare_many_in_child(
         json.dumps({m: {str(k): list(r) for k, r in leaves.items()} for m, leaves in (ranges or {}).items()}),
     ]
     for name in names:
-        cmd += ["--model", name]
+        args += ["--model", name]
     env = dict(os.environ)
-    # The child picks its own device count from the manifest before importing jax.
+    # The child picks its own device count from the manifest before its backend starts. The rest as
+    # a capture child's (run.child_env): the same server serves both.
     env["XLA_FLAGS"] = _without_device_count(env.get("XLA_FLAGS", ""))
-    env.setdefault("JAX_PLATFORMS", "cpu")
+    env["JAX_PLATFORMS"] = "cpu"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH", "")]))
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        child = server.run("equivci.capture.oracle", args, env=env, cwd=os.getcwd(), timeout=timeout)
     except subprocess.TimeoutExpired:
-        err = EquivciError(f"the numeric check of {', '.join(names)} did not finish within {timeout:.0f} s")
-        return {name: err for name in names}
+        late = EquivciError(f"the numeric check of {', '.join(names)} did not finish within {timeout:.0f} s")
+        return {name: late for name in names}
     results: dict[str, NumericComparison | EquivciError] = {}
-    for line in proc.stdout.splitlines():
+    for line in child.stdout.splitlines():
         line = line.strip()
         try:
             row = json.loads(line)
@@ -633,11 +634,11 @@ def compare_many_in_child(
             results[row["model"]] = NumericComparison.from_json(row["comparison"])
         else:
             results[row["model"]] = EquivciError(row.get("error", "unknown error"))
-    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    tail = (child.stderr.strip().splitlines() or ["no output"])[-1]
     for name in names:
         if name not in results:
             results[name] = EquivciError(
-                f"the numeric check child exited with code {proc.returncode} before reporting '{name}': {tail}"
+                f"the numeric check child exited with code {child.returncode} before reporting '{name}': {tail}"
             )
     return results
 

@@ -41,7 +41,7 @@ def _leaves(rows: list[dict]) -> tuple[LeafPlacement, ...]:
     )
 
 
-def _stop(proc: server.CaptureChild) -> None:
+def _stop(proc: server.ServedChild) -> None:
     proc.kill()
     proc.wait()
 
@@ -104,6 +104,7 @@ def capture_model(
         with open(Path(tmp, "out"), "wb") as out, open(Path(tmp, "err"), "w+b") as err:
             try:
                 proc = server.start_child(
+                    "equivci.capture.child",
                     [str(request), str(result_path)],
                     env=env,
                     stdout=out,

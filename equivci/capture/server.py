@@ -1,32 +1,36 @@
-"""The capture server: one process that has imported jax, forking a capture child per model.
+"""The capture server: one process that has imported jax, forking a child per capture or numeric check.
 
-Starting Python and importing jax is most of a small model's capture, and `equivci verify` captures
-one model after another. The server (started by the first capture of a run, ended with it) imports
-jax once, without starting its backend, and for every capture forks a worker, which forks the child
-and reports how it ended. The child runs `equivci.capture.child` as `python -m` would (runpy,
-sys.argv, sys.path[0] its folder) in the folder, environment and standard streams it is given, so
-it is a fresh capture child in everything that decides the captured programs:
+Starting Python and importing jax is most of a small model's capture, and of the numeric oracle's
+run of it; `equivci verify` captures (and checks) one model after another. The server (started by
+the first child of a run, ended with it) imports jax once, without starting its backend, and for
+every child forks a worker, which forks the child and reports how it ended. The child runs the
+module it is asked for (`equivci.capture.child`, `equivci.capture.oracle`) as `python -m` would
+(runpy, sys.argv, sys.path[0] its folder) in the folder, environment and standard streams it is
+given, so it is a fresh child in everything that decides the captured programs and the oracle's
+numbers:
 - the backend starts in the child, which is when XLA reads XLA_FLAGS (the fake device count, the
-  dump folder); the server never starts it;
+  dump folder, the oracle's precision flag); the server never starts it;
 - a model's imports and side effects (modules, os.environ, jax.config) live and die in its child;
 - jax reads some variables at import: the server is started under the environment a child would
-  import jax in, and a capture under another environment starts a new server;
+  import jax in, and a child under another environment starts a new server;
 - a crash or hang is the child's: its worker reports the exit status, and kills the child when the
   process that asked says so (its timeout, Ctrl-C) or goes away;
 - the server's frames above runpy are kept out of JAX's source locations, so the stacks in the HLO
-  are a fresh child's (tests/capture/test_server.py compares the programs byte for byte).
+  are a fresh child's (tests/capture/test_server.py compares the programs byte for byte, and the
+  oracle's comparisons field for field).
 
-Each capture is a message on the server's control socket carrying, as file descriptors, the
-capture's own socket, the child's stdout and stderr and the write end of the pipe the child signals
-the compile on (the child gets that pipe's descriptor number as its last argument). On the capture's
-socket the parent writes the request (arguments, environment, folder: one JSON line), then anything
-it writes, or its closing, kills the child; the worker writes the exit status there.
+Each child is a message on the server's control socket carrying, as file descriptors, the child's
+own socket, its stdout and stderr and, for a capture, the write end of the pipe the child signals
+the compile on (the child gets that pipe's descriptor number as its last argument). On the child's
+socket the parent writes the request (module, arguments, environment, folder: one JSON line), then
+anything it writes, or its closing, kills the child; the worker writes the exit status there.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import json
 import os
 import select
@@ -34,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import IO
@@ -41,8 +46,8 @@ from typing import IO
 _NOT_KEYS = ("PYTEST_CURRENT_TEST",)  # changed at every test by pytest; jax never reads it
 
 
-class CaptureChild:
-    """A capture child of the server, as much of subprocess.Popen as capture/run.py uses."""
+class ServedChild:
+    """A child of the server, as much of subprocess.Popen as capture/run.py and the oracle use."""
 
     def __init__(self, args: list[str], connection: socket.socket) -> None:
         self.args = args
@@ -74,23 +79,58 @@ class CaptureChild:
 
 
 def start_child(
-    args: list[str], *, env: dict[str, str], stdout: IO[bytes], stderr: IO[bytes], cwd: str, signal_fd: int
-) -> CaptureChild:
-    """`python -m equivci.capture.child ARGS FD`, forked by the server, where FD is the child's
-    descriptor of `signal_fd` (a pipe's write end). `env` is the child's whole environment."""
+    module: str,
+    args: list[str],
+    *,
+    env: dict[str, str],
+    stdout: IO[bytes],
+    stderr: IO[bytes],
+    cwd: str,
+    signal_fd: int | None = None,
+) -> ServedChild:
+    """`python -m MODULE ARGS [FD]`, forked by the server, where FD is the child's descriptor of
+    `signal_fd` (a pipe's write end) when there is one. `env` is the child's whole environment."""
     mine, theirs = socket.socketpair()
-    fds = [theirs.fileno(), stdout.fileno(), stderr.fileno(), signal_fd]
+    fds = [theirs.fileno(), stdout.fileno(), stderr.fileno(), *([] if signal_fd is None else [signal_fd])]
     with _lock:
         try:
-            socket.send_fds(_running(env), [b"capture"], fds)
+            socket.send_fds(_running(env), [b"child"], fds)
         except OSError:  # the server ended (killed from outside): a new one
             _stop()
-            socket.send_fds(_running(env), [b"capture"], fds)
+            socket.send_fds(_running(env), [b"child"], fds)
         finally:
             theirs.close()
-    # On the capture's own socket, which any size fits (the control socket's messages have a limit).
-    mine.sendall(json.dumps({"args": args, "env": env, "cwd": str(cwd)}).encode() + b"\n")
-    return CaptureChild(args, mine)
+    # On the child's own socket, which any size fits (the control socket's messages have a limit).
+    request = {"module": module, "args": args, "env": env, "cwd": str(cwd)}
+    mine.sendall(json.dumps(request).encode() + b"\n")
+    return ServedChild([module, *args], mine)
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """How a child run to its end by `run` ended: its exit code (negative: the signal; None when the
+    server went away without saying) and what it wrote on stdout and stderr."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+
+def run(module: str, args: list[str], *, env: dict[str, str], cwd: str, timeout: float) -> Finished:
+    """`python -m MODULE ARGS` forked by the server, waited for. Raises subprocess.TimeoutExpired
+    after `timeout` seconds, the child killed; an interruption (Ctrl-C) kills it too."""
+    # Output to files, not pipes: nothing the user's code prints can fill a pipe and stall the child.
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        child = start_child(module, args, env=env, stdout=out, stderr=err, cwd=cwd)
+        try:
+            child.wait(timeout=timeout)
+        except BaseException:  # the timeout, or interrupted (Ctrl-C, SIGTERM): no child left running
+            child.kill()
+            child.wait()
+            raise
+        out.seek(0)
+        err.seek(0)
+        return Finished(child.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"))
 
 
 def server_environment(child_env: dict[str, str]) -> dict[str, str]:
@@ -168,7 +208,7 @@ def _serve(control: socket.socket) -> int:
                 workers.discard(worker)
 
 
-def _work(connection_fd: int, out: int, err: int, compiling: int) -> None:
+def _work(connection_fd: int, out: int, err: int, compiling: int | None = None) -> None:
     """In a worker: read the request, fork the child, report its exit status, kill it when asked.
     Never returns."""
     try:
@@ -186,7 +226,8 @@ def _work(connection_fd: int, out: int, err: int, compiling: int) -> None:
             connection.close()
             _child(request, out, err, compiling)
         for fd in (out, err, compiling):  # the child's only now: end of file on the pipe when it ends
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
         killed = False
         if early:
             os.kill(pid, signal.SIGKILL)
@@ -208,10 +249,13 @@ def _work(connection_fd: int, out: int, err: int, compiling: int) -> None:
         os._exit(0)
 
 
-def _child(request: dict, out: int, err: int, compiling: int) -> None:
-    """In the child: become `python -m equivci.capture.child ARGS FD`. Never returns."""
+def _child(request: dict, out: int, err: int, compiling: int | None) -> None:
+    """In the child: become `python -m MODULE ARGS [FD]`, and end as it does (the exit code of a
+    SystemExit, the traceback of an exception), without the interpreter's teardown. Never returns."""
+    code = 1
     try:
         import runpy  # lazy: the child's only
+        import traceback  # lazy: the child's only
 
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.dup2(out, 1)
@@ -221,16 +265,26 @@ def _child(request: dict, out: int, err: int, compiling: int) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.argv = [sys.executable, *request["args"], str(compiling)]
+        sys.argv = [sys.executable, *request["args"], *([] if compiling is None else [str(compiling)])]
         sys.path.insert(0, request["cwd"])  # what `python -m` puts first
-        sys.modules.pop("equivci.capture.child", None)  # runpy runs it as __main__, and warns when it is imported
+        sys.modules.pop(request["module"], None)  # runpy runs it as __main__, and warns when it is imported
         if "jax" in sys.modules:
             from jax._src import source_info_util  # lazy: jax is imported by now, or not at all
 
             source_info_util.register_exclusion(__file__)
-        runpy._run_module_as_main("equivci.capture.child")  # type: ignore[attr-defined]  # as `-m` does; ends with os._exit
+        try:
+            runpy._run_module_as_main(request["module"])  # type: ignore[attr-defined]  # as `-m` does
+            code = 0
+        except SystemExit as exc:
+            if exc.code is not None and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        except BaseException:  # noqa: BLE001 - on stderr, as the interpreter says it
+            traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
     finally:
-        os._exit(1)
+        os._exit(code)
 
 
 if __name__ == "__main__":
