@@ -551,6 +551,23 @@ MUTANTS: tuple[Mutant, ...] = (
       "numerator, divisor = self.scaled(base, ratio * odd), self.splat(Fraction(odd + 2), shape)",
       "(f * x) / c is (a * x) / b only with a / b = f / c",
       "pytest:tests/translate/test_evaluator.py::test_a_division_by_a_count_has_one_form_however_it_is_written"),
+    # -- scalings by powers of two at other places: odd parts in, the power of two in front (builder.py) --
+    M("times-power-dropped", "return self.scaled(inner, power_of_two(product))", "return inner",
+      "a product of factors that is no number of the dtype keeps its power of two in front",
+      "pytest:tests/translate/test_evaluator.py::test_scalings_by_powers_of_two_at_other_places_leave_one_base",
+      "model:gelu-dp-grad-halved"),
+    M("sum-odd-parts-twice", "first, second = (self.times(b, f / front) for f, b in zip(factors, bases))",
+      "first, second = (self.times(b, f) for f, b in zip(factors, bases))",
+      "f * a + g * b = p * ((f / p) * a + (g / p) * b): each operand keeps its factor over p only",
+      "pytest:tests/translate/test_evaluator.py::test_pulled_out_factor_is_an_identity[add_inexact_ratio]"),
+    # -- roundings to a narrower float moved across a sum (translate/reductions.py, collectives.py) ----
+    M("bf16-dot-unrounded", 'return ev.normal("unary", ("convert",), [wide], inst.shape)', "return wide",
+      "a dot with a bf16 result is its f32 dot rounded: the rounding stays",
+      "pytest:tests/translate/test_rounded_sums.py::test_near_miss_bf16_psum_where_the_reference_keeps_f32_is_not_verified"),
+    M("rounded-sum-one-member", 'total = combine(ev, "add", [m.args[0] for m in members])',
+      'total = combine(ev, "add", [m.args[0] for m in members[:1]])',
+      "the rounding of a sum over devices sums every device's unrounded value",
+      "pytest:tests/translate/test_rounded_sums.py::test_a_sum_of_values_rounded_to_bf16_is_stated_as_their_sum_rounded"),
     # -- constants known as windows of several tables (translate/constants.py) ------------------------
     M("constant-window-other-source-unchecked",
       "if np.array_equal(window.reshape(view.shape), view, equal_nan=True):",

@@ -11,6 +11,7 @@ instructions.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from fractions import Fraction
 
@@ -41,6 +42,12 @@ SCALABLE = {"f16", "f32", "f64"}
 
 # One device's value of an instruction: a term, or a tuple of them (a tuple-shaped op).
 Value = Term | tuple
+
+
+def power_of_two(f: Fraction) -> Fraction:
+    """The power of two in a nonzero rational: f / power_of_two(f) has an odd numerator and denominator."""
+    num, den = abs(f.numerator), f.denominator
+    return Fraction(num & -num, den & -den)
 
 
 class Unsupported(Exception):
@@ -150,6 +157,23 @@ class Builder:
             return None
         return self.table.make("binary", ("multiply",), (base, splat), base.shape, base.dtype)
 
+    def times(self, base: Term, *factors: Fraction) -> Term | None:
+        """base times the product of `factors`. Where the product is no number of the dtype (GELU's
+        0.797 times 0.0447 times a loss scale), each factor's odd part multiplies the base, smallest
+        first, and the product's power of two goes in front: scalings by powers of two at other
+        places (1/8 on a shard and 1/4 after the psum, against the reference's 1/32) leave one base.
+        Exact over the reals, as every factor pulled out; None when a part is no number either."""
+        product = math.prod(factors, start=Fraction(1))
+        if (term := self.scaled(base, product)) is not None or product == 0 or base.dtype not in SCALABLE:
+            return term
+        inner = base
+        for odd in sorted(f / power_of_two(f) for f in factors if f / power_of_two(f) != 1):
+            splat = self.splat(odd, Shape(base.dtype, base.shape))
+            if splat is None:
+                return None
+            inner = self.table.make("binary", ("multiply",), (inner, splat), base.shape, base.dtype)
+        return self.scaled(inner, power_of_two(product))
+
     def divided(self, base: Term, ratio: Fraction, shape: Shape) -> Term | None:
         """ratio * base where the ratio is no number of the dtype (1/3, 1/6): (a * base) / b with b the
         odd part of its denominator, one form however the program wrote it ((0.5 * x) / 3 and x / 6,
@@ -185,10 +209,8 @@ class Builder:
             for k in (0, 1):  # a constant operand joins the other's factor
                 value = self.uniform(args[k])
                 if value is not None:
-                    return self.scaled(bases[1 - k], value * factors[1 - k])
-            return (
-                self.scaled(self.mk(kind, attrs, bases, shape), factors[0] * factors[1]) if factors != [1, 1] else None
-            )
+                    return self.times(bases[1 - k], value, factors[1 - k])
+            return self.times(self.mk(kind, attrs, bases, shape), *factors) if factors != [1, 1] else None
         if op == "divide":
             value = self.uniform(args[1])
             if value:
@@ -201,7 +223,7 @@ class Builder:
                 self.scaled(self.mk(kind, attrs, [bases[0], args[1]], shape), factors[0]) if factors[0] != 1 else None
             )
         if op == "dot" and factors != [1, 1]:
-            return self.scaled(self.mk(kind, attrs, bases, shape), factors[0] * factors[1])
+            return self.times(self.mk(kind, attrs, bases, shape), *factors)
         linear = op in ("add", "subtract", "negate", "reduce-add") or kind in ("concat", "transpose")
         # a zero operand takes any factor: f * a beside zeros (a gradient padded into a flat
         # parameter vector) is f * (a beside zeros)
@@ -215,6 +237,12 @@ class Builder:
             second = self.scaled(bases[1], factors[1] / factors[0])
             if second is not None:
                 return self.scaled(self.mk(kind, attrs, [bases[0], second], shape), factors[0])
+            # else f * a + g * b = p * ((f / p) * a + (g / p) * b), p the power of two in f: sums
+            # scaled by one power of two more (a shard's loss scale) meet
+            front = power_of_two(factors[0])
+            first, second = (self.times(b, f / front) for f, b in zip(factors, bases))
+            if front != 1 and first is not None and second is not None:
+                return self.scaled(self.mk(kind, attrs, [first, second], shape), front)
         return None
 
     def factored_select(self, args: list[Term], shape: Shape) -> Term | None:

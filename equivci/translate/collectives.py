@@ -21,6 +21,9 @@ from equivci.translate.attributes import dims_attr, reducer_of
 from equivci.translate.builder import Builder, Unsupported
 from equivci.translate.linear_sums import linear_sum
 
+# float dtype -> the float dtypes that round to it
+WIDER = {"bf16": ("f32", "f64"), "f16": ("f32", "f64"), "f32": ("f64",)}
+
 OPCODES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"}
 
 
@@ -106,7 +109,22 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
             ev.equal_terms.append([base, summed])
     if reducer == "add" and (mapped := linear_sum(ev, members, lambda inner: combine(ev, reducer, inner))) is not None:
         ev.equal_terms.append([acc, mapped])
+    if reducer == "add" and (rounded := _rounded_sum(ev, members)) is not None:
+        ev.equal_terms.append([acc, rounded])
     return acc
+
+
+def _rounded_sum(ev: Builder, members: list[Term]) -> Term | None:
+    """A sum over devices of values each rounded to a narrower float (bf16 partial sums psummed in
+    bf16) as the sum of the unrounded values rounded once: over the reals a rounding is the value
+    itself, so only where the roundings happen moves, as when the sum is re-associated across
+    shards; the result keeps its narrow dtype (the rounding is still there, once). None unless every
+    member is a convert from one wider float dtype."""
+    wide = {m.args[0].dtype if m.op == "unary" and m.attrs == ("convert",) else None for m in members}
+    if len(wide) != 1 or wide.pop() not in WIDER.get(members[0].dtype, ()):
+        return None
+    total = combine(ev, "add", [m.args[0] for m in members])
+    return ev.normal("unary", ("convert",), [total], Shape(members[0].dtype, members[0].shape))
 
 
 def _sums_summed(ev: Builder, reducer: str, members: list[Term]) -> tuple[Fraction, Term] | None:

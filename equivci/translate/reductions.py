@@ -5,6 +5,8 @@ add/max/min/multiply/and/or from its identity is a `reduce` term, and a two-oper
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from equivci.hlo.ir import Instruction, Module, Shape
@@ -27,7 +29,16 @@ from equivci.translate.relayouts import (
 COMBINED = {"add": "add", "maximum": "maximum", "minimum": "minimum"}
 
 
+# Float dtypes narrower than f32: a dot with such a result is its f32 dot rounded once.
+ROUNDED = {"bf16", "f16"}
+
+
 def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    if inst.shape.dtype in ROUNDED:
+        # The products summed exactly, rounded once at the end (XLA accumulates a bf16 dot in f32):
+        # `preferred_element_type=bf16` and an f32 dot converted to bf16 are one term.
+        wide = dot(ev, dataclasses.replace(inst, shape=Shape("f32", inst.shape.dims)), args, device)
+        return ev.normal("unary", ("convert",), [wide], inst.shape)
     a = inst.attrs
     lb, rb = dims_attr(a.get("lhs_batch_dims")), dims_attr(a.get("rhs_batch_dims"))
     lc, rc = dims_attr(a.get("lhs_contracting_dims")), dims_attr(a.get("rhs_contracting_dims"))

@@ -20,7 +20,7 @@ VERIFIED = {
     "topk-set-vmapped", "finite-guard",
     "embed-outside", "embed-outside-not", "slots-a2a", "pick-one-hot", "accum-dp", "slots-to-experts",
     "embed-take-clip", "pick-where-ids", "pick-local-one-hot", "router-logits",
-    "linear-tail", "experts-tp-combined",
+    "linear-tail", "experts-tp-combined", "gelu-dp-grad",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -38,7 +38,7 @@ MISMATCH = {
     "pick-one-hot-next", "pick-one-hot-past-end", "accum-dp-first-micro", "embed-take-clip-next",
     "embed-take-clip-uneven", "pick-where-next-shard", "pick-where-ge", "pick-local-one-hot-plus-one",
     "pick-where-ones", "router-argmin", "router-negated",
-    "linear-tail-bias", "linear-tail-device-gate",
+    "linear-tail-bias", "linear-tail-device-gate", "gelu-dp-grad-summed", "gelu-dp-grad-halved",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -82,5 +82,6 @@ DEFAULT = {
     "pick-one-hot", "pick-one-hot-past-end",  # a gather at a column in range: a one-hot sum
     "pick-where-ids", "pick-where-ge",  # the one-hot written on a shard: lo + arange(n) == ids, where(., x, 0)
     "linear-tail", "linear-tail-bias",  # a partial sum through linear maps, then psummed
+    "gelu-dp-grad", "gelu-dp-grad-halved",  # a loss scale by powers of two at other places, odd constants
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

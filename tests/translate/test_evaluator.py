@@ -302,6 +302,15 @@ def _scale_setup():
     return ev, Shape, x, y, w, c
 
 
+def _gelu(ev, t, scale, shape=(4, 6)):
+    """t times GELU's 0.797 times `scale`, folded into one factor as the builder does."""
+    from equivci.hlo.ir import Shape
+
+    c = lambda v: ev.const(np.full(shape, v, np.float32), "f32")  # noqa: E731
+    return ev.fold_or("binary", ("multiply",), [ev.scaled(t, Fraction(float(np.float32(scale)))), c(0.7978846)],
+                      Shape("f32", shape), None)
+
+
 def _cases():
     """(plain term, its factored form) for every way a factor is pulled out."""
     ev, Shape, x, y, w, c = _scale_setup()
@@ -320,6 +329,12 @@ def _cases():
         "transpose": ("transpose", ("1,0",), [half], s64),
         "reduce_add": ("reduce", ("add", "2:1"), [half], Shape("f32", (4,))),
         "concat": ("concat", (0,), [half, ev.scaled(y, Fraction(1, 2))], Shape("f32", (8, 6))),
+        # products that are no float32 number: the odd parts go in, the power of two in front
+        "multiply_inexact_const": ("binary", ("multiply",), [_gelu(ev, x, 1 / 8), c(0.044715)], s46),
+        "multiply_inexact_scaled": ("binary", ("multiply",), [_gelu(ev, x, 1 / 8), _gelu(ev, y, 3.0)], s46),
+        "add_inexact_ratio": ("binary", ("add",), [ev.fold_or("binary", ("multiply",), [x, c(0.15)], s46, None),
+                                                   ev.scaled(y, Fraction(1, 8))], s46),
+        "dot_inexact": ("dot", dot_spec, [_gelu(ev, x, 1 / 8), _gelu(ev, w, 0.044715, (6, 3))], Shape("f32", (4, 3))),
     }
     out = {}
     for name, (kind, attrs, args, shape) in cases.items():
@@ -351,18 +366,56 @@ def test_factors_are_only_pulled_out_where_that_is_exact_and_linear():
     assert tenth is None  # 0.1 is not a float32 number
     tenth = ev.fold_or("binary", ("multiply",), [x, c(0.1)], s46, None)
     assert ev.scale_of(tenth)[0] == Fraction(float(np.float32(0.1)))
-    # float32(0.1) squared is not a float32 number: the product stays as it is.
-    assert ev.factored("binary", ("multiply",), [tenth, c(0.1)], s46) is None
+    # float32(0.1) squared is not a float32 number: x times each odd part, the power of two in front
+    odd = Fraction(float(np.float32(0.1))) * 2**27  # float32(0.1) is 13421773 / 2**27
+    assert odd.denominator == 1 and odd.numerator % 2 == 1
+    squared = ev.factored("binary", ("multiply",), [tenth, c(0.1)], s46)
+    assert ev.scale_of(squared)[0] == Fraction(1, 2**54)
+    assert ev.scale_of(squared)[1] is ev.scaled(ev.scaled(x, odd), odd)
     half = ev.scaled(x, Fraction(1, 2))
-    # f * a + g * b = f * (a + (g / f) * b) when g / f is a float32 number, else left as it is
+    # f * a + g * b = f * (a + (g / f) * b) when g / f is a float32 number, else the power of two
+    # of f in front and each operand times its factor over it
     quarter_y = ev.scaled(y, Fraction(1, 4))
     inner = ev.mk("binary", ("add",), (x, ev.scaled(y, Fraction(1, 2))), s46)
     assert ev.factored("binary", ("add",), [half, quarter_y], s46) is ev.scaled(inner, Fraction(1, 2))
-    assert ev.factored("binary", ("add",), [tenth, half], s46) is None  # 0.5 / float32(0.1) is not exact
+    inexact = ev.factored("binary", ("add",), [tenth, half], s46)  # 0.5 / float32(0.1) is not exact
+    inner = ev.mk("binary", ("add",), (ev.scaled(x, odd), ev.scaled(x, Fraction(2**26))), s46)
+    assert inexact is ev.scaled(inner, Fraction(1, 2**27))
+    assert ev.factored("binary", ("add",), [ev.scaled(x, Fraction(3)), ev.scaled(y, Fraction(5))], s46) is None
     assert ev.factored("binary", ("maximum",), [half, ev.scaled(y, Fraction(1, 2))], s46) is None
     assert ev.factored("reduce", ("maximum", "2:1"), [half], Shape("f32", (4,))) is None
     assert ev.factored("binary", ("divide",), [y, half], s46) is None
 
+
+
+def test_scalings_by_powers_of_two_at_other_places_leave_one_base():
+    """A loss scale of 1/8 on a shard (then 1/4 after the psum) against the reference's 1/32, carried
+    through GELU's gradient, whose constants 0.797 and 0.0447 make products no float32 number, and
+    added to a term weighted by 0.3 / rows (no exact ratio to the other): both build one base, the
+    factors differing by 4 only. Near miss: a scale of 3/32 (an odd factor
+    more) builds another base. Each form equals the product as written (float64)."""
+    from equivci.terms.semantics import evaluate
+
+    ev, Shape, x, y, w, c = _scale_setup()
+    s46 = Shape("f32", (4, 6))
+
+    def chain(scale):
+        t = ev.normal("binary", ("multiply",), [_gelu(ev, x, scale), c(0.044715)], s46)
+        t = ev.normal("binary", ("multiply",), [t, ev.scaled(y, Fraction(3))], s46)
+        # a loss weight folded with the scale (0.3 / rows), added to the GELU term: no exact ratio
+        weighted = ev.fold_or("binary", ("multiply",), [y, c(0.3 * scale)], s46, None)
+        return ev.normal("binary", ("add",), [t, weighted], s46)
+
+    shard, whole, odd = chain(1 / 8), chain(1 / 32), chain(3 / 32)
+    assert ev.scale_of(shard)[1] is ev.scale_of(whole)[1]
+    assert ev.scale_of(shard)[0] == 4 * ev.scale_of(whole)[0]
+    assert ev.scale_of(odd)[1] is not ev.scale_of(whole)[1]
+    params = {0: np.random.default_rng(2).standard_normal((4, 6)), 1: np.random.default_rng(3).standard_normal((4, 6))}
+    for scale, term in ((1 / 8, shard), (1 / 32, whole), (3 / 32, odd)):
+        gelu_scale = float(np.float32(scale)) * float(np.float32(0.7978846))
+        written = params[0] * gelu_scale * float(np.float32(0.044715)) * (3 * params[1])
+        written += params[1] * float(np.float32(0.3 * scale))
+        np.testing.assert_allclose(evaluate(term, params, ev.values), written, rtol=1e-6)
 
 
 def test_a_division_by_a_count_has_one_form_however_it_is_written():
