@@ -25,6 +25,7 @@ from egglog import String, eq, i64, relation, vars_
 
 from equivci.diagnose.frames import LAYOUT_OPS, innermost, is_user_frame
 from equivci.diagnose.missing import PASSIVE, MissingWork, MissingWorkFinder, source_text
+from equivci.diagnose.reduction_axes import missing_axis, reduced_axes, wrong_axis
 from equivci.diagnose.source import assigned_at, call_argument, callee, parameters, statement
 from equivci.hlo.collectives import parse_pairs
 from equivci.hlo.ir import TRIVIAL_OPS, Instruction, SourceLoc
@@ -316,9 +317,12 @@ MAX_PERMUTE_TRIES = 4
 
 
 def alternative_pairs(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
-    """Other ways to send along the same devices: reversed first, then the other powers of a cycle."""
+    """Other ways to send along the same devices: reversed first, then the chains closed into rings,
+    then the other powers of a cycle."""
     out = [sorted((t, s) for s, t in pairs)]
     step = dict(pairs)
+    if len(step) == len(pairs) == len(set(step.values())):
+        out.append(sorted(pairs + _closing_pairs(step)))
     if len(step) == len(pairs) and set(step) == set(step.values()):  # a permutation: its powers shift further
         mapped = dict(step)
         for _ in range(len(step)):
@@ -330,6 +334,19 @@ def alternative_pairs(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]
         if cand != own and cand not in unique and any(s != t for s, t in cand):
             unique.append(cand)
     return unique
+
+
+def _closing_pairs(step: dict[int, int]) -> list[tuple[int, int]]:
+    """The pair from the end of each chain of sends back to its start: a device that no pair sends
+    to receives zeros, which a ring's wrap-around pair would have filled."""
+    received = set(step.values())
+    closing = []
+    for start in (s for s in step if s not in received):
+        end = start
+        while end in step:
+            end = step[end]
+        closing.append((end, start))
+    return closing
 
 
 def _describe_pairs(pairs: list[tuple[int, int]], n: int) -> str:
@@ -372,9 +389,13 @@ def wrong_permutation(events: list[Event], proof: Proof, evaluator, first: Event
                 for o, t in zip(dev_out, dev_targets)
             ):
                 inst = next(iter(insts.values()))
+                added = sorted(set(candidate) - set(pairs)) if set(pairs) < set(candidate) else []
                 how = (
                     "as if they came the other way"
                     if candidate == sorted((t, s) for s, t in pairs)
+                    else f"as if {_describe_pairs(added, evaluator.n)} sent too (a device that no pair sends "
+                    "to receives zeros): a ring lacks its wrap-around pair"
+                    if added
                     else "as if they came from other devices"
                 )
                 message = (
@@ -482,17 +503,28 @@ def first_defect(
             if e is not None and (ts := _terms(e)) and status.get(_key(ts)) == "partial"
         ]
         partial_operand = bool(partials)
-        unsummed = next((e for k, e in partials if _nonlinear_in(event.inst.opcode, k)), None)
+        # An add of a share and a whole value adds the whole once per device: where the share comes
+        # from an all-reduce that leaves out its axis, the reduction is where it was left unfinished.
+        affine = event.inst.opcode in ("add", "subtract") and len(partials) < len(operand_events)
+        unsummed = next(
+            (e for k, e in partials if _nonlinear_in(event.inst.opcode, k) or (affine and short_axes(e))), None
+        )
         if unsummed is not None and (ts := _terms(unsummed)) is not None:
             # f(a + b) is no f(a) + f(b) for a nonlinear f: the share each device holds had to be
             # summed before this op, where it is made.
             axis = partial_axis[_key(ts)]
-            return Defect(
-                unsummed.inst,
-                f"this value is each device's share of a sum over mesh axis '{axis}' (their sum is the "
+            reduced = short_axes(unsummed)
+            why = (
+                missing_axis(reduced, axis, event.inst, _at(event.inst))
+                if reduced is not None
+                else f"this value is each device's share of a sum over mesh axis '{axis}' (their sum is the "
                 f"reference's value), but the `{event.inst.opcode}` at {_at(event.inst)} uses it as the whole sum, "
                 f"and a `{event.inst.opcode}` of a sum is not the sum of the `{event.inst.opcode}`s: a psum "
-                "(all-reduce) over that axis is missing here",
+                "(all-reduce) over that axis is missing here"
+            )
+            return Defect(
+                unsummed.inst,
+                why,
                 alternative=(
                     event.inst,
                     f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a copy of any "
@@ -526,6 +558,14 @@ def first_defect(
             or _bounds_origin(event, plain, {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]})
             or Defect(event.inst, plain, unexplained=True)
         )
+
+    def short_axes(event: Event) -> set[str] | None:
+        """The axes of an all-reduce whose value is still a share over another axis it leaves out."""
+        terms = _terms(event)
+        if event.inst.opcode != "all-reduce" or terms is None or status.get(_key(terms)) != "partial":
+            return None
+        reduced = reduced_axes(event.inst, groups_by_axis, len(terms))
+        return reduced if reduced is not None and partial_axis[_key(terms)] not in reduced else None
 
     def scaled_sum(event: Event) -> Defect | None:
         """The reduction that completed a sum into a multiple of the reference value which reaches `event`."""
@@ -574,6 +614,63 @@ def first_defect(
             if settle(later, terms) == "scaled" and _key(terms) in factors and not divided_out(later):
                 return _scaled_reduction(later, factors[_key(terms)], partial_axis[_key(op_terms)])
         return None
+
+    def short_reduction_after(event: Event) -> Defect | None:
+        """This or a later all-reduce over the wrong mesh axes (equivci.diagnose.reduction_axes) whose sum
+        nothing after it completes. Values before it that the proof could not relate (a
+        microbatch's share on its way to it) are steps to that reduction."""
+        start = next((k for k, e in enumerate(events) if e is event), len(events))
+        tried = 0
+        for later in events[start:]:
+            terms = _terms(later)
+            if later.inst.opcode != "all-reduce" or terms is None or terms[0] not in loader.exprs:
+                continue
+            tried += 1
+            if tried > MAX_REDUCTIONS_AHEAD:
+                return None
+            reduced = reduced_axes(later.inst, groups_by_axis, len(terms))
+            operand = by_name.get(later.inst.operands[0]) if later.inst.operands else None
+            op_terms = _terms(operand) if operand is not None else None
+            if reduced is None or operand is None or op_terms is None:
+                continue
+            outcome, before = settle(later, terms), settle(operand, op_terms)
+            axis = partial_axis.get(_key(op_terms)) if status.get(_key(op_terms)) == "partial" else None
+            if outcome == "unrelated" and before != "unrelated" and axis is not None and axis not in reduced:
+                return Defect(later.inst, wrong_axis(reduced, axis))
+            axis = partial_axis.get(_key(terms)) if status.get(_key(terms)) == "partial" else None
+            if axis is None or axis in reduced:
+                continue
+            whole, use = taken_whole(later)
+            if whole:
+                where = _at(use.inst) if use is not None else ""
+                return Defect(later.inst, missing_axis(reduced, axis, use.inst if use else None, where))
+        return None
+
+    def taken_whole(event: Event) -> tuple[bool, Event | None]:
+        """Whether a share of a sum reaches, through uses that stay shares (or multiples of one), a
+        use that takes it as the whole value (an unrelated value, or an output), and no use
+        completes it (a related value); and the first unrelated use."""
+        queue, seen, first = [event], {event.inst.name}, None
+        whole = _is_output(_terms(event) or [], output_terms)
+        completed, budget = False, MAX_USES_SETTLED
+        while queue and not completed:
+            e = queue.pop(0)
+            for use in op_users.get(e.inst.name, []):
+                terms = _terms(use)
+                if use.inst.name in seen or terms is None or terms[0] not in loader.exprs:
+                    continue
+                seen.add(use.inst.name)
+                budget -= 1
+                if budget < 0:
+                    return False, None
+                outcome = settle(use, terms)
+                completed |= outcome == "related"
+                if outcome == "unrelated":
+                    whole, first = True, first or use
+                else:
+                    whole |= _is_output(terms, output_terms)
+                    queue.append(use)
+        return whole and not completed, first
 
     def divided_out(event: Event) -> bool:
         """A use of the value, or of a use of it, is related again: the factor was divided out."""
@@ -726,7 +823,7 @@ def first_defect(
             continue
         # A multiple that never turns back into the reference value: the sum that made it, or else
         # the first deferred op, as the plain rules would have said.
-        found = scaled_sum(event) or scaled_reduction_after(event)
+        found = scaled_sum(event) or scaled_reduction_after(event) or short_reduction_after(event)
         if found is not None:
             return found
         return explain(*(first_scaled or (event, terms)))

@@ -20,7 +20,7 @@ import linecache
 from collections import deque
 
 from equivci.diagnose.frames import LAYOUT_OPS, innermost, user_frames
-from equivci.hlo.ir import TRIVIAL_OPS, SourceLoc
+from equivci.hlo.ir import TRIVIAL_OPS, Instruction, Shape, SourceLoc
 from equivci.translate.evaluator import Event
 
 PASSIVE = TRIVIAL_OPS | LAYOUT_OPS
@@ -43,11 +43,11 @@ class MissingWork:
     what: str  # the work in the reference's words: a function name or the ops
 
 
-def shared_frames(a: list[SourceLoc], b: list[SourceLoc]) -> int:
-    """How many frames two stacks share, counted from the outermost."""
+def shared_frames(a: list[SourceLoc], b: list[SourceLoc], by_function: bool = False) -> int:
+    """How many frames two stacks share (the same line, or the same function), from the outermost."""
     n = 0
     for x, y in zip(reversed(a), reversed(b)):
-        if (x.file, x.line) != (y.file, y.line):
+        if (x.file, x.function if by_function else x.line) != (y.file, y.function if by_function else y.line):
             break
         n += 1
     return n
@@ -70,6 +70,7 @@ class MissingWorkFinder:
         self.consumers: dict[str, list[Event]] = {}
         self.order: dict[str, int] = {}
         self.params: dict[int, Event] = {}
+        self.inputs: dict[int, Event] = {}  # stand-ins for the inputs no event holds
         self.by_term: dict[int, Event] = {}
         self.operands_of: dict[str, tuple[str, ...]] = {}
         self.callers: dict[int, Event] = {}  # a called computation's value -> the call, which has its line
@@ -85,6 +86,19 @@ class MissingWorkFinder:
                 self.by_term.setdefault(id(v), e)
                 if v.op == "param":
                     self.params.setdefault(v.attrs[0], e)
+        for e in tracer.reference_events:
+            self.name_inputs(e, tracer.value(e, 0))
+
+    def name_inputs(self, event: Event, value) -> None:
+        """An input the reference reads directly (its parameter is no event) gets a stand-in event,
+        named as the op's operand: chains of missing work start at inputs too (a norm the
+        distributed program skips on the gathered input)."""
+        if value is None or len(value.args) != len(event.inst.operands):
+            return
+        for name, arg in zip(event.inst.operands, value.args):
+            if arg.op == "param" and arg.attrs[0] not in self.params and name not in self.tracer.ref_by_name:
+                inst = Instruction(name, "parameter", Shape(arg.dtype, tuple(arg.shape)), (), {})
+                self.inputs.setdefault(arg.attrs[0], Event(inst, [arg]))
 
     def resolved(self, event: Event, value) -> tuple[str, ...]:
         """The op's operands, where one no event holds (a parameter of a called computation: the
@@ -113,7 +127,17 @@ class MissingWorkFinder:
         for e, v in reversed(self.tracer.ref_values[-self.budgets.missing_owner_checks :]):
             if self.tracer.is_slice_of(t, v):
                 return e
-        return None
+        # Last, an input no reference op holds as it is: its own value (a window of it is cut by
+        # a reference op too, and that op is the owner, found above).
+        return self.inputs.get(base.attrs[0]) if base.op == "param" and base is t else None
+
+    def input_read(self, event: Event, k: int, dev: int) -> Event | None:
+        """The input `event` reads as its operand `k`, when that operand is the input itself."""
+        value = self.tracer.value(event, dev)
+        if value is None or len(value.args) != len(event.inst.operands) or value.args[k].op != "param":
+            return None
+        index = value.args[k].attrs[0]
+        return self.params.get(index) or self.inputs.get(index)
 
     def reach(self, owner: Event) -> dict[str, str | None]:
         """Reference ops reachable forward from `owner` (without passing a slice) -> their parent."""
@@ -141,9 +165,10 @@ class MissingWorkFinder:
         return out[::-1]
 
     def find(self, event: Event, dev: int) -> MissingWork | None:
-        # An operand without an event (a parameter of a called computation) constrains nothing.
+        # An operand without an event (a parameter of a called computation) constrains nothing,
+        # unless its value is an input: the chain starts there.
         ops = self.tracer.operands(event)
-        owners = [self.owner(o, dev) if o is not None else None for o in ops]
+        owners = [self.owner(o, dev) if o is not None else self.input_read(event, k, dev) for k, o in enumerate(ops)]
         if not any(owners) or any(w is None for o, w in zip(ops, owners) if o is not None):
             return None
         reached = [self.reach(w) if w is not None else None for w in owners]
@@ -216,6 +241,9 @@ class MissingWorkFinder:
         at_producer = with_producer > with_consumer or (tied and _nearer(frames, owner, consumer))
         if not frames:
             return MissingWork(consumer, k, owner, tuple(work), at_producer, tied, SourceLoc("", 0), _ops(work))
+        # No statement shared, but a function (the norm is a statement of its own before the
+        # consumer's): the work's line in that function.
+        score = score or shared_frames(frames, user_frames(consumer.inst), by_function=True)
         at = max(len(frames) - score, 0) if score > 0 else 0
         anchor = frames[at]
         inner = frames[at - 1].function.split(".")[-1] if at > 0 and frames[at - 1].function else ""

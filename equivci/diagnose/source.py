@@ -101,9 +101,12 @@ def call_argument(
 
     own = calls_from(stack)
     others = {site for event in events for site in calls_from(event.inst.stack)} - set(own)
-    for cfile, cline in own + sorted(others):
+    sites = [(site, False) for site in own + sorted(others)] + [(site, True) for site in _maker(file, func, events)]
+    for (cfile, cline), made in sites:
         found = statement(cfile, cline)
-        calls = calls_of(found, func.name) if found else []
+        if found is None:
+            continue
+        calls = _direct_calls(found[0], func.name) if made else calls_of(found, func.name)
         for call in calls:
             keyword = next((k.value for k in call.keywords if k.arg == name), None)
             if keyword is not None:
@@ -112,3 +115,25 @@ def call_argument(
             if k < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[: k + 1]):
                 return cfile, call.args[k]
     return None
+
+
+def _maker(file: str, func: Function, events: list[Event]) -> list[tuple[str, int]]:
+    """The one statement on the op stacks that calls `func` by name, when `func` made a closure
+    that ran (a step built by a factory and run later by shard_map or a loop): the call that made it
+    is on no stack of the closure's ops, which end at the closure."""
+    closure = f"{func.name}.<locals>."
+    end = func.end_lineno or func.lineno
+    frames = {(loc.file, loc.line, loc.function) for event in events for loc in event.inst.stack}
+    if not any(f == file and closure in name and func.lineno <= line <= end for f, line, name in frames):
+        return []
+    sites = []
+    for f, line, _ in sorted(frames):
+        found = statement(f, line)
+        if found and _direct_calls(found[0], func.name):
+            sites.append((f, found[0].lineno))
+    unique = sorted(set(sites))
+    return unique if len(unique) == 1 else []
+
+
+def _direct_calls(stmt: ast.stmt, name: str) -> list[ast.Call]:
+    return [n for n in ast.walk(stmt) if isinstance(n, ast.Call) and callee(n) == name]

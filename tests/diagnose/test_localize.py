@@ -482,7 +482,7 @@ MODELS = textwrap.dedent(
 
 
     def head_sums_tp_offset_in_heads(x, w, *, mesh):
-        body = head_sums_tp(lambda dev: 16 + dev * 2)
+        body = head_sums_tp(lambda dev: 16 + dev * 2)  # MARK:head-offset
         return jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P(None, TP))(x, w)
 
 
@@ -733,9 +733,9 @@ FRESH = {
     # show the use): a step of the shard's own; the sign of the shift added back is the finding.
     # Device 1's columns [2:10) are a part of the projection the reference splits into heads of 4,
     # but not on a head boundary: the per-device reshape into 2 heads is no part of the reference's
-    # heads. The slice leads (not the reshape's per-device shape); the findings then move to the
-    # caller that passes its start (equivci.diagnose.arguments).
-    "offset-in-heads": ("head-slice", ("where the slice starts does not line up", "blocks", "device 1")),
+    # heads. The slice leads (not the reshape's per-device shape), at the origin of its start: the
+    # lambda passed to the factory that built the step (the factory's call is on no op's stack).
+    "offset-in-heads": ("head-offset", ("where the slice starts does not line up", "blocks", "device 1")),
     "lse-shift": ("lse-shift", ("`subtract`",)),
     # Each device's sum of exponentials is its share of the reference's; the log takes it as the
     # whole: the psum is missing where the share is made, not at the log (a nonlinear op).
