@@ -130,12 +130,13 @@ class Builder:
             return None
         # Asked of every operand of every op built: a few dozen constants, asked 10^5 times at 405B.
         # Kept by the array itself (held, so that its id is not another's), never by the term.
-        known = self._uniform.get(id(value))
-        if known is not None and known[0] is value:
+        key = id(value)
+        known = self._uniform.get(key)
+        if known is not None:
             return known[1]
         held = distinct(value)
         answer = Fraction(float(held.flat[0])) if np.all(held == held.flat[0]) and np.isfinite(held.flat[0]) else None
-        self._uniform[id(value)] = (value, answer)
+        self._uniform[key] = (value, answer)
         return answer
 
     def scale_of(self, t: Term) -> tuple[Fraction, Term]:
