@@ -200,6 +200,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "a moved value is a window only where its labels read the box in order",
       "pytest:tests/translate/test_relaid_windows.py::test_a_transposed_box_is_no_window "
       "tests/translate/test_relaid_windows.py::test_rows_of_two_sources_read_across_are_no_window"),
+    M("uniform-kept-by-term", "        key = id(value)\n", "        key = id(t)\n",
+      "uniform()'s answers are kept by the constant array a term holds, not by the term",
+      "pytest:tests/translate/test_kept_answers.py::test_uniform_follows_the_constant_a_term_holds_not_the_term"),
     M("relaid-layout-box", 'return ("piece", index[whole], box, piece.shape, perm)',
       'return ("piece", index[whole], piece.shape, perm)',
       "relaid's answers are kept by layout: which box of its whole a piece is belongs to it",

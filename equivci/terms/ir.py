@@ -43,7 +43,13 @@ class TermTable:
         self._table: dict[tuple, Term] = {}
 
     def make(self, op: str, attrs: tuple, args: tuple[Term, ...], shape: tuple[int, ...], dtype: str) -> Term:
-        t = Term(op, attrs, args, tuple(shape), dtype)
+        shape = tuple(shape)
+        # Most terms asked for exist already (every layer and device rebuilds the same constants and
+        # layouts): look them up before making a new object.
+        found = self._table.get((op, attrs, tuple(id(a) for a in args), shape, dtype))
+        if found is not None:
+            return found
+        t = Term(op, attrs, args, shape, dtype)
         return self._table.setdefault(t._key, t)
 
     def __len__(self) -> int:

@@ -18,6 +18,7 @@ egglog rules see the strings as opaque keys into the tables the loader seeds fro
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -277,6 +278,11 @@ def reshape_groups(
 
 def reshape_spec(in_shape: tuple[int, ...], out_shape: tuple[int, ...], singletons: bool = False) -> str | None:
     """Reshape attributes without the leading size of each group (it follows from the operand)."""
+    return _reshape_spec(tuple(in_shape), tuple(out_shape), singletons)
+
+
+@functools.lru_cache(maxsize=1 << 14)  # asked for every reshape built: a model's layers repeat the same few shapes
+def _reshape_spec(in_shape: tuple[int, ...], out_shape: tuple[int, ...], singletons: bool) -> str | None:
     groups = reshape_groups(in_shape, out_shape, singletons)
     if groups is None:
         return None

@@ -38,6 +38,7 @@ from equivci.translate.constants import ConstantPool, Window
 
 # Float dtypes whose constants numpy holds exactly: constant scalar factors are pulled out of these.
 SCALABLE = {"f16", "f32", "f64"}
+_ONE = Fraction(1)  # scale_of's factor of most terms: one object, not one per call
 
 
 # One device's value of an instruction: a term, or a tuple of them (a tuple-shaped op).
@@ -61,6 +62,7 @@ class Builder:
         self.n = num_devices
         self.budgets = budgets
         self.values: dict[Term, np.ndarray] = {}  # folded constant terms -> their value
+        self._uniform: dict[int, tuple[np.ndarray, Fraction | None]] = {}  # uniform()'s answers by id(value)
         self.constants = ConstantPool()  # non-uniform constants, by content and as windows
         self.equal_terms: list[list[Term]] = []  # groups of terms known equal by evaluation
         self.bounds: dict[Term, tuple[float, float]] = {}  # integer terms -> [lo, hi] of their elements
@@ -133,10 +135,16 @@ class Builder:
         value = self.folded(t)
         if value is None or value.size == 0:
             return None
+        # Asked of every operand of every op built: a few dozen constants, asked 10^5 times at 405B.
+        # Kept by the array itself (held, so that its id is not another's), never by the term.
+        key = id(value)
+        known = self._uniform.get(key)
+        if known is not None:
+            return known[1]
         held = distinct(value)
-        if not np.all(held == held.flat[0]) or not np.isfinite(held.flat[0]):
-            return None
-        return Fraction(float(held.flat[0]))
+        answer = Fraction(float(held.flat[0])) if np.all(held == held.flat[0]) and np.isfinite(held.flat[0]) else None
+        self._uniform[key] = (value, answer)
+        return answer
 
     def scale_of(self, t: Term) -> tuple[Fraction, Term]:
         """`t` as factor * base (factor 1 when there is none)."""
@@ -144,7 +152,7 @@ class Builder:
             factor = self.uniform(t.args[1])
             if factor is not None:
                 return factor, t.args[0]
-        return Fraction(1), t
+        return _ONE, t
 
     def scaled(self, base: Term, factor: Fraction) -> Term | None:
         """factor * base; None when the factor is not exactly a number of base's dtype."""
