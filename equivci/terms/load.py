@@ -216,7 +216,7 @@ class Loader:
             return None
         windows = self._swapped_windows(inner, natural)
         moved = tuple(inner.shape[k] for k in natural)
-        forms = {reshape_spec(moved, shape), reshape_spec(moved, shape, singletons=True)} - {None}
+        forms = {s for s in (reshape_spec(moved, shape), reshape_spec(moved, shape, singletons=True)) if s is not None}
         exprs = []
         for spec in sorted(forms):
             self._seed_reshape(spec)
