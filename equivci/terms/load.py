@@ -11,7 +11,7 @@ from egglog import EGraph, i64
 
 from equivci.terms import language as L
 from equivci.terms.egg import Commands
-from equivci.terms.ir import Term, bcast_form, unit_squeezed
+from equivci.terms.ir import Term, bcast_form, inserted_unit_dims, unit_squeezed
 from equivci.terms.language import T, TList
 from equivci.terms.spec import (
     AlignedMap,
@@ -145,7 +145,10 @@ class Loader:
         elif op == "transpose":
             self._seed_transpose(at[0])
             ex = egg.call("transpose", at[0], args[0])
-            swapped = self._swapped_windows(t.args[0], parse_transpose(at[0]))
+            perm = parse_transpose(at[0])
+            swapped = self._swapped_windows(t.args[0], perm)
+            if swapped is None:
+                swapped = self._swapped_squeeze(t.args[0], perm, t.shape)
             if swapped is not None:
                 self._commands.append(egg.union(ex, swapped))
         elif op == "gte":
@@ -192,6 +195,34 @@ class Loader:
         for dim, start, stop in reversed(windows):  # innermost first
             expr = self.egg.call("slice", expr, perm.index(dim), start, stop)
         return expr
+
+    def _swapped_squeeze(self, operand: Term, perm: tuple[int, ...], shape: tuple[int, ...]):
+        """transpose(squeeze(windows of dot(x, y)), perm) as the squeeze of the same windows of the
+        dot with its operands swapped, where that dot lays the kept dims out in perm's order (a
+        squeeze only drops size-1 dims: moving them moves no element). `qkv[0]` of
+        einsum("dthk,bsd->tbshk") moved to [b, s, h, k] is then a squeezed window of x @ w, which a
+        device computes for its own slot and heads. None otherwise."""
+        inner = operand.args[0] if operand.op == "reshape" else None
+        units = inserted_unit_dims(operand.shape, inner.shape) if inner is not None else None
+        base = inner
+        while base is not None and base.op == "slice":
+            base = base.args[0]
+        if inner is None or units is None or base is None or base.op != "dot":
+            return None
+        back = swapped_dot(DotSpec.parse(base.attrs[0]), tuple(range(len(inner.shape))))[1]
+        natural = tuple(sorted(range(len(back)), key=back.__getitem__))  # the swapped dot's dims
+        kept = [k for k in range(len(inner.shape)) if k not in units]
+        if [k for k in natural if k not in units] != [kept[p] for p in perm]:
+            return None
+        windows = self._swapped_windows(inner, natural)
+        moved = tuple(inner.shape[k] for k in natural)
+        forms = {s for s in (reshape_spec(moved, shape), reshape_spec(moved, shape, singletons=True)) if s is not None}
+        exprs = []
+        for spec in sorted(forms):
+            self._seed_reshape(spec)
+            exprs.append(self.egg.call("reshape", spec, windows))
+        self._commands += [self.egg.union(exprs[0], e) for e in exprs[1:]]
+        return exprs[0]
 
     def _swapped_dot(self, dot: Term, perm: tuple[int, ...]):
         """transpose(dot(x, y), perm) as the dot with its operands swapped, transposed once (or not

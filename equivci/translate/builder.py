@@ -432,6 +432,13 @@ class Builder:
             inner = self.reshape_term(operand.args[0], Shape(operand.args[0].dtype, shape.dims))
             return self.normal("unary", operand.attrs, [inner], Shape(operand.dtype, shape.dims))
         if value is None and (term := self.reshaped_window(operand, shape)) is not None:
+            # The written form stays stated beside it: a device holding one KV group finds its k
+            # slot (slab[..., G, :] of [b, t, 1, G + 2, hd]) to be one window of its columns, where
+            # the reference's slot of every group is not one; the window rules relate the two
+            # only through the written squeeze of the slot.
+            self.equal_terms.append(
+                [term, self.mk("reshape", (reshape_spec(operand.shape, shape.dims),), [operand], shape)]
+            )
             return term
         if value is None and (term := self.relaid_windows(operand, shape)) is not None:
             return term

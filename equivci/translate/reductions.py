@@ -70,11 +70,15 @@ def _dot(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> Te
     merged = merged_contraction(ev, dot_spec, lhs, rhs)
     if merged is not None:
         dot_spec, lhs, rhs = merged
+    spec = dot_spec.text()
+    written = ev.factored("dot", (spec,), [lhs, rhs], out) or ev.mk("dot", (spec,), [lhs, rhs], out)
     relaid = dot_of_relayouts(ev, dot_spec, lhs, rhs, out)
     if relaid is not None:
+        # The written form stays stated beside it: a device that holds one group reads its slot
+        # as a window, not as a relayout, and its dot is the written dot's window along the group.
+        ev.equal_terms.append([relaid, written])
         return relaid
-    spec = dot_spec.text()
-    return ev.factored("dot", (spec,), [lhs, rhs], out) or ev.mk("dot", (spec,), [lhs, rhs], out)
+    return written
 
 
 def reduce(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
