@@ -438,6 +438,25 @@ MUTANTS: tuple[Mutant, ...] = (
     M("linear-sum-reducer", 'return t.attrs[0] == "add" and len(t.args) == 1', "return len(t.args) == 1",
       "only an add-reduce is linear: a max of sums is no sum of maxima",
       "pytest:tests/translate/test_linear_sums.py -k max-reduce"),
+    # -- sums of signed terms in one form (translate/signed_sums.py) ----------------------------------
+    M("signed-sum-subtract-sign", 'sign = 1 if base.attrs == ("add",) else -1', "sign = 1",
+      "a subtracted term counts negatively: s - m - t is not s + m - t",
+      "pytest:tests/translate/test_signed_sums.py -k other_coefficients"),
+    M("signed-sum-negate-sign", "return _collect(ev, base.args[0], -c, out, limit)",
+      "return _collect(ev, base.args[0], c, out, limit)",
+      "a negation flips its operand's coefficients",
+      "pytest:tests/translate/test_signed_sums.py -k written_orders"),
+    M("signed-sum-cancelled", "    if any(c == 0 for c in merged.values()):\n        return None\n", "",
+      "x - x is not 0 where x is infinite: a form whose coefficients cancel is not stated",
+      "pytest:tests/translate/test_signed_sums.py -k cancelled"),
+    M("signed-sum-collective-atom", "    if base in ev.collective_sums:", "    if False:",
+      "an all-reduce's sum is one value of the reference, not its devices' pieces",
+      "model:ce-signed-sum"),
+    # -- rows looked up by a one-hot product (translate/picks.py) -------------------------------------
+    M("row-one-hot-bounds", "if found is None or found[0] < 0 or found[1] >= rows:",
+      "if found is None or found[0] < 0 or found[1] > rows:",
+      "an index past the table's last row is clamped by the gather and all zeros in the one-hot",
+      "model:embed-one-hot-past-end"),
     # -- ops on values split in groups (a vmapped reference) ------------------------------------------
     M("regroup-reduce-split-dims", "        if any(k < 2 for k in dims):  # a reduce over the split dims mixes groups\n"
       "            return None\n", "",

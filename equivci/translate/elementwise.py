@@ -12,7 +12,7 @@ from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import DotSpec, compare_text, parse_transpose, swapped_dot, transpose_text
-from equivci.translate import bounds, masks, pieces, shifts, squeezes
+from equivci.translate import bounds, masks, pieces, shifts, signed_sums, squeezes
 from equivci.translate.arrays import all_equal
 from equivci.translate.builder import Builder
 
@@ -81,7 +81,10 @@ def unary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     op = inst.opcode
     if (plain := without_guard(ev, op, args)) is not None:
         return plain
-    return _built(ev, "unary", (op,), args, inst.shape, lambda v: semantics.apply(semantics.UNARY, op, v))
+    term = _built(ev, "unary", (op,), args, inst.shape, lambda v: semantics.apply(semantics.UNARY, op, v))
+    if op == "negate" and (form := signed_sums.one_form(ev, term)) is not None:
+        ev.equal_terms.append([term, form])
+    return term
 
 
 def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -106,6 +109,8 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
                 # x + 0 = x, stated beside the add that one device keeps (plus_zero drops it only when
                 # every device adds zero): shard 0 adds no earlier shards' totals to its running sum
                 ev.equal_terms.append([term, args[1 - k]])
+    if (form := signed_sums.one_form(ev, term)) is not None:  # a product's factor may fold into a sum
+        ev.equal_terms.append([term, form])
     return term
 
 

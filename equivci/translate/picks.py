@@ -19,7 +19,7 @@ import numpy as np
 from equivci.hlo.ir import Shape
 from equivci.terms.ir import Term, gather_map
 from equivci.terms.semantics import NP_DTYPES
-from equivci.terms.spec import GatherDims, ReduceSpec, bcast_spec, compare_text
+from equivci.terms.spec import DotSpec, GatherDims, ReduceSpec, bcast_spec, compare_text
 from equivci.translate import orders
 from equivci.translate.builder import Builder
 
@@ -47,6 +47,35 @@ def one_hot_sum(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -
     one_hot = ev.normal("unary", ("convert",), [equal], Shape(x.dtype, x.shape))
     product = ev.binary("multiply", x, one_hot)
     return ev.normal("reduce", ("add", ReduceSpec(len(x.shape), (v,)).text()), [product], out)
+
+
+def row_one_hot_dot(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
+    """The rows `x[ids]` of a table x[V, D] as `one_hot(ids, V) @ x`, when the index's bounds lie in
+    [0, V): each one-hot row has its one 1 at the row the gather reads (an embedding looked up by a
+    one-hot product, `jax.nn.one_hot(ids, V) @ table`; on a vocabulary shard the product of its
+    columns of the one-hot, `one_hot(ids - lo, n)`, with its rows of the table, summed over the
+    shards). None for any other gather."""
+    if len(x.shape) != 2 or x.dtype == "pred" or dims.operand_batch or dims.start_map != (0,) or dims.collapsed != (0,):
+        return None
+    if dims.vector_dim < len(idx.shape):
+        if idx.shape[dims.vector_dim] != 1:
+            return None
+        lanes = tuple(n for j, n in enumerate(idx.shape) if j != dims.vector_dim)
+        idx = ev.reshape_term(idx, Shape(idx.dtype, lanes))
+    rank, (rows, width) = len(idx.shape), x.shape
+    if dims.slice_sizes != (1, width) or dims.offset != (rank,) or out.dims != (*idx.shape, width):
+        return None
+    found = ev.bounds_of(idx)
+    if found is None or found[0] < 0 or found[1] >= rows:
+        return None
+    hot = (*idx.shape, rows)
+    spread = ev.mk("bcast", (bcast_spec(rank, hot, tuple(range(rank))),), [idx], Shape(idx.dtype, hot))
+    iota = ev.const(np.arange(rows, dtype=NP_DTYPES[idx.dtype]), idx.dtype)
+    across = ev.mk("bcast", (bcast_spec(1, hot, (rank,)),), [iota], Shape(idx.dtype, hot))
+    equal = ev.mk("binary", (compare_text("EQ", idx.dtype),), [spread, across], Shape("pred", hot))
+    one_hot = ev.normal("unary", ("convert",), [equal], Shape(x.dtype, hot))
+    spec = DotSpec((), (), (rank,), (0,), rank + 1, 2, (x.dtype, x.dtype))
+    return ev.normal("dot", (spec.text(),), [one_hot, x], out)
 
 
 def lane_dim(x: Term, idx: Term, dims: GatherDims, out: Shape) -> int | None:

@@ -1321,3 +1321,78 @@ def gated_projection_tp_device_gate(x, w, gate, ids, *, mesh):
         return _gated_tail(partial, g * (d + 1), i, d)  # BUG: each device scales its partial sum by its own factor
 
     return _contraction_split(x, w, gate, ids, mesh, tail)
+
+
+# ---- cross-entropy on vocabulary shards: a sum of signed terms in one form (translate/signed_sums.py)
+
+
+def cross_entropy(x, ids):
+    """The per-row loss as log-softmax picked: -((x_t - m) - log Σ exp(x - m))."""
+    return -_picked(jax.nn.log_softmax(x, axis=-1), ids)
+
+
+def _sharded_cross_entropy(x, ids, mesh, loss):
+    """Each device holds columns lo + arange(n): the max, the sum of exponentials and the target's
+    logit are combined over the shards, then `loss(log_sum, m, target)`."""
+
+    def body(x, ids):
+        n = x.shape[-1]
+        lo = lax.axis_index(TP) * n
+        m = lax.pmax(lax.stop_gradient(jnp.max(x, axis=-1)), TP)
+        log_sum = jnp.log(lax.psum(jnp.sum(jnp.exp(x - m[:, None]), axis=-1), TP))
+        target = lax.psum(jnp.sum(jnp.where(lo + jnp.arange(n) == ids[:, None], x, 0.0), axis=-1), TP)
+        return loss(log_sum, m, target)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(None, TP), P()), out_specs=P())(x, ids)
+
+
+def cross_entropy_vp(x, ids, *, mesh):  # lse - target, lse = log_sum + m
+    return _sharded_cross_entropy(x, ids, mesh, lambda log_sum, m, target: log_sum + m - target)
+
+
+def cross_entropy_vp_negated(x, ids, *, mesh):  # another grouping: -((target - m) - log_sum)
+    return _sharded_cross_entropy(x, ids, mesh, lambda log_sum, m, target: -((target - m) - log_sum))
+
+
+def cross_entropy_vp_minus_max(x, ids, *, mesh):
+    # BUG: the max subtracted where it must be added back
+    return _sharded_cross_entropy(x, ids, mesh, lambda log_sum, m, target: log_sum - m - target)
+
+
+def cross_entropy_vp_target_twice(x, ids, *, mesh):
+    # BUG: the target's logit subtracted twice, once in another grouping
+    return _sharded_cross_entropy(x, ids, mesh, lambda log_sum, m, target: (log_sum - target) + (m - target))
+
+
+# ---- an embedding looked up by a one-hot product: translate/picks.py (row_one_hot_dot)
+
+
+def _one_hot_embed(table, ids, mesh, local_ids):
+    """Each device's rows of the table against its columns of the one-hot, summed over the shards."""
+
+    def body(table, ids):
+        n = table.shape[0]
+        hot = jax.nn.one_hot(local_ids(ids, lax.axis_index(TP) * n), n, dtype=table.dtype)
+        return lax.psum(hot @ table, TP)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P()), out_specs=P())(table, ids)
+
+
+def embed_one_hot(table, ids, *, mesh):
+    return _one_hot_embed(table, ids, mesh, lambda ids, lo: ids - lo)
+
+
+def embed_one_hot_next(table, ids, *, mesh):
+    # BUG: every id reads the row after its own (the last id none)
+    return _one_hot_embed(table, ids, mesh, lambda ids, lo: ids + 1 - lo)
+
+
+def embed_past_end(table, ids):
+    """A raw gather (no range check) at ids + 1 clipped to [0, V], which XLA clamps: V reads V - 1."""
+    return table.at[jnp.clip(ids + 1, 0, V)].get(mode="promise_in_bounds")
+
+
+def embed_one_hot_past_end(table, ids, *, mesh):
+    # BUG: the one-hot of V is all zeros where the reference's clamped gather reads row V - 1; only
+    # the bounds of the index, [0, V], tell the gather from the one-hot product
+    return _one_hot_embed(table, ids, mesh, lambda ids, lo: jnp.clip(ids + 1, 0, V) - lo)
