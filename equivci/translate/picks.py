@@ -24,10 +24,13 @@ from equivci.translate import orders
 from equivci.translate.builder import Builder
 
 
-def one_hot_sum(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
-    """The gather `x[lanes, idx]` as the sum over the indexed dim of x times idx's one-hot, when it
-    picks single elements along one operand dim, every other operand dim is a batching dim in the
-    index's order, and the index's bounds lie in that dim; None otherwise."""
+def one_hot_sum(
+    ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape, one_hot_first: bool = False
+) -> Term | None:
+    """The gather `x[lanes, idx]` as the sum over the indexed dim of x times idx's one-hot (of the
+    one-hot times x if `one_hot_first`: a product of floats is commutative, and a program writes
+    either order), when it picks single elements along one operand dim, every other operand dim is a
+    batching dim in the index's order, and the index's bounds lie in that dim; None otherwise."""
     v = lane_dim(x, idx, dims, out)
     if v is None:
         return None
@@ -45,7 +48,7 @@ def one_hot_sum(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -
     across = ev.mk("bcast", (bcast_spec(1, x.shape, (v,)),), [iota], Shape(idx.dtype, x.shape))
     equal = ev.mk("binary", (compare_text("EQ", idx.dtype),), [spread, across], Shape("pred", x.shape))
     one_hot = ev.normal("unary", ("convert",), [equal], Shape(x.dtype, x.shape))
-    product = ev.binary("multiply", x, one_hot)
+    product = ev.binary("multiply", one_hot, x) if one_hot_first else ev.binary("multiply", x, one_hot)
     return ev.normal("reduce", ("add", ReduceSpec(len(x.shape), (v,)).text()), [product], out)
 
 
@@ -118,8 +121,8 @@ def one_hot_facts(ev: Builder, term: Term, x: Term, idx: Term, dims: GatherDims,
     the labels is x at the labels less max and lse, and a vocabulary-parallel device sums its
     logits, not its log-probabilities, against its columns of the one-hot)."""
     facts = []
-    if (summed := one_hot_sum(ev, x, idx, dims, out)) is not None:
-        facts.append([term, summed])
+    if sums := _both_orders(ev, x, idx, dims, out):
+        facts.append([term, *sums])
     stack = list(term.args) if term.op == "binary" else []
     while stack:
         inner = stack.pop()
@@ -128,9 +131,15 @@ def one_hot_facts(ev: Builder, term: Term, x: Term, idx: Term, dims: GatherDims,
         elif (
             inner.op == "aligned" and inner.args[1] is idx and inner.attrs == _gather_key(inner.args[0], idx, dims, out)
         ):
-            if (summed := one_hot_sum(ev, inner.args[0], idx, dims, Shape(inner.dtype, out.dims))) is not None:
-                facts.append([inner, summed])
+            if sums := _both_orders(ev, inner.args[0], idx, dims, Shape(inner.dtype, out.dims)):
+                facts.append([inner, *sums])
     return facts
+
+
+def _both_orders(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -> list[Term]:
+    """The one-hot sums of the gather of x at idx, x first and the one-hot first; [] when none."""
+    sums = [one_hot_sum(ev, x, idx, dims, out, one_hot_first=first) for first in (False, True)]
+    return [t for t in sums if t is not None]
 
 
 def _gather_key(x: Term, idx: Term, dims: GatherDims, out: Shape) -> tuple | None:

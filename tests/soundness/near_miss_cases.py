@@ -21,7 +21,7 @@ VERIFIED = {
     "embed-outside", "embed-outside-not", "slots-a2a", "pick-one-hot", "accum-dp", "slots-to-experts",
     "embed-take-clip", "pick-where-ids", "pick-local-one-hot", "router-logits",
     "linear-tail", "experts-tp-combined", "ce-signed-sum", "ce-signed-sum-negated",
-    "embed-one-hot",
+    "embed-one-hot", "ce-smoothed", "pick-one-hot-first", "pick-one-hot-2d",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -40,7 +40,7 @@ MISMATCH = {
     "embed-take-clip-uneven", "pick-where-next-shard", "pick-where-ge", "pick-local-one-hot-plus-one",
     "pick-where-ones", "router-argmin", "router-negated",
     "linear-tail-bias", "linear-tail-device-gate", "ce-signed-sum-minus-max", "ce-signed-sum-target-twice",
-    "embed-one-hot-next",
+    "embed-one-hot-next", "ce-smoothed-lse-once", "pick-one-hot-2d-batch-offset",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {

@@ -1,8 +1,8 @@
 """Sums of signed terms in one form (equivci/translate/signed_sums.py), checked against XLA.
 
-Over the reals, a value built by additions, subtractions, negations and constant factors is the
-combination Σ c_i · a_i of its atoms, whatever the order and grouping: the translator states each
-such float term equal to that combination in one order. Written orders of one combination meet
+Over the reals, a value built by additions, subtractions, negations, constant factors and reshapes
+is the combination Σ c_i · a_i of its atoms, whatever the order and grouping: the translator states
+each such float term equal to that combination in one order. Written orders of one combination meet
 (a cross-entropy's `log_sum + m - target` and log-softmax's `-((target - m) - log_sum)`); other
 coefficients (a sign flipped, a term twice) do not. Each stated pair is evaluated against what XLA
 computes. The end-to-end near misses are tests/soundness (ce-signed-sum*).
@@ -31,6 +31,7 @@ SAME = {
     "max-first": lambda t, m, s: m + (s - t),
     "negated-then-added": lambda t, m, s: -(t - s) + m,
     "scaled-alike": lambda t, m, s: 0.5 * ((2.0 * s + 2.0 * m) - 2.0 * t),
+    "keepdims-squeezed": lambda t, m, s: (s[:, None] + m[:, None])[:, 0] - t,
 }
 # near misses: other coefficients
 OTHER = {
@@ -38,14 +39,28 @@ OTHER = {
     "target-twice": lambda t, m, s: (s - t) + (m - t),
     "target-added": lambda t, m, s: -((-t - m) - s),
     "half-max": lambda t, m, s: s + 0.5 * m - t,
+    "keepdims-minus-max": lambda t, m, s: (s[:, None] - m[:, None])[:, 0] - t,
 }
 
 
-def _form(fn):
+# a sum over the vocabulary of log-probabilities, Σ (x - lse) = Σ x - V · lse, written several ways
+ROWS = (RNG.normal(size=(4, 8)).astype(np.float32), RNG.normal(size=(4,)).astype(np.float32))  # x, lse
+SPREAD = {
+    "mean-of-log-probs": lambda x, lse: -jnp.mean(x - lse[:, None], axis=-1),
+    "lse-less-mean": lambda x, lse: lse - jnp.sum(x, axis=-1) / 8,
+    "summed-then-scaled": lambda x, lse: -(jnp.sum(x - lse[:, None], axis=-1) / 8),
+}
+SPREAD_OTHER = {
+    "lse-less-sum": lambda x, lse: lse - jnp.sum(x, axis=-1),
+    "lse-counted-once": lambda x, lse: -(jnp.sum(x, axis=-1) - lse) / 8,
+}
+
+
+def _form(fn, args=ARGS):
     """The output's stated one form (the output itself when it is that form already), as text over
     the inputs, after checking every stated pair against XLA."""
-    built, want, _ = programs(fn, ARGS)
-    values, params = built.evaluator.values, dict(enumerate(ARGS))
+    built, want, _ = programs(fn, args)
+    values, params = built.evaluator.values, dict(enumerate(args))
     out = built.reference_outputs[0]
     np.testing.assert_allclose(evaluate(out, params, values), want, rtol=1e-5, atol=1e-6)
     form = out
@@ -81,9 +96,21 @@ def _stated(fn, budgets: Budgets = Budgets()) -> int:
     return sum(group[0] is built.reference_outputs[0] for group in built.evaluator.equal_terms)
 
 
-def test_cancelled_terms_give_no_form():
-    # (t - m) + m is t over the reals, but not where m is infinite: no form is stated
-    assert _stated(lambda t, m, s: (t - m) + m) == 0
+def test_cancelled_terms_stay():
+    # (t - m) + m is t over the reals, but not where m is infinite: both terms of m stay
+    kept = _form(lambda t, m, s: (m + t) - m)
+    assert kept == _form(lambda t, m, s: (t - m) + m)
+    assert kept != _form(lambda t, m, s: t + 0.0 * m)
+
+
+def test_a_sum_of_log_probabilities_is_spread_over_its_terms():
+    forms = {name: _form(fn, ROWS) for name, fn in SPREAD.items()}
+    assert len(set(forms.values())) == 1, forms
+
+
+@pytest.mark.parametrize("name", sorted(SPREAD_OTHER))
+def test_other_counts_of_the_spread_term_do_not_meet(name):
+    assert _form(SPREAD_OTHER[name], ROWS) != _form(SPREAD["lse-less-mean"], ROWS)
 
 
 def test_a_plain_sum_gives_no_form():

@@ -1396,3 +1396,62 @@ def embed_one_hot_past_end(table, ids, *, mesh):
     # BUG: the one-hot of V is all zeros where the reference's clamped gather reads row V - 1; only
     # the bounds of the index, [0, V], tell the gather from the one-hot product
     return _one_hot_embed(table, ids, mesh, lambda ids, lo: jnp.clip(ids + 1, 0, V) - lo)
+
+
+def smoothed_cross_entropy(x, ids):
+    """Label smoothing: the mean log-probability over the vocabulary, Σ (x - lse) / V, mixed in."""
+    logp = jax.nn.log_softmax(x, axis=-1)
+    return 0.75 * -_picked(logp, ids) - 0.25 * jnp.mean(logp, axis=-1)
+
+
+def _smoothed_vp(x, ids, mesh, counted):
+    """lse and the logits' sum over the vocabulary combined over the shards; `counted(lse, total)`
+    is the mean log-probability's negation."""
+
+    def body(x, ids):
+        n = x.shape[-1]
+        lo = lax.axis_index(TP) * n
+        m = lax.pmax(lax.stop_gradient(jnp.max(x, axis=-1)), TP)
+        lse = m + jnp.log(lax.psum(jnp.sum(jnp.exp(x - m[:, None]), axis=-1), TP))
+        target = lax.psum(jnp.sum(jnp.where(lo + jnp.arange(n) == ids[:, None], x, 0.0), axis=-1), TP)
+        total = lax.psum(jnp.sum(x, axis=-1), TP)
+        return 0.75 * (lse - target) + 0.25 * counted(lse, total)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(None, TP), P()), out_specs=P())(x, ids)
+
+
+def smoothed_cross_entropy_vp(x, ids, *, mesh):  # -mean(x - lse) = lse - Σ x / V
+    return _smoothed_vp(x, ids, mesh, lambda lse, total: lse - total / V)
+
+
+def smoothed_cross_entropy_vp_lse_once(x, ids, *, mesh):
+    # BUG: lse counted once in the sum over the vocabulary, not V times
+    return _smoothed_vp(x, ids, mesh, lambda lse, total: (lse - total) / V)
+
+
+# ---- a pick written as the one-hot times the logits (either product order), on 1-D and 2-D meshes
+
+
+def _one_hot_first(x, ids, offset_axis):
+    n = x.shape[-1]
+    return jnp.sum(jax.nn.one_hot(ids - lax.axis_index(offset_axis) * n, n) * x, axis=-1)
+
+
+def pick_one_hot_first(x, ids, *, mesh):
+    return jax.shard_map(lambda x, ids: lax.psum(_one_hot_first(x, ids, TP), TP), mesh=mesh,
+                         in_specs=(P(None, TP), P()), out_specs=P())(x, ids)
+
+
+def _pick_2d(x, ids, mesh, offset_axis):
+    """Rows over `batch`, the vocabulary over `tp`: each device picks in its rows' columns."""
+    return jax.shard_map(lambda x, ids: lax.psum(_one_hot_first(x, ids, offset_axis), TP), mesh=mesh,
+                         in_specs=(P("batch", TP), P("batch")), out_specs=P("batch"))(x, ids)
+
+
+def pick_one_hot_2d(x, ids, *, mesh):
+    return _pick_2d(x, ids, mesh, TP)
+
+
+def pick_one_hot_2d_batch_offset(x, ids, *, mesh):
+    # BUG: the columns' offset taken from the batch axis's index, not the vocabulary's
+    return _pick_2d(x, ids, mesh, "batch")
