@@ -453,6 +453,14 @@ MUTANTS: tuple[Mutant, ...] = (
     M("signed-sum-collective-atom", "if base not in ev.collective_sums and linear:", "if linear:",
       "an all-reduce's sum is one value of the reference, not its devices' pieces",
       "model:ce-signed-sum"),
+    # -- an integer offset merged into the constant it is added to (translate/elementwise.py) ---------
+    M("offset-merge-sign", "moved = _relaid(ev, *_offset_const(ev, b, signs[inner.attrs[0]] * c))",
+      "moved = _relaid(ev, *_offset_const(ev, b, c))",
+      "(x - c) + k is x + (k - c): a subtracted offset joins the constant negated",
+      "pytest:tests/translate/test_position_offsets.py -k start-minus-offset"),
+    M("offset-merge-subtracted-from", 'j = 0 if inner.attrs[0] == "add" and masks.scalar_int', "j = 0 if masks.scalar_int",
+      "c - x is no offset of x: x counts negatively",
+      "pytest:tests/translate/test_position_offsets.py -k subtracted_from"),
     # -- rows looked up by a one-hot product (translate/picks.py) -------------------------------------
     M("pick-one-hot-one-order", "for first in (False, True)]", "for first in (False,)]",
       "a program writes the one-hot first as often as last: both products are the pick",

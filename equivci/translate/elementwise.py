@@ -93,6 +93,8 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
         return plain
     if (cancelled := offset_cancelled(ev, op, args)) is not None:
         return cancelled
+    if (merged := offset_merged(ev, op, args, shape)) is not None:
+        return merged
     if (shifted := SHIFTS[op](ev, *args) if op in SHIFTS else None) is not None:
         return shifted  # online softmax's exponentials rescaled to the newest shift, its blocks in order
     if op == "add" and (joined := pieces.padded_sum(ev, *args)) is not None:
@@ -330,6 +332,38 @@ def offset_cancelled(ev: Builder, op: str, args: list) -> Term | None:
     if c1 is None or c2 is None or x.shape != a.shape or signs[a.attrs[0]] * c1 + signs[op] * c2 != 0:
         return None
     return x
+
+
+def offset_merged(ev: Builder, op: str, args: list, shape: Shape) -> Term | None:
+    """(x + c) + k as x + (k + c) for integers, a scalar constant c and a constant k (also c + x,
+    x - c, and x + c under broadcasts and reshapes): exact, overflow included (integer addition is associative
+    modulo 2^bits). A device's positions `(start + d * n) + arange(n)` are then
+    `start + (d * n + arange(n))`, whose constant is the window [d * n, d * n + n) of the reference's
+    `start + arange(N)`."""
+    if op != "add" or shape.dtype[0] not in "su":
+        return None
+    for k in (0, 1):
+        a, b = args[1 - k], args[k]
+        if ev.folded(b) is None or ev.folded(a) is not None:
+            continue
+        layout: list[Term] = []
+        inner = a
+        while inner.op in ("bcast", "reshape"):
+            layout.append(inner)
+            inner = inner.args[0]
+        signs = {"add": 1, "subtract": -1}
+        if inner.op != "binary" or inner.attrs[0] not in signs or ev.folded(inner) is not None:
+            continue
+        # the offset on either side of an add (d * n + start), on the right of a subtraction
+        j = 0 if inner.attrs[0] == "add" and masks.scalar_int(ev, inner.args[0]) is not None else 1
+        c = masks.scalar_int(ev, inner.args[j])
+        if c is None or inner.args[1 - j].shape != inner.shape:
+            continue
+        x = _relaid(ev, layout, inner.args[1 - j])
+        moved = _relaid(ev, *_offset_const(ev, b, signs[inner.attrs[0]] * c))
+        fn = lambda u, v: semantics.apply(semantics.BINARY, "add", u, v)  # noqa: E731
+        return _built(ev, "binary", ("add",), [moved, x] if k == 0 else [x, moved], shape, fn)
+    return None
 
 
 def select_by_constant(ev: Builder, p: Term, a: Term, b: Term) -> Term | None:

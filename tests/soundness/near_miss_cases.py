@@ -22,6 +22,7 @@ VERIFIED = {
     "embed-take-clip", "pick-where-ids", "pick-local-one-hot", "router-logits",
     "linear-tail", "experts-tp-combined", "ce-signed-sum", "ce-signed-sum-negated",
     "embed-one-hot", "ce-smoothed", "pick-one-hot-first", "pick-one-hot-2d",
+    "positions-sp", "positions-sp-offset-first", "positions-sp-2d",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -41,6 +42,7 @@ MISMATCH = {
     "pick-where-ones", "router-argmin", "router-negated",
     "linear-tail-bias", "linear-tail-device-gate", "ce-signed-sum-minus-max", "ce-signed-sum-target-twice",
     "embed-one-hot-next", "ce-smoothed-lse-once", "pick-one-hot-2d-batch-offset",
+    "positions-sp-one-late", "positions-sp-2d-batch-index",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -87,5 +89,6 @@ DEFAULT = {
     "linear-tail", "linear-tail-bias",  # a partial sum through linear maps, then psummed
     "ce-signed-sum", "ce-signed-sum-minus-max",  # a sum of signed terms in one order and grouping
     "embed-one-hot", "embed-one-hot-past-end",  # rows looked up by a one-hot product, index in range
+    "positions-sp", "positions-sp-one-late",  # a shard's positions (start + d * n) + arange(n): a window
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

@@ -1455,3 +1455,62 @@ def pick_one_hot_2d(x, ids, *, mesh):
 def pick_one_hot_2d_batch_offset(x, ids, *, mesh):
     # BUG: the columns' offset taken from the batch axis's index, not the vocabulary's
     return _pick_2d(x, ids, mesh, "batch")
+
+
+# ---- positions at an offset on sequence shards: (start + d * n) + arange(n) is the window of
+# start + arange(T) (translate/elementwise.py: offset_merged)
+
+POSITIONS = 16  # rows of the position table
+
+
+def position_inputs():
+    return (spec(POSITIONS, D), spec(S * 2, D), spec(dtype=jnp.int32))
+
+
+def positions_at(table, x, start):
+    pos = start + jnp.arange(x.shape[0])
+    h = x + table[pos]
+    return _window_scores_against(h, h, pos, pos)
+
+
+def _positions_sp(table, x, start, mesh, local_pos, offset_axis=TP):
+    """Rows over tp; each device's positions `local_pos(start, index along offset_axis, n)`, the
+    keys gathered."""
+
+    def body(table, x, start):
+        n = x.shape[0]
+        pos = local_pos(start, lax.axis_index(offset_axis), n)
+        h = x + jnp.take(table, pos, axis=0)
+        everyone = lax.all_gather(h, TP, tiled=True)
+        return _window_scores_against(h, everyone, pos, start + jnp.arange(everyone.shape[0]))
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(TP), P()), out_specs=P(TP),
+                         check_vma=offset_axis == TP)(table, x, start)
+
+
+def _window_scores_against(q, k, q_pos, k_pos):
+    """q's rows against the k rows within 3 positions before them (a sliding window)."""
+    dist = q_pos[:, None] - k_pos[None, :]
+    return jnp.where((dist >= 0) & (dist < 3), q @ k.T, 0.0)
+
+
+def _at_shard(s, d, n):
+    return s + d * n + lax.iota(jnp.int32, n)
+
+
+def positions_sp(table, x, start, *, mesh):  # (start + d * n) + iota(n)
+    return _positions_sp(table, x, start, mesh, _at_shard)
+
+
+def positions_sp_offset_first(table, x, start, *, mesh):  # (d * n + start) + arange(n)
+    return _positions_sp(table, x, start, mesh, lambda s, d, n: d * n + s + jnp.arange(n))
+
+
+def positions_sp_one_late(table, x, start, *, mesh):
+    # BUG: each shard's positions start one late
+    return _positions_sp(table, x, start, mesh, lambda s, d, n: s + d * n + 1 + lax.iota(jnp.int32, n))
+
+
+def positions_sp_2d_batch_index(table, x, start, *, mesh):
+    # BUG: on a batch x tp mesh, the shard's offset taken from the batch axis's index, not tp's
+    return _positions_sp(table, x, start, mesh, _at_shard, offset_axis="batch")
