@@ -99,7 +99,7 @@ def _spread_sum(ev: Builder, t: Term, limit: int) -> list[tuple[Fraction, Term]]
     """A float sum over dims R of a signed sum some of whose atoms are broadcasts along exactly R, as
     the signed sum of the atoms' sums: Σ_R (x - bcast(y)) = Σ_R x - |R| · y (the mean of
     log-probabilities, Σ (logits - lse) / V, is Σ logits / V - lse). None for any other term."""
-    if t.op != "reduce" or t.attrs[0] != "add" or t.dtype not in FLOATS:
+    if t.op != "reduce" or t.attrs[0] != "add" or t.dtype not in FLOATS or len(t.args) != 1:
         return None
     (operand,) = t.args
     reduced = ReduceSpec.parse(t.attrs[1]).dims
