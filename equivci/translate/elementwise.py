@@ -335,16 +335,18 @@ def offset_cancelled(ev: Builder, op: str, args: list) -> Term | None:
 
 
 def offset_merged(ev: Builder, op: str, args: list, shape: Shape) -> Term | None:
-    """(x + c) + k as x + (k + c) for integers, a scalar constant c and a constant k (also c + x,
-    x - c, and x + c under broadcasts and reshapes): exact, overflow included (integer addition is associative
-    modulo 2^bits). A device's positions `(start + d * n) + arange(n)` are then
+    """(x + c) + k as x + (k + c) for integers, a scalar constant c and a non-uniform constant k
+    (also c + x, x - c, and x + c under broadcasts and reshapes): exact, overflow included (integer
+    addition is associative modulo 2^bits). A device's positions `(start + d * n) + arange(n)` are then
     `start + (d * n + arange(n))`, whose constant is the window [d * n, d * n + n) of the reference's
     `start + arange(N)`."""
     if op != "add" or shape.dtype[0] not in "su":
         return None
     for k in (0, 1):
         a, b = args[1 - k], args[k]
-        if ev.folded(b) is None or ev.folded(a) is not None:
+        # k varies (a shard's arange): a uniform k is an offset of its own, which offsets.py reads
+        # off a start as it is written (a window of the reference's dynamic slice at s + c)
+        if ev.folded(b) is None or ev.uniform(b) is not None or ev.folded(a) is not None:
             continue
         layout: list[Term] = []
         inner = a
