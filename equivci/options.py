@@ -66,6 +66,9 @@ class Budgets:
     constant_sources: int = 4
     # translate/elementwise: windows a select by a constant mask is split into (more: it stays a select)
     select_runs: int = 4
+    # translate/signed_sums: terms of a sum with subtracted terms put in one order (a longer sum keeps
+    # only its written form)
+    signed_terms: int = 8
     # diagnose/missing: reference ops a chain of missing work may span, reference ops visited forward
     # from one owner, and reference values tried as the owner of one operand
     missing_chain: int = 40

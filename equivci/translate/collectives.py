@@ -102,6 +102,8 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
             Shape(acc.dtype, acc.shape),
             lambda a, b: semantics.apply(semantics.BINARY, reducer, a, b),
         )
+    if reducer == "add":
+        ev.collective_sums.add(acc)
     if (regrouped := _sums_summed(ev, reducer, members)) is not None:
         factor, summed = regrouped
         scale, base = ev.scale_of(acc)

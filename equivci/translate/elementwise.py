@@ -12,7 +12,7 @@ from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import DotSpec, compare_text, parse_transpose, swapped_dot, transpose_text
-from equivci.translate import bounds, masks, pieces, shifts, squeezes
+from equivci.translate import bounds, masks, pieces, shifts, signed_sums, squeezes
 from equivci.translate.arrays import all_equal
 from equivci.translate.builder import Builder
 
@@ -81,7 +81,10 @@ def unary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     op = inst.opcode
     if (plain := without_guard(ev, op, args)) is not None:
         return plain
-    return _built(ev, "unary", (op,), args, inst.shape, lambda v: semantics.apply(semantics.UNARY, op, v))
+    term = _built(ev, "unary", (op,), args, inst.shape, lambda v: semantics.apply(semantics.UNARY, op, v))
+    if op == "negate" and (form := signed_sums.one_form(ev, term)) is not None:
+        ev.equal_terms.append([term, form])
+    return term
 
 
 def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -90,6 +93,8 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
         return plain
     if (cancelled := offset_cancelled(ev, op, args)) is not None:
         return cancelled
+    if (merged := offset_merged(ev, op, args, shape)) is not None:
+        return merged
     if (shifted := SHIFTS[op](ev, *args) if op in SHIFTS else None) is not None:
         return shifted  # online softmax's exponentials rescaled to the newest shift, its blocks in order
     if op == "add" and (joined := pieces.padded_sum(ev, *args)) is not None:
@@ -106,6 +111,8 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
                 # x + 0 = x, stated beside the add that one device keeps (plus_zero drops it only when
                 # every device adds zero): shard 0 adds no earlier shards' totals to its running sum
                 ev.equal_terms.append([term, args[1 - k]])
+    if (form := signed_sums.one_form(ev, term)) is not None:  # a product's factor may fold into a sum
+        ev.equal_terms.append([term, form])
     return term
 
 
@@ -325,6 +332,40 @@ def offset_cancelled(ev: Builder, op: str, args: list) -> Term | None:
     if c1 is None or c2 is None or x.shape != a.shape or signs[a.attrs[0]] * c1 + signs[op] * c2 != 0:
         return None
     return x
+
+
+def offset_merged(ev: Builder, op: str, args: list, shape: Shape) -> Term | None:
+    """(x + c) + k as x + (k + c) for integers, a scalar constant c and a non-uniform constant k
+    (also c + x, x - c, and x + c under broadcasts and reshapes): exact, overflow included (integer
+    addition is associative modulo 2^bits). A device's positions `(start + d * n) + arange(n)` are then
+    `start + (d * n + arange(n))`, whose constant is the window [d * n, d * n + n) of the reference's
+    `start + arange(N)`."""
+    if op != "add" or shape.dtype[0] not in "su":
+        return None
+    for k in (0, 1):
+        a, b = args[1 - k], args[k]
+        # k varies (a shard's arange): a uniform k is an offset of its own, which offsets.py reads
+        # off a start as it is written (a window of the reference's dynamic slice at s + c)
+        if ev.folded(b) is None or ev.uniform(b) is not None or ev.folded(a) is not None:
+            continue
+        layout: list[Term] = []
+        inner = a
+        while inner.op in ("bcast", "reshape"):
+            layout.append(inner)
+            inner = inner.args[0]
+        signs = {"add": 1, "subtract": -1}
+        if inner.op != "binary" or inner.attrs[0] not in signs or ev.folded(inner) is not None:
+            continue
+        # the offset on either side of an add (d * n + start), on the right of a subtraction
+        j = 0 if inner.attrs[0] == "add" and masks.scalar_int(ev, inner.args[0]) is not None else 1
+        c = masks.scalar_int(ev, inner.args[j])
+        if c is None or inner.args[1 - j].shape != inner.shape:
+            continue
+        x = _relaid(ev, layout, inner.args[1 - j])
+        moved = _relaid(ev, *_offset_const(ev, b, signs[inner.attrs[0]] * c))
+        fn = lambda u, v: semantics.apply(semantics.BINARY, "add", u, v)  # noqa: E731
+        return _built(ev, "binary", ("add",), [moved, x] if k == 0 else [x, moved], shape, fn)
+    return None
 
 
 def select_by_constant(ev: Builder, p: Term, a: Term, b: Term) -> Term | None:

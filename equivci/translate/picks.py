@@ -19,15 +19,18 @@ import numpy as np
 from equivci.hlo.ir import Shape
 from equivci.terms.ir import Term, gather_map
 from equivci.terms.semantics import NP_DTYPES
-from equivci.terms.spec import GatherDims, ReduceSpec, bcast_spec, compare_text
+from equivci.terms.spec import DotSpec, GatherDims, ReduceSpec, bcast_spec, compare_text
 from equivci.translate import orders
 from equivci.translate.builder import Builder
 
 
-def one_hot_sum(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
-    """The gather `x[lanes, idx]` as the sum over the indexed dim of x times idx's one-hot, when it
-    picks single elements along one operand dim, every other operand dim is a batching dim in the
-    index's order, and the index's bounds lie in that dim; None otherwise."""
+def one_hot_sum(
+    ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape, one_hot_first: bool = False
+) -> Term | None:
+    """The gather `x[lanes, idx]` as the sum over the indexed dim of x times idx's one-hot (of the
+    one-hot times x if `one_hot_first`: a product of floats is commutative, and a program writes
+    either order), when it picks single elements along one operand dim, every other operand dim is a
+    batching dim in the index's order, and the index's bounds lie in that dim; None otherwise."""
     v = lane_dim(x, idx, dims, out)
     if v is None:
         return None
@@ -45,8 +48,37 @@ def one_hot_sum(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -
     across = ev.mk("bcast", (bcast_spec(1, x.shape, (v,)),), [iota], Shape(idx.dtype, x.shape))
     equal = ev.mk("binary", (compare_text("EQ", idx.dtype),), [spread, across], Shape("pred", x.shape))
     one_hot = ev.normal("unary", ("convert",), [equal], Shape(x.dtype, x.shape))
-    product = ev.binary("multiply", x, one_hot)
+    product = ev.binary("multiply", one_hot, x) if one_hot_first else ev.binary("multiply", x, one_hot)
     return ev.normal("reduce", ("add", ReduceSpec(len(x.shape), (v,)).text()), [product], out)
+
+
+def row_one_hot_dot(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
+    """The rows `x[ids]` of a table x[V, D] as `one_hot(ids, V) @ x`, when the index's bounds lie in
+    [0, V): each one-hot row has its one 1 at the row the gather reads (an embedding looked up by a
+    one-hot product, `jax.nn.one_hot(ids, V) @ table`; on a vocabulary shard the product of its
+    columns of the one-hot, `one_hot(ids - lo, n)`, with its rows of the table, summed over the
+    shards). None for any other gather."""
+    if len(x.shape) != 2 or x.dtype == "pred" or dims.operand_batch or dims.start_map != (0,) or dims.collapsed != (0,):
+        return None
+    if dims.vector_dim < len(idx.shape):
+        if idx.shape[dims.vector_dim] != 1:
+            return None
+        lanes = tuple(n for j, n in enumerate(idx.shape) if j != dims.vector_dim)
+        idx = ev.reshape_term(idx, Shape(idx.dtype, lanes))
+    rank, (rows, width) = len(idx.shape), x.shape
+    if dims.slice_sizes != (1, width) or dims.offset != (rank,) or out.dims != (*idx.shape, width):
+        return None
+    found = ev.bounds_of(idx)
+    if found is None or found[0] < 0 or found[1] >= rows:
+        return None
+    hot = (*idx.shape, rows)
+    spread = ev.mk("bcast", (bcast_spec(rank, hot, tuple(range(rank))),), [idx], Shape(idx.dtype, hot))
+    iota = ev.const(np.arange(rows, dtype=NP_DTYPES[idx.dtype]), idx.dtype)
+    across = ev.mk("bcast", (bcast_spec(1, hot, (rank,)),), [iota], Shape(idx.dtype, hot))
+    equal = ev.mk("binary", (compare_text("EQ", idx.dtype),), [spread, across], Shape("pred", hot))
+    one_hot = ev.normal("unary", ("convert",), [equal], Shape(x.dtype, hot))
+    spec = DotSpec((), (), (rank,), (0,), rank + 1, 2, (x.dtype, x.dtype))
+    return ev.normal("dot", (spec.text(),), [one_hot, x], out)
 
 
 def lane_dim(x: Term, idx: Term, dims: GatherDims, out: Shape) -> int | None:
@@ -89,8 +121,8 @@ def one_hot_facts(ev: Builder, term: Term, x: Term, idx: Term, dims: GatherDims,
     the labels is x at the labels less max and lse, and a vocabulary-parallel device sums its
     logits, not its log-probabilities, against its columns of the one-hot)."""
     facts = []
-    if (summed := one_hot_sum(ev, x, idx, dims, out)) is not None:
-        facts.append([term, summed])
+    if sums := _both_orders(ev, x, idx, dims, out):
+        facts.append([term, *sums])
     stack = list(term.args) if term.op == "binary" else []
     while stack:
         inner = stack.pop()
@@ -99,9 +131,15 @@ def one_hot_facts(ev: Builder, term: Term, x: Term, idx: Term, dims: GatherDims,
         elif (
             inner.op == "aligned" and inner.args[1] is idx and inner.attrs == _gather_key(inner.args[0], idx, dims, out)
         ):
-            if (summed := one_hot_sum(ev, inner.args[0], idx, dims, Shape(inner.dtype, out.dims))) is not None:
-                facts.append([inner, summed])
+            if sums := _both_orders(ev, inner.args[0], idx, dims, Shape(inner.dtype, out.dims)):
+                facts.append([inner, *sums])
     return facts
+
+
+def _both_orders(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -> list[Term]:
+    """The one-hot sums of the gather of x at idx, x first and the one-hot first; [] when none."""
+    sums = [one_hot_sum(ev, x, idx, dims, out, one_hot_first=first) for first in (False, True)]
+    return [t for t in sums if t is not None]
 
 
 def _gather_key(x: Term, idx: Term, dims: GatherDims, out: Shape) -> tuple | None:

@@ -397,6 +397,8 @@ def gather(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     if lookup is not None:
         ev.masked_rows[term] = lookup
     ev.equal_terms.extend(picks.one_hot_facts(ev, term, x, idx, dims, out))
+    if (product := picks.row_one_hot_dot(ev, x, idx, dims, out)) is not None:
+        ev.equal_terms.append([term, product])
     if (top := picks.max_pick(ev, x, idx, dims, out)) is not None:
         ev.equal_terms.append([term, top])
     return ev.reshape_term(term, inst.shape)

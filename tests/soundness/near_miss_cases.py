@@ -21,6 +21,9 @@ VERIFIED = {
     "embed-outside", "embed-outside-not", "slots-a2a", "pick-one-hot", "accum-dp", "slots-to-experts",
     "embed-take-clip", "pick-where-ids", "pick-local-one-hot", "router-logits",
     "linear-tail", "experts-tp-combined", "gelu-dp-grad",
+    "linear-tail", "experts-tp-combined", "ce-signed-sum", "ce-signed-sum-negated",
+    "embed-one-hot", "ce-smoothed", "pick-one-hot-first", "pick-one-hot-2d",
+    "positions-sp", "positions-sp-offset-first", "positions-sp-2d",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -39,6 +42,9 @@ MISMATCH = {
     "embed-take-clip-uneven", "pick-where-next-shard", "pick-where-ge", "pick-local-one-hot-plus-one",
     "pick-where-ones", "router-argmin", "router-negated",
     "linear-tail-bias", "linear-tail-device-gate", "gelu-dp-grad-summed", "gelu-dp-grad-halved",
+    "linear-tail-bias", "linear-tail-device-gate", "ce-signed-sum-minus-max", "ce-signed-sum-target-twice",
+    "embed-one-hot-next", "ce-smoothed-lse-once", "pick-one-hot-2d-batch-offset",
+    "positions-sp-one-late", "positions-sp-2d-batch-index",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -55,6 +61,7 @@ NOT_VERIFIED = {
     # The routing lemma enumerates index vectors up to Budgets.routing_cases: 16 tokens per device is
     # past it, so a correct layer is `unproven` (see test_routing_limit).
     "moe-ep-past-enumeration": "correct, but past the routing lemma's enumeration limit",
+    "embed-one-hot-past-end": "only the largest id differs (its clipped index V reads row V - 1)",
 }
 # sorted: test ids in the same order in every process (pytest-xdist's workers must collect alike)
 EXPECTED = {**{n: "verified" for n in sorted(VERIFIED)}, **{n: "mismatch" for n in sorted(MISMATCH)},
@@ -83,5 +90,8 @@ DEFAULT = {
     "pick-where-ids", "pick-where-ge",  # the one-hot written on a shard: lo + arange(n) == ids, where(., x, 0)
     "linear-tail", "linear-tail-bias",  # a partial sum through linear maps, then psummed
     "gelu-dp-grad", "gelu-dp-grad-halved",  # a loss scale by powers of two at other places, odd constants
+    "ce-signed-sum", "ce-signed-sum-minus-max",  # a sum of signed terms in one order and grouping
+    "embed-one-hot", "embed-one-hot-past-end",  # rows looked up by a one-hot product, index in range
+    "positions-sp", "positions-sp-one-late",  # a shard's positions (start + d * n) + arange(n): a window
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

@@ -144,7 +144,8 @@ def test_a_pick_through_a_broadcast_operand_states_the_inner_pick():
         evaluate(programs.reference_outputs[0], {0: x, 1: IDS}, programs.evaluator.values), want, rtol=1e-5, atol=1e-5
     )
     values = programs.evaluator.values
-    for gathered, one_hot in summed:
-        np.testing.assert_allclose(
-            evaluate(one_hot, {0: x, 1: IDS}, values), evaluate(gathered, {0: x, 1: IDS}, values), atol=1e-5
-        )
+    for gathered, *one_hots in summed:
+        for one_hot in one_hots:
+            np.testing.assert_allclose(
+                evaluate(one_hot, {0: x, 1: IDS}, values), evaluate(gathered, {0: x, 1: IDS}, values), atol=1e-5
+            )

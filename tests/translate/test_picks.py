@@ -60,11 +60,12 @@ def _programs(fn, args):
 
 
 def _one_hot_facts(programs) -> list[list[Term]]:
-    """[the gather's term, the one-hot sum] pairs the translation stated."""
+    """[the gather's term, its one-hot sums (x times the one-hot, and the one-hot times x)] the
+    translation stated."""
     return [
         group
         for group in programs.evaluator.equal_terms
-        if len(group) == 2 and group[1].op == "reduce" and group[1].args[0].attrs == ("multiply",)
+        if len(group) == 3 and all(t.op == "reduce" and t.args[0].attrs == ("multiply",) for t in group[1:])
     ]
 
 
@@ -76,8 +77,10 @@ def test_a_picked_element_is_the_sum_against_its_one_hot(case):
     facts = _one_hot_facts(programs)
     assert facts, "the gather's one-hot sum was not stated"
     params, values = {0: x, 1: IDS}, programs.evaluator.values
-    for gathered, summed in facts:
-        np.testing.assert_allclose(evaluate(summed, params, values), evaluate(gathered, params, values), atol=1e-6)
+    for gathered, *sums in facts:
+        assert sums[0].args[0].args[::-1] == sums[1].args[0].args, "the one product in both orders"
+        for summed in sums:
+            np.testing.assert_allclose(evaluate(summed, params, values), evaluate(gathered, params, values), atol=1e-6)
     np.testing.assert_allclose(evaluate(programs.reference_outputs[0], params, values), want, rtol=1e-5, atol=1e-5)
 
 
@@ -94,7 +97,7 @@ def _rows(table, ids):  # whole rows, not single elements
 def test_only_single_elements_at_a_bounded_column_are_one_hot_sums(fn):
     x = RNG.standard_normal((T, V)).astype(np.float32)
     programs, _ = _programs(fn, (x, IDS))
-    stated = [gathered for gathered, _ in _one_hot_facts(programs)]
+    stated = [gathered for gathered, *_ in _one_hot_facts(programs)]
     indices = {_unreshaped(gathered.args[1]) for gathered in stated}
     # the in-range take's (in both programs), never the one at ids + 1
     assert indices == ({programs.params[1]} if fn is _raw_next else set())

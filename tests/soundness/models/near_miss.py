@@ -1358,3 +1358,195 @@ def gelu_grads_dp_summed(w, v, x, y, *, mesh):
 def gelu_grads_dp_halved(w, v, x, y, *, mesh):
     # BUG: averaged twice: a factor of two the odd constants of GELU must not hide
     return _gelu_grads_dp(w, v, x, y, mesh, lambda g: jax.tree.map(lambda t: lax.pmean(t, TP) / 2, g))
+
+# ---- cross-entropy on vocabulary shards: a sum of signed terms in one form (translate/signed_sums.py)
+
+
+def cross_entropy(x, ids):
+    """The per-row loss as log-softmax picked: -((x_t - m) - log Σ exp(x - m))."""
+    return -_picked(jax.nn.log_softmax(x, axis=-1), ids)
+
+
+def _sharded_cross_entropy(x, ids, mesh, loss):
+    """Each device holds columns lo + arange(n): the max, the sum of exponentials and the target's
+    logit are combined over the shards, then `loss(log_sum, m, target)`."""
+
+    def body(x, ids):
+        n = x.shape[-1]
+        lo = lax.axis_index(TP) * n
+        m = lax.pmax(lax.stop_gradient(jnp.max(x, axis=-1)), TP)
+        log_sum = jnp.log(lax.psum(jnp.sum(jnp.exp(x - m[:, None]), axis=-1), TP))
+        target = lax.psum(jnp.sum(jnp.where(lo + jnp.arange(n) == ids[:, None], x, 0.0), axis=-1), TP)
+        return loss(log_sum, m, target)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(None, TP), P()), out_specs=P())(x, ids)
+
+
+def cross_entropy_vp(x, ids, *, mesh):  # lse - target, lse = log_sum + m
+    return _sharded_cross_entropy(x, ids, mesh, lambda log_sum, m, target: log_sum + m - target)
+
+
+def cross_entropy_vp_negated(x, ids, *, mesh):  # another grouping: -((target - m) - log_sum)
+    return _sharded_cross_entropy(x, ids, mesh, lambda log_sum, m, target: -((target - m) - log_sum))
+
+
+def cross_entropy_vp_minus_max(x, ids, *, mesh):
+    # BUG: the max subtracted where it must be added back
+    return _sharded_cross_entropy(x, ids, mesh, lambda log_sum, m, target: log_sum - m - target)
+
+
+def cross_entropy_vp_target_twice(x, ids, *, mesh):
+    # BUG: the target's logit subtracted twice, once in another grouping
+    return _sharded_cross_entropy(x, ids, mesh, lambda log_sum, m, target: (log_sum - target) + (m - target))
+
+
+# ---- an embedding looked up by a one-hot product: translate/picks.py (row_one_hot_dot)
+
+
+def _one_hot_embed(table, ids, mesh, local_ids):
+    """Each device's rows of the table against its columns of the one-hot, summed over the shards."""
+
+    def body(table, ids):
+        n = table.shape[0]
+        hot = jax.nn.one_hot(local_ids(ids, lax.axis_index(TP) * n), n, dtype=table.dtype)
+        return lax.psum(hot @ table, TP)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP, None), P()), out_specs=P())(table, ids)
+
+
+def embed_one_hot(table, ids, *, mesh):
+    return _one_hot_embed(table, ids, mesh, lambda ids, lo: ids - lo)
+
+
+def embed_one_hot_next(table, ids, *, mesh):
+    # BUG: every id reads the row after its own (the last id none)
+    return _one_hot_embed(table, ids, mesh, lambda ids, lo: ids + 1 - lo)
+
+
+def embed_past_end(table, ids):
+    """A raw gather (no range check) at ids + 1 clipped to [0, V], which XLA clamps: V reads V - 1."""
+    return table.at[jnp.clip(ids + 1, 0, V)].get(mode="promise_in_bounds")
+
+
+def embed_one_hot_past_end(table, ids, *, mesh):
+    # BUG: the one-hot of V is all zeros where the reference's clamped gather reads row V - 1; only
+    # the bounds of the index, [0, V], tell the gather from the one-hot product
+    return _one_hot_embed(table, ids, mesh, lambda ids, lo: jnp.clip(ids + 1, 0, V) - lo)
+
+
+def smoothed_cross_entropy(x, ids):
+    """Label smoothing: the mean log-probability over the vocabulary, Σ (x - lse) / V, mixed in."""
+    logp = jax.nn.log_softmax(x, axis=-1)
+    return 0.75 * -_picked(logp, ids) - 0.25 * jnp.mean(logp, axis=-1)
+
+
+def _smoothed_vp(x, ids, mesh, counted):
+    """lse and the logits' sum over the vocabulary combined over the shards; `counted(lse, total)`
+    is the mean log-probability's negation."""
+
+    def body(x, ids):
+        n = x.shape[-1]
+        lo = lax.axis_index(TP) * n
+        m = lax.pmax(lax.stop_gradient(jnp.max(x, axis=-1)), TP)
+        lse = m + jnp.log(lax.psum(jnp.sum(jnp.exp(x - m[:, None]), axis=-1), TP))
+        target = lax.psum(jnp.sum(jnp.where(lo + jnp.arange(n) == ids[:, None], x, 0.0), axis=-1), TP)
+        total = lax.psum(jnp.sum(x, axis=-1), TP)
+        return 0.75 * (lse - target) + 0.25 * counted(lse, total)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(None, TP), P()), out_specs=P())(x, ids)
+
+
+def smoothed_cross_entropy_vp(x, ids, *, mesh):  # -mean(x - lse) = lse - Σ x / V
+    return _smoothed_vp(x, ids, mesh, lambda lse, total: lse - total / V)
+
+
+def smoothed_cross_entropy_vp_lse_once(x, ids, *, mesh):
+    # BUG: lse counted once in the sum over the vocabulary, not V times
+    return _smoothed_vp(x, ids, mesh, lambda lse, total: (lse - total) / V)
+
+
+# ---- a pick written as the one-hot times the logits (either product order), on 1-D and 2-D meshes
+
+
+def _one_hot_first(x, ids, offset_axis):
+    n = x.shape[-1]
+    return jnp.sum(jax.nn.one_hot(ids - lax.axis_index(offset_axis) * n, n) * x, axis=-1)
+
+
+def pick_one_hot_first(x, ids, *, mesh):
+    return jax.shard_map(lambda x, ids: lax.psum(_one_hot_first(x, ids, TP), TP), mesh=mesh,
+                         in_specs=(P(None, TP), P()), out_specs=P())(x, ids)
+
+
+def _pick_2d(x, ids, mesh, offset_axis):
+    """Rows over `batch`, the vocabulary over `tp`: each device picks in its rows' columns."""
+    return jax.shard_map(lambda x, ids: lax.psum(_one_hot_first(x, ids, offset_axis), TP), mesh=mesh,
+                         in_specs=(P("batch", TP), P("batch")), out_specs=P("batch"))(x, ids)
+
+
+def pick_one_hot_2d(x, ids, *, mesh):
+    return _pick_2d(x, ids, mesh, TP)
+
+
+def pick_one_hot_2d_batch_offset(x, ids, *, mesh):
+    # BUG: the columns' offset taken from the batch axis's index, not the vocabulary's
+    return _pick_2d(x, ids, mesh, "batch")
+
+
+# ---- positions at an offset on sequence shards: (start + d * n) + arange(n) is the window of
+# start + arange(T) (translate/elementwise.py: offset_merged)
+
+POSITIONS = 16  # rows of the position table
+
+
+def position_inputs():
+    return (spec(POSITIONS, D), spec(S * 2, D), spec(dtype=jnp.int32))
+
+
+def positions_at(table, x, start):
+    pos = start + jnp.arange(x.shape[0])
+    h = x + table[pos]
+    return _window_scores_against(h, h, pos, pos)
+
+
+def _positions_sp(table, x, start, mesh, local_pos, offset_axis=TP):
+    """Rows over tp; each device's positions `local_pos(start, index along offset_axis, n)`, the
+    keys gathered."""
+
+    def body(table, x, start):
+        n = x.shape[0]
+        pos = local_pos(start, lax.axis_index(offset_axis), n)
+        h = x + jnp.take(table, pos, axis=0)
+        everyone = lax.all_gather(h, TP, tiled=True)
+        return _window_scores_against(h, everyone, pos, start + jnp.arange(everyone.shape[0]))
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(TP), P()), out_specs=P(TP),
+                         check_vma=offset_axis == TP)(table, x, start)
+
+
+def _window_scores_against(q, k, q_pos, k_pos):
+    """q's rows against the k rows within 3 positions before them (a sliding window)."""
+    dist = q_pos[:, None] - k_pos[None, :]
+    return jnp.where((dist >= 0) & (dist < 3), q @ k.T, 0.0)
+
+
+def _at_shard(s, d, n):
+    return s + d * n + lax.iota(jnp.int32, n)
+
+
+def positions_sp(table, x, start, *, mesh):  # (start + d * n) + iota(n)
+    return _positions_sp(table, x, start, mesh, _at_shard)
+
+
+def positions_sp_offset_first(table, x, start, *, mesh):  # (d * n + start) + arange(n)
+    return _positions_sp(table, x, start, mesh, lambda s, d, n: d * n + s + jnp.arange(n))
+
+
+def positions_sp_one_late(table, x, start, *, mesh):
+    # BUG: each shard's positions start one late
+    return _positions_sp(table, x, start, mesh, lambda s, d, n: s + d * n + 1 + lax.iota(jnp.int32, n))
+
+
+def positions_sp_2d_batch_index(table, x, start, *, mesh):
+    # BUG: on a batch x tp mesh, the shard's offset taken from the batch axis's index, not tp's
+    return _positions_sp(table, x, start, mesh, _at_shard, offset_axis="batch")
