@@ -122,28 +122,32 @@ def test_a_scope_under_autodiff_is_the_scope_when_splitting_into_passes(op_name,
 
 
 def test_layers_that_depend_on_each_other_are_split_into_passes():
-    """A backward pass under the forward pass's scopes: layers_0 -> layers_1 -> layers_0. The op of
-    layers_0 that reads layers_1 starts a second pass that runs the layers back; each pass's ops of
-    a layer are one segment, so the segments form a chain. The last layer's backward op reads only
-    its own layer: it stays in the first pass (the forward and backward of the loss, paired)."""
+    """A backward pass under the forward pass's scopes: layers_0 -> layers_1 -> layers_2, then back.
+    The op of layers_1 that reads layers_2 starts a second pass, which runs the layers back (layers_0's
+    backward op reading layers_1's stays in it); each pass's ops of a layer are one segment, so the
+    segments form a chain. The last layer's backward op reads only its own layer: it stays in the
+    first pass (the forward and backward of the loss, paired)."""
     t = TermTable()
     x = t.make("param", (0,), (), (4,), "f32")
     a = t.make("unary", ("tanh",), (x,), (4,), "f32")
     b = t.make("unary", ("exp",), (a,), (4,), "f32")
-    db = t.make("unary", ("sin",), (b,), (4,), "f32")  # layers_1's backward op: reads its own forward value
-    c = t.make("binary", ("multiply",), (db, a), (4,), "f32")  # layers_0's backward op
-    update = t.make("binary", ("subtract",), (x, c), (4,), "f32")  # outside every scope
-    events = [_event("layers_0", a), _event("layers_1", b), _event("layers_1", db), _event("layers_0", c)]
-    events.append(_event("", update))
+    c = t.make("unary", ("cos",), (b,), (4,), "f32")
+    dc = t.make("unary", ("sin",), (c,), (4,), "f32")  # layers_2's backward op: reads its own forward value
+    db = t.make("binary", ("multiply",), (dc, b), (4,), "f32")  # layers_1's backward op
+    da = t.make("binary", ("multiply",), (db, a), (4,), "f32")  # layers_0's backward op
+    update = t.make("binary", ("subtract",), (x, da), (4,), "f32")  # outside every scope
+    scopes = ["layers_0", "layers_1", "layers_2", "layers_2", "layers_1", "layers_0", ""]
+    events = [_event(scope, v) for scope, v in zip(scopes, (a, b, c, dc, db, da, update))]
     layering = split(events, [], [update], [[update]], [[update]])
     assert layering is not None
-    assert [s.name for s in layering.segments] == ["layers_0", "layers_1", "layers_0 (pass 2)"]
-    assert [layering.label[v] for v in (a, b, db, c, update)] == [
-        "layers_0", "layers_1", "layers_1", "layers_0 (pass 2)", "layers_0 (pass 2)"
+    assert [s.name for s in layering.segments] == [
+        "layers_0", "layers_1", "layers_2", "layers_1 (pass 2)", "layers_0 (pass 2)"
     ]
-    assert layering.segments[0].reference_outputs == [a]  # read by layers_1 and by its own backward op
-    assert layering.segments[1].reference_outputs == [db]
-    assert layering.segments[2].obligations == [(0, 0)]
+    assert [layering.label[v] for v in (a, b, c, dc, db, da, update)] == [
+        "layers_0", "layers_1", "layers_2", "layers_2", "layers_1 (pass 2)", "layers_0 (pass 2)", "layers_0 (pass 2)"
+    ]
+    assert [s.reference_outputs for s in layering.segments] == [[a], [b], [dc], [db], []]
+    assert layering.segments[-1].obligations == [(0, 0)]
 
 
 def test_split_needs_two_layers():
