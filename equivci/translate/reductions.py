@@ -106,6 +106,13 @@ def reduce_term(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape
         # Each output element reduces one element with the identity: a reshape. (The transpose of
         # a broadcast through a unit dim, as in a bias's gradient, sums over it.)
         return ev.reshape_term(x, shape)
+    kept = tuple(k for k in dims if x.shape[k] != 1)
+    if len(kept) < len(dims) and x.dtype == shape.dtype:
+        # The size-1 dims add no element to any output's reduction, so it is the reduction over
+        # the others, reshaped: a device's one KV head reduced over the group dim of GQA's repeat
+        # (reduced as a unit dim) meets the window of the reference's reduction over all heads.
+        others = Shape(shape.dtype, tuple(s for i, s in enumerate(x.shape) if i not in kept))
+        return ev.reshape_term(reduce_term(ev, reducer, x, kept, others), shape)
     key = ReduceSpec(len(x.shape), tuple(sorted(dims))).text()
     return ev.factored("reduce", (reducer, key), [x], shape) or ev.mk("reduce", (reducer, key), (x,), shape)
 

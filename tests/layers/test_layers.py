@@ -107,15 +107,47 @@ def test_an_obligation_belongs_to_the_later_layer_of_its_output_and_its_target()
     assert layering is not None and [s.obligations for s in layering.segments] == [[], [(0, 0), (1, 0)]]
 
 
-def test_split_gives_up_on_layers_that_depend_on_each_other():
+@pytest.mark.parametrize("op_name, layer", [
+    ("jit(step)/transpose(jvp(layers_1))/dot_general", "layers_1"),
+    ("jit(step)/jvp(layers_1)/bqhd,bkhd->bhqk/dot_general", "layers_1"),
+    ("jit(step)/transpose(jvp(Model))/layers_2/mul", "Model/layers_2"),
+    ("jit(step)/transpose(jvp(lm_head))/mul", "lm_head"),
+    ("jit(step)/jvp(jit(_one_hot))/eq", None),
+    ("jit(step)/transpose(jvp())/mul", None),
+])
+def test_a_scope_under_autodiff_is_the_scope_when_splitting_into_passes(op_name, layer):
+    """JAX names a differentiated function's first scope inside its wrappers; the reference's
+    backward ops of layer 1 are `transpose(jvp(layers_1))`, where the shard_map body says `layers_1`."""
+    assert layer_of(op_name, autodiff=True) == layer
+
+
+def test_layers_that_depend_on_each_other_are_split_into_passes():
+    """A backward pass under the forward pass's scopes: layers_0 -> layers_1 -> layers_2, then back.
+    The op of layers_1 that reads layers_2 starts a second pass, which runs the layers back (layers_0's
+    backward op reading layers_1's stays in it); each pass's ops of a layer are one segment, so the
+    segments form a chain. The last layer's backward op reads only its own layer: it stays in the
+    first pass (the forward and backward of the loss, paired)."""
     t = TermTable()
     x = t.make("param", (0,), (), (4,), "f32")
     a = t.make("unary", ("tanh",), (x,), (4,), "f32")
     b = t.make("unary", ("exp",), (a,), (4,), "f32")
-    c = t.make("unary", ("sin",), (b,), (4,), "f32")
-    # layers_0 -> layers_1 -> layers_0 (a backward pass under the forward pass's scopes)
-    events = [_event("layers_0", a), _event("layers_1", b), _event("layers_0", c)]
-    assert split(events, [], [c], [[c]], [[c]]) is None
+    c = t.make("unary", ("cos",), (b,), (4,), "f32")
+    dc = t.make("unary", ("sin",), (c,), (4,), "f32")  # layers_2's backward op: reads its own forward value
+    db = t.make("binary", ("multiply",), (dc, b), (4,), "f32")  # layers_1's backward op
+    da = t.make("binary", ("multiply",), (db, a), (4,), "f32")  # layers_0's backward op
+    update = t.make("binary", ("subtract",), (x, da), (4,), "f32")  # outside every scope
+    scopes = ["layers_0", "layers_1", "layers_2", "layers_2", "layers_1", "layers_0", ""]
+    events = [_event(scope, v) for scope, v in zip(scopes, (a, b, c, dc, db, da, update))]
+    layering = split(events, [], [update], [[update]], [[update]])
+    assert layering is not None
+    assert [s.name for s in layering.segments] == [
+        "layers_0", "layers_1", "layers_2", "layers_1 (pass 2)", "layers_0 (pass 2)"
+    ]
+    assert [layering.label[v] for v in (a, b, c, dc, db, da, update)] == [
+        "layers_0", "layers_1", "layers_2", "layers_2", "layers_1 (pass 2)", "layers_0 (pass 2)", "layers_0 (pass 2)"
+    ]
+    assert [s.reference_outputs for s in layering.segments] == [[a], [b], [dc], [db], []]
+    assert layering.segments[-1].obligations == [(0, 0)]
 
 
 def test_split_needs_two_layers():

@@ -1,7 +1,10 @@
-"""The whole-program proof of a training step costs the same for every layer it has.
+"""A training step costs the same for every layer it has.
 
-A training step is proved whole (its backward pass runs under the forward's scopes, so it is never
-split into layers): every rule sees every layer's forward and backward terms at once, and a rule
+A training step whose layers are named scopes is proved by passes (equivci/layers/segments.py:
+each layer's forward, then each layer's backward, one segment each, identical ones proved once), so
+its proof work stops growing once the layers repeat: counted below as the layer proofs a deeper
+step needs beyond those of a shallower one (none). Without scopes it is proved whole: every rule
+sees every layer's forward and backward terms at once, and a rule
 whose matches multiply across layers (one that pairs every slice chain of one operand with every
 chain of the other) makes the proof super-linear in depth. A rule of that kind once took 21.6 M
 matches, 580 s and 7 GB in one saturation iteration of bench/'s two-layer training step. Counted
@@ -20,9 +23,12 @@ from pathlib import Path
 import pytest
 from model_package import programs_of
 
+from equivci.cache import Memo
 from equivci.capture.run import capture_model
 from equivci.manifest import load_manifest
 from equivci.prove.saturate import saturate
+from equivci.results import Status
+from equivci.verify.engine import verify_model
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 MANIFEST = """version: 1
@@ -81,15 +87,36 @@ for n in (2, 3):
     globals()[f"step_{n}_tp"] = functools.partial(distributed, n)
     globals()[f"inputs_{n}"] = functools.partial(inputs, n)
 """
-MLP_MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"""  - name: step-{n}
-    reference: models/mlp_step.py:step_{n}
-    distributed: models/mlp_step.py:step_{n}_tp
-    inputs: models/mlp_step.py:inputs_{n}
+def _manifest(module: str, depths: tuple[int, ...]) -> str:
+    return "version: 1\nmodels:\n" + "".join(
+        f"""  - name: step-{n}
+    reference: models/{module}.py:step_{n}
+    distributed: models/{module}.py:step_{n}_tp
+    inputs: models/{module}.py:inputs_{n}
     mesh: {{tp: 8}}
 """
-    for n in (2, 3)
-)
+        for n in depths
+    )
+
+
+MLP_MANIFEST = _manifest("mlp_step", (2, 3))
+
+
+# The same step with each layer under `jax.named_scope(f"layers_{i}")`, at three depths.
+SCOPED_STEP = MLP_STEP.replace(
+    """        for w1, w2 in params:
+            x = layer(x, w1, w2)""",
+    """        for i, (w1, w2) in enumerate(params):
+            with jax.named_scope(f"layers_{i}"):
+                x = layer(x, w1, w2)""",
+).replace(
+    """        for w1, w2 in params:
+            x = layer(x, w1, w2, lambda t: jax.lax.psum(t, "tp"))""",
+    """        for i, (w1, w2) in enumerate(params):
+            with jax.named_scope(f"layers_{i}"):
+                x = layer(x, w1, w2, lambda t: jax.lax.psum(t, "tp"))""",
+).replace("for n in (2, 3):", "for n in (2, 4, 8):")
+SCOPED_MANIFEST = _manifest("scoped_step", (2, 4, 8))
 
 
 def _counts(captured) -> tuple[int, int]:
@@ -119,6 +146,26 @@ def test_the_third_layer_of_a_training_step_costs_no_more_than_the_first_two_on_
     for unit, name in enumerate(("rule matches", "e-graph tuples")):
         assert two[unit] < three[unit], (name, two, three)
         assert three[unit] - two[unit] <= 1.25 * two[unit] / 2, (name, two, three)
+
+
+def test_a_training_step_by_layers_proves_nothing_new_for_more_identical_layers(tmp_path):
+    """2, 4 and 8 layers of the scoped step, one memo: the passes split each into its layers' forward
+    and backward segments, and every segment of the 8-layer step is one the 4-layer step proved
+    (the first and last layers' segments differ from the middle ones, which are all alike)."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "scoped_step.py").write_text(SCOPED_STEP)
+    (tmp_path / "equivci.yaml").write_text(SCOPED_MANIFEST)
+    manifest = load_manifest(tmp_path / "equivci.yaml")
+    memo = Memo(None)
+    new = []
+    for model in manifest.models:
+        result = verify_model(model, manifest, capture_model(model, manifest), memo)
+        assert result.status is Status.VERIFIED, result.findings
+        n = int(model.name.split("-")[1])
+        assert result.layers.total == 2 * n - 1  # forward and backward of each layer, the last one's paired
+        new.append(result.layers.total - result.layers.reused)
+    assert new[2] == 0, new
+    assert new[1] <= new[0], new
 
 
 @pytest.mark.slow  # three captures and whole-program saturations of a training step (about a minute idle)

@@ -195,6 +195,16 @@ def _reduced_pieces(x):  # sums and maxima over the concat dim, identity pieces 
     )
 
 
+def _reduced_with_unit_dims(x):  # size-1 dims among the reduced ones: the others' reduction, reshaped
+    heads = x.reshape(1, T, 1, 2, D // 2)  # GQA's one KV head of a device, its group of 2 query heads
+    return (
+        heads.sum(axis=(0, 2, 3)),
+        heads.max(axis=(0, 1, 2, 4)),
+        heads.prod(axis=(2, 3, 4)),
+        jnp.min(x[:, None, :, None], axis=(0, 1, 3)),
+    )
+
+
 def _loop_of_three_trips(x):  # a while loop with a constant trip count (jax.lax.fori_loop)
     x = jnp.asarray(x)
     return lax.fori_loop(0, 3, lambda i, c: c * 2 + x[i], x)
@@ -258,6 +268,11 @@ def _leaf(path: str, value) -> LeafPlacement:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_translated_terms_compute_what_xla_computes(case):
     _assert_xla_values(*CASES[case])
+
+
+def test_a_reduce_over_size_1_dims_among_others_computes_what_xla_computes():
+    """Built as the reduction over the other dims, reshaped (reductions.reduce_term)."""
+    _assert_xla_values(_reduced_with_unit_dims, (X,))
 
 
 @pytest.mark.parametrize(

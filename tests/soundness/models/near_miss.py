@@ -1550,3 +1550,96 @@ def positions_sp_one_late(table, x, start, *, mesh):
 def positions_sp_2d_batch_index(table, x, start, *, mesh):
     # BUG: on a batch x tp mesh, the shard's offset taken from the batch axis's index, not tp's
     return _positions_sp(table, x, start, mesh, _at_shard, offset_axis="batch")
+
+
+# --- GQA's gradient: jnp.repeat's transpose sums each KV head's group of query heads --------------
+# A device holding one KV head reduces over that head as a size-1 dim (equivci/translate/reductions.py).
+def _repeated(k):
+    return jnp.repeat(k, 2, axis=1)
+
+
+def _broadcast(k):  # the same repeat written as a broadcast of a new group dim, merged into the heads
+    s, kv, d = k.shape
+    return jnp.broadcast_to(k[:, :, None, :], (s, kv, 2, d)).reshape(s, 2 * kv, d)
+
+
+def _half_repeated(k):
+    # BUG: the second query head of each group passes no gradient back to its KV head
+    kk = _repeated(k)
+    return jnp.where((jnp.arange(kk.shape[1]) % 2 == 0)[None, :, None], kk, lax.stop_gradient(kk))
+
+
+def _gqa_loss(q, k, v, repeat=_repeated):
+    """q [s, h, d], k and v [s, kv, d]: each KV head serves 2 query heads."""
+    probs = jax.nn.softmax(jnp.einsum("qhd,khd->hqk", q, repeat(k)), axis=-1)
+    return jnp.sum(jnp.tanh(jnp.einsum("hqk,khd->qhd", probs, repeat(v))))
+
+
+def gqa_grad(q, k, v):
+    return jax.grad(_gqa_loss, argnums=(1, 2))(q, k, v)
+
+
+def _gqa_grad_tp(q, k, v, mesh, repeat):
+    heads = P(None, TP, None)
+    body = lambda q, k, v: jax.grad(_gqa_loss, argnums=(1, 2))(q, k, v, repeat)  # noqa: E731
+    return jax.shard_map(body, mesh=mesh, in_specs=(heads, heads, heads), out_specs=(heads, heads))(q, k, v)
+
+
+def gqa_grad_tp(q, k, v, *, mesh):
+    return _gqa_grad_tp(q, k, v, mesh, _repeated)
+
+
+def gqa_grad_broadcast(q, k, v, *, mesh):
+    return _gqa_grad_tp(q, k, v, mesh, _broadcast)
+
+
+def gqa_grad_half(q, k, v, *, mesh):
+    return _gqa_grad_tp(q, k, v, mesh, _half_repeated)
+
+
+def gqa_inputs():
+    return (spec(8, 4, D), spec(8, 2, D), spec(8, 2, D))
+
+
+# --- a training step split into passes: each layer's forward, then each layer's backward ---------
+def _mlp_layer(x, w1, w2, reduce=lambda t: t, cut=False):
+    h = lax.stop_gradient(x) if cut else x  # cut: BUG, the branch passes no gradient back to x
+    return x + reduce(jax.nn.gelu(h @ w1) @ w2)
+
+
+def _sgd(forward, x, params):
+    loss, grads = jax.value_and_grad(lambda p: jnp.mean(forward(x, p) ** 2))(params)
+    return jax.tree.map(lambda p, g: p - 1e-3 * g, params, grads), loss
+
+
+def mlp_step(x, params):
+    def forward(x, params):
+        for i, (w1, w2) in enumerate(params):
+            with jax.named_scope(f"layers_{i}"):
+                x = _mlp_layer(x, w1, w2)
+        return x
+
+    return _sgd(forward, x, params)
+
+
+def _mlp_step_tp(x, params, mesh, cut=None):
+    def body(x, params):
+        for i, (w1, w2) in enumerate(params):
+            with jax.named_scope(f"layers_{i}"):
+                x = _mlp_layer(x, w1, w2, lambda t: lax.psum(t, TP), cut=i == cut)
+        return x
+
+    specs = (P(), [(P(None, TP), P(TP, None))] * len(params))
+    return _sgd(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P()), x, params)
+
+
+def mlp_step_tp(x, params, *, mesh):
+    return _mlp_step_tp(x, params, mesh)
+
+
+def mlp_step_layer_cut(x, params, *, mesh):
+    return _mlp_step_tp(x, params, mesh, cut=1)
+
+
+def mlp_step_inputs():
+    return (spec(4, 8), [(spec(8, 16), spec(16, 8)) for _ in range(4)])
