@@ -24,6 +24,7 @@ VERIFIED = {
     "linear-tail", "experts-tp-combined", "ce-signed-sum", "ce-signed-sum-negated",
     "embed-one-hot", "ce-smoothed", "pick-one-hot-first", "pick-one-hot-2d",
     "positions-sp", "positions-sp-offset-first", "positions-sp-2d",
+    "window-distance", "window-distance-negated", "weighted-pick", "weighted-pick-one-hot",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -45,6 +46,8 @@ MISMATCH = {
     "linear-tail-bias", "linear-tail-device-gate", "ce-signed-sum-minus-max", "ce-signed-sum-target-twice",
     "embed-one-hot-next", "ce-smoothed-lse-once", "pick-one-hot-2d-batch-offset",
     "positions-sp-one-late", "positions-sp-2d-batch-index",
+    "window-distance-wide", "window-distance-no-start", "window-distance-inclusive-start",
+    "weighted-pick-next-shard", "weighted-pick-ge", "weighted-pick-first-only",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -93,5 +96,7 @@ DEFAULT = {
     "ce-signed-sum", "ce-signed-sum-minus-max",  # a sum of signed terms in one order and grouping
     "embed-one-hot", "embed-one-hot-past-end",  # rows looked up by a one-hot product, index in range
     "positions-sp", "positions-sp-one-late",  # a shard's positions (start + d * n) + arange(n): a window
+    "window-distance", "window-distance-wide",  # a distance q - k tested against constants: tests of q
+    "weighted-pick", "weighted-pick-next-shard",  # gates times top-k picks: the gates' one-hot, cut by experts
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }
