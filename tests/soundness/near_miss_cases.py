@@ -25,6 +25,7 @@ VERIFIED = {
     "embed-one-hot", "ce-smoothed", "pick-one-hot-first", "pick-one-hot-2d",
     "positions-sp", "positions-sp-offset-first", "positions-sp-2d",
     "window-distance", "window-distance-negated", "weighted-pick", "weighted-pick-one-hot",
+    "queue-positions",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -48,6 +49,7 @@ MISMATCH = {
     "positions-sp-one-late", "positions-sp-2d-batch-index",
     "window-distance-wide", "window-distance-no-start", "window-distance-inclusive-start",
     "weighted-pick-next-shard", "weighted-pick-ge", "weighted-pick-first-only",
+    "queue-positions-inclusive", "queue-positions-across-groups",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -98,5 +100,6 @@ DEFAULT = {
     "positions-sp", "positions-sp-one-late",  # a shard's positions (start + d * n) + arange(n): a window
     "window-distance", "window-distance-wide",  # a distance q - k tested against constants: tests of q
     "weighted-pick", "weighted-pick-next-shard",  # gates times top-k picks: the gates' one-hot, cut by experts
+    "queue-positions", "queue-positions-inclusive",  # running sums of a device's token groups: a window
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

@@ -1684,3 +1684,37 @@ def weighted_pick_ep_ge(x, router, w, *, mesh):
 def weighted_pick_ep_first_only(x, router, w, *, mesh):
     # BUG: only the first pick's gate is kept
     return _weighted_pick_ep(x, router, w, mesh, lambda i, g, lo, n: _owned_where(i[:, :1], g[:, :1], lo, n))
+
+
+# --- running sums over each token group's tokens, the groups sharded: translate/cumsums.py, windows.py
+def group_inputs():
+    return (spec(4, S * 2, D), spec(D, EXPERTS))
+
+
+def _queue_positions(x, router, inclusive=False, axis=1):
+    """Each token's position in its expert's queue within its group (capacity routing)."""
+    first = jax.nn.one_hot(jnp.argmax(jax.nn.softmax(x @ router, axis=-1), -1), EXPERTS, dtype=x.dtype)
+    return jnp.cumsum(first, axis=axis) - (0.0 if inclusive else first)
+
+
+def queue_positions(x, router):
+    return _queue_positions(x, router)
+
+
+def _queue_positions_dp(x, router, mesh, **kw):
+    return jax.shard_map(lambda x, r: _queue_positions(x, r, **kw), mesh=mesh, in_specs=(P(TP), P()),
+                         out_specs=P(TP))(x, router)
+
+
+def queue_positions_dp(x, router, *, mesh):  # groups over tp, each device's groups on their own
+    return _queue_positions_dp(x, router, mesh)
+
+
+def queue_positions_dp_inclusive(x, router, *, mesh):
+    # BUG: an inclusive running sum where the reference's is exclusive
+    return _queue_positions_dp(x, router, mesh, inclusive=True)
+
+
+def queue_positions_dp_across_groups(x, router, *, mesh):
+    # BUG: summed over the device's groups, not over each group's tokens
+    return _queue_positions_dp(x, router, mesh, axis=0)
