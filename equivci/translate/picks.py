@@ -188,7 +188,7 @@ def weighted_pick(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term) -> tuple[Dot
             continue
         found = ev.bounds_of(idx)
         (v,) = dims.start_map
-        if found is None or found[0] < 0 or found[1] >= x.shape[v]:
+        if found is None or not (0 <= found[0] and found[1] < x.shape[v]):
             continue
         return _weighted(ev, g, x, idx, dims, at, g_batch, p_batch, g_contract, p_contract)
     return None
