@@ -60,7 +60,7 @@ class Budgets:
     # reference terms a few levels deep, and where they keep the rules growing it stops early)
     hinted_iterations: int = 16
     # translate/windows: ops walked through from a window to the value that is read
-    window_depth: int = 8
+    window_depth: int = 24
     # translate/constants: known constants (or their dims) a new constant is found a window of, stated
     # equal (a device's mask rows that both the causal and the sliding-window mask hold)
     constant_sources: int = 4

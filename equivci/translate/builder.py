@@ -32,7 +32,7 @@ from equivci.terms.spec import (
     reshape_spec,
     transpose_text,
 )
-from equivci.translate import cumsums, gathers, masks, relaid
+from equivci.translate import cumsums, gathers, masks, relaid, windows
 from equivci.translate.arrays import all_equal, distinct
 from equivci.translate.constants import ConstantPool, Window
 
@@ -67,6 +67,7 @@ class Builder:
         self.equal_terms: list[list[Term]] = []  # groups of terms known equal by evaluation
         self.bounds: dict[Term, tuple[float, float]] = {}  # integer terms -> [lo, hi] of their elements
         self.window_sums: dict[Term, tuple] = {}  # opaque reduce-window sums -> (sizes, padding)
+        self.window_forms: dict[tuple[Term, int], windows.Window | None] = {}  # windows.window_form's walks
         self.row_scatters: dict[Term, str] = {}  # opaque out[idx[b]] op= update[b] -> "add" or "set"
         self.masked_rows: dict[Term, masks.MaskedRows] = {}  # window lookups -> the full table's rows
         self.collective_sums: set[Term] = set()  # the devices' values added by an all-reduce (signed_sums.py)

@@ -6,8 +6,9 @@ along k:
 
     CS(v)[a:b] = CS(u) + broadcast(sum(v[0:a]) along k)   (CS(u) itself for a = 0)
     CS(u)[n-1:n] = sum(u) along k, kept as a unit dim     (the last running sum is the total)
+    CS(v[a:b along d]) = CS(v)[a:b along d] for d != k     (every lane along k sums on its own)
 
-The first is stated equal beside the terms (`Builder.equal_terms`); the second is the normal form of
+The first and third are stated equal beside the terms (`Builder.equal_terms`); the second is the normal form of
 that slice (`Builder.slice_term`), so that a total however it is laid out next (squeezed for an
 all-gather, kept [b, 1, c] for a psum) is a reshape of the sum, whose reshapes compose. A shard of a
 sequence that adds the totals of the shards before it (a causal running mean over a sequence split
@@ -54,7 +55,15 @@ def note(ev: Builder, inst: Instruction, args: list, term: Term) -> None:
     u, init = args
     n = u.shape[dim]
     lifted = windows.window_form(ev, u)
-    if lifted is None or lifted.dim != dim or lifted.stop - lifted.start != n or lifted.whole.dtype != u.dtype:
+    if lifted is None or lifted.whole.dtype != u.dtype:
+        return
+    if lifted.dim != dim:
+        # each lane along `dim` sums on its own: the running sums of a window along another dim
+        # (a device's token groups) are that window of the running sums of the whole
+        whole_sum = running_sum(ev, inst, lifted.whole, init, dim)
+        ev.equal_terms.append([ev.slice_term(whole_sum, lifted.dim, lifted.start, lifted.stop), term])
+        return
+    if lifted.stop - lifted.start != n:
         return
     whole, start = lifted.whole, lifted.start
     whole_sum = running_sum(ev, inst, whole, init, dim)

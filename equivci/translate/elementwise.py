@@ -151,37 +151,99 @@ def compare_terms(ev: Builder, direction: str, a: Term, b: Term, shape: Shape) -
         # are one one-hot (and `lo <= ids` the range test `ids >= lo`)
         direction, a, b = MIRRORED[direction], b, a
     if (moved := offset_moved(ev, direction, a, b)) is not None:
-        a, b = moved
+        direction, a, b = moved
+    term = _compare(ev, direction, a, b, shape)
+    if ev.folded(term) is None and (strict := half_open(ev, direction, b)) is not None:
+        # stated beside the written test, which other facts read as written (a group's rows
+        # `starts <= b < ends`, permutations.py)
+        ev.equal_terms.append([term, _compare(ev, strict[0], a, strict[1], shape)])
+    return term
+
+
+def _compare(ev: Builder, direction: str, a: Term, b: Term, shape: Shape) -> Term:
     name = compare_text(direction, a.dtype)
     return ev.fold_or("binary", (name,), [a, b], shape, lambda x, y: semantics.COMPARE[direction](x, y))
 
 
-def offset_moved(ev: Builder, direction: str, a: Term, b: Term) -> tuple[Term, Term] | None:
-    """(x - c == k) as (x == k + c), and x + c as x - -c, for integers and constant c and k, also
-    under broadcasts and reshapes of x - c: exact, overflow included (adding c is one-to-one modulo
-    2^bits). `one_hot(t - lo, n)` on a shard is then `t == lo + arange(n)`, the window of the
-    reference's `t == arange(V)`. (Not for <, <=: overflow can carry x + c past the end.)"""
+def offset_moved(ev: Builder, direction: str, a: Term, b: Term) -> tuple[str, Term, Term] | None:
+    """x - c cmp k as x cmp k + c, x + c cmp k as x cmp k - c and c - x cmp k as x cmp' c - k (cmp'
+    mirrored), for integers, constant c and k, also under broadcasts and reshapes of the sum when c
+    is one number. `==` and `!=` are exact, overflow included (adding c is one-to-one modulo
+    2^bits): a shard's `one_hot(t - lo, n)` is then `t == lo + arange(n)`, the window of the
+    reference's `t == arange(V)`. An order test is exact only where neither side wraps: the bounds
+    of x must keep x ± c inside the dtype, and k ± c must fit it (a decode window's distance
+    `(start + arange(t))[:, None] - arange(s) >= 0` is the reference's `arange(s) <= start + arange(t)`)."""
     k = ev.folded(b)
-    if direction not in ("EQ", "NE") or k is None or ev.folded(a) is not None or a.dtype[0] not in "su":
+    if k is None or ev.folded(a) is not None or a.dtype[0] not in "su":
         return None
     layout: list[Term] = []
     inner = a
     while inner.op in ("bcast", "reshape"):
         layout.append(inner)
         inner = inner.args[0]
-    signs = {"add": -1, "subtract": 1}
-    if inner.op != "binary" or inner.attrs[0] not in signs or inner.args[0].shape != inner.shape:
+    if inner.op != "binary" or inner.attrs[0] not in ("add", "subtract"):
         return None
-    c = masks.scalar_int(ev, inner.args[1])
-    if c is None:
-        return None
-    return _relaid(ev, layout, inner.args[0]), _relaid(ev, *_offset_const(ev, b, signs[inner.attrs[0]] * c))
+    # the constant on the right (x + c, x - c), or on the left of a subtraction (c - x)
+    for j in (1, 0) if inner.attrs[0] == "subtract" else (1,):
+        x, c_term = inner.args[1 - j], inner.args[j]
+        c = ev.folded(c_term)
+        if c is None or x.shape != inner.shape or ev.folded(x) is not None:
+            continue
+        negated = j == 1 and inner.attrs[0] == "add"  # x + c cmp k: x cmp k - c
+        if masks.scalar_int(ev, c_term) is not None:
+            # c - x cmp k: x cmp' c - k (k negated, c added); else k -+ c
+            scalar = int(c.flat[0])
+            moved_layout, moved = _offset_const(ev, b, scalar if j == 0 else -scalar if negated else scalar, j == 0)
+            moved = _relaid(ev, moved_layout, moved)
+        elif not layout and (kb := masks.scalar_int(ev, b)) is not None:
+            # c varies along x's elements (a key position's arange): c's table moved by k
+            moved_layout, moved = _offset_const(ev, c_term, -kb if j == 0 else kb, negated)
+            moved = _relaid(ev, moved_layout, moved)
+        else:
+            continue
+        if direction not in ("EQ", "NE") and not _exact_order(ev, x, c, k, inner.attrs[0], j, inner.dtype):
+            return None
+        return direction if j == 1 else MIRRORED[direction], _relaid(ev, layout, x), moved
+    return None
 
 
-def _offset_const(ev: Builder, b: Term, c: int) -> tuple[list[Term], Term]:
-    """(b's broadcasts and reshapes, outermost first; the constant under them plus c): the offset
-    added where the table is smallest, so that it is still found as a window of a known table
-    (a shard's `lo + arange(n)` of the reference's `arange(V)`)."""
+def half_open(ev: Builder, direction: str, b: Term) -> tuple[str, Term] | None:
+    """(x <= k as x < k + 1, x > k as x >= k + 1): the direction and constant of the half-open form
+    of a test of integers against a constant k below the dtype's largest value (exact: no integer
+    lies between k and k + 1), so that a window written `d <= w - 1` and one written `d < w` meet."""
+    k = ev.folded(b)
+    if direction not in ("LE", "GT") or k is None or b.dtype[0] not in "su" or not k.size:
+        return None
+    np_dtype = NP_DTYPES.get(b.dtype)
+    if np_dtype is None or int(k.max()) >= np.iinfo(np_dtype).max:
+        return None
+    return {"LE": "LT", "GT": "GE"}[direction], _relaid(ev, *_offset_const(ev, b, 1))
+
+
+def _exact_order(ev: Builder, x: Term, c: np.ndarray, k: np.ndarray, op: str, j: int, dtype: str) -> bool:
+    """Whether neither x op c (c - x for j == 0) nor the moved constant wraps around in `dtype`,
+    by x's bounds: an order test of integers is then the same test of the unwrapped values."""
+    found = ev.bounds_of(x)
+    np_dtype = NP_DTYPES.get(dtype)
+    if found is None or not np.all(np.isfinite(found)) or np_dtype is None:
+        return False
+    info = np.iinfo(np_dtype)
+    lo, hi = int(found[0]), int(found[1])
+    cs, ks = c.astype(object), k.astype(object)
+    cmin, cmax, kmin, kmax = int(cs.min()), int(cs.max()), int(ks.min()), int(ks.max())
+    if j == 0:
+        ends = (cmin - hi, cmax - lo, cmin - kmax, cmax - kmin)
+    elif op == "add":
+        ends = (lo + cmin, hi + cmax, kmin - cmax, kmax - cmin)
+    else:
+        ends = (lo - cmax, hi - cmin, kmin + cmin, kmax + cmax)
+    return all(info.min <= e <= info.max for e in ends)
+
+
+def _offset_const(ev: Builder, b: Term, c: int, negate: bool = False) -> tuple[list[Term], Term]:
+    """(b's broadcasts and reshapes, outermost first; the constant under them plus c, negated first
+    if `negate`): the offset added where the table is smallest, so that it is still found as a
+    window of a known table (a shard's `lo + arange(n)` of the reference's `arange(V)`)."""
     layout: list[Term] = []
     while b.op in ("bcast", "reshape") and ev.folded(b.args[0]) is not None:
         layout.append(b)
@@ -189,7 +251,7 @@ def _offset_const(ev: Builder, b: Term, c: int) -> tuple[list[Term], Term]:
     value = ev.folded(b)
     assert value is not None
     with np.errstate(all="ignore"):
-        moved = (value + np.asarray(c)).astype(value.dtype)
+        moved = ((-value if negate else value) + np.asarray(c)).astype(value.dtype)
     return layout, ev.const(moved, b.dtype)
 
 

@@ -14,12 +14,14 @@ multiplied), the form the translated programs have.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from equivci.hlo.ir import Shape
 from equivci.terms.ir import Term, gather_map
 from equivci.terms.semantics import NP_DTYPES
-from equivci.terms.spec import DotSpec, GatherDims, ReduceSpec, bcast_spec, compare_text
+from equivci.terms.spec import AlignedMap, DotSpec, GatherDims, ReduceSpec, bcast_spec, compare_text
 from equivci.translate import orders
 from equivci.translate.builder import Builder
 
@@ -147,3 +149,118 @@ def _gather_key(x: Term, idx: Term, dims: GatherDims, out: Shape) -> tuple | Non
     is a gather by these very dims only with these."""
     aligned = gather_map(dims, len(x.shape), len(idx.shape), len(out.dims))
     return None if aligned is None else (aligned.key(dims.key()),)
+
+
+def weighted_pick(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term) -> tuple[DotSpec, Term, Term, Term] | None:
+    """A dot that sums the picks of a gather over its index lanes with weights, as a dot of their
+    weighted one-hot with the gathered operand:
+
+        sum_l g[b, l] * x[b, idx[b, l], o] = sum_v (sum_l g[b, l] * (idx[b, l] == v)) * x[b, v, o]
+
+    for indices in [0, V) (each lane's one-hot has its one 1 at the row the gather reads). A
+    top-k router's gates times the picked experts' outputs (`einsum("nk,nkd->nd", gates,
+    take_along_axis(ys, top_idx[..., None], 1))`) is then the weighted one-hot contracted with every
+    expert's output, which an expert-parallel device cuts along v: its experts' columns of the
+    one-hot (`top_idx == owned`) against its experts' outputs, summed over the devices.
+
+    Returns (the dot's spec, the weighted one-hot as a reduce over the lanes, the same as a dot,
+    x) when one operand is such a gather (scalar indices, one indexed dim, the others batching dims
+    or whole) and the dot contracts exactly its lanes and batches exactly its batch dims, the other
+    operand having no other dims; None otherwise."""
+    for g, p, g_batch, p_batch, g_contract, p_contract in (
+        (lhs, rhs, spec.lhs_batch, spec.rhs_batch, spec.lhs_contract, spec.rhs_contract),
+        (rhs, lhs, spec.rhs_batch, spec.lhs_batch, spec.rhs_contract, spec.lhs_contract),
+    ):
+        if p.op != "aligned" or not (key := AlignedMap.op_key(p.attrs[0])).startswith("gather:"):
+            continue
+        x, idx = p.args
+        dims = GatherDims.from_key(key)
+        if dims.vector_dim == len(idx.shape) - 1 and idx.shape[-1] == 1:  # one-coordinate index vectors
+            idx = ev.reshape_term(idx, Shape(idx.dtype, idx.shape[:-1]))
+            dims = dataclasses.replace(dims, vector_dim=len(idx.shape))
+        lanes = _index_dims(x, idx, dims, p.shape)
+        if lanes is None or len(g.shape) != len(g_batch) + len(g_contract) or g.dtype != x.dtype:
+            continue
+        # the gather's output dims that are index dims, in the index's order
+        at = [o for o in range(len(p.shape)) if o not in dims.offset]
+        batch = [at[j] for j in dims.indices_batch]
+        if sorted(p_batch) != sorted(batch) or sorted(p_contract) != sorted(at[j] for j in lanes):
+            continue
+        found = ev.bounds_of(idx)
+        (v,) = dims.start_map
+        if found is None or not (0 <= found[0] and found[1] < x.shape[v]):
+            continue
+        return _weighted(ev, g, x, idx, dims, at, g_batch, p_batch, g_contract, p_contract)
+    return None
+
+
+def _index_dims(x: Term, idx: Term, dims: GatherDims, out: tuple[int, ...]) -> list[int] | None:
+    """The index dims that are no batching dims (the lanes), when the gather reads x[b, idx[b, l], o]:
+    scalar indices (a unit index vector dim reshaped away) into one dim v, every other dim of x a batching dim or taken whole (its offset
+    dims in order); None otherwise."""
+    if dims.vector_dim != len(idx.shape) or len(dims.start_map) != 1 or dims.collapsed != dims.start_map:
+        return None
+    (v,) = dims.start_map
+    whole = [k for k in range(len(x.shape)) if k != v and k not in dims.operand_batch]
+    sizes = tuple(x.shape[k] if k in whole else 1 for k in range(len(x.shape)))
+    if len(dims.offset) != len(whole) or dims.slice_sizes != sizes or len(out) != len(idx.shape) + len(whole):
+        return None
+    if [out[o] for o in dims.offset] != [x.shape[k] for k in whole]:
+        return None
+    return [j for j in range(len(idx.shape)) if j not in dims.indices_batch]
+
+
+def _weighted(
+    ev: Builder,
+    g: Term,
+    x: Term,
+    idx: Term,
+    dims: GatherDims,
+    at: list[int],
+    g_batch: tuple[int, ...],
+    p_batch: tuple[int, ...],
+    g_contract: tuple[int, ...],
+    p_contract: tuple[int, ...],
+) -> tuple[DotSpec, Term, Term, Term]:
+    """(spec, G as a reduce, G as a dot, x) for dot(G, x) = the dot of g with the gather of x at idx,
+    G[batch in the index's order, v] the weights' one-hot."""
+    (v,) = dims.start_map
+    hot = (*idx.shape, x.shape[v])
+    rank = len(idx.shape)
+    spread = ev.mk("bcast", (bcast_spec(rank, hot, tuple(range(rank))),), [idx], Shape(idx.dtype, hot))
+    iota = ev.const(np.arange(x.shape[v], dtype=NP_DTYPES[idx.dtype]), idx.dtype)
+    across = ev.mk("bcast", (bcast_spec(1, hot, (rank,)),), [iota], Shape(idx.dtype, hot))
+    equal = ev.mk("binary", (compare_text("EQ", idx.dtype),), [spread, across], Shape("pred", hot))
+    one_hot = ev.normal("unary", ("convert",), [equal], Shape(x.dtype, hot))
+    # g's dims as index dims: a batch pair or a contracted pair names the gather's output dim
+    g_to_idx = {gd: at.index(pd) for gd, pd in (*zip(g_batch, p_batch), *zip(g_contract, p_contract))}
+    weights = ev.mk(
+        "bcast",
+        (bcast_spec(len(g.shape), hot, tuple(g_to_idx[k] for k in range(len(g.shape)))),),
+        [g],
+        Shape(g.dtype, hot),
+    )
+    lanes = tuple(sorted(at.index(pd) for pd in p_contract))
+    kept = tuple(j for j in range(rank) if j not in lanes)  # the batch dims, in the index's order
+    shape = Shape(x.dtype, (*(idx.shape[j] for j in kept), x.shape[v]))
+    product = ev.binary("multiply", weights, one_hot)
+    as_sum = ev.normal("reduce", ("add", ReduceSpec(rank + 1, lanes).text()), [product], shape)
+    # the same weights as a dot over the lanes (a one-hot contracted by einsum)
+    g_order = sorted(g_batch, key=lambda k: g_to_idx[k])
+    lane_order = [next(k for k in g_contract if g_to_idx[k] == j) for j in lanes]
+    lane_spec = DotSpec(tuple(g_order), kept, tuple(lane_order), lanes, len(g.shape), rank + 1, (g.dtype, x.dtype))
+    as_dot = ev.normal("dot", (lane_spec.text(),), [g, one_hot], shape)
+    # dot(G, x): G's batch dims against x's batching dims in the written dot's batch order (so the
+    # output's dims are the written one's), G's last dim against v
+    order = [at.index(pd) for pd in p_batch]
+    x_batch = tuple(dims.operand_batch[dims.indices_batch.index(j)] for j in order)
+    spec = DotSpec(
+        tuple(kept.index(j) for j in order),
+        x_batch,
+        (len(kept),),
+        (v,),
+        len(kept) + 1,
+        len(x.shape),
+        (x.dtype, x.dtype),
+    )
+    return spec, as_sum, as_dot, x

@@ -12,7 +12,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Module, Shape
 from equivci.terms.ir import Term, reduce_pair_map
 from equivci.terms.spec import DotSpec, ReduceSpec, transpose_text
-from equivci.translate import orders, relaid
+from equivci.translate import orders, picks, relaid
 from equivci.translate.arrays import all_equal, distinct, is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
 from equivci.translate.builder import Builder, Value
@@ -44,8 +44,20 @@ def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     lc, rc = dims_attr(a.get("lhs_contracting_dims")), dims_attr(a.get("rhs_contracting_dims"))
     lhs, rhs = args
     dot_spec = DotSpec(lb, rb, lc, rc, len(lhs.shape), len(rhs.shape), (lhs.dtype, rhs.dtype))
+    term = dot_term(ev, dot_spec, lhs, rhs, inst.shape)
+    if (weighted := picks.weighted_pick(ev, dot_spec, lhs, rhs)) is not None:
+        # gates times the picked experts' rows: the gates' one-hot against every expert's rows
+        spec, as_sum, as_dot, x = weighted
+        ev.equal_terms.append([term, dot_term(ev, spec, as_sum, x, inst.shape)])
+        ev.equal_terms.append([as_sum, as_dot])
+    return term
+
+
+def dot_term(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: Shape) -> Term:
+    """dot(lhs, rhs) by `dot_spec` in normal form: transposed operands absorbed, split and merged
+    contractions, operands that are dots reoriented (the written form stated beside it)."""
     spec, x, y = split_contraction(ev, dot_spec, lhs, rhs) or (dot_spec, lhs, rhs)
-    spec, x, y, perm = through_transposes(spec, x, y) or (spec, x, y, tuple(range(len(inst.shape.dims))))
+    spec, x, y, perm = through_transposes(spec, x, y) or (spec, x, y, tuple(range(len(shape.dims))))
     # a transpose absorbed may uncover a reshape that merged a contraction (heads moved, then flattened)
     spec, x, y = split_contraction(ev, spec, x, y) or (spec, x, y)
     x_dot, y_dot = reoriented(ev, x), reoriented(ev, y)
@@ -53,16 +65,16 @@ def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
         spec, x, y, moved = through_transposes(spec, x_dot or x, y_dot or y) or (spec, x, y, perm)
         perm = tuple(moved[k] for k in perm)
     if (spec, x, y) == (dot_spec, lhs, rhs):
-        return _dot(ev, dot_spec, lhs, rhs, inst.shape)
-    inner = Shape(inst.shape.dtype, tuple(inst.shape.dims[perm.index(k)] for k in range(len(perm))))
+        return _dot(ev, dot_spec, lhs, rhs, shape)
+    inner = Shape(shape.dtype, tuple(shape.dims[perm.index(k)] for k in range(len(perm))))
     term = _dot(ev, spec, x, y, inner)
     if perm != tuple(range(len(perm))):
         attrs = (transpose_text(perm),)
-        term = ev.factored("transpose", attrs, [term], inst.shape) or ev.mk("transpose", attrs, [term], inst.shape)
+        term = ev.factored("transpose", attrs, [term], shape) or ev.mk("transpose", attrs, [term], shape)
     # The written form stays stated beside it: the windows of a transposed operand nest in
     # another order (slices keep the higher dim outside), and rules that match a contraction's
     # window outermost (a gradient x.T @ dy summed per microbatch) find it only there.
-    ev.equal_terms.append([term, _dot(ev, dot_spec, lhs, rhs, inst.shape)])
+    ev.equal_terms.append([term, _dot(ev, dot_spec, lhs, rhs, shape)])
     return term
 
 

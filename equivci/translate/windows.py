@@ -16,10 +16,12 @@ import dataclasses
 from fractions import Fraction
 from typing import Protocol
 
+import numpy as np
+
 from equivci.hlo.ir import Shape
 from equivci.options import Budgets
 from equivci.terms.ir import Term
-from equivci.terms.spec import BcastSpec, DotSpec, parse_transpose
+from equivci.terms.spec import AlignedMap, BcastSpec, DotSpec, ReduceSpec, parse_transpose
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +38,13 @@ class Evaluator(Protocol):
     """What lifting needs of the evaluator (equivci.translate.evaluator.Evaluator)."""
 
     budgets: Budgets
+    window_forms: dict[tuple[Term, int], "Window | None"]
 
     def mk(self, op: str, attrs: tuple, args: tuple, shape: Shape) -> Term: ...
+
+    def folded(self, term: Term) -> np.ndarray | None: ...
+
+    def const(self, value: np.ndarray, dtype: str) -> Term: ...
 
     def scale_of(self, t: Term) -> tuple[Fraction, Term]: ...
 
@@ -46,7 +53,14 @@ class Evaluator(Protocol):
 
 def window_form(ev: Evaluator, t: Term, depth: int = 0) -> Window | None:
     """`t` as a window of a (possibly new) term along one dim, when the ops that made it let the
-    window through; None otherwise."""
+    window through; None otherwise. Kept by (term, depth): a value read by both operands of many
+    ops (a router's gates under two argmaxes) is walked once."""
+    if (t, depth) not in ev.window_forms:
+        ev.window_forms[(t, depth)] = _window_form(ev, t, depth)
+    return ev.window_forms[(t, depth)]
+
+
+def _window_form(ev: Evaluator, t: Term, depth: int) -> Window | None:
     if t.op == "slice":
         dim, start, stop = t.attrs
         return Window(t.args[0], dim, start, stop)
@@ -80,7 +94,70 @@ def window_form(ev: Evaluator, t: Term, depth: int = 0) -> Window | None:
         return _binary(ev, t, depth)
     if t.op == "dot":
         return _dot(ev, t, depth)
+    if t.op == "reduce":
+        return _reduce(ev, t, depth)
+    if t.op == "aligned":
+        return _aligned(ev, t, depth)
     return None
+
+
+def _reduce(ev: Evaluator, t: Term, depth: int) -> Window | None:
+    """A reduce over dims other than the window's: the window of the reduce of the whole (each kept
+    lane is reduced on its own: softmax's max and sum over experts of a device's token groups)."""
+    inner = window_form(ev, t.args[0], depth + 1) if len(t.args) == 1 and len(t.attrs) == 2 else None
+    if inner is None:
+        return None
+    spec = ReduceSpec.parse(t.attrs[1])
+    if inner.dim in spec.dims:
+        return None
+    out = inner.dim - sum(1 for k in spec.dims if k < inner.dim)
+    shape = list(t.shape)
+    shape[out] = inner.whole.shape[inner.dim]
+    return Window(ev.mk("reduce", t.attrs, (inner.whole,), Shape(t.dtype, tuple(shape))), out, inner.start, inner.stop)
+
+
+def _aligned(ev: Evaluator, t: Term, depth: int) -> Window | None:
+    """An aligned map (a variadic reduce such as argmax, a sort's lanes, a batched gather) of
+    operands windowed alike along dims aligned with one output dim (an operand constant along its
+    dim widened, an argmax's iota), or of an rhs windowed along a dim no lhs dim is aligned with
+    (rules/aligned.py: the same facts as rewrite rules)."""
+    table = AlignedMap.parse(t.attrs[0])
+    lhs, rhs = dict(table.lhs), dict(table.rhs)
+    wx, wy = window_form(ev, t.args[0], depth + 1), window_form(ev, t.args[1], depth + 1)
+    # the window of an operand that is no constant (a constant is widened, whatever it holds)
+    found = [
+        (own, side[own.dim])
+        for own, side, operand in ((wy, rhs, t.args[1]), (wx, lhs, t.args[0]))
+        if own is not None and own.dim in side and ev.folded(operand) is None
+    ]
+    if not found:
+        return None
+    w, o = found[0]
+    wholes: list[Term | None] = []
+    for operand, own, side in ((t.args[0], wx, lhs), (t.args[1], wy, rhs)):
+        k = next((d for d, out in side.items() if out == o), None)
+        if k is None:
+            wholes.append(operand if side is lhs else None)  # read whole along o: an lhs only
+        elif own is not None and (own.dim, own.start, own.stop) == (k, w.start, w.stop):
+            wholes.append(own.whole)
+        else:
+            size = w.whole.shape[w.dim]
+            wholes.append(widened(ev, operand, k, size) or _widened_constant(ev, operand, k, size))
+    if any(x is None for x in wholes):
+        return None
+    shape = list(t.shape)
+    shape[o] = w.whole.shape[w.dim]
+    args = tuple(x for x in wholes if x is not None)
+    return Window(ev.mk("aligned", t.attrs, args, Shape(t.dtype, tuple(shape))), o, w.start, w.stop)
+
+
+def _widened_constant(ev: Evaluator, t: Term, dim: int, size: int) -> Term | None:
+    """A constant the same at every index along `dim` (a top-k's iota over a device's rows), at
+    `size` there."""
+    value = ev.folded(t)
+    if value is None or not value.size or not np.all(value == np.take(value, [0], axis=dim)):
+        return None
+    return ev.const(np.repeat(np.take(value, [0], axis=dim), size, axis=dim), t.dtype)
 
 
 def _binary(ev: Evaluator, t: Term, depth: int) -> Window | None:

@@ -25,6 +25,8 @@ VERIFIED = {
     "embed-one-hot", "ce-smoothed", "pick-one-hot-first", "pick-one-hot-2d",
     "positions-sp", "positions-sp-offset-first", "positions-sp-2d",
     "gqa-grad", "gqa-grad-broadcast", "mlp-step",
+    "window-distance", "window-distance-negated", "weighted-pick", "weighted-pick-one-hot",
+    "queue-positions",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -47,6 +49,9 @@ MISMATCH = {
     "embed-one-hot-next", "ce-smoothed-lse-once", "pick-one-hot-2d-batch-offset",
     "positions-sp-one-late", "positions-sp-2d-batch-index",
     "gqa-grad-half", "mlp-step-layer-cut",
+    "window-distance-wide", "window-distance-no-start", "window-distance-inclusive-start",
+    "weighted-pick-next-shard", "weighted-pick-ge", "weighted-pick-first-only",
+    "queue-positions-inclusive", "queue-positions-across-groups",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -97,5 +102,8 @@ DEFAULT = {
     "positions-sp", "positions-sp-one-late",  # a shard's positions (start + d * n) + arange(n): a window
     "gqa-grad", "gqa-grad-half",  # a reduce over a device's one KV head (a size-1 dim) and the group
     "mlp-step", "mlp-step-layer-cut",  # a training step by passes: a wrong gradient in one layer
+    "window-distance", "window-distance-wide",  # a distance q - k tested against constants: tests of q
+    "weighted-pick", "weighted-pick-next-shard",  # gates times top-k picks: the gates' one-hot, cut by experts
+    "queue-positions", "queue-positions-inclusive",  # running sums of a device's token groups: a window
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

@@ -149,3 +149,97 @@ def test_a_pick_through_a_broadcast_operand_states_the_inner_pick():
             np.testing.assert_allclose(
                 evaluate(one_hot, {0: x, 1: IDS}, values), evaluate(gathered, {0: x, 1: IDS}, values), atol=1e-5
             )
+
+
+S = 16  # key positions
+W = 6  # a decode window's width
+
+
+def _with_valid_start(mask):
+    """mask(q, k) of the query positions `start + arange(T)` and the key positions `arange(S)`,
+    times the rows a slice at start reads (so start is taken to lie in [0, S - T])."""
+
+    def fn(table, start):
+        q, k = start + jnp.arange(T), jnp.arange(S)
+        return mask(q, k).astype(jnp.float32) * jax.lax.dynamic_slice(table, (start,), (T,))[..., :, None]
+
+    return fn
+
+
+DISTANCE_FORMS = {
+    # the reference's form: keys at or before the query, inside its window
+    "keys": lambda q, k: (k[None, :] <= q[:, None]) & (k[None, :] > q[:, None] - W),
+    # the distance q - k, as a decode step writes it
+    "distance": lambda q, k: ((q[:, None] - k[None, :]) >= 0) & ((q[:, None] - k[None, :]) < W),
+    # the distance the other way, k - q, with the bounds on the left
+    "negated": lambda q, k: (0 >= k[None, :] - q[:, None]) & (1 - W <= k[None, :] - q[:, None]),
+}
+
+
+def _mask_term(fn, start):
+    table = np.arange(S, dtype=np.float32)
+    built, want, _ = programs(fn, (table, np.int32(start)))
+    return built, want, {0: table, 1: np.int32(start)}
+
+
+@pytest.mark.parametrize("start", [0, 5, S - T])
+@pytest.mark.parametrize("form", ["distance", "negated"])
+def test_a_distance_of_positions_is_compared_as_the_positions(form, start):
+    """(start + arange(t))[:, None] - arange(s) >= 0 is arange(s) <= start + arange(t) where start's
+    bounds keep the difference inside int32: the order tests of the distance become tests of the
+    query positions against a constant, the very terms the reference's key form builds (both forms
+    in one program: two compares in all, up to the half-open forms stated beside them)."""
+    both = lambda q, k: jnp.stack([DISTANCE_FORMS[form](q, k), DISTANCE_FORMS["keys"](q, k)])  # noqa: E731
+    built, want, params = _mask_term(_with_valid_start(both), start)
+    got = built.reference_outputs[0]
+    assert not any(t.op == "binary" and t.attrs[0] == "subtract" and t.dtype == "s32" for t in _terms(got))
+    classes = {c: c for c in _compares(got)}
+    for group in built.evaluator.equal_terms:  # the half-open form stated beside a test
+        for t in group[1:]:
+            if group[0] in classes and t in classes:
+                classes[t] = classes[group[0]]
+    assert len(set(classes.values())) == 2, "the distance's tests are not the key form's"
+    np.testing.assert_array_equal(evaluate(got, params, built.evaluator.values), want)
+
+
+def _far_distance(q, k):
+    """q - (k - 2^31 + 10): wraps where q - k >= 10, which start's bounds allow."""
+    return (q[:, None] - (k[None, :] - (2**31 - 10))) < 0
+
+
+def test_a_distance_that_can_wrap_stays():
+    built, want, params = _mask_term(_with_valid_start(_far_distance), 3)
+    got = built.reference_outputs[0]
+    assert any(t.op == "binary" and t.attrs[0] == "subtract" for t in _terms(got))
+    np.testing.assert_array_equal(evaluate(got, params, built.evaluator.values), want)
+
+
+def test_an_integer_order_test_is_half_open():
+    """t <= k is stated equal to t < k + 1 and t > k to t >= k + 1 on integers, so `d <= w - 1`
+    and `d < w` meet; not at the dtype's largest value, where k + 1 wraps."""
+    top = np.iinfo(np.int32).max
+    fn = lambda t: jnp.stack(  # noqa: E731
+        [t[:, None] <= jnp.arange(V) + 2, t[:, None] < jnp.arange(V) + 3, t[:, None] > jnp.arange(V)]
+    ).astype(jnp.int32) + (t[:, None] <= top - jnp.arange(V)).astype(jnp.int32)
+    programs, want = _programs(fn, (EDGES,))
+    written = set(_compares(programs.reference_outputs[0]))
+    stated = {g[0]: g[1] for g in programs.evaluator.equal_terms if g[0] in written}
+    strict = [c for c in written if c.attrs[0] == "compare-LT:s32"]
+    assert stated and all(g.attrs[0] in ("compare-LT:s32", "compare-GE:s32") for g in stated.values())
+    assert any(g in strict for g in stated.values()), "t <= k + 2 does not meet t < k + 3"
+    assert len(stated) == 2, "the test against the largest int32 has no half-open form"
+    _check_values(programs, want, {0: EDGES})
+
+
+def _near_top(q, k):
+    """q - 5 < [2^31 - 3, 3, 7, ...]: q - 5 never wraps, but 2^31 - 3 + 5 does."""
+    bound = np.arange(S, dtype=np.int32)
+    bound[0] = 2**31 - 3
+    return (q[:, None] - 5) < jnp.asarray(bound)[None, :]
+
+
+def test_an_order_test_whose_moved_constant_wraps_stays():
+    built, want, params = _mask_term(_with_valid_start(_near_top), 3)
+    got = built.reference_outputs[0]
+    assert any(t.op == "binary" and t.attrs[0] == "subtract" for t in _terms(got))
+    np.testing.assert_array_equal(evaluate(got, params, built.evaluator.values), want)

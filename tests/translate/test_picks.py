@@ -119,3 +119,68 @@ def test_lanes_gathered_across_stay_a_gather():
     out = Shape("f32", (3, 3))
     assert one_hot_sum(ev, x, idx, straight, out) is not None
     assert one_hot_sum(ev, x, idx, across, out) is None
+
+
+# -- a dot of weights with the picks of a gather: the weights' one-hot against the gathered rows ---
+N, E, K, W = 6, 5, 2, 3  # tokens, experts, picks per token, width
+
+
+def _top_picks(logits):
+    return jax.lax.top_k(logits, K)[1]  # bounded by the top-k: [0, E)
+
+
+def _gates_first(logits, ys, gates):
+    picked = jnp.take_along_axis(ys, _top_picks(logits)[..., None], axis=1)
+    return jnp.einsum("nk,nkd->nd", gates, picked)
+
+
+def _picks_first(logits, ys, gates):
+    picked = jnp.take_along_axis(ys, _top_picks(logits)[..., None], axis=1)
+    return jnp.einsum("nkd,nk->nd", picked, gates)
+
+
+def _experts_leading(logits, ys, gates):  # every expert's rows [E, N, W], swapped before the pick
+    picked = jnp.take_along_axis(jnp.swapaxes(ys, 0, 1), _top_picks(logits)[..., None], axis=1)
+    return jnp.einsum("nk,nkd->nd", gates, picked)
+
+
+def _clamped_past_the_end(logits, ys, gates):  # an index that may be E: the gather clamps it
+    idx = jnp.clip(jnp.argsort(logits)[:, :K], 0, E)
+    picked = jnp.take_along_axis(ys, idx[..., None], axis=1, mode="clip")
+    return jnp.einsum("nk,nkd->nd", gates, picked)
+
+
+WEIGHTED = {"gates first": (_gates_first, (N, E, W)), "picks first": (_picks_first, (N, E, W)),
+            "experts leading": (_experts_leading, (E, N, W))}
+
+
+def _weighted_args(ys_shape):
+    return (RNG.standard_normal((N, E)).astype(np.float32), RNG.standard_normal(ys_shape).astype(np.float32),
+            RNG.standard_normal((N, K)).astype(np.float32))
+
+
+def _weighted_groups(built):
+    return [g for g in built.evaluator.equal_terms if g[0].op == "dot" and any(t.op == "dot" for t in g[1:])
+            and any(a.op == "reduce" for t in g[1:] for a in t.args)]
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHTED))
+def test_weights_times_picks_are_the_weighted_one_hot_against_the_rows(name):
+    """sum_k g[n, k] * ys[n, idx[n, k]] = sum_e (sum_k g[n, k] * (idx[n, k] == e)) * ys[n, e], stated
+    beside the dot (and the weighted one-hot as a reduce and as a dot), checked against XLA."""
+    fn, ys_shape = WEIGHTED[name]
+    args = _weighted_args(ys_shape)
+    built, want, _ = programs(fn, args)
+    params, values = dict(enumerate(args)), built.evaluator.values
+    np.testing.assert_allclose(evaluate(built.reference_outputs[0], params, values), want, rtol=1e-5, atol=1e-5)
+    assert _weighted_groups(built), "the weighted one-hot was not stated"
+    for group in built.evaluator.equal_terms:
+        first = evaluate(group[0], params, values)
+        for other in group[1:]:
+            np.testing.assert_allclose(evaluate(other, params, values), first, rtol=1e-5, atol=1e-5)
+
+
+def test_no_weighted_one_hot_for_an_index_past_the_rows():
+    """An index that may be E reads row E - 1 (the gather clamps) where its one-hot is all zeros."""
+    built, _, _ = programs(_clamped_past_the_end, _weighted_args((N, E, W)))
+    assert not _weighted_groups(built)

@@ -199,3 +199,35 @@ def test_near_miss_the_last_row_of_a_reversed_running_sum_is_no_total():
     ev = _translated(lambda v: lax.cumsum(v, axis=0, reverse=True), V)
     (scan,) = ev.window_sums
     assert ev.slice_term(scan, 0, 7, 8).op == "slice"
+
+
+GROUPS = np.random.default_rng(7).standard_normal((4, 6, 3)).astype(np.float32)  # [group, token, expert]
+
+
+def _sorted_shares(v):
+    """Each group's running sums over its tokens of its experts' shares, largest first (an aligned map:
+    the same lanes as an argmax's), exclusive."""
+    shares = lax.top_k(jax.nn.softmax(v, axis=-1), v.shape[-1])[0]
+    return jnp.cumsum(shares, axis=1) - shares
+
+
+@pytest.mark.parametrize("groups", [(0, 1), (1, 3)])
+def test_a_running_sum_of_a_window_along_another_dim_is_its_window(groups):
+    """CS(v[a:b along d]) = CS(v)[a:b along d] for d other than the running dim: a device's token
+    groups, through a softmax (reduces over the experts) and a top-k of each token's shares (an
+    aligned map), sum their tokens on their own."""
+    lo, hi = groups
+    ev = _translated(lambda v: (_sorted_shares(v), _sorted_shares(v[lo:hi])), GROUPS)
+    stated = [g for g in _stated_running_sums(ev) if any(t.op == "slice" and t.shape[0] == hi - lo for t in g)]
+    assert stated, "the window of the whole running sum was not stated"
+    for group in stated:
+        first, *rest = (_value(ev, t, {0: GROUPS}) for t in group)
+        for other in rest:
+            np.testing.assert_allclose(other, first, rtol=1e-6)
+
+
+def test_near_miss_a_running_sum_of_a_window_along_its_own_dim_is_no_plain_window():
+    """Tokens 2:5 of each group sum from their own first token: CS(v[:, 2:5]) is no window of CS(v)."""
+    ev = _translated(lambda v: jnp.cumsum(v[:, 2:5], axis=1), GROUPS)
+    for group in _stated_running_sums(ev):
+        assert any(t.op == "binary" and t.attrs == ("add",) for t in group), "stated without what precedes"

@@ -9,9 +9,9 @@ from fractions import Fraction
 import numpy as np
 
 from equivci.hlo.ir import Shape
-from equivci.terms.ir import TermTable
+from equivci.terms.ir import TermTable, sort_map
 from equivci.terms.semantics import evaluate
-from equivci.terms.spec import DotSpec, bcast_spec
+from equivci.terms.spec import DotSpec, ReduceSpec, bcast_spec
 from equivci.translate.evaluator import Evaluator
 from equivci.translate.windows import window_form
 
@@ -81,3 +81,28 @@ def test_near_miss_a_chain_deeper_than_the_budget_is_no_window():
     assert window_form(ev, t) is not None
     t = ev.mk("unary", ("negate",), (t,), Shape("f32", t.shape))
     assert window_form(ev, t) is None
+
+
+def _sorted_rows(ev, a, b):
+    """A stable sort of (a, b) along dim 0, its first output: an aligned map along dim 1."""
+    key = sort_map(2, 0, a.shape[0]).key("sort:GT:0:0")
+    return ev.mk("aligned", (key,), (a, b), Shape("f32", a.shape))
+
+
+def test_a_window_passes_a_reduce_over_other_dims_and_an_aligned_map():
+    ev, h, w, m = _setup()
+    shifted = _logits(ev, h, w, m)
+    total = ev.mk("reduce", ("add", ReduceSpec(2, (0,)).text()), (shifted,), Shape("f32", (5,)))
+    assert (_holds(ev, total).dim, _holds(ev, total).start) == (0, 2)
+    assert _holds(ev, _sorted_rows(ev, shifted, shifted)).dim == 1
+
+
+def test_near_miss_a_reduce_over_the_window_dim_is_no_window():
+    ev, h, w, m = _setup()
+    shifted = _logits(ev, h, w, m)
+    assert window_form(ev, ev.mk("reduce", ("add", ReduceSpec(2, (1,)).text()), (shifted,), Shape("f32", (3,)))) is None
+
+
+def test_near_miss_an_aligned_map_of_windows_of_different_ranges_is_no_window():
+    ev, h, w, m = _setup()
+    assert window_form(ev, _sorted_rows(ev, _logits(ev, h, w, m, 2, 7), _logits(ev, h, w, m, 3, 8))) is None

@@ -1643,3 +1643,169 @@ def mlp_step_layer_cut(x, params, *, mesh):
 
 def mlp_step_inputs():
     return (spec(4, 8), [(spec(8, 16), spec(16, 8)) for _ in range(4)])
+# --- a window of key positions written as a distance: translate/elementwise.py (offset_moved) ----
+WINDOW = 3  # keys visible to a query: its own position and the WINDOW - 1 before it
+
+
+def distance_inputs():
+    return (spec(POSITIONS, D), spec(S * 2, D), spec(dtype=jnp.int32))
+
+
+def window_keys(table, x, start):
+    """Queries at `start + arange(T)` against keys at positions arange(T): the reference tests the
+    key positions against the query's."""
+    q_pos, k_pos = start + jnp.arange(x.shape[0]), jnp.arange(x.shape[0])
+    h = x + table[q_pos]
+    visible = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] > q_pos[:, None] - WINDOW)
+    return jnp.where(visible, h @ x.T, 0.0)
+
+
+def _window_distance_sp(table, x, start, mesh, visible_of, local_pos=_at_shard):
+    """Query rows over tp, every key on every device; `visible_of(q_pos, k_pos)` the mask."""
+
+    def body(table, x, start):
+        n = x.shape[0]
+        q_pos = local_pos(start, lax.axis_index(TP), n)
+        h = x + jnp.take(table, q_pos, axis=0)
+        keys = lax.all_gather(x, TP, tiled=True)
+        visible = visible_of(q_pos, jnp.arange(keys.shape[0]))
+        return jnp.where(visible, h @ keys.T, 0.0)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(TP), P()), out_specs=P(TP))(table, x, start)
+
+
+def _distance(q_pos, k_pos):
+    dist = q_pos[:, None] - k_pos[None, :]
+    return (dist >= 0) & (dist < WINDOW)
+
+
+def window_distance(table, x, start, *, mesh):  # the distance q - k in [0, WINDOW)
+    return _window_distance_sp(table, x, start, mesh, _distance)
+
+
+def window_distance_negated(table, x, start, *, mesh):  # k - q in [1 - WINDOW, 0], bounds on the left
+    def visible(q_pos, k_pos):
+        back = k_pos[None, :] - q_pos[:, None]
+        return (0 >= back) & (1 - WINDOW <= back)
+
+    return _window_distance_sp(table, x, start, mesh, visible)
+
+
+def window_distance_wide(table, x, start, *, mesh):
+    def visible(q_pos, k_pos):
+        dist = q_pos[:, None] - k_pos[None, :]
+        return (dist >= 0) & (dist <= WINDOW)  # BUG: `<=` lets one key more into the window
+
+    return _window_distance_sp(table, x, start, mesh, visible)
+
+
+def window_distance_no_start(table, x, start, *, mesh):
+    # BUG: the queries' positions without the start offset (d * n + arange(n))
+    return _window_distance_sp(table, x, start, mesh, _distance, lambda s, d, n: d * n + lax.iota(jnp.int32, n))
+
+
+def window_distance_inclusive_start(table, x, start, *, mesh):
+    def visible(q_pos, k_pos):
+        dist = q_pos[:, None] - k_pos[None, :]
+        return (dist > 0) & (dist < WINDOW)  # BUG: `>` drops the query's own position
+
+    return _window_distance_sp(table, x, start, mesh, visible)
+
+
+# --- a top-k router's gates times the picked experts' outputs: translate/picks.py (weighted_pick) -
+EXPERTS, TOP = 4, 2
+
+
+def weighted_pick_inputs():
+    return (spec(S * 2, D), spec(D, EXPERTS), spec(EXPERTS, D, D))
+
+
+def weighted_pick(x, router, w):
+    """Every expert on every token, the top-2 picked with take_along_axis and weighted by the gates."""
+    top_logits, top_idx = lax.top_k(x @ router, TOP)
+    gates = jax.nn.softmax(top_logits, axis=-1)
+    ys = jnp.swapaxes(jnp.einsum("nd,edf->enf", x, w), 0, 1)  # [N, E, D]
+    picked = jnp.take_along_axis(ys, top_idx[..., None], axis=1)
+    return jnp.einsum("nk,nkd->nd", gates, picked)
+
+
+def _weighted_pick_ep(x, router, w, mesh, local_gates_of):
+    """Experts over tp, tokens on every device: each keeps the gates of the experts it owns
+    (`local_gates_of(top_idx, gates, first owned expert, experts per device)`) and psums."""
+
+    def body(x, router, w):
+        n = w.shape[0]
+        top_logits, top_idx = lax.top_k(x @ router, TOP)
+        gates = jax.nn.softmax(top_logits, axis=-1)
+        local = local_gates_of(top_idx, gates, lax.axis_index(TP) * n, n)
+        return lax.psum(jnp.einsum("ne,end->nd", local, jnp.einsum("nd,edf->enf", x, w)), TP)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(TP)), out_specs=P())(x, router, w)
+
+
+def _owned_where(top_idx, gates, lo, n):
+    owned = lo + jnp.arange(n)
+    return jnp.sum(jnp.where(top_idx[:, :, None] == owned, gates[:, :, None], 0.0), axis=1)
+
+
+def weighted_pick_ep(x, router, w, *, mesh):  # sum(where(top_idx == owned, gates, 0)) over the k picks
+    return _weighted_pick_ep(x, router, w, mesh, _owned_where)
+
+
+def weighted_pick_ep_one_hot(x, router, w, *, mesh):  # einsum of the gates with one_hot(top_idx - lo)
+    return _weighted_pick_ep(
+        x, router, w, mesh, lambda i, g, lo, n: jnp.einsum("nk,nke->ne", g, jax.nn.one_hot(i - lo, n, dtype=g.dtype))
+    )
+
+
+def weighted_pick_ep_next_shard(x, router, w, *, mesh):
+    # BUG: each device claims the next device's experts
+    return _weighted_pick_ep(x, router, w, mesh, lambda i, g, lo, n: _owned_where(i, g, lo + n, n))
+
+
+def weighted_pick_ep_ge(x, router, w, *, mesh):
+    def local(top_idx, gates, lo, n):
+        owned = lo + jnp.arange(n)
+        # BUG: `>=` for `==`: an expert takes the gates of every pick at or past it
+        return jnp.sum(jnp.where(top_idx[:, :, None] >= owned, gates[:, :, None], 0.0), axis=1)
+
+    return _weighted_pick_ep(x, router, w, mesh, local)
+
+
+def weighted_pick_ep_first_only(x, router, w, *, mesh):
+    # BUG: only the first pick's gate is kept
+    return _weighted_pick_ep(x, router, w, mesh, lambda i, g, lo, n: _owned_where(i[:, :1], g[:, :1], lo, n))
+
+
+# --- running sums over each token group's tokens, the groups sharded: translate/cumsums.py, windows.py
+def group_inputs():
+    return (spec(4, S * 2, D), spec(D, EXPERTS))
+
+
+def _queue_positions(x, router, inclusive=False, axis=1):
+    """Each token's position in its expert's queue within its group (capacity routing)."""
+    first = jax.nn.one_hot(jnp.argmax(jax.nn.softmax(x @ router, axis=-1), -1), EXPERTS, dtype=x.dtype)
+    return jnp.cumsum(first, axis=axis) - (0.0 if inclusive else first)
+
+
+def queue_positions(x, router):
+    return _queue_positions(x, router)
+
+
+def _queue_positions_dp(x, router, mesh, **kw):
+    return jax.shard_map(lambda x, r: _queue_positions(x, r, **kw), mesh=mesh, in_specs=(P(TP), P()),
+                         out_specs=P(TP))(x, router)
+
+
+def queue_positions_dp(x, router, *, mesh):  # groups over tp, each device's groups on their own
+    return _queue_positions_dp(x, router, mesh)
+
+
+def queue_positions_dp_inclusive(x, router, *, mesh):
+    # BUG: an inclusive running sum where the reference's is exclusive
+    return _queue_positions_dp(x, router, mesh, inclusive=True)
+
+
+def queue_positions_dp_across_groups(x, router, *, mesh):
+    # BUG: summed over the device's groups, not over each group's tokens
+    return _queue_positions_dp(x, router, mesh, axis=0)
