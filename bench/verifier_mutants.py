@@ -829,6 +829,10 @@ MUTANTS: tuple[Mutant, ...] = (
     M("ring-closed", "out.append(sorted(pairs + _closing_pairs(step)))", "pass",
       "a device no pair sends to receives zeros: a ring that lacks its wrap-around pair is one candidate",
       "pytest:tests/diagnose/test_ring_pairs.py::test_a_chain_is_offered_closed_into_a_ring"),
+    M("pairs-what-if-first", "rerouted = rerouting(events, proof, evaluator)", "rerouted = None",
+      "pairs that, sent another way, make every output the reference's lead (a repair proved), asked "
+      "before the walk's hypotheses use up the e-graph's room",
+      "pytest:tests/diagnose/test_localize.py::test_the_pairs_what_if_comes_before_the_walks_hypotheses"),
     M("factory-call-site", "return unique if len(unique) == 1 else []", "return []",
       "a closure made by a factory got its arguments at the factory's call, which no op's stack holds",
       "pytest:tests/diagnose/test_ring_pairs.py::test_a_ring_without_its_wrap_pair_blames_the_pairs[stack_chain-chain]"),

@@ -359,8 +359,20 @@ def _describe_pairs(pairs: list[tuple[int, int]], n: int) -> str:
     return shown
 
 
-def wrong_permutation(events: list[Event], proof: Proof, evaluator, first: Event | None) -> Defect | None:
-    """A collective-permute whose pairs, sent another way, make every output the reference's."""
+@dataclasses.dataclass(frozen=True)
+class Rerouting:
+    """A collective-permute (all its copies on one line) and other pairs that, sent along instead,
+    make every output its part of the reference."""
+
+    inst: Instruction
+    pairs: list[tuple[int, int]]
+    candidate: list[tuple[int, int]]
+
+
+def rerouting(events: list[Event], proof: Proof, evaluator) -> Rerouting | None:
+    """The what-if of `wrong_permutation`, asked once per localization and before the walk's
+    hypotheses grow the e-graph: the variant's terms need the saturation budget, which the
+    hypotheses of a long walk over a pipeline's unrolled ticks can use up before the walk ends."""
     if not proof.targets or evaluator.entry_args is None:
         return None
     groups: dict[tuple, dict[str, Instruction]] = {}
@@ -388,28 +400,28 @@ def wrong_permutation(events: list[Event], proof: Proof, evaluator, first: Event
                 for dev_out, dev_targets in zip(outputs, proof.targets)
                 for o, t in zip(dev_out, dev_targets)
             ):
-                inst = next(iter(insts.values()))
-                added = sorted(set(candidate) - set(pairs)) if set(pairs) < set(candidate) else []
-                how = (
-                    "as if they came the other way"
-                    if candidate == sorted((t, s) for s, t in pairs)
-                    else f"as if {_describe_pairs(added, evaluator.n)} sent too (a device that no pair sends "
-                    "to receives zeros): a ring lacks its wrap-around pair"
-                    if added
-                    else "as if they came from other devices"
-                )
-                message = (
-                    f"this collective-permute sends along {_describe_pairs(pairs, evaluator.n)}, but sent "
-                    f"along {_describe_pairs(candidate, evaluator.n)} every output would equal its part of "
-                    f"the reference: the received values are used {how}"
-                )
-                if first is not None:
-                    message += (
-                        f" (the first value not related to the reference is the `{first.inst.opcode}` at "
-                        f"{_at(first.inst)})"
-                    )
-                return Defect(_at_pairs_origin(inst, events), message)
+                return Rerouting(next(iter(insts.values())), pairs, candidate)
     return None
+
+
+def wrong_permutation(found: Rerouting, events: list[Event], evaluator) -> Defect:
+    """A collective-permute whose pairs, sent another way, make every output the reference's."""
+    pairs, candidate = found.pairs, found.candidate
+    added = sorted(set(candidate) - set(pairs)) if set(pairs) < set(candidate) else []
+    how = (
+        "as if they came the other way"
+        if candidate == sorted((t, s) for s, t in pairs)
+        else f"as if {_describe_pairs(added, evaluator.n)} sent too (a device that no pair sends "
+        "to receives zeros): a ring lacks its wrap-around pair"
+        if added
+        else "as if they came from other devices"
+    )
+    message = (
+        f"this collective-permute sends along {_describe_pairs(pairs, evaluator.n)}, but sent "
+        f"along {_describe_pairs(candidate, evaluator.n)} every output would equal its part of "
+        f"the reference: the received values are used {how}"
+    )
+    return Defect(_at_pairs_origin(found.inst, events), message)
 
 
 def _at_pairs_origin(inst: Instruction, events: list[Event]) -> Instruction:
@@ -435,6 +447,12 @@ def first_defect(
     """`routed`: ids of dispatch masks and routed values (equivci/translate/routing.py), which are
     related to the reference only through the combine that undoes the dispatch."""
     routed = set(routed)
+    rerouted = rerouting(events, proof, evaluator)
+    if rerouted is not None:
+        # A repair proved: with these pairs every output is the reference's, so every other op is
+        # right as it stands. The walk below would only look for the first value the wrong sends
+        # spoil, and its hypotheses cost more than the repair's proof.
+        return wrong_permutation(rerouted, events, evaluator)
     # Keyed by every device's term: two ops can agree on device 0 and differ elsewhere.
     status: dict[tuple[int, ...], str] = {}  # related | partial | scaled | unrelated
     factors: dict[tuple[int, ...], Fraction] = {}  # scaled values -> their factor
@@ -477,9 +495,6 @@ def first_defect(
                 "device, which multiplies it by the group size: the value was reduced before; "
                 "remove one of the two reductions",
             )
-        wrong_way = wrong_permutation(events, proof, evaluator, event)
-        if wrong_way is not None:
-            return wrong_way
         slip = misplaced_slice(events, [list(e.values) for e in operand_events if e and _terms(e)])
         if slip is not None:
             lines = {(loc.file, loc.line) for e in events for loc in e.inst.stack[:1]}
@@ -829,9 +844,7 @@ def first_defect(
         return explain(*(first_scaled or (event, terms)))
     if first_scaled:
         return explain(*first_scaled)
-    # Every value is related, yet an output is not its part of the reference: values may have
-    # been sent to the wrong devices.
-    return wrong_permutation(events, proof, evaluator, None)
+    return None
 
 
 def unfinished_output(
