@@ -55,10 +55,9 @@ def note(ev: Builder, inst: Instruction, args: list, result: Value, handler: Cal
             for form in (term, _swapped(ev, term)):
                 if form is None:
                     continue
-                ev.equal_terms.append([result, ev.reshape_term(form, inst.shape)])
                 # the unit dim moved beside the heads it groups, as the reference's einsum lays
                 # out its [.., G, M, ..] before merging them: a transpose of size-1 dims moves no
-                # element, the squeeze of either is the device's dot
+                # element, its squeeze is the device's dot
                 moved = ev.transpose_term(form, beside)
                 spec = (reshape_spec(moved.shape, inst.shape.dims),)
                 ev.equal_terms.append([result, ev.mk("reshape", spec, [moved], inst.shape)])
@@ -83,7 +82,7 @@ def _swapped(ev: Builder, term: Term) -> Term | None:
 
 def _batched(inst: Instruction, side: int, unit: int, other: tuple[int, ...]):
     """The dots with the pair (unit of the squeezed side, p of the other) added as a batch pair,
-    for p each place before one of the other operand's free dims: (instruction, the other
+    for p each place before one of the other operand's free dims of several entries (its heads): (instruction, the other
     operand's shape with its unit dim, the permutation of the output that moves the unit dim before
     the output dim of the other's dim at p). The pair goes where the lhs's batch dims stay in
     order (any place computes the same; this one is the order einsum writes)."""
@@ -96,7 +95,7 @@ def _batched(inst: Instruction, side: int, unit: int, other: tuple[int, ...]):
         return [d + 1 if d >= at else d for d in dims]
 
     other_free = [d for d in range(len(other)) if d not in batch[1 - side] + contract[1 - side]]
-    for p in other_free:
+    for p in (d for d in other_free if other[d] > 1):  # a group of several heads
         dims = [[], []]
         dims[side] = [shift(batch[side], unit), shift(contract[side], unit)]
         dims[1 - side] = [shift(batch[1 - side], p), shift(contract[1 - side], p)]
