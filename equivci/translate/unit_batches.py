@@ -96,7 +96,7 @@ def _batched(inst: Instruction, side: int, unit: int, other: tuple[int, ...]):
 
     other_free = [d for d in range(len(other)) if d not in batch[1 - side] + contract[1 - side]]
     for p in (d for d in other_free if other[d] > 1):  # a group of several heads
-        dims = [[], []]
+        dims: list[list[list[int]]] = [[], []]
         dims[side] = [shift(batch[side], unit), shift(contract[side], unit)]
         dims[1 - side] = [shift(batch[1 - side], p), shift(contract[1 - side], p)]
         (lb, lc), (rb, rc) = dims
