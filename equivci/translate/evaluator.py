@@ -36,6 +36,7 @@ from equivci.translate import (
     scaled_dots,
     shapes,
     sorts,
+    unit_batches,
 )
 from equivci.translate.attributes import called
 from equivci.translate.builder import Builder, Unsupported, Value
@@ -160,6 +161,7 @@ class Evaluator(Builder):
         bounds.note(self, inst, args, result)
         regroup.note(self, inst, args, result, handler, device)
         scaled_dots.note(self, inst, args, result, handler, device)
+        unit_batches.note(self, inst, args, result, handler, device)
         return result
 
 
