@@ -426,6 +426,15 @@ MUTANTS: tuple[Mutant, ...] = (
       "if len(terms[0]) < 2:",
       "device sums are regrouped term by term only when every device sums as many terms",
       "pytest:tests/translate/test_pieces.py::test_sums_over_devices_of_each_devices_sums_are_regrouped"),
+    M("pieces-window-start", "parts = [build([window(ev, a, dim, lo, hi) for a in args]) for lo, hi in zip(bounds, bounds[1:])]",
+      "parts = [build([window(ev, a, dim, lo, hi) for a in args[:1]] + [window(ev, a, dim, 0, hi - lo) for a in args[1:]])"
+      " for lo, hi in zip(bounds, bounds[1:])]",
+      "each piece of an elementwise op reads every operand at the same window: roll(x) * concat(-sin, sin) is not"
+      " roll(x) * concat(-sin, -sin)",
+      "pytest:tests/translate/test_rotation_pieces.py -k concatenation_of_the_pieces"),
+    M("pieces-bcast-window", "inner = window(ev, t.args[0], k, start, stop)", "inner = window(ev, t.args[0], k, 0, stop - start)",
+      "a broadcast's window is the broadcast of the window of its operand at the same offset",
+      "pytest:tests/translate/test_rotation_pieces.py -k broadcast_concatenation"),
     # -- a sum over devices of one linear map of each device's value (translate/linear_sums.py) --------
     M("linear-sum-shared-add", 'return t.attrs[0] == "multiply" or (t.attrs[0] == "divide" and pos == 0)',
       'return t.attrs[0] in ("multiply", "add") or (t.attrs[0] == "divide" and pos == 0)',
@@ -449,6 +458,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "_collect(ev, base.args[0], c, out, shape, limit)",
       "a negation flips its operand's coefficients",
       "pytest:tests/translate/test_signed_sums.py -k written_orders"),
+    M("signed-sum-negated-factor", "_collect(ev, product, -c, out, shape, limit)", "_collect(ev, product, c, out, shape, limit)",
+      "a negated factor negates the product: x1 * cos + (-x2) * sin is x1 * cos - x2 * sin",
+      "pytest:tests/translate/test_rotation_pieces.py -k negated_factor"),
     M("signed-sum-spread-count", "count = Fraction(math.prod(operand.shape[k] for k in reduced))",
       "count = Fraction(1)",
       "a sum over R of a value constant along R is |R| times it: Σ (x - lse) = Σ x - V · lse",
