@@ -12,7 +12,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Module, Shape
 from equivci.terms.ir import Term, reduce_pair_map
 from equivci.terms.spec import DotSpec, ReduceSpec, transpose_text
-from equivci.translate import orders, relaid
+from equivci.translate import moved_columns, orders, relaid
 from equivci.translate.arrays import all_equal, distinct, is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
 from equivci.translate.builder import Builder, Value
@@ -44,6 +44,14 @@ def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     lc, rc = dims_attr(a.get("lhs_contracting_dims")), dims_attr(a.get("rhs_contracting_dims"))
     lhs, rhs = args
     dot_spec = DotSpec(lb, rb, lc, rc, len(lhs.shape), len(rhs.shape), (lhs.dtype, rhs.dtype))
+    term = _dot_terms(ev, inst, dot_spec, lhs, rhs)
+    if (moved := moved_columns.moved_columns(ev, dot_spec, lhs, rhs, inst.shape)) is not None:
+        ev.equal_terms.append([term, moved])
+        ev.piecewise[term] = moved
+    return term
+
+
+def _dot_terms(ev: Builder, inst: Instruction, dot_spec: DotSpec, lhs: Term, rhs: Term) -> Term:
     spec, x, y = split_contraction(ev, dot_spec, lhs, rhs) or (dot_spec, lhs, rhs)
     spec, x, y, perm = through_transposes(spec, x, y) or (spec, x, y, tuple(range(len(inst.shape.dims))))
     # a transpose absorbed may uncover a reshape that merged a contraction (heads moved, then flattened)

@@ -1,13 +1,16 @@
-"""An elementwise op on a concatenation is the concatenation of the op on the pieces, and a negated
+"""An elementwise op on a concatenation is the concatenation of the op on the pieces, a negated
 factor of a product is a coefficient of the sum it is in (equivci.translate.pieces,
-equivci.translate.signed_sums): every way of writing a rotary embedding's half rotation meets the
-others there.
+equivci.translate.signed_sums), and a product with a constant matrix whose columns each hold at most
+one non-zero is a concatenation of scaled windows (equivci.translate.moved_columns): every way of
+writing a rotary embedding's half rotation meets the others there.
 
-Checked on terms (the stated form evaluates to the op's value; a negated factor on either side), and
-on JAX programs in three styles against NeoX's rotate_half reference: by halves on sequence shards,
-a fused roll times a signed sin on head shards, and rotate_half itself on head shards. Near misses
-(the sign of the sin flipped, the halves swapped, the roll by one, interleaved pairs taken as the
-halves) are mismatches.
+Checked on terms (each stated form evaluates to the op's value; a negated factor on either side; a
+matrix on either side of the product, and one with two non-zeros in a column left alone), and on JAX
+programs in four styles against NeoX's rotate_half reference: by halves on sequence shards, a fused
+roll times a signed sin on head shards, rotate_half itself and rotate_half as a matrix on head
+shards (and by halves against the matrix as the reference). Near misses (the sign of the sin
+flipped, the halves swapped, the roll by one, interleaved pairs taken as the halves, the matrix's
+sign flipped) are mismatches.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import model_package
 import numpy as np
 import pytest
 from model_package import verify_named as _verify
+from test_dot_relayouts import _dot_inst
 
 from equivci.hlo.ir import Shape
 from equivci.results import Status
@@ -26,6 +30,7 @@ from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
 from equivci.translate.elementwise import binary_terms
 from equivci.translate.evaluator import Evaluator
+from equivci.translate.reductions import dot
 
 RNG = np.random.default_rng(0)
 B, S, HD = 2, 3, 8
@@ -111,10 +116,48 @@ def test_a_product_without_a_concatenated_operand_states_no_pieces() -> None:
     assert product not in ev.piecewise
 
 
+def _rotate_half_matrix(sign: float = 1.0) -> np.ndarray:
+    """R with x @ R = concat(-x2, x1): column j < h reads row j + h negated, column j >= h row j - h."""
+    h = HD // 2
+    matrix = np.zeros((HD, HD), np.float32)
+    matrix[h:, :h] = -sign * np.eye(h)
+    matrix[:h, h:] = np.eye(h)
+    return matrix
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_a_constant_matrix_that_moves_columns_is_a_concatenation_of_scaled_windows(left: bool) -> None:
+    ev, x, _, _, values = _setup()
+    matrix = ev.const(_rotate_half_matrix() if not left else _rotate_half_matrix().T, "f32")
+    if left:  # R @ x over x's first dim: x laid out [HD, B * S]
+        x = ev.table.make("param", (4,), (), (HD, B * S), "f32")
+        values[4] = RNG.standard_normal((HD, B * S))
+        inst = _dot_inst((HD, B * S), "{1}", "{0}")
+        term = dot(ev, inst, [matrix, x], 0)
+        expected = _rotate_half_matrix().T @ values[4]
+    else:
+        term = dot(ev, _dot_inst((B, S, HD), "{2}", "{0}"), [x, matrix], 0)
+        expected = values[0] @ _rotate_half_matrix()
+    form = ev.piecewise[term]
+    np.testing.assert_allclose(evaluate(term, values, ev.values), expected, rtol=1e-6)
+    np.testing.assert_allclose(evaluate(form, values, ev.values), expected, rtol=1e-6)
+    assert form.op == "concat" and form in _stated(ev, term)
+
+
+@pytest.mark.parametrize("entry", [(0, 0, 1.0), (5, 0, 0.5)])
+def test_a_matrix_with_two_non_zeros_in_a_column_is_no_window(entry) -> None:
+    ev, x, _, _, _ = _setup()
+    matrix = _rotate_half_matrix()
+    matrix[entry[0], entry[1]] += entry[2]
+    term = dot(ev, _dot_inst((B, S, HD), "{2}", "{0}"), [x, ev.const(matrix, "f32")], 0)
+    assert term not in ev.piecewise
+
+
 MODELS = textwrap.dedent(
     """\
     import jax
     import jax.numpy as jnp
+    import numpy as np
     from jax.sharding import PartitionSpec as P
 
     B, S, H, HD = 2, 8, 4, 8
@@ -201,6 +244,33 @@ MODELS = textwrap.dedent(
 
     def rotate_half_tp(x, positions, *, mesh):
         return _heads(neox, mesh)(x, positions)
+
+
+    def _matrix(sign):
+        h = HD // 2
+        r = np.zeros((HD, HD), np.float32)
+        r[h:, :h] = -sign * np.eye(h)
+        r[:h, h:] = np.eye(h)
+        return jnp.asarray(r)
+
+
+    def _by_matrix(sign):
+        def rope(x, positions):
+            cos, sin = _angles(positions)
+            cos, sin = jnp.concatenate([cos, cos], -1), jnp.concatenate([sin, sin], -1)
+            return x * cos + (x @ _matrix(sign)) * sin  # MARK:matrix
+        return rope
+
+
+    neox_matrix = _by_matrix(1.0)
+
+
+    def matrix_tp(x, positions, *, mesh):
+        return _heads(_by_matrix(1.0), mesh)(x, positions)
+
+
+    def matrix_sign_tp(x, positions, *, mesh):
+        return _heads(_by_matrix(-1.0), mesh)(x, positions)
     """
 )
 
@@ -212,10 +282,14 @@ _ROWS = [
     ("roll-sign-tp", "roll_sign_tp", "{tp: 2}"),
     ("roll-by-one-tp", "roll_by_one_tp", "{tp: 2}"),
     ("rotate-half-tp", "rotate_half_tp", "{tp: 2}"),
+    ("matrix-tp", "matrix_tp", "{tp: 2}"),
+    ("matrix-sign-tp", "matrix_sign_tp", "{tp: 2}"),
+    ("matrix-reference-halves-sp", "halves_sp", "{sp: 2}", "neox_matrix"),
 ]
 MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {name}, reference: m.py:neox, distributed: m.py:{fn}, inputs: m.py:inputs, mesh: {mesh}}}\n"
-    for name, fn, mesh in _ROWS
+    f"  - {{name: {name}, reference: m.py:{ref[0] if ref else 'neox'}, distributed: m.py:{fn}, inputs: m.py:inputs,"
+    f" mesh: {mesh}}}\n"
+    for name, fn, mesh, *ref in _ROWS
 )
 
 
@@ -224,13 +298,15 @@ def manifest(tmp_path_factory):
     return model_package.write_package(tmp_path_factory.mktemp("rotation_pieces"), "m.py", MODELS, MANIFEST)
 
 
-@pytest.mark.parametrize("name", ["halves-sp", "roll-tp", "rotate-half-tp"])
-def test_half_rotations_written_three_ways_verify(manifest, name) -> None:
+@pytest.mark.parametrize("name", ["halves-sp", "roll-tp", "rotate-half-tp", "matrix-tp", "matrix-reference-halves-sp"])
+def test_half_rotations_written_four_ways_verify(manifest, name) -> None:
     result = _verify(manifest, name)
     assert result.status is Status.VERIFIED, result.findings
 
 
-@pytest.mark.parametrize("name", ["pairs-as-halves-sp", "swapped-sp", "roll-sign-tp", "roll-by-one-tp"])
+@pytest.mark.parametrize(
+    "name", ["pairs-as-halves-sp", "swapped-sp", "roll-sign-tp", "roll-by-one-tp", "matrix-sign-tp"]
+)
 def test_near_misses_of_the_half_rotation_are_mismatches(manifest, name) -> None:
     result = _verify(manifest, name)
     assert result.status is Status.MISMATCH, (result.status, result.findings)
