@@ -75,6 +75,9 @@ class Builder:
         self.argmaxes: dict[Term, tuple[Term, int]] = {}
         # elementwise terms -> the term of the unsqueezed shape whose squeeze they equal (squeezes.py)
         self.unsqueezed: dict[Term, Term] = {}
+        # elementwise terms with an operand concatenated along a dim -> the concatenation of the op
+        # on the pieces, stated equal to them (pieces.py)
+        self.piecewise: dict[Term, Term] = {}
         # ops on a value split in groups along its leading dim -> the op on the unsplit value (regroup.py)
         self.regrouped: dict[Term, Term] = {}
         # a lifted op's result on the flat rows -> (its instruction, operands, handler, device, which

@@ -88,7 +88,12 @@ def unary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
 
 
 def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
-    op, shape = inst.opcode, inst.shape
+    return binary_terms(ev, inst.opcode, args, inst.shape)
+
+
+def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
+    """The binary op's term, with the facts stated beside it (its signed sum in one form, its
+    pieces when an operand is a concatenation)."""
     if (plain := without_guard(ev, op, args)) is not None:
         return plain
     if (cancelled := offset_cancelled(ev, op, args)) is not None:
@@ -113,6 +118,11 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
                 ev.equal_terms.append([term, args[1 - k]])
     if (form := signed_sums.one_form(ev, term)) is not None:  # a product's factor may fold into a sum
         ev.equal_terms.append([term, form])
+    if ev.folded(term) is None:
+        piece = lambda parts: binary_terms(ev, op, parts, Shape(shape.dtype, parts[0].shape))  # noqa: E731
+        if (joined := pieces.elementwise_pieces(ev, args, piece)) is not None and joined is not term:
+            ev.equal_terms.append([term, joined])
+            ev.piecewise[term] = joined
     return term
 
 

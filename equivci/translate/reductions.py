@@ -12,7 +12,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Module, Shape
 from equivci.terms.ir import Term, reduce_pair_map
 from equivci.terms.spec import DotSpec, ReduceSpec, transpose_text
-from equivci.translate import orders, picks, relaid
+from equivci.translate import moved_columns, orders, picks, relaid
 from equivci.translate.arrays import all_equal, distinct, is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
 from equivci.translate.builder import Builder, Value
@@ -50,6 +50,9 @@ def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
         spec, as_sum, as_dot, x = weighted
         ev.equal_terms.append([term, dot_term(ev, spec, as_sum, x, inst.shape)])
         ev.equal_terms.append([as_sum, as_dot])
+    if (moved := moved_columns.moved_columns(ev, dot_spec, lhs, rhs, inst.shape)) is not None:
+        ev.equal_terms.append([term, moved])
+        ev.piecewise[term] = moved
     return term
 
 

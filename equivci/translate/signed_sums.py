@@ -87,12 +87,27 @@ def _collect(ev: Builder, t: Term, c: Fraction, out: list[tuple[Fraction, Term]]
         return _collect(ev, first, c, out, shape, limit) and _collect(ev, second, c * sign, out, shape, limit)
     if base.op == "unary" and base.attrs == ("negate",):
         return _collect(ev, base.args[0], -c, out, shape, limit)
+    if (product := _unnegated_product(ev, base)) is not None:  # (-a) * b = -(a * b), exactly
+        return _collect(ev, product, -c, out, shape, limit)
     if base.op == "reshape":
         return _collect(ev, base.args[0], c, out, shape, limit)
     if (spread := _spread_sum(ev, base, limit)) is not None:
         return all(_collect(ev, a, c * k, out, shape, limit) for k, a in spread)
     out.append((c, base if base.shape == shape.dims else ev.reshape_term(base, shape)))
     return len(out) <= limit
+
+
+def _unnegated_product(ev: Builder, t: Term) -> Term | None:
+    """a * b for t = (-a) * b or a * (-b): negating an operand negates a product exactly (the sign
+    bit), so the negation is a coefficient of the sum t is a term of. None for any other term."""
+    if t.op != "binary" or t.attrs != ("multiply",):
+        return None
+    for k, arg in enumerate(t.args):
+        if arg.op == "unary" and arg.attrs == ("negate",) and arg.shape == t.shape:
+            args = list(t.args)
+            args[k] = arg.args[0]
+            return ev.normal("binary", ("multiply",), args, Shape(t.dtype, t.shape))
+    return None
 
 
 def _spread_sum(ev: Builder, t: Term, limit: int) -> list[tuple[Fraction, Term]] | None:
