@@ -70,6 +70,9 @@ class Builder:
         self.row_scatters: dict[Term, str] = {}  # opaque out[idx[b]] op= update[b] -> "add" or "set"
         self.masked_rows: dict[Term, masks.MaskedRows] = {}  # window lookups -> the full table's rows
         self.collective_sums: set[Term] = set()  # the devices' values added by an all-reduce (signed_sums.py)
+        # an all-reduce's sum of values each rounded to a narrower float -> their sum rounded once
+        # (collectives.py; roundings.py finds a power of two inside it)
+        self.rounded_sums: dict[Term, Term] = {}
         # argmax positions along one dim -> (the value they are the argmax of, that dim) (orders.py)
         self.argmaxes: dict[Term, tuple[Term, int]] = {}
         # elementwise terms -> the term of the unsqueezed shape whose squeeze they equal (squeezes.py)

@@ -12,7 +12,7 @@ from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import DotSpec, compare_text, parse_transpose, swapped_dot, transpose_text
-from equivci.translate import bounds, masks, pieces, shifts, signed_sums, squeezes
+from equivci.translate import bounds, masks, pieces, roundings, shifts, signed_sums, squeezes
 from equivci.translate.arrays import all_equal
 from equivci.translate.builder import Builder
 
@@ -74,7 +74,8 @@ def convert(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     if args[0].dtype == shape.dtype and op == "convert":
         return args[0]
     exact = op == "convert" and shape.dtype in NP_DTYPES  # bitcasts are not folded
-    return _built(ev, "unary", (op,), args, shape, lambda v: v.astype(NP_DTYPES[shape.dtype]) if exact else None)
+    term = _built(ev, "unary", (op,), args, shape, lambda v: v.astype(NP_DTYPES[shape.dtype]) if exact else None)
+    return roundings.scaled_out(ev, term) or term
 
 
 def unary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
