@@ -109,6 +109,7 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
         scale, base = ev.scale_of(acc)
         if scale == factor:  # stated of the sums themselves: scaled alike, their multiples meet too
             ev.equal_terms.append([base, summed])
+            ev.regrouped_sums[base] = summed
     if reducer == "add" and (mapped := linear_sum(ev, members, lambda inner: combine(ev, reducer, inner))) is not None:
         ev.equal_terms.append([acc, mapped])
     if reducer == "add" and (rounded := _rounded_sum(ev, members)) is not None:

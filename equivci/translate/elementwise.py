@@ -112,8 +112,8 @@ def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
                 # x + 0 = x, stated beside the add that one device keeps (plus_zero drops it only when
                 # every device adds zero): shard 0 adds no earlier shards' totals to its running sum
                 ev.equal_terms.append([term, args[1 - k]])
-    if (form := signed_sums.one_form(ev, term)) is not None:  # a product's factor may fold into a sum
-        ev.equal_terms.append([term, form])
+    if (form := signed_sums.one_form(ev, term) or signed_sums.plain_form(ev, term)) is not None:
+        ev.equal_terms.append([term, form])  # (a product's factor may fold into a sum)
     return term
 
 
