@@ -129,8 +129,8 @@ def _collect(
         )
     if base.op == "unary" and base.attrs == ("negate",):
         return _collect(ev, base.args[0], -c, out, shape, limit, regrouped)
-    if regrouped and (spread := _broadcast_terms(ev, base)) is not None:
-        return all(_collect(ev, a, c * k, out, shape, limit, regrouped) for k, a in spread)
+    if regrouped and (broadcast := _broadcast_terms(ev, base)) is not None:
+        return all(_collect(ev, a, c * k, out, shape, limit, regrouped) for k, a in broadcast)
     if base.op == "reshape":
         return _collect(ev, base.args[0], c, out, shape, limit, regrouped)
     if (spread := _spread_sum(ev, base, limit)) is not None:
