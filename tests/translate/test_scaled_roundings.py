@@ -5,8 +5,8 @@ the power of two (3 · x keeps its rounding as written). End to end: a loss-scal
 step with bf16 matmuls, f32 master weights and the scale undone after the all-reduce, in two styles
 (the replicated master's cotangent summed by shard_map, scale 1024; each device's own gradient
 pmean-ed by hand, scale 1000, no power of two); near misses: the scale undone twice, the gradients
-never averaged (mismatch), and a rounding moved across a multiplication by 3 (never verified: not
-an identity in floats, a rounding difference the oracle accepts)."""
+never averaged (mismatch), and a rounding moved across a multiplication by 3 or by a bf16 weight
+(never verified: not an identity in floats; a rounding difference the oracle accepts, never mismatch)."""
 
 from __future__ import annotations
 
@@ -168,6 +168,15 @@ MODELS = textwrap.dedent(
     def three_times_round(master, x, y, *, mesh):
         return jax.shard_map(lambda x: x.astype(BF16).astype(F32) * 3.0, mesh=mesh, in_specs=P("data"),
                              out_specs=P("data"))(x)
+
+
+    def round_of_weighted(master, x, y):
+        return (x * y[0]).astype(BF16)
+
+
+    def weight_after_round(master, x, y, *, mesh):
+        return jax.shard_map(lambda x, w: x.astype(BF16) * w.astype(BF16), mesh=mesh, in_specs=(P("data"), P()),
+                             out_specs=P("data"))(x, y[0])
     """
 )
 
@@ -184,6 +193,8 @@ MANIFEST = textwrap.dedent(
       - {name: pmean-dp-local-grads, reference: m.py:step_1000, distributed: m.py:pmean_dp_local_grads,
          inputs: m.py:inputs, mesh: {data: 4}}
       - {name: three-times-round, reference: m.py:round_times_three, distributed: m.py:three_times_round,
+         inputs: m.py:inputs, mesh: {data: 4}}
+      - {name: weight-after-round, reference: m.py:round_of_weighted, distributed: m.py:weight_after_round,
          inputs: m.py:inputs, mesh: {data: 4}}
     """
 )
@@ -206,6 +217,10 @@ def test_near_miss_scales_and_averages_are_mismatches(manifest, name):
     assert result.status is Status.MISMATCH, (result.status, result.findings)
 
 
-def test_near_miss_a_rounding_moved_across_three_is_not_verified(manifest):
-    result = _verify(manifest, "three-times-round")
+@pytest.mark.parametrize("name", ["three-times-round", "weight-after-round"])
+def test_near_miss_a_rounding_moved_across_three_or_a_weight_is_not_verified(manifest, name):
+    """A bf16 norm weight applied after the cast instead of before it (split 11's bf16 SwiGLU block):
+    two roundings where the reference has one, within rounding of each other, so not a mismatch."""
+    result = _verify(manifest, name)
     assert result.status is not Status.VERIFIED, result.findings
+    assert result.status is not Status.MISMATCH, result.findings
