@@ -162,6 +162,8 @@ repeat_window = relation("repeat_window", i64, i64, i64)  # (n, width, c): 0 <= 
 
 related = relation("related", T)  # equal to a slice of a reference value
 reference = relation("reference", T)  # a value the reference program computes (or its input)
+# a float constant that is one nonzero power of two at every element (load.py seeds the splats)
+power_of_two_splat = relation("power_of_two_splat", T)
 # (op, x[a:b along d], y[a:b along d], x op y, d, a, b): both operands of an existing elementwise op
 # have a window of the same range; the first join of elementwise/binary_lift_nested (a rule's seed).
 # (egglog types relations of up to 4 columns: the ignores below.)

@@ -6,6 +6,8 @@ egglog-python facts from its callers, and `expr` gives a loaded term as an egglo
 from __future__ import annotations
 
 import contextlib
+import math
+from fractions import Fraction
 
 from egglog import EGraph, i64
 
@@ -36,7 +38,7 @@ _TABLES = (
     "reduced", "reduce_out", "reduce_in", "bcast_out", "bcast_in", "bcast_new", "bcast_shrink", "repeat_dim",
     "repeat_count", "repeat_window", "aligned_lhs", "aligned_rhs", "aligned_rhs_alone", "aligned_fixed", "perm_out",
     "perm_in", "rs_lead_out", "rs_lead_in", "rs_in_tail", "rs_out_tail", "rs_fixed", "rs_narrow_in",
-    "rs_narrow_out",
+    "rs_narrow_out", "power_of_two_splat",
 )  # fmt: skip
 CALLABLES = {
     **{name: getattr(T, name) for name in _CONSTRUCTORS},
@@ -177,6 +179,8 @@ class Loader:
             egg.run([bind])
         for k, size in enumerate(t.shape):
             self._commands.append(egg.set("dim", (handle, k), size))
+        if _power_of_two_splat(t):
+            self._commands.append(egg.row("power_of_two_splat", handle))
         return self._count
 
     def _swapped_windows(self, operand: Term, perm: tuple[int, ...]):
@@ -406,3 +410,22 @@ class Loader:
         for side in ("in", "out"):
             for p, size, narrower in ReshapeSpec.parse(spec).narrowed_second(side):
                 self._commands.append(self.egg.set(f"rs_narrow_{side}", (spec, p, size), narrower))
+
+
+FLOATS = ("f32", "bf16", "f16", "f64")
+
+
+def _power_of_two_splat(t: Term) -> bool:
+    """A float scalar constant that is ±2^k, or a broadcast of one (the builder's splats)."""
+    if t.op == "bcast":
+        t = t.args[0]
+    if t.op != "const" or t.shape != () or t.dtype not in FLOATS:
+        return False
+    try:
+        value = float(t.attrs[0])
+    except ValueError:
+        return False
+    if value == 0 or not math.isfinite(value):
+        return False
+    numerator, denominator = Fraction(value).as_integer_ratio()
+    return abs(numerator) & (abs(numerator) - 1) == 0 and denominator & (denominator - 1) == 0

@@ -71,6 +71,13 @@ class Builder:
         self.row_scatters: dict[Term, str] = {}  # opaque out[idx[b]] op= update[b] -> "add" or "set"
         self.masked_rows: dict[Term, masks.MaskedRows] = {}  # window lookups -> the full table's rows
         self.collective_sums: set[Term] = set()  # the devices' values added by an all-reduce (signed_sums.py)
+        # an all-reduce's sum of values each rounded to a narrower float -> their sum rounded once
+        # (collectives.py; roundings.py finds a power of two inside it)
+        self.rounded_sums: dict[Term, Term] = {}
+        # an all-reduce's sum of the devices' sums -> the sum, term by term, of their all-reduces
+        # (collectives._sums_summed; signed_sums.plain_form reads its terms as atoms)
+        self.regrouped_sums: dict[Term, Term] = {}
+        self._inputs: dict[Term, tuple[int, ...]] = {}  # inputs_of, memoized
         # argmax positions along one dim -> (the value they are the argmax of, that dim) (orders.py)
         self.argmaxes: dict[Term, tuple[Term, int]] = {}
         # elementwise terms -> the term of the unsqueezed shape whose squeeze they equal (squeezes.py)
@@ -150,6 +157,26 @@ class Builder:
         answer = Fraction(float(held.flat[0])) if np.all(held == held.flat[0]) and np.isfinite(held.flat[0]) else None
         self._uniform[key] = (value, answer)
         return answer
+
+    def inputs_of(self, t: Term) -> tuple[int, ...]:
+        """The reference inputs `t` reads, in order: the same for a reference value and a device's
+        window, partial sum or copy of it."""
+        stack = [t]
+        while stack:
+            u = stack[-1]
+            if u in self._inputs:
+                stack.pop()
+                continue
+            missing = [a for a in u.args if a not in self._inputs]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            found = {u.attrs[0]} if u.op == "param" else set()
+            for a in u.args:
+                found.update(self._inputs[a])
+            self._inputs[u] = tuple(sorted(found))
+        return self._inputs[t]
 
     def scale_of(self, t: Term) -> tuple[Fraction, Term]:
         """`t` as factor * base (factor 1 when there is none)."""

@@ -109,10 +109,12 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
         scale, base = ev.scale_of(acc)
         if scale == factor:  # stated of the sums themselves: scaled alike, their multiples meet too
             ev.equal_terms.append([base, summed])
+            ev.regrouped_sums[base] = summed
     if reducer == "add" and (mapped := linear_sum(ev, members, lambda inner: combine(ev, reducer, inner))) is not None:
         ev.equal_terms.append([acc, mapped])
     if reducer == "add" and (rounded := _rounded_sum(ev, members)) is not None:
         ev.equal_terms.append([acc, rounded])
+        ev.rounded_sums[acc] = rounded
     return acc
 
 
@@ -120,13 +122,35 @@ def _rounded_sum(ev: Builder, members: list[Term]) -> Term | None:
     """A sum over devices of values each rounded to a narrower float (bf16 partial sums psummed in
     bf16) as the sum of the unrounded values rounded once: over the reals a rounding is the value
     itself, so only where the roundings happen moves, as when the sum is re-associated across
-    shards; the result keeps its narrow dtype (the rounding is still there, once). None unless every
-    member is a convert from one wider float dtype."""
-    wide = {m.args[0].dtype if m.op == "unary" and m.attrs == ("convert",) else None for m in members}
-    if len(wide) != 1 or wide.pop() not in WIDER.get(members[0].dtype, ()):
+    shards; the result keeps its narrow dtype (the rounding is still there, once). The same for
+    values rounded to a narrower float and back (each device's bf16 gradient of an f32 master
+    weight, averaged in f32): the sum of the round trips is the round trip of the sum. None unless
+    every member is one such rounding from one wider float dtype."""
+    trips = {_round_trip(m) for m in members}
+    if len(trips) != 1 or (trip := trips.pop()) is None:
         return None
-    total = combine(ev, "add", [m.args[0] for m in members])
-    return ev.normal("unary", ("convert",), [total], Shape(members[0].dtype, members[0].shape))
+    narrow, wide = trip
+    total = combine(ev, "add", [m.args[0].args[0] if narrow != m.dtype else m.args[0] for m in members])
+    rounded = ev.normal("unary", ("convert",), [total], Shape(narrow, members[0].shape))
+    return (
+        rounded
+        if narrow == members[0].dtype
+        else ev.normal("unary", ("convert",), [rounded], Shape(wide, rounded.shape))
+    )
+
+
+def _round_trip(t: Term) -> tuple[str, str] | None:
+    """(narrow, wide) where t is a rounding of a `wide` float to the narrower `narrow`, or such a
+    rounding converted back to `wide`."""
+    if not (t.op == "unary" and t.attrs == ("convert",)):
+        return None
+    inner = t.args[0]
+    if t.dtype in WIDER and inner.dtype in WIDER[t.dtype]:
+        return t.dtype, inner.dtype
+    if inner.op == "unary" and inner.attrs == ("convert",) and inner.dtype in WIDER:
+        wide = inner.args[0].dtype
+        return (inner.dtype, wide) if wide == t.dtype and wide in WIDER[inner.dtype] else None
+    return None
 
 
 def _sums_summed(ev: Builder, reducer: str, members: list[Term]) -> tuple[Fraction, Term] | None:

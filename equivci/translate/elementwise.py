@@ -12,7 +12,7 @@ from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import DotSpec, compare_text, parse_transpose, swapped_dot, transpose_text
-from equivci.translate import bounds, masks, pieces, shifts, signed_sums, squeezes
+from equivci.translate import bounds, masks, pieces, roundings, shifts, signed_sums, squeezes
 from equivci.translate.arrays import all_equal
 from equivci.translate.builder import Builder
 
@@ -74,7 +74,8 @@ def convert(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     if args[0].dtype == shape.dtype and op == "convert":
         return args[0]
     exact = op == "convert" and shape.dtype in NP_DTYPES  # bitcasts are not folded
-    return _built(ev, "unary", (op,), args, shape, lambda v: v.astype(NP_DTYPES[shape.dtype]) if exact else None)
+    term = _built(ev, "unary", (op,), args, shape, lambda v: v.astype(NP_DTYPES[shape.dtype]) if exact else None)
+    return roundings.scaled_out(ev, term) or term
 
 
 def unary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -116,8 +117,8 @@ def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
                 # x + 0 = x, stated beside the add that one device keeps (plus_zero drops it only when
                 # every device adds zero): shard 0 adds no earlier shards' totals to its running sum
                 ev.equal_terms.append([term, args[1 - k]])
-    if (form := signed_sums.one_form(ev, term)) is not None:  # a product's factor may fold into a sum
-        ev.equal_terms.append([term, form])
+    if (form := signed_sums.one_form(ev, term) or signed_sums.plain_form(ev, term)) is not None:
+        ev.equal_terms.append([term, form])  # (a product's factor may fold into a sum)
     if ev.folded(term) is None:
         piece = lambda parts: binary_terms(ev, op, parts, Shape(shape.dtype, parts[0].shape))  # noqa: E731
         if (joined := pieces.elementwise_pieces(ev, args, piece)) is not None and joined is not term:

@@ -37,6 +37,9 @@ class Builder(Protocol):
 
     budgets: Budgets
     collective_sums: set[Term]
+    regrouped_sums: dict[Term, Term]
+
+    def inputs_of(self, t: Term) -> tuple[int, ...]: ...
 
     def folded(self, term: Term): ...
 
@@ -75,24 +78,65 @@ def one_form(ev: Builder, term: Term) -> Term | None:
     return None if form is None or form is term else form
 
 
-def _collect(ev: Builder, t: Term, c: Fraction, out: list[tuple[Fraction, Term]], shape: Shape, limit: int) -> bool:
+def plain_form(ev: Builder, term: Term) -> Term | None:
+    """A sum of at least three terms, none subtracted, in one order: its atoms sorted by the
+    reference inputs they read (Builder.inputs_of; ties keep the written order), an all-reduce of
+    the devices' sums read as the sum of its terms' all-reduces (psum is linear:
+    psum(a + m) = psum(a) + psum(m)). A parallel residual block's `x + psum(attn + mlp) + b1 + b2`
+    and the reference's `x + (attn + b1) + (mlp + b2)` read the same inputs in each term: their
+    forms meet term by term, where the regrouping rules join only groupings that exist already.
+    None for other terms, or when the written sum is that form already."""
+    if term.dtype not in FLOATS or ev.folded(term) is not None or term.op != "binary" or term.attrs != ("add",):
+        return None
+    atoms: list[tuple[Fraction, Term]] = []
+    shape = Shape(term.dtype, term.shape)
+    if not _collect(ev, term, Fraction(1), atoms, shape, ev.budgets.signed_terms, regrouped=True) or len(atoms) < 3:
+        return None
+    if any(c <= 0 for c, _ in atoms):
+        return None  # a signed sum: one_form's
+    ordered = sorted(atoms, key=lambda item: ev.inputs_of(item[1]))
+    form = _signed(ev, ordered[0][1], ordered[0][0], shape)
+    for c, atom in ordered[1:]:
+        part = _signed(ev, atom, c, shape)
+        if form is None or part is None:
+            return None
+        form = ev.mk("binary", ("add",), [form, part], shape)
+    return None if form is None or form is term else form
+
+
+def _collect(
+    ev: Builder,
+    t: Term,
+    c: Fraction,
+    out: list[tuple[Fraction, Term]],
+    shape: Shape,
+    limit: int,
+    regrouped: bool = False,
+) -> bool:
     """Appends t's atoms times c, reshaped to `shape`, to out (a reshape of a sum is the sum of the
-    reshapes: keepdims' `log(s) + m` of shape [b, 1], squeezed); False past `limit` atoms."""
+    reshapes: keepdims' `log(s) + m` of shape [b, 1], squeezed); False past `limit` atoms.
+    `regrouped`: an all-reduce of the devices' sums adds up its terms' all-reduces."""
     factor, base = ev.scale_of(t)
     c *= factor
+    if regrouped and base in ev.regrouped_sums:
+        return _collect(ev, ev.regrouped_sums[base], c, out, shape, limit, regrouped)
     linear = base.op == "binary" and base.attrs in LINEAR and all(a.shape == base.shape for a in base.args)
     if base not in ev.collective_sums and linear:  # an all-reduce's sum is one value (the reference's)
         first, second = base.args
         sign = 1 if base.attrs == ("add",) else -1
-        return _collect(ev, first, c, out, shape, limit) and _collect(ev, second, c * sign, out, shape, limit)
+        return _collect(ev, first, c, out, shape, limit, regrouped) and _collect(
+            ev, second, c * sign, out, shape, limit, regrouped
+        )
     if base.op == "unary" and base.attrs == ("negate",):
-        return _collect(ev, base.args[0], -c, out, shape, limit)
+        return _collect(ev, base.args[0], -c, out, shape, limit, regrouped)
     if (product := _unnegated_product(ev, base)) is not None:  # (-a) * b = -(a * b), exactly
-        return _collect(ev, product, -c, out, shape, limit)
+        return _collect(ev, product, -c, out, shape, limit, regrouped)
+    if regrouped and (broadcast := _broadcast_terms(ev, base)) is not None:
+        return all(_collect(ev, a, c * k, out, shape, limit, regrouped) for k, a in broadcast)
     if base.op == "reshape":
-        return _collect(ev, base.args[0], c, out, shape, limit)
+        return _collect(ev, base.args[0], c, out, shape, limit, regrouped)
     if (spread := _spread_sum(ev, base, limit)) is not None:
-        return all(_collect(ev, a, c * k, out, shape, limit) for k, a in spread)
+        return all(_collect(ev, a, c * k, out, shape, limit, regrouped) for k, a in spread)
     out.append((c, base if base.shape == shape.dims else ev.reshape_term(base, shape)))
     return len(out) <= limit
 
@@ -108,6 +152,18 @@ def _unnegated_product(ev: Builder, t: Term) -> Term | None:
             args[k] = arg.args[0]
             return ev.normal("binary", ("multiply",), args, Shape(t.dtype, t.shape))
     return None
+
+
+def _broadcast_terms(ev: Builder, t: Term) -> list[tuple[int, Term]] | None:
+    """A broadcast of a sum (or difference) as the sum of the broadcasts: two biases added before
+    XLA broadcasts them once, bcast(b1 + b2) = bcast(b1) + bcast(b2). None for any other term."""
+    if t.op != "bcast" or (inner := t.args[0]).op != "binary" or inner.attrs not in LINEAR:
+        return None
+    if inner in ev.collective_sums or any(a.shape != inner.shape for a in inner.args):
+        return None
+    out = Shape(t.dtype, t.shape)
+    first, second = (ev.normal("bcast", t.attrs, [a], out) for a in inner.args)
+    return [(1, first), (1 if inner.attrs == ("add",) else -1, second)]
 
 
 def _spread_sum(ev: Builder, t: Term, limit: int) -> list[tuple[Fraction, Term]] | None:

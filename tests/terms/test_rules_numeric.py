@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 import pytest
-from egglog import EGraph
+from egglog import EGraph, union
 
 from equivci.prove.saturate import _run, proved_equal
 from equivci.terms import language as L
@@ -44,6 +44,11 @@ class B:
 
     def param(self, index: int, shape, dtype: str = F32) -> Term:
         return self.t.make("param", (index,), (), tuple(int(s) for s in shape), dtype)
+
+    def splat(self, value: float, shape, dtype: str = F32) -> Term:
+        """The constant at every element, as the builder makes it: a scalar, broadcast."""
+        scalar = self.t.make("const", (repr(value),), (), (), dtype)
+        return self.bcast(scalar, shape, ()) if tuple(shape) else scalar
 
     def sl(self, x: Term, d: int, a: int, b: int) -> Term:
         assert 0 <= a <= b <= x.shape[d], (x.shape, d, a, b)
@@ -121,11 +126,14 @@ class B:
 
 
 # -- proving and evaluating --------------------------------------------------------------------
-def fires(lhs: Term, rhs: Term, family, preload_rhs: bool = False) -> bool:
-    """Load `lhs`, saturate dims + `family`, then ask whether `rhs` is in the same e-class."""
+def fires(lhs: Term, rhs: Term, family, preload_rhs: bool = False, hypotheses=()) -> bool:
+    """Load `lhs`, saturate dims + `family`, then ask whether `rhs` is in the same e-class.
+    `hypotheses`: pairs of terms stated equal first (a rule that concludes from an equality)."""
     egraph = EGraph()
     loader = Loader(egraph)
     a = loader.expr(lhs)
+    for u, v in hypotheses:
+        loader.facts.append(union(loader.expr(u)).with_(loader.expr(v)))
     if preload_rhs:  # rules that read static tables seeded from the right-hand side, or its terms
         loader.expr(rhs)  # as reference values
         egraph.register(*[L.reference(loader.expr(t)) for t in loader.exprs])
@@ -816,6 +824,29 @@ def _commute_existing(op: str):
     return build
 
 
+def _power_of_two(rng) -> float:
+    return float(rng.choice([-1.0, 1.0]) * 2.0 ** int(rng.integers(-30, 30)))
+
+
+def cancel_power_of_two(rng, b: B):
+    """x * c = y * c for x = p + q and y = p - (-q) (no other rule joins them): x = y."""
+    shape = rshape(rng, int(rng.integers(1, 4)))
+    p, q = b.param(0, shape), b.param(1, shape)
+    x, y = b.bi("add", p, q), b.bi("subtract", p, b.un("negate", q))
+    c = b.splat(_power_of_two(rng), shape)
+    return x, y, [(b.bi("multiply", x, c), b.bi("multiply", y, c))]
+
+
+def power_of_two_splat(rng, b: B):
+    """A broadcast of a power-of-two splat made by a rule is one: the cancellation reads it."""
+    shape = rshape(rng, 2)
+    p, q = b.param(0, shape), b.param(1, shape)
+    x, y = b.bi("add", p, q), b.bi("subtract", p, b.un("negate", q))
+    scalar = b.splat(_power_of_two(rng), ())
+    wide = b.bcast(b.bcast(scalar, (shape[1],), ()), shape, (1,))  # loaded: one broadcast, composed
+    return x, y, [(b.bi("multiply", x, wide), b.bi("multiply", y, wide))]
+
+
 def _add_regroup(right: bool):
     def build(rng, b: B):
         shape = rshape(rng, int(rng.integers(1, 4)))
@@ -894,6 +925,9 @@ RULES = {
     # The commuted term must exist already: the rhs is loaded too.
     **{f"elementwise/commute_{op}": (F["elementwise"], _commute_existing(op), True) for op in COMMUTATIVE},
     # The regrouped inner sum must exist already: the rhs is loaded too.
+    # Concludes from an equality of the scaled terms (the hypothesis), with no other rule's help.
+    "elementwise/cancel_power_of_two": (F["elementwise"], cancel_power_of_two, False),
+    "elementwise/power_of_two_splat": (F["elementwise"], power_of_two_splat, False),
     "elementwise/add_regroup_right": (F["elementwise"], _add_regroup(True), True),
     "elementwise/add_regroup_left": (F["elementwise"], _add_regroup(False), True),
     # The difference the other way round must exist already: the rhs is loaded too.
@@ -959,11 +993,15 @@ def test_rule_fires_and_is_an_identity(name: str, seed: int) -> None:
     family, build, preload = RULES[name]
     rng = np.random.default_rng([sum(map(ord, name)), seed])
     b = B()
-    lhs, rhs = build(rng, b)
+    lhs, rhs, *hypotheses = build(rng, b)  # (a rule concluding from an equality: the equal pairs)
     assert lhs is not rhs
     assert lhs.shape == rhs.shape, (lhs.shape, rhs.shape)
     assert agree(lhs, rhs), f"{name}: lhs and rhs differ numerically"
-    assert fires(lhs, rhs, family, preload_rhs=preload), f"{name}: rule did not prove lhs == rhs"
+    for u, v in hypotheses[0] if hypotheses else ():
+        assert agree(u, v), f"{name}: a hypothesis does not hold numerically"
+    assert fires(lhs, rhs, family, preload_rhs=preload, hypotheses=hypotheses[0] if hypotheses else ()), (
+        f"{name}: rule did not prove lhs == rhs"
+    )
 
 
 def test_every_rule_of_the_language_is_covered() -> None:

@@ -68,6 +68,39 @@ def test_a_sum_of_values_rounded_to_bf16_is_stated_as_their_sum_rounded():
     np.testing.assert_allclose(summed, once, rtol=2**-6, atol=2**-6)
 
 
+def test_a_sum_of_round_trips_through_bf16_is_stated_as_the_round_trip_of_their_sum():
+    """Each device's bf16 gradient of an f32 master weight, converted back and averaged in f32."""
+    ev = Builder(None, TermTable(), 2)  # type: ignore[arg-type]
+    xs = [ev.table.make("param", (d,), (), (4, 6), "f32") for d in range(2)]
+    narrow = [ev.normal("unary", ("convert",), [x], Shape("bf16", (4, 6))) for x in xs]
+    members = [ev.normal("unary", ("convert",), [m], Shape("f32", (4, 6))) for m in narrow]
+    acc = combine(ev, "add", members)
+    (stated,) = [g[1] for g in ev.equal_terms if g[0] is acc]
+    assert (stated.op, stated.attrs, stated.dtype) == ("unary", ("convert",), "f32")
+    inner = stated.args[0]
+    assert (inner.op, inner.attrs, inner.dtype) == ("unary", ("convert",), "bf16")
+    assert (inner.args[0].op, inner.args[0].args) == ("binary", tuple(xs))
+    params = [RNG.standard_normal((4, 6)).astype(np.float32) for _ in range(2)]
+    trips = sum(p.astype(jnp.bfloat16).astype(np.float32) for p in params)
+    once = (params[0] + params[1]).astype(jnp.bfloat16).astype(np.float32)
+    np.testing.assert_allclose(trips, once, rtol=2**-6, atol=2**-6)
+
+
+def test_no_round_trip_is_stated_through_another_dtype_or_back_to_another():
+    """f32 -> bf16 -> f64 is no round trip of the f32 values, nor f32 -> f16 -> f32 beside bf16."""
+    ev = Builder(None, TermTable(), 2)  # type: ignore[arg-type]
+    xs = [ev.table.make("param", (d,), (), (4, 6), "f32") for d in range(2)]
+    bf16 = [ev.normal("unary", ("convert",), [x], Shape("bf16", (4, 6))) for x in xs]
+    f16 = ev.normal("unary", ("convert",), [xs[1]], Shape("f16", (4, 6)))
+    for members in (
+        [ev.normal("unary", ("convert",), [m], Shape("f64", (4, 6))) for m in bf16],
+        [ev.normal("unary", ("convert",), [m], Shape("f32", (4, 6))) for m in (bf16[0], f16)],
+    ):
+        before = len(ev.equal_terms)
+        combine(ev, "add", members)
+        assert len(ev.equal_terms) == before
+
+
 def test_no_rounding_is_stated_for_members_of_mixed_sources():
     """A member that is no convert (or converts from another dtype) leaves the sum alone."""
     ev = Builder(None, TermTable(), 2)  # type: ignore[arg-type]

@@ -113,8 +113,16 @@ def test_other_counts_of_the_spread_term_do_not_meet(name):
     assert _form(SPREAD_OTHER[name], ROWS) != _form(SPREAD["lse-less-mean"], ROWS)
 
 
-def test_a_plain_sum_gives_no_form():
-    assert _stated(lambda t, m, s: (s + m) + t) == 0
+def test_a_plain_sum_gives_no_signed_form_but_its_terms_in_input_order():
+    """No term subtracted: not one_form's; three or more terms get plain_form's order, by the inputs
+    they read (t, m, s), and every grouping meets it; a sum in that order already states nothing."""
+    assert _stated(lambda t, m, s: (t + m) + s) == 0
+    assert _stated(lambda t, m, s: (s + m) + t) > 0
+    forms = {
+        _form(fn) for fn in (lambda t, m, s: (s + m) + t, lambda t, m, s: s + (t + m), lambda t, m, s: (t + m) + s)
+    }
+    assert len(forms) == 1, forms
+    assert _stated(lambda t, m, s: s + t) == 0  # two terms: the commuting rule's
 
 
 def test_a_sum_past_the_budget_keeps_its_written_form():

@@ -18,6 +18,7 @@ from equivci.terms.language import (
     n,
     op,
     operand_windows,
+    power_of_two_splat,
     spec,
     spec2,
     v,
@@ -132,6 +133,23 @@ ELEMENTWISE = family(
         eq(e).to(T.binary("add", x, T.binary("add", y, z))),
         eq(w).to(T.binary("add", x, y)),
     ).then(union(e).with_(T.binary("add", w, z))),
+    # A scaling by a power of two undone: x * c = y * c gives x = y (exact in floats away from the
+    # ends of the exponent range: only the exponent moves). A value proved equal only with the
+    # builder's factor in front (a per-token loss, 2^-23 times its terms) is then equal without it,
+    # as the sum that reduces it (its mean over the batch) needs.
+    named(
+        "elementwise/cancel_power_of_two",
+        "x * c = y * c implies x = y, for c a nonzero power of two at every element",
+        eq(e).to(T.binary("multiply", x, w)),
+        eq(e).to(T.binary("multiply", y, w)),
+        power_of_two_splat(w),
+    ).then(union(x).with_(y)),
+    named(
+        "elementwise/power_of_two_splat",
+        "a broadcast of a power-of-two splat is one",
+        power_of_two_splat(x),
+        eq(e).to(T.bcast(spec, x)),
+    ).then(power_of_two_splat(e)),
     # A negated difference written as the difference the other way round (a loss -(x - lse) against
     # lse - x); only onto an existing term, as commuting is.
     # (A unary op's name carries its dtype: one rule per float type; exact, rounding is symmetric.)
