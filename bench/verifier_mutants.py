@@ -501,7 +501,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "right.T if spec.rhs_contract == (0,) else right",
       "x @ R contracts x's last dim with R's rows: column j of the product reads R's column j",
       "pytest:tests/translate/test_rotation_pieces.py -k moves_columns"),
-    M("signed-sum-negated-factor", "_collect(ev, product, -c, out, shape, limit)", "_collect(ev, product, c, out, shape, limit)",
+    M("signed-sum-negated-factor", "_collect(ev, product, -c, out, shape, limit, regrouped)", "_collect(ev, product, c, out, shape, limit, regrouped)",
       "a negated factor negates the product: x1 * cos + (-x2) * sin is x1 * cos - x2 * sin",
       "pytest:tests/translate/test_rotation_pieces.py -k negated_factor"),
     M("signed-sum-spread-count", "count = Fraction(math.prod(operand.shape[k] for k in reduced))",
