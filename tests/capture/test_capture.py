@@ -8,14 +8,13 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import model_package
 import pytest
 
 from equivci.capture.run import capture_model
 from equivci.errors import EquivciError
 from equivci.hlo.collectives import parse_groups
 from equivci.hlo.parser import parse_module
-
-import model_package
 
 MODELS = textwrap.dedent(
     """\

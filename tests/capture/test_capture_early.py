@@ -12,12 +12,11 @@ import subprocess
 import sys
 import textwrap
 
+import model_package
 import pytest
 
 from equivci.capture import partitioned
 from equivci.capture.run import capture_model
-
-import model_package
 
 MODELS = textwrap.dedent(
     """\

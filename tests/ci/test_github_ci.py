@@ -8,7 +8,15 @@ import json
 from pathlib import Path
 
 import pytest
-from fake_github import GITHUB_VARS, FakeGitHub, actions_env, make_pr_repo, pull_files_from_git, read_outputs, write_pr_event
+from fake_github import (
+    GITHUB_VARS,
+    FakeGitHub,
+    actions_env,
+    make_pr_repo,
+    pull_files_from_git,
+    read_outputs,
+    write_pr_event,
+)
 
 import equivci.commands.ci as ci_command
 from equivci.ci.publish import MARKER

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from fake_github import FakeGitHub
 
 from equivci.ci import github
 from equivci.ci.github import GitHubClient, GitHubError, parse_link_header, retry_delay
-from fake_github import FakeGitHub
 
 TOKEN = "ghs_fake_token_0123456789"
 

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "corpus"
 sys.path.insert(0, str(CORPUS))
-import numeric_check
+import numeric_check  # noqa: E402 (corpus/ is put on the path first)
 
 MODELS = numeric_check.load_models()
 EXPECTED = numeric_check.load_expected()

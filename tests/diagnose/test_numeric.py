@@ -5,6 +5,8 @@ measured against the value's own magnitude."""
 import numpy as np
 
 from equivci.diagnose.numeric import _partial, _ReferenceIndex
+from equivci.hlo.ir import Instruction, Shape
+from equivci.translate.evaluator import Event
 
 RNG = np.random.default_rng(0)
 
@@ -77,10 +79,7 @@ def test_a_value_no_input_reaches_is_not_compared():
     assert values.reads_input(summed) and values.reads_input(x)
 
 
-def _event(opcode: str, name: str, term, dtype: str = "f32", operands: tuple[str, ...] = ()) -> "Event":
-    from equivci.hlo.ir import Instruction, Shape
-    from equivci.translate.evaluator import Event
-
+def _event(opcode: str, name: str, term, dtype: str = "f32", operands: tuple[str, ...] = ()) -> Event:
     return Event(Instruction(name, opcode, Shape(dtype, term.shape), operands, {}), [term])
 
 
@@ -216,5 +215,7 @@ def test_a_value_of_equal_elements_that_matches_is_no_evidence():
     reference = [_event("select", "ref", masked)]
     for stop, matches in ((_event("subtract", "max", uniform), False), (_event("slice", "max", column), True)):
         events = [stop, _event("add", "w", wrong, operands=("max",))]
-        found = numeric_frontier(reference, events, {masked: np.zeros((4, 8), np.float32)}, (leaf,), {}, 10, start=stop.inst)
+        found = numeric_frontier(
+            reference, events, {masked: np.zeros((4, 8), np.float32)}, (leaf,), {}, 10, start=stop.inst
+        )
         assert found.start_matches == matches and found.event is events[1], (stop, found)

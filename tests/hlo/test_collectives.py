@@ -6,7 +6,6 @@ import pytest
 
 from equivci.hlo.collectives import UnsupportedGroups, axis_groups, parse_groups, parse_pairs
 
-
 # --------------------------------------------------------------------------- explicit lists
 
 def test_explicit_groups():

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from engine_api import fingerprint_of, memo
 from near_miss_cases import MANIFEST
-from equivci.options import ENV_CACHE_DIR, ENV_SATURATION_ITERATIONS, ENV_SATURATION_NODES, SATURATION_ITERATIONS
-from equivci.testing.zoo import REPO
 
 import equivci
+from equivci.options import ENV_CACHE_DIR, ENV_SATURATION_ITERATIONS, ENV_SATURATION_NODES, SATURATION_ITERATIONS
+from equivci.testing.zoo import REPO
 
 
 def _package_copy(tmp_path: Path) -> Path:

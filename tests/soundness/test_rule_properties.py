@@ -24,16 +24,22 @@ from engine_api import (
     run_rewrites,
 )
 from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from equivci.terms.spec import AlignedMap
-from hypothesis import strategies as st
 
 ITERATIONS = 8
 UNARY = ["tanh", "exponential", "negate", "abs"]
 BINARY = ["add", "subtract", "multiply", "maximum", "minimum"]
-GATHER = {"offset_dims": "{}", "collapsed_slice_dims": "{1}", "start_index_map": "{1}",
-          "operand_batching_dims": "{0}", "start_indices_batching_dims": "{0}", "index_vector_dim": "2",
-          "slice_sizes": "{1,1}"}
+GATHER = {
+    "offset_dims": "{}",
+    "collapsed_slice_dims": "{1}",
+    "start_index_map": "{1}",
+    "operand_batching_dims": "{0}",
+    "start_indices_batching_dims": "{0}",
+    "index_vector_dim": "2",
+    "slice_sizes": "{1,1}",
+}
 
 
 class Pool:
@@ -64,9 +70,29 @@ def _bounds(draw, n: int) -> tuple[int, int]:
 
 def step(draw, pool: Pool) -> None:
     b = pool.b
-    kind = draw(st.sampled_from(["slice", "halves", "concat", "unary", "binary", "mask", "reshape", "bcast",
-                                 "transpose", "repeat", "gather", "dslice", "sort", "topk", "shard", "shard",
-                                 "split-dot"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "slice",
+                "halves",
+                "concat",
+                "unary",
+                "binary",
+                "mask",
+                "reshape",
+                "bcast",
+                "transpose",
+                "repeat",
+                "gather",
+                "dslice",
+                "sort",
+                "topk",
+                "shard",
+                "shard",
+                "split-dot",
+            ]
+        )
+    )
     t = draw(st.sampled_from(pool.floats()))
     rank = len(t.shape)
     d = draw(st.integers(0, rank - 1)) if rank else 0
@@ -77,8 +103,11 @@ def step(draw, pool: Pool) -> None:
         c, e = _bounds(draw, t.shape[d])
         pool.add(b.cat(b.sl(t, d, a, m), b.sl(t, d, c, e), d))
     elif kind == "concat" and rank:
-        others = [u for u in pool.floats() if len(u.shape) == rank
-                  and all(u.shape[k] == t.shape[k] for k in range(rank) if k != d)]
+        others = [
+            u
+            for u in pool.floats()
+            if len(u.shape) == rank and all(u.shape[k] == t.shape[k] for k in range(rank) if k != d)
+        ]
         pool.add(b.cat(t, draw(st.sampled_from(others)), d))
     elif kind == "shard":
         shard(draw, pool)
@@ -113,7 +142,7 @@ def step(draw, pool: Pool) -> None:
         pool.add(b.gather(t, pool.idx, GATHER, (t.shape[0], 3)))
     elif kind == "dslice" and rank and t.shape[d] >= 2:
         width = draw(st.integers(1, t.shape[d] - 1))
-        shape = t.shape[:d] + (width,) + t.shape[d + 1:]
+        shape = t.shape[:d] + (width,) + t.shape[d + 1 :]
         pool.add(b.t.make("dslice", (d, width), (t, pool.start), shape, t.dtype))
     elif kind in ("sort", "topk") and rank:  # as Evaluator.sort / Evaluator.top_k build them
         dim = rank - 1 if kind == "topk" else d
@@ -126,8 +155,13 @@ def shard(draw, pool: Pool) -> None:
     """A window of an op's value, and the op on windows of its operands (sometimes one of them
     skewed by one): the rules must prove the first equal to the second, and never the skewed one."""
     b = pool.b
-    ops = [t for t in pool.terms if (t.op in ("unary", "binary", "ternary", "transpose") or _sort_dim(t) is not None)
-           and t.shape and all(a.shape == t.shape for a in t.args if t.op != "transpose")]
+    ops = [
+        t
+        for t in pool.terms
+        if (t.op in ("unary", "binary", "ternary", "transpose") or _sort_dim(t) is not None)
+        and t.shape
+        and all(a.shape == t.shape for a in t.args if t.op != "transpose")
+    ]
     if not ops:
         return
     t = draw(st.sampled_from(ops))
@@ -143,8 +177,10 @@ def shard(draw, pool: Pool) -> None:
         perm = [int(v) for v in t.attrs[0].split(",")]
         parts = (b.sl(t.args[0], perm[d], lo + skew, hi + skew),)
     else:
-        parts = tuple(b.sl(a, d, lo + (skew if k == len(t.args) - 1 else 0), hi + (skew if k == len(t.args) - 1 else 0))
-                      for k, a in enumerate(t.args))
+        parts = tuple(
+            b.sl(a, d, lo + (skew if k == len(t.args) - 1 else 0), hi + (skew if k == len(t.args) - 1 else 0))
+            for k, a in enumerate(t.args)
+        )
     shape = list(t.shape)
     shape[d] = hi - lo
     pool.add(b.sl(t, d, lo, hi))
@@ -167,7 +203,10 @@ def split_dot(draw, pool: Pool, t: Term) -> None:
     w = b.param(4 + sum(1 for u in pool.terms if u.op == "dot"), (n, 3))  # a weight of its own
     k = draw(st.integers(1, n - 1))
     k2 = draw(st.sampled_from([k, k, max(0, k - 1), min(n, k + 1)]))
-    part = lambda s, e: b.dot(b.sl(t, 1, s, e), b.sl(w, 0, s, e), [], [], [1], [0])
+
+    def part(s: int, e: int) -> Term:
+        return b.dot(b.sl(t, 1, s, e), b.sl(w, 0, s, e), [], [], [1], [0])
+
     pool.add(b.dot(t, w, [], [], [1], [0]))
     pool.add(b.bi("add", part(0, k), part(k2, n)))
 
@@ -220,13 +259,14 @@ def test_every_proved_equality_holds_numerically(data):
         raise AssertionError(f"the pool built an ill-typed term: {exc}") from exc
     proved = 0
     for i, s in enumerate(pool.terms):
-        for t in pool.terms[i + 1:]:
+        for t in pool.terms[i + 1 :]:
             if s.shape != t.shape or s.dtype != t.dtype or not proved_equal(egraph, exprs[s], exprs[t]):
                 continue
             proved += 1
             for run in runs:
                 assert np.allclose(run[s], run[t], rtol=1e-9, atol=1e-9, equal_nan=True), (
-                    f"egglog proved {s} == {t}, but they differ numerically")
+                    f"egglog proved {s} == {t}, but they differ numerically"
+                )
     event(f"proved pairs: {min(proved, 5)}{'+' if proved >= 5 else ''}")
     if witness.shape and witness.shape[0] >= 2:
         assert proved_equal(egraph, exprs[witness], exprs[halves]), "a term and its two halves were not proved equal"

@@ -59,7 +59,7 @@ def test_saved_gspmd_sample_is_proved():
 
 def test_saved_tp_sample_without_all_reduce_is_not_proved():
     text = _sample("tp_mlp_distributed.hlo")
-    line = next(l for l in text.splitlines() if "all-reduce(" in l)
+    line = next(t for t in text.splitlines() if "all-reduce(" in t)
     # keep the instruction name and shape, drop the collective: each device returns its partial sum
     broken = text.replace(line, "  ROOT %psum_invariant.6 = f32[8,16]{1,0} copy(%dot_general.5)")
     assert "all-reduce" not in broken

@@ -267,8 +267,8 @@ def test_an_integer_offset_taken_back_is_the_value_itself():
 def test_offset_input_sums_the_constants_at_every_level_and_not_a_negated_input():
     """`bcast(start - 3) + arange(4)` is start + [-3, -2, -1, 0] exactly (the window before a
     position); `3 - start` is no constant offset of start (its range is reversed)."""
-    from equivci.translate.bounds import offset_input
     from equivci.hlo.ir import Shape
+    from equivci.translate.bounds import offset_input
     from equivci.translate.shapes import broadcast_term
 
     ev, start, _ = _evaluator_with_start(0, 15)

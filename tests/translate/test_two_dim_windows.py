@@ -24,7 +24,6 @@ from model_package import verify_named as _verify
 from equivci.hlo.ir import Shape
 from equivci.results import Status
 from equivci.terms.ir import TermTable
-from equivci.terms.semantics import evaluate
 from equivci.translate.evaluator import Evaluator
 from equivci.translate.shapes import broadcast_term
 

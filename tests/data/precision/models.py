@@ -15,7 +15,8 @@ re-associated sums, each buggy one by a real defect.
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 T, D, F, H = 16, 64, 384, 4
 LONG = 256  # tokens of the float32-tolerance cases

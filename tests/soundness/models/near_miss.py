@@ -382,7 +382,7 @@ def identity(x):
 
 def ppermute_self_only(x, *, mesh):
     # BUG: device 1 has no source: it receives zeros, not its own shard
-    f = lambda v: lax.ppermute(v, TP, perm=[(0, 0)])
+    f = lambda v: lax.ppermute(v, TP, perm=[(0, 0)])  # noqa: E731 (the body shard_map runs, kept on one line)
     return jax.shard_map(f, mesh=mesh, in_specs=P(TP), out_specs=P(TP))(x)
 
 
@@ -396,7 +396,7 @@ def row_min(x):
 
 def pmax_of_min(x, *, mesh):
     # BUG: the max over shards of the shards' minima is not the minimum
-    f = lambda v: lax.pmax(jnp.min(v, axis=1), TP)
+    f = lambda v: lax.pmax(jnp.min(v, axis=1), TP)  # noqa: E731 (the body shard_map runs, kept on one line)
     return jax.shard_map(f, mesh=mesh, in_specs=P(None, TP), out_specs=P())(x)
 
 
@@ -406,13 +406,13 @@ def row_max(x):
 
 def pmax_of_max(x, *, mesh):
     """A max of the shards' maxima (correct)."""
-    f = lambda v: lax.pmax(jnp.max(v, axis=1), TP)
+    f = lambda v: lax.pmax(jnp.max(v, axis=1), TP)  # noqa: E731 (the body shard_map runs, kept on one line)
     return jax.shard_map(f, mesh=mesh, in_specs=P(None, TP), out_specs=P())(x)
 
 
 def pmax_drops_last_column(x, *, mesh):
     # BUG: each shard leaves out its last column
-    f = lambda v: lax.pmax(jnp.max(v[:, :-1], axis=1), TP)
+    f = lambda v: lax.pmax(jnp.max(v[:, :-1], axis=1), TP)  # noqa: E731 (the body shard_map runs, kept on one line)
     return jax.shard_map(f, mesh=mesh, in_specs=P(None, TP), out_specs=P())(x)
 
 
@@ -1192,17 +1192,17 @@ def _route_rows(x, w, mesh, ids_of):
 
 
 def route_logits(x, w, *, mesh):  # argmax of the logits, not of the probabilities; the gate picked there
-    return _route_rows(x, w, mesh, lambda l: jnp.argmax(l, axis=-1))
+    return _route_rows(x, w, mesh, lambda lg: jnp.argmax(lg, axis=-1))
 
 
 def route_argmin(x, w, *, mesh):
     # BUG: the least logit's expert
-    return _route_rows(x, w, mesh, lambda l: jnp.argmin(l, axis=-1))
+    return _route_rows(x, w, mesh, lambda lg: jnp.argmin(lg, axis=-1))
 
 
 def route_negated(x, w, *, mesh):
     # BUG: argmax of -logits (a decreasing map)
-    return _route_rows(x, w, mesh, lambda l: jnp.argmax(-l, axis=-1))
+    return _route_rows(x, w, mesh, lambda lg: jnp.argmax(-lg, axis=-1))
 
 
 # --- sums over microbatches and devices regrouped; zero-padded pieces joined (translate/pieces.py) --
