@@ -787,14 +787,6 @@ MUTANTS: tuple[Mutant, ...] = (
     M("quotient-rhs-offset", "start = len(batch) + (spec.lhs_rank - len(spec.lhs_batch) - len(spec.lhs_contract) if side == 1 else 0)",
       "start = len(batch)", "the right operand's free dims come after the left's in the dot's output",
       "pytest:tests/translate/test_quotients.py -k numerically"),
-    # -- a dot with a size-1 batch pair is the dot without it (translate/unit_batches.py) -------------
-    M("unit-batch-swap-layout", "    spec, composed = swapped_dot(DotSpec.parse(base.attrs[0]), perm)",
-      "    spec, composed = swapped_dot(DotSpec.parse(base.attrs[0]), tuple(range(len(perm))))",
-      "a dot with its operands swapped is the transpose of the other: the written transpose stays",
-      "pytest:tests/translate/test_unit_batches.py -k stated_equal"),
-    M("unit-batch-unoriented", "            oriented = reoriented(ev, other) or other\n", "            oriented = other\n",
-      "the query heads' projection is read in the one dot form the reference's grouped dot reads",
-      "pytest:tests/translate/test_unit_batches.py -k one_kv_head_per_device_verify"),
     # -- online softmax rescaled to the running max (translate/shifts.py) ------------------------------
     M("shift-same-old", "if a is not old or new.shape != old.shape", "if new.shape != old.shape",
       "exp(s - a) * exp(a' - b) is exp(s - b) only for a' = a",

@@ -36,7 +36,6 @@ from equivci.translate import (
     scaled_dots,
     shapes,
     sorts,
-    unit_batches,
 )
 from equivci.translate.attributes import called
 from equivci.translate.builder import Builder, Unsupported, Value
@@ -161,7 +160,6 @@ class Evaluator(Builder):
         bounds.note(self, inst, args, result)
         regroup.note(self, inst, args, result, handler, device)
         scaled_dots.note(self, inst, args, result, handler, device)
-        unit_batches.note(self, inst, args, result, handler, device)
         return result
 
 
