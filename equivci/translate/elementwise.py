@@ -120,7 +120,10 @@ def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
     if (form := signed_sums.one_form(ev, term) or signed_sums.plain_form(ev, term)) is not None:
         ev.equal_terms.append([term, form])  # (a product's factor may fold into a sum)
     if ev.folded(term) is None:
-        piece = lambda parts: binary_terms(ev, op, parts, Shape(shape.dtype, parts[0].shape))  # noqa: E731
+
+        def piece(parts: list[Term]) -> Term:
+            return binary_terms(ev, op, parts, Shape(shape.dtype, parts[0].shape))
+
         if (joined := pieces.elementwise_pieces(ev, args, piece)) is not None and joined is not term:
             ev.equal_terms.append([term, joined])
             ev.piecewise[term] = joined
