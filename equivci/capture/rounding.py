@@ -26,8 +26,12 @@ type's contiguous integers (|sum| <= 2 / eps): counts made by summing one-hot ma
 bincounts, cumsum positions) are the same in every program, so they carry no bound, and comparing
 them with a capacity is no tie. Each value's largest possible magnitude is tracked where it is
 known to be an integer (from booleans, iota, integer constants, and sums and products of those).
-Rounding of values that no accumulation has touched (an input cast to bf16) is identical in both
-programs and is not perturbed, so a program that rounds where the reference does not (an
+A rounding right after inexact elementwise arithmetic (a scale, a bias, an activation) may as
+well sit before it in a correct program — `(x * s).astype(bf16)` against `x.astype(bf16) * s` —
+and then differs in nearly every element by a unit of the narrow type, whatever the bounds: every
+element of such a rounding may take either neighbour. Rounding of values that no accumulation and
+no inexact arithmetic has touched (an input cast to bf16, sliced or gathered first) is identical in
+both programs and is not perturbed, so a program that rounds where the reference does not (an
 all-reduce in bf16 of f32 partial sums) still differs by more than the floor. After a rounding that
 may flip, the value may differ by one unit of the narrow type, and that is its bound from there on.
 
@@ -141,13 +145,20 @@ class _Interpreter:
         self.ties: list = []  # traced booleans: a decision on a value with a bound was near a tie
 
     def run(
-        self, closed, args: list, bounds: list[float], integral: list[float | None] | None = None
-    ) -> tuple[list, list[float], list[float | None]]:
-        """The outputs, their relative bounds, and their magnitudes where they hold integers."""
+        self,
+        closed,
+        args: list,
+        bounds: list[float],
+        integral: list[float | None] | None = None,
+        computed: list[bool] | None = None,
+    ) -> tuple[list, list[float], list[float | None], list[bool]]:
+        """The outputs, their relative bounds, their magnitudes where they hold integers, and
+        whether an inexact elementwise op made them since their last rounding."""
         jaxpr = closed.jaxpr
         env: dict = {}
         bound: dict = {}
         magnitude: dict = {}  # the largest |value| of an integer-valued value, where known
+        fresh: dict = {}  # computed by an inexact elementwise op since the value was last rounded
 
         def read(v):
             if hasattr(v, "val"):  # a Literal
@@ -158,31 +169,41 @@ class _Interpreter:
             return _constant_magnitude(v.val) if hasattr(v, "val") else magnitude.get(v)
 
         for v, c in zip(jaxpr.constvars, closed.consts):
-            env[v], bound[v], magnitude[v] = c, 0.0, _constant_magnitude(c)
+            env[v], bound[v], magnitude[v], fresh[v] = c, 0.0, _constant_magnitude(c), False
         for k, (v, a, b) in enumerate(zip(jaxpr.invars, args, bounds)):
             env[v], bound[v], magnitude[v] = a, b, integral[k] if integral else None
+            fresh[v] = bool(computed and computed[k])
         for eqn in jaxpr.eqns:
             vals, bs = zip(*(read(v) for v in eqn.invars)) if eqn.invars else ((), ())
             ms = [integer_magnitude(v) for v in eqn.invars]
+            ins_fresh = [not hasattr(v, "val") and fresh[v] for v in eqn.invars]
             inner = _call_jaxpr(eqn) if eqn.primitive.name in _CALLS else None
             if inner is not None:  # evaluated inline, so that what it knows of its outputs comes back
-                outs, out_bounds, out_ms = self.run(inner, list(vals), list(bs), ms)
+                outs, out_bounds, out_ms, out_fresh = self.run(inner, list(vals), list(bs), ms, ins_fresh)
             else:
                 out_ms = _integer_magnitudes(eqn, ms)
-                outs, out_bounds = self.eqn(eqn, list(vals), list(bs), out_ms)
-            for v, o, b, m in zip(eqn.outvars, outs, out_bounds, out_ms):
-                env[v], bound[v], magnitude[v] = o, b, m
+                outs, out_bounds = self.eqn(eqn, list(vals), list(bs), out_ms, any(ins_fresh))
+                out_fresh = [_fresh_after(eqn, ins_fresh)] * len(outs)
+            for v, o, b, m, f in zip(eqn.outvars, outs, out_bounds, out_ms, out_fresh):
+                env[v], bound[v], magnitude[v], fresh[v] = o, b, m, f
         results = [read(v) for v in jaxpr.outvars]
-        return [r for r, _ in results], [b for _, b in results], [integer_magnitude(v) for v in jaxpr.outvars]
+        return (
+            [r for r, _ in results],
+            [b for _, b in results],
+            [integer_magnitude(v) for v in jaxpr.outvars],
+            [not hasattr(v, "val") and fresh[v] for v in jaxpr.outvars],
+        )
 
-    def eqn(self, eqn, vals: list, bounds: list[float], out_ms: list[float | None]) -> tuple[list, list[float]]:
+    def eqn(
+        self, eqn, vals: list, bounds: list[float], out_ms: list[float | None], fresh: bool
+    ) -> tuple[list, list[float]]:
         name = eqn.primitive.name
         for v in eqn.outvars:
             self.stats.saw(v.aval.dtype)
         if any(_is_jaxpr(p) for p in _flat_params(eqn.params)):
             return self.higher_order(eqn, vals, bounds)
         if name == "convert_element_type":
-            return self.convert(eqn, vals[0], bounds[0])
+            return self.convert(eqn, vals[0], bounds[0], fresh)
         if name in _ACCUMULATIONS:
             if max(bounds, default=0.0) == 0.0 and _exact_integers(out_ms[0], eqn.outvars[0].aval.dtype):
                 return _bind(eqn, vals), [0.0]
@@ -194,7 +215,7 @@ class _Interpreter:
             return outs, [0.0] * len(outs)
         return outs, [max(bounds, default=0.0)] * len(outs)
 
-    def convert(self, eqn, x, b: float) -> tuple[list, list[float]]:
+    def convert(self, eqn, x, b: float, fresh: bool) -> tuple[list, list[float]]:
         # lazy: jax is heavy; equivci's parent process loads this module without it
         import jax.numpy as jnp
 
@@ -202,10 +223,13 @@ class _Interpreter:
         src_eps, dst_eps = _eps(src), _eps(dst)
         if src_eps is not None and dst_eps is None and b > 0:  # float -> int truncates
             self.ties.append(_near_integer(jnp.asarray(x), b))
-        if src_eps is None or dst_eps is None or dst_eps <= src_eps or b == 0.0:
+        if src_eps is None or dst_eps is None or dst_eps <= src_eps or (b == 0.0 and not fresh):
             return _bind(eqn, [x]), [0.0 if dst_eps is None else b]
         self.stats.points += 1
-        return [_round_either_way(jnp.asarray(x), dst, b)], [dst_eps]
+        # A rounding right after inexact arithmetic may as well sit before it in a correct program
+        # (a scale applied after the cast instead of before): every element may round either way.
+        either = max(b, dst_eps / 2) if fresh else b
+        return [_round_either_way(jnp.asarray(x), dst, either)], [dst_eps]
 
     def accumulate(self, eqn, vals: list, bounds: list[float]) -> tuple[list, list[float]]:
         # lazy: jax is heavy; equivci's parent process loads this module without it
@@ -258,6 +282,26 @@ _SAME_MAGNITUDE = {
 }  # fmt: skip
 # Ops whose first operand is the data and the rest are indices.
 _INDEXED = {"dynamic_slice", "gather"}
+
+# Ops that compute no new float value from their operands' values: moving a rounding across them
+# changes nothing, so they pass on whether their data was computed since it was last rounded.
+_EXACT = (_SAME_MAGNITUDE - {"convert_element_type"}) | _INDEXED | {
+    "select_n", "dynamic_update_slice", "scatter", "sign", "floor", "ceil", "round", "clamp",
+    "stop_gradient", "optimization_barrier", "sharding_constraint",
+}  # fmt: skip
+
+
+def _fresh_after(eqn, ins_fresh: list[bool]) -> bool:
+    """Whether eqn's outputs hold floats made by inexact arithmetic since their last rounding."""
+    name = eqn.primitive.name
+    if name == "convert_element_type":
+        src, dst = _eps(eqn.invars[0].aval.dtype), _eps(eqn.params["new_dtype"])
+        return dst is not None and src is not None and dst <= src and any(ins_fresh)
+    if name in _ACCUMULATIONS or not any(_eps(v.aval.dtype) for v in eqn.outvars):
+        return False
+    if name in _EXACT:
+        return any(ins_fresh)
+    return True
 
 
 def _integer_magnitudes(eqn, ms: list[float | None]) -> list[float | None]:

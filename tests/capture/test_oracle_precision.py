@@ -87,6 +87,35 @@ def test_shadow_moves_only_roundings_of_computed_values():
     assert 0 < float(diff.max()) and bool(jnp.all(diff <= ulp * 1.01)), "at most one unit of bf16 per element"
 
 
+def test_a_rounding_right_after_inexact_arithmetic_may_move_every_element():
+    """round(3x) and 3 * round(x) are both correct ways to write one model (a scale before or after a
+    cast): the shadow lets every element of a rounding of freshly computed values take either
+    neighbour, by at most one unit; a rounding of an input, or of a value only moved since (sliced,
+    negated, gathered), stays where it is."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from equivci.capture.rounding import shadow_reference
+
+    f32 = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+
+    def scale_cast(x):
+        return (x * 3.0).astype(jnp.bfloat16).astype(jnp.float32)
+
+    def moved_cast(x):
+        return (-x[:, ::-1]).astype(jnp.bfloat16).astype(jnp.float32)
+
+    x = jax.random.normal(jax.random.key(3), (8, 16))
+    shadow = shadow_reference(scale_cast, (f32,))
+    want = scale_cast(x)
+    diff = jnp.abs(shadow.run(x)[0] - want)
+    ulp = jnp.abs(jnp.nextafter(want.astype(jnp.bfloat16), jnp.bfloat16(jnp.inf)).astype(jnp.float32) - want)
+    assert shadow.rounding_points == 1 and float(jnp.mean(diff > 0)) > 0.9
+    assert bool(jnp.all(diff <= ulp * 2.01)), "at most one unit of bf16 per element"
+    quiet = shadow_reference(moved_cast, (f32,))
+    assert quiet.rounding_points == 0 and float(jnp.abs(quiet.run(x)[0] - moved_cast(x)).max()) == 0.0
+
+
 def test_a_routing_decision_within_rounding_of_a_tie_is_reported():
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp

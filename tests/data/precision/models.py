@@ -183,3 +183,77 @@ def _deep_tp(final_norm):
 
 deep_tp = _deep_tp(final_norm=True)
 deep_tp_no_final_norm = _deep_tp(final_norm=False)  # BUG: the final norm before the head is dropped
+
+
+# --- a rounding on the other side of a scale -------------------------------------------------------------
+# Gemma-style: the reference scales the embedding by sqrt(d) in float32 and then rounds to bfloat16;
+# the sharded code rounds the looked-up rows first and scales in bfloat16 (the normalizer cast to the
+# activation dtype). Both are correct, and they differ in nearly every element by a unit of bf16.
+
+V = 32
+
+
+def embed_scale(ids, emb, head):
+    x = (emb[ids] * D**0.5).astype(BF16)
+    return jnp.dot(x, head.astype(BF16), preferred_element_type=F32)
+
+
+def embed_scale_inputs():
+    return (jax.ShapeDtypeStruct((T,), jnp.int32), _spec(V, D), _spec(D, 96))
+
+
+def _embed_scale_tp(shift):
+    def dist(ids, emb, head, *, mesh):
+        def body(ids, emb, head):
+            rows = emb.shape[0]
+            start = ((lax.axis_index("tp") + shift) % lax.axis_size("tp")) * rows
+            local = ids - start
+            owned = (local >= 0) & (local < rows)
+            x = lax.psum(jnp.where(owned[:, None], emb[jnp.clip(local, 0, rows - 1)], 0.0), "tp")
+            x = x.astype(BF16) * jnp.asarray(D**0.5, BF16)
+            return jnp.dot(x, head.astype(BF16), preferred_element_type=F32)
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P("tp"), P()), out_specs=P())(ids, emb, head)
+
+    return dist
+
+
+embed_scale_tp = _embed_scale_tp(0)
+embed_scale_tp_wrong_offset = _embed_scale_tp(1)  # BUG: the vocabulary rows of the neighbour shard
+
+
+# Attention scores scaled after the bf16 cast of q in the sharded code, before it in the reference.
+def _scaled_q_attend(x, wq, wk, heads, scale_first):
+    hd = 24
+    q = jnp.dot(x.astype(BF16), wq.astype(BF16), preferred_element_type=F32)
+    if scale_first:
+        q = (q * hd**-0.5).astype(BF16)
+    else:
+        q = q.astype(BF16) * jnp.asarray(hd**-0.5, BF16)
+    k = jnp.dot(x.astype(BF16), wk.astype(BF16), preferred_element_type=F32).astype(BF16)
+    q, k = q.reshape(T, heads, hd), k.reshape(T, heads, hd)
+    return jnp.einsum("thd,shd->hts", q, k, preferred_element_type=F32)
+
+
+def scaled_q(x, wq, wk):
+    return _scaled_q_attend(x, wq, wk, 4, scale_first=True)
+
+
+def scaled_q_inputs():
+    return (_spec(T, D), _spec(D, 96), _spec(D, 96))
+
+
+def _scaled_q_tp(reduced):
+    def dist(x, wq, wk, *, mesh):
+        def body(x, wq, wk):
+            s = _scaled_q_attend(x, wq, wk, 4 // lax.axis_size("tp"), scale_first=False)
+            return s if reduced else s * 2  # BUG (when not reduced): a stray factor left from a loss scale
+
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, "tp"), P(None, "tp")),
+                             out_specs=P("tp"))(x, wq, wk)
+
+    return dist
+
+
+scaled_q_tp = _scaled_q_tp(True)
+scaled_q_tp_stray_factor = _scaled_q_tp(False)
