@@ -42,6 +42,7 @@ from equivci.terms.spec import (
     transpose_text,
 )
 from equivci.translate.builder import Builder
+from equivci.translate.reductions import reduced_over
 from equivci.translate.routing import evaluate
 from equivci.translate.shapes import broadcast_term
 
@@ -334,11 +335,12 @@ class Permutations:
 
     def _one_hot_sum(self, counts: Term) -> Term | None:
         """w when counts[e] = sum over w's dims of (w == e): the one-hot of w along a last dim, summed."""
-        if counts.op != "reduce" or counts.attrs[0] != "add":
+        summed = reduced_over(counts)
+        if summed is None or summed[0] != "add":
             return None
-        inner = counts.args[0]
+        _, inner, dims = summed
         rank = len(inner.shape)
-        if ReduceSpec.parse(counts.attrs[1]).dims != tuple(range(rank - 1)):
+        if dims != tuple(range(rank - 1)):
             return None
         if inner.op == "unary" and inner.attrs[0] == "convert":
             inner = inner.args[0]

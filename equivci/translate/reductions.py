@@ -115,6 +115,22 @@ def reduce(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     return over_pieces(ev, reducer, x, dims, inst.shape) or reduce_term(ev, reducer, x, dims, inst.shape)
 
 
+def reduced_over(t: Term) -> tuple[str, Term, tuple[int, ...]] | None:
+    """(reducer, x, dims) when `t` is x reduced over dims, also in `reduce_term`'s normal form for
+    size-1 dims among them: the reduction over the others, reshaped to drop the size-1 dims."""
+    if t.op == "reduce":
+        return t.attrs[0], t.args[0], ReduceSpec.parse(t.attrs[1]).dims
+    if t.op != "reshape" or t.args[0].op != "reduce":
+        return None
+    reducer, x, dims = t.args[0].attrs[0], t.args[0].args[0], ReduceSpec.parse(t.args[0].attrs[1]).dims
+    kept = [k for k in range(len(x.shape)) if k not in dims]
+    if tuple(x.shape[k] for k in kept if x.shape[k] != 1) != tuple(s for s in t.shape if s != 1):
+        return None
+    if any(s == 1 for s in t.shape):  # the result keeps size-1 dims: which ones is not read here
+        return None
+    return reducer, x, tuple(sorted((*dims, *(k for k in kept if x.shape[k] == 1))))
+
+
 def reduce_term(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape: Shape) -> Term:
     """The reduction of `x` over `dims` by `reducer` (from its identity), in normal form."""
     if all(x.shape[k] == 1 for k in dims) and x.dtype == shape.dtype:
@@ -126,6 +142,7 @@ def reduce_term(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape
         # The size-1 dims add no element to any output's reduction, so it is the reduction over
         # the others, reshaped: a device's one KV head reduced over the group dim of GQA's repeat
         # (reduced as a unit dim) meets the window of the reference's reduction over all heads.
+        # Code that reads a reduction's dims reads this form through `reduced_over`.
         others = Shape(shape.dtype, tuple(s for i, s in enumerate(x.shape) if i not in kept))
         return ev.reshape_term(reduce_term(ev, reducer, x, kept, others), shape)
     key = ReduceSpec(len(x.shape), tuple(sorted(dims))).text()

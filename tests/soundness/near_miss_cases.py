@@ -26,7 +26,7 @@ VERIFIED = {
     "positions-sp", "positions-sp-offset-first", "positions-sp-2d",
     "gqa-grad", "gqa-grad-broadcast", "mlp-step",
     "window-distance", "window-distance-negated", "weighted-pick", "weighted-pick-one-hot",
-    "queue-positions",
+    "queue-positions", "grouped-sorted",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -51,7 +51,7 @@ MISMATCH = {
     "gqa-grad-half", "mlp-step-layer-cut",
     "window-distance-wide", "window-distance-no-start", "window-distance-inclusive-start",
     "weighted-pick-next-shard", "weighted-pick-ge", "weighted-pick-first-only",
-    "queue-positions-inclusive", "queue-positions-across-groups",
+    "queue-positions-inclusive", "queue-positions-across-groups", "grouped-sorted-starts-at-ends",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {

@@ -1809,3 +1809,38 @@ def queue_positions_dp_inclusive(x, router, *, mesh):
 def queue_positions_dp_across_groups(x, router, *, mesh):
     # BUG: summed over the device's groups, not over each group's tokens
     return _queue_positions_dp(x, router, mesh, axis=0)
+
+
+# --- sorted dispatch of tokens held in groups, one group per data shard (translate/permutations.py) ---
+def _grouped_sorted(xg, router, w1, w2, bug=None):
+    """Top-1 sorted dispatch of tokens held as [groups, tokens, d]; the group sizes are a one-hot
+    summed over the groups and the tokens, as library MoE layers count them. A data shard holds one
+    group, so its count sums over a size-1 dim the reference's sums over all groups."""
+    expert = jnp.argmax(xg @ router, axis=-1)
+    counts = jax.nn.one_hot(expert, SORT_E, dtype=jnp.int32).sum(axis=(0, 1))
+    order = jnp.argsort(expert.reshape(-1), stable=True)
+    ends = jnp.cumsum(counts)
+    starts = ends if bug == "starts-at-ends" else ends - counts
+    rows = jnp.arange(order.shape[0])[None, :]
+    mask = (rows >= starts[:, None]) & (rows < ends[:, None])
+    h = jax.nn.relu(jnp.einsum("td,edf->etf", xg.reshape(-1, xg.shape[-1])[order], w1))
+    ys = jnp.sum(jnp.einsum("etf,efd->etd", h, w2) * mask[:, :, None], axis=0)
+    return ys[jnp.argsort(order)].reshape(xg.shape)
+
+
+def grouped_sorted(xg, router, w1, w2):
+    return _grouped_sorted(xg, router, w1, w2)
+
+
+def grouped_sorted_inputs():
+    return (spec(2, SORT_T // 2, D), spec(D, SORT_E), spec(SORT_E, D, SORT_F), spec(SORT_E, SORT_F, D))
+
+
+def grouped_sorted_dp(xg, router, w1, w2, *, mesh):
+    return jax.shard_map(_grouped_sorted, mesh=mesh, in_specs=(P(TP), P(), P(), P()), out_specs=P(TP))(xg, router, w1, w2)
+
+
+def grouped_sorted_dp_starts_at_ends(xg, router, w1, w2, *, mesh):
+    # BUG: each expert's rows start where its group ends
+    return jax.shard_map(lambda *a: _grouped_sorted(*a, bug="starts-at-ends"), mesh=mesh,
+                         in_specs=(P(TP), P(), P(), P()), out_specs=P(TP))(xg, router, w1, w2)
