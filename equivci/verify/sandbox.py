@@ -12,6 +12,7 @@ import importlib
 import multiprocessing
 import os
 import resource
+import signal
 import sys
 import time
 import traceback
@@ -47,7 +48,23 @@ def memory_cap(wanted: int) -> tuple[int, str]:
     return wanted, "EQUIVCI_VERIFY_MEMORY"
 
 
-def _child(conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo, options: Options) -> None:
+def _die_with_parent(parent: int) -> None:
+    """End this child when its parent ends, however it ends: a verify killed by a CI timeout or a
+    scorer's SIGKILL never tells a fork-context child (daemon children only die on a clean exit),
+    which would go on proving, and hold the capture server's control socket open, for minutes."""
+    if sys.platform.startswith("linux"):
+        import ctypes  # lazy: the child's only
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent ended before the request took effect
+        os._exit(1)
+
+
+def _child(
+    conn, model: ModelSpec, manifest: Manifest, captured: CapturedModel, memo, options: Options, parent: int
+) -> None:
+    _die_with_parent(parent)
     cap, _ = memory_cap(options.verify_memory_bytes)
     resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
     # Not imported by the parent's `import equivci.pipeline`: a run whose results all come from
@@ -121,7 +138,7 @@ def verify_isolated(
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(send, model, manifest, captured, memo, options), daemon=True)
+    child = ctx.Process(target=_child, args=(send, model, manifest, captured, memo, options, os.getpid()), daemon=True)
     child.start()
     send.close()
     answer = _answer(receive, t0 + limit, on_layer)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -112,3 +116,49 @@ def test_a_child_forked_from_a_process_running_jax_does_not_use_it(tmp_path, mon
     monkeypatch.setattr(numeric, "JAX_FORKED", True)
     skipped = frontier([], [], {}, (), {}, 0, set())
     assert skipped.note is not None and "forked from a process running jax" in skipped.note
+
+
+def test_the_proof_child_ends_when_its_parent_is_killed(tmp_path):
+    """A verify killed outright (a CI job's timeout, a scorer's SIGKILL) must not leave its proof
+    child running: it would go on for minutes and hold the capture server open."""
+    pid_file = tmp_path / "child.pid"
+    script = textwrap.dedent(
+        f"""
+        import multiprocessing, os, time
+        from equivci.verify import sandbox
+
+        def child(parent):
+            sandbox._die_with_parent(parent)
+            open({str(pid_file)!r}, "w").write(str(os.getpid()))
+            time.sleep(120)
+
+        p = multiprocessing.get_context("fork").Process(target=child, args=(os.getpid(),), daemon=True)
+        p.start()
+        time.sleep(120)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.time() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.time() < deadline, "the child never started"
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        parent.kill()
+        parent.wait()
+        deadline = time.time() + 10
+        while _alive(child):
+            assert time.time() < deadline, "the proof child outlived its killed parent"
+            time.sleep(0.1)
+    finally:
+        parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (its new parent has not reaped it yet) is ended too
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(")")[-1].split()[0] != "Z"
