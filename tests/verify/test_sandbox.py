@@ -118,6 +118,7 @@ def test_a_child_forked_from_a_process_running_jax_does_not_use_it(tmp_path, mon
     assert skipped.note is not None and "forked from a process running jax" in skipped.note
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_the_proof_child_ends_when_its_parent_is_killed(tmp_path):
     """A verify killed outright (a CI job's timeout, a scorer's SIGKILL) must not leave its proof
     child running: it would go on for minutes and hold the capture server open."""
