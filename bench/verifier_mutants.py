@@ -942,7 +942,6 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- reshape specs narrowed only to the specs that occur (terms/load.py) -------------------------
     M("reshape-narrow-reversed", "if other_size < size:", "if other_size > size:",
       "a narrower split is the one of smaller size: the pair is stated from the wider spec",
-      "pytest:tests/terms/test_load.py::test_a_reshape_is_narrowed_only_to_the_specs_that_occur",
       "pytest:tests/translate/test_head_windows.py"),
 )
 
