@@ -930,6 +930,25 @@ MUTANTS: tuple[Mutant, ...] = (
     M("helper-body-leads", "helper = made_in(choice.text, inst, events, captured.repo_root) if choice.text.isidentifier() else None",
       "helper = None", "a function passed by name is changed in its body, not at the call naming it",
       "pytest:tests/diagnose/test_caller_choice.py::test_a_function_passed_by_name_leads_in_its_body_with_the_call_as_a_tied_note"),
+    # -- class ids as windows of an iota too large to fold (translate/constants.py) -------------------
+    M("iota-window-past-end", "if not first.is_integer() or not 0 <= first <= size - n:",
+      "if not first.is_integer() or not 0 <= first:",
+      "a window of iota(N) ends inside it: ids past N are no ids of the reference",
+      "pytest:tests/translate/test_iota_windows.py -k near_miss_ids_are_no_window"),
+    M("iota-window-unchecked", "if np.array_equal(np.broadcast_to(formula, squeezed.shape), squeezed):", "if True:",
+      "a constant is the iota's window only where every element is its id",
+      "pytest:tests/translate/test_iota_windows.py -k near_miss_ids",
+      "pytest:tests/translate/test_iota_windows.py -k near_misses_over"),
+    M("iota-window-dtype", "if source.dtype != dtype or dim not in own", "if dim not in own",
+      "an iota's ids are of its dtype: float ids are no window of an integer iota",
+      "pytest:tests/translate/test_iota_windows.py -k near_miss_ids_are_no_window"),
+    M("iota-window-unregistered", "    ev.constants.add_iota(term)\n", "",
+      "the reference's unfolded iota is where a device's folded class ids are found",
+      "pytest:tests/translate/test_iota_windows.py::test_an_8b_wide_cross_entropy_step_verifies"),
+    # -- reshape specs narrowed only to the specs that occur (terms/load.py) -------------------------
+    M("reshape-narrow-reversed", "if other_size < size:", "if other_size > size:",
+      "a narrower split is the one of smaller size: the pair is stated from the wider spec",
+      "pytest:tests/translate/test_head_windows.py"),
 )
 
 

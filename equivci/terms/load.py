@@ -58,6 +58,7 @@ class Loader:
         self._handles: dict[int, T] = {}
         self._seeded_specs: set[tuple[str, str]] = set()
         self._bcasts: dict[tuple, set[str]] = {}
+        self._reshape_peers: dict[tuple, dict[str, int]] = {}  # reshape specs by narrowing family -> size
         self._count = 0
         self._bulk = False
         self._depth: dict[Term, int] = {}
@@ -407,9 +408,18 @@ class Loader:
             self._table("rs_out_tail", spec, k, pout)
         for o, size in fixed:
             self._table("rs_fixed", spec, o, size)
+        # A narrower spec is only of use to the rules where it occurs (they never invent a spec):
+        # pair the specs that occur and differ in one group's second size, not every smaller size
+        # (a [1, V] merge of a vocabulary's 128,256 classes was 128,255 rows).
         for side in ("in", "out"):
-            for p, size, narrower in ReshapeSpec.parse(spec).narrowed_second(side):
-                self._commands.append(self.egg.set(f"rs_narrow_{side}", (spec, p, size), narrower))
+            for p, size, family in ReshapeSpec.parse(spec).narrowings(side):
+                peers = self._reshape_peers.setdefault(family, {})
+                for other, other_size in peers.items():
+                    if other_size < size:
+                        self._commands.append(self.egg.set(f"rs_narrow_{side}", (spec, p, other_size), other))
+                    elif size < other_size:
+                        self._commands.append(self.egg.set(f"rs_narrow_{side}", (other, p, size), spec))
+                peers[spec] = size
 
 
 FLOATS = ("f32", "bf16", "f16", "f64")

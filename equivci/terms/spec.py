@@ -171,28 +171,22 @@ class ReshapeSpec:
             pos_in, pos_out = pos_in + g.n_in, pos_out + g.n_out
         return leads, fixed
 
-    def narrowed_second(self, side: str) -> list[tuple[int, int, str]]:
-        """(p, m, text) per group with two or more dims on `side` ("in" or "out"), p its second dim
-        there and m a smaller size of it: text is this spec with that dim of size m (the lead's
-        size still follows from the operand). A window of heads within one group of a [groups,
-        heads, head_dim] split is this reshape of the window of the flat dim ("out"), and the
-        merge of such a window is a window of the merge ("in")."""
-        narrowed = []
+    def narrowings(self, side: str) -> list[tuple[int, int, tuple]]:
+        """(p, m, family) per group with two or more dims on `side` ("in" or "out"): p its second
+        dim there, m that dim's size, and `family` alike for exactly the specs that differ from this
+        one in that size alone (the lead's size still follows from the operand). A window of heads
+        within one group of a [groups, heads, head_dim] split is the narrower member's reshape of
+        the window of the flat dim ("out"), and the merge of such a window is a window of the merge
+        ("in")."""
+        narrowings = []
         pos = 0
         for i, g in enumerate(self.groups):
             tail = g.in_tail if side == "in" else g.out_tail
             if g.n_in and g.n_out and tail:
-                for m in range(1, tail[0]):
-                    narrower = (m, *tail[1:])
-                    group = (
-                        dataclasses.replace(g, in_tail=narrower)
-                        if side == "in"
-                        else dataclasses.replace(g, out_tail=narrower)
-                    )
-                    text = ReshapeSpec(self.groups[:i] + (group,) + self.groups[i + 1 :]).text()
-                    narrowed.append((pos + 1, m, text))
+                family = (side, i, self.groups[:i], g.n_in, g.n_out, g.out_tail if side == "in" else g.in_tail)
+                narrowings.append((pos + 1, tail[0], (*family, tail[1:], self.groups[i + 1 :])))
             pos += g.n_in if side == "in" else g.n_out
-        return narrowed
+        return narrowings
 
 
 def transpose_text(perm) -> str:

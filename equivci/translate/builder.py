@@ -109,11 +109,13 @@ class Builder:
             term = self.table.make("bcast", (bcast_spec(0, value.shape, ()),), (scalar,), value.shape, dtype)
         elif (term := self.constants.seen(value, dtype)) is None:
             windows = self.constants.windows(value, dtype, self.budgets.constant_sources)
+            if not windows and (iota := self.constants.iota_window(value, dtype)) is not None:
+                windows = [iota]
             if windows:
                 # Device-local tables (RoPE angles at a shard's positions, a mask's rows) are windows
                 # of the reference's tables; saying so relates them. One that repeats along the dim
                 # (a mask broadcast over heads) is every such window.
-                slices = [self.window_term(w, value.shape, dtype) for w in windows]
+                slices = [self.window_term(w, value, dtype) for w in windows]
                 if len(slices) > 1:
                     self.equal_terms.append(slices)
                 term = slices[0]
@@ -124,15 +126,15 @@ class Builder:
         self.values[term] = value
         return term
 
-    def window_term(self, window: Window, shape: tuple[int, ...], dtype: str) -> Term:
-        """The term of a constant pool window, laid out as `shape` (which differs in unit dims only):
-        a slice of that very source (slice_term would move it to the oldest constant holding it, and
-        windows of several sources are stated equal to relate those sources)."""
+    def window_term(self, window: Window, value: np.ndarray, dtype: str) -> Term:
+        """The term of a constant pool window that holds `value` (laid out differently in unit dims
+        only): a slice of that very source (slice_term would move it to the oldest constant holding
+        it, and windows of several sources are stated equal to relate those sources)."""
         source, stop = window.source, window.start + window.width
         dims = tuple(window.width if k == window.dim else n for k, n in enumerate(source.shape))
         term = self.table.make("slice", (window.dim, window.start, stop), (source,), dims, dtype)
-        self.values[term] = np.take(self.values[source], range(window.start, stop), axis=window.dim)
-        return self.reshape_term(term, Shape(dtype, shape)) if window.reshaped else term
+        self.values[term] = value.reshape(dims)
+        return self.reshape_term(term, Shape(dtype, value.shape)) if window.reshaped else term
 
     def folded(self, term: Term) -> np.ndarray | None:
         return self.values.get(term)
@@ -339,7 +341,7 @@ class Builder:
             # that a constant known before it holds (the reference's table) is that constant's.
             moved = self.constants.older_windows(window, x.dtype, x) if x.op == "const" else []
             if moved:
-                return self.window_term(moved[0], window.shape, x.dtype)
+                return self.window_term(moved[0], window, x.dtype)
         factor, base = self.scale_of(x)
         if factor != 1 and (term := self.scaled(self.slice_term(base, dim, start, stop), factor)) is not None:
             return term

@@ -39,7 +39,7 @@ class Window:
     dim: int
     start: int
     width: int
-    order: int  # of the source among the known constants
+    order: int  # of the source among the known constants (-1: a symbolic iota, known by its formula)
     reshaped: bool = False
 
 
@@ -61,12 +61,21 @@ class ConstantPool:
         self._rows: dict[tuple, dict[bytes, list[tuple[_Known, int, int]]]] = {}
         self._known: list[_Known] = []
         self._order: dict[object, int] = {}  # source term -> its order
+        # iotas too large to fold (a vocabulary's 128,256 class ids): their windows are known by formula
+        self._iotas: list[Term] = []
         self.comparisons = 0  # element-by-element comparisons made (work units, see tests)
 
     def extend(self, other: "ConstantPool") -> None:
         """Know every constant `other` knows (the reference's, for the distributed program)."""
         for known in other._known:
             self.add(known.term, known.value, known.dtype)
+        for iota in other._iotas:
+            self.add_iota(iota)
+
+    def add_iota(self, term: Term) -> None:
+        """Remember `term`, an iota kept symbolic (too large to fold), as a source of windows."""
+        if term not in self._iotas:
+            self._iotas.append(term)
 
     def seen(self, value: np.ndarray, dtype: str):
         """The term already made for a constant of this exact content, if any."""
@@ -132,6 +141,35 @@ class ConstantPool:
                 held += [] if (order, own) in held else [(order, own)]
                 contents[known.content] = order
         return found
+
+    def iota_window(self, value: np.ndarray, dtype: str) -> Window | None:
+        """The window of a symbolic iota that `value` is, with unit dims laid out either way: an
+        iota along dim k holds i at index i along k, so its window [lo, lo + n) along k is
+        lo + arange(n) (in the iota's dtype) broadcast along its other dims. A device's class ids
+        `lo + iota(n)`, folded, are the window of the reference's `iota(V)`, which is not."""
+        kept = _kept(value.shape)
+        squeezed = value.reshape([value.shape[k] for k in kept])
+        for source in self._iotas:
+            dim, own = source.attrs[0], _kept(source.shape)
+            if source.dtype != dtype or dim not in own or len(own) != squeezed.ndim:
+                continue
+            at = own.index(dim)
+            others = [source.shape[k] for k in own if k != dim]
+            n, size = squeezed.shape[at], source.shape[dim]
+            if n >= size or others != [m for q, m in enumerate(squeezed.shape) if q != at]:
+                continue
+            first = float(np.take(squeezed, 0, axis=at).flat[0])
+            if not first.is_integer() or not 0 <= first <= size - n:
+                continue
+            lo = int(first)
+            formula = (
+                np.arange(lo, lo + n).astype(value.dtype).reshape([-1 if q == at else 1 for q in range(squeezed.ndim)])
+            )
+            self.comparisons += 1
+            if np.array_equal(np.broadcast_to(formula, squeezed.shape), squeezed):
+                window_shape = tuple(n if k == dim else m for k, m in enumerate(source.shape))
+                return Window(source, dim, lo, n, -1, reshaped=window_shape != value.shape)
+        return None
 
     def older_windows(self, value: np.ndarray, dtype: str, than) -> list[Window]:
         """`windows(value)` when they are windows of a constant known before the source `than`."""

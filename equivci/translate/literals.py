@@ -44,7 +44,9 @@ def iota(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     if np.prod(shape.dims) <= ev.budgets.fold_elements:
         ar = np.arange(shape.dims[dim]).reshape([-1 if k == dim else 1 for k in range(len(shape.dims))])
         return ev.const(np.broadcast_to(ar, shape.dims).astype(NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
-    return ev.mk("iota", (dim,), (), shape)
+    term = ev.mk("iota", (dim,), (), shape)
+    ev.constants.add_iota(term)
+    return term
 
 
 def parse_literal(text: str, shape: Shape, fold_elements: int) -> np.ndarray | None:

@@ -57,3 +57,22 @@ def test_every_op_loads_as_egglog_pythons_term_with_its_dims():
     egraph.check(eq(L.dot_contract(String(f"{dot}>f32"), i64(1))).to(i64(0)))
     egraph.check(eq(L.bcast_out(String(spec), i64(0))).to(i64(1)))
     egraph.check(L.reduced(String("2:1"), i64(1)))
+
+
+def test_a_reshape_is_narrowed_only_to_the_specs_that_occur():
+    """rs_narrow_out(spec, p, m) names the spec of a narrower split only for splits that are loaded
+    (the rules never invent a spec): a device's [1, 2, hd] heads pair with the reference's [2, 4, hd]
+    split, and no row stands for the sizes no term has (a split of a vocabulary's 128,256 classes
+    would otherwise seed a row per smaller size)."""
+    t = TermTable()
+    x = t.make("param", (0,), (), (2, 8, 32), "f32")
+    y = t.make("param", (1,), (), (2, 8, 8), "f32")
+    split, device = reshape_spec((2, 8, 32), (2, 8, 2, 4, 4)), reshape_spec((2, 8, 8), (2, 8, 1, 2, 4))
+    egraph = EGraph()
+    loader = Loader(egraph)
+    with loader.bulk():
+        loader.expr(t.make("reshape", (split,), (x,), (2, 8, 2, 4, 4), "f32"))
+        loader.expr(t.make("reshape", (device,), (y,), (2, 8, 1, 2, 4), "f32"))
+    egraph.check(eq(L.rs_narrow_out(String(split), i64(3), i64(2))).to(String(device)))
+    unused = L.rs_narrow_out(String(split), i64(3), i64(3))  # [2, 8, 1, 3, 4]: no term has it
+    egraph.check_fail(eq(unused).to(unused))

@@ -108,11 +108,17 @@ def test_shape_constructors() -> None:
 
 
 def test_a_narrowed_head_split_is_the_split_of_a_window() -> None:
-    # [b, s, 32] split as [b, s, 2, 4, 4]; [b, s, 8] split as [b, s, 1, 2, 4] narrows dim 3 to 2
-    spec = reshape_spec((2, 8, 32), (2, 8, 2, 4, 4))
-    device = reshape_spec((2, 8, 8), (2, 8, 1, 2, 4))
-    assert (3, 2, device) in ReshapeSpec.parse(spec).narrowed_second("out")
-    assert [m for p, m, _ in ReshapeSpec.parse(spec).narrowed_second("out")] == [1, 2, 3]
+    # [b, s, 32] split as [b, s, 2, 4, 4]; [b, s, 8] split as [b, s, 1, 2, 4] narrows dim 3 to 2:
+    # one family (they differ in that size alone), which a split of other head dims is not
+    spec = ReshapeSpec.parse(reshape_spec((2, 8, 32), (2, 8, 2, 4, 4)))
+    device = ReshapeSpec.parse(reshape_spec((2, 8, 8), (2, 8, 1, 2, 4)))
+    other = ReshapeSpec.parse(reshape_spec((2, 8, 16), (2, 8, 2, 4, 2)))
+    [(p, m, family)] = spec.narrowings("out")
+    assert (p, m) == (3, 4)
+    assert device.narrowings("out") == [(3, 2, family)]
+    assert other.narrowings("out")[0][2] != family
     # and the merge of [b, s, 2, 4, 4], narrowed along the input's dim 3
-    merge = reshape_spec((2, 8, 2, 4, 4), (2, 8, 32))
-    assert (3, 2, reshape_spec((2, 8, 1, 2, 4), (2, 8, 8))) in ReshapeSpec.parse(merge).narrowed_second("in")
+    merge = ReshapeSpec.parse(reshape_spec((2, 8, 2, 4, 4), (2, 8, 32)))
+    [(p, m, family)] = merge.narrowings("in")
+    assert (p, m) == (3, 4)
+    assert ReshapeSpec.parse(reshape_spec((2, 8, 1, 2, 4), (2, 8, 8))).narrowings("in") == [(3, 2, family)]
