@@ -422,8 +422,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("select-zero-product", "p.shape == a.shape and ev.uniform(b) == 0", "p.shape == a.shape",
       "select(p, x, c) is x * p only for c = 0", "model:pick-where-ones",
       "pytest:tests/translate/test_index_compares.py::test_a_select_against_other_values_is_no_product"),
-    # -- a scale as the quotient by its rounded reciprocal, masks with the constant branch first,
-    # slots squeezed out of the swapped dot's order (translate/reciprocals.py, elementwise.py, terms/load.py)
+    # -- a scale as the quotient by its rounded reciprocal, masks with the constant branch first
+    # (translate/reciprocals.py, elementwise.py; the squeeze out of the swapped dot's order: swapped-squeeze-order)
     M("reciprocal-one-way", "if Fraction(float(c)) != factor or not np.isfinite(q) or one / q != c:",
       "if Fraction(float(c)) != factor or not np.isfinite(q):",
       "x * c is x / q only where c rounds back from q: two scales one ulp apart share their divisor",
@@ -437,10 +437,6 @@ MUTANTS: tuple[Mutant, ...] = (
     M("constant-branch-flat-mask", 'if p.op == "bcast" and (inner := ev.folded(p.args[0])) is not None:',
       "if False:", "a broadcast mask is negated under its broadcast: the table stays the reference's",
       "model:attention-scaled", "pytest:tests/translate/test_constant_branches.py"),
-    M("squeeze-residual-dropped", "if residual == tuple(range(len(residual))):", "if True:",
-      "a squeeze of the swapped dot's window in another order than the transpose's is transposed once more",
-      "pytest:tests/translate/test_squeezed_slots.py::test_a_squeezed_slot_of_a_transposed_projection_is_a_window_of_the_swapped_dot"
-      " tests/translate/test_squeezed_slots.py::test_a_transpose_out_of_the_swapped_dots_order_is_stated_with_the_rest_of_the_transpose"),
     # -- argmax of an increasing map, the pick at the argmax, 0/1 masks (translate/orders.py, picks.py) ---
     M("argmax-decreasing-step", 'INCREASING = {"exponential", "tanh", "logistic"}',
       'INCREASING = {"exponential", "tanh", "logistic", "negate"}',
@@ -605,13 +601,15 @@ MUTANTS: tuple[Mutant, ...] = (
       'return ev.reshape_term(reduce_term(ev, "add", x, kept, others), shape)',
       "the reduction over the other dims keeps the reducer (a max over a KV head and its group stays a max)",
       "pytest:tests/translate/test_translation_against_xla.py::test_a_reduce_over_size_1_dims_among_others_computes_what_xla_computes"),
-    M("swapped-squeeze", "swapped = self._swapped_squeeze(t.args[0], perm, t.shape)", "swapped = None",
+    M("swapped-squeeze", "swapped = self._swapped_squeeze(t.args[0], perm)", "swapped = None",
       "a transposed squeeze of windows of a dot is the squeeze of the windows of the dot with its operands swapped",
       "pytest:tests/translate/test_squeezed_slots.py::test_a_squeezed_slot_of_a_transposed_projection_is_a_window_of_the_swapped_dot",
       "pytest:tests/translate/test_squeezed_slots.py::test_slots_of_a_slot_major_projection_verify[per-slot]"),
-    M("swapped-squeeze-order", "if [k for k in natural if k not in units] != [kept[p] for p in perm]:", "if False:",
-      "only where the swapped dot lays the kept dims out in the transpose's order (heads and head_dim swapped are not)",
-      "pytest:tests/translate/test_squeezed_slots.py::test_a_transpose_out_of_the_swapped_dots_order_is_not_stated",
+    M("swapped-squeeze-order", "if residual == tuple(range(len(residual))):", "if True:",
+      "a squeeze of the swapped dot's window in another order than the transpose's is transposed once more"
+      " (heads and head_dim swapped are not the squeeze alone)",
+      "pytest:tests/translate/test_squeezed_slots.py::"
+      "test_a_transpose_out_of_the_swapped_dots_order_is_stated_with_the_rest_of_the_transpose",
       "pytest:tests/translate/test_squeezed_slots.py::test_a_squeezed_slot_of_a_transposed_projection_is_a_window_of_the_swapped_dot"),
     M("dot-reorient-window", "inner = ev.slice_term(inner, composed[dim], start, stop)",
       "inner = ev.slice_term(inner, dim, start, stop)",
