@@ -151,7 +151,7 @@ class Loader:
             perm = parse_transpose(at[0])
             swapped = self._swapped_windows(t.args[0], perm)
             if swapped is None:
-                swapped = self._swapped_squeeze(t.args[0], perm, t.shape)
+                swapped = self._swapped_squeeze(t.args[0], perm)
             if swapped is not None:
                 self._commands.append(egg.union(ex, swapped))
         elif op == "gte":
@@ -201,12 +201,14 @@ class Loader:
             expr = self.egg.call("slice", expr, perm.index(dim), start, stop)
         return expr
 
-    def _swapped_squeeze(self, operand: Term, perm: tuple[int, ...], shape: tuple[int, ...]):
+    def _swapped_squeeze(self, operand: Term, perm: tuple[int, ...]):
         """transpose(squeeze(windows of dot(x, y)), perm) as the squeeze of the same windows of the
-        dot with its operands swapped, where that dot lays the kept dims out in perm's order (a
-        squeeze only drops size-1 dims: moving them moves no element). `qkv[0]` of
-        einsum("dthk,bsd->tbshk") moved to [b, s, h, k] is then a squeezed window of x @ w, which a
-        device computes for its own slot and heads. None otherwise."""
+        dot with its operands swapped, transposed once more where that dot lays the kept dims out in
+        another order than perm's (a squeeze only drops size-1 dims: moving them moves no element).
+        `qkv[0]` of einsum("dthk,bsd->tbshk") moved to [b, s, h, k] is then a squeezed window of
+        x @ w, which a device computes for its own slot and heads; Falcon's context, a value slot of
+        einsum("bkgqs,bskd->bqkgd") read as dot(v, probs), is the transposed squeeze of a window of
+        the device's dot(probs, v). None when `operand` is no squeeze of windows of a dot."""
         inner = operand.args[0] if operand.op == "reshape" else None
         units = inserted_unit_dims(operand.shape, inner.shape) if inner is not None else None
         base = inner
@@ -217,17 +219,25 @@ class Loader:
         back = swapped_dot(DotSpec.parse(base.attrs[0]), tuple(range(len(inner.shape))))[1]
         natural = tuple(sorted(range(len(back)), key=back.__getitem__))  # the swapped dot's dims
         kept = [k for k in range(len(inner.shape)) if k not in units]
-        if [k for k in natural if k not in units] != [kept[p] for p in perm]:
-            return None
+        order = [k for k in natural if k not in units]  # the kept dims as the swapped dot lays them out
+        residual = tuple(order.index(kept[p]) for p in perm)
         windows = self._swapped_windows(inner, natural)
         moved = tuple(inner.shape[k] for k in natural)
-        forms = {s for s in (reshape_spec(moved, shape), reshape_spec(moved, shape, singletons=True)) if s is not None}
+        squeezed = tuple(inner.shape[k] for k in order)
+        forms = {
+            s for s in (reshape_spec(moved, squeezed), reshape_spec(moved, squeezed, singletons=True)) if s is not None
+        }
         exprs = []
         for spec in sorted(forms):
             self._seed_reshape(spec)
             exprs.append(self.egg.call("reshape", spec, windows))
         self._commands += [self.egg.union(exprs[0], e) for e in exprs[1:]]
-        return exprs[0]
+        if residual == tuple(range(len(residual))):
+            return exprs[0]
+        # the kept dims in another order than perm's: the squeeze transposed once more
+        text = transpose_text(residual)
+        self._seed_transpose(text)
+        return self.egg.call("transpose", text, exprs[0])
 
     def _swapped_dot(self, dot: Term, perm: tuple[int, ...]):
         """transpose(dot(x, y), perm) as the dot with its operands swapped, transposed once (or not

@@ -82,6 +82,8 @@ class Builder:
         self.argmaxes: dict[Term, tuple[Term, int]] = {}
         # elementwise terms -> the term of the unsqueezed shape whose squeeze they equal (squeezes.py)
         self.unsqueezed: dict[Term, Term] = {}
+        # x * c, c the dtype's rounded reciprocal of q -> x / q, stated equal (reciprocals.py)
+        self.quotients: dict[Term, Term] = {}
         # elementwise terms with an operand concatenated along a dim -> the concatenation of the op
         # on the pieces, stated equal to them (pieces.py)
         self.piecewise: dict[Term, Term] = {}

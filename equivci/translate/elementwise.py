@@ -296,6 +296,7 @@ def select_terms(ev: Builder, args: list, shape: Shape) -> Term:
     chosen = None if all(ev.folded(a) is not None for a in args) else select_by_constant(ev, *args)
     if chosen is not None:
         return chosen
+    args = constant_branch_last(ev, *args)
     term = _built(ev, "ternary", ("select",), args, shape, lambda p, a, b: np.where(p, a, b))
     p, a, b = args
     if ev.folded(term) is None and a.dtype in FLOATS and p.shape == a.shape and ev.uniform(b) == 0:
@@ -305,6 +306,25 @@ def select_terms(ev: Builder, args: list, shape: Shape) -> Term:
             [term, ev.binary("multiply", a, ev.normal("unary", ("convert",), [p], Shape(a.dtype, p.shape)))]
         )
     return term
+
+
+def constant_branch_last(ev: Builder, p: Term, a: Term, b: Term) -> list[Term]:
+    """select(p, c, x) as select(not p, x, c) for a constant predicate p, a constant c and an x
+    that is not: exact (each element takes the same branch's value), so that a mask written as
+    `where(triu(k=1), -big, s)` meets the reference's `where(tril, s, -big)`."""
+    value = ev.folded(p)
+    if value is None or ev.folded(a) is None or ev.folded(b) is not None:
+        return [p, a, b]
+    return [_negated(ev, p, value), b, a]
+
+
+def _negated(ev: Builder, p: Term, value: np.ndarray) -> Term:
+    """not p for a constant predicate, negated under its broadcast (a mask over [q, k] broadcast over
+    batch and heads stays the broadcast of the [q, k] table, as the reference's is)."""
+    if p.op == "bcast" and (inner := ev.folded(p.args[0])) is not None:
+        table = ev.const(np.logical_not(inner), p.dtype)
+        return ev.normal("bcast", p.attrs, [table], Shape(p.dtype, p.shape))
+    return ev.const(np.logical_not(value), p.dtype)
 
 
 def clamp(ev: Builder, inst: Instruction, args: list, device: int) -> Term:

@@ -31,6 +31,7 @@ from equivci.translate import (
     group_ids,
     literals,
     quotients,
+    reciprocals,
     reductions,
     regroup,
     scaled_dots,
@@ -160,6 +161,7 @@ class Evaluator(Builder):
         bounds.note(self, inst, args, result)
         regroup.note(self, inst, args, result, handler, device)
         scaled_dots.note(self, inst, args, result, handler, device)
+        reciprocals.note(self, result)
         return result
 
 

@@ -1,8 +1,9 @@
 """A slot of a fused projection laid out slot-major, `qkv[0]` of einsum("bsd,dthk->tbshk"), is a
 squeezed window of the dot with its operands swapped: transpose(squeeze(windows of dot(w, x)))
-is the squeeze of the same windows of dot(x, w) when that dot lays the kept dims out in the
-transpose's order (equivci.terms.load.Loader._swapped_squeeze; a squeeze moves no element). A
-device that projects its own slot and heads, x @ w[:, 0], computes a window of it.
+is the squeeze of the same windows of dot(x, w), transposed once more where that dot lays the
+kept dims out in another order than the transpose's (equivci.terms.load.Loader._swapped_squeeze; a
+squeeze moves no element). A device that projects its own slot and heads, x @ w[:, 0], computes a
+window of it.
 
 Checked numerically on the terms the evaluator builds, in the e-graph against near misses (the
 next slot, the heads and head_dim swapped), and on JAX programs in two styles: slots indexed out of
@@ -75,22 +76,23 @@ def test_a_squeezed_slot_of_a_transposed_projection_is_a_window_of_the_swapped_d
         assert not _proved(device, wrong)
 
 
-def test_a_transpose_out_of_the_swapped_dots_order_is_not_stated() -> None:
+def test_a_transpose_out_of_the_swapped_dots_order_is_stated_with_the_rest_of_the_transpose() -> None:
     # heads and head_dim swapped by the transpose: the swapped dot lays them out [h, k], so the
-    # squeeze is not stated as its window (the loader's guard)
+    # squeeze of its window is transposed once more ([b, s, k, h]), never stated as the squeeze alone
     ev = Evaluator(None, TermTable(), 1)
     x = ev.table.make("param", (0,), (), (B, S, D), "f32")
     w = ev.table.make("param", (1,), (), (D, 3, H, K), "f32")
     swapped = _slot(ev, x, w, 0, (0, 1, 3, 2))
-    egraph = EGraph()
-    loader = Loader(egraph)
-    loader.expr(swapped)
-    stated = [c for c in loader._commands if "reshape" in str(c) and "dot" in str(c) and "union" in str(c)]
-    assert not stated, stated
     values = {0: RNG.standard_normal((B, S, D)), 1: RNG.standard_normal((D, 3, H, K))}
-    np.testing.assert_allclose(
-        evaluate(swapped, values), np.einsum("bsd,dhk->bskh", values[0], values[1][:, 0]), rtol=1e-6
-    )
+    expected = np.einsum("bsd,dhk->bskh", values[0], values[1][:, 0])
+    np.testing.assert_allclose(evaluate(swapped, values), expected, rtol=1e-6)
+    plain = dot(ev, _dot_inst((B, S, 3, H, K), "{2}", "{0}"), [x, w], 0)  # x @ w, laid out [b, s, slot, h, k]
+    squeezed = ev.reshape_term(ev.slice_term(plain, 2, 0, 1), Shape("f32", (B, S, H, K)))
+    stated = ev.table.make("transpose", ("0,1,3,2",), (squeezed,), (B, S, K, H), "f32")
+    np.testing.assert_allclose(evaluate(stated, values), expected, rtol=1e-6)
+    assert _proved(swapped, stated)
+    assert not np.allclose(evaluate(squeezed, values), expected)  # (H = K: the shapes agree)
+    assert not _proved(swapped, squeezed)
 
 
 MODELS = textwrap.dedent(

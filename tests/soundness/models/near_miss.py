@@ -7,8 +7,11 @@ bench/verifier_mutants.py names the guard each one protects.
 Shapes are tiny so that capture, proof and the numeric oracle take about a second each.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
@@ -1844,3 +1847,139 @@ def grouped_sorted_dp_starts_at_ends(xg, router, w1, w2, *, mesh):
     # BUG: each expert's rows start where its group ends
     return jax.shard_map(lambda *a: _grouped_sorted(*a, bug="starts-at-ends"), mesh=mesh,
                          in_specs=(P(TP), P(), P(), P()), out_specs=P(TP))(xg, router, w1, w2)
+# --- attention scores scaled and masked in other forms than the reference's ---------------------
+# translate/reciprocals.py: `* HD ** -0.5` is the f32 division by sqrt(HD) (the constant is the
+# rounded reciprocal, both ways); translate/elementwise.py: where(triu(k=1), -big, s) is
+# where(tril, s, -big); terms/load.py: a slot of the fused projection squeezed and transposed out
+# of the dot's order (Falcon's grouped layout)
+AT_B, AT_S, AT_D, AT_H, AT_HD = 2, 4, 8, 4, 8
+NEG_BIG = -1e30
+
+
+def attention_inputs():
+    return (spec(AT_D, AT_H, AT_HD), spec(AT_D, AT_H, AT_HD), spec(AT_D, AT_H, AT_HD), spec(AT_B, AT_S, AT_D))
+
+
+def _scores(wq, wk, x):
+    q, k = (jnp.einsum("bsd,dhe->bhse", x, w) for w in (wq, wk))
+    return jnp.einsum("bhqe,bhke->bhqk", q, k)
+
+
+def attention(wq, wk, wv, x):
+    s = _scores(wq, wk, x) / jnp.sqrt(float(AT_HD))
+    s = jnp.where(jnp.tril(jnp.ones((AT_S, AT_S), bool)), s, NEG_BIG)
+    return jnp.einsum("bhqk,bkhe->bqhe", jax.nn.softmax(s, axis=-1), jnp.einsum("bsd,dhe->bshe", x, wv))
+
+
+def _attention_tp(wq, wk, wv, x, mesh, scaled, masked):
+    def body(wq, wk, wv, x):
+        s = masked(scaled(_scores(wq, wk, x)))
+        return jnp.einsum("bhqk,bkhe->bqhe", jax.nn.softmax(s, axis=-1), jnp.einsum("bsd,dhe->bshe", x, wv))
+
+    w = P(None, TP, None)
+    return jax.shard_map(body, mesh=mesh, in_specs=(w, w, w, P()), out_specs=P(None, None, TP))(wq, wk, wv, x)
+
+
+def _masked_above(s):  # the keys past each query set to -big: where(triu(k=1), -big, s)
+    return jnp.where(jnp.triu(jnp.ones((AT_S, AT_S), bool), k=1), NEG_BIG, s)
+
+
+def attention_tp(wq, wk, wv, x, *, mesh):
+    return _attention_tp(wq, wk, wv, x, mesh, lambda s: s * AT_HD ** -0.5, _masked_above)
+
+
+def attention_tp_positions(wq, wk, wv, x, *, mesh):  # 1 / sqrt(HD) in Python, the mask from positions
+    def masked(s):
+        pos = jnp.arange(AT_S)
+        return jnp.where(pos[None, :] > pos[:, None], NEG_BIG, s)
+
+    return _attention_tp(wq, wk, wv, x, mesh, lambda s: s * (1.0 / math.sqrt(AT_HD)), masked)
+
+
+def attention_tp_scaled_twice(wq, wk, wv, x, *, mesh):
+    return _attention_tp(wq, wk, wv, x, mesh, lambda s: s * AT_HD ** -0.5 * AT_HD ** -0.5, _masked_above)  # BUG
+
+
+def attention_tp_diagonal(wq, wk, wv, x, *, mesh):
+    def masked(s):  # BUG: triu(k=0) masks each query's own key too
+        return jnp.where(jnp.triu(jnp.ones((AT_S, AT_S), bool)), NEG_BIG, s)
+
+    return _attention_tp(wq, wk, wv, x, mesh, lambda s: s * AT_HD ** -0.5, masked)
+
+
+def attention_tp_kept_below(wq, wk, wv, x, *, mesh):
+    def masked(s):  # BUG: the causal mask's keys get -big (tril where triu belongs)
+        return jnp.where(jnp.tril(jnp.ones((AT_S, AT_S), bool)), NEG_BIG, s)
+
+    return _attention_tp(wq, wk, wv, x, mesh, lambda s: s * AT_HD ** -0.5, masked)
+
+
+# A scale c and its neighbour c' one ulp below: 1 / c and 1 / c' round to the same f32 q, but only c
+# is the rounded 1 / q (the round trip back that keeps distinct products apart)
+SCALE_C = 1.9
+SCALE_NUDGED = float(np.nextafter(np.float32(SCALE_C), np.float32(0)))
+
+
+def tanh_scaled_inputs():
+    return (spec(B, D), spec(D, 2 * D))
+
+
+def tanh_scaled(x, w):
+    return jnp.tanh((x @ w) * SCALE_C)
+
+
+def _tanh_scaled_tp(x, w, mesh, scale):
+    return jax.shard_map(lambda x, w: jnp.tanh((x @ w) * scale), mesh=mesh, in_specs=(P(), P(None, TP)),
+                         out_specs=P(None, TP))(x, w)
+
+
+def tanh_scaled_tp(x, w, *, mesh):
+    return _tanh_scaled_tp(x, w, mesh, SCALE_C)
+
+
+def tanh_scaled_tp_nudged(x, w, *, mesh):
+    return _tanh_scaled_tp(x, w, mesh, SCALE_NUDGED)  # BUG: one ulp below the reference's scale
+
+
+# Falcon's grouped layout: per KV group its G query heads, its key head, its value head
+FA_KV, FA_G = 4, 2  # two KV groups a device
+
+
+def falcon_inputs():
+    return (spec(AT_D, FA_KV * (FA_G + 2) * AT_HD), spec(AT_B, AT_S, AT_D))
+
+
+def _causal(s):
+    return jnp.where(jnp.tril(jnp.ones((AT_S, AT_S), bool)), s, NEG_BIG)
+
+
+def falcon(w, x):
+    fused = (x @ w).reshape(AT_B, AT_S, FA_KV, FA_G + 2, AT_HD)
+    q, k, v = fused[..., :FA_G, :], fused[..., FA_G, :], fused[..., FA_G + 1, :]
+    s = jnp.einsum("bqkgd,bskd->bkgqs", q, k) / jnp.sqrt(float(AT_HD))
+    ctx = jnp.einsum("bkgqs,bskd->bqkgd", jax.nn.softmax(_causal(s), axis=-1), v)
+    return ctx.reshape(AT_B, AT_S, FA_KV * FA_G * AT_HD)
+
+
+def _falcon_tp(w, x, mesh, group_major):
+    def body(w, x):
+        kv = w.shape[1] // ((FA_G + 2) * AT_HD)
+        if group_major:
+            fused = (x @ w).reshape(AT_B, AT_S, kv, FA_G + 2, AT_HD)
+        else:  # BUG: the slots read slot-major, [G + 2, kv] where the columns are [kv, G + 2]
+            fused = (x @ w).reshape(AT_B, AT_S, FA_G + 2, kv, AT_HD).swapaxes(2, 3)
+        q = fused[:, :, :, :FA_G].transpose(0, 2, 3, 1, 4)
+        k, v = (fused[:, :, :, t].transpose(0, 2, 1, 3) for t in (FA_G, FA_G + 1))
+        s = lax.dot_general(q, k, (((4,), (3,)), ((0, 1), (0, 1)))) * AT_HD ** -0.5
+        ctx = lax.dot_general(jax.nn.softmax(_causal(s), axis=-1), v, (((4,), (2,)), ((0, 1), (0, 1))))
+        return ctx.transpose(0, 3, 1, 2, 4).reshape(AT_B, AT_S, kv * FA_G * AT_HD)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(None, TP), P()), out_specs=P(None, None, TP))(w, x)
+
+
+def falcon_tp(w, x, *, mesh):
+    return _falcon_tp(w, x, mesh, group_major=True)
+
+
+def falcon_tp_slot_major(w, x, *, mesh):
+    return _falcon_tp(w, x, mesh, group_major=False)
