@@ -26,7 +26,7 @@ VERIFIED = {
     "positions-sp", "positions-sp-offset-first", "positions-sp-2d",
     "gqa-grad", "gqa-grad-broadcast", "mlp-step",
     "window-distance", "window-distance-negated", "weighted-pick", "weighted-pick-one-hot",
-    "queue-positions",
+    "queue-positions", "flat-fsdp-grads", "flat-fsdp-scattered",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -51,7 +51,7 @@ MISMATCH = {
     "gqa-grad-half", "mlp-step-layer-cut",
     "window-distance-wide", "window-distance-no-start", "window-distance-inclusive-start",
     "weighted-pick-next-shard", "weighted-pick-ge", "weighted-pick-first-only",
-    "queue-positions-inclusive", "queue-positions-across-groups",
+    "queue-positions-inclusive", "queue-positions-across-groups", "flat-fsdp-grads-off-by-one",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -105,5 +105,6 @@ DEFAULT = {
     "window-distance", "window-distance-wide",  # a distance q - k tested against constants: tests of q
     "weighted-pick", "weighted-pick-next-shard",  # gates times top-k picks: the gates' one-hot, cut by experts
     "queue-positions", "queue-positions-inclusive",  # running sums of a device's token groups: a window
+    "flat-fsdp-grads", "flat-fsdp-grads-off-by-one",  # a flat gradient's window cut back into rows
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

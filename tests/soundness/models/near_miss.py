@@ -1809,3 +1809,68 @@ def queue_positions_dp_inclusive(x, router, *, mesh):
 def queue_positions_dp_across_groups(x, router, *, mesh):
     # BUG: summed over the device's groups, not over each group's tokens
     return _queue_positions_dp(x, router, mesh, axis=0)
+
+
+# --- a flat parameter's gradient cut back into the weights' rows: terms/rules/layouts.py (reshape_undone)
+FLAT_ROWS, FLAT_IN, FLAT_HID = 8, 4, 8  # batch, width, hidden
+
+
+def flat_inputs():
+    return ({"w_in": spec(FLAT_IN, FLAT_HID), "w_out": spec(FLAT_HID, FLAT_IN)}, spec(FLAT_ROWS, FLAT_IN))
+
+
+def _flat_mse(w_in, w_out, x):
+    return jnp.mean(jnp.square(jnp.tanh(x @ w_in) @ w_out - x))
+
+
+def flat_grads(params, x):
+    return jax.grad(lambda p: _flat_mse(p["w_in"], p["w_out"], x))(params)
+
+
+def _unflatten(flat, start=0):
+    cut = FLAT_IN * FLAT_HID
+    return flat[:cut].reshape(FLAT_IN, FLAT_HID), flat[start + cut:start + 2 * cut].reshape(FLAT_HID, FLAT_IN)
+
+
+def _flat_fsdp_gathered(params, x, mesh, start=0):
+    """HSDP with a torch-FSDP-style flat parameter: one flat buffer sharded over tp and replicated over
+    `replica`, all-gathered inside the differentiated loss (its gradient comes back reduce-scattered
+    over tp), then summed over `replica`; cut and reshaped into the weights outside."""
+    flat = jnp.concatenate([params["w_in"].ravel(), params["w_out"].ravel(), jnp.zeros(4 * start, F32)])
+
+    def body(shard, x):
+        def loss(shard):
+            w_in, w_out = _unflatten(lax.all_gather(shard, TP, tiled=True), start)
+            return jnp.sum(jnp.square(jnp.tanh(x @ w_in) @ w_out - x)) / (FLAT_ROWS * FLAT_IN)
+
+        return lax.psum(jax.grad(loss)(shard), "replica")
+
+    grad = jax.shard_map(body, mesh=mesh, in_specs=(P(TP), P(("replica", TP))), out_specs=P(TP),
+                         check_vma=False)(flat, x)
+    w_in, w_out = _unflatten(grad, start)
+    return {"w_in": w_in, "w_out": w_out}
+
+
+def flat_fsdp_grads(params, x, *, mesh):
+    return _flat_fsdp_gathered(params, x, mesh)
+
+
+def flat_fsdp_grads_off_by_one(params, x, *, mesh):
+    # BUG: the second weight is cut one element late from the flat buffer
+    return _flat_fsdp_gathered(params, x, mesh, start=1)
+
+
+def flat_fsdp_scattered(params, x, *, mesh):
+    """The other style: each device differentiates with the whole weights, ravels and concatenates its
+    gradients, reduce-scatters the flat buffer over tp with psum_scatter and sums it over `replica`;
+    split back by jnp.split."""
+
+    def body(params, x):
+        g = jax.grad(lambda p: jnp.sum(jnp.square(jnp.tanh(x @ p["w_in"]) @ p["w_out"] - x)))(params)
+        flat = jnp.concatenate([g["w_in"].ravel(), g["w_out"].ravel()]) / (FLAT_ROWS * FLAT_IN)
+        return lax.psum(lax.psum_scatter(flat, TP, tiled=True), "replica")
+
+    flat = jax.shard_map(body, mesh=mesh, in_specs=(P(), P(("replica", TP))), out_specs=P(TP),
+                         check_vma=False)(params, x)
+    w_in, w_out = jnp.split(flat, 2)
+    return {"w_in": w_in.reshape(FLAT_IN, FLAT_HID), "w_out": w_out.reshape(FLAT_HID, FLAT_IN)}
