@@ -88,6 +88,12 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
         # Reshaped alike (keepdims after a local reduction): reduce, then reshape once, so that
         # the reshape meets the reference's and a reshape of it composes away.
         return ev.reshape_term(combine(ev, reducer, inner), Shape(members[0].dtype, members[0].shape))
+    if reducer == "add" and len(members) > 1 and all(m.op == "unary" and m.attrs == ("negate",) for m in members):
+        # Each device's negated share (a loss -mean(...) of its rows, then pmean-ed): the negated sum,
+        # sum_d (-x_d) = -(sum_d x_d), exact in floats too (rounding to nearest is symmetric), so that
+        # the shares' partial reductions merge as the reference's one.
+        total = combine(ev, reducer, [m.args[0] for m in members])
+        return ev.normal("unary", ("negate",), [total], Shape(total.dtype, total.shape))
     tiled = masks.tiled_lookup(ev, members) if reducer == "add" else masks.tiled_reduce(ev, reducer, members)
     if tiled is not None:
         return tiled

@@ -27,6 +27,7 @@ VERIFIED = {
     "gqa-grad", "gqa-grad-broadcast", "mlp-step",
     "window-distance", "window-distance-negated", "weighted-pick", "weighted-pick-one-hot",
     "queue-positions", "flat-fsdp-grads", "flat-fsdp-scattered",
+    "neg-loss-dp", "neg-loss-dp-summed-shares",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -52,6 +53,7 @@ MISMATCH = {
     "window-distance-wide", "window-distance-no-start", "window-distance-inclusive-start",
     "weighted-pick-next-shard", "weighted-pick-ge", "weighted-pick-first-only",
     "queue-positions-inclusive", "queue-positions-across-groups", "flat-fsdp-grads-off-by-one",
+    "neg-loss-dp-psum", "neg-loss-dp-sign",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -106,5 +108,6 @@ DEFAULT = {
     "weighted-pick", "weighted-pick-next-shard",  # gates times top-k picks: the gates' one-hot, cut by experts
     "queue-positions", "queue-positions-inclusive",  # running sums of a device's token groups: a window
     "flat-fsdp-grads", "flat-fsdp-grads-off-by-one",  # a flat gradient's window cut back into rows
+    "neg-loss-dp", "neg-loss-dp-sign",  # the shards' negated shares summed: the negated sum
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

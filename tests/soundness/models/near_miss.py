@@ -1874,3 +1874,45 @@ def flat_fsdp_scattered(params, x, *, mesh):
                          check_vma=False)(params, x)
     w_in, w_out = jnp.split(flat, 2)
     return {"w_in": w_in.reshape(FLAT_IN, FLAT_HID), "w_out": w_out.reshape(FLAT_HID, FLAT_IN)}
+
+
+# --- a negated mean loss per data shard, then averaged: translate/collectives.py (negated shares) --
+def neg_loss_inputs():
+    return (spec(8, D), spec(D, V), spec(8, dtype=jnp.int32))
+
+
+def _picked(x, w, labels):
+    logp = jax.nn.log_softmax(x @ w, axis=-1)
+    return jnp.take_along_axis(logp, labels[:, None], axis=-1)
+
+
+def neg_loss(x, w, labels):
+    return -jnp.mean(_picked(x, w, labels))
+
+
+def _neg_loss_dp(x, w, labels, mesh, local, reduce):
+    return jax.shard_map(lambda x, w, l: reduce(local(x, w, l)), mesh=mesh, in_specs=(P(TP), P(), P(TP)),
+                         out_specs=P())(x, w, labels)
+
+
+def neg_loss_dp(x, w, labels, *, mesh):
+    return _neg_loss_dp(x, w, labels, mesh, neg_loss, lambda t: lax.pmean(t, TP))
+
+
+def neg_loss_dp_summed_shares(x, w, labels, *, mesh):
+    """The other style: each shard's negated sum over the global batch size, psummed."""
+    return _neg_loss_dp(x, w, labels, mesh, lambda x, w, l: -jnp.sum(_picked(x, w, l)) / x.shape[0] / 2,
+                        lambda t: lax.psum(t, TP))
+
+
+def neg_loss_dp_psum(x, w, labels, *, mesh):
+    # BUG: the shards' mean losses are summed, not averaged (the 1/n missing)
+    return _neg_loss_dp(x, w, labels, mesh, neg_loss, lambda t: lax.psum(t, TP))
+
+
+def mean_log_likelihood(x, w, labels):
+    return jnp.mean(_picked(x, w, labels))
+
+
+# neg-loss-dp-sign: neg_loss_dp against mean_log_likelihood (BUG: the shards' losses are negated, the
+# reference's is not): the negation must stay on the sum
