@@ -27,7 +27,7 @@ VERIFIED = {
     "gqa-grad", "gqa-grad-broadcast", "mlp-step",
     "window-distance", "window-distance-negated", "weighted-pick", "weighted-pick-one-hot",
     "queue-positions", "flat-fsdp-grads", "flat-fsdp-scattered",
-    "neg-loss-dp", "neg-loss-dp-summed-shares",
+    "neg-loss-dp", "neg-loss-dp-summed-shares", "fsdp-scan", "fsdp-scan-scaled-inside",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -54,6 +54,7 @@ MISMATCH = {
     "weighted-pick-next-shard", "weighted-pick-ge", "weighted-pick-first-only",
     "queue-positions-inclusive", "queue-positions-across-groups", "flat-fsdp-grads-off-by-one",
     "neg-loss-dp-psum", "neg-loss-dp-sign",
+    "fsdp-scan-count-missing", "fsdp-scan-count-twice", "fsdp-scan-first-scaled",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -109,5 +110,6 @@ DEFAULT = {
     "queue-positions", "queue-positions-inclusive",  # running sums of a device's token groups: a window
     "flat-fsdp-grads", "flat-fsdp-grads-off-by-one",  # a flat gradient's window cut back into rows
     "neg-loss-dp", "neg-loss-dp-sign",  # the shards' negated shares summed: the negated sum
+    "fsdp-scan", "fsdp-scan-first-scaled",  # microbatches' all-reduced gradients added: summed by device
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

@@ -1916,3 +1916,65 @@ def mean_log_likelihood(x, w, labels):
 
 # neg-loss-dp-sign: neg_loss_dp against mean_log_likelihood (BUG: the shards' losses are negated, the
 # reference's is not): the negation must stay on the sum
+
+
+# --- FSDP gradients accumulated over microbatches in a scan: each microbatch's gradient is already
+# reduce-scattered (the gather's transpose), the microbatch count divided out after the loop ---------
+MICRO = 2
+
+
+def fsdp_scan_inputs():
+    return ({"w1": spec(FLAT_IN * 2, FLAT_HID), "w2": spec(FLAT_HID, FLAT_IN * 2)}, spec(FLAT_ROWS, FLAT_IN * 2))
+
+
+def _scan_mse(w, x):
+    return jnp.mean(jnp.square(jnp.tanh(x @ w["w1"]) @ w["w2"] - x))
+
+
+def fsdp_scan_grads(params, x):
+    return jax.grad(_scan_mse)(params, x)
+
+
+def _fsdp_scan(params, x, mesh, scale_inside=False, count=MICRO, after=True, first_only=False):
+    def body(local, x):
+        def loss(local, xs):
+            return _scan_mse(jax.tree.map(lambda w: lax.all_gather(w, TP, axis=0, tiled=True), local), xs)
+
+        def step(total, batch):
+            xs, i = batch
+            g = jax.grad(loss)(local, xs)
+            if scale_inside:
+                scale = jnp.where(i == 0, 1.0 / count, 1.0) if first_only else 1.0 / count
+                g = jax.tree.map(lambda t: t * scale, g)
+            return jax.tree.map(jnp.add, total, g), None
+
+        micro = (x.reshape(MICRO, -1, x.shape[-1]), jnp.arange(MICRO))
+        grads, _ = lax.scan(step, jax.tree.map(jnp.zeros_like, local), micro)
+        grads = jax.tree.map(lambda t: t / count, grads) if after else grads
+        return jax.tree.map(lambda t: t / lax.axis_size(TP), grads)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP), P(TP)), out_specs=P(TP), check_vma=False)(params, x)
+
+
+def fsdp_scan(params, x, *, mesh):
+    return _fsdp_scan(params, x, mesh)
+
+
+def fsdp_scan_scaled_inside(params, x, *, mesh):
+    """The other style: each microbatch's gradient divided by the count inside the scan."""
+    return _fsdp_scan(params, x, mesh, scale_inside=True, after=False)
+
+
+def fsdp_scan_count_twice(params, x, *, mesh):
+    # BUG: the microbatch count divided out inside the scan and again after it
+    return _fsdp_scan(params, x, mesh, scale_inside=True)
+
+
+def fsdp_scan_first_scaled(params, x, *, mesh):
+    # BUG: only the first microbatch's gradient is divided by the count
+    return _fsdp_scan(params, x, mesh, scale_inside=True, after=False, first_only=True)
+
+
+def fsdp_scan_count_missing(params, x, *, mesh):
+    # BUG: the microbatch count is never divided out
+    return _fsdp_scan(params, x, mesh, count=1)
