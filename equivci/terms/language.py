@@ -140,6 +140,8 @@ def rs_out_tail(spec: StringLike, k: i64Like) -> i64: ...  # element count of th
 @function
 def rs_fixed(spec: StringLike, o: i64Like) -> i64: ...  # size of a non-leading output dim
 @function
+def rs_inverse(spec: StringLike) -> String: ...  # ReshapeSpec.inverse: the reshape back
+@function
 def rs_narrow_out(spec: StringLike, o: i64Like, size: i64Like) -> String: ...  # ReshapeSpec.narrowed_second
 @function
 def rs_narrow_in(spec: StringLike, k: i64Like, size: i64Like) -> String: ...  # ReshapeSpec.narrowed_second

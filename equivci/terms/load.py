@@ -37,8 +37,8 @@ _TABLES = (
     "dim", "dot_batch", "dot_batch_out", "dot_lhs_out", "dot_out_lhs", "dot_rhs_out", "dot_out_rhs", "dot_contract",
     "reduced", "reduce_out", "reduce_in", "bcast_out", "bcast_in", "bcast_new", "bcast_shrink", "repeat_dim",
     "repeat_count", "repeat_window", "aligned_lhs", "aligned_rhs", "aligned_rhs_alone", "aligned_fixed", "perm_out",
-    "perm_in", "rs_lead_out", "rs_lead_in", "rs_in_tail", "rs_out_tail", "rs_fixed", "rs_narrow_in",
-    "rs_narrow_out", "power_of_two_splat",
+    "perm_in", "rs_lead_out", "rs_lead_in", "rs_in_tail", "rs_out_tail", "rs_fixed", "rs_inverse",
+    "rs_narrow_in", "rs_narrow_out", "power_of_two_splat",
 )  # fmt: skip
 CALLABLES = {
     **{name: getattr(T, name) for name in _CONSTRUCTORS},
@@ -418,6 +418,7 @@ class Loader:
             self._table("rs_out_tail", spec, k, pout)
         for o, size in fixed:
             self._table("rs_fixed", spec, o, size)
+        self._commands.append(self.egg.set("rs_inverse", (spec,), ReshapeSpec.parse(spec).inverse().text()))
         # A narrower spec is only of use to the rules where it occurs (they never invent a spec):
         # pair the specs that occur and differ in one group's second size, not every smaller size
         # (a [1, V] merge of a vocabulary's 128,256 classes was 128,255 rows).

@@ -171,6 +171,12 @@ class ReshapeSpec:
             pos_in, pos_out = pos_in + g.n_in, pos_out + g.n_out
         return leads, fixed
 
+    def inverse(self) -> ReshapeSpec:
+        """The reshape back: each group's sides swapped. Every group keeps its element count and
+        its leads follow from the operand, so this reshape of the output is the input's shape, and a
+        row-major reshape there and back moves no element."""
+        return ReshapeSpec(tuple(ReshapeGroup(g.n_out, g.out_tail, g.n_in, g.in_tail) for g in self.groups))
+
     def narrowings(self, side: str) -> list[tuple[int, int, tuple]]:
         """(p, m, family) per group with two or more dims on `side` ("in" or "out"): p its second
         dim there, m that dim's size, and `family` alike for exactly the specs that differ from this

@@ -77,6 +77,10 @@ class Builder:
         # an all-reduce's sum of the devices' sums -> the sum, term by term, of their all-reduces
         # (collectives._sums_summed; signed_sums.plain_form reads its terms as atoms)
         self.regrouped_sums: dict[Term, Term] = {}
+        # a window of a sum over devices (an all-reduce's, or such sums added) -> (each device's term,
+        # in group order; the window (dim, start, stop) of their sum, None for all of it)
+        # (collectives.regrouped_by_device)
+        self.device_sums: dict[Term, tuple[tuple[Term, ...], tuple[int, int, int] | None]] = {}
         self._inputs: dict[Term, tuple[int, ...]] = {}  # inputs_of, memoized
         # argmax positions along one dim -> (the value they are the argmax of, that dim) (orders.py)
         self.argmaxes: dict[Term, tuple[Term, int]] = {}

@@ -88,6 +88,12 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
         # Reshaped alike (keepdims after a local reduction): reduce, then reshape once, so that
         # the reshape meets the reference's and a reshape of it composes away.
         return ev.reshape_term(combine(ev, reducer, inner), Shape(members[0].dtype, members[0].shape))
+    if reducer == "add" and len(members) > 1 and all(m.op == "unary" and m.attrs == ("negate",) for m in members):
+        # Each device's negated share (a loss -mean(...) of its rows, then pmean-ed): the negated sum,
+        # sum_d (-x_d) = -(sum_d x_d), exact in floats too (rounding to nearest is symmetric), so that
+        # the shares' partial reductions merge as the reference's one.
+        total = combine(ev, reducer, [m.args[0] for m in members])
+        return ev.normal("unary", ("negate",), [total], Shape(total.dtype, total.shape))
     tiled = masks.tiled_lookup(ev, members) if reducer == "add" else masks.tiled_reduce(ev, reducer, members)
     if tiled is not None:
         return tiled
@@ -104,6 +110,7 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
         )
     if reducer == "add":
         ev.collective_sums.add(acc)
+        _record_device_sum(ev, acc, members)
     if (regrouped := _sums_summed(ev, reducer, members)) is not None:
         factor, summed = regrouped
         scale, base = ev.scale_of(acc)
@@ -116,6 +123,54 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
         ev.equal_terms.append([acc, rounded])
         ev.rounded_sums[acc] = rounded
     return acc
+
+
+def regrouped_by_device(ev: Builder, term: Term, a: Term, b: Term) -> None:
+    """`term` = a + b, where a and b are sums over devices (or the same window of them, scaled alike):
+    stated equal to the sum over devices of each device's a_d + b_d, sum_d a_d + sum_d b_d =
+    sum_d (a_d + b_d) (finite sums commute), in that window. A microbatch loop accumulates
+    gradients each reduce-scattered already (FSDP: the all-gather's transpose inside the
+    differentiated loss): summed by device, each device's microbatches are adjacent rows of the
+    batch, and the partial contractions merge into the reference's. Recorded for `term` too, so
+    that the next microbatch's sum pairs with it."""
+    (factor, base_a), (fb, base_b) = ev.scale_of(a), ev.scale_of(b)
+    found_a, found_b = _device_sum(ev, base_a), _device_sum(ev, base_b)
+    if factor != fb or found_a is None or found_b is None or base_a is base_b:
+        return
+    (terms_a, window), (terms_b, window_b) = found_a, found_b
+    if window != window_b or len(terms_a) != len(terms_b) or terms_a[0].shape != terms_b[0].shape:
+        return
+    shape = Shape(a.dtype, terms_a[0].shape)
+    members = tuple(ev.normal("binary", ("add",), [x, y], shape) for x, y in zip(terms_a, terms_b))
+    total = members[0]
+    for m in members[1:]:
+        total = ev.normal("binary", ("add",), [total, m], shape)
+    stated = ev.scaled(ev.slice_term(total, *window) if window else total, factor)
+    if stated is None or stated is term or ev.folded(total) is not None:
+        return
+    ev.equal_terms.append([term, stated])
+    _record_device_sum(ev, total, members)
+    if ev.scale_of(term)[0] == factor:
+        ev.device_sums.setdefault(ev.scale_of(term)[1], (members, window))
+
+
+def _record_device_sum(ev: Builder, total: Term, members) -> None:
+    """`total` = the sum of `members`, one per device; when they share total's constant factor
+    (the builder keeps it in front of the sum), its base is the sum of theirs too."""
+    ev.device_sums.setdefault(total, (tuple(members), None))
+    factor, base = ev.scale_of(total)
+    scales = [ev.scale_of(m) for m in members]
+    if factor != 1 and all(f == factor for f, _ in scales):
+        ev.device_sums.setdefault(base, (tuple(b for _, b in scales), None))
+
+
+def _device_sum(ev: Builder, t: Term) -> tuple[tuple[Term, ...], tuple[int, int, int] | None] | None:
+    """(each device's term, the window) where `t` is that window (None: all) of their sum."""
+    if t in ev.device_sums:
+        return ev.device_sums[t]
+    if t.op == "slice" and (whole := ev.device_sums.get(t.args[0])) is not None and whole[1] is None:
+        return whole[0], t.attrs
+    return None
 
 
 def _rounded_sum(ev: Builder, members: list[Term]) -> Term | None:

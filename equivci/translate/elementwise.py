@@ -12,7 +12,7 @@ from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import DotSpec, compare_text, parse_transpose, swapped_dot, transpose_text
-from equivci.translate import bounds, masks, pieces, roundings, shifts, signed_sums, squeezes
+from equivci.translate import bounds, collectives, masks, pieces, roundings, shifts, signed_sums, squeezes
 from equivci.translate.arrays import all_equal
 from equivci.translate.builder import Builder
 
@@ -117,6 +117,8 @@ def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
                 # x + 0 = x, stated beside the add that one device keeps (plus_zero drops it only when
                 # every device adds zero): shard 0 adds no earlier shards' totals to its running sum
                 ev.equal_terms.append([term, args[1 - k]])
+    if op == "add" and ev.folded(term) is None:
+        collectives.regrouped_by_device(ev, term, *args)
     if (form := signed_sums.one_form(ev, term) or signed_sums.plain_form(ev, term)) is not None:
         ev.equal_terms.append([term, form])  # (a product's factor may fold into a sum)
     if ev.folded(term) is None:

@@ -28,6 +28,8 @@ VERIFIED = {
     "window-distance", "window-distance-negated", "weighted-pick", "weighted-pick-one-hot",
     "queue-positions", "grouped-sorted",
     "attention-scaled", "attention-scaled-positions", "tanh-scaled", "falcon-grouped",
+    "flat-fsdp-grads", "flat-fsdp-scattered",
+    "neg-loss-dp", "neg-loss-dp-summed-shares", "fsdp-scan", "fsdp-scan-scaled-inside",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -54,6 +56,9 @@ MISMATCH = {
     "weighted-pick-next-shard", "weighted-pick-ge", "weighted-pick-first-only",
     "queue-positions-inclusive", "queue-positions-across-groups", "grouped-sorted-starts-at-ends",
     "attention-scaled-twice", "attention-masked-diagonal", "attention-masked-kept-below", "falcon-grouped-slot-major",
+    "flat-fsdp-grads-off-by-one",
+    "neg-loss-dp-psum", "neg-loss-dp-sign",
+    "fsdp-scan-count-missing", "fsdp-scan-count-twice", "fsdp-scan-first-scaled",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -110,5 +115,8 @@ DEFAULT = {
     "queue-positions", "queue-positions-inclusive",  # running sums of a device's token groups: a window
     "attention-scaled", "attention-masked-kept-below",  # scores times fl(1 / sqrt(hd)), masked constant first
     "tanh-scaled-nudged",  # not verified: a scale whose reciprocal rounds to the reference's divisor
+    "flat-fsdp-grads", "flat-fsdp-grads-off-by-one",  # a flat gradient's window cut back into rows
+    "neg-loss-dp", "neg-loss-dp-sign",  # the shards' negated shares summed: the negated sum
+    "fsdp-scan", "fsdp-scan-first-scaled",  # microbatches' all-reduced gradients added: summed by device
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

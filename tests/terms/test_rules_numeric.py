@@ -690,6 +690,12 @@ def reshape_push(rng, b: B):
     return b.sl(b.reshape(x, out_shape), o, ao, bo), b.reshape(b.sl(x, k, ai, bi), small_out)
 
 
+def reshape_undone(rng, b: B):
+    in_shape, out_shape = rand_reshape(rng)
+    x = b.param(0, in_shape)
+    return b.reshape(b.reshape(x, out_shape), in_shape), x
+
+
 def _group_window(rng):
     """A [rows, G*M*t] value's window that is m < M heads of group g from head h, of a [G, M, t]
     split: (G, M, t), (g, h, m), the window's flat bounds."""
@@ -971,6 +977,7 @@ RULES = {
     "layouts/binary_transpose_lift": (F["layouts"], binary_transpose_lift, False),
     "layouts/reshape_lift": (F["layouts"], reshape_lift, False),
     "layouts/reshape_push": (F["layouts"], reshape_push, False),
+    "layouts/reshape_undone": (F["layouts"], reshape_undone, False),
     # Onto the reference's split or merge, which seeds the narrowed specs: the rhs is loaded too.
     "layouts/reshape_lift_in_group": (F["layouts"], reshape_lift_in_group, True),
     "layouts/reshape_merge_in_group": (F["layouts"], reshape_merge_in_group, True),
@@ -1063,6 +1070,23 @@ def test_reshape_of_a_size_one_shard() -> None:
     target = b.sl(b.reshape(x, (32,)), 0, 12, 16)
     assert agree(device, target)
     assert proves(device, target)
+
+
+def test_rows_cut_back_from_a_flat_window() -> None:
+    """A flat buffer's window at row boundaries reshaped into rows is those rows of the unflattened
+    value (an FSDP flat gradient's shard, cut back into the weight's rows); a window off a row
+    boundary, or the rows read in the other layout, is not."""
+    b = B()
+    x = b.param(0, (16, 32))
+    flat = b.reshape(x, (512,))
+    rows = b.reshape(b.sl(flat, 0, 128, 256), (4, 32))
+    assert agree(rows, b.sl(x, 0, 4, 8))
+    assert proves(rows, b.sl(x, 0, 4, 8))
+    off = b.reshape(b.sl(flat, 0, 144, 272), (4, 32))  # half a row late
+    assert differ(off, b.sl(x, 0, 4, 8)) and not proves(off, b.sl(x, 0, 4, 8))
+    assert not proves(off, b.sl(x, 0, 5, 9))
+    other = b.reshape(b.sl(flat, 0, 128, 256), (32, 4))  # the same elements as the other layout
+    assert not proves(other, b.transpose(b.sl(x, 0, 4, 8), (1, 0)))
 
 
 def test_a_reshape_that_only_inserts_unit_dims_is_a_broadcast() -> None:
@@ -1273,6 +1297,9 @@ def _near_misses():
     # heads 0-1 of group 1 merged are not the run of group 0's
     group1 = b.reshape(b.sl(b.sl(y, 1, 1, 2), 2, 0, 2), (3, 4))
     cases["reshape_merge_in_group_other_group"] = (group1, b.sl(merged, 1, 0, 4), merged)
+    # a flat window half a row off cut back into rows is no rows of the unflattened value
+    z = b.param(2, (4, 6))
+    cases["reshape_undone_off_row"] = (b.reshape(b.sl(b.reshape(z, (24,)), 0, 3, 15), (2, 6)), b.sl(z, 0, 0, 2))
     return cases
 
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from equivci.terms.semantics import reshape_out_shape
 from equivci.terms.spec import (
     AlignedMap,
     BcastSpec,
@@ -122,3 +123,15 @@ def test_a_narrowed_head_split_is_the_split_of_a_window() -> None:
     [(p, m, family)] = merge.narrowings("in")
     assert (p, m) == (3, 4)
     assert ReshapeSpec.parse(reshape_spec((2, 8, 1, 2, 4), (2, 8, 8))).narrowings("in") == [(3, 2, family)]
+
+
+@pytest.mark.parametrize(
+    ("in_shape", "out_shape"),
+    [((16, 32), (512,)), ((2, 3, 4), (6, 4)), ((4, 1, 6), (4, 6)), ((8,), (1, 8)), ((6, 4), (4, 6)), ((2, 12), (4, 6))],
+)
+def test_the_inverse_reshape_spec_is_the_reshape_back(in_shape, out_shape) -> None:
+    spec = reshape_spec(in_shape, out_shape)
+    assert spec is not None
+    back = ReshapeSpec.parse(spec).inverse().text()
+    assert back == reshape_spec(out_shape, in_shape)
+    assert reshape_out_shape(out_shape, back) == in_shape

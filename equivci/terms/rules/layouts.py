@@ -30,6 +30,7 @@ from equivci.terms.language import (
     reference,
     rs_fixed,
     rs_in_tail,
+    rs_inverse,
     rs_lead_in,
     rs_lead_out,
     rs_narrow_in,
@@ -160,6 +161,16 @@ LAYOUTS = family(
         eq((a * s2) % s1).to(i64(0)),
         eq((b * s2) % s1).to(i64(0)),
     ).then(union(e).with_(T.reshape(spec, x.slice(k, a * s2 / s1, b * s2 / s1)))),
+    # The push above leaves a reshape under the one that undoes it: a flat buffer's window cut back
+    # into rows (FSDP's flat gradient, reduce-scattered, then reshaped into the weight's rows) is
+    # reshape(reshape(g[a:b])) after the push, the rows g[a:b] themselves. The builder composes
+    # reshapes it makes; this one the rules made.
+    named(
+        "layouts/reshape_undone",
+        "reshape(reshape(x)) = x where the outer reshape is the inner one's inverse (each group's sides swapped)",
+        eq(e).to(T.reshape(spec2, T.reshape(spec, x))),
+        eq(spec2).to(rs_inverse(spec)),
+    ).then(union(e).with_(x)),
     # A device's heads within one group: q [b, t, 8 * hd] split by the reference into [2 groups, 4
     # heads, hd] and by a device holding heads 0-1 into [1, 2, hd]. The device's window is the
     # reference's split narrowed along two dims, which reshape_lift (lead windows only) cannot

@@ -1983,3 +1983,170 @@ def falcon_tp(w, x, *, mesh):
 
 def falcon_tp_slot_major(w, x, *, mesh):
     return _falcon_tp(w, x, mesh, group_major=False)
+# --- a flat parameter's gradient cut back into the weights' rows: terms/rules/layouts.py (reshape_undone)
+FLAT_ROWS, FLAT_IN, FLAT_HID = 8, 4, 8  # batch, width, hidden
+
+
+def flat_param_inputs():
+    return ({"w_in": spec(FLAT_IN, FLAT_HID), "w_out": spec(FLAT_HID, FLAT_IN)}, spec(FLAT_ROWS, FLAT_IN))
+
+
+def _flat_mse(w_in, w_out, x):
+    return jnp.mean(jnp.square(jnp.tanh(x @ w_in) @ w_out - x))
+
+
+def flat_grads(params, x):
+    return jax.grad(lambda p: _flat_mse(p["w_in"], p["w_out"], x))(params)
+
+
+def _unflatten(flat, start=0):
+    cut = FLAT_IN * FLAT_HID
+    return flat[:cut].reshape(FLAT_IN, FLAT_HID), flat[start + cut:start + 2 * cut].reshape(FLAT_HID, FLAT_IN)
+
+
+def _flat_fsdp_gathered(params, x, mesh, start=0):
+    """HSDP with a torch-FSDP-style flat parameter: one flat buffer sharded over tp and replicated over
+    `replica`, all-gathered inside the differentiated loss (its gradient comes back reduce-scattered
+    over tp), then summed over `replica`; cut and reshaped into the weights outside."""
+    flat = jnp.concatenate([params["w_in"].ravel(), params["w_out"].ravel(), jnp.zeros(4 * start, F32)])
+
+    def body(shard, x):
+        def loss(shard):
+            w_in, w_out = _unflatten(lax.all_gather(shard, TP, tiled=True), start)
+            return jnp.sum(jnp.square(jnp.tanh(x @ w_in) @ w_out - x)) / (FLAT_ROWS * FLAT_IN)
+
+        return lax.psum(jax.grad(loss)(shard), "replica")
+
+    grad = jax.shard_map(body, mesh=mesh, in_specs=(P(TP), P(("replica", TP))), out_specs=P(TP),
+                         check_vma=False)(flat, x)
+    w_in, w_out = _unflatten(grad, start)
+    return {"w_in": w_in, "w_out": w_out}
+
+
+def flat_fsdp_grads(params, x, *, mesh):
+    return _flat_fsdp_gathered(params, x, mesh)
+
+
+def flat_fsdp_grads_off_by_one(params, x, *, mesh):
+    # BUG: the second weight is cut one element late from the flat buffer
+    return _flat_fsdp_gathered(params, x, mesh, start=1)
+
+
+def flat_fsdp_scattered(params, x, *, mesh):
+    """The other style: each device differentiates with the whole weights, ravels and concatenates its
+    gradients, reduce-scatters the flat buffer over tp with psum_scatter and sums it over `replica`;
+    split back by jnp.split."""
+
+    def body(params, x):
+        g = jax.grad(lambda p: jnp.sum(jnp.square(jnp.tanh(x @ p["w_in"]) @ p["w_out"] - x)))(params)
+        flat = jnp.concatenate([g["w_in"].ravel(), g["w_out"].ravel()]) / (FLAT_ROWS * FLAT_IN)
+        return lax.psum(lax.psum_scatter(flat, TP, tiled=True), "replica")
+
+    flat = jax.shard_map(body, mesh=mesh, in_specs=(P(), P(("replica", TP))), out_specs=P(TP),
+                         check_vma=False)(params, x)
+    w_in, w_out = jnp.split(flat, 2)
+    return {"w_in": w_in.reshape(FLAT_IN, FLAT_HID), "w_out": w_out.reshape(FLAT_HID, FLAT_IN)}
+
+
+# --- a negated mean loss per data shard, then averaged: translate/collectives.py (negated shares) --
+def neg_loss_inputs():
+    return (spec(8, D), spec(D, V), spec(8, dtype=jnp.int32))
+
+
+def _picked(x, w, labels):
+    logp = jax.nn.log_softmax(x @ w, axis=-1)
+    return jnp.take_along_axis(logp, labels[:, None], axis=-1)
+
+
+def neg_loss(x, w, labels):
+    return -jnp.mean(_picked(x, w, labels))
+
+
+def _neg_loss_dp(x, w, labels, mesh, local, reduce):
+    return jax.shard_map(lambda x, w, y: reduce(local(x, w, y)), mesh=mesh, in_specs=(P(TP), P(), P(TP)),
+                         out_specs=P())(x, w, labels)
+
+
+def neg_loss_dp(x, w, labels, *, mesh):
+    return _neg_loss_dp(x, w, labels, mesh, neg_loss, lambda t: lax.pmean(t, TP))
+
+
+def neg_loss_dp_summed_shares(x, w, labels, *, mesh):
+    """The other style: each shard's negated sum over the global batch size, psummed."""
+    return _neg_loss_dp(x, w, labels, mesh, lambda x, w, y: -jnp.sum(_picked(x, w, y)) / x.shape[0] / 2,
+                        lambda t: lax.psum(t, TP))
+
+
+def neg_loss_dp_psum(x, w, labels, *, mesh):
+    # BUG: the shards' mean losses are summed, not averaged (the 1/n missing)
+    return _neg_loss_dp(x, w, labels, mesh, neg_loss, lambda t: lax.psum(t, TP))
+
+
+def mean_log_likelihood(x, w, labels):
+    return jnp.mean(_picked(x, w, labels))
+
+
+# neg-loss-dp-sign: neg_loss_dp against mean_log_likelihood (BUG: the shards' losses are negated, the
+# reference's is not): the negation must stay on the sum
+
+
+# --- FSDP gradients accumulated over microbatches in a scan: each microbatch's gradient is already
+# reduce-scattered (the gather's transpose), the microbatch count divided out after the loop ---------
+MICRO = 2
+
+
+def fsdp_scan_inputs():
+    return ({"w1": spec(FLAT_IN * 2, FLAT_HID), "w2": spec(FLAT_HID, FLAT_IN * 2)}, spec(FLAT_ROWS, FLAT_IN * 2))
+
+
+def _scan_mse(w, x):
+    return jnp.mean(jnp.square(jnp.tanh(x @ w["w1"]) @ w["w2"] - x))
+
+
+def fsdp_scan_grads(params, x):
+    return jax.grad(_scan_mse)(params, x)
+
+
+def _fsdp_scan(params, x, mesh, scale_inside=False, count=MICRO, after=True, first_only=False):
+    def body(local, x):
+        def loss(local, xs):
+            return _scan_mse(jax.tree.map(lambda w: lax.all_gather(w, TP, axis=0, tiled=True), local), xs)
+
+        def step(total, batch):
+            xs, i = batch
+            g = jax.grad(loss)(local, xs)
+            if scale_inside:
+                scale = jnp.where(i == 0, 1.0 / count, 1.0) if first_only else 1.0 / count
+                g = jax.tree.map(lambda t: t * scale, g)
+            return jax.tree.map(jnp.add, total, g), None
+
+        micro = (x.reshape(MICRO, -1, x.shape[-1]), jnp.arange(MICRO))
+        grads, _ = lax.scan(step, jax.tree.map(jnp.zeros_like, local), micro)
+        grads = jax.tree.map(lambda t: t / count, grads) if after else grads
+        return jax.tree.map(lambda t: t / lax.axis_size(TP), grads)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP), P(TP)), out_specs=P(TP), check_vma=False)(params, x)
+
+
+def fsdp_scan(params, x, *, mesh):
+    return _fsdp_scan(params, x, mesh)
+
+
+def fsdp_scan_scaled_inside(params, x, *, mesh):
+    """The other style: each microbatch's gradient divided by the count inside the scan."""
+    return _fsdp_scan(params, x, mesh, scale_inside=True, after=False)
+
+
+def fsdp_scan_count_twice(params, x, *, mesh):
+    # BUG: the microbatch count divided out inside the scan and again after it
+    return _fsdp_scan(params, x, mesh, scale_inside=True)
+
+
+def fsdp_scan_first_scaled(params, x, *, mesh):
+    # BUG: only the first microbatch's gradient is divided by the count
+    return _fsdp_scan(params, x, mesh, scale_inside=True, after=False, first_only=True)
+
+
+def fsdp_scan_count_missing(params, x, *, mesh):
+    # BUG: the microbatch count is never divided out
+    return _fsdp_scan(params, x, mesh, count=1)
