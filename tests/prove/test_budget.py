@@ -178,13 +178,15 @@ def test_an_outgrown_proof_with_a_derived_budget_runs_no_pass_for_added_terms(mo
     from equivci.prove import saturate as saturate_module
     from equivci.prove.saturate import add_terms
 
-    monkeypatch.setattr(saturate_module, "GROWTH", 1)
     x, lhs, rhs = chain()
+    monkeypatch.setattr(saturate_module, "GROWTH", 1)  # the first run stops at once
     proof = saturate_terms([x], [x], [], [], iterations=1)
     assert proof.outgrown and proof.node_budget == proof.loaded
-    rows = size(proof.egraph)
+    monkeypatch.setattr(saturate_module, "GROWTH", 1000)  # and the budget then leaves room for passes
     add_terms(proof, [lhs, rhs])
-    assert proof.node_budget > rows and not proved_equal(proof.egraph, proof.loader.expr(lhs), proof.loader.expr(rhs))
+    assert proof.node_budget > size(proof.egraph)
+    assert not proved_equal(proof.egraph, proof.loader.expr(lhs), proof.loader.expr(rhs))
+    assert proof.outgrown == size(proof.egraph)
 
 
 def test_the_size_budget_setting_is_read_once_and_a_bad_value_is_a_usage_error(monkeypatch) -> None:
