@@ -282,6 +282,26 @@ MUTANTS: tuple[Mutant, ...] = (
     M("slice-compose-rule", "union(e).with_(x.slice(d, a + c, a + g))",
       "union(e).with_(x.slice(d, c, g))",
       "composed slices add their offsets", rule_instance("slices/compose")),
+    M("saturation-budget-unprojected", "if rows * growth >= nodes:", "if rows >= nodes:",
+      "a pass that would end past the size budget, growing as the one before it, is not started (one pass "
+      "from just under it took an e-graph past 17 GB)",
+      "pytest:tests/prove/test_budget.py::test_a_run_stops_at_its_size_budget_and_says_so"),
+    M("saturation-outgrown-runs-again", "    if proof.outgrown:\n        # The budget grows",
+      "    if proof.outgrown > proof.node_budget:\n        # The budget grows",
+      "an e-graph that reached its size budget runs no more passes for the terms added to it, though the "
+      "derived budget grows with them",
+      "pytest:tests/prove/test_budget.py::test_an_outgrown_proof_with_a_derived_budget_runs_no_pass_for_added_terms"),
+    M("concat-lift-makes-concatenations", "eq(z).to(T.concat(x, y, d)),\n        eq(dim(x, k)).to(dim(y, k)),\n"
+      "    ).then(union(e).with_(z.slice(k, a, b)))",
+      "eq(dim(x, k)).to(dim(y, k)),\n    ).then(union(e).with_(T.concat(x, y, d).slice(k, a, b)))",
+      "a concatenation of windows is lifted only onto an existing concatenation of their values (made "
+      "for every pair, they multiplied past 17 GB)",
+      "pytest:tests/terms/test_rules_numeric.py::test_concat_lift_reads_an_existing_concatenation_only"),
+    M("constant-relaid-unknown", "return next((known.term for known in self._known if known.content == content), None)",
+      "return None",
+      "a constant holding a known table's elements with other unit dims is that table reshaped (a "
+      "vmapped reference's [1, 1, d] frequencies against a device's [d])",
+      "pytest:tests/translate/test_relaid_constants.py::test_frequencies_laid_out_two_ways_verify"),
     M("concat-merge-order", "eq(e).to(T.concat(x.slice(d, a, b), x.slice(d, b, c), d))",
       "eq(e).to(T.concat(x.slice(d, b, c), x.slice(d, a, b), d))",
       "two slices join in order (a gap between them is ill-typed: egglog would crash, no kill)",

@@ -114,22 +114,34 @@ class Builder:
                 return scalar
             term = self.table.make("bcast", (bcast_spec(0, value.shape, ()),), (scalar,), value.shape, dtype)
         elif (term := self.constants.seen(value, dtype)) is None:
-            windows = self.constants.windows(value, dtype, self.budgets.constant_sources)
-            if not windows and (iota := self.constants.iota_window(value, dtype)) is not None:
-                windows = [iota]
-            if windows:
-                # Device-local tables (RoPE angles at a shard's positions, a mask's rows) are windows
-                # of the reference's tables; saying so relates them. One that repeats along the dim
-                # (a mask broadcast over heads) is every such window.
-                slices = [self.window_term(w, value, dtype) for w in windows]
-                if len(slices) > 1:
-                    self.equal_terms.append(slices)
-                term = slices[0]
+            if (same := self.constants.relaid(value, dtype)) is not None:
+                # One table laid out with other unit dims (a reference's [1, 1, d] frequencies
+                # squeezed in a vmapped body, a device's own [d]): the reshape of that table, the
+                # very term the other program's reshape of it is.
+                term = self.reshape_term(same, Shape(dtype, value.shape))
+                self.constants.add(term, value, dtype, source=False)
             else:
-                digest = hashlib.sha256(value.tobytes()).hexdigest()[:16]
-                term = self.table.make("const", (f"{digest}:{value.shape}",), (), value.shape, dtype)
-            self.constants.add(term, value, dtype, source=not windows)
+                term = self._new_constant(value, dtype)
         self.values[term] = value
+        return term
+
+    def _new_constant(self, value: np.ndarray, dtype: str) -> Term:
+        """A constant no known table holds as it is: a window of known ones, else a table of its own."""
+        windows = self.constants.windows(value, dtype, self.budgets.constant_sources)
+        if not windows and (iota := self.constants.iota_window(value, dtype)) is not None:
+            windows = [iota]
+        if windows:
+            # Device-local tables (RoPE angles at a shard's positions, a mask's rows) are windows
+            # of the reference's tables; saying so relates them. One that repeats along the dim
+            # (a mask broadcast over heads) is every such window.
+            slices = [self.window_term(w, value, dtype) for w in windows]
+            if len(slices) > 1:
+                self.equal_terms.append(slices)
+            term = slices[0]
+        else:
+            digest = hashlib.sha256(value.tobytes()).hexdigest()[:16]
+            term = self.table.make("const", (f"{digest}:{value.shape}",), (), value.shape, dtype)
+        self.constants.add(term, value, dtype, source=not windows)
         return term
 
     def window_term(self, window: Window, value: np.ndarray, dtype: str) -> Term:

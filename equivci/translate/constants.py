@@ -81,6 +81,14 @@ class ConstantPool:
         """The term already made for a constant of this exact content, if any."""
         return self._by_content.get((dtype, value.shape, _digest(value)))
 
+    def relaid(self, value: np.ndarray, dtype: str) -> Term | None:
+        """The oldest known constant that holds `value`'s elements in its order with other unit dims
+        (a reference's [1, 1, d] frequencies, squeezed for a vmapped body, and a device's own [d]):
+        `value` is that constant reshaped."""
+        squeezed = value.reshape([value.shape[k] for k in _kept(value.shape)])
+        content = (dtype, squeezed.shape, _digest(squeezed))
+        return next((known.term for known in self._known if known.content == content), None)
+
     def add(self, term: Term, value: np.ndarray, dtype: str, *, source: bool = True) -> None:
         """Remember `term` as the constant `value`; a `source` may contain later constants."""
         self._by_content.setdefault((dtype, value.shape, _digest(value)), term)

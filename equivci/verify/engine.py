@@ -225,11 +225,12 @@ def _size_note(programs, proof, layers) -> tuple[Finding, ...]:
             None,
             "note",
             None,
-            f"the proof search of {where} stopped when its e-graph held {rows:,} nodes, past its size budget "
-            f"of {budget:,}, while its rules were still adding facts, so a larger budget may prove it: the budget "
-            f"is {ENV_SATURATION_NODES} where set, else {GROWTH} times the nodes the terms load and at most "
+            f"the proof search of {where} stopped when its e-graph held {rows:,} nodes and one more pass, "
+            f"growing it as much as the last, would have taken it past its size budget of {budget:,}, while its "
+            "rules were still adding facts, so a larger budget may prove it: the budget is "
+            f"{ENV_SATURATION_NODES} where set, else {GROWTH} times the nodes the terms load and at most "
             f"{SATURATION_NODES:,}; set {ENV_SATURATION_NODES}={2 * budget} to raise it (a node takes about 350 "
-            "bytes, and one more saturation pass may multiply them by a few)",
+            "bytes)",
         ),
     )
 

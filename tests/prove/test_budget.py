@@ -131,13 +131,14 @@ def test_terms_added_to_a_proof_are_saturated_with_it() -> None:
 def test_a_run_stops_at_its_size_budget_and_says_so() -> None:
     """The chain's e-graph loads 81 rows and grows to about 90 by its fixed point: a size budget of 85
     rows stops it on the way (no proof, the rows it held), and a budget above its fixed point changes
-    nothing (the same proof, no stop)."""
+    nothing (the same proof, no stop). It stops at 84 rows: the pass from 84 rows, growing the
+    e-graph by the factor of the pass before (81 to 84), would end past 85, so it is not started."""
     _, lhs, rhs = chain()
     egraph, a, b = loaded(lhs, rhs)
     loaded_rows = size(egraph)
     assert loaded_rows < 85
     exhausted, outgrown = _run(egraph, 10 * DEPTH, 85)
-    assert exhausted == 0 and 85 <= outgrown <= size(egraph) and not proved_equal(egraph, a, b)
+    assert exhausted == 0 and loaded_rows < outgrown < 85 and outgrown <= size(egraph) and not proved_equal(egraph, a, b)
     egraph, a, b = loaded(lhs, rhs)
     assert _run(egraph, 10 * DEPTH, 200) == (0, 0) and proved_equal(egraph, a, b)
     assert size(egraph) < 200
@@ -168,6 +169,24 @@ def test_terms_added_past_the_size_budget_are_loaded_but_not_saturated() -> None
     add_terms(proof, [lhs, rhs])
     assert proof.loaded > first and proof.outgrown >= proof.loaded
     assert not proved_equal(proof.egraph, proof.loader.expr(lhs), proof.loader.expr(rhs))
+
+
+def test_an_outgrown_proof_with_a_derived_budget_runs_no_pass_for_added_terms(monkeypatch) -> None:
+    """The derived budget grows with the rows loaded: terms added to a proof that reached it raise
+    the budget, but run no pass (the hypotheses of a localization, each of whose passes would be the
+    e-graph's biggest yet)."""
+    from equivci.prove import saturate as saturate_module
+    from equivci.prove.saturate import add_terms
+
+    x, lhs, rhs = chain()
+    monkeypatch.setattr(saturate_module, "GROWTH", 1)  # the first run stops at once
+    proof = saturate_terms([x], [x], [], [], iterations=1)
+    assert proof.outgrown and proof.node_budget == proof.loaded
+    monkeypatch.setattr(saturate_module, "GROWTH", 1000)  # and the budget then leaves room for passes
+    add_terms(proof, [lhs, rhs])
+    assert proof.node_budget > size(proof.egraph)
+    assert not proved_equal(proof.egraph, proof.loader.expr(lhs), proof.loader.expr(rhs))
+    assert proof.outgrown == size(proof.egraph)
 
 
 def test_the_size_budget_setting_is_read_once_and_a_bad_value_is_a_usage_error(monkeypatch) -> None:
