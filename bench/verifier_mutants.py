@@ -136,6 +136,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "a reshape's elements are its operand's, an offset's are not",
       "pytest:tests/translate/test_scaled_picks.py::"
       "test_a_reshape_has_the_bounds_of_its_operand_and_an_offset_none_unstated"),
+    M("taken-runs-consecutive", "if rows[j] != rows[j - 1] + 1]]", "if rows[j] < rows[j - 1]]]",
+      "a window reads consecutive rows: indices that only increase are several windows",
+      "pytest:tests/translate/test_constant_takes.py::"
+      "test_a_take_at_constant_indices_is_windows_concatenated_as_xla_computes"),
     M("gather-bcast-collapsed", "out_of = dict(aligned.lhs)", "out_of = dict(aligned.lhs) | dict.fromkeys(dims.collapsed, 0)",
       "a broadcast that varies along an indexed dim is picked at the index: it stays under the gather",
       "pytest:tests/translate/test_gather_through_broadcast.py::"
