@@ -98,7 +98,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("tiles-end", "return covered >= hi", "return covered >= hi - 1", "the windows must reach the top id",
       "model:embed-last-shard-short"),
     M("lookup-shift", "if shift != s or w.lo < s or w.hi > e:", "if w.lo < s or w.hi > e:",
-      "the local index must be id - (window start)", "model:embed-shift-off"),
+      "the local index must be id - (window start)", "model:embed-shift-off",
+      "pytest:tests/translate/test_scaled_picks.py::test_a_lookup_at_another_offset_than_its_windows_start_is_no_lookup"),
     M("member-labels", "labels.shape == known.labels.shape and np.array_equal(labels, known.labels)",
       "labels.shape == known.labels.shape", "the mask must test the ids at the positions the rows used",
       "model:embed-mask-transposed"),
@@ -119,6 +120,26 @@ MUTANTS: tuple[Mutant, ...] = (
     M("outside-select-bounds", "masks.bounds_under_mask(ev, p, b, outside=True)", "masks.bounds_under_mask(ev, p, b)",
       "select(p, a, b) takes b where p fails: b's bounds there come from the complement of p",
       "model:embed-outside"),
+    M("masked-member-factor", "found = _masked(ev, base, lambda rows: ev.scaled(rows, factor))",
+      "found = _masked(ev, base, lambda rows: ev.scaled(rows, 2 * factor))",
+      "c * where(mask, rows, 0) is a masked lookup only of c * rows, the factor the member carries",
+      "pytest:tests/translate/test_scaled_picks.py::"
+      "test_a_pick_of_the_unowned_shard_or_of_another_factor_is_a_mismatch[capped-halved] "
+      "tests/translate/test_scaled_picks.py::test_a_member_scaled_otherwise_than_its_lookup_is_no_lookup"),
+    M("index-select-clamped", "read = Window(w.x, max(w.lo, shift), min(w.hi, shift + size))",
+      "read = Window(w.x, max(w.lo, shift), min(w.hi, shift + size + 1))",
+      "a gather clamps its index into [0, size): ids - c is read as it is only for ids in [c, c + size)",
+      "pytest:tests/translate/test_scaled_picks.py::"
+      "test_a_wrapped_negative_index_reads_its_offset_where_the_ids_are_the_shards"),
+    M("bounds-through-reshape-only", 'if found is None and term.op == "reshape":',
+      "if found is None and term.args and term.args[0].dtype == term.dtype:",
+      "a reshape's elements are its operand's, an offset's are not",
+      "pytest:tests/translate/test_scaled_picks.py::"
+      "test_a_reshape_has_the_bounds_of_its_operand_and_an_offset_none_unstated"),
+    M("taken-runs-consecutive", "if rows[j] != rows[j - 1] + 1]]", "if rows[j] < rows[j - 1]]]",
+      "a window reads consecutive rows: indices that only increase are several windows",
+      "pytest:tests/translate/test_constant_takes.py::"
+      "test_a_take_at_constant_indices_is_windows_concatenated_as_xla_computes"),
     M("gather-bcast-collapsed", "out_of = dict(aligned.lhs)", "out_of = dict(aligned.lhs) | dict.fromkeys(dims.collapsed, 0)",
       "a broadcast that varies along an indexed dim is picked at the index: it stays under the gather",
       "pytest:tests/translate/test_gather_through_broadcast.py::"

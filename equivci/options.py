@@ -66,6 +66,9 @@ class Budgets:
     constant_sources: int = 4
     # translate/elementwise: windows a select by a constant mask is split into (more: it stays a select)
     select_runs: int = 4
+    # translate/shapes: runs of consecutive rows a gather at constant indices is written as (a static
+    # permutation of chunks: more, a shuffle of single rows, stays a gather)
+    taken_runs: int = 16
     # translate/signed_sums: terms of a sum with subtracted terms put in one order (a longer sum keeps
     # only its written form)
     signed_terms: int = 8

@@ -657,7 +657,10 @@ class Builder:
         value = self.folded(term)
         if value is not None and value.size and term.dtype[0] in "su":
             return float(value.min()), float(value.max())
-        return self.bounds.get(term)
+        found = self.bounds.get(term)
+        if found is None and term.op == "reshape":  # its elements are its operand's (one built inside a fact)
+            return self.bounds_of(term.args[0])
+        return found
 
     def bound(self, term: Term, *sources: Term) -> None:
         """`term`'s elements are elements of `sources`."""

@@ -15,6 +15,7 @@ checks exactly on constants (window bounds, element layouts), not e-graph rules.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -204,9 +205,12 @@ def bounds_under_mask(ev: Evaluator, p: Term, a: Term, outside: bool = False) ->
 
 
 def shift_from(ev: Evaluator, a: Term, x: Term) -> int | None:
-    """c where a = x - c (or x + -c) for a constant c."""
+    """c where a = x - c (or x + -c) for a constant c; also where a = reshape(y - c) and
+    x = reshape(y), alike (a reshape keeps the elements' flat order)."""
     if a is x:
         return 0
+    if a.op == "reshape" and x.op == "reshape" and a.attrs == x.attrs and a.args[0].shape == x.args[0].shape:
+        return shift_from(ev, a.args[0], x.args[0])
     y, c = _split_offset(ev, a)
     return c if y is x and y is not a else None
 
@@ -249,7 +253,7 @@ def masked_lookup(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shap
     chosen = idx
     while chosen.op == "reshape":
         chosen = chosen.args[0]
-    found = index_window(ev, chosen, e - s)
+    found = index_window(ev, chosen, e - s, s)
     if found is None:
         return None
     w, shift = found
@@ -263,12 +267,15 @@ def masked_lookup(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shap
     return MaskedRows(full, w, labels)
 
 
-def index_window(ev: Evaluator, chosen: Term, size: int) -> tuple[Window, int] | None:
+def index_window(ev: Evaluator, chosen: Term, size: int, wanted: int | None = None) -> tuple[Window, int] | None:
     """(w, c) such that a gather along a dim of `size` elements at `chosen` reads element ids - c
     wherever the ids lie in w: where(ids in w, ids - c, z), where(ids outside w, z, ids - c), a
     clamp of ids - c to [lo, hi] with w = [lo + c, hi + c] (there it leaves ids - c as it is), or
     ids - c itself (c may be 0) with w = [c, c + size) (the gather clamps its index into [0, size - 1], which
-    leaves ids - c as it is there: `jnp.take(rows, ids - first, mode="clip")`)."""
+    leaves ids - c as it is there: `jnp.take(rows, ids - first, mode="clip")`); a select's window is
+    narrowed to [c, c + size) for that clamp. A select whose two branches are both such offsets
+    gives the one of offset `wanted` when given: take_along_axis wraps a negative index,
+    where(ids - c < 0, ids - c + n, ids - c), which reads ids - c for ids in [c, c + n)."""
     if chosen.op == "ternary" and chosen.attrs == ("select",):
         p, a, b = chosen.args
         for kept, outside in ((a, False), (b, True)):
@@ -276,8 +283,10 @@ def index_window(ev: Evaluator, chosen: Term, size: int) -> tuple[Window, int] |
             if w is None or bounds_under_mask(ev, p, kept, outside) is None:
                 continue
             shift = shift_from(ev, kept, w.x)
-            if shift is not None:
-                return w.clipped(ev.bounds_of(w.x)), shift
+            if shift is not None and wanted in (None, shift):
+                # the gather reads ids - c as it is only in [0, size): it clamps the rest
+                read = Window(w.x, max(w.lo, shift), min(w.hi, shift + size))
+                return _unreshaped(ev, read.clipped(ev.bounds_of(w.x))), shift
         return None
     clamped = clamp_form(ev, chosen)
     if clamped is not None:
@@ -286,6 +295,14 @@ def index_window(ev: Evaluator, chosen: Term, size: int) -> tuple[Window, int] |
         return Window(ids, lo + shift, hi + shift + 1).clipped(ev.bounds_of(ids)), shift
     ids, shift = _split_offset(ev, chosen)  # (chosen, 0) when it is no offset: the first shard's ids
     return Window(ids, shift, shift + size).clipped(ev.bounds_of(ids)), shift
+
+
+def _unreshaped(ev: Evaluator, w: Window) -> Window:
+    """The window of a reshaped value as the window of the value it reshapes: the same test of the
+    same elements in flat order (a lookup's labels are flat positions), clipped to its bounds."""
+    while w.x.op == "reshape":
+        w = Window(w.x.args[0], w.lo, w.hi).clipped(ev.bounds_of(w.x.args[0]))
+    return w
 
 
 def clamp_form(ev: Evaluator, t: Term) -> tuple[int, Term, int] | None:
@@ -333,7 +350,20 @@ def gather_labels(idx_labels: np.ndarray, dims: GatherDims, out: tuple[int, ...]
 def masked_member(ev: Evaluator, m: Term) -> tuple[Term, Window] | None:
     """A psum member that is rows masked by the range test they were looked up under:
     rows * mask, where(mask, rows, 0), or where(outside, 0, rows) with `outside` the test's
-    complement (select(not p, 0, r) = select(p, r, 0)); as (T[ids], the window)."""
+    complement (select(not p, 0, r) = select(p, r, 0)); as (T[ids], the window). A constant factor
+    the builder moved out of the mask, c * where(mask, rows, 0) with c * rows the lookup (a pick of
+    soft-capped logits, `cap * tanh(l / cap)`), is where(mask, c * rows, 0): exact, the masked
+    elements are zeros either way."""
+    factor, base = ev.scale_of(m)
+    if factor != 1:
+        found = _masked(ev, base, lambda rows: ev.scaled(rows, factor))
+        if found is not None:
+            return found
+    return _masked(ev, m, lambda rows: rows)
+
+
+def _masked(ev: Evaluator, m: Term, looked_up: Callable[[Term], Term | None]) -> tuple[Term, Window] | None:
+    """`masked_member` of m, with `looked_up(rows)` the lookup the masked rows stand for."""
     if m.op == "binary" and m.attrs == ("multiply",):
         candidates = [(m.args[0], m.args[1], False), (m.args[1], m.args[0], False)]
     elif m.op == "ternary" and m.attrs == ("select",) and _is_zero(ev, m.args[2]):
@@ -343,7 +373,9 @@ def masked_member(ev: Evaluator, m: Term) -> tuple[Term, Window] | None:
     else:
         return None
     for rows, mask, outside in candidates:
-        known, tested = ev.masked_rows.get(rows), laid_out_window(ev, mask, outside)
+        lookup = looked_up(rows)
+        known = ev.masked_rows.get(lookup) if lookup is not None else None
+        tested = laid_out_window(ev, mask, outside)
         if known is None or tested is None:
             continue
         w, labels = tested

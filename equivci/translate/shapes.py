@@ -381,6 +381,8 @@ def gather(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     dims = GatherDims.parse(attrs, len(idx.shape))
     if (window := gather_at_constant(ev, x, idx, dims, inst.shape)) is not None:
         return window
+    if (windows := rows_at_constants(ev, x, idx, dims, inst.shape)) is not None:
+        return windows
     dims, kept_idx, kept_out = dims.without_unit_index_dims(idx.shape, len(inst.shape.dims))
     idx = ev.reshape_term(idx, Shape(idx.dtype, tuple(idx.shape[j] for j in kept_idx)))
     out = Shape(inst.shape.dtype, tuple(inst.shape.dims[o] for o in kept_out))
@@ -442,6 +444,35 @@ def gather_at_constant(ev: Builder, x: Term, idx: Term, dims: GatherDims, shape:
         starts[k] = min(max(int(start), 0), x.shape[k] - dims.slice_sizes[k])
     ranges = [(s, s + n) for s, n in zip(starts, dims.slice_sizes)]
     return ev.reshape_term(ev.slice_nd(x, ranges), shape)
+
+
+def rows_at_constants(ev: Builder, x: Term, idx: Term, dims: GatherDims, shape: Shape) -> Term | None:
+    """A gather of single rows along one dim k at a constant index vector whose result keeps x's
+    dim order (`x[:, order]`, `jnp.take(x, order, axis=1)`: a zigzag layout's static permutation of
+    sequence chunks) is the concatenation along k of the windows of x that its runs of consecutive
+    indices read, each index clamped into [0, n - 1] as HLO clamps a start; at most
+    `Budgets.taken_runs` windows (a shuffle of single rows stays a gather)."""
+    indices = ev.folded(idx)
+    if indices is None or dims.operand_batch or len(dims.start_map) != 1 or x.dtype != shape.dtype:
+        return None
+    k = dims.start_map[0]
+    if dims.collapsed != (k,) or [n for j, n in enumerate(dims.slice_sizes) if j != k] != [
+        n for j, n in enumerate(x.shape) if j != k
+    ]:
+        return None
+    if dims.vector_dim < indices.ndim:
+        if indices.shape[dims.vector_dim] != 1:
+            return None
+        indices = np.take(indices, 0, axis=dims.vector_dim)
+    if indices.ndim != 1 or [o for o in range(len(shape.dims)) if o not in dims.offset] != [k]:
+        return None
+    rows = np.clip(indices.astype(np.int64), 0, x.shape[k] - 1)
+    starts = [0, *[j for j in range(1, len(rows)) if rows[j] != rows[j - 1] + 1]]
+    if len(starts) > ev.budgets.taken_runs:
+        return None
+    ends = [*starts[1:], len(rows)]
+    parts = [ev.slice_term(x, k, int(rows[a]), int(rows[a]) + b - a) for a, b in zip(starts, ends)]
+    return ev.concat(parts, k)
 
 
 HANDLERS = {
