@@ -14,6 +14,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
+from equivci.terms.spec import BcastSpec, bcast_spec
 from equivci.translate.builder import Builder
 
 
@@ -45,6 +46,38 @@ def iota(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
         ar = np.arange(shape.dims[dim]).reshape([-1 if k == dim else 1 for k in range(len(shape.dims))])
         return ev.const(np.broadcast_to(ar, shape.dims).astype(NP_DTYPES.get(shape.dtype, np.float32)), shape.dtype)
     return ev.mk("iota", (dim,), (), shape)
+
+
+def positions(ev: Builder, shape: Shape, dim: int) -> Term:
+    """Each element's position along `dim` in the one form a sort's positions (an argsort's iota,
+    a top-k's indices) get, however they are written (a 1-D iota broadcast as shapes.broadcast_term
+    builds it, an iota of the whole shape, a constant): arange along `dim`, broadcast."""
+    n = shape.dims[dim]
+    if n <= ev.budgets.fold_elements:
+        line = ev.const(np.arange(n).astype(NP_DTYPES[shape.dtype]), shape.dtype)
+    else:
+        line = ev.mk("iota", (0,), (), Shape(shape.dtype, (n,)))
+    term = ev.mk("bcast", (bcast_spec(1, shape.dims, (dim,)),), [line], shape)
+    if (value := ev.folded(line)) is not None and np.prod(shape.dims) <= ev.budgets.fold_elements:
+        ev.values[term] = np.broadcast_to(
+            value.reshape([-1 if k == dim else 1 for k in range(len(shape.dims))]), shape.dims
+        )
+    return term
+
+
+def holds_positions(ev: Builder, y: Term, dim: int) -> bool:
+    """Whether the integer term y holds each element's position along `dim`."""
+    if y.dtype[0] not in "su":
+        return False
+    if y.op == "iota":
+        return y.attrs == (dim,)
+    if y.op == "bcast" and y.args[0].op == "iota" and BcastSpec.parse(y.attrs[0]).operand_dims() == [(dim, 0)]:
+        return True
+    value = ev.folded(y)
+    if value is None:
+        return False
+    line = np.arange(y.shape[dim]).reshape([-1 if k == dim else 1 for k in range(len(y.shape))])
+    return bool(np.array_equal(value, np.broadcast_to(line, y.shape)))
 
 
 def parse_literal(text: str, shape: Shape, fold_elements: int) -> np.ndarray | None:
