@@ -10,12 +10,18 @@ a sum of exponentials): softmax's `exp(x - max) / sum`. A router's `argmax(softm
 meets `argmax(logits)`. The reducer's initial value is not mapped: it must be infinite, so that a
 finite element compares with it alike before and after f. (In floats f can round two elements to
 one value, where argmax takes the first: over the reals it cannot.)
+
+A sort comparator is read the same way, on scalars: `sort_direction` finds whether it orders by
+the first operand alone, ascending or descending, over the reals (jnp.sort's NaN- and
+zero-canonicalizing total-order `<` is a plain ascending order there).
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +77,10 @@ def _evaluate(comp: Computation, params: list) -> object:
             if any(isinstance(v, float) and math.isnan(v) for v in ops):
                 return None
             total = inst.attrs.get("order") == "TOTAL" or inst.attrs.get("type") == "TOTALORDER"
-            env[inst.name] = COMPARE[inst.attrs["direction"]](*(_total_key(v) if total else v for v in ops))
+            try:
+                env[inst.name] = COMPARE[inst.attrs["direction"]](*(_total_key(v) if total else v for v in ops))
+            except TypeError:  # values of two kinds (a tuple key against a boolean): no model
+                return None
         elif inst.opcode == "select":
             env[inst.name] = ops[1] if ops[0] else ops[2]
         elif inst.opcode in ("and", "or"):
@@ -85,7 +94,7 @@ def _evaluate(comp: Computation, params: list) -> object:
     return env.get(comp.root.name)
 
 
-COMPARE = {
+COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     "EQ": operator.eq,
     "NE": operator.ne,
     "LT": operator.lt,
