@@ -26,7 +26,7 @@ VERIFIED = {
     "positions-sp", "positions-sp-offset-first", "positions-sp-2d",
     "gqa-grad", "gqa-grad-broadcast", "mlp-step",
     "window-distance", "window-distance-negated", "weighted-pick", "weighted-pick-one-hot",
-    "queue-positions",
+    "queue-positions", "argsort-combine", "sort-pairs-combine",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -52,6 +52,7 @@ MISMATCH = {
     "window-distance-wide", "window-distance-no-start", "window-distance-inclusive-start",
     "weighted-pick-next-shard", "weighted-pick-ge", "weighted-pick-first-only",
     "queue-positions-inclusive", "queue-positions-across-groups",
+    "argsort-combine-bottom-k", "argsort-combine-k-off",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -105,5 +106,6 @@ DEFAULT = {
     "window-distance", "window-distance-wide",  # a distance q - k tested against constants: tests of q
     "weighted-pick", "weighted-pick-next-shard",  # gates times top-k picks: the gates' one-hot, cut by experts
     "queue-positions", "queue-positions-inclusive",  # running sums of a device's token groups: a window
+    "argsort-combine", "argsort-combine-bottom-k",  # top-k as argsort(-p): the sort by -p descending by p
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

@@ -67,6 +67,15 @@ def _term(fn, x):
     return programs
 
 
+def _groups_hold(programs, params) -> None:
+    """Every group of terms the translation states equal holds on these inputs."""
+    values = programs.evaluator.values
+    for group in programs.evaluator.equal_terms:
+        first = evaluate(group[0], params, values)
+        for other in group[1:]:
+            np.testing.assert_array_equal(evaluate(other, params, values), first)
+
+
 def _terms_equal(programs) -> set[str]:
     """The output term and every term stated equal to it, written out (each program has its own
     term table: terms of two programs are compared by what they are)."""
@@ -98,12 +107,8 @@ def test_top_k_values_by_sort_meet_top_k(x):
     top = repr(_term(TOP_VALUES["lax.top_k"], x).reference_outputs[0])
     for case, fn in TOP_VALUES.items():
         programs = _term(fn, x)
-        values = programs.evaluator.values
         assert top in _terms_equal(programs), case
-        for group in programs.evaluator.equal_terms:  # every fact stated holds on these inputs
-            first = evaluate(group[0], {0: x}, values)
-            for other in group[1:]:
-                np.testing.assert_array_equal(evaluate(other, {0: x}, values), first, err_msg=case)
+        _groups_hold(programs, {0: x})
 
 
 def test_a_pick_of_another_value_is_that_value_sorted_along():
@@ -117,10 +122,7 @@ def test_a_pick_of_another_value_is_that_value_sorted_along():
     top = repr(_term(TOP_VALUES["lax.top_k"], TIES[:, :8].repeat(2, 0)[:5]).reference_outputs[0])
     assert top not in _terms_equal(programs)
     params = {0: TIES[:, :8].repeat(2, 0)[:5], 1: v}
-    for group in programs.evaluator.equal_terms:
-        first = evaluate(group[0], params, programs.evaluator.values)
-        for other in group[1:]:
-            np.testing.assert_array_equal(evaluate(other, params, programs.evaluator.values), first)
+    _groups_hold(programs, params)
     np.testing.assert_array_equal(evaluate(programs.reference_outputs[0], params, programs.evaluator.values), want)
 
 
@@ -198,3 +200,19 @@ ENTRY %main (x: f32[4]) -> f32[4] {{
 def test_the_direction_of_hand_written_comparators(root, extra, direction):
     module, name = _hand_written(root, extra)
     assert orders.sort_direction(module, name, 2, "f32") == direction
+
+
+def test_a_pick_at_a_sort_of_other_positions_is_no_sorted_value():
+    """take_along_axis(p, sort(-p, y)[1]) for y no positions (here reversed) picks at y's values,
+    not at the sort's permutation: no sorted value is stated for it."""
+
+    def picked(p):
+        reversed_positions = p.shape[1] - 1 - _positions(p)
+        idx = lax.sort((-p, reversed_positions), dimension=1, num_keys=1)[1][:, :K]
+        return jnp.take_along_axis(p, idx, axis=-1)
+
+    top = repr(_term(TOP_VALUES["lax.top_k"], RANDOM).reference_outputs[0])
+    programs = _term(picked, RANDOM)
+    assert top not in _terms_equal(programs)
+    _groups_hold(programs, {0: RANDOM})
+    assert not np.array_equal(np.asarray(jax.jit(picked)(RANDOM)), np.asarray(jax.jit(TOP_VALUES["lax.top_k"])(RANDOM)))
