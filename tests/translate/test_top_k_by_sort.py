@@ -216,3 +216,14 @@ def test_a_pick_at_a_sort_of_other_positions_is_no_sorted_value():
     assert top not in _terms_equal(programs)
     _groups_hold(programs, {0: RANDOM})
     assert not np.array_equal(np.asarray(jax.jit(picked)(RANDOM)), np.asarray(jax.jit(TOP_VALUES["lax.top_k"])(RANDOM)))
+
+
+def test_positions_past_the_folding_budget_are_one_term_too():
+    """A [rows, 512] lane set past Budgets.fold_elements: the positions stay a broadcast line, in
+    one form for the argsort's iota and the top-k's."""
+    wide = np.random.default_rng(9).standard_normal((160, 512)).astype(np.float32)
+    terms = {
+        case: repr(_term(TOP_INDICES[case], wide).reference_outputs[0])
+        for case in ("argsort of the negation", "lax.top_k")
+    }
+    assert len(set(terms.values())) == 1
