@@ -14,6 +14,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
+from equivci.terms.spec import BcastSpec, bcast_spec
 from equivci.translate.builder import Builder
 
 
@@ -47,6 +48,40 @@ def iota(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     term = ev.mk("iota", (dim,), (), shape)
     ev.constants.add_iota(term)
     return term
+
+
+def positions(ev: Builder, shape: Shape, dim: int) -> Term:
+    """Each element's position along `dim` in the one form a sort's positions (an argsort's iota,
+    a top-k's indices) get, however they are written (a 1-D iota broadcast, an iota of the whole
+    shape, a constant): the constant as `iota` folds it (the constant pool finds a device's rows
+    of it a window of the reference's), or past the folding budget the 1-D line broadcast, as the
+    broadcast handler builds it."""
+    lane = np.arange(shape.dims[dim]).reshape([-1 if k == dim else 1 for k in range(len(shape.dims))])
+    if np.prod(shape.dims) <= ev.budgets.fold_elements:
+        return ev.const(np.broadcast_to(lane, shape.dims).astype(NP_DTYPES[shape.dtype]), shape.dtype)
+    n = shape.dims[dim]
+    line = (
+        ev.const(np.arange(n).astype(NP_DTYPES[shape.dtype]), shape.dtype)
+        if n <= ev.budgets.fold_elements
+        else ev.mk("iota", (0,), (), Shape(shape.dtype, (n,)))
+    )
+    return ev.mk("bcast", (bcast_spec(1, shape.dims, (dim,)),), [line], shape)
+
+
+def holds_positions(ev: Builder, y: Term, dim: int) -> bool:
+    """Whether the integer term y holds each element's position along `dim`."""
+    if y.dtype[0] not in "su":
+        return False
+    if y.op == "iota":
+        return y.attrs == (dim,)
+    if y.op == "bcast" and BcastSpec.parse(y.attrs[0]).operand_dims() == [(dim, 0)]:
+        held = ev.folded(y.args[0])
+        return y.args[0].op == "iota" or (held is not None and np.array_equal(held, np.arange(y.shape[dim])))
+    value = ev.folded(y)
+    if value is None:
+        return False
+    lane = np.arange(y.shape[dim]).reshape([-1 if k == dim else 1 for k in range(len(y.shape))])
+    return bool(np.array_equal(value, np.broadcast_to(lane, y.shape)))
 
 
 def parse_literal(text: str, shape: Shape, fold_elements: int) -> np.ndarray | None:

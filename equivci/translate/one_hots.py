@@ -10,7 +10,8 @@ permutation of each lane). Every index coordinate but the column must be the row
 so that distinct rows never meet. A column outside [0, E) writes nothing (XLA skips it) and its
 one-hot is all zeros. The sum is built as `jax.nn.one_hot` writes it, compare(broadcast(col),
 broadcast(iota)) converted and multiplied, so that a top-k combine written with `.at[].set` meets
-one written with `one_hot(...) * v` summed over k (an einsum of the one-hots does not meet it yet).
+one written with `one_hot(...) * v` summed over k, or as an einsum of the one-hots with v
+(reductions.product_sum states such a dot as that sum).
 """
 
 from __future__ import annotations
@@ -133,13 +134,13 @@ def _one_hot_sum(ev: Builder, column: Term, update: Term, width: int, summed: li
     """sum over `summed` of convert(column[..., None] == iota(width)) * update[..., None]."""
     n = len(column.shape)
     shape = (*column.shape, width)
-    spread = _spread(ev, column, shape, tuple(range(n)))
-    across = _spread(ev, ev.const(np.arange(width, dtype=NP_DTYPES[column.dtype]), column.dtype), shape, (n,))
-    equal = bounds.decide(ev, "EQ", spread, across, Shape("pred", shape)) or ev.mk(
-        "binary", (compare_text("EQ", column.dtype),), [spread, across], Shape("pred", shape)
+    columns = spread(ev, column, shape, tuple(range(n)))
+    across = spread(ev, ev.const(np.arange(width, dtype=NP_DTYPES[column.dtype]), column.dtype), shape, (n,))
+    equal = bounds.decide(ev, "EQ", columns, across, Shape("pred", shape)) or ev.mk(
+        "binary", (compare_text("EQ", column.dtype),), [columns, across], Shape("pred", shape)
     )
     one_hot = ev.normal("unary", ("convert",), [equal], Shape(update.dtype, shape))
-    product = ev.binary("multiply", one_hot, _spread(ev, update, shape, tuple(range(n))))
+    product = ev.binary("multiply", one_hot, spread(ev, update, shape, tuple(range(n))))
     if not summed:
         return product
     out = Shape(update.dtype, tuple(s for d, s in enumerate(shape) if d not in summed))
@@ -147,11 +148,11 @@ def _one_hot_sum(ev: Builder, column: Term, update: Term, width: int, summed: li
     return ev.normal("reduce", ("add", key), [product], out)
 
 
-def _spread(ev: Builder, t: Term, shape: tuple[int, ...], dims: tuple[int, ...]) -> Term:
+def spread(ev: Builder, t: Term, shape: tuple[int, ...], dims: tuple[int, ...]) -> Term:
     """broadcast(t) in the form the broadcast handler gives it (shapes.broadcast_term): a constant
     factor stays in front, a constant's value is kept for folding."""
     factor, base = ev.scale_of(t)
-    if factor != 1 and (scaled := ev.scaled(_spread(ev, base, shape, dims), factor)) is not None:
+    if factor != 1 and (scaled := ev.scaled(spread(ev, base, shape, dims), factor)) is not None:
         return scaled
     term = ev.mk("bcast", (bcast_spec(len(t.shape), shape, dims),), [t], Shape(t.dtype, shape))
     value = ev.folded(t)

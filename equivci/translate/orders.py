@@ -10,13 +10,22 @@ a sum of exponentials): softmax's `exp(x - max) / sum`. A router's `argmax(softm
 meets `argmax(logits)`. The reducer's initial value is not mapped: it must be infinite, so that a
 finite element compares with it alike before and after f. (In floats f can round two elements to
 one value, where argmax takes the first: over the reals it cannot.)
+
+A sort comparator is read the same way, on scalars: `sort_direction` finds whether it orders by
+the first operand alone, ascending or descending, over the reals (jnp.sort's NaN- and
+zero-canonicalizing total-order `<` is a plain ascending order there).
 """
 
 from __future__ import annotations
 
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
-from equivci.hlo.ir import Module
+from equivci.hlo.ir import Computation, Instruction, Module
 from equivci.terms.ir import Term
 from equivci.terms.spec import BcastSpec
 from equivci.translate.builder import Builder
@@ -47,23 +56,31 @@ def is_argmax(module: Module, computation: str) -> bool:
     return True
 
 
-def _run(comp, params: list) -> list | None:
+def _run(comp: Computation, params: list) -> list | None:
     """The reducer's result on scalars (its ops are those of ORDERING), None if it reads something else."""
+    result = _evaluate(comp, params)
+    return result if isinstance(result, list) else None
+
+
+def _evaluate(comp: Computation, params: list) -> object:
+    """The computation's root on scalars, None if it runs an op other than those of ORDERING and
+    scalar constants, or compares a NaN (outside the reals this module reasons over). A compare
+    with `order=TOTAL` ranks -0.0 below 0.0, as XLA's total order does."""
     env: dict[str, object] = {}
-    compare = {
-        "EQ": lambda x, y: x == y,
-        "NE": lambda x, y: x != y,
-        "LT": lambda x, y: x < y,
-        "LE": lambda x, y: x <= y,
-        "GT": lambda x, y: x > y,
-        "GE": lambda x, y: x >= y,
-    }
     for inst in comp.instructions:
         ops = [env.get(o) for o in inst.operands]
         if inst.opcode == "parameter":
             env[inst.name] = params[int(inst.attrs["_number"])]
-        elif inst.opcode == "compare" and inst.attrs.get("direction") in compare:
-            env[inst.name] = compare[inst.attrs["direction"]](*ops)
+        elif inst.opcode == "constant" and (value := _scalar(inst)) is not None:
+            env[inst.name] = value
+        elif inst.opcode == "compare" and inst.attrs.get("direction") in COMPARE:
+            if any(isinstance(v, float) and math.isnan(v) for v in ops):
+                return None
+            total = inst.attrs.get("order") == "TOTAL" or inst.attrs.get("type") == "TOTALORDER"
+            try:
+                env[inst.name] = COMPARE[inst.attrs["direction"]](*(_total_key(v) if total else v for v in ops))
+            except TypeError:  # values of two kinds (a tuple key against a boolean): no model
+                return None
         elif inst.opcode == "select":
             env[inst.name] = ops[1] if ops[0] else ops[2]
         elif inst.opcode in ("and", "or"):
@@ -74,8 +91,74 @@ def _run(comp, params: list) -> list | None:
             env[inst.name] = list(ops)
         else:
             return None
-    result = env.get(comp.root.name)
-    return result if isinstance(result, list) else None
+    return env.get(comp.root.name)
+
+
+COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    "EQ": operator.eq,
+    "NE": operator.ne,
+    "LT": operator.lt,
+    "LE": operator.le,
+    "GT": operator.gt,
+    "GE": operator.ge,
+}
+
+
+def _scalar(inst: Instruction) -> float | bool | None:
+    """A scalar constant's value (a float, also for integers: they compare alike), None otherwise."""
+    text = inst.attrs.get("_literal", "").strip()
+    if inst.shape.is_tuple or inst.shape.dims:
+        return None
+    if text in ("true", "false"):
+        return text == "true"
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _total_key(v: object) -> object:
+    """v's place in XLA's total order of floats (-0.0 before 0.0); other values as they are."""
+    return (v, math.copysign(1.0, v) > 0) if isinstance(v, float) else v
+
+
+def sort_direction(module: Module, computation: str, operands: int, dtype: str) -> str | None:
+    """LT (GT) when the comparator of a sort of `operands` operands is `key0 < key1` (`key0 > key1`)
+    for every pair of real keys of `dtype`, whatever the other operands hold: an ascending
+    (descending) sort by the first operand, the order terms/semantics.sort_lanes sorts by (-0.0 and
+    0.0 one key). jnp.sort's comparator, which maps -0.0 to 0.0 and a NaN to one NaN before a
+    total-order `<`, is LT; a bare total-order `<` is none (it ranks -0.0 first).
+
+    The comparator reads values only through compares (ORDERING ops and scalar constants), so its
+    result depends only on how the two keys lie among the constants and each other: keys drawn from
+    the constants, both zeros, the infinities and two points inside each interval the constants cut
+    the line into (for integer keys, integer points; for booleans, both) meet every such ordering,
+    and the other operands are drawn in each of their three orderings. NaN is not drawn: the facts
+    built on this order hold over the reals."""
+    comp = module.computations[computation]
+    keys = _key_points(comp, dtype)
+    for direction in ("LT", "GT"):
+        if all(
+            _evaluate(comp, [a, b, *(list(rest) * (operands - 1))]) == COMPARE[direction](a, b)
+            for a in keys
+            for b in keys
+            for rest in ((0, 1), (1, 0), (0, 0))
+        ):
+            return direction
+    return None
+
+
+def _key_points(comp: Computation, dtype: str) -> list:
+    """The keys sort_direction draws (its docstring)."""
+    if dtype == "pred":
+        return [False, True]
+    found = {v for i in comp.instructions if i.opcode == "constant" and isinstance(v := _scalar(i), float)}
+    cuts = sorted({float(v) for v in found if math.isfinite(v)} | {0.0})
+    if dtype[0] in "su":
+        return sorted({float(c + d) for c in cuts for d in (-2, -1, 0, 1, 2)})
+    inside = [c + (d - c) * t for c, d in zip(cuts, cuts[1:]) for t in (1 / 3, 2 / 3)]
+    ends = [cuts[0] - 2, cuts[0] - 1, cuts[-1] + 1, cuts[-1] + 2, -math.inf, math.inf, -0.0]
+    return [*cuts, *inside, *ends]
 
 
 def increasing_chain(ev: Builder, x: Term, reduced: tuple[int, ...]) -> list[Term]:

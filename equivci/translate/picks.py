@@ -22,7 +22,7 @@ from equivci.hlo.ir import Shape
 from equivci.terms.ir import Term, gather_map
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import AlignedMap, DotSpec, GatherDims, ReduceSpec, bcast_spec, compare_text
-from equivci.translate import orders
+from equivci.translate import literals, orders, sorts
 from equivci.translate.builder import Builder
 
 
@@ -115,6 +115,57 @@ def max_pick(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -> T
     if dim != v or z.shape != x.shape or all(t is not z for t in orders.increasing_chain(ev, x, (v,))):
         return None
     return ev.normal("reduce", ("maximum", ReduceSpec(len(x.shape), (v,)).text()), [x], out)
+
+
+def sorted_pick(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
+    """x picked along a lane at a window of the positions a stable sort of keys k puts in order,
+    `take_along_axis(x, argsort(k)[..., a:b])`, as that window of x carried through the same sort:
+
+        x[perm(k)] = sort(k, x)[1],    and for x = k the sorted keys sort(k, positions)[0]
+
+    (a sort moves each lane of its other operand as it moves the keys). A top-k's values picked
+    by `argsort(-p)[..., :k]` are then `top_k(p)`'s (sorts.py). None for any other gather."""
+    if dims.vector_dim == len(idx.shape) - 1 and idx.shape[-1] == 1:  # one-coordinate index vectors
+        idx = ev.reshape_term(idx, Shape(idx.dtype, idx.shape[:-1]))
+        dims = dataclasses.replace(dims, vector_dim=len(idx.shape))
+    v = along_lane(x, idx, dims, out)
+    perm, window = idx, None
+    if perm.op == "slice" and perm.attrs[0] == v:
+        perm, window = perm.args[0], perm.attrs[1:]
+    if v is None or perm.op != "aligned" or perm.args[0].shape != x.shape:
+        return None
+    kind, order, dim, output = (AlignedMap.op_key(perm.attrs[0]).split(":") + ["", "", "", ""])[:4]
+    keys, held = perm.args
+    if (kind, dim, output) != ("sort", str(v), "1") or order not in ("LT", "GT"):
+        return None
+    if not literals.holds_positions(ev, held, v):
+        return None
+    if x is keys:
+        carried = sorts.sorted_lanes(ev, keys, held, v, order, [x.dtype, held.dtype])[0]
+    else:
+        carried = sorts.sorted_lanes(ev, keys, x, v, order, [keys.dtype, x.dtype])[1]
+    return carried if window is None else ev.slice_term(carried, v, *window)
+
+
+def along_lane(x: Term, idx: Term, dims: GatherDims, out: Shape) -> int | None:
+    """The dim v when the gather reads out[..., j, ...] = x[..., idx[..., j, ...], ...] along v
+    (`take_along_axis`: every other dim a batching dim at the same place in x, idx and the
+    output); None otherwise."""
+    if len(dims.start_map) != 1 or x.dtype != out.dtype or len(idx.shape) != len(x.shape):
+        return None
+    (v,) = dims.start_map
+    others = tuple(k for k in range(len(x.shape)) if k != v)
+    if (
+        dims.collapsed != (v,)
+        or dims.offset
+        or dims.vector_dim != len(idx.shape)
+        or dims.operand_batch != others
+        or dims.indices_batch != others
+        or out.dims != idx.shape
+        or any(x.shape[k] != idx.shape[k] for k in others)
+    ):
+        return None
+    return v
 
 
 def one_hot_facts(ev: Builder, term: Term, x: Term, idx: Term, dims: GatherDims, out: Shape) -> list[list[Term]]:

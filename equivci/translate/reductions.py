@@ -12,7 +12,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Module, Shape
 from equivci.terms.ir import Term, reduce_pair_map
 from equivci.terms.spec import DotSpec, ReduceSpec, transpose_text
-from equivci.translate import moved_columns, orders, picks, relaid
+from equivci.translate import moved_columns, one_hots, orders, picks, relaid
 from equivci.translate.arrays import all_equal, distinct, is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
 from equivci.translate.builder import Builder, Value
@@ -53,7 +53,37 @@ def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     if (moved := moved_columns.moved_columns(ev, dot_spec, lhs, rhs, inst.shape)) is not None:
         ev.equal_terms.append([term, moved])
         ev.piecewise[term] = moved
+    if (summed := product_sum(ev, dot_spec, lhs, rhs, inst.shape)) is not None:
+        ev.equal_terms.append([term, summed])
     return term
+
+
+def product_sum(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> Term | None:
+    """A dot where one operand a has no free dims, as the sum over the contracted dims of the other
+    operand m times a broadcast along m's free dims:
+
+        dot(a[b, c], m[b, c, f]) = sum_c m[b, c, f] * a[b, c]
+
+    (each output element is that very sum of products). A top-k combine written as
+    `einsum("tk,tke->te", w, one_hot(idx))` then meets the scatter `.at[rows, idx].add(w)`, which
+    one_hots.py states as that sum. None when both operands have free dims, the dtypes differ, or
+    m's batch dims do not lead its dims in the dot's batch order (the sum would be transposed)."""
+    for a, m, a_batch, m_batch, a_contract, m_contract in (
+        (lhs, rhs, spec.lhs_batch, spec.rhs_batch, spec.lhs_contract, spec.rhs_contract),
+        (rhs, lhs, spec.rhs_batch, spec.lhs_batch, spec.rhs_contract, spec.lhs_contract),
+    ):
+        if len(a.shape) != len(a_batch) + len(a_contract) or not a_contract or len(a.shape) == len(m.shape):
+            continue
+        if a.dtype != m.dtype or m.dtype != out.dtype:
+            return None
+        kept = [d for d in range(len(m.shape)) if d not in m_contract]
+        if kept[: len(m_batch)] != list(m_batch):
+            return None
+        to_m = dict(zip(a_batch, m_batch)) | dict(zip(a_contract, m_contract))
+        spread = one_hots.spread(ev, a, m.shape, tuple(to_m[k] for k in range(len(a.shape))))
+        product = ev.binary("multiply", m, spread)
+        return ev.normal("reduce", ("add", ReduceSpec(len(m.shape), tuple(sorted(m_contract))).text()), [product], out)
+    return None
 
 
 def dot_term(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: Shape) -> Term:

@@ -403,6 +403,8 @@ def gather(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
         ev.equal_terms.append([term, product])
     if (top := picks.max_pick(ev, x, idx, dims, out)) is not None:
         ev.equal_terms.append([term, top])
+    if (ordered := picks.sorted_pick(ev, x, idx, dims, out)) is not None:
+        ev.equal_terms.append([term, ordered])
     return ev.reshape_term(term, inst.shape)
 
 

@@ -3,15 +3,24 @@ whatever the comparator, so each output is an aligned map over the other dims (a
 sorts to the same slice: rules/aligned.py); its numpy model is terms/semantics.sort_lanes. A topk
 is the first k of the stable descending sort of (x, iota), so that a top-k and a sort-based top-k
 (approx_max_k on CPU) are one term.
+
+A stable ascending sort by -x is the stable descending sort by x, its sorted keys negated:
+
+    sort_LT(-x, y) = (-sort_GT(x, y)[0], sort_GT(x, y)[1])
+
+over the reals, since negation reverses every strict order and keeps ties, which both sorts leave
+in place. So `argsort(-p)[..., :k]` is `top_k(p)`'s indices, ties in index order alike (in floats,
+XLA's top_k ranks 0.0 above -0.0 and a NaN first, where argsort(-p) ties the zeros and puts the
+NaN last: they differ only there). The sort is built in that one form.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from equivci.hlo.ir import Computation, Instruction, Shape
+from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term, sort_map
-from equivci.terms.semantics import NP_DTYPES, sort_lanes
+from equivci.terms.semantics import sort_lanes
+from equivci.translate import literals, orders
+from equivci.translate.arrays import FLOATS
 from equivci.translate.attributes import called, dims_attr, fingerprint
 from equivci.translate.builder import Builder, Value
 from equivci.translate.opaque import opaque
@@ -24,7 +33,10 @@ def sort(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     if inst.attrs.get("is_stable") != "true" or len(dims) != 1 or len(args) > 2 or args[0].shape != args[-1].shape:
         return opaque(ev, inst, args)
     comp = called(ev.module, inst, "to_apply")
-    order = key_order(comp) or f"cmp-{fingerprint(comp.name, ev.module)}"
+    order = (
+        orders.sort_direction(ev.module, comp.name, len(args), args[0].dtype)
+        or f"cmp-{fingerprint(comp.name, ev.module)}"
+    )
     elements = inst.shape.elements if inst.shape.is_tuple else (inst.shape,)
     out = sorted_lanes(ev, args[0], args[-1], dims[0], order, [e.dtype for e in elements])
     return tuple(out) if inst.shape.is_tuple else out[0]
@@ -34,19 +46,21 @@ def top_k(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     """Along the last dim, the k largest (or smallest) values and their indices, ties in index order."""
     x, dim = args[0], len(args[0].shape) - 1
     values, indices = inst.shape.elements
-    if np.prod(x.shape) <= ev.budgets.fold_elements:
-        ar: np.ndarray = np.broadcast_to(np.arange(x.shape[dim]), x.shape).astype(NP_DTYPES[indices.dtype])
-        iota = ev.const(ar, indices.dtype)
-    else:
-        iota = ev.mk("iota", (dim,), (), Shape(indices.dtype, x.shape))
     order = "GT" if inst.attrs.get("largest", "true") == "true" else "LT"
-    ordered = sorted_lanes(ev, x, iota, dim, order, [values.dtype, indices.dtype])
+    ordered = sorted_lanes(
+        ev, x, literals.positions(ev, Shape(indices.dtype, x.shape), dim), dim, order, [values.dtype, indices.dtype]
+    )
     return tuple(ev.slice_term(t, dim, 0, int(inst.attrs["k"])) for t in ordered)
 
 
 def sorted_lanes(ev: Builder, x: Term, y: Term, dim: int, order: str, dtypes: list[str]) -> list[Term]:
     """The outputs of a stable sort of (x, y) along `dim` by comparator `order` (LT, GT, or the
     digest of another comparator, which has no numpy model and is never folded)."""
+    if literals.holds_positions(ev, y, dim):
+        y = literals.positions(ev, Shape(y.dtype, y.shape), dim)
+    if order in FLIPPED and x.op == "unary" and x.attrs == ("negate",) and x.dtype in FLOATS:
+        flipped = sorted_lanes(ev, x.args[0], y, dim, FLIPPED[order], dtypes)
+        return [ev.normal("unary", ("negate",), [flipped[0]], Shape(x.dtype, x.shape)), *flipped[1:]]
     aligned = sort_map(len(x.shape), dim, x.shape[dim])
     out = []
     for k, dtype in enumerate(dtypes):
@@ -58,15 +72,7 @@ def sorted_lanes(ev: Builder, x: Term, y: Term, dim: int, order: str, dtypes: li
     return out
 
 
-def key_order(comp: Computation) -> str | None:
-    """LT or GT when a sort comparator is `compare(param 0, param 1)` in that direction (a plain
-    ascending or descending sort by the first operand), else None."""
-    root = comp.root
-    params = {i.name: i.attrs.get("_number") for i in comp.instructions if i.opcode == "parameter"}
-    if root.opcode != "compare" or [params.get(o) for o in root.operands] != ["0", "1"]:
-        return None
-    direction = root.attrs.get("direction")
-    return direction if direction in ("LT", "GT") and root.attrs.get("type", "") != "TOTALORDER" else None
+FLIPPED = {"LT": "GT", "GT": "LT"}
 
 
 HANDLERS = {"sort": sort, "topk": top_k}

@@ -30,6 +30,7 @@ VERIFIED = {
     "attention-scaled", "attention-scaled-positions", "tanh-scaled", "falcon-grouped",
     "flat-fsdp-grads", "flat-fsdp-scattered",
     "neg-loss-dp", "neg-loss-dp-summed-shares", "fsdp-scan", "fsdp-scan-scaled-inside",
+    "argsort-combine", "sort-pairs-combine",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -59,6 +60,7 @@ MISMATCH = {
     "flat-fsdp-grads-off-by-one",
     "neg-loss-dp-psum", "neg-loss-dp-sign",
     "fsdp-scan-count-missing", "fsdp-scan-count-twice", "fsdp-scan-first-scaled",
+        "argsort-combine-bottom-k", "argsort-combine-k-off",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -118,5 +120,6 @@ DEFAULT = {
     "flat-fsdp-grads", "flat-fsdp-grads-off-by-one",  # a flat gradient's window cut back into rows
     "neg-loss-dp", "neg-loss-dp-sign",  # the shards' negated shares summed: the negated sum
     "fsdp-scan", "fsdp-scan-first-scaled",  # microbatches' all-reduced gradients added: summed by device
+    "argsort-combine", "argsort-combine-bottom-k",  # top-k as argsort(-p): the sort by -p descending by p
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

@@ -2150,3 +2150,50 @@ def fsdp_scan_first_scaled(params, x, *, mesh):
 def fsdp_scan_count_missing(params, x, *, mesh):
     # BUG: the microbatch count is never divided out
     return _fsdp_scan(params, x, mesh, count=1)
+# ---- top-k written as a sort: argsort(-p)[:, :k] meets top_k(p) (translate/sorts.py, picks.sorted_pick) ----
+
+
+def combine_inputs():
+    return (spec(S * 2, D), spec(D, EXPERTS))
+
+
+def topk_combine(x, router):
+    """The top-2 gates of every token written into its experts' columns (a scatter-add)."""
+    gates, top_idx = lax.top_k(jax.nn.softmax(x @ router, axis=-1), TOP)
+    return jnp.zeros((x.shape[0], EXPERTS)).at[jnp.arange(x.shape[0])[:, None], top_idx].add(gates)
+
+
+def _sorted_combine(x, router, mesh, top_of):
+    """Expert columns over tp: each device's columns as an einsum of the gates with its one-hot,
+    the top-2 taken by `top_of(probs)` (indices), the gates picked there."""
+
+    def body(x, router):
+        n = EXPERTS // lax.axis_size(TP)
+        probs = jax.nn.softmax(x @ router, axis=-1)
+        top_idx = top_of(probs)
+        gates = jnp.take_along_axis(probs, top_idx, axis=-1)
+        return jnp.einsum("tk,tke->te", gates, jax.nn.one_hot(top_idx - lax.axis_index(TP) * n, n))
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P(None, TP))(x, router)
+
+
+def _positions(p):
+    return lax.broadcasted_iota(jnp.int32, p.shape, 1)
+
+
+def argsort_combine(x, router, *, mesh):
+    return _sorted_combine(x, router, mesh, lambda p: jnp.argsort(-p, axis=-1)[:, :TOP])
+
+
+def sort_pairs_combine(x, router, *, mesh):  # lax.sort of (-p, positions), keyed by -p alone
+    return _sorted_combine(x, router, mesh, lambda p: lax.sort((-p, _positions(p)), dimension=1, num_keys=1)[1][:, :TOP])
+
+
+def argsort_combine_bottom_k(x, router, *, mesh):
+    # BUG: argsort without the negation: the two least likely experts
+    return _sorted_combine(x, router, mesh, lambda p: jnp.argsort(p, axis=-1)[:, :TOP])
+
+
+def argsort_combine_k_off(x, router, *, mesh):
+    # BUG: the second and third experts, the window one off
+    return _sorted_combine(x, router, mesh, lambda p: jnp.argsort(-p, axis=-1)[:, 1 : TOP + 1])
