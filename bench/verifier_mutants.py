@@ -921,9 +921,18 @@ MUTANTS: tuple[Mutant, ...] = (
       "score = score", "a norm written as its own statement before the consumer is cited at that statement",
       "pytest:tests/diagnose/test_missing_input_work.py::"
       "test_a_norm_skipped_on_an_input_blames_the_projection_and_cites_the_reference_norm[block_sp_no_norm-sp_projection]"),
-    M("helper-body-leads", "helper = made_in(choice.text, inst, events, captured.repo_root) if choice.text.isidentifier() else None",
-      "helper = None", "a function passed by name is changed in its body, not at the call naming it",
-      "pytest:tests/diagnose/test_caller_choice.py::test_a_function_passed_by_name_leads_in_its_body_with_the_call_as_a_tied_note"),
+    M("helper-body-leads", "helper = made_in(choice.text, inst, events, captured.repo_root)",
+      "helper = None", "what a function passed by name computes for the op is cited in its body",
+      "pytest:tests/diagnose/test_sibling_departure.py::test_the_departing_statement_leads_and_the_call_is_a_tied_note[raw-raw-raw-call-shared]"),
+    M("sibling-departure-leads", "departs = departure(choice.file, choice.text, choice.others)", "departs = None",
+      "a function passed by name leads where it departs from the one another call passes, not where its op is",
+      "pytest:tests/diagnose/test_sibling_departure.py::test_the_departing_statement_leads_and_the_call_is_a_tied_note"),
+    M("sibling-missing-work-lands-after", "return mine[min(i1, len(mine) - 1)][1]", "return mine[max(i1 - 1, 0)][1]",
+      "work a helper lacks lands on the statement that should carry it, not the one before",
+      "pytest:tests/diagnose/test_sibling_departure.py::test_work_left_out_lands_on_the_statement_that_should_carry_it"),
+    M("sibling-unrelated-bodies", "if shared == 0 and max(len(mine), len(theirs)) > 1:", "if False:",
+      "two helpers that share no statement say nothing about where one departs",
+      "pytest:tests/diagnose/test_sibling_departure.py::test_the_closest_sibling_is_compared_and_unrelated_bodies_say_nothing"),
 )
 
 
