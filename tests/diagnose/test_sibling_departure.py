@@ -189,7 +189,8 @@ def test_the_departing_statement_leads_and_the_call_is_a_tied_note(helpers, name
     notes = {f.line: f for f in result.findings[1:] if f.tie == first.tie and f.severity == "note"}
     assert line_of(MODEL, call) in notes
     if made is not None:
-        assert "reads is made here" in notes[line_of(MODEL, made)].message
+        read = notes.get(line_of(MODEL, made))
+        assert read is not None and "reads is made here" in read.message
 
 
 @pytest.mark.parametrize("name", ["raw-ok", "short-ok"])
