@@ -4,9 +4,11 @@ A helper parameterized by a plain Python value (an axis name, a flag, a callback
 computes what its caller asks for. When the op where the programs part depends on such a parameter
 and another call of the same helper passes a different value, the reviewer's line is the call that
 passes this one: the helper's body runs as written for both calls. A function passed by name is the
-exception: it is written in its own body, where the reviewer changes it (`made_in`). The search
-follows the names the op's statement reads back through assignments and parameters, up the calls
-seen on the op stacks.
+exception: it is written in its own body, where the reviewer changes it (`made_in`; the statement
+where it departs from the one another call passes: equivci.diagnose.siblings). The search follows the
+names the op's statement reads back through assignments and parameters, up the calls seen on the op
+stacks, and into the functions the entrypoint reaches for a call on no stack (a shard_map body bound
+by a partial).
 """
 
 from __future__ import annotations
