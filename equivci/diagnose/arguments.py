@@ -4,9 +4,11 @@ A helper parameterized by a plain Python value (an axis name, a flag, a callback
 computes what its caller asks for. When the op where the programs part depends on such a parameter
 and another call of the same helper passes a different value, the reviewer's line is the call that
 passes this one: the helper's body runs as written for both calls. A function passed by name is the
-exception: it is written in its own body, where the reviewer changes it (`made_in`). The search
-follows the names the op's statement reads back through assignments and parameters, up the calls
-seen on the op stacks.
+exception: it is written in its own body, where the reviewer changes it (`made_in`; the statement
+where it departs from the one another call passes: equivci.diagnose.siblings). The search follows the
+names the op's statement reads back through assignments and parameters, up the calls seen on the op
+stacks, and into the functions the entrypoint reaches for a call on no stack (a shard_map body bound
+by a partial).
 """
 
 from __future__ import annotations
@@ -198,17 +200,17 @@ class _Search:
 
     def _site(self, file: str, func: Function, name: str) -> tuple[str, ast.expr] | None:
         """The argument for `name` at the call of `func` on the op's own chain, at a call seen on the
-        op stacks, else at the call in the entrypoint (direct or bound by functools.partial)."""
+        op stacks, else at the one call (direct or bound by functools.partial) in the entrypoint or
+        in a function of its file that the entrypoint calls, directly or through others: a shard_map
+        body bound by a partial in a helper the entrypoint calls is on no op stack."""
         site = call_argument(file, func, name, self.events, self.stack)
         if site is not None or self.entry is None:
             return site
-        entry_file = self.entry[0]
-        body = _entry_function(self.entry)
-        if body is None:
-            return None
-        span = range(body.lineno, (body.end_lineno or body.lineno) + 1)
+        spans = [range(f.lineno, (f.end_lineno or f.lineno) + 1) for f in _reached(self.entry)]
         passed = [
-            (f, v) for f, node, bound in _calls(func, entry_file) if node.lineno in span and (v := bound.get(name))
+            (f, v)
+            for f, node, bound in _calls(func, self.entry[0])
+            if any(node.lineno in span for span in spans) and (v := bound.get(name))
         ]
         return passed[0] if len(passed) == 1 else None
 
@@ -217,6 +219,26 @@ def _entry_function(entry: tuple[str, str]) -> ast.stmt | None:
     """The module-level definition of an entrypoint (file, function)."""
     tree = module_ast(entry[0])
     return next((n for n in (tree.body if tree is not None else []) if getattr(n, "name", None) == entry[1]), None)
+
+
+def _reached(entry: tuple[str, str]) -> list[ast.stmt]:
+    """The entrypoint's module-level definition and those of the functions of its file it calls by
+    name, directly or through each other."""
+    tree = module_ast(entry[0])
+    defs = {
+        n.name: n
+        for n in (tree.body if tree is not None else [])
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    order, queue = list[ast.stmt](), [entry[1]]
+    while queue:
+        name = queue.pop(0)
+        func = defs.get(name)
+        if func is None or func in order:
+            continue
+        order.append(func)
+        queue += [callee(n) for n in ast.walk(func) if isinstance(n, ast.Call)]
+    return order
 
 
 def _names(exprs: Sequence[ast.AST]) -> list[tuple[str, int]]:

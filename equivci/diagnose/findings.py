@@ -15,10 +15,11 @@ import dataclasses
 from pathlib import Path
 
 from equivci.capture.types import CapturedModel
-from equivci.diagnose.arguments import made_in, passed_choice
+from equivci.diagnose.arguments import Choice, made_in, passed_choice
 from equivci.diagnose.frames import innermost, library_call, shared_call
 from equivci.diagnose.localize import Defect, call_chain_start, part_mean, source_of, unlocated
 from equivci.diagnose.numeric import NumericFrontier
+from equivci.diagnose.siblings import departure
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.layers.segments import Layering, layer_of, leaves
 from equivci.results import Finding
@@ -301,29 +302,10 @@ def _caller_choices(
         )
     # A lead tied with other places keeps its tie: the call joins them, first.
     tie = lead.tie if lead.tie is not None else max((f.tie for f, _ in findings if f.tie is not None), default=-1) + 1
-    helper = made_in(choice.text, inst, events, captured.repo_root) if choice.text.isidentifier() else None
-    if helper is not None:
-        # A function passed by name is written in its own body: that body, where it computes what the
-        # op depends on, is the line to change, not the call that names it (a lambda is written at
-        # the call itself).
-        hpath, hline = source_of(dataclasses.replace(inst, stack=(helper,)), captured.repo_root)
-        if hpath is not None:
-            moved, note = _moved(
-                lead,
-                (hpath, hline, tie),
-                f"`{choice.text}`, passed at {path}:{line} as `{choice.parameter}` of `{choice.function}` "
-                f"(elsewhere {others}), computes this, and {depends}. There: {lead.message}",
-                f"the `{inst.opcode}` that the finding at {hpath}:{hline} is about is made here, from what "
-                f"`{choice.text}` computes.",
-            )
-            call = dataclasses.replace(
-                note,
-                path=path,
-                line=line,
-                message=f"`{choice.text}`, which the finding at {hpath}:{hline} is in, is passed here.",
-            )
-            kept = [] if (hpath, hline) == (lead.path, lead.line) else [(note, None)]
-            return [(moved, None), (call, None)] + kept + rest
+    if choice.text.isidentifier():
+        body = _passed_function(choice, inst, lead, (path, line, tie), depends, others, events, captured)
+        if body:
+            return body + rest
     moved, note = _moved(
         lead,
         (path, line, tie),
@@ -332,6 +314,66 @@ def _caller_choices(
         f"the `{inst.opcode}` that the finding at {path}:{line} is about is made here, from what that call passes.",
     )
     return [(moved, None), (note, None)] + rest
+
+
+def _passed_function(
+    choice: Choice,
+    inst: Instruction,
+    lead: Finding,
+    call: tuple[str, int | None, int],
+    depends: str,
+    others: str,
+    events: list[Event],
+    captured: CapturedModel,
+) -> list[tuple[Finding, Instruction | None]]:
+    """A function passed by name is written in its own body, where the reviewer changes it, not at
+    the call that names it (a lambda is written at the call itself): the lead goes to the statement
+    where it departs from the function another call passes (equivci.diagnose.siblings), else to where
+    it computes what the op depends on. The call, the helper's op the op reads and the op's own line
+    are tied notes. Empty when neither is found."""
+    path, line, tie = call
+    helper = made_in(choice.text, inst, events, captured.repo_root)
+    made = source_of(dataclasses.replace(inst, stack=(helper,)), captured.repo_root) if helper is not None else None
+    departs = departure(choice.file, choice.text, choice.others)
+    if departs is not None:
+        hpath, hline = source_of(
+            dataclasses.replace(inst, stack=(SourceLoc(departs.file, departs.line, ""),)), captured.repo_root
+        )
+        spath, _ = source_of(
+            dataclasses.replace(inst, stack=(SourceLoc(departs.sibling_file, departs.sibling_line, ""),)),
+            captured.repo_root,
+        )
+        how = (
+            f"departs here from `{departs.sibling}` ({spath}:{departs.sibling_line}), which the other call passes; "
+            "what it computes reaches the op"
+        )
+    elif made is not None and made[0] is not None:
+        (hpath, hline), how = made, "computes this"
+    else:
+        return []
+    if hpath is None:
+        return []
+    moved, note = _moved(
+        lead,
+        (hpath, hline, tie),
+        f"`{choice.text}`, passed at {path}:{line} as `{choice.parameter}` of `{choice.function}` "
+        f"(elsewhere {others}), {how}, and {depends}. There: {lead.message}",
+        f"the `{inst.opcode}` that the finding at {hpath}:{hline} is about is made here, from what "
+        f"`{choice.text}` computes.",
+    )
+    named = dataclasses.replace(
+        note,
+        path=path,
+        line=line,
+        message=f"`{choice.text}`, which the finding at {hpath}:{hline} is in, is passed here.",
+    )
+    notes: list[tuple[Finding, Instruction | None]] = [(named, None)]
+    if departs is not None and made is not None and made[0] is not None and made != (hpath, hline):
+        read = f"the value of `{choice.text}` that the `{inst.opcode}` at {lead.path}:{lead.line} reads is made here."
+        notes.append((dataclasses.replace(note, path=made[0], line=made[1], message=read), None))
+    if (hpath, hline) != (lead.path, lead.line) and all((f.path, f.line) != (lead.path, lead.line) for f, _ in notes):
+        notes.append((note, None))
+    return [(moved, None)] + notes
 
 
 def _moved(lead: Finding, to: tuple[str, int | None, int], message: str, note: str) -> tuple[Finding, Finding]:
