@@ -26,11 +26,12 @@ type's contiguous integers (|sum| <= 2 / eps): counts made by summing one-hot ma
 bincounts, cumsum positions) are the same in every program, so they carry no bound, and comparing
 them with a capacity is no tie. Each value's largest possible magnitude is tracked where it is
 known to be an integer (from booleans, iota, integer constants, and sums and products of those).
-A rounding right after inexact elementwise arithmetic (a scale, a bias, an activation) may as
-well sit before it in a correct program — `(x * s).astype(bf16)` against `x.astype(bf16) * s` —
-and then differs in nearly every element by a unit of the narrow type, whatever the bounds: every
-element of such a rounding may take either neighbour. Rounding of values that no accumulation and
-no inexact arithmetic has touched (an input cast to bf16, sliced or gathered first) is identical in
+A rounding right after a scale by a constant (a normalizer, 1/sqrt(d), a temperature) may as well
+sit before it in a correct program — `(x * s).astype(bf16)` against `x.astype(bf16) * s` — and
+then differs in nearly every element by a unit of the narrow type, whatever the bounds: every
+element of such a rounding may take either neighbour. Other arithmetic done in the narrow type
+instead (a tanh, an all-reduce) computes another function and is not excused. Rounding of values
+that no accumulation and no constant scale has touched (an input cast to bf16, sliced or gathered first) is identical in
 both programs and is not perturbed, so a program that rounds where the reference does not (an
 all-reduce in bf16 of f32 partial sums) still differs by more than the floor. After a rounding that
 may flip, the value may differ by one unit of the narrow type, and that is its bound from there on.
@@ -158,7 +159,8 @@ class _Interpreter:
         env: dict = {}
         bound: dict = {}
         magnitude: dict = {}  # the largest |value| of an integer-valued value, where known
-        fresh: dict = {}  # computed by an inexact elementwise op since the value was last rounded
+        fresh: dict = {}  # scaled by a constant since the value was last rounded
+        constant: set = set(jaxpr.constvars)  # values computed from constants alone
 
         def read(v):
             if hasattr(v, "val"):  # a Literal
@@ -177,13 +179,16 @@ class _Interpreter:
             vals, bs = zip(*(read(v) for v in eqn.invars)) if eqn.invars else ((), ())
             ms = [integer_magnitude(v) for v in eqn.invars]
             ins_fresh = [not hasattr(v, "val") and fresh[v] for v in eqn.invars]
+            ins_constant = [hasattr(v, "val") or v in constant for v in eqn.invars]
+            if all(ins_constant):
+                constant.update(eqn.outvars)
             inner = _call_jaxpr(eqn) if eqn.primitive.name in _CALLS else None
             if inner is not None:  # evaluated inline, so that what it knows of its outputs comes back
                 outs, out_bounds, out_ms, out_fresh = self.run(inner, list(vals), list(bs), ms, ins_fresh)
             else:
                 out_ms = _integer_magnitudes(eqn, ms)
                 outs, out_bounds = self.eqn(eqn, list(vals), list(bs), out_ms, any(ins_fresh))
-                out_fresh = [_fresh_after(eqn, ins_fresh)] * len(outs)
+                out_fresh = [_fresh_after(eqn, ins_fresh, ins_constant)] * len(outs)
             for v, o, b, m, f in zip(eqn.outvars, outs, out_bounds, out_ms, out_fresh):
                 env[v], bound[v], magnitude[v], fresh[v] = o, b, m, f
         results = [read(v) for v in jaxpr.outvars]
@@ -226,8 +231,8 @@ class _Interpreter:
         if src_eps is None or dst_eps is None or dst_eps <= src_eps or (b == 0.0 and not fresh):
             return _bind(eqn, [x]), [0.0 if dst_eps is None else b]
         self.stats.points += 1
-        # A rounding right after inexact arithmetic may as well sit before it in a correct program
-        # (a scale applied after the cast instead of before): every element may round either way.
+        # A rounding right after a constant scale may as well sit before it in a correct program
+        # (the scale applied after the cast instead of before): every element may round either way.
         either = max(b, dst_eps / 2) if fresh else b
         return [_round_either_way(jnp.asarray(x), dst, either)], [dst_eps]
 
@@ -291,8 +296,8 @@ _EXACT = (_SAME_MAGNITUDE - {"convert_element_type"}) | _INDEXED | {
 }  # fmt: skip
 
 
-def _fresh_after(eqn, ins_fresh: list[bool]) -> bool:
-    """Whether eqn's outputs hold floats made by inexact arithmetic since their last rounding."""
+def _fresh_after(eqn, ins_fresh: list[bool], ins_constant: list[bool]) -> bool:
+    """Whether eqn's outputs hold floats scaled by a constant since their last rounding."""
     name = eqn.primitive.name
     if name == "convert_element_type":
         src, dst = _eps(eqn.invars[0].aval.dtype), _eps(eqn.params["new_dtype"])
@@ -301,7 +306,9 @@ def _fresh_after(eqn, ins_fresh: list[bool]) -> bool:
         return False
     if name in _EXACT:
         return any(ins_fresh)
-    return True
+    # A constant scale (a normalizer, 1/sqrt(d), a temperature) is what correct code moves across a
+    # cast; other arithmetic in a narrower type (a tanh, an all-reduce in bf16) computes another function.
+    return name in ("mul", "div") and any(ins_constant) and not all(ins_constant)
 
 
 def _integer_magnitudes(eqn, ms: list[float | None]) -> list[float | None]:

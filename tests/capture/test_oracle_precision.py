@@ -89,9 +89,9 @@ def test_shadow_moves_only_roundings_of_computed_values():
 
 def test_a_rounding_right_after_inexact_arithmetic_may_move_every_element():
     """round(3x) and 3 * round(x) are both correct ways to write one model (a scale before or after a
-    cast): the shadow lets every element of a rounding of freshly computed values take either
-    neighbour, by at most one unit; a rounding of an input, or of a value only moved since (sliced,
-    negated, gathered), stays where it is."""
+    cast): the shadow lets every element of a rounding of a value scaled by a constant take either
+    neighbour, by at most one unit; a rounding of an input, of a value only moved since (sliced,
+    negated, gathered), or of other arithmetic (a tanh), stays where it is."""
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
@@ -105,6 +105,9 @@ def test_a_rounding_right_after_inexact_arithmetic_may_move_every_element():
     def moved_cast(x):
         return (-x[:, ::-1]).astype(jnp.bfloat16).astype(jnp.float32)
 
+    def tanh_cast(x):
+        return jnp.tanh(x).astype(jnp.bfloat16).astype(jnp.float32)
+
     x = jax.random.normal(jax.random.key(3), (8, 16))
     shadow = shadow_reference(scale_cast, (f32,))
     want = scale_cast(x)
@@ -112,8 +115,9 @@ def test_a_rounding_right_after_inexact_arithmetic_may_move_every_element():
     ulp = jnp.abs(jnp.nextafter(want.astype(jnp.bfloat16), jnp.bfloat16(jnp.inf)).astype(jnp.float32) - want)
     assert shadow.rounding_points == 1 and float(jnp.mean(diff > 0)) > 0.9
     assert bool(jnp.all(diff <= ulp * 2.01)), "at most one unit of bf16 per element"
-    quiet = shadow_reference(moved_cast, (f32,))
-    assert quiet.rounding_points == 0 and float(jnp.abs(quiet.run(x)[0] - moved_cast(x)).max()) == 0.0
+    for fixed in (moved_cast, tanh_cast):
+        quiet = shadow_reference(fixed, (f32,))
+        assert quiet.rounding_points == 0 and float(jnp.abs(quiet.run(x)[0] - fixed(x)).max()) == 0.0
 
 
 def test_a_routing_decision_within_rounding_of_a_tie_is_reported():

@@ -689,8 +689,9 @@ FRESH = {
     # The helper slices at `group * cols` for whatever group it is given: the caller's argument
     # is where the device-to-part map is written.
     "rotated-argument": ("argument", ("passed here as `group`", "moves back")),
-    # The gather reads the right table at rows computed on the line before.
-    "table-rows": ("rows", ("indices computed here", "`gather`")),
+    # The gather reads the right table at rows computed on the line before (constant rows: the
+    # gather is read as the concatenation of the table's windows they take, so the rows are named).
+    "table-rows": ("rows", ("computed here from no input", "differs from the positions")),
     # Every other column where the reference takes the first half, written three ways: each is a
     # window of the reference's y, just not the one its multiply takes, so the pick is the line.
     "evens-strided": ("strided", ("[0:16:2]", "y[:, :8]")),

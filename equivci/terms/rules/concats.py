@@ -40,18 +40,13 @@ CONCATS = family(
         eq(e).to(T.concat(x, y, d).slice(k, a, b)),
         ne(k).to(d),
     ).then(union(e).with_(T.concat(x.slice(k, a, b), y.slice(k, a, b), d))),
-    # Only where concat(x, y; d) is a term already (the reference's): made for every pair of
-    # windows, a part with windows of many values (a gathered K whose rows are windows along two
-    # dims) made a concatenation of each pair, their windows and their pairs again: 958k matches in
-    # one pass, gigabytes the next.
     named(
         "concats/lift",
         "concat(x[a:b along k], y[a:b along k]; d) = concat(x, y; d)[a:b along k] for k != d",
         eq(e).to(T.concat(x.slice(k, a, b), y.slice(k, a, b), d)),
         ne(k).to(d),
-        eq(z).to(T.concat(x, y, d)),
         eq(dim(x, k)).to(dim(y, k)),
-    ).then(union(e).with_(z.slice(k, a, b))),
+    ).then(union(e).with_(T.concat(x, y, d).slice(k, a, b))),
     # The same when each part is also a window along d itself (rotate_half on a device's heads:
     # concat(-q[heads][..., h:], q[heads][..., :h])): canonical slice order keeps the window
     # along the lower dim k inside the one along d, out of reach of the rule above. Read from the

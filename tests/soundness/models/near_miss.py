@@ -2053,13 +2053,13 @@ def neg_loss_inputs():
     return (spec(8, D), spec(D, V), spec(8, dtype=jnp.int32))
 
 
-def _picked(x, w, labels):
+def _label_log_probs(x, w, labels):
     logp = jax.nn.log_softmax(x @ w, axis=-1)
     return jnp.take_along_axis(logp, labels[:, None], axis=-1)
 
 
 def neg_loss(x, w, labels):
-    return -jnp.mean(_picked(x, w, labels))
+    return -jnp.mean(_label_log_probs(x, w, labels))
 
 
 def _neg_loss_dp(x, w, labels, mesh, local, reduce):
@@ -2073,7 +2073,7 @@ def neg_loss_dp(x, w, labels, *, mesh):
 
 def neg_loss_dp_summed_shares(x, w, labels, *, mesh):
     """The other style: each shard's negated sum over the global batch size, psummed."""
-    return _neg_loss_dp(x, w, labels, mesh, lambda x, w, y: -jnp.sum(_picked(x, w, y)) / x.shape[0] / 2,
+    return _neg_loss_dp(x, w, labels, mesh, lambda x, w, y: -jnp.sum(_label_log_probs(x, w, y)) / x.shape[0] / 2,
                         lambda t: lax.psum(t, TP))
 
 
@@ -2083,7 +2083,7 @@ def neg_loss_dp_psum(x, w, labels, *, mesh):
 
 
 def mean_log_likelihood(x, w, labels):
-    return jnp.mean(_picked(x, w, labels))
+    return jnp.mean(_label_log_probs(x, w, labels))
 
 
 # neg-loss-dp-sign: neg_loss_dp against mean_log_likelihood (BUG: the shards' losses are negated, the
