@@ -66,3 +66,23 @@ def test_every_near_miss_model_has_an_expected_verdict():
     assert DEFAULT <= set(EXPECTED)
     # the default share keeps each kind of verdict
     assert {EXPECTED[n] for n in DEFAULT} == {"verified", "mismatch", "not verified"}
+
+
+def test_no_model_file_defines_a_name_twice():
+    """The models are appended by many hands to one file: a second top-level definition of a name
+    silently replaces the first for every model that reads it (an inputs function, a helper), and
+    ruff says nothing when the first was used."""
+    import ast
+
+    for path in sorted((MANIFEST.parent / "models").glob("*.py")):
+        seen: dict[str, int] = {}
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names = [node.name]
+            elif isinstance(node, ast.Assign):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            else:
+                continue
+            for name in names:
+                assert name not in seen, f"{path.name}: {name} defined at lines {seen[name]} and {node.lineno}"
+                seen[name] = node.lineno
