@@ -31,10 +31,11 @@ sit before it in a correct program — `(x * s).astype(bf16)` against `x.astype(
 then differs in nearly every element by a unit of the narrow type, whatever the bounds: every
 element of such a rounding may take either neighbour. Other arithmetic done in the narrow type
 instead (a tanh, an all-reduce) computes another function and is not excused. Rounding of values
-that no accumulation and no constant scale has touched (an input cast to bf16, sliced or gathered first) is identical in
-both programs and is not perturbed, so a program that rounds where the reference does not (an
-all-reduce in bf16 of f32 partial sums) still differs by more than the floor. After a rounding that
-may flip, the value may differ by one unit of the narrow type, and that is its bound from there on.
+that no accumulation and no constant scale has touched (an input cast to bf16, sliced or gathered
+first) is identical in both programs and is not perturbed, so a program that rounds where the
+reference does not (an all-reduce in bf16 of f32 partial sums) still differs by more than the
+floor. After a rounding that may flip, the value may differ by one unit of the narrow type, and
+that is its bound from there on.
 
 Discrete decisions (comparisons, argmax, top_k, sort, float-to-int) cannot be moved a little: a
 correct program whose router logits differ in the last place may pick another expert. The shadow
@@ -154,7 +155,7 @@ class _Interpreter:
         computed: list[bool] | None = None,
     ) -> tuple[list, list[float], list[float | None], list[bool]]:
         """The outputs, their relative bounds, their magnitudes where they hold integers, and
-        whether an inexact elementwise op made them since their last rounding."""
+        whether a constant scaled them since their last rounding."""
         jaxpr = closed.jaxpr
         env: dict = {}
         bound: dict = {}
