@@ -885,6 +885,12 @@ MUTANTS: tuple[Mutant, ...] = (
     M("shift-factor-dims", "or tuple(out_of.get(k) for k in at) != dims:", ":",
       "the factor must multiply each exponential at the row its shift belongs to",
       "pytest:tests/translate/test_shifts.py -k across"),
+    M("unit-reshape-floats", "    if any(a.dtype not in FLOATS for a in args):\n        return None\n    inner = [a.args[0]", "    inner = [a.args[0]",
+      "index arithmetic keeps its written form, which the one-hot facts read",
+      "pytest:tests/translate/test_index_compares.py -k broadcast_operand"),
+    M("unit-reshape-splat", "if value is None or not value.size or not all_equal(value):", "if value is None or not value.size:",
+      "a constant moved under the reshape as one value must be one value everywhere",
+      "pytest:tests/translate/test_unary_through_reshapes.py -k keepdims"),
     # -- HLO conditional (translate/conditionals.py) ----------------------------------------------------
     M("cond-index-clamp", "return k if 0 <= k < n else n - 1", "return k % n",
       "XLA runs the last branch for an index outside [0, n)",

@@ -82,10 +82,45 @@ def unary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     op = inst.opcode
     if (plain := without_guard(ev, op, args)) is not None:
         return plain
+    if (outside := unit_reshaped(ev, args, inst.shape, lambda xs, sh: unary_of(ev, op, xs, sh))) is not None:
+        return outside
     term = _built(ev, "unary", (op,), args, inst.shape, lambda v: semantics.apply(semantics.UNARY, op, v))
     if op == "negate" and (form := signed_sums.one_form(ev, term)) is not None:
         ev.equal_terms.append([term, form])
     return term
+
+
+def unary_of(ev: Builder, op: str, args: list, shape: Shape) -> Term:
+    return _built(ev, "unary", (op,), args, shape, lambda v: semantics.apply(semantics.UNARY, op, v))
+
+
+def unit_reshaped(ev: Builder, args: list, shape: Shape, op_on) -> Term | None:
+    """op(reshape(a), reshape(b)) as reshape(op(a, b)) when the reshapes only add or drop size-1
+    dims of operands of one shape (a constant operand of one value everywhere is reshaped to it):
+    an elementwise op reads and writes each element in place, and such a reshape keeps every
+    element's order. keepdims code (`m = s.max(-1, keepdims=True)`, online softmax's running max
+    and sum kept as [..., 1]) then meets the facts about the reductions themselves (a running max
+    of reduce-maxima, a sum of shifted exponentials rescaled). None when no operand is such a
+    reshape, and on integers and predicates: index arithmetic keeps its written form, which the
+    facts about indices (bounds, offsets, one-hot picks) read operand by operand."""
+    if any(a.dtype not in FLOATS for a in args):
+        return None
+    inner = [a.args[0] if a.op == "reshape" else None for a in args]
+    shapes = {x.shape for x in inner if x is not None}
+    if len(shapes) != 1:
+        return None
+    (dims,) = shapes
+    if [n for n in dims if n != 1] != [n for n in shape.dims if n != 1] or dims == shape.dims:
+        return None
+    moved = []
+    for a, x in zip(args, inner):
+        if x is None:
+            value = ev.folded(a)
+            if value is None or not value.size or not all_equal(value):
+                return None
+            x = ev.const(np.full(dims, value.flat[0], dtype=value.dtype), a.dtype)
+        moved.append(x)
+    return ev.reshape_term(op_on(moved, Shape(shape.dtype, dims)), shape)
 
 
 def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -101,6 +136,8 @@ def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
         return cancelled
     if (merged := offset_merged(ev, op, args, shape)) is not None:
         return merged
+    if (outside := unit_reshaped(ev, args, shape, lambda xs, sh: binary_terms(ev, op, xs, sh))) is not None:
+        return outside
     if (shifted := SHIFTS[op](ev, *args) if op in SHIFTS else None) is not None:
         return shifted  # online softmax's exponentials rescaled to the newest shift, its blocks in order
     if op == "add" and (joined := pieces.padded_sum(ev, *args)) is not None:

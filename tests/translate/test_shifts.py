@@ -1,8 +1,10 @@
 """Online softmax across shards (equivci/translate/shifts.py): ring attention whose accumulator and
 denominator are rescaled by exp(old max - new max) as the running max grows, K/V blocks arriving in
-rotated order, against the reference's softmax; in two output layouts. Near misses: an accumulator
+rotated order, against the reference's softmax; in two output layouts, with the running max and sum
+kept as [..., 1] (keepdims: elementwise.unit_reshaped). Near misses: an accumulator
 not rescaled while its denominator is, a rescale from the block's max instead of the previous running
-max, and one by the factor broadcast along the wrong dim, are mismatch.
+max, one by the factor broadcast along the wrong dim, a keepdims accumulator not rescaled and one
+rescaled by the factor squared are mismatch.
 """
 
 from __future__ import annotations
@@ -79,7 +81,37 @@ MODELS = textwrap.dedent(
         return run
 
 
+    def _online_kept(q, k, v, rescale):
+        # the same ring with its running max and denominator kept as [..., 1] (keepdims)
+        n = lax.axis_size("ring")
+        perm = [(j, (j + 1) % n) for j in range(n)]
+
+        def step(_, c):
+            acc, m, den, k, v = c
+            s = _scores(q, k)
+            new = jnp.maximum(m, s.max(-1, keepdims=True))
+            p = jnp.exp(s - new)
+            acc = acc * rescale(m, new) + jnp.einsum("bhqk,bkhd->bhqd", p, v)
+            den = den * jnp.exp(m - new) + p.sum(-1, keepdims=True)
+            return acc, new, den, lax.ppermute(k, "ring", perm), lax.ppermute(v, "ring", perm)
+
+        b, lq, h, d = q.shape
+        c = (jnp.zeros((b, h, lq, d)), jnp.full((b, h, lq, 1), -jnp.inf), jnp.zeros((b, h, lq, 1)), k, v)
+        acc, _, den, _, _ = lax.fori_loop(0, n, step, c)
+        return acc / den
+
+
+    def _ring_kept(rescale):
+        body = lambda q, k, v: _online_kept(q, k, v, rescale)
+        seq = P(None, "ring")
+        return lambda q, k, v: jax.shard_map(body, in_specs=(seq,) * 3, out_specs=P(None, None, "ring"),
+                                             check_vma=False)(q, k, v)
+
+
     ring = _ring(lambda m, new, s: jnp.exp(m - new))
+    ring_kept = _ring_kept(lambda m, new: jnp.exp(m - new))
+    ring_kept_no_rescale = _ring_kept(lambda m, new: jnp.ones_like(m))
+    ring_kept_twice = _ring_kept(lambda m, new: jnp.exp(2.0 * (m - new)))
     ring_bqhd = _ring(lambda m, new, s: jnp.exp(m - new), transposed=True)
     ring_no_rescale = _ring(lambda m, new, s: jnp.ones_like(m))  # MARK:no_rescale
     ring_block_max = _ring(lambda m, new, s: jnp.exp(s.max(-1) - new))  # MARK:block_max
@@ -92,6 +124,9 @@ MANIFEST = textwrap.dedent(
     version: 1
     models:
       - {name: ring, reference: m.py:attention, distributed: m.py:ring, inputs: m.py:inputs, mesh: {ring: 4}}
+      - {name: ring-kept, reference: m.py:attention, distributed: m.py:ring_kept, inputs: m.py:inputs, mesh: {ring: 4}}
+      - {name: kept-no-rescale, reference: m.py:attention, distributed: m.py:ring_kept_no_rescale, inputs: m.py:inputs, mesh: {ring: 4}}
+      - {name: kept-twice, reference: m.py:attention, distributed: m.py:ring_kept_twice, inputs: m.py:inputs, mesh: {ring: 4}}
       - {name: ring-bqhd, reference: m.py:attention_bqhd, distributed: m.py:ring_bqhd, inputs: m.py:inputs, mesh: {ring: 4}}
       - {name: no-rescale, reference: m.py:attention, distributed: m.py:ring_no_rescale, inputs: m.py:inputs, mesh: {ring: 4}}
       - {name: block-max, reference: m.py:attention, distributed: m.py:ring_block_max, inputs: m.py:inputs, mesh: {ring: 4}}
@@ -105,13 +140,13 @@ def manifest(tmp_path_factory):
     return model_package.write_package(tmp_path_factory.mktemp("shift_models"), "m.py", MODELS, MANIFEST)
 
 
-@pytest.mark.parametrize("name", ["ring", "ring-bqhd"])
+@pytest.mark.parametrize("name", ["ring", "ring-bqhd", "ring-kept"])
 def test_ring_attention_with_online_softmax_verifies(manifest, name):
     result = verify_model(_model(manifest, name), manifest, capture_named(manifest, name))
     assert result.status is Status.VERIFIED, result.findings
 
 
-@pytest.mark.parametrize("name", ["no-rescale", "block-max", "across"])
+@pytest.mark.parametrize("name", ["no-rescale", "block-max", "across", "kept-no-rescale", "kept-twice"])
 def test_a_wrong_rescale_is_mismatch(manifest, name):
     """The accumulator's exponentials keep the shifts of their blocks (not rescaled), are rescaled
     from the block's own max instead of the shift they have (the new shift right, the old one wrong),

@@ -20,6 +20,7 @@ from equivci.hlo.ir import Shape
 from equivci.results import Status
 from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
+from equivci.translate.elementwise import binary_terms
 from equivci.translate.evaluator import Evaluator
 
 
@@ -42,6 +43,32 @@ def test_a_reshape_to_another_shape_keeps_the_reshape_under_the_op() -> None:
     assert term.op == "unary" and term.args[0].op == "reshape" and term.args[0].args[0] is y
     value = np.random.default_rng(1).standard_normal((4, 6))
     np.testing.assert_allclose(evaluate(term, {0: value}), np.exp(value.reshape(24)).reshape(2, 12))
+
+
+def test_an_op_on_keepdims_values_is_the_op_on_the_values_kept() -> None:
+    """max(reshape(a), reshape(b)) (keepdims maxima) is reshape(max(a, b)), a splat reshaped with
+    them; an op on index values, with a constant of several values, or on reshapes from two shapes
+    keeps its written form."""
+    ev = Evaluator(None, TermTable(), 1)
+    a, b = (ev.table.make("param", (k,), (), (4, 16), "f32") for k in (0, 1))
+    kept = Shape("f32", (4, 16, 1))
+    ka, kb = ev.reshape_term(a, kept), ev.reshape_term(b, kept)
+    term = binary_terms(ev, "maximum", [ka, kb], kept)
+    assert term.op == "reshape" and term.args[0].op == "binary" and term.args[0].args == (a, b)
+    shifted = binary_terms(ev, "subtract", [ka, ev.const(np.full((4, 16, 1), 3.0, np.float32), "f32")], kept)
+    assert shifted.op == "reshape"
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal((4, 16)), rng.standard_normal((4, 16))
+    np.testing.assert_allclose(evaluate(term, {0: x, 1: y}), np.maximum(x, y).reshape(4, 16, 1))
+    np.testing.assert_allclose(evaluate(shifted, {0: x}), (x - 3.0).reshape(4, 16, 1))
+    ramp = ev.const(np.arange(64, dtype=np.float32).reshape(4, 16, 1), "f32")
+    assert binary_terms(ev, "add", [ka, ramp], kept).op == "binary"  # not one value: not a splat
+    i = ev.table.make("param", (2,), (), (4, 16), "s32")
+    ki = ev.reshape_term(i, Shape("s32", (4, 16, 1)))
+    assert binary_terms(ev, "add", [ki, ki], Shape("s32", (4, 16, 1))).op == "binary"
+    c = ev.table.make("param", (3,), (), (64,), "f32")
+    other = ev.reshape_term(c, kept)
+    assert binary_terms(ev, "add", [ka, other], kept).op == "binary"
 
 
 MODELS = textwrap.dedent(
