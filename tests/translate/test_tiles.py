@@ -33,7 +33,7 @@ from one_device import programs as _programs
 from equivci.hlo.ir import Shape
 from equivci.results import Status
 from equivci.terms.ir import Term, TermTable
-from equivci.terms.semantics import evaluate
+from equivci.terms.semantics import TermEvalError, evaluate
 from equivci.terms.spec import DotSpec
 from equivci.translate.evaluator import Evaluator
 from equivci.translate.reductions import dot_of_copies
@@ -112,7 +112,19 @@ def test_a_dot_summing_or_batching_over_copies_is_not_split() -> None:
     free = DotSpec((), (), (1,), (0,), 2, 3, ("f32", "f32"))
     term = dot_of_copies(ev, free, x, copies, Shape("f32", (4, 2, 8)))
     xv, yv = np.ones((4, 2), np.float32), np.arange(16, dtype=np.float32).reshape(2, 1, 8)
-    np.testing.assert_array_equal(evaluate(term, {0: xv, 1: yv}), np.einsum("sd,dhk->shk", xv, np.concatenate([yv, yv], 1)))
+    np.testing.assert_array_equal(_value(term, xv, yv), np.einsum("sd,dhk->shk", xv, np.concatenate([yv, yv], 1)))
+    last = ev.concat([ev.table.make("param", (1,), (), (2, 8, 1), "f32")] * 2, 2)  # copies along the second free dim
+    term = dot_of_copies(ev, free, x, last, Shape("f32", (4, 8, 2)))
+    yv = yv.reshape(2, 8, 1)
+    np.testing.assert_array_equal(_value(term, xv, yv), np.einsum("sd,dkh->skh", xv, np.concatenate([yv, yv], 2)))
+
+
+def _value(term: Term | None, *args: np.ndarray) -> np.ndarray:
+    assert term is not None
+    try:
+        return evaluate(term, dict(enumerate(args)))
+    except TermEvalError as err:  # a term whose dims do not fit is a wrong statement of the dot
+        raise AssertionError(f"ill-typed term: {err}") from err
 
 
 def _bcast(shape: tuple[int, ...], spec: str, out: tuple[int, ...]) -> Term:
