@@ -9,6 +9,13 @@ several dims: the same once more on the part). It is checked on
 numbered elements, so a repeat (each element copied r times in a row, `jnp.repeat`: the copy dim
 after the merged dim) is never taken for a tile: its parts read y's elements out of order, and it
 stays the broadcast that rules/repeats.py relates.
+
+A device's window of a repeat is a repeat of its window when the window is aligned with the copies
+(it holds whole groups: two query heads of one KV head). Holding one group, its copies are also a
+tile (one element copied r times either way), and a dot reading them is the copies of one dot
+(reductions.dot_of_copies), which the reference's repeat holds at those heads (rules/repeats.py,
+one row at a time). A window that cuts a group (query heads 2 and 3 of 6, with 3 per KV head) is
+no repeat of a window: nothing here relates it.
 """
 
 from __future__ import annotations
