@@ -1055,6 +1055,22 @@ MUTANTS: tuple[Mutant, ...] = (
     M("reshape-narrow-reversed", "if other_size < size:", "if other_size > size:",
       "a narrower split is the one of smaller size: the pair is stated from the wider spec",
       "pytest:tests/translate/test_head_windows.py"),
+    # -- copies: size-1 broadcasts, tiles, dots of copies (translate/shapes.py, tiles.py, reductions.py)
+    M("unit-bcast-kept", "            return ev.reshape_term(operand, shape)\n", "            pass\n",
+      "a broadcast that only inserts size-1 dims is the reshape of its operand",
+      "pytest:tests/translate/test_tiles.py::test_a_broadcast_inserting_only_size_one_dims_is_a_reshape"),
+    M("tile-any-order", "return [] if np.array_equal(labels, np.arange(size).reshape(labels.shape)) else None",
+      "return []",
+      "copies are a tile only when each reads y's elements in row-major order: a repeat interleaves them",
+      "pytest:tests/translate/test_tiles.py::test_tile_dims_reads_the_copies_on_labels",
+      "pytest:tests/translate/test_tiles.py::test_near_miss_copies_interleaved_otherwise_are_mismatches"),
+    M("dot-of-copies-any-dim", "if d not in spec.rhs_batch + spec.rhs_contract]", "if d not in spec.rhs_batch]",
+      "a dot commutes with copies only along a free dim: over a contracted or batch dim it sums or pairs them",
+      "pytest:tests/translate/test_tiles.py::test_a_dot_summing_or_batching_over_copies_is_not_split"),
+    M("dot-of-copies-first-dim", "o = first + free.index(dim)", "o = first",
+      "the dot's copies lie along the output dim of the operand's copied free dim",
+      "pytest:tests/translate/test_tiles.py::test_a_dot_summing_or_batching_over_copies_is_not_split",
+      "pytest:tests/translate/test_tiles.py::test_a_dot_of_copies_is_stated_as_the_copies_of_the_dot_and_computes_what_xla_computes"),
 )
 
 

@@ -32,7 +32,7 @@ from equivci.terms.spec import (
     reshape_spec,
     transpose_text,
 )
-from equivci.translate import cumsums, gathers, masks, relaid, windows
+from equivci.translate import cumsums, gathers, masks, relaid, tiles, windows
 from equivci.translate.arrays import all_equal, distinct
 from equivci.translate.constants import ConstantPool, Window
 
@@ -493,6 +493,19 @@ class Builder:
             )
             return term
         if value is None and (term := self.relaid_windows(operand, shape)) is not None:
+            return term
+        if value is None and (splits := tiles.tile_dims(operand, shape.dims, self.budgets.layout_labels)) is not None:
+            # A tile is its copies concatenated (tiles.py), the form a reference that writes
+            # `concatenate([y] * r)` builds; the written broadcast stays stated beside it.
+            part = list(shape.dims)
+            for d, copies in splits:
+                part[d] //= copies
+            term = self.reshape_term(operand.args[0], Shape(shape.dtype, tuple(part)))
+            for d, copies in reversed(splits):
+                term = self.concat([term] * copies, d)
+            self.equal_terms.append(
+                [term, self.mk("reshape", (reshape_spec(operand.shape, shape.dims),), [operand], shape)]
+            )
             return term
         if (
             value is None

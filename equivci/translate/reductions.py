@@ -55,7 +55,48 @@ def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
         ev.piecewise[term] = moved
     if (summed := product_sum(ev, dot_spec, lhs, rhs, inst.shape)) is not None:
         ev.equal_terms.append([term, summed])
+    if (copied := dot_of_copies(ev, dot_spec, lhs, rhs, inst.shape)) is not None:
+        ev.equal_terms.append([term, copied])
     return term
+
+
+def dot_of_copies(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> Term | None:
+    """A dot of an operand that is r copies of y concatenated along one of its free dims, as r copies
+    of the dot of y along that dim's output dim:
+
+        dot(x, concat([y] * r; f)) = concat([dot(x, y)] * r; o)
+
+    (an output element along o reads one copy of y, the same whichever). A device holding two query
+    heads of one KV group repeats its KV head's kernel for them (tiles.py makes the copies a
+    concatenation); its keys are then that KV head's keys twice, which the reference's repeat holds
+    at those heads. Not along a contracted dim (a sum over the copies) or a batch dim."""
+    nb = len(spec.lhs_batch)
+    lhs_free = [d for d in range(spec.lhs_rank) if d not in spec.lhs_batch + spec.lhs_contract]
+    rhs_free = [d for d in range(spec.rhs_rank) if d not in spec.rhs_batch + spec.rhs_contract]
+    for operand, free, first in ((lhs, lhs_free, nb), (rhs, rhs_free, nb + len(lhs_free))):
+        found = _copies(operand)
+        if found is None or found[0] not in free:
+            continue
+        dim, part, count = found
+        o = first + free.index(dim)
+        shape = Shape(out.dtype, tuple(n // count if i == o else n for i, n in enumerate(out.dims)))
+        piece = dot_term(ev, spec, part, rhs, shape) if operand is lhs else dot_term(ev, spec, lhs, part, shape)
+        return ev.concat([piece] * count, o)
+    return None
+
+
+def _copies(t: Term) -> tuple[int, Term, int] | None:
+    """(dim, y, r) when t is r >= 2 copies of y concatenated along dim."""
+    if t.op != "concat":
+        return None
+    dim, parts, stack = t.attrs[0], [], [t]
+    while stack:
+        u = stack.pop()
+        if u.op == "concat" and u.attrs[0] == dim:
+            stack.extend(reversed(u.args))
+        else:
+            parts.append(u)
+    return (dim, parts[0], len(parts)) if all(p is parts[0] for p in parts) else None
 
 
 def product_sum(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> Term | None:

@@ -205,6 +205,11 @@ def strided_slice(ev: Builder, x: Term, dim: int, start: int, stop: int, step: i
 def broadcast_term(ev: Builder, operand: Term, shape: Shape, dims: tuple[int, ...]) -> Term:
     if dims == tuple(range(len(shape.dims))) and operand.shape == shape.dims:
         return operand
+    if list(dims) == sorted(dims) and all(shape.dims[o] == n for o, n in zip(dims, operand.shape)):
+        if all(shape.dims[o] == 1 for o in range(len(shape.dims)) if o not in dims):
+            # A broadcast that only inserts size-1 dims keeps the elements in order: a reshape (a
+            # device's one-row window of a repeat has a size-1 copy dim; the reshape after it undoes it).
+            return ev.reshape_term(operand, shape)
     expanded = [i for i, o in enumerate(dims) if operand.shape[i] == 1 and shape.dims[o] != 1]
     units = [i for i in range(len(dims)) if operand.shape[i] == 1]
     if (
