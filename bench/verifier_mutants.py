@@ -878,6 +878,15 @@ MUTANTS: tuple[Mutant, ...] = (
     M("quotient-rhs-offset", "start = len(batch) + (spec.lhs_rank - len(spec.lhs_batch) - len(spec.lhs_contract) if side == 1 else 0)",
       "start = len(batch)", "the right operand's free dims come after the left's in the dot's output",
       "pytest:tests/translate/test_quotients.py -k numerically"),
+    # -- transpose(x) op bcast(y) as the transpose of x op bcast(y) laid out as x (translate/elementwise.py)
+    M("transposed-bcast-layout", "dims = [perm[at[i]] for i in range(len(y.shape))]",
+      "dims = [at[i] for i in range(len(y.shape))]",
+      "the broadcast's dims move with the transpose: laid out as x, y's dim sits where the transpose takes it from",
+      "pytest:tests/translate/test_transposed_quotients.py"),
+    M("transposed-bcast-compose", "dims = [dims[inner.index(j)] for j in range(len(inner))]",
+      "dims = [dims[inner[j]] for j in range(len(inner))]",
+      "a broadcast of transpose(z) is a broadcast of z through the inverse permutation (a 3-cycle tells them apart)",
+      "pytest:tests/translate/test_transposed_quotients.py"),
     # -- online softmax rescaled to the running max (translate/shifts.py) ------------------------------
     M("shift-same-old", "if a is not old or new.shape != old.shape", "if new.shape != old.shape",
       "exp(s - a) * exp(a' - b) is exp(s - b) only for a' = a",

@@ -16,6 +16,7 @@ from equivci.hlo.ir import Instruction, Shape
 from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
+from equivci.terms.spec import parse_transpose
 from equivci.translate import masks, pieces
 from equivci.translate.attributes import dims_attr, reducer_of
 from equivci.translate.builder import Builder, Unsupported
@@ -88,6 +89,12 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
         # Reshaped alike (keepdims after a local reduction): reduce, then reshape once, so that
         # the reshape meets the reference's and a reshape of it composes away.
         return ev.reshape_term(combine(ev, reducer, inner), Shape(members[0].dtype, members[0].shape))
+    if len(members) > 1 and all(m.op == "transpose" and m.attrs == members[0].attrs for m in members):
+        # Transposed alike (each device's partial attention context laid out [b, q, h, d] before its
+        # psum): reduce, then transpose once, exact (the reducer runs element by element, in the
+        # same order, wherever the elements sit), so that the partial dots under the transpose merge.
+        inner = [m.args[0] for m in members]
+        return ev.transpose_term(combine(ev, reducer, inner), parse_transpose(members[0].attrs[0]))
     if reducer == "add" and len(members) > 1 and all(m.op == "unary" and m.attrs == ("negate",) for m in members):
         # Each device's negated share (a loss -mean(...) of its rows, then pmean-ed): the negated sum,
         # sum_d (-x_d) = -(sum_d x_d), exact in floats too (rounding to nearest is symmetric), so that

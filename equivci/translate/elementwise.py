@@ -9,12 +9,13 @@ import numpy as np
 
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms import semantics
-from equivci.terms.ir import Term
+from equivci.terms.ir import Term, bcast_form
 from equivci.terms.semantics import NP_DTYPES
-from equivci.terms.spec import DotSpec, compare_text, parse_transpose, swapped_dot, transpose_text
+from equivci.terms.spec import BcastSpec, DotSpec, compare_text, parse_transpose, swapped_dot, transpose_text
 from equivci.translate import bounds, collectives, masks, pieces, roundings, shifts, signed_sums, squeezes
 from equivci.translate.arrays import all_equal
 from equivci.translate.builder import Builder
+from equivci.translate.shapes import broadcast_term
 
 UNARY = {
     "abs",
@@ -146,6 +147,8 @@ def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
     if (moved := through_transpose(ev, op, args, shape, fn)) is not None:
         return moved
     term = _built(ev, "binary", (op,), args, shape, fn)
+    if ev.folded(term) is None and (moved := transposed_with_broadcast(ev, op, args, shape)) is not None:
+        ev.equal_terms.append([term, moved])
     if op == "multiply" and (same := idempotent_product(ev, args, shape)) is not None:
         ev.equal_terms.append([term, same])
     if op == "add" and ev.folded(term) is None:
@@ -442,6 +445,35 @@ def through_transpose(ev: Builder, op: str, args: list, shape: Shape, fn) -> Ter
             other = _op_under(ev, op, k, swapped, transpose_text(composed), value.flat[0], c.dtype, shape, fn)
             ev.equal_terms.append([moved, other])
         return moved
+    return None
+
+
+def transposed_with_broadcast(ev: Builder, op: str, args: list, shape: Shape) -> Term | None:
+    """transpose(x, p) op bcast(y) as transpose(x op bcast'(y), p), bcast' the same broadcast laid
+    out as x (a broadcast of a transpose of z read as one broadcast of z): exact, both sides pair
+    the same two elements. A context summed over key shards and transposed to [b, q, h, d], divided
+    by its denominator swapped to [b, q, h], then meets the reference's division before the
+    transpose. None unless one operand is a transpose and the other a broadcast of a computed value
+    (a splat is through_transpose's, a constant table stays in the written layout)."""
+    for k in (0, 1):
+        t, c = args[k], args[1 - k]
+        form = bcast_form(c)
+        if t.op != "transpose" or form is None or ev.folded(c) is not None:
+            continue
+        perm = parse_transpose(t.attrs[0])
+        spec, y = form
+        at = {i: o for o, i in BcastSpec.parse(spec).operand_dims()}  # y's dim -> its dim in t's layout
+        dims = [perm[at[i]] for i in range(len(y.shape))]  # ... in x's layout
+        if y.op == "transpose":
+            inner = parse_transpose(y.attrs[0])  # y's dim i is z's dim inner[i]
+            dims = [dims[inner.index(j)] for j in range(len(inner))]
+            y = y.args[0]
+        x = t.args[0]
+        if any(x.shape[o] != n for o, n in zip(dims, y.shape)):
+            return None  # (a layout that does not fit x's sizes states nothing)
+        spread = broadcast_term(ev, y, Shape(c.dtype, x.shape), tuple(dims))
+        pair = [x, spread] if k == 0 else [spread, x]
+        return ev.transpose_term(binary_terms(ev, op, pair, Shape(shape.dtype, x.shape)), perm)
     return None
 
 
