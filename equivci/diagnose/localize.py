@@ -25,11 +25,12 @@ from egglog import String, eq, i64, relation, vars_
 
 from equivci.diagnose.frames import LAYOUT_OPS, innermost, is_user_frame
 from equivci.diagnose.missing import PASSIVE, MissingWork, MissingWorkFinder, source_text
+from equivci.diagnose.numeric import far_apart
 from equivci.diagnose.reduction_axes import missing_axis, reduced_axes, wrong_axis
 from equivci.diagnose.source import assigned_at, call_argument, callee, parameters, statement
 from equivci.hlo.collectives import parse_pairs
 from equivci.hlo.ir import TRIVIAL_OPS, Instruction, SourceLoc
-from equivci.prove.saturate import Proof, add_terms, is_related, proved_equal
+from equivci.prove.saturate import Proof, add_hypotheses, add_terms, is_related, proved_equal
 from equivci.terms.ir import Term
 from equivci.terms.language import T
 from equivci.terms.rules.registry import family, named
@@ -301,7 +302,7 @@ class _Scaling:
             own, base = self.evaluator.scale_of(t)
             rescaled = [(own / f, self.evaluator.scaled(base, f)) for f in self.factors]
             candidates.append([(k, c) for k, c in rescaled if c is not None and c is not t])
-        add_terms(self.proof, [c for options in candidates for _, c in options])
+        add_hypotheses(self.proof, [c for options in candidates for _, c in options])
         common = None
         for options in candidates:
             ks = {k for k, c in options if is_related(self.proof, c, self.evaluator.values)}
@@ -394,12 +395,15 @@ def rerouting(events: list[Event], proof: Proof, evaluator) -> Rerouting | None:
                 outputs = [flatten(root) for root in roots]
             except Exception:  # a what-if the evaluator cannot model is no evidence either way
                 continue
+            compared = [
+                (o, t) for dev_out, dev_targets in zip(outputs, proof.targets) for o, t in zip(dev_out, dev_targets)
+            ]
+            if far_apart(compared, evaluator.values):
+                # Numbers rule the repair out before its saturation, which on a pipeline's unrolled
+                # ticks costs as much as the program's own proof, each what-if growing the e-graph.
+                continue
             add_terms(proof, [t for dev in outputs for t in dev], evaluator.equal_terms[stated:])
-            if all(
-                proved_equal(proof.egraph, proof.loader.expr(o), proof.loader.expr(t))
-                for dev_out, dev_targets in zip(outputs, proof.targets)
-                for o, t in zip(dev_out, dev_targets)
-            ):
+            if all(proved_equal(proof.egraph, proof.loader.expr(o), proof.loader.expr(t)) for o, t in compared):
                 return Rerouting(next(iter(insts.values())), pairs, candidate)
     return None
 
@@ -709,7 +713,7 @@ def first_defect(
             settled[key] = "related"
             return "related"
         sums_by_axis = axis_sums(evaluator, terms, groups_by_axis)
-        add_terms(proof, [t for sums in sums_by_axis.values() for t in sums])
+        add_hypotheses(proof, [t for sums in sums_by_axis.values() for t in sums])
         partial_axes = [
             axis for axis, sums in sums_by_axis.items() if all(is_related(proof, t, constants) for t in sums)
         ]
@@ -806,7 +810,7 @@ def first_defect(
             settle(e, _terms(e) or []) != "unrelated" or absorbed(e) is True for e in found
         )
 
-    add_terms(proof, _unloaded(events, loader.exprs, constants))
+    add_hypotheses(proof, _unloaded(events, loader.exprs, constants))
     first_scaled: tuple[Event, list[Term]] | None = None
     for event in events:
         terms = _terms(event)

@@ -125,6 +125,46 @@ class _Values:
         return self.reads[id(term)]
 
 
+# What `far_apart` calls apart: a difference of this share of the values' size is no rounding.
+APART = 0.1
+_DRAWN = {"f16": np.float16, "f32": np.float32, "f64": np.float64}
+
+
+def far_apart(pairs: list[tuple[Term, Term]], consts: dict) -> bool:
+    """Some pair's two terms differ by far more than rounding on one draw of their inputs (numpy,
+    standard normal, seed 0): no proof can make them equal, so a what-if that needs them equal is
+    not worth its saturation. False when it cannot tell: an input that is no float (an index
+    needs its valid range, which the oracle's draw knows), a term the interpreter cannot evaluate,
+    or a value that is not finite."""
+    leaves: dict[int, Term] = {}
+    seen: set[int] = set()
+    stack = [t for pair in pairs for t in pair]
+    while stack:
+        t = stack.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        if t.op == "param":
+            leaves[t.attrs[0]] = t
+        elif t not in consts:
+            stack.extend(t.args)
+    if any(t.dtype not in _DRAWN for t in leaves.values()):
+        return False
+    rng = np.random.default_rng(0)
+    values = _Values(
+        {k: rng.standard_normal(t.shape).astype(_DRAWN[t.dtype]) for k, t in sorted(leaves.items())}, consts
+    )
+    for a, b in pairs:
+        x, y = values(a), values(b)
+        if x is None or y is None or x.shape != y.shape or not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+            continue
+        x, y = x.astype(np.float64), y.astype(np.float64)
+        scale = max(float(np.max(np.abs(x), initial=0.0)), float(np.max(np.abs(y), initial=0.0)), 1.0)
+        if float(np.max(np.abs(x - y), initial=0.0)) > APART * scale:
+            return True
+    return False
+
+
 def _tolerance(dtype) -> tuple[float, float]:
     try:
         tol = tolerance_for(dtype)

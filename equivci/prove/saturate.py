@@ -170,9 +170,12 @@ def _run(egraph: EGraph, iterations: int, nodes: int = SATURATION_NODES) -> tupl
     return exhausted, outgrown
 
 
-def add_terms(proof: Proof, terms: list[Term], equal_groups: Sequence[list[Term]] = ()) -> None:
+def add_terms(
+    proof: Proof, terms: list[Term], equal_groups: Sequence[list[Term]] = (), passes: int | None = None
+) -> None:
     """Load more terms (hypotheses for localization) and saturate again, within the proof's budget.
-    `equal_groups`: terms the translator stated equal while building them (true identities)."""
+    `equal_groups`: terms the translator stated equal while building them (true identities);
+    `passes`: at most this many passes instead of the proof's iteration budget."""
     new = [t for t in terms if t not in proof.loader.exprs]
     if not new and not equal_groups:
         return
@@ -189,8 +192,23 @@ def add_terms(proof: Proof, terms: list[Term], equal_groups: Sequence[list[Term]
         # let an e-graph that reached its budget run one more pass, each of them its biggest yet.
         proof.outgrown = size(proof.egraph)
         return
-    exhausted, outgrown = _run(proof.egraph, max(proof.iterations, proof.loader.depth), proof.node_budget)
+    iterations = max(proof.iterations, proof.loader.depth) if passes is None else passes
+    exhausted, outgrown = _run(proof.egraph, iterations, proof.node_budget)
     proof.exhausted, proof.outgrown = max(proof.exhausted, exhausted), max(proof.outgrown, outgrown)
+
+
+# The passes a localization hypothesis gets on an e-graph whose own search the iteration budget
+# ended: its rules never settled, so each hypothesis would run the whole budget again on a graph
+# still growing (a pipeline's bubble ticks make dozens of unrelated values, each asking whether its
+# sum over an axis is related: minutes each). The hypothesis is one op on loaded terms, whose
+# facts the budget searched already: a few passes relate it, as on a settled e-graph.
+HYPOTHESIS_PASSES = 8
+
+
+def add_hypotheses(proof: Proof, terms: list[Term]) -> None:
+    """`terms` loaded for localization (never a verdict): saturated again within the proof's budget
+    on an e-graph whose rules settled, within HYPOTHESIS_PASSES on one they did not."""
+    add_terms(proof, terms, passes=HYPOTHESIS_PASSES if proof.exhausted else None)
 
 
 def is_related(proof: Proof, term: Term, constants: dict) -> bool:

@@ -219,3 +219,26 @@ def test_a_value_of_equal_elements_that_matches_is_no_evidence():
             reference, events, {masked: np.zeros((4, 8), np.float32)}, (leaf,), {}, 10, start=stop.inst
         )
         assert found.start_matches == matches and found.event is events[1], (stop, found)
+
+
+def test_far_apart_rules_out_a_what_if_only_on_a_clear_difference():
+    """A what-if of the localization (a ppermute sent another way) is saturated only when one draw
+    does not already show its outputs far from their targets: rounding alone is no difference, and
+    where the draw cannot tell (an index input, whose valid range it does not know) it says so."""
+    from equivci.diagnose.numeric import far_apart
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    y = table.make("param", (1,), (), (4, 8), "f32")
+    ids = table.make("param", (2,), (), (4, 8), "s32")
+    xy = table.make("binary", ("add",), (x, y), (4, 8), "f32")
+    yx = table.make("binary", ("add",), (y, x), (4, 8), "f32")
+    tiny = table.make("const", ("tiny",), (), (4, 8), "f32")
+    rounded = table.make("binary", ("add",), (xy, tiny), (4, 8), "f32")
+    assert not far_apart([(xy, yx)], {})
+    assert not far_apart([(xy, rounded)], {tiny: np.full((4, 8), 1e-6, np.float32)})
+    assert far_apart([(xy, yx), (xy, x)], {})  # one pair apart is enough
+    assert far_apart([(xy, rounded)], {tiny: np.ones((4, 8), np.float32)})
+    with_ids = table.make("binary", ("add",), (x, table.make("convert", ("f32",), (ids,), (4, 8), "f32")), (4, 8), "f32")
+    assert not far_apart([(with_ids, x)], {})  # near miss: an index input, not drawn
