@@ -219,3 +219,35 @@ def test_a_value_of_equal_elements_that_matches_is_no_evidence():
             reference, events, {masked: np.zeros((4, 8), np.float32)}, (leaf,), {}, 10, start=stop.inst
         )
         assert found.start_matches == matches and found.event is events[1], (stop, found)
+
+
+def test_a_value_replicated_over_an_axis_is_no_partial_sum_there():
+    """A mean taken where a sum was due (`pmean` for `psum`) holds the same value on every device
+    of the axis: its sum over the axis is that value times the axis size, no piece of a sum. Near
+    miss: distinct pieces summing to the reference value are a partial sum."""
+    ref = RNG.normal(size=(4, 8)).astype(np.float32)
+    halves = [ref / 2, ref / 2]
+    index = index_of(ref)
+    assert not _partial(index, halves, 0, {"model": [[0, 1]]})
+    piece = RNG.normal(size=(4, 8)).astype(np.float32)
+    assert _partial(index, [piece, ref - piece], 0, {"model": [[0, 1]]})
+    # Replicated over one axis, but pieces over another: that axis still sums it.
+    parts = [piece / 2, piece / 2, (ref - piece) / 2, (ref - piece) / 2]
+    assert _partial(index, [2 * p for p in parts], 0, {"model": [[0, 1], [2, 3]], "data": [[0, 2], [1, 3]]})
+
+
+def test_a_masks_fill_is_no_magnitude_of_the_absolute_tolerance():
+    """Scores masked with `finfo.min` (or -1e9) where the mask holds match the reference's masked
+    scores only where the unmasked scores match: the fill is selected, not computed, and carries
+    no rounding. Near miss: a value whose largest element is computed keeps it as its scale."""
+    ref = RNG.normal(size=(8, 8)).astype(np.float32)
+    keep = np.tril(np.ones((8, 8), bool))
+    for fill in (np.finfo(np.float32).min, np.float32(-1e9)):
+        index = index_of(np.where(keep, ref, fill))
+        assert index.matches(np.where(keep, ref + np.float32(1e-7), fill))
+        assert not index.matches(np.where(keep, ref * 2, fill))
+    big = ref.copy()
+    big[0, 0] = big[1, 1] = 1e6  # computed, repeated, and near other large elements: not a fill
+    big[2, 2] = 1e4
+    wide = index_of(big)
+    assert wide.matches(big + np.float32(1.0))
