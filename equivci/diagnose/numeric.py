@@ -266,6 +266,7 @@ def numeric_frontier(
     # its value is computed from; `absorbed`: those a value that matches is computed from.
     differing: list[tuple[Event, int]] = []
     upstream: dict[str, frozenset[int]] = {}
+    made_by: dict[int, str] = {}  # id(term) -> the op that last gave it
     absorbed: set[int] = set()
     # Before the proof's stop every value is proved related to the reference (a rescaled or routed
     # one numerics cannot match is no difference): the comparison starts there.
@@ -273,8 +274,14 @@ def numeric_frontier(
     for event in distributed_events[begin:]:
         inst, terms = event.inst, event.values
         reads = frozenset().union(*(upstream.get(name.split("#")[0], frozenset()) for name in inst.operands))
+        if any(name.split("#")[0] not in upstream for name in inst.operands):
+            # An operand bound by a call (a parameter of a shard_map body) is no op of the program:
+            # its terms, the call's operands', say what it is computed from.
+            args = (id(a) for t in terms if isinstance(t, Term) for a in t.args)
+            reads |= frozenset().union(*(upstream.get(made_by.get(a, ""), frozenset()) for a in args))
         reads |= {START} if inst is start else frozenset()
         upstream[inst.name] = reads
+        made_by.update((id(t), inst.name) for t in terms if isinstance(t, Term))
         if inst.opcode in TRIVIAL_OPS or any(not isinstance(t, Term) or id(t) in routed for t in terms):
             continue
         if inst.shape.dtype in INDEX_TYPES or not any(values.reads_input(t) for t in terms):

@@ -251,3 +251,29 @@ def test_a_masks_fill_is_no_magnitude_of_the_absolute_tolerance():
     big[2, 2] = 1e4
     wide = index_of(big)
     assert wide.matches(big + np.float32(1.0))
+
+
+def test_a_difference_passed_into_a_called_body_is_absorbed_by_what_the_body_computes():
+    """A shard_map body's parameter is no op of the program: the op that reads it names the
+    body's parameter, not the call's operand. What it is computed from comes with its terms: a
+    flat buffer's shard (matching nothing alone) whose gathered pieces match the reference's
+    inputs is no frontier; near miss: a body whose values match nothing keeps it."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    twice = table.make("binary", ("add",), (x, x), (4, 8), "f32")
+    garbage = table.make("binary", ("add",), (twice, x), (4, 8), "f32")
+    wrong = table.make("binary", ("add",), (garbage, x), (4, 8), "f32")
+    kept = table.make("binary", ("subtract",), (garbage, x), (4, 8), "f32")  # = twice
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    reference = [_event("add", "ref", twice)]
+    shard = _event("add", "shard", garbage)
+    body = _event("subtract", "body", kept, operands=("param.1",))  # the body's parameter
+    found = numeric_frontier(reference, [shard, body, _event("add", "wrong", wrong)], {}, (leaf,), {}, 10)
+    assert found.event is not None and found.event.inst.name == "wrong", found
+    lost = _event("add", "body", wrong, operands=("param.1",))  # near miss: its value differs too
+    found = numeric_frontier(reference, [shard, lost], {}, (leaf,), {}, 10)
+    assert found.event is shard, found
