@@ -983,6 +983,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "            pass", "a called body's parameter holds the call's operand: what that is computed from, it is",
       "pytest:tests/diagnose/test_numeric.py::"
       "test_a_difference_passed_into_a_called_body_is_absorbed_by_what_the_body_computes"),
+    M("numeric-axis-sets-left-out", "    groups_by_axis = with_axis_sets(groups_by_axis)\n", "",
+      "a partial sum may await one all-reduce over several mesh axes at once",
+      "pytest:tests/diagnose/test_numeric.py::test_the_frontier_passes_a_partial_sum_over_two_axes"),
     M("choice-table-entry-not-static", "        return _static(file, arg.value) and _static(file, arg.slice)",
       "        return False", "an entry of a module-level table at a fixed key is fixed when the program is written",
       "pytest:tests/diagnose/test_caller_choice_source.py::test_an_entry_of_a_module_table_at_a_fixed_key_is_a_choice"),

@@ -245,6 +245,7 @@ def numeric_frontier(
     except Exception as exc:  # noqa: BLE001 - an aid to the finding: its failure must not cost the verdict
         return NumericFrontier(None, note=f"numeric localization skipped: the random inputs could not be drawn ({exc})")
     values = _Values(params, consts)
+    groups_by_axis = with_axis_sets(groups_by_axis)
     index = _ReferenceIndex()
     for k in sorted(params):
         # The inputs are the reference's values too: a gathered copy of a sharded input matches one.
@@ -320,6 +321,24 @@ def numeric_frontier(
     return NumericFrontier(
         first[0] if first else None, first[1] if first else 0, compared, start_matches=START in absorbed
     )
+
+
+def with_axis_sets(groups_by_axis: dict[str, list[list[int]]]) -> dict[str, list[list[int]]]:
+    """The device groups of every set of mesh axes, by their names joined: a partial sum may await
+    one all-reduce over several axes at once (`psum(x, ("x", "y"))`, the devices of a plane)."""
+    names = sorted(groups_by_axis)
+    found = dict(groups_by_axis)
+    for size in range(2, len(names) + 1):
+        for axes in itertools.combinations(names, size):
+            group_of = {d: frozenset(g) for g in groups_by_axis[axes[0]] for d in g}
+            for axis in axes[1:]:
+                along = {d: g for g in groups_by_axis[axis] for d in g}
+                # The mesh is a grid: stepping along one axis from every device of the group so far.
+                group_of = {
+                    d: frozenset().union(*(along.get(e, frozenset({e})) for e in g)) for d, g in group_of.items()
+                }
+            found[",".join(axes)] = [list(g) for g in sorted({tuple(sorted(g)) for g in group_of.values()})]
+    return found
 
 
 def _undecided(term: Term, unknown: set[tuple[str, tuple[int, ...]]]) -> bool:

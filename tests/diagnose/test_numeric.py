@@ -2,6 +2,8 @@
 of its shards (a block of a grid) or, summed over a mesh axis, one; within the dtype's tolerance
 measured against the value's own magnitude."""
 
+import functools
+
 import numpy as np
 
 from equivci.diagnose.numeric import _partial, _ReferenceIndex
@@ -277,3 +279,49 @@ def test_a_difference_passed_into_a_called_body_is_absorbed_by_what_the_body_com
     lost = _event("add", "body", wrong, operands=("param.1",))  # near miss: its value differs too
     found = numeric_frontier(reference, [shard, lost], {}, (leaf,), {}, 10)
     assert found.event is shard, found
+
+
+def test_a_partial_sum_over_two_axes_at_once_matches():
+    """`psum(h, ("x", "y"))`: each of the 4 devices of a 2x2 mesh holds a piece of a sum over
+    both axes. Its sum along one axis alone is no reference value; over the plane it is. Near
+    miss: pieces whose sum over the plane is another value match along no set of axes."""
+    from equivci.diagnose.numeric import with_axis_sets
+    from equivci.hlo.collectives import axis_groups
+
+    ref = RNG.normal(size=(4, 8)).astype(np.float32)
+    parts = [RNG.normal(size=(4, 8)).astype(np.float32) for _ in range(3)]
+    parts.append(ref - sum(parts))
+    index = index_of(ref)
+    per_axis = axis_groups((("x", 2), ("y", 2)))
+    assert not _partial(index, parts, 0, per_axis)
+    planes = with_axis_sets(per_axis)
+    assert planes["x,y"] == [[0, 1, 2, 3]]
+    assert _partial(index, parts, 0, planes)
+    assert not _partial(index, [p * 2 for p in parts], 0, planes)
+    cube = with_axis_sets(axis_groups((("a", 2), ("b", 2), ("c", 2))))
+    assert cube["a,c"] == [[0, 1, 4, 5], [2, 3, 6, 7]] and cube["a,b,c"] == [list(range(8))]
+
+
+def test_the_frontier_passes_a_partial_sum_over_two_axes():
+    """The frontier is given the groups of each axis; a piece of a sum over the plane of two
+    axes is no difference there. Near miss: squares of the blocks summed over the plane are no
+    reference value when the reference sums the blocks themselves."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.hlo.collectives import axis_groups
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    blocks = [table.make("slice", (1, 2 * d, 2 * d + 2), (x,), (4, 2), "f32") for d in range(4)]
+    squares = [table.make("binary", ("multiply",), (b, b), (4, 2), "f32") for b in blocks]
+    total = squares[0]
+    for sq in squares[1:]:
+        total = table.make("binary", ("add",), (total, sq), (4, 2), "f32")
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    mesh = axis_groups((("x", 2), ("y", 2)))
+    piece = Event(Instruction("piece", "multiply", Shape("f32", (4, 2)), (), {}), squares)
+    assert numeric_frontier([_event("add", "ref", total)], [piece], {}, (leaf,), mesh, 10).event is None
+    plain = functools.reduce(lambda a, b: table.make("binary", ("add",), (a, b), (4, 2), "f32"), blocks)
+    found = numeric_frontier([_event("add", "ref", plain)], [piece], {}, (leaf,), mesh, 10)
+    assert found.event is piece, found
