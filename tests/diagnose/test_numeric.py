@@ -325,3 +325,34 @@ def test_the_frontier_passes_a_partial_sum_over_two_axes():
     plain = functools.reduce(lambda a, b: table.make("binary", ("add",), (a, b), (4, 2), "f32"), blocks)
     found = numeric_frontier([_event("add", "ref", plain)], [piece], {}, (leaf,), mesh, 10)
     assert found.event is piece, found
+
+
+def test_a_partial_sum_no_all_reduce_follows_is_reported_with_its_use():
+    """A softmax denominator summed over the local key block only: a partial sum over the plane
+    whose all-reduce never comes, and the op that uses it as the full value differs. Near miss: the
+    same partial sum all-reduced (a value matching in full is computed from it) is no such sum,
+    even where a later op differs for another reason."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.hlo.collectives import axis_groups
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    blocks = [table.make("slice", (1, 2 * d, 2 * d + 2), (x,), (4, 2), "f32") for d in range(4)]
+    squares = [table.make("binary", ("multiply",), (b, b), (4, 2), "f32") for b in blocks]
+    total = functools.reduce(lambda a, b: table.make("binary", ("add",), (a, b), (4, 2), "f32"), squares)
+    mean = table.make("binary", ("divide",), (blocks[0], total), (4, 2), "f32")
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    mesh = axis_groups((("x", 2), ("y", 2)))
+    reference = [_event("add", "total", total), _event("divide", "mean", mean)]
+    piece = Event(Instruction("piece", "multiply", Shape("f32", (4, 2)), (), {}), squares)
+    local = [table.make("binary", ("divide",), (blocks[0], sq), (4, 2), "f32") for sq in squares]
+    use = Event(Instruction("use", "divide", Shape("f32", (4, 2)), ("piece",), {}), local)
+    found = numeric_frontier(reference, [piece, use], {}, (leaf,), mesh, 10)
+    assert found.event is use and found.partial == (piece, "x,y", use), found
+    reduced = Event(Instruction("reduced", "all-reduce", Shape("f32", (4, 2)), ("piece",), {}), [total] * 4)
+    other = table.make("binary", ("add",), (mean, blocks[0]), (4, 2), "f32")
+    wrong = Event(Instruction("wrong", "add", Shape("f32", (4, 2)), ("reduced",), {}), [other] * 4)
+    found = numeric_frontier(reference, [piece, reduced, wrong], {}, (leaf,), mesh, 10)
+    assert found.event is wrong and found.partial is None, found
