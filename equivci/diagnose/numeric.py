@@ -419,6 +419,10 @@ def _partial(
             continue
         if all(np.array_equal(arrays[d], arrays[dev]) for d in group):
             continue
-        if arrays[dev].dtype.kind in "fc" and index.matches(np.sum([arrays[d] for d in group], axis=0)):
+        if arrays[dev].dtype.kind not in "fc":
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):  # masked fills (finfo.min) summed overflow
+            total = np.sum([arrays[d] for d in group], axis=0)
+        if index.matches(total):
             return axis
     return ""
