@@ -74,7 +74,7 @@ def passed_choice(
     if loc is None or found is None:
         return None
     search = _Search(events, tuple(inst.stack), entry, foreign, reference_runs)
-    choices = search.run(loc.file, loc.line, [found[0], *_branch_tests(*found)], MAX_CALLS)
+    choices = search.run(loc.file, loc.line, [found[0]], MAX_CALLS)
     for use in [] if choices else _index_uses(inst, events, root):
         # Index and mask arithmetic is only as right as what its uses make of it (a bound test
         # left out, a comparison a callback makes): their choices are the op's too.
@@ -213,33 +213,6 @@ class _Search:
             if any(node.lineno in span for span in spans) and (v := bound.get(name))
         ]
         return passed[0] if len(passed) == 1 else None
-
-
-def _branch_tests(stmt: ast.stmt, funcs: list[Function]) -> list[ast.expr]:
-    """The tests of the `if`s whose branches hold `stmt`: the op runs as their values choose."""
-    return [
-        n.test
-        for f in funcs[-1:]
-        for n in ast.walk(f)
-        if isinstance(n, ast.If)
-        and any(b.lineno <= stmt.lineno <= (b.end_lineno or b.lineno) for b in n.body + n.orelse)
-    ]
-
-
-def in_branch_of(file: str, line: int, parameter: str) -> bool:
-    """The statement at file:line is code one value of `parameter` selects: it sits in a branch of
-    an `if` that tests it, or holds a conditional expression that does. Passed the other value, the
-    helper runs other code written beside it; the code that runs is where it is written wrong."""
-    found = statement(file, line)
-    if found is None:
-        return False
-    stmt, funcs = found
-
-    def tests(node: ast.expr) -> bool:
-        return any(name == parameter for name, _ in _names([node]))
-
-    branches = [n.test for n in ast.walk(stmt) if isinstance(n, ast.IfExp)] + _branch_tests(stmt, funcs)
-    return any(tests(test) for test in branches)
 
 
 def _entry_function(entry: tuple[str, str]) -> ast.stmt | None:

@@ -15,7 +15,7 @@ import dataclasses
 from pathlib import Path
 
 from equivci.capture.types import CapturedModel
-from equivci.diagnose.arguments import Choice, in_branch_of, made_in, passed_choice
+from equivci.diagnose.arguments import Choice, made_in, passed_choice
 from equivci.diagnose.frames import innermost, library_call, shared_call
 from equivci.diagnose.localize import Defect, call_chain_start, part_mean, source_of, unlocated
 from equivci.diagnose.numeric import NumericFrontier
@@ -311,24 +311,6 @@ def _caller_choices(
     if path is None or (path, line) == (lead.path, lead.line):
         return findings
     others = "; ".join(f"{_shown(file, captured)}:{n} passes `{text}`" for file, n, text in choice.others[:2])
-    if (
-        lead.path is not None
-        and lead.line is not None
-        and in_branch_of(str(Path(captured.repo_root) / lead.path), lead.line, choice.parameter)
-    ):
-        # The value passed selects the code written here over code written beside it: the lead
-        # stays where the code that runs is written, the call that selects it is a tied note.
-        tie = lead.tie if lead.tie is not None else 0
-        selects = dataclasses.replace(
-            lead,
-            path=path,
-            line=line,
-            severity="note",
-            tie=tie,
-            message=f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}` (elsewhere "
-            f"{others}), which selects the code the finding at {lead.path}:{lead.line} is in.",
-        )
-        return [(dataclasses.replace(lead, tie=tie), inst), (selects, None)] + rest
     depends = f"the `{inst.opcode}` at {lead.path}:{lead.line} depends on it"
     if choice.use is not None:
         upath, uline = source_of(choice.use, captured.repo_root)
