@@ -175,7 +175,7 @@ class _ReferenceIndex:
         # The absolute tolerance scales with the value's own magnitude: a candidate's (an exp
         # that overflows to 1e30) would let it match anything.
         finite = np.abs(a[np.isfinite(a)]) if a.dtype.kind in "fc" else None
-        scale = max(1.0, _magnitude(finite)) if finite is not None and finite.size else 1.0
+        scale = max(1.0, float(finite.max())) if finite is not None and finite.size else 1.0
         key = (a.dtype.str, a.ndim)
         values, positions = self.by_kind.get(key, []), self.positions.get(key, [])
         start = bisect.bisect_left(positions, self.near)
@@ -190,22 +190,6 @@ class _ReferenceIndex:
                 self.near = positions[k]
                 return True
         return False
-
-
-FILL_GAP = 1e3  # how far a repeated largest element stands above all others to be a fill
-
-
-def _magnitude(finite: np.ndarray) -> float:
-    """The largest magnitude the value computed. A mask's fill (`-1e9`, `finfo.min` where a score
-    is masked out) is selected, not computed: it carries no rounding, and as the scale of the
-    absolute tolerance it would let every value masked alike match whatever the scores are."""
-    top = float(finite.max())
-    at_top = finite == top
-    if at_top.sum() > 1 and not at_top.all():
-        rest = float(finite[~at_top].max())
-        if rest * FILL_GAP < top:
-            return rest
-    return top
 
 
 def _tiles(r: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

@@ -238,23 +238,6 @@ def test_a_value_replicated_over_an_axis_is_no_partial_sum_there():
     assert _partial(index, [2 * p for p in parts], 0, {"model": [[0, 1], [2, 3]], "data": [[0, 2], [1, 3]]})
 
 
-def test_a_masks_fill_is_no_magnitude_of_the_absolute_tolerance():
-    """Scores masked with `finfo.min` (or -1e9) where the mask holds match the reference's masked
-    scores only where the unmasked scores match: the fill is selected, not computed, and carries
-    no rounding. Near miss: a value whose largest element is computed keeps it as its scale."""
-    ref = RNG.normal(size=(8, 8)).astype(np.float32)
-    keep = np.tril(np.ones((8, 8), bool))
-    for fill in (np.finfo(np.float32).min, np.float32(-1e9)):
-        index = index_of(np.where(keep, ref, fill))
-        assert index.matches(np.where(keep, ref + np.float32(1e-7), fill))
-        assert not index.matches(np.where(keep, ref * 2, fill))
-    big = ref.copy()
-    big[0, 0] = big[1, 1] = 1e6  # computed, repeated, and near other large elements: not a fill
-    big[2, 2] = 1e4
-    wide = index_of(big)
-    assert wide.matches(big + np.float32(1.0))
-
-
 def test_a_difference_passed_into_a_called_body_is_absorbed_by_what_the_body_computes():
     """A shard_map body's parameter is no op of the program: the op that reads it names the
     body's parameter, not the call's operand. What it is computed from comes with its terms: a
