@@ -352,6 +352,9 @@ def _static(file: str, arg: ast.expr) -> bool:
         return _static(file, arg.left) and _static(file, arg.right)
     if isinstance(arg, (ast.Tuple, ast.List)):
         return all(_static(file, e) for e in arg.elts)
+    if isinstance(arg, ast.Subscript):
+        # An entry of a module-level table at a fixed key (`SIZES["w1"]`) is fixed as well.
+        return _static(file, arg.value) and _static(file, arg.slice)
     return False
 
 

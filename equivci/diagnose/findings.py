@@ -137,6 +137,24 @@ def _defect_findings(
         # The proof related (or deferred, as a routed or scaled value) what numerics cannot
         # match to a single reference value: the proof's order stands.
         numeric = None
+    if frontier is not None and numeric is not None and frontier.partial is not None:
+        # A partial sum used as the full value is the difference itself, whatever the proof could
+        # not relate before it: the all-reduce it lacks belongs where it is made.
+        summed, axis, use = frontier.partial
+        upath, uline = source_of(use.inst, captured.repo_root)
+        first = _finding(
+            summed.inst,
+            f"on random inputs (the numeric oracle's seed 0) this value is a partial sum over mesh axis "
+            f"'{axis}' (its sum over the devices of that axis is a reference value, it alone is none), "
+            f"and no all-reduce follows: the `{use.inst.opcode}` at "
+            f"{f'{upath}:{uline}' if upath else unlocated(use.inst)} uses it as the full value, so a psum "
+            "(all-reduce) over that axis is missing here.",
+            captured,
+            events,
+            layering,
+        )
+        later = _finding(defect.inst, f"where the proof stops: {message}", captured, events, layering, severity="note")
+        return [(first, summed.inst), (later, defect.inst)]
     if (
         frontier is not None
         and numeric is not None

@@ -31,6 +31,7 @@ import numpy as np
 from equivci.capture.oracle import Ranges, random_inputs, tolerance_for
 from equivci.capture.types import LeafPlacement
 from equivci.diagnose.arguments import INDEX_TYPES
+from equivci.diagnose.frames import LAYOUT_OPS
 from equivci.hlo.ir import TRIVIAL_OPS, Instruction
 from equivci.options import Budgets
 from equivci.terms.ir import Term
@@ -50,9 +51,14 @@ class NumericFrontier:
     # The value at the comparison's start (the proof's stop), or one computed from it, matches a
     # reference value: the stop is no difference numerics can see.
     start_matches: bool = False
+    # A value that is a partial sum over this mesh axis (its sum over the axis matches a reference
+    # value, it alone none) from which no value matching a reference value is computed, but the
+    # differing op (second) is: its all-reduce is missing, and what it feeds uses it as the full value.
+    partial: tuple[Event, str, Event] | None = None
 
 
 MAX_DIFFERING = 16  # values that match nothing followed to the values computed from them
+SUMMED = 1 << 16  # marks of partial sums among what a value is computed from, past differing ones
 START = -1  # the comparison's start among what a value is computed from
 
 # Set in the verifier's forked child when its parent had jax loaded (a test, an application embedding
@@ -269,6 +275,7 @@ def numeric_frontier(
     except Exception as exc:  # noqa: BLE001 - an aid to the finding: its failure must not cost the verdict
         return NumericFrontier(None, note=f"numeric localization skipped: the random inputs could not be drawn ({exc})")
     values = _Values(params, consts)
+    groups_by_axis = with_axis_sets(groups_by_axis)
     index = _ReferenceIndex()
     for k in sorted(params):
         # The inputs are the reference's values too: a gathered copy of a sharded input matches one.
@@ -284,12 +291,19 @@ def numeric_frontier(
                 index.add(found, position)
             else:
                 unknown.add((v.dtype, v.shape))
-    verdict: dict[int, bool] = {}  # id(term) -> matches
+    # id(term) -> how it matches: None in full, the mesh axis it is a partial sum over, "" not at all
+    verdict: dict[int, str | None] = {}
     compared = 0
     # Values that match nothing, in program order, as (event, device); `upstream`: by op name, those
     # its value is computed from; `absorbed`: those a value that matches is computed from.
     differing: list[tuple[Event, int]] = []
+    # Values matching only as partial sums, as (event, axis), marked SUMMED + k upstream; `completed`:
+    # the marks of those a value matching in full (after its all-reduce) is computed from.
+    pending: list[tuple[Event, str]] = []
+    completed: set[int] = set()
+    differing_reads: list[frozenset[int]] = []
     upstream: dict[str, frozenset[int]] = {}
+    made_by: dict[int, str] = {}  # id(term) -> the op that last gave it
     absorbed: set[int] = set()
     # Before the proof's stop every value is proved related to the reference (a rescaled or routed
     # one numerics cannot match is no difference): the comparison starts there.
@@ -297,8 +311,14 @@ def numeric_frontier(
     for event in distributed_events[begin:]:
         inst, terms = event.inst, event.values
         reads = frozenset().union(*(upstream.get(name.split("#")[0], frozenset()) for name in inst.operands))
+        if any(name.split("#")[0] not in upstream for name in inst.operands):
+            # An operand bound by a call (a parameter of a shard_map body) is no op of the program:
+            # its terms, the call's operands', say what it is computed from.
+            args = (id(a) for t in terms if isinstance(t, Term) for a in t.args)
+            reads |= frozenset().union(*(upstream.get(made_by.get(a, ""), frozenset()) for a in args))
         reads |= {START} if inst is start else frozenset()
         upstream[inst.name] = reads
+        made_by.update((id(t), inst.name) for t in terms if isinstance(t, Term))
         if inst.opcode in TRIVIAL_OPS or any(not isinstance(t, Term) or id(t) in routed for t in terms):
             continue
         if inst.shape.dtype in INDEX_TYPES or not any(values.reads_input(t) for t in terms):
@@ -314,10 +334,9 @@ def numeric_frontier(
         compared += 1
         for dev, (t, a) in enumerate(zip(terms, arrays)):
             if id(t) not in verdict:
-                verdict[id(t)] = (
-                    id(t) in reference_ids or index.matches(a) or _partial(index, arrays, dev, groups_by_axis)
-                )
-        differs = next((dev for dev, t in enumerate(terms) if not verdict[id(t)]), None)
+                full = id(t) in reference_ids or index.matches(a)
+                verdict[id(t)] = None if full else _partial(index, arrays, dev, groups_by_axis)
+        differs = next((dev for dev, t in enumerate(terms) if verdict[id(t)] == ""), None)
         if differs is None and all(a.size > 1 and (a == a.flat[0]).all() for a in arrays):
             # Elements all equal (a fully masked shard's maximum, -1e9) match any tile of equal
             # elements: no evidence that the value is right.
@@ -330,13 +349,69 @@ def numeric_frontier(
             # What a matching value is computed from differed only where it was masked out or
             # summed away (a vocabulary shard's rows outside the shard, a piece of a sum).
             absorbed |= reads
+            summed_over = sorted({axis for t in terms if (axis := verdict[id(t)])})
+            if not summed_over:
+                completed.update(reads)
+            elif len(pending) < MAX_DIFFERING:
+                upstream[inst.name] = reads | {SUMMED + len(pending)}
+                pending.append((event, summed_over[0]))
         elif len(differing) < MAX_DIFFERING:
             upstream[inst.name] = reads | {len(differing)}
             differing.append((event, differs))
-    first = next((d for k, d in enumerate(differing) if k not in absorbed), None)
-    return NumericFrontier(
-        first[0] if first else None, first[1] if first else 0, compared, start_matches=START in absorbed
+            differing_reads.append(reads)
+    lead = next((k for k in range(len(differing)) if k not in absorbed), None)
+    if lead is None:
+        return NumericFrontier(None, 0, compared, start_matches=START in absorbed)
+    by_name = {e.inst.name: e for e in distributed_events}
+
+    def made(event: Event, axis: str) -> Event:
+        """Back through operands that are partial sums over `axis` too (the comparison may start
+        after them, at the proof's stop): the op that made the partial sum."""
+        for _ in range(MAX_DIFFERING):
+            before = [by_name.get(n.split("#")[0]) for n in event.inst.operands]
+            found = next((e for e in before if e is not None and partial_over(e, axis)), None)
+            if found is None:
+                return event
+            event = found
+        return event
+
+    def partial_over(event: Event, axis: str) -> bool:
+        if event.inst.opcode in TRIVIAL_OPS or not all(isinstance(t, Term) for t in event.values):
+            return False
+        arrays = [a for t in event.values if (a := values(t)) is not None]
+        return len(arrays) == len(event.values) and all(
+            _partial(index, arrays, dev, {axis: groups_by_axis[axis]}) for dev in range(len(arrays))
+        )
+
+    unreduced = next(
+        (
+            (made(summed, axis), axis, use)
+            for k, (summed, axis) in enumerate(pending)
+            if SUMMED + k not in completed
+            for (use, _), reads, m in zip(differing, differing_reads, itertools.count())
+            if m not in absorbed and SUMMED + k in reads and use.inst.opcode not in LAYOUT_OPS
+        ),
+        None,
     )
+    return NumericFrontier(*differing[lead], compared, start_matches=START in absorbed, partial=unreduced)
+
+
+def with_axis_sets(groups_by_axis: dict[str, list[list[int]]]) -> dict[str, list[list[int]]]:
+    """The device groups of every set of mesh axes, by their names joined: a partial sum may await
+    one all-reduce over several axes at once (`psum(x, ("x", "y"))`, the devices of a plane)."""
+    names = sorted(groups_by_axis)
+    found = dict(groups_by_axis)
+    for size in range(2, len(names) + 1):
+        for axes in itertools.combinations(names, size):
+            group_of = {d: frozenset(g) for g in groups_by_axis[axes[0]] for d in g}
+            for axis in axes[1:]:
+                along = {d: g for g in groups_by_axis[axis] for d in g}
+                # The mesh is a grid: stepping along one axis from every device of the group so far.
+                group_of = {
+                    d: frozenset().union(*(along.get(e, frozenset({e})) for e in g)) for d, g in group_of.items()
+                }
+            found[",".join(axes)] = [list(g) for g in sorted({tuple(sorted(g)) for g in group_of.values()})]
+    return found
 
 
 def _undecided(term: Term, unknown: set[tuple[str, tuple[int, ...]]]) -> bool:
@@ -357,12 +432,21 @@ def _undecided(term: Term, unknown: set[tuple[str, tuple[int, ...]]]) -> bool:
 
 def _partial(
     index: _ReferenceIndex, arrays: list[np.ndarray], dev: int, groups_by_axis: dict[str, list[list[int]]]
-) -> bool:
-    """The sum over the devices of some mesh axis matches: a partial sum awaiting its all-reduce."""
-    for groups in groups_by_axis.values():
+) -> str:
+    """The mesh axis over whose devices the sum matches (a partial sum awaiting its all-reduce), or "".
+    Pieces equal on every device of the axis are no partial sum: they are one value replicated
+    there, and its sum over the axis is that value times the axis size (a mean taken where a sum
+    was due, a sum scaled down by the axis size)."""
+    for axis, groups in groups_by_axis.items():
         group = next((g for g in groups if dev in g), None)
         if group is None or len(group) < 2 or any(arrays[d].shape != arrays[dev].shape for d in group):
             continue
-        if arrays[dev].dtype.kind in "fc" and index.matches(np.sum([arrays[d] for d in group], axis=0)):
-            return True
-    return False
+        if all(np.array_equal(arrays[d], arrays[dev]) for d in group):
+            continue
+        if arrays[dev].dtype.kind not in "fc":
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):  # masked fills (finfo.min) summed overflow
+            total = np.sum([arrays[d] for d in group], axis=0)
+        if index.matches(total):
+            return axis
+    return ""

@@ -207,3 +207,23 @@ def test_a_choice_found_through_a_use_of_an_index_names_that_use(tmp_path):
     # Near miss: the choice found from the op's own statement names no use.
     direct = passed_choice(ge, events, str(tmp_path))
     assert direct is not None and direct.use is None
+
+
+def test_an_entry_of_a_module_table_at_a_fixed_key_is_a_choice(tmp_path):
+    """`SIZES["w1"]` is fixed when the program is written, as `2.0` is; near miss: an entry at a
+    key the caller computes (`sizes[k]`, a local) is no choice."""
+    table = 'SIZES = {"a": 2.0, "b": 3.0}\n\n\n'
+    path = tmp_path / "model.py"
+    path.write_text(table + SOURCE.replace("dense(x, w, 3.0)", 'dense(x, w, SIZES["b"])'))
+    lines = path.read_text().splitlines()
+    op = next(k for k, line in enumerate(lines, 1) if "return lax.tanh" in line)
+    call = next(k for k, line in enumerate(lines, 1) if 'SIZES["b"]' in line)
+    stack = (SourceLoc(str(path), op, "dense"), SourceLoc(str(path), call, "rescaled"))
+    event = Event(Instruction("multiply.1", "multiply", None, (), {}, stack=stack), [])  # type: ignore[arg-type]
+    choice = passed_choice(event.inst, [event], str(tmp_path))
+    assert choice is not None and (choice.line, choice.text, choice.parameter) == (call, "SIZES['b']", "scale")
+    local = tmp_path / "local.py"  # the source is read once per file: the near miss is another
+    local.write_text(path.read_text().replace('dense(x, w, SIZES["b"])', "dense(x, w, SIZES[x.dtype.name])"))
+    stack = tuple(SourceLoc(str(local), f.line, f.function) for f in stack)
+    event = Event(Instruction("multiply.1", "multiply", None, (), {}, stack=stack), [])  # type: ignore[arg-type]
+    assert passed_choice(event.inst, [event], str(tmp_path)) is None

@@ -2,6 +2,8 @@
 of its shards (a block of a grid) or, summed over a mesh axis, one; within the dtype's tolerance
 measured against the value's own magnitude."""
 
+import functools
+
 import numpy as np
 
 from equivci.diagnose.numeric import _partial, _ReferenceIndex
@@ -219,6 +221,124 @@ def test_a_value_of_equal_elements_that_matches_is_no_evidence():
             reference, events, {masked: np.zeros((4, 8), np.float32)}, (leaf,), {}, 10, start=stop.inst
         )
         assert found.start_matches == matches and found.event is events[1], (stop, found)
+
+
+def test_a_value_replicated_over_an_axis_is_no_partial_sum_there():
+    """A mean taken where a sum was due (`pmean` for `psum`) holds the same value on every device
+    of the axis: its sum over the axis is that value times the axis size, no piece of a sum. Near
+    miss: distinct pieces summing to the reference value are a partial sum."""
+    ref = RNG.normal(size=(4, 8)).astype(np.float32)
+    halves = [ref / 2, ref / 2]
+    index = index_of(ref)
+    assert not _partial(index, halves, 0, {"model": [[0, 1]]})
+    piece = RNG.normal(size=(4, 8)).astype(np.float32)
+    assert _partial(index, [piece, ref - piece], 0, {"model": [[0, 1]]})
+    # Replicated over one axis, but pieces over another: that axis still sums it.
+    parts = [piece / 2, piece / 2, (ref - piece) / 2, (ref - piece) / 2]
+    assert _partial(index, [2 * p for p in parts], 0, {"model": [[0, 1], [2, 3]], "data": [[0, 2], [1, 3]]})
+
+
+def test_a_difference_passed_into_a_called_body_is_absorbed_by_what_the_body_computes():
+    """A shard_map body's parameter is no op of the program: the op that reads it names the
+    body's parameter, not the call's operand. What it is computed from comes with its terms: a
+    flat buffer's shard (matching nothing alone) whose gathered pieces match the reference's
+    inputs is no frontier; near miss: a body whose values match nothing keeps it."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    twice = table.make("binary", ("add",), (x, x), (4, 8), "f32")
+    garbage = table.make("binary", ("add",), (twice, x), (4, 8), "f32")
+    wrong = table.make("binary", ("add",), (garbage, x), (4, 8), "f32")
+    kept = table.make("binary", ("subtract",), (garbage, x), (4, 8), "f32")  # = twice
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    reference = [_event("add", "ref", twice)]
+    shard = _event("add", "shard", garbage)
+    body = _event("subtract", "body", kept, operands=("param.1",))  # the body's parameter
+    found = numeric_frontier(reference, [shard, body, _event("add", "wrong", wrong)], {}, (leaf,), {}, 10)
+    assert found.event is not None and found.event.inst.name == "wrong", found
+    lost = _event("add", "body", wrong, operands=("param.1",))  # near miss: its value differs too
+    found = numeric_frontier(reference, [shard, lost], {}, (leaf,), {}, 10)
+    assert found.event is shard, found
+
+
+def test_a_partial_sum_over_two_axes_at_once_matches():
+    """`psum(h, ("x", "y"))`: each of the 4 devices of a 2x2 mesh holds a piece of a sum over
+    both axes. Its sum along one axis alone is no reference value; over the plane it is. Near
+    miss: pieces whose sum over the plane is another value match along no set of axes."""
+    from equivci.diagnose.numeric import with_axis_sets
+    from equivci.hlo.collectives import axis_groups
+
+    ref = RNG.normal(size=(4, 8)).astype(np.float32)
+    parts = [RNG.normal(size=(4, 8)).astype(np.float32) for _ in range(3)]
+    parts.append(ref - sum(parts))
+    index = index_of(ref)
+    per_axis = axis_groups((("x", 2), ("y", 2)))
+    assert not _partial(index, parts, 0, per_axis)
+    planes = with_axis_sets(per_axis)
+    assert planes["x,y"] == [[0, 1, 2, 3]]
+    assert _partial(index, parts, 0, planes)
+    assert not _partial(index, [p * 2 for p in parts], 0, planes)
+    cube = with_axis_sets(axis_groups((("a", 2), ("b", 2), ("c", 2))))
+    assert cube["a,c"] == [[0, 1, 4, 5], [2, 3, 6, 7]] and cube["a,b,c"] == [list(range(8))]
+
+
+def test_the_frontier_passes_a_partial_sum_over_two_axes():
+    """The frontier is given the groups of each axis; a piece of a sum over the plane of two
+    axes is no difference there. Near miss: squares of the blocks summed over the plane are no
+    reference value when the reference sums the blocks themselves."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.hlo.collectives import axis_groups
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    blocks = [table.make("slice", (1, 2 * d, 2 * d + 2), (x,), (4, 2), "f32") for d in range(4)]
+    squares = [table.make("binary", ("multiply",), (b, b), (4, 2), "f32") for b in blocks]
+    total = squares[0]
+    for sq in squares[1:]:
+        total = table.make("binary", ("add",), (total, sq), (4, 2), "f32")
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    mesh = axis_groups((("x", 2), ("y", 2)))
+    piece = Event(Instruction("piece", "multiply", Shape("f32", (4, 2)), (), {}), squares)
+    assert numeric_frontier([_event("add", "ref", total)], [piece], {}, (leaf,), mesh, 10).event is None
+    plain = functools.reduce(lambda a, b: table.make("binary", ("add",), (a, b), (4, 2), "f32"), blocks)
+    found = numeric_frontier([_event("add", "ref", plain)], [piece], {}, (leaf,), mesh, 10)
+    assert found.event is piece, found
+
+
+def test_a_partial_sum_no_all_reduce_follows_is_reported_with_its_use():
+    """A softmax denominator summed over the local key block only: a partial sum over the plane
+    whose all-reduce never comes, and the op that uses it as the full value differs. Near miss: the
+    same partial sum all-reduced (a value matching in full is computed from it) is no such sum,
+    even where a later op differs for another reason."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.hlo.collectives import axis_groups
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    blocks = [table.make("slice", (1, 2 * d, 2 * d + 2), (x,), (4, 2), "f32") for d in range(4)]
+    squares = [table.make("binary", ("multiply",), (b, b), (4, 2), "f32") for b in blocks]
+    total = functools.reduce(lambda a, b: table.make("binary", ("add",), (a, b), (4, 2), "f32"), squares)
+    mean = table.make("binary", ("divide",), (blocks[0], total), (4, 2), "f32")
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    mesh = axis_groups((("x", 2), ("y", 2)))
+    reference = [_event("add", "total", total), _event("divide", "mean", mean)]
+    piece = Event(Instruction("piece", "multiply", Shape("f32", (4, 2)), (), {}), squares)
+    local = [table.make("binary", ("divide",), (blocks[0], sq), (4, 2), "f32") for sq in squares]
+    use = Event(Instruction("use", "divide", Shape("f32", (4, 2)), ("piece",), {}), local)
+    found = numeric_frontier(reference, [piece, use], {}, (leaf,), mesh, 10)
+    assert found.event is use and found.partial == (piece, "x,y", use), found
+    reduced = Event(Instruction("reduced", "all-reduce", Shape("f32", (4, 2)), ("piece",), {}), [total] * 4)
+    other = table.make("binary", ("add",), (mean, blocks[0]), (4, 2), "f32")
+    wrong = Event(Instruction("wrong", "add", Shape("f32", (4, 2)), ("reduced",), {}), [other] * 4)
+    found = numeric_frontier(reference, [piece, reduced, wrong], {}, (leaf,), mesh, 10)
+    assert found.event is wrong and found.partial is None, found
 
 
 def test_far_apart_rules_out_a_what_if_only_on_a_clear_difference():
