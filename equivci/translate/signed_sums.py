@@ -112,33 +112,54 @@ def _collect(
     shape: Shape,
     limit: int,
     regrouped: bool = False,
+    reserved: int = 0,
 ) -> bool:
     """Appends t's atoms times c, reshaped to `shape`, to out (a reshape of a sum is the sum of the
     reshapes: keepdims' `log(s) + m` of shape [b, 1], squeezed); False past `limit` atoms.
-    `regrouped`: an all-reduce of the devices' sums adds up its terms' all-reduces."""
+    `regrouped`: an all-reduce of the devices' sums adds up its terms' all-reduces. `reserved`: the
+    atoms the terms still to walk after t add at least (one each: every walk appends one), so that a
+    sum past the limit is given up before its walk goes down: the residual stream `x + f(x)` of
+    every earlier layer is a left-deep sum, and walking it to its first term at every layer costs a
+    time quadratic in the depth."""
+    if len(out) + 1 + reserved > limit:
+        return False
     factor, base = ev.scale_of(t)
     c *= factor
     if regrouped and base in ev.regrouped_sums:
-        return _collect(ev, ev.regrouped_sums[base], c, out, shape, limit, regrouped)
+        return _collect(ev, ev.regrouped_sums[base], c, out, shape, limit, regrouped, reserved)
     linear = base.op == "binary" and base.attrs in LINEAR and all(a.shape == base.shape for a in base.args)
     if base not in ev.collective_sums and linear:  # an all-reduce's sum is one value (the reference's)
         first, second = base.args
         sign = 1 if base.attrs == ("add",) else -1
-        return _collect(ev, first, c, out, shape, limit, regrouped) and _collect(
-            ev, second, c * sign, out, shape, limit, regrouped
-        )
+        return _collect_all(ev, [(c, first), (c * sign, second)], out, shape, limit, regrouped, reserved)
     if base.op == "unary" and base.attrs == ("negate",):
-        return _collect(ev, base.args[0], -c, out, shape, limit, regrouped)
+        return _collect(ev, base.args[0], -c, out, shape, limit, regrouped, reserved)
     if (product := _unnegated_product(ev, base)) is not None:  # (-a) * b = -(a * b), exactly
-        return _collect(ev, product, -c, out, shape, limit, regrouped)
+        return _collect(ev, product, -c, out, shape, limit, regrouped, reserved)
     if regrouped and (broadcast := _broadcast_terms(ev, base)) is not None:
-        return all(_collect(ev, a, c * k, out, shape, limit, regrouped) for k, a in broadcast)
+        return _collect_all(ev, [(c * k, a) for k, a in broadcast], out, shape, limit, regrouped, reserved)
     if base.op == "reshape":
-        return _collect(ev, base.args[0], c, out, shape, limit, regrouped)
+        return _collect(ev, base.args[0], c, out, shape, limit, regrouped, reserved)
     if (spread := _spread_sum(ev, base, limit)) is not None:
-        return all(_collect(ev, a, c * k, out, shape, limit, regrouped) for k, a in spread)
+        return _collect_all(ev, [(c * k, a) for k, a in spread], out, shape, limit, regrouped, reserved)
     out.append((c, base if base.shape == shape.dims else ev.reshape_term(base, shape)))
     return len(out) <= limit
+
+
+def _collect_all(
+    ev: Builder,
+    terms: list[tuple[Fraction, Term]],
+    out: list[tuple[Fraction, Term]],
+    shape: Shape,
+    limit: int,
+    regrouped: bool,
+    reserved: int,
+) -> bool:
+    """_collect of each (coefficient, term) in order, each walk reserving an atom for every term after it."""
+    return all(
+        _collect(ev, a, k, out, shape, limit, regrouped, reserved + len(terms) - 1 - i)
+        for i, (k, a) in enumerate(terms)
+    )
 
 
 def _unnegated_product(ev: Builder, t: Term) -> Term | None:

@@ -16,10 +16,14 @@ import numpy as np
 import pytest
 from one_device import leaf, programs
 
+from equivci.hlo.ir import Shape
 from equivci.hlo.parser import parse_module
 from equivci.options import Budgets
 from equivci.prove.programs import build_programs
+from equivci.terms.ir import Term, TermTable
 from equivci.terms.semantics import evaluate
+from equivci.translate import signed_sums
+from equivci.translate.evaluator import Evaluator
 
 RNG = np.random.default_rng(5)
 ARGS = tuple(RNG.normal(size=(4,)).astype(np.float32) for _ in range(3))  # target, m, log_sum
@@ -129,3 +133,37 @@ def test_a_sum_past_the_budget_keeps_its_written_form():
     fn = lambda t, m, s: ((s + m) - t) + jnp.tanh(s)  # noqa: E731
     assert _stated(fn) > 0
     assert _stated(fn, Budgets(signed_terms=3)) == 0
+
+
+def _chain(ev: Evaluator, count: int, last: str) -> Term:
+    """x_{count-1} + ... + x_1, then `last` (add or subtract) x_0: a left-deep sum of `count` atoms, as
+    a residual stream adds each layer's output to the sum of the earlier ones (inputs numbered down,
+    so that the sum is not in its one order already)."""
+    shape = Shape("f32", (4,))
+    xs = [ev.table.make("param", (k,), (), (4,), "f32") for k in reversed(range(count))]
+    total = xs[0]
+    for x in xs[1:-1]:
+        total = ev.mk("binary", ("add",), [total, x], shape)
+    return ev.mk("binary", (last,), [total, xs[-1]], shape)
+
+
+@pytest.mark.parametrize("last, form", [("subtract", signed_sums.one_form), ("add", signed_sums.plain_form)])
+def test_a_sum_of_exactly_the_budget_has_its_form_and_one_more_atom_not(last, form):
+    """The budget counts atoms however deep the sum: `signed_terms` atoms get their form, one more none."""
+    limit = Budgets().signed_terms
+    ev = Evaluator(None, TermTable(), 1)
+    assert form(ev, _chain(ev, limit, last)) is not None
+    assert form(ev, _chain(ev, limit + 1, last)) is None
+
+
+@pytest.mark.parametrize("last, form", [("subtract", signed_sums.one_form), ("add", signed_sums.plain_form)])
+def test_a_long_sum_is_given_up_without_walking_it(monkeypatch, last, form):
+    """Work counted: a sum of 200 atoms, past the budget, is given up after reading about as many
+    terms as the budget allows, not the whole sum: the residual stream of a 126-layer model walked
+    to its first term at every layer made the translation quadratic in the depth."""
+    ev = Evaluator(None, TermTable(), 1)
+    chain = _chain(ev, 200, last)
+    read: list = []
+    monkeypatch.setattr(ev, "scale_of", lambda t, seen=ev.scale_of: read.append(t) or seen(t))
+    assert form(ev, chain) is None
+    assert len(read) <= Budgets().signed_terms + 2
