@@ -91,6 +91,15 @@ def unary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     return term
 
 
+def splat_number(ev: Builder, t: Term) -> np.generic | None:
+    """The one number every element of `t` folds to (a numpy scalar of its dtype), None when `t`
+    is not such a constant: a splat is the same in every layout and under every reshape."""
+    value = ev.folded(t)
+    if value is None or not value.size or not all_equal(value):
+        return None
+    return value.flat[0]
+
+
 def unary_of(ev: Builder, op: str, args: list, shape: Shape) -> Term:
     return _built(ev, "unary", (op,), args, shape, lambda v: semantics.apply(semantics.UNARY, op, v))
 
@@ -116,10 +125,10 @@ def unit_reshaped(ev: Builder, args: list, shape: Shape, op_on) -> Term | None:
     moved = []
     for a, x in zip(args, inner):
         if x is None:
-            value = ev.folded(a)
-            if value is None or not value.size or not all_equal(value):
+            number = splat_number(ev, a)
+            if number is None:
                 return None
-            x = ev.const(np.full(dims, value.flat[0], dtype=value.dtype), a.dtype)
+            x = ev.const(np.full(dims, number), a.dtype)
         moved.append(x)
     return ev.reshape_term(op_on(moved, Shape(shape.dtype, dims)), shape)
 
@@ -429,10 +438,10 @@ def through_transpose(ev: Builder, op: str, args: list, shape: Shape, fn) -> Ter
         return None
     for k in (0, 1):
         t, c = args[k], args[1 - k]
-        value = ev.folded(c)
-        if t.op != "transpose" or value is None or not value.size or not all_equal(value):
+        number = splat_number(ev, c)
+        if t.op != "transpose" or number is None:
             continue
-        moved = _op_under(ev, op, k, t.args[0], t.attrs[0], value.flat[0], c.dtype, shape, fn)
+        moved = _op_under(ev, op, k, t.args[0], t.attrs[0], number, c.dtype, shape, fn)
         if t.args[0].op == "dot":
             # the loader knows transpose(dot(x, y)) also as a transpose of dot(y, x): keep that
             # form for the op too (the reference may have the operands the other way round)
@@ -442,7 +451,7 @@ def through_transpose(ev: Builder, op: str, args: list, shape: Shape, fn) -> Ter
                 dims[o] = n
             x, y = t.args[0].args
             swapped = ev.mk("dot", (spec.text(),), [y, x], Shape(t.dtype, tuple(dims)))
-            other = _op_under(ev, op, k, swapped, transpose_text(composed), value.flat[0], c.dtype, shape, fn)
+            other = _op_under(ev, op, k, swapped, transpose_text(composed), number, c.dtype, shape, fn)
             ev.equal_terms.append([moved, other])
         return moved
     return None
