@@ -86,6 +86,8 @@ class Builder:
         self.argmaxes: dict[Term, tuple[Term, int]] = {}
         # elementwise terms -> the term of the unsqueezed shape whose squeeze they equal (squeezes.py)
         self.unsqueezed: dict[Term, Term] = {}
+        # tiles as written (a reshape of a broadcast) -> their copies concatenated, stated equal (tiles.py)
+        self.tiled: dict[Term, Term] = {}
         # x * c, c the dtype's rounded reciprocal of q -> x / q, stated equal (reciprocals.py)
         self.quotients: dict[Term, Term] = {}
         # elementwise terms with an operand concatenated along a dim -> the concatenation of the op
@@ -496,17 +498,19 @@ class Builder:
             return term
         if value is None and (splits := tiles.tile_dims(operand, shape.dims, self.budgets.layout_labels)) is not None:
             # A tile is its copies concatenated (tiles.py), the form a reference that writes
-            # `concatenate([y] * r)` builds; the written broadcast stays stated beside it.
+            # `concatenate([y] * r)` builds, stated beside the written broadcast, which stays the
+            # term: the facts the builder reads (a data shard's expert counts tiled over its
+            # groups, gemma-moe-dp) read the broadcast, and lost their proof to the concatenation.
             part = list(shape.dims)
             for d, copies in splits:
                 part[d] //= copies
             term = self.reshape_term(operand.args[0], Shape(shape.dtype, tuple(part)))
             for d, copies in reversed(splits):
                 term = self.concat([term] * copies, d)
-            self.equal_terms.append(
-                [term, self.mk("reshape", (reshape_spec(operand.shape, shape.dims),), [operand], shape)]
-            )
-            return term
+            written = self.mk("reshape", (reshape_spec(operand.shape, shape.dims),), [operand], shape)
+            self.equal_terms.append([written, term])
+            self.tiled[written] = term
+            return written
         if (
             value is None
             and operand.op == "transpose"

@@ -67,14 +67,14 @@ def dot_of_copies(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) 
         dot(x, concat([y] * r; f)) = concat([dot(x, y)] * r; o)
 
     (an output element along o reads one copy of y, the same whichever). A device holding two query
-    heads of one KV group repeats its KV head's kernel for them (tiles.py makes the copies a
-    concatenation); its keys are then that KV head's keys twice, which the reference's repeat holds
+    heads of one KV group repeats its KV head's kernel for them (tiles.py states the copies a
+    concatenation, `Builder.tiled`); its keys are then that KV head's keys twice, which the reference's repeat holds
     at those heads. Not along a contracted dim (a sum over the copies) or a batch dim."""
     nb = len(spec.lhs_batch)
     lhs_free = [d for d in range(spec.lhs_rank) if d not in spec.lhs_batch + spec.lhs_contract]
     rhs_free = [d for d in range(spec.rhs_rank) if d not in spec.rhs_batch + spec.rhs_contract]
     for operand, free, first in ((lhs, lhs_free, nb), (rhs, rhs_free, nb + len(lhs_free))):
-        found = _copies(operand)
+        found = _copies(ev.tiled.get(operand, operand))
         if found is None or found[0] not in free:
             continue
         dim, part, count = found

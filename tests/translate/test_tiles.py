@@ -79,13 +79,19 @@ def _checked(fn, args=(Y,)) -> Term:
 
 @pytest.mark.parametrize("style", STYLES)
 def test_a_tile_is_its_copies_concatenated_and_computes_what_xla_computes(style) -> None:
+    """The written tile stays the term (the facts the builder reads see the broadcast); its copies
+    concatenated are stated equal to it (and checked against XLA by `_checked`)."""
     out = _checked(STYLES[style])
-    assert "concat" in _ops(out) and "bcast" not in _ops(out)
+    programs, _, _ = _programs(STYLES[style], (Y,))
+    copies = list(programs.evaluator.tiled.values())
+    assert copies and all("concat" in _ops(c) and "bcast" not in _ops(c) for c in copies)
+    assert "bcast" in _ops(out)
 
 
 def test_a_repeat_is_no_concatenation_of_copies() -> None:
     out = _checked(lambda y: jnp.repeat(jnp.sin(y), 2, axis=-1))
-    assert "concat" not in _ops(out) and "bcast" in _ops(out)
+    programs, _, _ = _programs(lambda y: jnp.repeat(jnp.sin(y), 2, axis=-1), (Y,))
+    assert "concat" not in _ops(out) and "bcast" in _ops(out) and not programs.evaluator.tiled
 
 
 def test_a_dot_of_copies_is_stated_as_the_copies_of_the_dot_and_computes_what_xla_computes() -> None:
