@@ -130,9 +130,9 @@ def _labels(form: LaneForm, out_rank: int) -> tuple[list[Label], list[Label]] | 
 
 def dense_dot(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> DenseDot | None:
     """The dense dot whose gather is dot(lhs, rhs) by `spec`, when an operand is gathered at an index
-    (lane_form) and the other either is gathered at the same index or reads no gathered dim, the dot
-    batches exactly the index's lanes (each with the same lane of the other operand) and contracts
-    no lane and no gathered dim; None otherwise."""
+    (lane_form), the other is gathered at the same index or is any value, and the dot batches
+    exactly the index's lanes, each with the same lane of the other operand (a dim of a value that
+    is not gathered takes the lane's place); None otherwise."""
     forms = [lane_form(ev, lhs), lane_form(ev, rhs)]
     known = [f for f in forms if f is not None]
     if not known or (len(known) == 2 and known[0].idx is not known[1].idx):
@@ -167,9 +167,8 @@ def dense_dot(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> D
     # and then multiplied, is another fact, and its dense form the whole table's product)
     if {out_labels[0][a] for a in spec.lhs_batch} != {("lane", j) for j in range(len(idx.shape))}:
         return None
+    # (so no lane is contracted, and the gathered dim is no dim of the written operands)
     contracted = [(out_labels[0][a], out_labels[1][b]) for a, b in zip(spec.lhs_contract, spec.rhs_contract)]
-    if any(label[0] in ("lane", "e") for pair in contracted for label in pair):
-        return None
     # the dense dot: labels in both dense operands are batch pairs, the written contractions stay
     shared = [label for label in dense_labels[0] if label in dense_labels[1]]
     if any(label[0] not in ("lane", "e") for label in shared):

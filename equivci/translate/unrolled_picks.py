@@ -43,7 +43,12 @@ class Choice:
 
 
 def summed_choices(ev: Builder, term: Term) -> Term | None:
-    """The dot over the choices that the sum `term` adds up unrolled; None when it is no such sum."""
+    """The dot over the choices that the sum `term` adds up unrolled (a constant factor the builder
+    moved in front of the sum stays in front of the dot); None when it is no such sum."""
+    factor, base = ev.scale_of(term)
+    if factor != 1:
+        inner = summed_choices(ev, base)
+        return None if inner is None else ev.scaled(inner, factor)
     atoms, stack = [], [term]
     while stack:
         t = stack.pop()
