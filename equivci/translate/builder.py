@@ -86,6 +86,11 @@ class Builder:
         self.argmaxes: dict[Term, tuple[Term, int]] = {}
         # elementwise terms -> the term of the unsqueezed shape whose squeeze they equal (squeezes.py)
         self.unsqueezed: dict[Term, Term] = {}
+        # a dot of rows gathered at an index -> the gather of the dense dot there, stated equal
+        # (gathered_dots.py, reductions.dot)
+        self.gathered: dict[Term, Term] = {}
+        # gathered_dots.lane_form's answers, None included: (dense value, index, gather dims)
+        self.lane_forms: dict[Term, tuple[Term, Term, GatherDims] | None] = {}
         # tiles as written (a reshape of a broadcast) -> their copies concatenated, stated equal (tiles.py)
         self.tiled: dict[Term, Term] = {}
         # x * c, c the dtype's rounded reciprocal of q -> x / q, stated equal (reciprocals.py)

@@ -12,7 +12,17 @@ from equivci.terms import semantics
 from equivci.terms.ir import Term, bcast_form
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import BcastSpec, DotSpec, compare_text, parse_transpose, swapped_dot, transpose_text
-from equivci.translate import bounds, collectives, masks, pieces, roundings, shifts, signed_sums, squeezes
+from equivci.translate import (
+    bounds,
+    collectives,
+    masks,
+    pieces,
+    roundings,
+    shifts,
+    signed_sums,
+    squeezes,
+    unrolled_picks,
+)
 from equivci.translate.arrays import all_equal
 from equivci.translate.builder import Builder
 from equivci.translate.shapes import broadcast_term
@@ -168,6 +178,8 @@ def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
                 ev.equal_terms.append([term, args[1 - k]])
     if op == "add" and ev.folded(term) is None:
         collectives.regrouped_by_device(ev, term, *args)
+        if (choices := unrolled_picks.summed_choices(ev, term)) is not None:
+            ev.equal_terms.append([term, choices])  # a top-k's choices weighted and added one by one
     if (form := signed_sums.one_form(ev, term) or signed_sums.plain_form(ev, term)) is not None:
         ev.equal_terms.append([term, form])  # (a product's factor may fold into a sum)
     if ev.folded(term) is None:

@@ -202,7 +202,7 @@ def _gather_key(x: Term, idx: Term, dims: GatherDims, out: Shape) -> tuple | Non
     return None if aligned is None else (aligned.key(dims.key()),)
 
 
-def weighted_pick(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term) -> tuple[DotSpec, Term, Term, Term] | None:
+def weighted_pick(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term) -> tuple[DotSpec, Term, list[Term], Term] | None:
     """A dot that sums the picks of a gather over its index lanes with weights, as a dot of their
     weighted one-hot with the gathered operand:
 
@@ -214,8 +214,8 @@ def weighted_pick(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term) -> tuple[Dot
     expert's output, which an expert-parallel device cuts along v: its experts' columns of the
     one-hot (`top_idx == owned`) against its experts' outputs, summed over the devices.
 
-    Returns (the dot's spec, the weighted one-hot as a reduce over the lanes, the same as a dot,
-    x) when one operand is such a gather (scalar indices, one indexed dim, the others batching dims
+    Returns (the dot's spec, the weighted one-hot as a reduce over the lanes, the same as a dot and
+    as the reduce of the one-hot times the weights, x) when one operand is such a gather (scalar indices, one indexed dim, the others batching dims
     or whole) and the dot contracts exactly its lanes and batches exactly its batch dims, the other
     operand having no other dims; None otherwise."""
     for g, p, g_batch, p_batch, g_contract, p_contract in (
@@ -272,8 +272,8 @@ def _weighted(
     p_batch: tuple[int, ...],
     g_contract: tuple[int, ...],
     p_contract: tuple[int, ...],
-) -> tuple[DotSpec, Term, Term, Term]:
-    """(spec, G as a reduce, G as a dot, x) for dot(G, x) = the dot of g with the gather of x at idx,
+) -> tuple[DotSpec, Term, list[Term], Term]:
+    """(spec, G as a reduce, [G as a dot, G as the reduce of the one-hot times the weights], x) for dot(G, x) = the dot of g with the gather of x at idx,
     G[batch in the index's order, v] the weights' one-hot."""
     (v,) = dims.start_map
     hot = (*idx.shape, x.shape[v])
@@ -296,6 +296,10 @@ def _weighted(
     shape = Shape(x.dtype, (*(idx.shape[j] for j in kept), x.shape[v]))
     product = ev.binary("multiply", weights, one_hot)
     as_sum = ev.normal("reduce", ("add", ReduceSpec(rank + 1, lanes).text()), [product], shape)
+    # the one-hot first, as `sum(one_hot(idx, E) * w[..., None])` writes it
+    swapped = ev.normal(
+        "reduce", ("add", ReduceSpec(rank + 1, lanes).text()), [ev.binary("multiply", one_hot, weights)], shape
+    )
     # the same weights as a dot over the lanes (a one-hot contracted by einsum)
     g_order = sorted(g_batch, key=lambda k: g_to_idx[k])
     lane_order = [next(k for k in g_contract if g_to_idx[k] == j) for j in lanes]
@@ -314,4 +318,4 @@ def _weighted(
         len(x.shape),
         (x.dtype, x.dtype),
     )
-    return spec, as_sum, as_dot, x
+    return spec, as_sum, [as_dot, swapped], x

@@ -12,7 +12,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Module, Shape
 from equivci.terms.ir import Term, reduce_pair_map
 from equivci.terms.spec import DotSpec, ReduceSpec, transpose_text
-from equivci.translate import moved_columns, one_hots, orders, picks, relaid
+from equivci.translate import gathered_dots, moved_columns, one_hots, orders, picks, relaid
 from equivci.translate.arrays import all_equal, distinct, is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
 from equivci.translate.builder import Builder, Value
@@ -44,18 +44,29 @@ def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     lc, rc = dims_attr(a.get("lhs_contracting_dims")), dims_attr(a.get("rhs_contracting_dims"))
     lhs, rhs = args
     dot_spec = DotSpec(lb, rb, lc, rc, len(lhs.shape), len(rhs.shape), (lhs.dtype, rhs.dtype))
-    term = dot_term(ev, dot_spec, lhs, rhs, inst.shape)
+    return dot_with_facts(ev, dot_spec, lhs, rhs, inst.shape)
+
+
+def dot_with_facts(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: Shape) -> Term:
+    """The dot's term in normal form, with the facts stated beside it."""
+    term = dot_term(ev, dot_spec, lhs, rhs, shape)
+    if (dense := gathered_dots.dense_dot(ev, dot_spec, lhs, rhs, shape)) is not None:
+        # each row's own expert: the gather of the dot with every expert's kernel
+        whole = ev.transpose_term(dot_term(ev, dense.spec, dense.lhs, dense.rhs, dense.shape), dense.perm)
+        if (picked := ev.gather_term(whole, dense.idx, dense.dims, shape)) is not None:
+            ev.equal_terms.append([term, picked])
+            ev.gathered[term] = picked
     if (weighted := picks.weighted_pick(ev, dot_spec, lhs, rhs)) is not None:
         # gates times the picked experts' rows: the gates' one-hot against every expert's rows
-        spec, as_sum, as_dot, x = weighted
-        ev.equal_terms.append([term, dot_term(ev, spec, as_sum, x, inst.shape)])
-        ev.equal_terms.append([as_sum, as_dot])
-    if (moved := moved_columns.moved_columns(ev, dot_spec, lhs, rhs, inst.shape)) is not None:
+        spec, as_sum, others, x = weighted
+        ev.equal_terms.append([term, dot_term(ev, spec, as_sum, x, shape)])
+        ev.equal_terms.append([as_sum, *others])
+    if (moved := moved_columns.moved_columns(ev, dot_spec, lhs, rhs, shape)) is not None:
         ev.equal_terms.append([term, moved])
         ev.piecewise[term] = moved
-    if (summed := product_sum(ev, dot_spec, lhs, rhs, inst.shape)) is not None:
+    if (summed := product_sum(ev, dot_spec, lhs, rhs, shape)) is not None:
         ev.equal_terms.append([term, summed])
-    if (copied := dot_of_copies(ev, dot_spec, lhs, rhs, inst.shape)) is not None:
+    if (copied := dot_of_copies(ev, dot_spec, lhs, rhs, shape)) is not None:
         ev.equal_terms.append([term, copied])
     return term
 

@@ -31,6 +31,7 @@ VERIFIED = {
     "flat-fsdp-grads", "flat-fsdp-scattered",
     "neg-loss-dp", "neg-loss-dp-summed-shares", "fsdp-scan", "fsdp-scan-scaled-inside",
     "argsort-combine", "sort-pairs-combine",
+    "gathered-moe-ep", "gathered-moe-take-ep", "gathered-moe-dp",
 }
 MISMATCH = {
     "embed-gt-drops-first", "embed-lt-short", "embed-first-shard-short", "embed-ge-late", "embed-shift-off", "embed-lookup-narrower",
@@ -61,6 +62,7 @@ MISMATCH = {
     "neg-loss-dp-psum", "neg-loss-dp-sign",
     "fsdp-scan-count-missing", "fsdp-scan-count-twice", "fsdp-scan-first-scaled",
         "argsort-combine-bottom-k", "argsort-combine-k-off",
+    "gathered-moe-ep-next-shard", "gathered-moe-dp-next-expert", "gathered-moe-dp-other-choice",
 }
 # buggy model -> why the oracle's random inputs do not show the difference
 NOT_VERIFIED = {
@@ -121,5 +123,6 @@ DEFAULT = {
     "neg-loss-dp", "neg-loss-dp-sign",  # the shards' negated shares summed: the negated sum
     "fsdp-scan", "fsdp-scan-first-scaled",  # microbatches' all-reduced gradients added: summed by device
     "argsort-combine", "argsort-combine-bottom-k",  # top-k as argsort(-p): the sort by -p descending by p
+    "gathered-moe-ep", "gathered-moe-dp-other-choice",  # w[idx] in a dot batched over tokens: the dense dot gathered
     "guard-lt",  # not verified, though the oracle's draws do not show the difference
 }

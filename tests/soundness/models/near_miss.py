@@ -2197,3 +2197,110 @@ def argsort_combine_bottom_k(x, router, *, mesh):
 def argsort_combine_k_off(x, router, *, mesh):
     # BUG: the second and third experts, the window one off
     return _sorted_combine(x, router, mesh, lambda p: jnp.argsort(-p, axis=-1)[:, 1 : TOP + 1])
+
+
+# --- a token's own expert kernels gathered, w[idx], in a dot batched over the tokens: the gather of
+# the dense per-expert dot (translate/gathered_dots.py); the k choices added one by one: the dot over
+# the choices (translate/unrolled_picks.py)
+def gathered_inputs():
+    return (spec(S * 2, D), spec(D, EXPERTS), spec(EXPERTS, D, D), spec(EXPERTS, D, D), spec(EXPERTS, D, D))
+
+
+def _top2(x, router):
+    top_p, top_idx = lax.top_k(jax.nn.softmax(x @ router, axis=-1), TOP)
+    return top_p / jnp.sum(top_p, axis=-1, keepdims=True), top_idx
+
+
+def _gathered_choices(x, router, w1, v1, w2, up_at=lambda e: e, down_at=lambda e: e):
+    """Each of the top-2 choices: the token's kernels gathered at its expert (`up_at`, `down_at`:
+    the indices the up-projection and the down-projection read), weighted and added in a loop."""
+    gates, top_idx = _top2(x, router)
+    out = jnp.zeros_like(x)
+    for j in range(TOP):
+        e = top_idx[:, j]
+        h = jax.nn.silu(jnp.einsum("td,tdf->tf", x, w1[e])) * jnp.einsum("td,tdf->tf", x, v1[up_at(e)])
+        out = out + gates[:, j : j + 1] * jnp.einsum("tf,tfd->td", h, w2[down_at(e)])
+    return out
+
+
+def gathered_moe(x, router, w1, v1, w2):
+    return _gathered_choices(x, router, w1, v1, w2)
+
+
+def gathered_moe_take(x, router, w1, v1, w2):
+    """The same with `jnp.take` and a vmapped per-token product, the choices summed in reverse."""
+    gates, top_idx = _top2(x, router)
+    row_times = jax.vmap(lambda row, kernel: row @ kernel)
+    out = 0.0
+    for j in reversed(range(TOP)):
+        e = top_idx[:, j]
+        h = jax.nn.silu(row_times(x, jnp.take(w1, e, axis=0))) * row_times(x, jnp.take(v1, e, axis=0))
+        out = row_times(h, jnp.take(w2, e, axis=0)) * gates[:, j][:, None] + out
+    return out
+
+
+def dense_moe(x, router, w1, v1, w2):
+    """Every expert on every token, combined with the top-2 gates' one-hot."""
+    gates, top_idx = _top2(x, router)
+    combine = jnp.sum(jax.nn.one_hot(top_idx, EXPERTS) * gates[..., None], axis=1)
+    h = jax.nn.silu(jnp.einsum("td,edf->etf", x, w1)) * jnp.einsum("td,edf->etf", x, v1)
+    return jnp.einsum("te,etd->td", combine, jnp.einsum("etf,efd->etd", h, w2))
+
+
+def _gathered_ep(x, router, w1, v1, w2, mesh, offset_of):
+    """Experts over tp, tokens on every device: its experts' columns of the combine (from
+    `offset_of(device)`), its experts on every token, psummed."""
+
+    def body(x, router, w1, v1, w2):
+        n = w1.shape[0]
+        gates, top_idx = _top2(x, router)
+        combine = jnp.sum(jax.nn.one_hot(top_idx, EXPERTS) * gates[..., None], axis=1)
+        mine = lax.dynamic_slice_in_dim(combine, offset_of(lax.axis_index(TP), n), n, axis=1)
+        h = jax.nn.silu(jnp.einsum("td,edf->etf", x, w1)) * jnp.einsum("td,edf->etf", x, v1)
+        return lax.psum(jnp.einsum("te,etd->td", mine, jnp.einsum("etf,efd->etd", h, w2)), TP)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(TP), P(TP), P(TP)), out_specs=P())(
+        x, router, w1, v1, w2
+    )
+
+
+def gathered_moe_ep(x, router, w1, v1, w2, *, mesh):
+    return _gathered_ep(x, router, w1, v1, w2, mesh, lambda i, n: i * n)
+
+
+def gathered_moe_ep_next_shard(x, router, w1, v1, w2, *, mesh):
+    # BUG: each device weighs its experts by the next device's columns of the combine
+    return _gathered_ep(x, router, w1, v1, w2, mesh, lambda i, n: ((i + 1) % 2) * n)
+
+
+def _gathered_dp(x, router, w1, v1, w2, mesh, **at):
+    """Tokens over tp, every kernel on every device: each gathers its tokens' kernels."""
+    body = lambda x, router, w1, v1, w2: _gathered_choices(x, router, w1, v1, w2, **at)  # noqa: E731
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP), P(), P(), P(), P()), out_specs=P(TP))(
+        x, router, w1, v1, w2
+    )
+
+
+def gathered_moe_dp(x, router, w1, v1, w2, *, mesh):
+    return _gathered_dp(x, router, w1, v1, w2, mesh)
+
+
+def gathered_moe_dp_next_expert(x, router, w1, v1, w2, *, mesh):
+    # BUG: the down-projection reads the next expert's kernel
+    return _gathered_dp(x, router, w1, v1, w2, mesh, down_at=lambda e: (e + 1) % EXPERTS)
+
+
+def gathered_moe_dp_other_choice(x, router, w1, v1, w2, *, mesh):
+    # BUG: the up-projection's kernel is the other choice's (gathered at another index than w1's)
+    def body(x, router, w1, v1, w2):
+        gates, top_idx = _top2(x, router)
+        out = jnp.zeros_like(x)
+        for j in range(TOP):
+            e, other = top_idx[:, j], top_idx[:, 1 - j]
+            h = jax.nn.silu(jnp.einsum("td,tdf->tf", x, w1[e])) * jnp.einsum("td,tdf->tf", x, v1[other])
+            out = out + gates[:, j : j + 1] * jnp.einsum("tf,tfd->td", h, w2[e])
+        return out
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(TP), P(), P(), P(), P()), out_specs=P(TP))(
+        x, router, w1, v1, w2
+    )
