@@ -1122,6 +1122,15 @@ MUTANTS: tuple[Mutant, ...] = (
       "the dot's copies lie along the output dim of the operand's copied free dim",
       "pytest:tests/translate/test_tiles.py::test_a_dot_summing_or_batching_over_copies_is_not_split",
       "pytest:tests/translate/test_tiles.py::test_a_dot_of_copies_is_stated_as_the_copies_of_the_dot_and_computes_what_xla_computes"),
+    M("copied-window-unchecked", "        if np.array_equal(laid.reshape(window.shape), window):\n",
+      "        if laid.size == window.size:\n",
+      "a window of copies is copies of a window only where its groups are cut alike: [1:5) of a 4-fold repeat is not",
+      "pytest:tests/translate/test_repeat_windows.py::test_a_window_of_a_repeat_is_the_repeat_of_a_window_when_its_groups_are_cut_alike",
+      "pytest:tests/translate/test_repeat_windows.py::test_near_miss_tiled_heads_or_a_window_across_groups_are_mismatches"),
+    M("batch-copies-unchecked", "        if not tiles.constant_along(copies, t.shape, j, ev.budgets.layout_labels):\n",
+      "        if False:\n",
+      "only an operand that holds the same slice at every index of the batch dim is one copy against all of them",
+      "pytest:tests/translate/test_repeat_windows.py::test_a_dot_of_copies_along_a_free_or_contracted_dim_or_of_a_varying_operand_is_not_rewritten"),
 )
 
 
