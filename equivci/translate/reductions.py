@@ -10,8 +10,8 @@ import dataclasses
 import numpy as np
 
 from equivci.hlo.ir import Instruction, Module, Shape
-from equivci.terms.ir import Term, reduce_pair_map
-from equivci.terms.spec import DotSpec, ReduceSpec, transpose_text
+from equivci.terms.ir import Term, bcast_form, reduce_pair_map
+from equivci.terms.spec import BcastSpec, DotSpec, ReduceSpec, transpose_text
 from equivci.translate import moved_columns, one_hots, orders, picks, relaid, tiles
 from equivci.translate.arrays import all_equal, distinct, is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
@@ -32,6 +32,9 @@ COMBINED = {"add": "add", "maximum": "maximum", "minimum": "minimum"}
 
 # Float dtypes narrower than f32: a dot with such a result is its f32 dot rounded once.
 ROUNDED = {"bf16", "f16"}
+# Float dtypes whose sum of products is read as a dot as it is written (a narrower one's dot is its
+# f32 dot rounded once, which a sum written in that dtype is not)
+WIDE = {"f32", "f64"}
 
 
 def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -269,7 +272,57 @@ def reduce(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
         return ev.const(np.all(value, axis=dims) if reducer == "and" else np.any(value, axis=dims), inst.shape.dtype)
     if _identity(ev, reducer, x):  # (exact: no element changes the identity; the earlier shards' totals of shard 0)
         return ev.const(np.full(inst.shape.dims, init_value), inst.shape.dtype)
-    return over_pieces(ev, reducer, x, dims, inst.shape) or reduce_term(ev, reducer, x, dims, inst.shape)
+    term = over_pieces(ev, reducer, x, dims, inst.shape) or reduce_term(ev, reducer, x, dims, inst.shape)
+    if reducer == "add" and (as_dot := summed_product(ev, x, dims, inst.shape)) is not None:
+        # the dot is the term, every fact about dots applies; the written sum is not stated beside
+        # it: the layout rules on its broadcast product grew a ring's e-graph past its budget
+        return as_dot
+    return term
+
+
+def summed_product(ev: Builder, x: Term, dims: tuple[int, ...], out: Shape) -> Term | None:
+    """sum over dims R of bcast(a) * bcast(b) as dot_general(a, b), when every summed dim is read by
+    both broadcasts and every kept dim by at least one:
+
+        sum_R a[.., r, ..] * b[.., r, ..] = dot(a, b; contracting R, batch the kept dims both read)
+
+    the kept dims only a reads its free dims, only b reads b's (each output element is the sum of
+    the same products: the dot XLA computes for `p @ v`, in another summation order, which the
+    reference's rounding bound covers as it does any sum's). `(p[..., None, :] * v[..., None, :, :])
+    .sum(-1)` then meets the reference's einsum. None for a summed dim one operand is broadcast
+    along (a sum of copies: a count times the other), a kept dim neither reads, or mixed dtypes, or a sum in a dtype narrower than f32 (its dot rounds once, ROUNDED)."""
+    if x.op != "binary" or x.attrs[0] != "multiply" or x.dtype not in WIDE or out.dtype != x.dtype:
+        return None
+    forms = [bcast_form(t) for t in x.args]
+    if forms[0] is None or forms[1] is None or any(t.dtype != x.dtype for t in x.args):
+        return None
+    # reads[i][o]: the operand dim of operand i that output dim o of x is, if any
+    reads = [{o: k for o, k in BcastSpec.parse(spec).operand_dims()} for spec, _ in forms]
+    kept = [o for o in range(len(x.shape)) if o not in dims]
+    if any(o not in reads[0] or o not in reads[1] for o in dims) or any(
+        o not in reads[0] and o not in reads[1] for o in kept
+    ):
+        return None
+    a, b = forms[0][1], forms[1][1]
+    batch = [o for o in kept if o in reads[0] and o in reads[1]]
+    spec = DotSpec(
+        tuple(reads[0][o] for o in batch),
+        tuple(reads[1][o] for o in batch),
+        tuple(reads[0][o] for o in dims),
+        tuple(reads[1][o] for o in dims),
+        len(a.shape),
+        len(b.shape),
+        (a.dtype, b.dtype),
+    )
+    # the dot's output dims as x's: the batch dims, then a's free dims in a's order, then b's
+    at = [{k: o for o, k in r.items()} for r in reads]
+    free = [
+        [at[i][k] for k in range(len(t.shape)) if at[i][k] in kept and at[i][k] not in batch]
+        for i, t in enumerate((a, b))
+    ]
+    names = batch + free[0] + free[1]
+    inner = Shape(out.dtype, tuple(x.shape[o] for o in names))
+    return ev.transpose_term(dot_term(ev, spec, a, b, inner), tuple(names.index(o) for o in kept))
 
 
 def reduced_over(t: Term) -> tuple[str, Term, tuple[int, ...]] | None:
