@@ -290,11 +290,12 @@ def summed_product(ev: Builder, x: Term, dims: tuple[int, ...], out: Shape) -> T
     the same products: the dot XLA computes for `p @ v`, in another summation order, which the
     reference's rounding bound covers as it does any sum's). `(p[..., None, :] * v[..., None, :, :])
     .sum(-1)` then meets the reference's einsum. None for a summed dim one operand is broadcast
-    along (a sum of copies: a count times the other), a kept dim neither reads, or mixed dtypes, or a sum in a dtype narrower than f32 (its dot rounds once, ROUNDED)."""
+    along (a sum of copies: a count times the other), a kept dim neither reads, mixed dtypes, or a
+    sum in a dtype narrower than f32 (its dot is its f32 dot rounded once, ROUNDED)."""
     if x.op != "binary" or x.attrs[0] != "multiply" or x.dtype not in WIDE or out.dtype != x.dtype:
         return None
-    forms = [bcast_form(t) for t in x.args]
-    if forms[0] is None or forms[1] is None or any(t.dtype != x.dtype for t in x.args):
+    forms = [f for t in x.args if (f := bcast_form(t)) is not None]
+    if len(forms) != 2 or any(t.dtype != x.dtype for t in x.args):
         return None
     # reads[i][o]: the operand dim of operand i that output dim o of x is, if any
     reads = [{o: k for o, k in BcastSpec.parse(spec).operand_dims()} for spec, _ in forms]
