@@ -4,7 +4,7 @@
 
 `(p[..., None, :] * v_t[..., None, :, :]).sum(-1)`, `jnp.sum(p[..., :, None] * v[..., None, :, :],
 axis=-2)` and `jnp.einsum` build one term; a sum over a dim only one operand reads (a count times the
-other) and a sum in bf16 (whose dot rounds once) stay the sums they are. Checked against XLA, and end
+other) and a sum in f16 (whose dot rounds once) stay the sums they are. Checked against XLA, and end
 to end: a column-parallel projection written as a summed product verifies against `x @ w`; summed
 over the tokens instead of the features it is a mismatch.
 """
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import model_package
 import numpy as np
 import pytest
+from jax import lax
 from model_package import verify_named as _verify
 from one_device import programs as _programs
 
@@ -60,10 +61,12 @@ def _form(t: Term) -> tuple:
 @pytest.mark.parametrize("fn", [
     lambda p, v: jnp.sum(p[..., :, None] * v[..., None, :, :], axis=-1),  # d: only v reads it
     lambda p, v: jnp.sum(p[..., :, None] * v[..., None, :, :], axis=(-2, -1)),  # k and d
-    lambda p, v: (p.astype(jnp.bfloat16)[..., :, None] * v.astype(jnp.bfloat16)[..., None, :, :]).sum(-2),
+    # summed in f16 (jnp.sum would accumulate in f32)
+    lambda p, v: lax.reduce(p.astype(jnp.float16)[..., :, None] * v.astype(jnp.float16)[..., None, :, :],
+                            jnp.float16(0), lax.add, (3,)),
 ])
-def test_a_sum_over_a_dim_one_operand_is_broadcast_along_or_in_bf16_stays_a_sum(fn) -> None:
-    programs, _, _ = _programs(fn, (P_, V))  # (bf16 terms have no numpy value to check here)
+def test_a_sum_over_a_dim_one_operand_is_broadcast_along_or_in_f16_stays_a_sum(fn) -> None:
+    programs, _, _ = _programs(fn, (P_, V))
     assert "dot" not in _ops(programs.reference_outputs[0])
 
 
