@@ -1143,6 +1143,18 @@ MUTANTS: tuple[Mutant, ...] = (
     M("weighted-pick-one-hot-first", "[ev.binary(\"multiply\", one_hot, weights)]", "[ev.binary(\"multiply\", one_hot, one_hot)]",
       "the one-hot first is the same product of the one-hot and the weights, not the one-hot squared",
       "pytest:tests/translate/test_gathered_dots.py -k dense_dot_gathered"),
+    M("copied-window-unchecked", "        if np.array_equal(laid.reshape(window.shape), window):\n",
+      "        if laid.size == window.size:\n",
+      "a window of copies is copies of a window only where its groups are cut alike: [1:5) of a 4-fold repeat is not",
+      "pytest:tests/translate/test_repeat_windows.py::test_a_window_of_a_repeat_is_the_repeat_of_a_window_when_its_groups_are_cut_alike",
+      "pytest:tests/translate/test_repeat_windows.py::test_near_miss_tiled_heads_or_a_window_across_groups_are_mismatches"),
+    M("batch-copies-unchecked", "        if not tiles.constant_along(copies, t.shape, j, ev.budgets.layout_labels):\n",
+      "        if False:\n",
+      "only an operand that holds the same slice at every index of the batch dim is one copy against all of them",
+      "pytest:tests/translate/test_repeat_windows.py::test_a_dot_of_copies_along_a_free_or_contracted_dim_or_of_a_varying_operand_is_not_rewritten"),
+    M("summed-product-narrow", 'WIDE = {"f32", "f64"}', 'WIDE = {"f32", "f64", "f16"}',
+      "a sum of f16 products is no f16 dot (that is its f32 dot rounded once)",
+      "pytest:tests/translate/test_summed_products.py::test_a_sum_over_a_dim_one_operand_is_broadcast_along_or_in_f16_stays_a_sum"),
 )
 
 

@@ -10,9 +10,9 @@ import dataclasses
 import numpy as np
 
 from equivci.hlo.ir import Instruction, Module, Shape
-from equivci.terms.ir import Term, reduce_pair_map
-from equivci.terms.spec import DotSpec, ReduceSpec, transpose_text
-from equivci.translate import gathered_dots, moved_columns, one_hots, orders, picks, relaid
+from equivci.terms.ir import Term, bcast_form, reduce_pair_map
+from equivci.terms.spec import BcastSpec, DotSpec, ReduceSpec, transpose_text
+from equivci.translate import gathered_dots, moved_columns, one_hots, orders, picks, relaid, tiles
 from equivci.translate.arrays import all_equal, distinct, is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
 from equivci.translate.builder import Builder, Value
@@ -24,6 +24,7 @@ from equivci.translate.relayouts import (
     split_contraction,
     through_transposes,
 )
+from equivci.translate.shapes import copies_window
 
 # reducers whose reduction over a concatenation is that op of the pieces' reductions
 COMBINED = {"add": "add", "maximum": "maximum", "minimum": "minimum"}
@@ -31,6 +32,9 @@ COMBINED = {"add": "add", "maximum": "maximum", "minimum": "minimum"}
 
 # Float dtypes narrower than f32: a dot with such a result is its f32 dot rounded once.
 ROUNDED = {"bf16", "f16"}
+# Float dtypes whose sum of products is read as a dot as it is written (a narrower one's dot is its
+# f32 dot rounded once, which a sum written in that dtype is not)
+WIDE = {"f32", "f64"}
 
 
 def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -68,7 +72,92 @@ def dot_with_facts(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: 
         ev.equal_terms.append([term, summed])
     if (copied := dot_of_copies(ev, dot_spec, lhs, rhs, shape)) is not None:
         ev.equal_terms.append([term, copied])
+    if (shared := dot_of_batch_copies(ev, dot_spec, lhs, rhs, shape)) is not None:
+        # the dot without the copies is the term, the written one stated beside it: the ops after
+        # it (a softmax over a device's heads) then build on the layout the reference's dot has
+        ev.equal_terms.append([shared, term])
+        return shared
     return term
+
+
+def dot_of_batch_copies(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> Term | None:
+    """A dot batched over a dim j along which one operand is copies of one slice p (the same
+    elements at every index of j), as the dot of p, its j a size-1 batch dim, against the other
+    operand x whose j turns free beside a size-1 batch partner, laid back out by a transpose:
+
+        dot(x[.., j, .., c], copies_j(p)[.., j, .., c]; batch j) = dot(x[.., 1, j, .., c], p[.., 1, .., c]; batch 1)
+
+    (out[.., j, ..] = sum_c x[.., j, .., c] * p[.., c]: the same products, summed alike: no rounding
+    moves). A device's two query heads batched against their KV head's keys repeated twice are then
+    the query heads of one group against that group's keys once, the reference's grouped dot at that
+    group. The copies are read on numbered elements (a broadcast, under a reshape: `jnp.repeat`,
+    `broadcast_to`, a tile) or a concatenation of one size-1 value. None when no batch dim is such a
+    dim of either operand: copies along a free dim are dot_of_copies', along a contracted one a sum."""
+    operands = [lhs, rhs]
+    batches, contracts = [spec.lhs_batch, spec.rhs_batch], [spec.lhs_contract, spec.rhs_contract]
+    for side in (0, 1):
+        for t, j in enumerate(batches[side]):
+            part = _one_copy(ev, operands[side], j)
+            if part is None:
+                continue
+            other, k = 1 - side, batches[1 - side][t]
+            x = operands[other]
+            # p's j (size 1 now) needs a size-1 batch partner in x, whose j turns free: one put just
+            # before x's j, where a repeat's group dim stands (x's first size-1 free dim moved there,
+            # a reshape; else a new one, dropped again by the reshape back)
+            free = [d for d in range(len(x.shape)) if d not in batches[other] + contracts[other]]
+            unit = next((d for d in free if x.shape[d] == 1), None)
+            layout: list[int | None] = [d for d in range(len(x.shape)) if d != unit]
+            layout.insert(layout.index(k), None)
+            ops, batch, contract = list(operands), list(batches), list(contracts)
+            ops[side] = part
+            ops[other] = ev.reshape_term(x, Shape(x.dtype, tuple(1 if d is None else x.shape[d] for d in layout)))
+            batch[other] = tuple(layout.index(None if i == t else d) for i, d in enumerate(batch[other]))
+            contract[other] = tuple(layout.index(d) for d in contract[other])
+            new = DotSpec(
+                batch[0], batch[1], contract[0], contract[1], len(ops[0].shape), len(ops[1].shape), spec.dtypes
+            )
+            # the new dot's output dims named as the written dot's: a batch pair or an operand's free
+            # dim; x's j, free now, is the written batch pair t, and the new size-1 pair t is "u"
+            names = [
+                ("u",) if n == ("b", t) else ("b", t) if n == (other, k) else n
+                for n in ((n[0], layout[n[1]]) if n[0] == other else n for n in _dot_dims(new))
+            ]
+            order = [("u",) if n == (other, unit) else n for n in _dot_dims(spec)]
+            if unit is None:
+                order.insert(t, ("u",))
+            sizes = {n: out.dims[o] for o, n in enumerate(_dot_dims(spec))} | {("u",): 1}
+            inner = Shape(out.dtype, tuple(sizes[n] for n in names))
+            laid = ev.transpose_term(dot_term(ev, new, ops[0], ops[1], inner), tuple(names.index(n) for n in order))
+            return ev.reshape_term(laid, out)
+    return None
+
+
+def _dot_dims(spec: DotSpec) -> list[tuple]:
+    """A dot's output dims in order: ("b", k) for its k-th batch pair, then (0, d) for the lhs's free
+    dims d and (1, d) for the rhs's."""
+    free = [
+        [d for d in range(rank) if d not in batch + contract]
+        for rank, batch, contract in (
+            (spec.lhs_rank, spec.lhs_batch, spec.lhs_contract),
+            (spec.rhs_rank, spec.rhs_batch, spec.rhs_contract),
+        )
+    ]
+    return [("b", k) for k in range(len(spec.lhs_batch))] + [(0, d) for d in free[0]] + [(1, d) for d in free[1]]
+
+
+def _one_copy(ev: Builder, t: Term, j: int) -> Term | None:
+    """t's slice [0:1] along dim j when t is copies of it along j: a broadcast (under a reshape:
+    `jnp.repeat`, a tile) holding the same elements at every index along j, read on numbered
+    elements, as the copies of its window (shapes.copies_window); or a concatenation of one size-1
+    value along j."""
+    copies = t.args[0] if t.op == "reshape" else t
+    if copies.op == "bcast":
+        if not tiles.constant_along(copies, t.shape, j, ev.budgets.layout_labels):
+            return None
+        return copies_window(ev, t, [(0, 1) if d == j else (0, n) for d, n in enumerate(t.shape)])
+    found = _copies(t)
+    return found[1] if found is not None and found[0] == j and found[1].shape[j] == 1 else None
 
 
 def dot_of_copies(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> Term | None:
@@ -194,7 +283,58 @@ def reduce(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
         return ev.const(np.all(value, axis=dims) if reducer == "and" else np.any(value, axis=dims), inst.shape.dtype)
     if _identity(ev, reducer, x):  # (exact: no element changes the identity; the earlier shards' totals of shard 0)
         return ev.const(np.full(inst.shape.dims, init_value), inst.shape.dtype)
-    return over_pieces(ev, reducer, x, dims, inst.shape) or reduce_term(ev, reducer, x, dims, inst.shape)
+    term = over_pieces(ev, reducer, x, dims, inst.shape) or reduce_term(ev, reducer, x, dims, inst.shape)
+    if reducer == "add" and (as_dot := summed_product(ev, x, dims, inst.shape)) is not None:
+        # the dot is the term, every fact about dots applies; the written sum is not stated beside
+        # it: the layout rules on its broadcast product grew a ring's e-graph past its budget
+        return as_dot
+    return term
+
+
+def summed_product(ev: Builder, x: Term, dims: tuple[int, ...], out: Shape) -> Term | None:
+    """sum over dims R of bcast(a) * bcast(b) as dot_general(a, b), when every summed dim is read by
+    both broadcasts and every kept dim by at least one:
+
+        sum_R a[.., r, ..] * b[.., r, ..] = dot(a, b; contracting R, batch the kept dims both read)
+
+    the kept dims only a reads its free dims, only b reads b's (each output element is the sum of
+    the same products: the dot XLA computes for `p @ v`, in another summation order, which the
+    reference's rounding bound covers as it does any sum's). `(p[..., None, :] * v[..., None, :, :])
+    .sum(-1)` then meets the reference's einsum. None for a summed dim one operand is broadcast
+    along (a sum of copies: a count times the other), a kept dim neither reads, mixed dtypes, or a
+    sum in a dtype narrower than f32 (its dot is its f32 dot rounded once, ROUNDED)."""
+    if x.op != "binary" or x.attrs[0] != "multiply" or x.dtype not in WIDE or out.dtype != x.dtype:
+        return None
+    forms = [f for t in x.args if (f := bcast_form(t)) is not None]
+    if len(forms) != 2 or any(t.dtype != x.dtype for t in x.args):
+        return None
+    # reads[i][o]: the operand dim of operand i that output dim o of x is, if any
+    reads = [{o: k for o, k in BcastSpec.parse(spec).operand_dims()} for spec, _ in forms]
+    kept = [o for o in range(len(x.shape)) if o not in dims]
+    if any(o not in reads[0] or o not in reads[1] for o in dims) or any(
+        o not in reads[0] and o not in reads[1] for o in kept
+    ):
+        return None
+    a, b = forms[0][1], forms[1][1]
+    batch = [o for o in kept if o in reads[0] and o in reads[1]]
+    spec = DotSpec(
+        tuple(reads[0][o] for o in batch),
+        tuple(reads[1][o] for o in batch),
+        tuple(reads[0][o] for o in dims),
+        tuple(reads[1][o] for o in dims),
+        len(a.shape),
+        len(b.shape),
+        (a.dtype, b.dtype),
+    )
+    # the dot's output dims as x's: the batch dims, then a's free dims in a's order, then b's
+    at = [{k: o for o, k in r.items()} for r in reads]
+    free = [
+        [at[i][k] for k in range(len(t.shape)) if at[i][k] in kept and at[i][k] not in batch]
+        for i, t in enumerate((a, b))
+    ]
+    names = batch + free[0] + free[1]
+    inner = Shape(out.dtype, tuple(x.shape[o] for o in names))
+    return ev.transpose_term(dot_term(ev, spec, a, b, inner), tuple(names.index(o) for o in kept))
 
 
 def reduced_over(t: Term) -> tuple[str, Term, tuple[int, ...]] | None:

@@ -16,7 +16,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.spec import GatherDims, bcast_spec, reshape_spec
-from equivci.translate import index_writes, masks, offsets, one_hots, picks, pieces, scatter_adds
+from equivci.translate import index_writes, masks, offsets, one_hots, picks, pieces, scatter_adds, tiles
 from equivci.translate.attributes import (
     called,
     custom_call_target,
@@ -87,9 +87,8 @@ def slice_(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
             if strided is None:
                 return opaque(ev, inst, args)
             x = strided
-    return ev.slice_nd(
-        x,
-        [(int(a), int(b)) if step in ("", "1") else (0, x.shape[dim]) for dim, (a, b, step) in enumerate(ranges)],
+    return window(
+        ev, x, [(int(a), int(b)) if step in ("", "1") else (0, x.shape[dim]) for dim, (a, b, step) in enumerate(ranges)]
     )
 
 
@@ -109,7 +108,37 @@ def dynamic_slice(ev: Builder, inst: Instruction, args: list, device: int) -> Va
         dim = symbolic[0]
         x = dynamic_window(ev, x, dim, args[1 + dim], sizes[dim])
         ranges[dim] = (0, sizes[dim])
-    return ev.slice_nd(x, ranges)
+    return window(ev, x, ranges)
+
+
+def window(ev: Builder, x: Term, ranges: list[tuple[int, int]]) -> Term:
+    """x's window `ranges`; of copies, the copies of a window when it is one (copies_window), the
+    written window stated beside it."""
+    written = ev.slice_nd(x, ranges)
+    if written.shape == x.shape or (term := copies_window(ev, x, ranges)) is None:
+        return written
+    if term.op == "reshape" and term.args[0].op == "bcast":
+        # (Not where the window holds each element once: y's window stated equal to a window of a
+        # broadcast of y is a cycle the layout rules follow forever, the copies growing each pass.)
+        ev.equal_terms.append([term, written])
+    return term
+
+
+def copies_window(ev: Builder, x: Term, ranges: list[tuple[int, int]]) -> Term | None:
+    """The window `ranges` of copies x (bcast(y), or a reshape of it: `jnp.repeat`, a tile) as the
+    same copies of a window of y, when it is one (tiles.copied_window): a device's two query heads
+    of one KV head cut from a repeat of every KV head are that head's keys twice. None otherwise."""
+    copies = x.args[0] if x.op == "reshape" else x
+    if ev.folded(x) is not None:
+        return None
+    found = tiles.copied_window(copies, x.shape, ranges, ev.budgets.layout_labels)
+    if found is None:
+        return None
+    part = ev.slice_nd(copies.args[0], found.box)
+    shape = Shape(x.dtype, tuple(b - a for a, b in ranges))
+    if np.prod(found.shape) == np.prod(part.shape):  # each element once: y's window itself
+        return ev.reshape_term(part, shape)
+    return ev.reshape_term(broadcast_term(ev, part, Shape(x.dtype, found.shape), found.dims), shape)
 
 
 def concatenate(ev: Builder, inst: Instruction, args: list, device: int) -> Term:

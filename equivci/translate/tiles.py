@@ -20,10 +20,13 @@ no repeat of a window: nothing here relates it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from equivci.terms import semantics
 from equivci.terms.ir import Term
+from equivci.terms.spec import BcastSpec
 
 MAX_COPIES = 64  # a concatenation of more copies than this stays the broadcast it was written as
 
@@ -56,3 +59,76 @@ def _copies(labels: np.ndarray, size: int) -> list[tuple[int, int]] | None:
                 if rest is not None:
                     return [(d, r), *rest]
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class CopiedWindow:
+    """A window of reshape(bcast(y)) found to be reshape(bcast(y[box])) with one new dim's count
+    changed: y's window `box`, broadcast by `dims` into `shape`."""
+
+    box: tuple[tuple[int, int], ...]
+    shape: tuple[int, ...]
+    dims: tuple[int, ...]
+
+
+def copied_window(
+    operand: Term, out_shape: tuple[int, ...], ranges: list[tuple[int, int]], budget: int
+) -> CopiedWindow | None:
+    """The window `ranges` of reshape(operand, out_shape), operand = bcast(y), as the same copies of
+    a window of y, when it is one: a window of copies is copies of a window exactly when the elements
+    it holds are a box of y, each copied the same number of times in the same layout.
+
+    For a repeat (y's index p // r at p along d, `jnp.repeat`) and a window [s, s + L) along d, that
+    is when every group of copies the window meets is cut to the same count c: the window is then
+    repeat(y[s // r : (s + L - 1) // r + 1], c). So with whole groups (s and L multiples of r: c = r),
+    inside one group (s // r = (s + L - 1) // r: c = L, one element of y copied; L dividing r and s a
+    multiple of L is such a window) and two groups cut alike (r = 4, [2, 6): c = 2). A window whose
+    groups are cut unevenly ([1, 5) with r = 4: 3 copies then 1) is no repeat: None. Checked on numbered elements, trying each new dim as the one whose count changes; None past
+    `budget` elements."""
+    labels = _labels(operand, out_shape, budget)
+    if labels is None:
+        return None
+    (y,) = operand.args
+    size = int(np.prod(y.shape))
+    window = labels[tuple(slice(a, b) for a, b in ranges)]
+    held = np.unique(window)
+    coords = np.unravel_index(held, y.shape)
+    box = tuple((int(c.min()), int(c.max()) + 1) for c in coords)
+    if int(np.prod([b - a for a, b in box])) != held.size:
+        return None
+    part = np.arange(size).reshape(y.shape)[tuple(slice(a, b) for a, b in box)]
+    spec = BcastSpec.parse(operand.attrs[0])
+    dims = tuple(o for k in range(len(y.shape)) for o, i in spec.operand_dims() if i == k)
+    shape = [part.shape[v] if kind == "i" else v for kind, v in spec.parts]
+    for o, (kind, n) in enumerate(spec.parts):
+        if kind != "n":
+            continue
+        others = int(np.prod([s for p, s in enumerate(shape) if p != o and spec.parts[p][0] == "n"]))
+        count, left = divmod(window.size, part.size * others)
+        if left or count < 1:
+            continue
+        trial = tuple(count if p == o else s for p, s in enumerate(shape))
+        laid = semantics.broadcast(part, BcastSpec.of(part.ndim, trial, dims).text(), trial)
+        if np.array_equal(laid.reshape(window.shape), window):
+            return CopiedWindow(box, trial, dims)
+    return None
+
+
+def constant_along(operand: Term, out_shape: tuple[int, ...], dim: int, budget: int) -> bool:
+    """Whether reshape(operand, out_shape), operand = bcast(y), holds the same elements of y at every
+    index along dim (copies of its first slice there), read on numbered elements."""
+    labels = _labels(operand, out_shape, budget)
+    return labels is not None and bool(
+        np.array_equal(labels, np.broadcast_to(labels.take([0], axis=dim), labels.shape))
+    )
+
+
+def _labels(operand: Term, out_shape: tuple[int, ...], budget: int) -> np.ndarray | None:
+    """reshape(bcast(y), out_shape) on y's elements numbered; None for no broadcast, or past `budget`."""
+    if operand.op != "bcast":
+        return None
+    (y,) = operand.args
+    size = int(np.prod(y.shape))
+    if size == 0 or int(np.prod(out_shape)) > budget:
+        return None
+    return semantics.broadcast(np.arange(size).reshape(y.shape), operand.attrs[0], operand.shape).reshape(out_shape)
