@@ -138,7 +138,11 @@ def _events(*ops: tuple[str, str, tuple[str, ...], tuple[int, ...]]) -> list[Eve
     return out
 
 
-def _origin(events: list[Event]):
+def _inst(events: list[Event], name: str) -> Instruction:
+    return next(e.inst for e in events if e.inst.name == name)
+
+
+def _origin(events: list[Event]) -> Instruction | None:
     return handed_origin(events[-1].inst, events, "/repo", frozenset({(FILE, SHARED)}))
 
 
@@ -148,7 +152,7 @@ def test_one_distributed_line_makes_what_is_handed():
         ("m", "compare", ("x",), (30,)),
         ("s", "multiply", ("x", "m"), (SHARED, 40)),
     )
-    assert _origin(events).name == "m"
+    assert _origin(events) == _inst(events, "m")
 
 
 def test_an_op_inside_a_call_from_the_other_line_is_more_specific():
@@ -160,14 +164,14 @@ def test_an_op_inside_a_call_from_the_other_line_is_more_specific():
         ("s", "multiply", ("x", "m"), (SHARED, 40)),
     )
     # "m" is the one distributed op the shared op reads: the walk stops there.
-    assert _origin(events).name == "m"
+    assert _origin(events) == _inst(events, "m")
     events = _events(
         ("x", "parameter", (), ()),
         ("a", "compare", ("x",), (30,)),
         ("b", "compare", ("x",), (50, 30)),
         ("s", "multiply", ("a", "b"), (SHARED, 40)),
     )
-    assert _origin(events).name == "b"
+    assert _origin(events) == _inst(events, "b")
 
 
 def test_near_miss_two_lines_make_what_is_handed():
@@ -196,15 +200,17 @@ def test_shared_lines_are_walked_through():
         ("t", "tanh", ("m",), (SHARED, 40)),
         ("s", "multiply", ("x", "t"), (SHARED, 40)),
     )
-    assert _origin(events).name == "m"
+    assert _origin(events) == _inst(events, "m")
 
 
 def test_a_walk_past_its_bound_names_nothing(monkeypatch):
     events = _events(
         ("x", "parameter", (), ()),
-        ("m", "compare", ("x",), (30,)),
-        ("t", "tanh", ("m",), (SHARED, 40)),
-        ("s", "multiply", ("x", "t"), (SHARED, 40)),
+        ("a", "compare", ("x",), (30,)),
+        ("b", "compare", ("x",), (31,)),
+        ("t", "tanh", ("b",), (SHARED, 40)),
+        ("s", "multiply", ("a", "t"), (SHARED, 40)),
     )
-    monkeypatch.setattr(handed, "MAX_WALKED", 2)
-    assert _origin(events) is None
+    assert _origin(events) is None  # two lines make what is handed
+    monkeypatch.setattr(handed, "MAX_WALKED", 3)
+    assert _origin(events) is None  # the walk stops before it reaches "b": "a" alone is no answer
