@@ -17,6 +17,7 @@ from pathlib import Path
 from equivci.capture.types import CapturedModel
 from equivci.diagnose.arguments import Choice, made_in, passed_choice
 from equivci.diagnose.frames import innermost, library_call, shared_call
+from equivci.diagnose.handed import handed_origin
 from equivci.diagnose.localize import Defect, call_chain_start, part_mean, source_of, unlocated
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.diagnose.siblings import departure
@@ -229,7 +230,7 @@ def _library_callers(
             out.append(finding)
             continue
         if shared is not None:
-            out += _shared_caller(finding, inst, shared, captured, ties + 1)
+            out += _shared_caller(finding, inst, shared, captured, ties + 1, events, reference_lines)
             ties += 1
             continue
         assert found is not None
@@ -266,11 +267,39 @@ def _library_callers(
 
 
 def _shared_caller(
-    finding: Finding, inst: Instruction, shared: tuple[SourceLoc, SourceLoc], captured: CapturedModel, tie: int
+    finding: Finding,
+    inst: Instruction,
+    shared: tuple[SourceLoc, SourceLoc],
+    captured: CapturedModel,
+    tie: int,
+    events: list[Event],
+    reference_lines: frozenset[tuple[str, int]],
 ) -> list[Finding]:
-    """The error moves from a line both programs run to where the distributed program calls it; the
-    op's own line stays as a tied note."""
+    """The error moves from a line both programs run to where the distributed program makes the
+    value it hands that line (equivci.diagnose.handed), else to where it calls it; the op's own
+    line (and the call) stay as tied notes."""
     call_path, call_line = source_of(dataclasses.replace(inst, stack=(shared[1],)), captured.repo_root)
+    origin = handed_origin(inst, events, captured.repo_root, reference_lines)
+    if origin is not None:
+        path, line = source_of(origin, captured.repo_root)
+        if path is not None and (path, line) not in {(finding.path, finding.line), (call_path, call_line)}:
+            moved, note = _moved(
+                finding,
+                (path, line, tie),
+                f"the `{inst.opcode}` at {finding.path}:{finding.line} is in code both programs run, which "
+                "computes what the reference's does from the same values, so the difference comes in with what "
+                f"it is handed: this `{origin.opcode}`, in the distributed program's own code, makes it (the "
+                f"call into the shared code is at {call_path}:{call_line}). There: {finding.message}",
+                f"the `{inst.opcode}` that the finding at {path}:{line} is about is made here, in code the "
+                "reference runs too.",
+            )
+            called = dataclasses.replace(
+                note,
+                path=call_path,
+                line=call_line,
+                message=f"the distributed program calls the shared code of the finding at {path}:{line} here.",
+            )
+            return [moved, note] + ([called] if call_path is not None else [])
     if call_path is None or (call_path, call_line) == (finding.path, finding.line):
         return [finding]
     return list(
