@@ -766,6 +766,14 @@ MUTANTS: tuple[Mutant, ...] = (
       "    return None\n",
       "a gather at ids - c of the shard's rows, masked to the shard's ids, is the full table's lookup there",
       "model:embed-take-clip"),
+    # -- a filling take at ids sent past the shard (translate/masks.py, through_select, known_rows) -----
+    M("fill-constant-inside", "any(w.lo <= int(v) < w.hi for v in np.unique(value))", "False",
+      "a window test of select(p, k, ids - c) is a test of the ids only where k fails it",
+      "pytest:tests/translate/test_fill_takes.py -k through_a_select"),
+    M("fill-rows-unreshaped", "    return MaskedRows(ev.reshape_term(inner.full, shape), inner.window, inner.labels.reshape(rows.shape))\n",
+      "    return inner\n",
+      "a reshape of a lookup is the reshape of the full lookup, each element's index kept",
+      "pytest:tests/translate/test_fill_takes.py::test_a_filling_take_at_the_ids_sent_past_the_shard_verifies[xent_fill]"),
     # -- a division by a count in one normal form (translate/builder.py) ------------------------------
     M("divided-odd-part", "numerator, divisor = self.scaled(base, ratio * odd), self.splat(Fraction(odd), shape)",
       "numerator, divisor = self.scaled(base, ratio * odd), self.splat(Fraction(odd + 2), shape)",
