@@ -204,6 +204,32 @@ def bounds_under_mask(ev: Evaluator, p: Term, a: Term, outside: bool = False) ->
     return float(lo), float(hi)
 
 
+def through_select(ev: Evaluator, w: Window) -> Window:
+    """A window test of select(p, k, ids - c) (reshaped, branches in either order) with every element
+    of the constant k outside the window, as the window test of the ids: it holds exactly where the
+    other branch is chosen and ids - c lies in the window, so where ids lie in both p's window (or
+    its complement) and [lo + c, hi + c), ids - c not wrapping around for the ids' bounds. A
+    `take(rows, where(ids < lo, n, ids - lo), mode="fill")` fills where its index leaves [0, n), which
+    is where ids leave [lo, lo + n). The window itself otherwise."""
+    w = w.clipped(ev.bounds_of(w.x))
+    chosen = w.x
+    while chosen.op == "reshape":
+        chosen = chosen.args[0]
+    if chosen.op != "ternary" or chosen.attrs != ("select",):
+        return w
+    p, a, b = chosen.args
+    for constant, other, outside in ((a, b, True), (b, a, False)):
+        value = ev.folded(constant)
+        if value is None or not value.size or any(w.lo <= int(v) < w.hi for v in np.unique(value)):
+            continue
+        guard = outside_of(ev, p) if outside else window_of(ev, p)
+        ids, c = _offset_base(ev, other)
+        if guard is None or guard.x is not ids:
+            continue
+        return Window(ids, max(guard.lo, w.lo + c), min(guard.hi, w.hi + c)).clipped(ev.bounds_of(ids))
+    return w
+
+
 def shift_from(ev: Evaluator, a: Term, x: Term) -> int | None:
     """c where a = x - c (or x + -c) for a constant c; also where a = reshape(y - c) and
     x = reshape(y), alike (a reshape keeps the elements' flat order)."""
@@ -225,6 +251,7 @@ def laid_out_window(ev: Evaluator, m: Term, outside: bool = False) -> tuple[Wind
     w = outside_of(ev, m) if outside else window_of(ev, m)
     if w is None or int(np.prod(m.shape)) > ev.budgets.mask_labels:
         return None
+    w = _unreshaped(ev, through_select(ev, w))  # labels are flat positions, which a reshape keeps
     labels = np.arange(int(np.prod(m.shape))).reshape(m.shape)
     for t in reversed(chain):
         if t.op != "unary":
@@ -374,7 +401,7 @@ def _masked(ev: Evaluator, m: Term, looked_up: Callable[[Term], Term | None]) ->
         return None
     for rows, mask, outside in candidates:
         lookup = looked_up(rows)
-        known = ev.masked_rows.get(lookup) if lookup is not None else None
+        known = known_rows(ev, lookup) if lookup is not None else None
         tested = laid_out_window(ev, mask, outside)
         if known is None or tested is None:
             continue
@@ -385,6 +412,18 @@ def _masked(ev: Evaluator, m: Term, looked_up: Callable[[Term], Term | None]) ->
         if same_ids and (w.hi <= w.lo or known.window.lo <= w.lo and w.hi <= known.window.hi):
             return known.full, w
     return None
+
+
+def known_rows(ev: Evaluator, rows: Term) -> MaskedRows | None:
+    """The lookup `rows` is, also through a reshape of it (the builder drops a gather's size-1
+    dims, `take_along_axis(l, i[..., None])` before its squeeze): each element keeps its index."""
+    if (known := ev.masked_rows.get(rows)) is not None or rows.op != "reshape":
+        return known
+    inner = ev.masked_rows.get(rows.args[0])
+    if inner is None:
+        return None
+    shape = Shape(rows.dtype, rows.shape)
+    return MaskedRows(ev.reshape_term(inner.full, shape), inner.window, inner.labels.reshape(rows.shape))
 
 
 def _is_zero(ev: Evaluator, t: Term) -> bool:

@@ -284,6 +284,9 @@ def reduce(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     if _identity(ev, reducer, x):  # (exact: no element changes the identity; the earlier shards' totals of shard 0)
         return ev.const(np.full(inst.shape.dims, init_value), inst.shape.dtype)
     term = over_pieces(ev, reducer, x, dims, inst.shape) or reduce_term(ev, reducer, x, dims, inst.shape)
+    for moved in moved_reductions(ev, reducer, x, dims, inst.shape):
+        if moved is not term:
+            ev.equal_terms.append([term, moved])
     if reducer == "add" and (as_dot := summed_product(ev, x, dims, inst.shape)) is not None:
         # the dot is the term, every fact about dots applies; the written sum is not stated beside
         # it: the layout rules on its broadcast product grew a ring's e-graph past its budget
@@ -335,6 +338,27 @@ def summed_product(ev: Builder, x: Term, dims: tuple[int, ...], out: Shape) -> T
     names = batch + free[0] + free[1]
     inner = Shape(out.dtype, tuple(x.shape[o] for o in names))
     return ev.transpose_term(dot_term(ev, spec, a, b, inner), tuple(names.index(o) for o in kept))
+
+
+def moved_reductions(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape: Shape) -> list[Term]:
+    """The reduction of `x` over `dims` with the op that makes x moved out of it, stated beside the
+    written one: a sum of negations is the negated sum, Σ -y = -Σ y (exact: negation flips the sign
+    bit and rounding is symmetric; modulo 2^bits on integers), and a reduction of y reshaped only
+    by inserting or dropping size-1 dims is the reduction of y over the same dims, reshaped (the
+    size-1 dims add no element). A loss written `-take_along_axis(logp, t[..., None]).mean()` and one
+    written `(-take_along_axis(logp, t[..., None])[..., 0]).mean()` meet there."""
+    moved = []
+    if reducer == "add" and x.op == "unary" and x.attrs == ("negate",) and x.args[0].dtype == x.dtype:
+        moved.append(ev.normal("unary", ("negate",), [reduce_term(ev, reducer, x.args[0], dims, shape)], shape))
+    if x.op == "reshape" and x.args[0].dtype == x.dtype:
+        y = x.args[0]
+        wide = [k for k, n in enumerate(x.shape) if n != 1]
+        narrow = [k for k, n in enumerate(y.shape) if n != 1]
+        if [x.shape[k] for k in wide] == [y.shape[k] for k in narrow]:
+            ydims = tuple(narrow[wide.index(k)] for k in dims if k in wide)
+            out = Shape(shape.dtype, tuple(n for k, n in enumerate(y.shape) if k not in ydims))
+            moved.append(ev.reshape_term(reduce_term(ev, reducer, y, ydims, out), shape))
+    return moved
 
 
 def reduced_over(t: Term) -> tuple[str, Term, tuple[int, ...]] | None:
