@@ -101,6 +101,21 @@ class _Abstraction:
             return self.evaluator.slice_term(args[0], dim, start, stop)
         return self.evaluator.table.make(t.op, t.attrs, args, t.shape, t.dtype)
 
+    def stays_inside(self, term: Term) -> bool:
+        """Whether `term` reads no value of another layer but those the layer's terms abstracted so
+        far already read (a value of another layer is abstracted where it is met, so it is in the map)."""
+        seen: set[Term] = set()
+        stack = [term]
+        while stack:
+            t = stack.pop()
+            if t in self.map or t in seen:
+                continue
+            if self.layering.label.get(t) not in (self.name, None):
+                return False
+            seen.add(t)
+            stack.extend(t.args)
+        return True
+
     def _entering(self, t: Term) -> Term:
         if t in self.layering.reference_terms or t not in self.relations:
             return self._leaf(t)
@@ -127,29 +142,50 @@ def prove_layers(
     outcomes = []
     for n, segment in enumerate(layering.segments):
         t0 = time.perf_counter()
-        abstraction = _Abstraction(programs, layering, segment.name, relations, entry_leaves)
-        problem = _Problem.of(segment, programs, abstraction, index)
-        key = cache.key(
-            cache.fingerprint(), "layer", problem.form.digest, str(iterations), repr(programs.evaluator.budgets)
+        # First without the facts that reach into layers this one does not read (the residual
+        # stream's sum of every earlier layer's outputs, stated in one order, differs from layer to
+        # layer while what the layer computes does not): identical layers then share one proof.
+        # Fewer facts prove less, never more; where they do not suffice, the layer with all of them.
+        problem = _Problem.of(
+            segment, programs, _Abstraction(programs, layering, segment.name, relations, entry_leaves), index, True
         )
-        stored = _valid(memo.get("layers", key), problem)
-        result = stored or _prove(problem, programs, iterations)
-        if stored is None:
-            memo.put("layers", key, result)
+        result, stored = _solve(problem, programs, memo, iterations)
+        if problem.narrowed and not _holds(result):
+            problem = _Problem.of(
+                segment, programs, _Abstraction(programs, layering, segment.name, relations, entry_leaves), index
+            )
+            result, stored = _solve(problem, programs, memo, iterations)
         for (d, k), ok in zip(segment.obligations, result["proved"]):
             proved[d][k] = ok
         for t, relation in zip(segment.distributed_outputs, result["relations"]):
             if relation is not None:
                 i, window = relation
                 relations[t] = (segment.reference_outputs[i], tuple(map(tuple, window)))
-        ok = all(result["proved"]) and all(r is not None for r in result["relations"])
+        ok = _holds(result)
         exhausted = 0 if ok else result.get("exhausted", 0)
         outgrown = (0, 0) if ok else tuple(result.get("outgrown", (0, 0)))
         seconds = time.perf_counter() - t0
-        outcomes.append(LayerOutcome(segment.name, ok, stored is not None, seconds, exhausted, outgrown))
+        outcomes.append(LayerOutcome(segment.name, ok, stored, seconds, exhausted, outgrown))
         if progress is not None:
             progress(n + 1, len(layering.segments))
     return LayeredProof(proved, outcomes)
+
+
+def _solve(problem: _Problem, programs: Programs, memo: cache.Memo, iterations: int) -> tuple[dict, bool]:
+    """The result of `problem`, and whether it was the stored proof of an identical layer."""
+    key = cache.key(
+        cache.fingerprint(), "layer", problem.form.digest, str(iterations), repr(programs.evaluator.budgets)
+    )
+    stored = _valid(memo.get("layers", key), problem)
+    result = stored or _prove(problem, programs, iterations)
+    if stored is None:
+        memo.put("layers", key, result)
+    return result, stored is not None
+
+
+def _holds(result: dict) -> bool:
+    """The layer's obligations hold and each value it passes on is related to the reference."""
+    return all(result["proved"]) and all(r is not None for r in result["relations"])
 
 
 class _ModelIndex:
@@ -171,23 +207,30 @@ class _ModelIndex:
         """The reference values in `terms`, in order and with repeats, as in the model's list."""
         return [self.reference_values[i] for i in sorted(i for t in terms for i in self.positions.get(t, ()))]
 
-    def groups_reached(self, abstraction: _Abstraction) -> list[list[Term]]:
+    def groups_reached(self, abstraction: _Abstraction, inside: bool = False) -> tuple[list[list[Term]], bool]:
         """The groups with a member among the layer's terms, in the model's order, each with its
         other members brought into the layer (abstracted as the layer's own terms are; a partner
         that reaches into another layer meets that layer's values as leaves). The translator states
         a term's partners beside it (the written form of a transposed dot, the unsqueezed op, a
         reference builder's facts), often from terms nothing else in the layer uses: a group kept
         only when all its members are already there loses them. Partners bring their own groups,
-        until none is new: only what the layer's terms reach joins its e-graph."""
+        until none is new: only what the layer's terms reach joins its e-graph.
+        `inside`: only the groups whose members read no value of another layer that the layer does
+        not read itself (`_Abstraction.stays_inside`); also says whether a group was left out."""
         found: set[int] = set()
+        left_out: set[int] = set()
         scanned = 0
         while True:
             self._index_new_groups()  # abstracting a partner can make terms, and state groups
             terms = list(abstraction.map)
-            new = {j for t in terms[scanned:] for j in self._groups_of.get(t, ())} - found
+            new = {j for t in terms[scanned:] for j in self._groups_of.get(t, ())} - found - left_out
             scanned = len(terms)
+            if inside:
+                kept = {j for j in new if all(abstraction.stays_inside(t) for t in self.equal_terms[j])}
+                left_out |= new - kept
+                new = kept
             if not new:
-                return [[abstraction.map[t] for t in self.equal_terms[j]] for j in sorted(found)]
+                return [[abstraction.map[t] for t in self.equal_terms[j]] for j in sorted(found)], bool(left_out)
             found |= new
             for j in sorted(new):
                 for t in self.equal_terms[j]:
@@ -211,23 +254,26 @@ class _Problem:
     marked: list[Term]  # reference values
     groups: list[list[Term]]  # terms known equal by evaluation
     form: CanonicalForm
+    narrowed: bool = False  # some group the layer's terms reach was left out (`inside`)
 
     @classmethod
-    def of(cls, segment: Segment, programs: Programs, abstraction: _Abstraction, index: _ModelIndex):
+    def of(
+        cls, segment: Segment, programs: Programs, abstraction: _Abstraction, index: _ModelIndex, inside: bool = False
+    ):
         reference_outputs = [abstraction(t) for t in segment.reference_outputs]
         distributed_outputs = [abstraction(t) for t in segment.distributed_outputs]
         pairs = [
             (abstraction(programs.device_outputs[d][k]), abstraction(programs.targets[d][k]))
             for d, k in segment.obligations
         ]
-        groups = index.groups_reached(abstraction)
+        groups, narrowed = index.groups_reached(abstraction, inside)
         seen = abstraction.map
         marked = [seen[v] for v in index.reference_values_among(seen)]
         roots = reference_outputs + distributed_outputs + [t for pair in pairs for t in pair]
         # The partners are part of what the layer's proof may use: two layers share a proof only
         # when their partners are the same too.
         form = canonical_form(roots + [t for g in groups for t in g], marked, groups)
-        return cls(reference_outputs, distributed_outputs, pairs, marked, groups, form)
+        return cls(reference_outputs, distributed_outputs, pairs, marked, groups, form, narrowed)
 
 
 def _prove(problem: _Problem, programs: Programs, iterations: int) -> dict:

@@ -119,3 +119,45 @@ def test_layers_share_a_proof_only_when_their_partners_are_the_same() -> None:
         abstraction = _Abstraction(programs, layering, segment.name, {}, {})
         forms.append(_Problem.of(segment, programs, abstraction, index).form.digest)
     assert forms[0] != forms[1]
+
+
+def _programs_through_another_value() -> tuple[Programs, Term]:
+    """As `_programs(2)`, but the device value's partner takes its windows of q, a second value of
+    layer 0 that layer 1 does not read, stated equal to h beside it: the layer is proved only with
+    facts that reach a value it does not read."""
+    programs, device = _programs(minus_signs=2, partner=False)
+    ev, t = programs.evaluator, programs.evaluator.table
+    h = programs.reference_events[0].values[0]
+    q = t.make("unary", ("sine",), (t.make("unary", ("tanh",), (h,), (4,), "f32"),), (4,), "f32")
+    ev.equal_terms.append([q, h])  # stands for a fact the translator found (no rule derives it)
+    halves = [
+        t.make("unary", ("exponential",), (t.make("slice", (0, lo, lo + 2), (q,), (2,), "f32"),), (2,), "f32")
+        for lo in (0, 2)
+    ]
+    ev.equal_terms.append([device, t.make("concat", (0,), tuple(halves), (4,), "f32")])
+    programs.reference_events.insert(1, _event("layers_0", q))
+    return programs, device
+
+
+class _CountingMemo(Memo):
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.proved: list[str] = []
+
+    def put(self, kind, k, value) -> None:
+        self.proved.append(k)
+        super().put(kind, k, value)
+
+
+def test_a_layer_is_proved_first_with_its_own_facts_and_again_with_all_where_those_do_not_suffice() -> None:
+    programs, _ = _programs_through_another_value()
+    memo = _CountingMemo()
+    proof = prove_layers(programs, _layering(programs), memo)
+    assert [o.proved for o in proof.layers] == [True, True]
+    assert len(memo.proved) == 3  # layer 0 once; layer 1 without the facts about q, then with them
+
+
+def test_without_the_second_value_stated_equal_the_layer_is_not_proved() -> None:
+    programs, _ = _programs_through_another_value()
+    programs.evaluator.equal_terms.pop(0)
+    assert [o.proved for o in _prove(programs)[0].layers] == [True, False]
