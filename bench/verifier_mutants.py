@@ -529,6 +529,13 @@ MUTANTS: tuple[Mutant, ...] = (
     M("idempotent-predicate", 'm.attrs[0] == "convert" and m.args[0].dtype == "pred")', 'm.attrs[0] == "convert")',
       "m * m = m only for m in {0, 1}: a converted predicate",
       "pytest:tests/translate/test_order_facts.py::test_a_value_that_is_not_zero_or_one_keeps_its_product"),
+    M("root-reciprocal", 'moved = unary_terms(ev, "rsqrt", list(root.args)', 'moved = unary_terms(ev, "sqrt", list(root.args)',
+      "x / sqrt(v) is x times the reciprocal root, not the root",
+      "pytest:tests/translate/test_reciprocal_roots.py::"
+      "test_a_quotient_by_a_root_is_stated_as_the_product_by_the_reciprocal_root"),
+    M("root-only-sqrt", 'root.op != "unary" or root.attrs != ("sqrt",)', 'root.op != "unary"',
+      "only a square root has rsqrt for its reciprocal: x / exp(v) is no x * rsqrt(v)",
+      "pytest:tests/translate/test_reciprocal_roots.py::test_nothing_is_stated_for_other_divisors"),
     # -- sums of concatenations, sums over devices regrouped (translate/pieces.py, collectives.py) -----
     M("factor-beside-zeros", "held = {f for f, a in zip(factors, args) if self.uniform(a) != 0}",
       "held = {f for f, a in zip(factors, args) if self.uniform(a) is None}",
