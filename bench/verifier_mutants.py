@@ -529,6 +529,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("idempotent-predicate", 'm.attrs[0] == "convert" and m.args[0].dtype == "pred")', 'm.attrs[0] == "convert")',
       "m * m = m only for m in {0, 1}: a converted predicate",
       "pytest:tests/translate/test_order_facts.py::test_a_value_that_is_not_zero_or_one_keeps_its_product"),
+    M("unary-bcast-lift-op", "union(e).with_(T.bcast(spec, T.unary(op, x)))", "union(e).with_(T.bcast(spec, x))",
+      "op(bcast(x)) is the broadcast of op(x), not of x: the op is moved, never dropped",
+      rule_instance("elementwise/unary_bcast_lift")),
     M("root-reciprocal", 'moved = unary_terms(ev, "rsqrt", list(root.args)', 'moved = unary_terms(ev, "sqrt", list(root.args)',
       "x / sqrt(v) is x times the reciprocal root, not the root",
       "pytest:tests/translate/test_reciprocal_roots.py::"
