@@ -532,6 +532,10 @@ MUTANTS: tuple[Mutant, ...] = (
     M("unary-bcast-lift-op", "union(e).with_(T.bcast(spec, T.unary(op, x)))", "union(e).with_(T.bcast(spec, x))",
       "op(bcast(x)) is the broadcast of op(x), not of x: the op is moved, never dropped",
       rule_instance("elementwise/unary_bcast_lift")),
+    M("keepdims-factor", "return ev.scaled(base.args[0], factor)", "return base.args[0]",
+      "f * reshape(y) is reshape(f * y): the factor moves inside the reshape, it is not dropped",
+      "pytest:tests/translate/test_keepdims_statistics.py::"
+      "test_an_op_on_a_scaled_keepdims_value_is_the_op_on_the_scaled_value_reshaped"),
     M("root-reciprocal", 'moved = unary_terms(ev, "rsqrt", list(root.args)', 'moved = unary_terms(ev, "sqrt", list(root.args)',
       "x / sqrt(v) is x times the reciprocal root, not the root",
       "pytest:tests/translate/test_reciprocal_roots.py::"

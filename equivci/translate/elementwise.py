@@ -118,7 +118,7 @@ def unit_reshaped(ev: Builder, args: list, shape: Shape, op_on) -> Term | None:
     facts about indices (bounds, offsets, one-hot picks) read operand by operand."""
     if any(a.dtype not in FLOATS for a in args):
         return None
-    inner = [a.args[0] if a.op == "reshape" else None for a in args]
+    inner = [_reshaped_from(ev, a) for a in args]
     shapes = {x.shape for x in inner if x is not None}
     if len(shapes) != 1:
         return None
@@ -134,6 +134,16 @@ def unit_reshaped(ev: Builder, args: list, shape: Shape, op_on) -> Term | None:
             x = ev.const(np.full(dims, number), a.dtype)
         moved.append(x)
     return ev.reshape_term(op_on(moved, Shape(shape.dtype, dims)), shape)
+
+
+def _reshaped_from(ev: Builder, a: Term) -> Term | None:
+    """y where `a` is reshape(y), or f * y where it is f * reshape(y): the builder keeps a constant
+    factor in front of a reshape (a keepdims mean, `sum(x, keepdims=True) / n`), and the factor is the
+    same at every element, so the reshape is as much outside the product as inside it."""
+    factor, base = ev.scale_of(a)
+    if base.op != "reshape":
+        return None
+    return ev.scaled(base.args[0], factor)
 
 
 def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
