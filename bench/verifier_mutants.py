@@ -920,7 +920,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("shift-factor-dims", "or tuple(out_of.get(k) for k in at) != dims:", ":",
       "the factor must multiply each exponential at the row its shift belongs to",
       "pytest:tests/translate/test_shifts.py -k across"),
-    M("unit-reshape-floats", "    if any(a.dtype not in FLOATS for a in args):\n        return None\n    inner = [a.args[0]", "    inner = [a.args[0]",
+    M("unit-reshape-floats", "    if any(a.dtype not in FLOATS for a in args):\n        return None\n    inner = [_reshaped_from(", "    inner = [_reshaped_from(",
       "index arithmetic keeps its written form, which the one-hot facts read",
       "pytest:tests/translate/test_index_compares.py -k broadcast_operand"),
     # -- HLO conditional (translate/conditionals.py) ----------------------------------------------------
