@@ -529,6 +529,20 @@ MUTANTS: tuple[Mutant, ...] = (
     M("idempotent-predicate", 'm.attrs[0] == "convert" and m.args[0].dtype == "pred")', 'm.attrs[0] == "convert")',
       "m * m = m only for m in {0, 1}: a converted predicate",
       "pytest:tests/translate/test_order_facts.py::test_a_value_that_is_not_zero_or_one_keeps_its_product"),
+    M("unary-bcast-lift-op", "union(e).with_(T.bcast(spec, T.unary(op, x)))", "union(e).with_(T.bcast(spec, x))",
+      "op(bcast(x)) is the broadcast of op(x), not of x: the op is moved, never dropped",
+      rule_instance("elementwise/unary_bcast_lift")),
+    M("keepdims-factor", "return ev.scaled(base.args[0], factor)", "return base.args[0]",
+      "f * reshape(y) is reshape(f * y): the factor moves inside the reshape, it is not dropped",
+      "pytest:tests/translate/test_keepdims_statistics.py::"
+      "test_an_op_on_a_scaled_keepdims_value_is_the_op_on_the_scaled_value_reshaped"),
+    M("root-reciprocal", 'moved = unary_terms(ev, "rsqrt", list(root.args)', 'moved = unary_terms(ev, "sqrt", list(root.args)',
+      "x / sqrt(v) is x times the reciprocal root, not the root",
+      "pytest:tests/translate/test_reciprocal_roots.py::"
+      "test_a_quotient_by_a_root_is_stated_as_the_product_by_the_reciprocal_root"),
+    M("root-only-sqrt", 'root.op != "unary" or root.attrs != ("sqrt",)', 'root.op != "unary"',
+      "only a square root has rsqrt for its reciprocal: x / exp(v) is no x * rsqrt(v)",
+      "pytest:tests/translate/test_reciprocal_roots.py::test_nothing_is_stated_for_other_divisors"),
     # -- sums of concatenations, sums over devices regrouped (translate/pieces.py, collectives.py) -----
     M("factor-beside-zeros", "held = {f for f, a in zip(factors, args) if self.uniform(a) != 0}",
       "held = {f for f, a in zip(factors, args) if self.uniform(a) is None}",
@@ -928,7 +942,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("shift-factor-dims", "or tuple(out_of.get(k) for k in at) != dims:", ":",
       "the factor must multiply each exponential at the row its shift belongs to",
       "pytest:tests/translate/test_shifts.py -k across"),
-    M("unit-reshape-floats", "    if any(a.dtype not in FLOATS for a in args):\n        return None\n    inner = [a.args[0]", "    inner = [a.args[0]",
+    M("unit-reshape-floats", "    if any(a.dtype not in FLOATS for a in args):\n        return None\n    inner = [_reshaped_from(", "    inner = [_reshaped_from(",
       "index arithmetic keeps its written form, which the one-hot facts read",
       "pytest:tests/translate/test_index_compares.py -k broadcast_operand"),
     # -- HLO conditional (translate/conditionals.py) ----------------------------------------------------

@@ -90,12 +90,15 @@ def convert(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
 
 
 def unary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
-    op = inst.opcode
+    return unary_terms(ev, inst.opcode, args, inst.shape)
+
+
+def unary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
     if (plain := without_guard(ev, op, args)) is not None:
         return plain
-    if (outside := unit_reshaped(ev, args, inst.shape, lambda xs, sh: unary_of(ev, op, xs, sh))) is not None:
+    if (outside := unit_reshaped(ev, args, shape, lambda xs, sh: unary_of(ev, op, xs, sh))) is not None:
         return outside
-    term = _built(ev, "unary", (op,), args, inst.shape, lambda v: semantics.apply(semantics.UNARY, op, v))
+    term = _built(ev, "unary", (op,), args, shape, lambda v: semantics.apply(semantics.UNARY, op, v))
     if op == "negate" and (form := signed_sums.one_form(ev, term)) is not None:
         ev.equal_terms.append([term, form])
     return term
@@ -125,7 +128,7 @@ def unit_reshaped(ev: Builder, args: list, shape: Shape, op_on) -> Term | None:
     facts about indices (bounds, offsets, one-hot picks) read operand by operand."""
     if any(a.dtype not in FLOATS for a in args):
         return None
-    inner = [a.args[0] if a.op == "reshape" else None for a in args]
+    inner = [_reshaped_from(ev, a) for a in args]
     shapes = {x.shape for x in inner if x is not None}
     if len(shapes) != 1:
         return None
@@ -141,6 +144,16 @@ def unit_reshaped(ev: Builder, args: list, shape: Shape, op_on) -> Term | None:
             x = ev.const(np.full(dims, number), a.dtype)
         moved.append(x)
     return ev.reshape_term(op_on(moved, Shape(shape.dtype, dims)), shape)
+
+
+def _reshaped_from(ev: Builder, a: Term) -> Term | None:
+    """y where `a` is reshape(y), or f * y where it is f * reshape(y): the builder keeps a constant
+    factor in front of a reshape (a keepdims mean, `sum(x, keepdims=True) / n`), and the factor is the
+    same at every element, so the reshape is as much outside the product as inside it."""
+    factor, base = ev.scale_of(a)
+    if base.op != "reshape":
+        return None
+    return ev.scaled(base.args[0], factor)
 
 
 def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -170,6 +183,8 @@ def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
         ev.equal_terms.append([term, moved])
     if op == "multiply" and (same := idempotent_product(ev, args, shape)) is not None:
         ev.equal_terms.append([term, same])
+    if op == "divide" and ev.folded(term) is None and (product := reciprocal_root_product(ev, args, shape)) is not None:
+        ev.equal_terms.append([term, product])
     if op == "add" and ev.folded(term) is None:
         for k in (0, 1):
             if ev.uniform(args[k]) == 0 and args[1 - k].shape == term.shape and args[1 - k].dtype == term.dtype:
@@ -191,6 +206,29 @@ def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
             ev.equal_terms.append([term, joined])
             ev.piecewise[term] = joined
     return term
+
+
+def reciprocal_root_product(ev: Builder, args: list, shape: Shape) -> Term | None:
+    """x / sqrt(v) as x * rsqrt(v), and 1 / sqrt(v) as rsqrt(v), the root under the same broadcasts
+    and reshapes: rsqrt is the reciprocal of the square root, so they are one value over the reals
+    (NaN for v < 0 and an infinity at v = 0 on both sides; XLA's simplifier itself rewrites the
+    quotient into the product). The two roundings differ by an ulp or two, which the contract leaves
+    free as it does a sum's order. A LayerNorm written `(x - mu) / jnp.sqrt(jnp.var(x) + eps)` then
+    meets one written `(x - mu) * lax.rsqrt(var + eps)`."""
+    x, root = args
+    layout = []
+    while root.op in ("bcast", "reshape"):
+        layout.append(root)
+        root = root.args[0]
+    if x.dtype not in FLOATS or root.op != "unary" or root.attrs != ("sqrt",):
+        return None
+    moved = unary_terms(ev, "rsqrt", list(root.args), Shape(root.dtype, root.shape))
+    for t in reversed(layout):
+        laid = Shape(t.dtype, t.shape)
+        moved = ev.reshape_term(moved, laid) if t.op == "reshape" else ev.mk("bcast", t.attrs, [moved], laid)
+    if ev.uniform(x) == 1:
+        return moved
+    return binary_terms(ev, "multiply", [x, moved], shape)
 
 
 def idempotent_product(ev: Builder, args: list, shape: Shape) -> Term | None:

@@ -328,6 +328,12 @@ def unary_reshape_lift(rng, b: B):
     return b.un(op, b.reshape(x, out_shape)), b.reshape(b.un(op, x), out_shape)
 
 
+def unary_bcast_lift(rng, b: B):
+    x, out, dims = _bcast_setup(rng, b)
+    op = str(rng.choice(UNARY_OPS))
+    return b.un(op, b.bcast(x, out, dims)), b.bcast(b.un(op, x), out, dims)
+
+
 def binary_reshape_lift(rng, b: B):
     in_shape, out_shape = rand_reshape(rng)
     x, y, op = b.param(0, in_shape), b.param(1, in_shape), str(rng.choice(BINARY_OPS))
@@ -921,6 +927,7 @@ RULES = {
     # The combined pair must exist already: the rhs is loaded too.
     "elementwise/binary_lift_nested": (F["elementwise"], binary_lift_nested, True),
     "elementwise/unary_reshape_lift": (F["elementwise"], unary_reshape_lift, False),
+    "elementwise/unary_bcast_lift": (F["elementwise"], unary_bcast_lift, False),
     "elementwise/binary_reshape_lift": (F["elementwise"], binary_reshape_lift, False),
     # The bcast_shrink table pairs two broadcast specs only when both occur: the rhs is loaded too.
     "elementwise/binary_bcast_lift_left": (F["elementwise"], binary_bcast_lift_left, True),

@@ -166,6 +166,13 @@ ELEMENTWISE = family(
     named(
         "elementwise/unary_reshape_lift", "op(reshape(x)) = reshape(op(x))", eq(e).to(T.unary(op, T.reshape(spec, x)))
     ).then(union(e).with_(T.reshape(spec, T.unary(op, x)))),
+    # An elementwise op reads each element alone and a broadcast copies elements: the op of a
+    # broadcast is the broadcast of the op (a mask broadcast then converted, `where(valid[..., None],
+    # h, 0)` read as `h * valid`, meets one converted then broadcast, `valid.astype(f32)[..., None]`).
+    # Lift only: the op on the smaller operand, never a broadcast pushed into every op.
+    named("elementwise/unary_bcast_lift", "op(bcast(x)) = bcast(op(x))", eq(e).to(T.unary(op, T.bcast(spec, x)))).then(
+        union(e).with_(T.bcast(spec, T.unary(op, x)))
+    ),
     named(
         "elementwise/binary_reshape_lift",
         "reshape(x) op reshape(y) = reshape(x op y), one spec",
