@@ -532,10 +532,6 @@ MUTANTS: tuple[Mutant, ...] = (
     M("unary-bcast-lift-op", "union(e).with_(T.bcast(spec, T.unary(op, x)))", "union(e).with_(T.bcast(spec, x))",
       "op(bcast(x)) is the broadcast of op(x), not of x: the op is moved, never dropped",
       rule_instance("elementwise/unary_bcast_lift")),
-    M("keepdims-factor", "return ev.scaled(base.args[0], factor)", "return base.args[0]",
-      "f * reshape(y) is reshape(f * y): the factor moves inside the reshape, it is not dropped",
-      "pytest:tests/translate/test_keepdims_statistics.py::"
-      "test_an_op_on_a_scaled_keepdims_value_is_the_op_on_the_scaled_value_reshaped"),
     M("root-reciprocal", 'moved = unary_terms(ev, "rsqrt", list(root.args)', 'moved = unary_terms(ev, "sqrt", list(root.args)',
       "x / sqrt(v) is x times the reciprocal root, not the root",
       "pytest:tests/translate/test_reciprocal_roots.py::"
@@ -942,9 +938,17 @@ MUTANTS: tuple[Mutant, ...] = (
     M("shift-factor-dims", "or tuple(out_of.get(k) for k in at) != dims:", ":",
       "the factor must multiply each exponential at the row its shift belongs to",
       "pytest:tests/translate/test_shifts.py -k across"),
-    M("unit-reshape-floats", "    if any(a.dtype not in FLOATS for a in args):\n        return None\n    inner = [_reshaped_from(", "    inner = [_reshaped_from(",
+    M("unit-reshape-floats", "    if any(a.dtype not in FLOATS for a in args) or all(", "    if all(",
       "index arithmetic keeps its written form, which the one-hot facts read",
       "pytest:tests/translate/test_index_compares.py -k broadcast_operand"),
+    M("outside-factor-kept", "            moved = ev.scaled(base.args[0], factor)", "            moved = base.args[0]",
+      "a constant factor in front of a broadcast (or reshape) goes inside it with the op, never dropped",
+      "pytest:tests/translate/test_broadcast_outside.py -k factor",
+      "pytest:tests/translate/test_keepdims_statistics.py::"
+      "test_an_op_on_a_scaled_keepdims_value_is_the_op_on_the_scaled_value_reshaped"),
+    M("outside-broadcast-dims", "key=lambda pair: pair[1]))\n    return broadcast_term", "key=lambda pair: pair[0]))\n    return broadcast_term",
+      "the op's broadcast puts each operand dim where the written broadcast put it (a broadcast that moves dims tells them apart)",
+      "pytest:tests/translate/test_broadcast_outside.py -k broadcast_of_the_op"),
     # -- HLO conditional (translate/conditionals.py) ----------------------------------------------------
     M("cond-index-clamp", "return k if 0 <= k < n else n - 1", "return k % n",
       "XLA runs the last branch for an index outside [0, n)",

@@ -96,7 +96,8 @@ def unary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
 def unary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
     if (plain := without_guard(ev, op, args)) is not None:
         return plain
-    if (outside := unit_reshaped(ev, args, shape, lambda xs, sh: unary_of(ev, op, xs, sh))) is not None:
+    on = lambda xs, sh: unary_of(ev, op, xs, sh)  # noqa: E731
+    if (outside := unit_reshaped(ev, args, shape, on) or broadcast_outside(ev, args, shape, on)) is not None:
         return outside
     term = _built(ev, "unary", (op,), args, shape, lambda v: semantics.apply(semantics.UNARY, op, v))
     if op == "negate" and (form := signed_sums.one_form(ev, term)) is not None:
@@ -119,41 +120,67 @@ def unary_of(ev: Builder, op: str, args: list, shape: Shape) -> Term:
 
 def unit_reshaped(ev: Builder, args: list, shape: Shape, op_on) -> Term | None:
     """op(reshape(a), reshape(b)) as reshape(op(a, b)) when the reshapes only add or drop size-1
-    dims of operands of one shape (a constant operand of one value everywhere is reshaped to it):
-    an elementwise op reads and writes each element in place, and such a reshape keeps every
-    element's order. keepdims code (`m = s.max(-1, keepdims=True)`, online softmax's running max
-    and sum kept as [..., 1]) then meets the facts about the reductions themselves (a running max
-    of reduce-maxima, a sum of shifted exponentials rescaled). None when no operand is such a
-    reshape, and on integers and predicates: index arithmetic keeps its written form, which the
-    facts about indices (bounds, offsets, one-hot picks) read operand by operand."""
-    if any(a.dtype not in FLOATS for a in args):
+    dims of operands of one shape (a constant of one value everywhere is reshaped to it, a constant
+    factor in front of a reshape goes inside it): an elementwise op reads and writes each element
+    in place, and such a reshape keeps every element's order. keepdims code (`m = s.max(-1,
+    keepdims=True)`, online softmax's running max and sum kept as [..., 1]) then meets the facts
+    about the reductions themselves (a running max of reduce-maxima, a sum of shifted exponentials
+    rescaled). None when no operand is such a reshape, and on integers and predicates: index
+    arithmetic keeps its written form, which the facts about indices (bounds, offsets, one-hot
+    picks) read operand by operand."""
+    found = _outside(ev, args, "reshape")
+    if found is None:
         return None
-    inner = [_reshaped_from(ev, a) for a in args]
-    shapes = {x.shape for x in inner if x is not None}
-    if len(shapes) != 1:
-        return None
-    (dims,) = shapes
+    _, dims, inner = found
     if [n for n in dims if n != 1] != [n for n in shape.dims if n != 1] or dims == shape.dims:
         return None
-    moved = []
-    for a, x in zip(args, inner):
-        if x is None:
-            number = splat_number(ev, a)
-            if number is None:
-                return None
-            x = ev.const(np.full(dims, number), a.dtype)
-        moved.append(x)
-    return ev.reshape_term(op_on(moved, Shape(shape.dtype, dims)), shape)
+    return ev.reshape_term(op_on(inner, Shape(shape.dtype, dims)), shape)
 
 
-def _reshaped_from(ev: Builder, a: Term) -> Term | None:
-    """y where `a` is reshape(y), or f * y where it is f * reshape(y): the builder keeps a constant
-    factor in front of a reshape (a keepdims mean, `sum(x, keepdims=True) / n`), and the factor is the
-    same at every element, so the reshape is as much outside the product as inside it."""
-    factor, base = ev.scale_of(a)
-    if base.op != "reshape":
+def broadcast_outside(ev: Builder, args: list, shape: Shape, op_on) -> Term | None:
+    """op(bcast(a), bcast(b)) as bcast(op(a, b)) when every operand is the same broadcast of an
+    operand of one shape (a constant of one value everywhere is made that shape, a constant factor
+    in front of a broadcast goes inside it): an elementwise op computes each element from its
+    operands' elements at the same index, and a broadcast's element is its operand's at the
+    index's projection, so every element is op of the same numbers either way: exact in floats. A
+    statistic broadcast before its last ops (LayerNorm's variance broadcast over the features, then
+    `+ eps` and `sqrt` on every copy) then meets the statistic finished before the broadcast. None
+    on integers and predicates, whose written forms the index facts read."""
+    found = _outside(ev, args, "bcast")
+    if found is None:
         return None
-    return ev.scaled(base.args[0], factor)
+    (spec,), dims, inner = found
+    out_dims = tuple(o for o, _ in sorted(BcastSpec.parse(spec).operand_dims(), key=lambda pair: pair[1]))
+    return broadcast_term(ev, op_on(inner, Shape(shape.dtype, dims)), shape, out_dims)
+
+
+def _outside(ev: Builder, args: list, op: str) -> tuple[tuple, tuple[int, ...], list[Term]] | None:
+    """(attrs, operand shape, operands) when every float operand of an elementwise op is an `op`
+    (reshape or bcast) with the same attrs of an operand of one shape, up to a constant factor in
+    front (moved inside), or a constant of one value everywhere (made that shape); else None, and
+    when every operand folds (constants are folded as they are)."""
+    if any(a.dtype not in FLOATS for a in args) or all(ev.folded(a) is not None for a in args):
+        return None
+    numbers = [splat_number(ev, a) for a in args]
+    layouts = [ev.scale_of(a) for a in args]
+    written = {
+        (base.attrs, base.args[0].shape) for (_, base), n in zip(layouts, numbers) if base.op == op and n is None
+    }
+    if len(written) != 1:
+        return None
+    ((attrs, dims),) = written
+    inner = []
+    for a, (factor, base), number in zip(args, layouts, numbers):
+        if number is not None:
+            moved = ev.const(np.full(dims, number), a.dtype)
+        elif base.op == op:  # the one written (attrs, shape): every other is in `written` too
+            moved = ev.scaled(base.args[0], factor)
+        else:
+            return None
+        if moved is None:
+            return None
+        inner.append(moved)
+    return attrs, dims, inner
 
 
 def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -169,7 +196,8 @@ def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
         return cancelled
     if (merged := offset_merged(ev, op, args, shape)) is not None:
         return merged
-    if (outside := unit_reshaped(ev, args, shape, lambda xs, sh: binary_terms(ev, op, xs, sh))) is not None:
+    on = lambda xs, sh: binary_terms(ev, op, xs, sh)  # noqa: E731
+    if (outside := unit_reshaped(ev, args, shape, on) or broadcast_outside(ev, args, shape, on)) is not None:
         return outside
     if (shifted := SHIFTS[op](ev, *args) if op in SHIFTS else None) is not None:
         return shifted  # online softmax's exponentials rescaled to the newest shift, its blocks in order

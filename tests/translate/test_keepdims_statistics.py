@@ -1,5 +1,5 @@
 """An elementwise op on a scaled keepdims value is the op on the scaled value, reshaped
-(equivci.translate.elementwise.unit_reshaped, through `_reshaped_from`): the builder keeps a
+(equivci.translate.elementwise.unit_reshaped: a factor in front of the reshape moves inside it): the builder keeps a
 constant factor in front of a reshape, so a keepdims mean `sum(x, keepdims=True) / n` is
 `(1/n) * reshape(sum(x))`, and `var + eps` on it is reshape((1/n) * sum + eps), the very term of
 `(var + eps)[..., None]` taken without keepdims. Exact: a factor is the same at every element and
