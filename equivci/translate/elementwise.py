@@ -171,6 +171,7 @@ def _outside(ev: Builder, args: list, op: str) -> tuple[tuple, tuple[int, ...], 
     ((attrs, dims),) = written
     inner = []
     for a, (factor, base), number in zip(args, layouts, numbers):
+        moved: Term | None
         if number is not None:
             moved = ev.const(np.full(dims, number), a.dtype)
         elif base.op == op:  # the one written (attrs, shape): every other is in `written` too
