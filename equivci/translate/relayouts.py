@@ -166,14 +166,9 @@ def _unsqueezed(ev: Builder, t: Term) -> tuple[Fraction, Term]:
     as written, the relayout would stop at the factor, and a pipeline's microbatch `xs[t]` through
     a GELU MLP would meet the reference's dot over every microbatch only up to the first GELU.
     dot(f * x, y) is f * dot(x, y), as the written dot's factor is pulled out (Builder.factored)."""
-    shape = Shape(t.dtype, t.shape)
     if t in ev.unsqueezed:
-        t = ev.reshape_term(ev.unsqueezed[t], shape)
-    factor, base = ev.scale_of(t)
-    if base in ev.unsqueezed:
-        inner, base = ev.scale_of(ev.reshape_term(ev.unsqueezed[base], shape))
-        factor *= inner
-    return factor, base
+        t = ev.reshape_term(ev.unsqueezed[t], Shape(t.dtype, t.shape))
+    return ev.scale_of(t)
 
 
 def _apply(ev: Builder, term: Term, level: Term, kept: tuple[int, ...], offset: int, shape: tuple[int, ...]) -> Term:
