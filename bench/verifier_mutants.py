@@ -1222,6 +1222,24 @@ MUTANTS: tuple[Mutant, ...] = (
     M("summed-product-narrow", 'WIDE = {"f32", "f64"}', 'WIDE = {"f32", "f64", "f16"}',
       "a sum of f16 products is no f16 dot (that is its f32 dot rounded once)",
       "pytest:tests/translate/test_summed_products.py::test_a_sum_over_a_dim_one_operand_is_broadcast_along_or_in_f16_stays_a_sum"),
+    # -- a dot of a squeezed op under a constant factor (translate/relayouts.py) ---------------------
+    M("squeezed-dot-factor-dropped", "    return ev.scale_of(t)\n", "    return Fraction(1), ev.scale_of(t)[1]\n",
+      "the relaid dot keeps its operand's constant factor: without it the dot is stated equal to the "
+      "written one, f times larger",
+      "pytest:tests/translate/test_squeezes.py::test_a_dot_of_a_scaled_op_on_a_row_is_the_scaled_squeeze_of_the_dot"),
+    M("squeezed-dot-factor-not-followed", "    return ev.scale_of(t)\n", "    return Fraction(1), t\n",
+      "a constant factor in front of a squeezed operand is pulled out of the dot, and the relayout follows "
+      "the squeeze under it",
+      "pytest:tests/translate/test_squeezes.py::test_a_dot_of_a_scaled_op_on_a_row_is_the_scaled_squeeze_of_the_dot",
+      "pytest:tests/translate/test_microbatch_mlps.py::test_microbatches_through_a_tp_gelu_mlp_verify"),
+    # -- the stated equalities the outputs can use, first (prove/saturate.py) ---------------------------
+    M("needed-groups-skipped", "    if len(needed) < len(groups):", "    if False:",
+      "the facts about values no output is made of (a GPipe schedule's warm-up ticks on zeros) are left out "
+      "of a first saturation: with them the e-graph outgrew its budget",
+      "pytest:tests/translate/test_microbatch_mlps.py::test_a_gpipe_schedule_of_tp_gelu_stages_verifies"),
+    M("needed-groups-unchained", "                stack.extend(groups[k])\n", "                pass\n",
+      "a group kept brings its members' own groups and arguments in: facts reach the outputs through others",
+      "pytest:tests/prove/test_needed_groups.py"),
 )
 
 

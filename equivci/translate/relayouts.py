@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 
 from equivci.hlo.ir import Shape
 from equivci.terms.ir import Term
@@ -122,9 +123,7 @@ def _free(shape, kept) -> list[int]:
 def dot_of_relayouts(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> Term | None:
     """dot(lhs, rhs) as relayouts of the dot of their bases, when an operand is a reshape (under
     slices) of its free dims, or an op known as a squeeze (squeezes.py); None when neither is."""
-    lhs, rhs = (
-        ev.reshape_term(ev.unsqueezed[t], Shape(t.dtype, t.shape)) if t in ev.unsqueezed else t for t in (lhs, rhs)
-    )
+    (l_factor, lhs), (r_factor, rhs) = _unsqueezed(ev, lhs), _unsqueezed(ev, rhs)
     left = _down(lhs, spec.lhs_batch + spec.lhs_contract)
     right = _down(rhs, spec.rhs_batch + spec.rhs_contract)
     if not (left.relaid or right.relaid):
@@ -156,7 +155,20 @@ def dot_of_relayouts(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shap
     n_left = len(_free(lhs.shape, left.kept[0]))
     for r_level in range(len(right.levels) - 2, -1, -1):
         term = _apply(ev, term, right.levels[r_level], right.kept[r_level], nb + n_left, shape_at(0, r_level))
-    return term if term.shape == tuple(out.dims) else None
+    scaled = ev.times(term, l_factor, r_factor)
+    return scaled if scaled is not None and scaled.shape == tuple(out.dims) else None
+
+
+def _unsqueezed(ev: Builder, t: Term) -> tuple[Fraction, Term]:
+    """t as a constant factor times an operand to follow: the reshape of the term whose squeeze t
+    is (squeezes.py), or t itself. The builder keeps constant factors in front, of a reshape and of
+    an unsqueezed op alike (the 0.5 of GELU's `0.5 * x * (1 + tanh(...))`, a fan-in scale): followed
+    as written, the relayout would stop at the factor, and a pipeline's microbatch `xs[t]` through
+    a GELU MLP would meet the reference's dot over every microbatch only up to the first GELU.
+    dot(f * x, y) is f * dot(x, y), as the written dot's factor is pulled out (Builder.factored)."""
+    if t in ev.unsqueezed:
+        t = ev.reshape_term(ev.unsqueezed[t], Shape(t.dtype, t.shape))
+    return ev.scale_of(t)
 
 
 def _apply(ev: Builder, term: Term, level: Term, kept: tuple[int, ...], offset: int, shape: tuple[int, ...]) -> Term:

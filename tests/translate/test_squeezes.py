@@ -23,6 +23,7 @@ from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
 from equivci.translate import elementwise
 from equivci.translate.evaluator import Evaluator
+from equivci.translate.reductions import dot
 from equivci.translate.shapes import broadcast_term
 
 RNG = np.random.default_rng(0)
@@ -52,6 +53,27 @@ def test_a_row_plus_a_broadcast_bias_is_the_squeezed_sum() -> None:
     assert [term, ev.reshape_term(full, Shape("f32", (2, 8)))] in ev.equal_terms  # stated for the proof
     values = {0: RNG.standard_normal((4, 2, 8)).astype(np.float32), 1: RNG.standard_normal(8).astype(np.float32)}
     np.testing.assert_allclose(evaluate(full, values)[0], np.tanh(values[0][2] + values[1]), rtol=1e-6)
+
+
+def test_a_dot_of_a_scaled_op_on_a_row_is_the_scaled_squeeze_of_the_dot() -> None:
+    # 0.5 * tanh(x[2]) @ w: the builder keeps the 0.5 in front of the unsqueezed op too; the dot is
+    # still the squeeze of the dot of the whole [1, 2, 8] op, the factor in front of it
+    ev = Evaluator(None, TermTable(), 1)
+    x, row = _row(ev, 0, (4, 2, 8), 2)
+    w = ev.table.make("param", (1,), (), (8, 5), "f32")
+    half = ev.const(np.full((2, 8), 0.5, np.float32), "f32")
+    gelu_like = elementwise.binary(
+        ev, _inst("multiply", (2, 8)), [elementwise.unary(ev, _inst("tanh", (2, 8)), [row], 0), half], 0
+    )
+    assert ev.scale_of(gelu_like)[0] == 0.5  # in front of the row's op
+    inst = Instruction(
+        "d", "dot", Shape("f32", (2, 5)), ("a", "b"), {"lhs_contracting_dims": "{1}", "rhs_contracting_dims": "{0}"}
+    )
+    term = dot(ev, inst, [gelu_like, w], 0)
+    factor, base = ev.scale_of(term)
+    assert factor == 0.5 and base.op == "reshape" and base.args[0].op == "dot" and base.args[0].shape == (1, 2, 5)
+    values = {0: RNG.standard_normal((4, 2, 8)).astype(np.float32), 1: RNG.standard_normal((8, 5)).astype(np.float32)}
+    np.testing.assert_allclose(evaluate(term, values), 0.5 * np.tanh(values[0][2]) @ values[1], rtol=1e-5, atol=1e-6)
 
 
 def test_squeezes_of_one_shape_a_constant_and_a_select_lift_together() -> None:
