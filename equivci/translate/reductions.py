@@ -73,10 +73,9 @@ def dot_with_facts(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: 
     if (copied := dot_of_copies(ev, dot_spec, lhs, rhs, shape)) is not None:
         ev.equal_terms.append([term, copied])
     if (shared := dot_of_batch_copies(ev, dot_spec, lhs, rhs, shape)) is not None:
-        # the dot without the copies is the term, the written one stated beside it: the ops after
-        # it (a softmax over a device's heads) then build on the layout the reference's dot has
-        ev.equal_terms.append([shared, term])
-        return shared
+        # stated beside the written dot, not made the term: as the term it moved the layout every
+        # later op builds on, and lost the zoo's GQA with replicated KV heads (gqa-tp4-kv2-replicated)
+        ev.equal_terms.append([term, shared])
     return term
 
 

@@ -46,7 +46,7 @@ def test_an_op_of_broadcasts_is_the_broadcast_of_the_op() -> None:
     turned = Shape("f32", (8, 16, 4))  # a broadcast that also moves the operand's dims
     ta, tb = (broadcast_term(ev, t, turned, (2, 0)) for t in (a, b))
     product = binary_terms(ev, "multiply", [ta, tb], turned)
-    assert product.op == "bcast"
+    assert product.op == "bcast" and product.attrs == ta.attrs  # the written broadcast, dims where it put them
     np.testing.assert_allclose(evaluate(product, {0: x, 1: y}), np.broadcast_to((x * y).T[:, None, :], (8, 16, 4)))
 
 
