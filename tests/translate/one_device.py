@@ -10,6 +10,7 @@ from equivci.capture.types import LeafPlacement
 from equivci.hlo.ir import Module
 from equivci.hlo.parser import parse_module
 from equivci.prove.programs import build_programs
+from equivci.terms.ir import Term
 from equivci.translate.programs import Programs
 
 
@@ -25,3 +26,13 @@ def programs(fn, args) -> tuple[Programs, np.ndarray, Module]:
     want = np.asarray(jax.jit(fn)(*args))
     inputs = tuple(leaf(f"[{k}]", a) for k, a in enumerate(args))
     return build_programs(module, module, inputs, (leaf("[0]", want),), 1), want, module
+
+
+def op_names(t: Term) -> set[str]:
+    """The ops a term is built of, its own and every operand's."""
+    seen, stack = set(), [t]
+    while stack:
+        u = stack.pop()
+        seen.add(u.op)
+        stack.extend(u.args)
+    return seen

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from jax import lax
 from model_package import verify_named as _verify
+from one_device import op_names as _ops
 from one_device import programs as _programs
 
 from equivci.hlo.ir import Shape
@@ -39,15 +40,6 @@ from equivci.translate.tiles import copied_window
 
 RNG = np.random.default_rng(11)
 Y = RNG.standard_normal((2, 3)).astype(np.float32)
-
-
-def _ops(t: Term) -> set[str]:
-    seen, stack = set(), [t]
-    while stack:
-        u = stack.pop()
-        seen.add(u.op)
-        stack.extend(u.args)
-    return seen
 
 
 def _checked(fn, args) -> Term:

@@ -28,6 +28,7 @@ import model_package
 import numpy as np
 import pytest
 from model_package import verify_named as _verify
+from one_device import op_names as _ops
 from one_device import programs as _programs
 
 from equivci.hlo.ir import Shape
@@ -53,15 +54,6 @@ STYLES = {
     "broadcast-to-leading": lambda y: jnp.broadcast_to(jnp.sin(y)[None], (3, *y.shape)).reshape(9, 4),
     "einops-style": lambda y: _einops_tile(jnp.sin(y), 2),
 }
-
-
-def _ops(t: Term) -> set[str]:
-    seen, stack = set(), [t]
-    while stack:
-        u = stack.pop()
-        seen.add(u.op)
-        stack.extend(u.args)
-    return seen
 
 
 def _checked(fn, args=(Y,)) -> Term:
