@@ -1240,6 +1240,15 @@ MUTANTS: tuple[Mutant, ...] = (
     M("needed-groups-unchained", "                stack.extend(groups[k])\n", "                pass\n",
       "a group kept brings its members' own groups and arguments in: facts reach the outputs through others",
       "pytest:tests/prove/test_needed_groups.py"),
+    M("needed-groups-rest-dropped", "add_terms(proof, [], [group for group in groups if id(group) not in kept])",
+      "add_terms(proof, [], [])",
+      "a settled first search is grown with the groups it left out: the localization reads their relations, "
+      "and a fresh search of every group would have them",
+      "pytest:tests/prove/test_needed_groups.py::test_a_settled_first_search_grows_into_the_search_of_every_group"),
+    M("needed-groups-grown-when-stopped", "        if not proof.exhausted and not proof.outgrown:\n            kept",
+      "        if not proof.outgrown:\n            kept",
+      "a first search the iteration budget stopped is no fixed point to grow from: a fresh search of every group",
+      "pytest:tests/prove/test_needed_groups.py::test_a_first_search_that_the_budget_stopped_is_not_grown"),
 )
 
 
