@@ -21,6 +21,7 @@ forks once per mutant; the fork imports equivci from the mutated copy.
     python bench/verifier_mutants.py                 # every mutant, prints killed / survived
     python bench/verifier_mutants.py --only vocab-gt-offset,abs-any
     python bench/verifier_mutants.py --list
+    python bench/verifier_mutants.py --sample        # the first mutant of each module (the default suite's share)
 """
 
 from __future__ import annotations
@@ -1262,6 +1263,21 @@ def locate(mutant: Mutant, package: Path = PACKAGE) -> Path:
     return hits[0][0]
 
 
+def family(mutant: Mutant) -> str:
+    """The module a mutant edits (a path in equivci/): its family, the facts or guards of one module."""
+    return locate(mutant).relative_to(PACKAGE).as_posix()
+
+
+def family_sample(mutants: tuple[Mutant, ...] = MUTANTS, named: frozenset[str] = frozenset()) -> list[Mutant]:
+    """The first mutant of each family in the table's order, and the mutants `named`: the default
+    suite's share (every module a mutant edits still has one killed there; the slow test runs all)."""
+    firsts: dict[str, Mutant] = {}
+    for m in mutants:
+        firsts.setdefault(family(m), m)
+    chosen = {m.name for m in firsts.values()} | set(named)
+    return [m for m in mutants if m.name in chosen]
+
+
 def mutated_source(mutant: Mutant) -> tuple[Path, str]:
     """The file the mutant edits (in equivci/) and its mutated text."""
     path = locate(mutant)
@@ -1564,11 +1580,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", help=argparse.SUPPRESS)
     parser.add_argument("--only", default="", help="comma-separated mutant names")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--sample", action="store_true", help="the first mutant of each module it edits only")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
     if args.batch:
         return batch_main(args.batch)
-    chosen = [m for m in MUTANTS if not args.only or m.name in args.only.split(",")]
+    table = family_sample() if args.sample else list(MUTANTS)
+    chosen = [m for m in table if not args.only or m.name in args.only.split(",")]
     if args.list:
         for m in chosen:
             print(f"{m.name:28s} {locate(m).relative_to(REPO)}: {m.reason}")
