@@ -21,6 +21,7 @@ forks once per mutant; the fork imports equivci from the mutated copy.
     python bench/verifier_mutants.py                 # every mutant, prints killed / survived
     python bench/verifier_mutants.py --only vocab-gt-offset,abs-any
     python bench/verifier_mutants.py --list
+    python bench/verifier_mutants.py --sample        # the first mutant of each module (the default suite's share)
 """
 
 from __future__ import annotations
@@ -1240,6 +1241,15 @@ MUTANTS: tuple[Mutant, ...] = (
     M("needed-groups-unchained", "                stack.extend(groups[k])\n", "                pass\n",
       "a group kept brings its members' own groups and arguments in: facts reach the outputs through others",
       "pytest:tests/prove/test_needed_groups.py"),
+    M("needed-groups-rest-dropped", "add_terms(proof, [], [group for group in groups if id(group) not in kept])",
+      "add_terms(proof, [], [])",
+      "a settled first search is grown with the groups it left out: the localization reads their relations, "
+      "and a fresh search of every group would have them",
+      "pytest:tests/prove/test_needed_groups.py::test_a_settled_first_search_grows_into_the_search_of_every_group"),
+    M("needed-groups-grown-when-stopped", "        if not proof.exhausted and not proof.outgrown:\n            kept",
+      "        if not proof.outgrown:\n            kept",
+      "a first search the iteration budget stopped is no fixed point to grow from: a fresh search of every group",
+      "pytest:tests/prove/test_needed_groups.py::test_a_first_search_that_the_budget_stopped_is_not_grown"),
 )
 
 
@@ -1251,6 +1261,21 @@ def locate(mutant: Mutant, package: Path = PACKAGE) -> Path:
         where = ", ".join(f"{p.relative_to(package.parent)} x{n}" for p, n in hits) or "nowhere"
         raise LookupError(f"mutant {mutant.name}: its snippet must occur exactly once in equivci/, found {where}")
     return hits[0][0]
+
+
+def family(mutant: Mutant) -> str:
+    """The module a mutant edits (a path in equivci/): its family, the facts or guards of one module."""
+    return locate(mutant).relative_to(PACKAGE).as_posix()
+
+
+def family_sample(mutants: tuple[Mutant, ...] = MUTANTS, named: frozenset[str] = frozenset()) -> list[Mutant]:
+    """The first mutant of each family in the table's order, and the mutants `named`: the default
+    suite's share (every module a mutant edits still has one killed there; the slow test runs all)."""
+    firsts: dict[str, Mutant] = {}
+    for m in mutants:
+        firsts.setdefault(family(m), m)
+    chosen = {m.name for m in firsts.values()} | set(named)
+    return [m for m in mutants if m.name in chosen]
 
 
 def mutated_source(mutant: Mutant) -> tuple[Path, str]:
@@ -1555,11 +1580,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", help=argparse.SUPPRESS)
     parser.add_argument("--only", default="", help="comma-separated mutant names")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--sample", action="store_true", help="the first mutant of each module it edits only")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
     if args.batch:
         return batch_main(args.batch)
-    chosen = [m for m in MUTANTS if not args.only or m.name in args.only.split(",")]
+    table = family_sample() if args.sample else list(MUTANTS)
+    chosen = [m for m in table if not args.only or m.name in args.only.split(",")]
     if args.list:
         for m in chosen:
             print(f"{m.name:28s} {locate(m).relative_to(REPO)}: {m.reason}")

@@ -57,7 +57,10 @@ class Proof:
 
 def saturate(programs: Programs, iterations: int = MAX_ITERATIONS) -> Proof:
     """First with the stated equalities the outputs can use only, then, unless that proved them,
-    with all of them (the localization reads every value's relation in that e-graph)."""
+    with all of them (the localization reads every value's relation in that e-graph). Where the
+    first search settled, the other equalities join its e-graph, saturated again: the rules are
+    monotone, so the fixed point reached from the first one's is the one a fresh search of all the
+    terms reaches, without deriving the first one's facts twice."""
     reference_values = list(programs.params)
     for event in programs.reference_events:
         reference_values.extend(flatten(event.values[0]))
@@ -81,6 +84,10 @@ def saturate(programs: Programs, iterations: int = MAX_ITERATIONS) -> Proof:
         proof = run(needed)
         if proof.all_proved:
             return proof
+        if not proof.exhausted and not proof.outgrown:
+            kept = {id(group) for group in needed}
+            add_terms(proof, [], [group for group in groups if id(group) not in kept])
+            return _checked(proof, programs)
     return run(groups)
 
 
@@ -123,6 +130,13 @@ def with_hints(proof: Proof, programs: Programs, hints: list[Term], iterations: 
     t0 = time.perf_counter()
     proof.iterations, proof.exhausted = iterations, 0
     add_terms(proof, hints)
+    proof.seconds += time.perf_counter() - t0
+    return _checked(proof, programs)
+
+
+def _checked(proof: Proof, programs: Programs) -> Proof:
+    """`proof` with its outputs and obligations checked again on its e-graph (grown since)."""
+    t0 = time.perf_counter()
     proof.proved = [
         [proved_equal(proof.egraph, proof.loader.expr(o), proof.loader.expr(t)) for o, t in row]
         for row in _pairs(programs)

@@ -51,3 +51,63 @@ def test_a_fact_the_outputs_need_is_never_left_out() -> None:
     assert proof.all_proved
     # and nothing else proves them equal (the test would pass vacuously otherwise)
     assert not saturate_terms([target], [x1, target], [[(out, target)]], groups[1:]).all_proved
+
+
+def _programs(out, target, params, groups):
+    from types import SimpleNamespace
+
+    from equivci.options import Budgets
+
+    return SimpleNamespace(
+        params=params, reference_events=[], reference_outputs=[target], device_outputs=[[out]], targets=[[target]],
+        evaluator=SimpleNamespace(equal_terms=groups, budgets=Budgets()), obligations=[],
+    )
+
+
+def test_a_settled_first_search_grows_into_the_search_of_every_group(monkeypatch) -> None:
+    """Unless the needed groups prove the outputs, the other groups join the first search's e-graph
+    (one fresh search, not two) and it ends where a fresh search of every group ends: each pair of
+    terms proved equal in one is in the other, the groups left out first included (the localization
+    reads their relations)."""
+    from equivci.prove import saturate as sat
+
+    x0, x1, p5, p6, p7 = _param(0), _param(1), _param(5), _param(6), _param(7)
+    out, target = _add(_tanh(x0), x0), _add(_tanh(x1), x0)  # differ: no group relates x0 and x1
+    groups = [[_tanh(p5), p6], [_add(p6, p6), p7], [_tanh(x0), _tanh(_param(2))]]
+    programs = _programs(out, target, [x0, x1], groups)
+    assert needed_groups(groups, [x0, x1, target, out, target]) == groups[2:]
+    searches = []
+    monkeypatch.setattr(sat, "saturate_terms", lambda *a, **k: searches.append(a[3]) or saturate_terms(*a, **k))
+    proof = sat.saturate(programs)
+    assert not proof.all_proved and searches == [groups[2:]]
+    fresh = saturate_terms([target], [x0, x1, target], [[(out, target)]], groups)
+    terms = list(fresh.loader.exprs)
+    assert set(terms) <= set(proof.loader.exprs) and len(terms) >= 12  # every term of every group loaded
+
+    def equal_pairs(p):
+        return {(a, b) for a in terms for b in terms if sat.proved_equal(p.egraph, p.loader.expr(a), p.loader.expr(b))}
+
+    assert equal_pairs(proof) == equal_pairs(fresh)
+    assert (_tanh(p5), p6) in equal_pairs(proof) and (_add(p6, p6), p7) in equal_pairs(proof)
+
+
+def test_a_first_search_that_the_budget_stopped_is_not_grown(monkeypatch) -> None:
+    """A first search that ended at its iteration budget did not reach the fixed point a fresh search
+    would start from: the proof with every group is a fresh search."""
+    from equivci.prove import saturate as sat
+
+    x0, x1 = _param(0), _param(1)
+    out, target = _tanh(x0), _tanh(x1)
+    groups = [[_tanh(_param(5)), _param(6)], [x0, _param(2)]]
+    programs = _programs(out, target, [x0, x1], groups)
+    searches = []
+
+    def stopped(*args, **kwargs):
+        searches.append(args[3])
+        proof = saturate_terms(*args, **kwargs)
+        proof.exhausted = 1 if len(searches) == 1 else 0
+        return proof
+
+    monkeypatch.setattr(sat, "saturate_terms", stopped)
+    assert not sat.saturate(programs).all_proved
+    assert searches == [groups[1:], groups]
