@@ -458,6 +458,9 @@ def _negated(ev: Builder, p: Term, value: np.ndarray) -> Term:
 
 
 def clamp(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    lo, x, hi = (ev.folded(a) for a in args)
+    if lo is not None and hi is not None and x is None and (plain := bounds.unclamped(ev, lo, args[1], hi)) is not None:
+        return plain
     return _built(ev, "ternary", ("clamp",), args, inst.shape, lambda lo, x, hi: np.clip(x, lo, hi))
 
 
