@@ -5,7 +5,8 @@
 for every c (a c outside the dim writes nothing, as no w equals it; a negative one is wrapped by
 JAX's own index arithmetic first). Checked against XLA on four styles (the `.at[rows, c]` write, the
 same with a free dim between rows and c, a vmapped `dynamic_update_slice` whose clamp stays where c
-may leave the dim, and c out of range), and end to end: a ring-buffer cache written at `pos % W` on
+may leave the dim, also where c's bounds are wider than the dim, and c out of range; an add is no
+select), and end to end: a ring-buffer cache written at `pos % W` on
 batch shards (local row numbers) verifies against the reference's write, against a write spelled
 as `where(arange(W) == slot, u, cache)` and against a vmapped `dynamic_update_slice` (its clamp
 dropped: `pos % W` is in [0, W), bounds.bound_enumerated); the slot one later, `pos % (W - 1)` and rows out of order
@@ -42,6 +43,8 @@ STYLES = {
     "at-rows": (lambda c, u, s: c.at[jnp.arange(4), s].set(u), CACHE),
     "at-rows-free-dim-between": (lambda c, u, s: c.at[jnp.arange(4), :, s].set(u), CACHE.transpose(0, 2, 1).copy()),
     "vmapped-dynamic-update": (lambda c, u, s: jax.vmap(_dus)(c, u, s), CACHE),
+    # s % 8 is in [0, 8): the clamp into [0, 4] stays
+    "vmapped-dynamic-update-of-modulus": (lambda c, u, s: jax.vmap(_dus)(c, u, s % 8), CACHE),
 }
 SLOTS = {"inside": np.array([0, 4, 2, 2], np.int32), "outside": np.array([-1, 5, 7, -6], np.int32)}
 
@@ -55,6 +58,13 @@ def test_a_row_write_is_a_select_and_computes_what_xla_computes(style, slots) ->
     out = programs.reference_outputs[0]
     assert "opaque" not in _ops(out) and "ternary" in _ops(out), _ops(out)
     np.testing.assert_array_equal(evaluate(out, dict(enumerate(args)), programs.evaluator.values), want)
+
+
+def test_a_row_add_is_no_select() -> None:
+    """A scatter that adds its updates keeps what x holds there: no overwrite."""
+    args = (CACHE, NEW, SLOTS["inside"])
+    programs, _, _ = _programs(lambda c, u, s: c.at[jnp.arange(4), s].add(u), args)
+    assert programs.reference_outputs[0].op == "opaque"
 
 
 def test_rows_out_of_order_are_no_row_write() -> None:
