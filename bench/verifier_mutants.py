@@ -459,6 +459,16 @@ MUTANTS: tuple[Mutant, ...] = (
     M("enumerated-every-value", "np.arange(int(lo), int(hi) + 1, dtype=np_dtype)", "np.arange(int(lo), int(hi), dtype=np_dtype)",
       "a function of a bounded value is bounded by its values at every value of the bounds, the top one included",
       "pytest:tests/translate/test_modulus_bounds.py::test_bounds_of_a_modulus_are_exact_and_hold_what_xla_computes"),
+    # -- an order test of two integers in one form (translate/elementwise.py, ordered_difference) -------
+    M("ordered-difference-fits", "return info.min <= lx - hy and hx - ly <= info.max", "return True",
+      "x - y >= 0 is x >= y only where x - y does not wrap",
+      "pytest:tests/translate/test_ordered_differences.py::test_a_difference_that_may_wrap_is_not_ordered"),
+    M("ordered-difference-mirror", "return _compare(ev, MIRRORED[direction], y, x, shape)", "return _compare(ev, direction, y, x, shape)",
+      "x >= y is y <= x, not y >= x",
+      "pytest:tests/translate/test_ordered_differences.py::test_the_ordered_form_computes_what_xla_computes"),
+    M("ordered-difference-stated", "(ordered := ordered_difference(ev, direction, a, b, shape)) is not None", "False",
+      "a rolling cache's absolute-position validity meets the slot age's only through the ordered form",
+      "pytest:tests/translate/test_ordered_differences.py::test_a_rolling_cache_validity_by_slot_age"),
     # -- a gather of one element per row as a one-hot sum (translate/picks.py) -------------------------
     M("pick-index-bounds", "found is None or found[0] < 0 or found[1] >= x.shape[v]", "found is None",
       "a gather clamps an index outside [0, V) where a one-hot of it is all zeros",
