@@ -469,6 +469,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("ordered-difference-stated", "(ordered := ordered_difference(ev, direction, a, b, shape)) is not None", "False",
       "a rolling cache's absolute-position validity meets the slot age's only through the ordered form",
       "pytest:tests/translate/test_ordered_differences.py::test_a_rolling_cache_validity_by_slot_age"),
+    M("int-range-top-excluded", "{p: (float(int_range[0]), float(int_range[1] - 1))", "{p: (float(int_range[0]), float(int_range[1]))",
+      "the manifest's int_range excludes its upper end: [0, 24) holds no 24",
+      "pytest:tests/verify/test_index_assumptions.py::test_a_stated_range_bounds_every_integer_input"),
     # -- a gather of one element per row as a one-hot sum (translate/picks.py) -------------------------
     M("pick-index-bounds", "found is None or found[0] < 0 or found[1] >= x.shape[v]", "found is None",
       "a gather clamps an index outside [0, V) where a one-hot of it is all zeros",

@@ -9,7 +9,8 @@ position embedding at `pos`, so pos is a valid index of its table (the `note` of
 Without a range the two differ (pos - age wraps near the dtype's minimum) and stay apart. Checked on
 terms against XLA, and end to end on batch shards with the age test batched or vmapped per example
 (verified), `<` for `<=` and `W - 1` for W (mismatch), and the age test with the assumption refused
-(`assume_valid_indices: false`: unproven).
+(`assume_valid_indices: false`: unproven) unless the manifest states the positions' range
+(`int_range: [0, 24]`: verified with a note naming it; `<` for `<=` stays mismatch).
 """
 
 from __future__ import annotations
@@ -120,6 +121,9 @@ CASES = {
     "age-strict": ("age_strict", Status.MISMATCH, ""),
     "age-short": ("age_short", Status.MISMATCH, ""),
     "age-refused": ("age", Status.UNPROVEN, ", assume_valid_indices: false"),
+    # the range stated in the manifest instead of assumed from the index use
+    "age-stated-range": ("age", Status.VERIFIED, ", assume_valid_indices: false, int_range: [0, 24]"),
+    "age-strict-stated-range": ("age_strict", Status.MISMATCH, ", assume_valid_indices: false, int_range: [0, 24]"),
 }
 MANIFEST = "version: 1\nmodels:\n" + "".join(
     f"  - {{name: {name}, reference: m.py:reference, distributed: m.py:{fn}, inputs: m.py:inputs, "
@@ -138,4 +142,5 @@ def test_a_rolling_cache_validity_by_slot_age(manifest, name) -> None:
     result = _verify(manifest, name)
     assert result.status is CASES[name][1], (result.status, result.findings)
     if result.status is Status.VERIFIED:
-        assert any(f.severity == "note" and "index" in f.message for f in result.findings), result.findings
+        said = "int_range" if "int_range" in CASES[name][2] else "index"
+        assert any(f.severity == "note" and said in f.message for f in result.findings), result.findings
