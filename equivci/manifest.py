@@ -22,7 +22,7 @@ MAX_DEVICES = 64  # fake CPU devices per capture child; more makes capture impra
 
 TOP_KEYS = ("version", "models")
 REQUIRED_MODEL_KEYS = ("name", "reference", "distributed", "inputs", "mesh")
-MODEL_KEYS = REQUIRED_MODEL_KEYS + ("kind", "tags", "capture_timeout", "oracle", "assume_valid_indices")
+MODEL_KEYS = REQUIRED_MODEL_KEYS + ("kind", "tags", "capture_timeout", "oracle", "assume_valid_indices", "int_range")
 # `kind: hlo`: programs given as HLO files (another compiler's dumps) and a relation file.
 HLO_REQUIRED_KEYS = ("name", "kind", "reference", "distributed", "relations", "mesh")
 HLO_MODEL_KEYS = HLO_REQUIRED_KEYS + ("tags",)
@@ -97,6 +97,9 @@ class ModelSpec:
     # False: a proof that holds only for integer inputs in the range the reference indexes with
     # is `unproven`, not "verified, assuming the inputs its note names".
     assume_valid_indices: bool = True
+    # [lo, hi): the values every integer input takes (positions, lengths, ids), stated by the user;
+    # proofs may rest on it (with a note) and the numeric check draws integers there.
+    int_range: tuple[int, int] | None = None
 
     @property
     def num_devices(self) -> int:
@@ -396,6 +399,25 @@ def _assume_valid_indices(ctx: _Ctx, model: _Map, prefix: str) -> bool:
     return value
 
 
+def _int_range(ctx: _Ctx, model: _Map, prefix: str) -> tuple[int, int] | None:
+    value = model.get("int_range")
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        or value[0] >= value[1]
+    ):
+        ctx.fail(
+            f"{prefix}.int_range",
+            model.key_lines.get("int_range"),
+            f"expected [lo, hi] with integers lo < hi, got {_describe(value)}",
+            "write e.g. `int_range: [0, 24]`: every integer input lies in [0, 24) (24 excluded)",
+        )
+    return (value[0], value[1])
+
+
 def _model(ctx: _Ctx, node: Any, index: int, line: int) -> ModelSpec:
     prefix = f"models[{index}]"
     if not isinstance(node, dict):
@@ -447,6 +469,7 @@ def _model(ctx: _Ctx, node: Any, index: int, line: int) -> ModelSpec:
         capture_timeout=_capture_timeout(ctx, node, prefix),
         oracle=_oracle(ctx, node, prefix),
         assume_valid_indices=_assume_valid_indices(ctx, node, prefix),
+        int_range=_int_range(ctx, node, prefix),
     )
 
 

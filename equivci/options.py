@@ -64,6 +64,9 @@ class Budgets:
     # translate/constants: known constants (or their dims) a new constant is found a window of, stated
     # equal (a device's mask rows that both the causal and the sliding-window mask hold)
     constant_sources: int = 4
+    # translate/bounds: values of a bounded integer that an elementwise function of it (a floor
+    # modulus, a wrap of negative indices) is evaluated at to bound the function
+    enumerated_values: int = 256
     # translate/elementwise: windows a select by a constant mask is split into (more: it stays a select)
     select_runs: int = 4
     # translate/shapes: runs of consecutive rows a gather at constant indices is written as (a static

@@ -91,6 +91,10 @@ BAD = [
     ("oracle-not-mapping", _doc(_model(oracle=0.01)), "models[0].oracle: expected a mapping, got a number"),
     ("assume-valid-indices-string", _doc(_model(assume_valid_indices="no")),
      "models[0].assume_valid_indices: expected true or false, got a string ('no')"),
+    ("int-range-one-number", _doc(_model(int_range=24)),
+     "models[0].int_range: expected [lo, hi] with integers lo < hi, got an integer (24)"),
+    ("int-range-empty", _doc(_model(int_range=[5, 5])),
+     "models[0].int_range: expected [lo, hi] with integers lo < hi, got a list"),
     ("oracle-unknown-key", _doc(_model(oracle={"rtole": 0.1})), "models[0].oracle.rtole: unknown key; did you mean 'rtol'?"),
     ("oracle-negative-rtol", _doc(_model(oracle={"rtol": -1})), "models[0].oracle.rtol: expected a non-negative number, got an integer (-1)"),
     ("oracle-string-atol", _doc(_model(oracle={"atol": "1e-3"})), "models[0].oracle.atol: expected a non-negative number, got a string"),
@@ -169,6 +173,12 @@ def test_oracle_settings(project: Path) -> None:
     assert (first.oracle.rtol, first.oracle.atol, first.oracle.tolerance_set) == (0.02, None, True)
     assert first.oracle.inputs is not None and first.oracle.inputs.function == "small"
     assert not second.oracle.tolerance_set and second.oracle.inputs is None
+
+
+def test_int_range_is_optional(project: Path) -> None:
+    (project / "equivci.yaml").write_text(_doc(_model(int_range=[0, 24]), _model(name="b")))
+    first, second = load_manifest(project / "equivci.yaml").models
+    assert (first.int_range, second.int_range) == ((0, 24), None)
 
 
 def test_assume_valid_indices_defaults_to_true(project: Path) -> None:

@@ -243,6 +243,8 @@ class _MemoKeys:
             json.dumps([model.oracle.rtol, model.oracle.atol, model.oracle.inputs and model.oracle.inputs.spec]),
             # ... and so does whether a proof may rest on valid index inputs.
             f"assume_valid_indices={model.assume_valid_indices}",
+            # ... and the integer inputs' stated range
+            f"int_range={model.int_range}",
         )
         self.store = memo.Memo(Path(memo_request["cache_dir"])) if memo_request.get("cache_dir") else None
         try:

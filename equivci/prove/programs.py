@@ -20,8 +20,10 @@ def build_programs(
     num_devices: int,
     iterations: int = MAX_ITERATIONS,
     budgets: Budgets = Budgets(),
+    int_range: tuple[int, int] | None = None,
 ) -> Programs:
-    """`iterations`: the saturation budget of the loop step proofs."""
+    """`iterations`: the saturation budget of the loop step proofs; `int_range`: [lo, hi) of every
+    integer input, as the manifest states it."""
     return translate(
         reference,
         distributed,
@@ -30,4 +32,5 @@ def build_programs(
         num_devices,
         loops=functools.partial(LoopMatcher, iterations=iterations),
         budgets=budgets,
+        int_range=int_range,
     )

@@ -9,6 +9,7 @@ import numpy as np
 
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
+from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import parse_compare
 from equivci.translate import masks
 from equivci.translate.builder import Builder
@@ -19,6 +20,9 @@ BOUND_PRESERVING = {"reshape", "bitcast", "broadcast", "slice", "dynamic-slice",
 
 # Integer ops whose result's range follows from the ends of its operands' ranges.
 AFFINE = {"add", "subtract", "multiply"}
+
+# Elementwise integer ops whose result may be bounded by enumerating one bounded operand's values.
+ENUMERATED = {"add", "subtract", "multiply", "remainder", "select", "and", "or", "xor", "maximum", "minimum"}
 
 
 def note(ev: Builder, inst: Instruction, args: list, result) -> None:
@@ -31,6 +35,10 @@ def note(ev: Builder, inst: Instruction, args: list, result) -> None:
         bound_affine(ev, result, inst.opcode, *args)
     if isinstance(result, Term) and inst.opcode == "select" and len(args) == 3 and result not in ev.bounds:
         bound_select(ev, result, *args)
+    if isinstance(result, Term) and inst.opcode in ("remainder", "and") and len(args) == 2 and result not in ev.bounds:
+        bound_remainder(ev, result, inst.opcode, *args)
+    if isinstance(result, Term) and inst.opcode in ENUMERATED and ev.folded(result) is None:
+        bound_enumerated(ev, result)
     if isinstance(result, Term) and inst.opcode in ("clamp", "minimum", "maximum") and result not in ev.bounds:
         # clamp(lo, x, hi) = min(max(x, lo), hi) lies in [lo, hi], whatever x
         if (clamped := masks.clamp_form(ev, result)) is not None:
@@ -52,6 +60,97 @@ def bound_affine(ev: Builder, term: Term, op: str, a: Term, b: Term) -> None:
     else:
         ends = [x * y for x in ra for y in rb]
         ev._set_bounds(term, min(ends), max(ends))
+
+
+def bound_remainder(ev: Builder, term: Term, op: str, x: Term, m: Term) -> None:
+    """HLO's remainder by a constant c != 0 is truncated: |x rem c| <= |c| - 1, with the sign of x
+    (so [0, |c| - 1] for x >= 0). x & c for a constant c >= 0 lies in [0, c] (two's complement: the
+    result's bits are some of c's). A term's own ops only: `remainder(x, c)` and `x & c` as written."""
+    c = ev.folded(m)
+    if c is None or not c.size or term.dtype[0] not in "su" or not np.all(c == c.flat[0]):
+        return
+    k = int(c.flat[0])
+    if op == "and":
+        if k >= 0:
+            ev._set_bounds(term, 0, k)
+        return
+    if k == 0:
+        return  # (x rem 0 is x on XLA's CPU: no bound of its own)
+    top = abs(k) - 1
+    found = ev.bounds_of(x)
+    lo = 0 if found is not None and found[0] >= 0 else -top
+    hi = 0 if found is not None and found[1] <= 0 else top
+    ev._set_bounds(term, lo, hi)
+
+
+def bound_enumerated(ev: Builder, term: Term) -> None:
+    """Bounds of an integer term computed elementwise from one bounded integer value v and
+    constants, by evaluating it at every value v's bounds allow (at most `budgets.enumerated_values`):
+    each element of the term is the same function of v's element at that index, so its values lie
+    among those. jnp's floor modulus `where((r != 0) & ((r < 0) != (c < 0)), r + c, r)` of the
+    truncated r = x rem c is in [0, c - 1] (r alone is in [1 - c, c - 1]), and a wrap of negative
+    indices `where(i < 0, i + n, i)` of such an i is i itself. Narrows bounds found otherwise."""
+    leaves: set[Term] = set()
+    seen: dict[Term, bool] = {}
+
+    def elementwise_of_bounded(t: Term) -> bool:
+        if t in seen:
+            return seen[t]
+        if ev.folded(t) is not None:
+            found = True
+        else:
+            # through the ops first (rem + c is a function of rem), a bounded value a leaf where
+            # they end (rem = x rem c of an unbounded x)
+            before = set(leaves)
+            found = (
+                t.op in ("binary", "ternary", "unary")
+                and len(seen) < 64
+                and all(a.shape == t.shape for a in t.args)
+                and all(elementwise_of_bounded(a) for a in t.args)
+            )
+            if not found and t is not term and ev.bounds_of(t) is not None and t.dtype[0] in "su":
+                leaves.intersection_update(before)
+                leaves.add(t)
+                found = True
+        seen[t] = found
+        return found
+
+    if term.dtype[0] not in "su" or not elementwise_of_bounded(term) or len(leaves) != 1:
+        return
+    (leaf,) = leaves
+    lo, hi = ev.bounds_of(leaf)  # type: ignore[misc]
+    if not (np.isfinite(lo) and np.isfinite(hi)) or hi - lo + 1 > ev.budgets.enumerated_values:
+        return
+    np_dtype = NP_DTYPES.get(leaf.dtype)
+    if np_dtype is None:
+        return
+    values: np.ndarray = np.arange(int(lo), int(hi) + 1, dtype=np_dtype).reshape((-1,) + (1,) * len(leaf.shape))
+    computed: dict[Term, np.ndarray] = {leaf: values}
+
+    def value_of(t: Term) -> np.ndarray | None:
+        if t not in computed:
+            folded = ev.folded(t)
+            if folded is not None:
+                computed[t] = folded
+            else:
+                args = [value_of(a) for a in t.args]
+                if any(a is None for a in args):
+                    return None
+                out = ev.numeric(t, args)  # type: ignore[arg-type]
+                if out is None:
+                    return None
+                computed[t] = np.asarray(out)
+        return computed[t]
+
+    result = value_of(term)
+    if result is None or not result.size:
+        return
+    was = ev.bounds_of(term)
+    low, high = int(result.min()), int(result.max())
+    if was is not None:
+        low, high = max(low, int(was[0])), min(high, int(was[1]))
+    if low <= high:
+        ev._set_bounds(term, low, high)
 
 
 def bound_select(ev: Builder, term: Term, p: Term, a: Term, b: Term) -> None:
@@ -131,6 +230,15 @@ def unwrapped_index(ev: Builder, idx: Term, size: int) -> Term:
         ):
             return unwrapped_index(ev, i, size)
     return idx
+
+
+def unclamped(ev: Builder, lo: np.ndarray, x: Term, hi: np.ndarray) -> Term | None:
+    """x for clamp(lo, x, hi) when x's bounds lie inside [lo, hi] at every element (the clamp then
+    leaves every element as it is), else None."""
+    found = ev.bounds_of(x)
+    if found is None or not lo.size or not hi.size:
+        return None
+    return x if float(lo.max()) <= found[0] and found[1] <= float(hi.min()) else None
 
 
 def decide(ev: Builder, direction: str, a: Term, b: Term, shape: Shape) -> Term | None:

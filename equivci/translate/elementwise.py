@@ -301,7 +301,41 @@ def compare_terms(ev: Builder, direction: str, a: Term, b: Term, shape: Shape) -
         # stated beside the written test, which other facts read as written (a group's rows
         # `starts <= b < ends`, permutations.py)
         ev.equal_terms.append([term, _compare(ev, strict[0], a, strict[1], shape)])
+    if ev.folded(term) is None and (ordered := ordered_difference(ev, direction, a, b, shape)) is not None:
+        ev.equal_terms.append([term, ordered])
     return term
+
+
+def ordered_difference(ev: Builder, direction: str, a: Term, b: Term, shape: Shape) -> Term | None:
+    """An order test of two integer values in one form, `y < x` or `y <= x`: `x - y cmp 0` as
+    `x cmp y` where x's and y's bounds keep x - y inside the dtype (exact there: the difference is
+    the one over the integers, and its sign orders x and y), and `x > y` as `y < x`. A rolling
+    cache's validity `pos - age >= 0` then meets `age <= pos`, for positions whose range is known.
+    None when the test is no such order test or the difference may wrap."""
+    if direction not in ("LT", "LE", "GT", "GE") or a.dtype[0] not in "su":
+        return None
+    if ev.uniform(b) == 0 and a.op == "binary" and a.attrs == ("subtract",):
+        x, y = a.args
+        if ev.folded(x) is not None or ev.folded(y) is not None or not _difference_fits(ev, x, y):
+            return None
+    elif ev.folded(a) is None and ev.folded(b) is None and direction in ("GT", "GE"):
+        x, y = a, b
+    else:
+        return None
+    if direction in ("LT", "LE"):
+        return _compare(ev, direction, x, y, shape)
+    return _compare(ev, MIRRORED[direction], y, x, shape)
+
+
+def _difference_fits(ev: Builder, x: Term, y: Term) -> bool:
+    """Whether x - y lies inside the dtype for every value of x's and y's bounds."""
+    found = [ev.bounds_of(x), ev.bounds_of(y)]
+    np_dtype = NP_DTYPES.get(x.dtype)
+    if np_dtype is None or any(r is None or not np.all(np.isfinite(r)) for r in found):
+        return False
+    (lx, hx), (ly, hy) = [(int(r[0]), int(r[1])) for r in found if r is not None]
+    info = np.iinfo(np_dtype)
+    return info.min <= lx - hy and hx - ly <= info.max
 
 
 def _compare(ev: Builder, direction: str, a: Term, b: Term, shape: Shape) -> Term:
@@ -458,6 +492,9 @@ def _negated(ev: Builder, p: Term, value: np.ndarray) -> Term:
 
 
 def clamp(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    lo, x, hi = (ev.folded(a) for a in args)
+    if lo is not None and hi is not None and x is None and (plain := bounds.unclamped(ev, lo, args[1], hi)) is not None:
+        return plain
     return _built(ev, "ternary", ("clamp",), args, inst.shape, lambda lo, x, hi: np.clip(x, lo, hi))
 
 

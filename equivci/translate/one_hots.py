@@ -64,8 +64,8 @@ def columns(ev: Builder, inst: Instruction, args: list) -> Term | None:
     operand_of = {j - (j > vector_dim): d for d, j in zip(batch, idx_batch)}
     free = []
     for j, d in enumerate(to_operand):
-        coord = _coordinate(ev, idx, vector_dim, j, rows)
-        b = _position_dim(ev, coord)
+        coord = coordinate(ev, idx, vector_dim, j, rows)
+        b = position_dim(ev, coord)
         if b is None:
             free.append((coord, d))
         elif b in operand_of:
@@ -90,14 +90,22 @@ def columns(ev: Builder, inst: Instruction, args: list) -> Term | None:
     return added if zero else ev.binary("add", x, added)
 
 
-def _coordinate(ev: Builder, idx: Term, vector_dim: int, j: int, rows: tuple[int, ...]) -> Term:
-    """Coordinate j of every index vector, shaped as the rows."""
+def coordinate(ev: Builder, idx: Term, vector_dim: int, j: int, rows: tuple[int, ...]) -> Term:
+    """Coordinate j of every index vector, shaped as the rows: taken inside a clamp of the index
+    vectors to constants (vmap's `dynamic_update_slice` clamps its start), which is dropped where
+    the coordinate's bounds lie inside it (bounds.unclamped)."""
     if vector_dim == len(idx.shape):
         return idx
+    if idx.op == "ternary" and idx.attrs == ("clamp",) and all(t.shape == idx.shape for t in idx.args):
+        lo, inner, hi = (coordinate(ev, t, vector_dim, j, rows) for t in idx.args)
+        low, high = ev.folded(lo), ev.folded(hi)
+        if low is not None and high is not None and (plain := bounds.unclamped(ev, low, inner, high)) is not None:
+            return plain
+        return ev.normal("ternary", ("clamp",), [lo, inner, hi], Shape(idx.dtype, rows))
     return ev.reshape_term(ev.slice_term(idx, vector_dim, j, j + 1), Shape(idx.dtype, rows))
 
 
-def _position_dim(ev: Builder, coord: Term) -> int | None:
+def position_dim(ev: Builder, coord: Term) -> int | None:
     """The rows' dim b when the coordinate is every row's own position along b (a known iota)."""
     value = ev.folded(coord)
     if value is None or value.ndim == 0:

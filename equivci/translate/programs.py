@@ -56,16 +56,19 @@ def translate(
     num_devices: int,
     loops: Callable[[Module, list[Loop]], LoopProver],
     budgets: Budgets = Budgets(),
+    int_range: tuple[int, int] | None = None,
 ) -> Programs:
-    """Both programs as terms over the reference inputs. `loops(reference, reference_loops)` makes
+    """Both programs as terms over the reference inputs; `int_range`: [lo, hi) of every integer
+    input, as the manifest states it (their bounds). `loops(reference, reference_loops)` makes
     the handler of the distributed program's `while` ops (equivci.prove.loops.LoopMatcher).
 
     The reference's loops are kept whole (a distributed loop is best related to one by an invariant)
     unless the handler unrolled a distributed loop (equivci.translate.unroll): the reference's loops
     with a constant trip count are then unrolled too, so that both programs are straight-line code."""
-    programs, again = _translate(reference, distributed, inputs, outputs, num_devices, loops, budgets, unroll=False)
+    args = (reference, distributed, inputs, outputs, num_devices, loops, budgets, int_range)
+    programs, again = _translate(*args, unroll=False)
     if again:
-        programs, _ = _translate(reference, distributed, inputs, outputs, num_devices, loops, budgets, unroll=True)
+        programs, _ = _translate(*args, unroll=True)
     return programs
 
 
@@ -77,20 +80,32 @@ def _translate(
     num_devices: int,
     loops: Callable[[Module, list[Loop]], LoopProver],
     budgets: Budgets,
+    int_range: tuple[int, int] | None,
     unroll: bool,
 ) -> tuple[Programs, bool]:
     """The programs, and whether to build them again with the reference's loops unrolled."""
     table = TermTable()
     params = [table.make("param", (k,), (), leaf.shape, _short_dtype(leaf.dtype)) for k, leaf in enumerate(inputs)]
+    # The integer inputs' range the manifest states: every value of them lies there.
+    ranged = (
+        {p: (float(int_range[0]), float(int_range[1] - 1)) for p in params if p.dtype[0] in "su"}
+        if int_range is not None
+        else {}
+    )
 
     ref_eval = Evaluator(reference, table, 1, budgets)
     ref_eval.loop_handler = Unroller() if unroll else None
+    ref_eval.bounds.update(ranged)
     ref_root = ref_eval.run(reference.entry, [[p] for p in params])[0]
     # Integer inputs the reference uses as indices are taken to be valid indices, [0, size): the
     # programs are compared on the inputs the reference is written for (the numeric oracle draws
     # them there too). Known before evaluation, the bounds fold the reference's own range checks.
     domains = index_domains(ref_eval)
-    bounds = {p: b for p, (b, _) in domains.items()}
+    bounds = dict(ranged)
+    for p, ((lo, hi), _) in domains.items():
+        was = bounds.get(p, (lo, hi))
+        if max(lo, was[0]) <= min(hi, was[1]):
+            bounds[p] = (max(lo, was[0]), min(hi, was[1]))
     if domains:
         ref_eval = Evaluator(reference, table, 1, budgets)
         ref_eval.loop_handler = Unroller() if unroll else None

@@ -16,7 +16,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.spec import GatherDims, bcast_spec, reshape_spec
-from equivci.translate import index_writes, masks, offsets, one_hots, picks, pieces, scatter_adds, tiles
+from equivci.translate import index_writes, masks, offsets, one_hots, picks, pieces, row_writes, scatter_adds, tiles
 from equivci.translate.attributes import (
     called,
     custom_call_target,
@@ -178,6 +178,7 @@ def scatter(ev: Builder, inst: Instruction, args: list, device: int):
         scatter_adds.per_row,
         scatter_adds.windows,
         one_hots.columns,
+        row_writes.selected,
     )
     for handler in handlers:
         if (written := handler(ev, inst, args)) is not None:

@@ -9,7 +9,7 @@ from typing import Any
 from equivci.cache import Memo
 from equivci.capture.hlo_oracle import compare_hlo_in_child
 from equivci.capture.oracle import NOISE_MARGIN, NumericComparison, Ranges, compare_in_child
-from equivci.capture.types import CapturedModel
+from equivci.capture.types import CapturedModel, LeafPlacement
 from equivci.diagnose import numeric
 from equivci.diagnose.findings import defect_findings, with_counterexample, with_note
 from equivci.diagnose.localize import source_of
@@ -55,7 +55,14 @@ def verify_model(
         if changed:
             return _finish(model, Status.MISMATCH, t0, tuple(changed), LayerCounts(1, 0, 0), laps)
         programs = build_programs(
-            reference, distributed, captured.inputs, captured.outputs, captured.num_devices, iterations, budgets
+            reference,
+            distributed,
+            captured.inputs,
+            captured.outputs,
+            captured.num_devices,
+            iterations,
+            budgets,
+            model.int_range,
         )
         laps.lap("build programs")
     except (HloParseError, Unsupported) as exc:
@@ -105,7 +112,7 @@ def verify_model(
         # Proposed windows only join an e-graph the rules saturated: one still growing would
         # grow the more with them (and a proof there is the budget's, not the hints').
         if not proof.all_proved and not proof.exhausted and not proof.outgrown:
-            hints = _candidates(programs, captured, oracle_ranges(model, programs.assumed))
+            hints = _candidates(programs, captured, oracle_ranges(model, programs.assumed, captured.inputs))
             if hints:
                 proof = with_hints(proof, programs, hints, budgets.hinted_iterations)
                 laps.lap(f"prove whole program with {len(hints)} proposed windows")
@@ -131,7 +138,7 @@ def verify_model(
             len(programs.evaluator.table),
             programs.routed,
             budgets,
-            oracle_ranges(model, programs.assumed),
+            oracle_ranges(model, programs.assumed, captured.inputs),
             defect.frontier or defect.inst,
         )
         laps.lap("numeric localization")
@@ -270,12 +277,15 @@ def _candidates(programs, captured: CapturedModel, ranges: Ranges) -> list:
     return window_candidates(programs.reference_events, programs.distributed_events, programs.evaluator, params)
 
 
-def _assumptions(programs, captured: CapturedModel) -> tuple[Finding, ...]:
+def _assumptions(model: ModelSpec, programs, captured: CapturedModel) -> tuple[Finding, ...]:
     """Notes on what a proof took for granted: integer inputs the reference indexes with are valid
     indices (outside [0, size) the programs may differ: numpy wraps negative ids, JAX clamps), and
-    those it slices at are valid slice starts (outside [0, n - size] HLO clamps them)."""
+    those it slices at are valid slice starts (outside [0, n - size] HLO clamps them). Not for an
+    input whose range the manifest states inside those (`int_range`): nothing is taken there."""
     notes = []
     for k, ((lo, hi), site) in sorted(programs.assumed.items()):
+        if model.int_range is not None and lo <= model.int_range[0] and model.int_range[1] - 1 <= hi:
+            continue
         path, line = next((loc for loc in (source_of(i, captured.repo_root) for i in site) if loc[0]), (None, None))
         leaf = captured.inputs[k].path or f"#{k}"
         notes.append(
@@ -294,7 +304,7 @@ def _assumptions(programs, captured: CapturedModel) -> tuple[Finding, ...]:
 def _proved(model: ModelSpec, programs, captured: CapturedModel, t0, layers: LayerCounts, laps: Laps) -> ModelResult:
     """`verified`, with notes on what the proof assumed; `unproven` when it assumed valid index
     inputs and the manifest refuses that (`assume_valid_indices: false`)."""
-    notes = _assumptions(programs, captured)
+    notes = _assumptions(model, programs, captured)
     if notes and not model.assume_valid_indices:
         refused = tuple(
             dataclasses.replace(
@@ -306,7 +316,22 @@ def _proved(model: ModelSpec, programs, captured: CapturedModel, t0, layers: Lay
             for n in notes
         )
         return _finish(model, Status.UNPROVEN, t0, refused, layers, laps)
-    return _finish(model, Status.VERIFIED, t0, notes, layers, laps)
+    return _finish(model, Status.VERIFIED, t0, notes + _stated_range(model, captured), layers, laps)
+
+
+def _stated_range(model: ModelSpec, captured: CapturedModel) -> tuple[Finding, ...]:
+    """The note that a proof holds for the integer inputs' range the manifest states."""
+    integers = [
+        leaf.path or f"#{k}" for k, leaf in enumerate(captured.inputs) if str(leaf.dtype).startswith(("int", "uint"))
+    ]
+    if model.int_range is None or not integers:
+        return ()
+    lo, hi = model.int_range
+    message = (
+        f"proved for integer inputs ({', '.join(integers)}) in [{lo}, {hi}), the manifest's `int_range`: "
+        "other values are taken not to occur"
+    )
+    return (Finding(None, None, "note", None, message),)
 
 
 def _finish(model, status, t0, findings, layers: LayerCounts, laps: Laps) -> ModelResult:
@@ -338,7 +363,7 @@ def _comparison(
     `budgets`: the input elements the oracle runs on a CPU and how long its child may take."""
     most, timeout = budgets.oracle_elements, budgets.oracle_timeout_seconds
     total = sum(_size(leaf.shape) for leaf in captured.inputs)
-    ranges = oracle_ranges(model, assumed)
+    ranges = oracle_ranges(model, assumed, captured.inputs)
     if model.hlo is not None:
         # Programs given as HLO files: XLA runs them as the capture rewrote them.
         if total > most:
@@ -365,14 +390,23 @@ def _comparison(
         return f"the numeric check could not run: {exc}"
 
 
-def oracle_ranges(model: ModelSpec, assumed: dict) -> Ranges:
+def oracle_ranges(model: ModelSpec, assumed: dict, inputs: tuple[LeafPlacement, ...] = ()) -> Ranges:
     """The oracle draws the inputs the proof assumed valid indices inside the same ranges: outside
     them the programs may differ (numpy wraps a negative index, HLO clamps a slice start), and a
     difference there is no counterexample to a claim that was never made. Not when the manifest
-    refuses the assumption (`assume_valid_indices: false`): then every value is an input."""
-    if not model.assume_valid_indices:
-        return {}
-    return {k: (int(lo), int(hi) + 1) for k, ((lo, hi), _) in assumed.items()}
+    refuses the assumption (`assume_valid_indices: false`): then every value is an input. Every
+    integer input of `inputs` inside the manifest's `int_range` too: no other value occurs."""
+    ranges: Ranges = (
+        {k: (int(lo), int(hi) + 1) for k, ((lo, hi), _) in assumed.items()} if model.assume_valid_indices else {}
+    )
+    if model.int_range is None:
+        return ranges
+    lo, hi = model.int_range
+    for k, leaf in enumerate(inputs):
+        if str(leaf.dtype).startswith(("int", "uint")):
+            was = ranges.get(k, (lo, hi))
+            ranges[k] = (max(lo, was[0]), min(hi, was[1])) if max(lo, was[0]) < min(hi, was[1]) else (lo, hi)
+    return ranges
 
 
 def _numeric_note(comparison: NumericComparison | str) -> str:

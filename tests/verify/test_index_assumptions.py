@@ -13,6 +13,8 @@ import pytest
 from model_package import capture_named, model_named, programs_of
 
 from equivci.capture.oracle import compare_in_child
+from equivci.hlo.parser import parse_module
+from equivci.prove.programs import build_programs
 from equivci.verify.engine import oracle_ranges
 
 MODELS = textwrap.dedent(
@@ -84,3 +86,23 @@ def test_a_window_one_row_late_still_differs_inside_the_assumed_range(manifest):
     ranges = oracle_ranges(model_named(manifest, "late"), programs_of(capture_named(manifest, "late")).assumed)
     comparison = compare_in_child(manifest.path, "late", SEEDS[:3], ranges=ranges)
     assert not comparison.equal and comparison.failing_seeds
+
+
+def test_a_stated_range_bounds_every_integer_input(manifest):
+    """`int_range: [5, 9]` is [5, 8] for the proof, narrowed further by no index use here (the
+    reference's [3, 15] holds it), and [5, 9) for the oracle; a refused index assumption keeps it."""
+    captured = capture_named(manifest, "window")
+    model = dataclasses.replace(model_named(manifest, "window"), int_range=(5, 9))
+    programs = build_programs(
+        parse_module(captured.reference_hlo),
+        parse_module(captured.distributed_hlo),
+        captured.inputs,
+        captured.outputs,
+        captured.num_devices,
+        int_range=model.int_range,
+    )
+    pos = programs.params[2]
+    assert programs.evaluator.bounds_of(pos) == (5, 8)
+    assert oracle_ranges(model, programs.assumed, captured.inputs) == {2: (5, 9)}
+    refused = dataclasses.replace(model, assume_valid_indices=False)
+    assert oracle_ranges(refused, programs.assumed, captured.inputs) == {2: (5, 9)}
