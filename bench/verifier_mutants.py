@@ -1159,10 +1159,6 @@ MUTANTS: tuple[Mutant, ...] = (
       "a sum k x the reference value divided by a constant other than k leads at the division (or its divisor's call)",
       "pytest:tests/diagnose/test_wrong_divisor.py::test_the_division_by_the_wrong_count_is_the_finding",
       "pytest:tests/diagnose/test_wrong_divisor.py::test_the_call_passing_the_wrong_count_leads_for_an_autodiff_sum"),
-    M("divisor-through-layout", "        if inst.opcode in LAYOUT_OPS:\n            names.add(inst.name)\n            continue\n",
-      "",
-      "the division may read the sum through a reshape or broadcast (a gradient tree's leaf laid out anew)",
-      "pytest:tests/diagnose/test_wrong_divisor.py::test_the_call_passing_the_wrong_count_leads_for_an_autodiff_sum"),
     # -- the gradient's first use outside autodiff (diagnose/gradients.py) --------------------------
     M("gradient-use-leads", "use = first_use_after_autodiff(event, events) if made_by_autodiff(event.inst) else None",
       "use = None",

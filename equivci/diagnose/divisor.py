@@ -11,32 +11,24 @@ optimizer's (1 - b) * g) as a mean's.
 
 from __future__ import annotations
 
-from equivci.diagnose.frames import LAYOUT_OPS, is_user_frame
+from equivci.diagnose.frames import is_user_frame
 from equivci.terms.ir import Term
 from equivci.translate.arrays import all_equal
 from equivci.translate.evaluator import Event
 
-MAX_USES = 16  # uses followed from the sum through layout ops: a bound in ops, the same every run
+MAX_USES = 16  # uses of the sum looked at: a bound in ops, the same every run
 
 
 def constant_division(reduction: Event, events: list[Event], constants: dict) -> tuple[Event, float] | None:
-    """The first op in program order, in the user's code, that divides the reduction's value
-    (directly or through layout ops) by a constant a whole number >= 1, with that number; None when
-    no such use follows."""
-    names, seen = {reduction.inst.name}, 0
+    """The first op in program order, in the user's code, that divides the reduction's value by a
+    constant a whole number >= 1, with that number; None when no such use follows among its first
+    uses."""
     by_name = {e.inst.name: e for e in events}
     start = next((k for k, e in enumerate(events) if e is reduction), len(events))
-    for event in events[start + 1 :]:
+    uses = [e for e in events[start + 1 :] if reduction.inst.name in e.inst.operands][:MAX_USES]
+    for event in uses:
         inst = event.inst
-        if not names.intersection(inst.operands):
-            continue
-        seen += 1
-        if seen > MAX_USES:
-            return None
-        if inst.opcode in LAYOUT_OPS:
-            names.add(inst.name)
-            continue
-        if inst.opcode != "divide" or len(inst.operands) != 2 or inst.operands[0] not in names:
+        if inst.opcode != "divide" or len(inst.operands) != 2 or inst.operands[0] != reduction.inst.name:
             continue
         divisor = by_name.get(inst.operands[1])
         value = _constant(divisor, constants) if divisor is not None else None
