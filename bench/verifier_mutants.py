@@ -1191,6 +1191,21 @@ MUTANTS: tuple[Mutant, ...] = (
     M("handed-walk-bound", "    if queue:\n        return None  # the walk stopped", "    if False:\n        return None  # the walk stopped",
       "a walk cut at its bound names nothing (what it found is not all the handed value comes from)",
       "pytest:tests/diagnose/test_handed_value.py::test_a_walk_past_its_bound_names_nothing"),
+    # -- a sum divided by the wrong count (diagnose/divisor.py) ---------------------------------------
+    M("divisor-division-leads", "divided = constant_division(event, events, constants)", "divided = None",
+      "a sum k x the reference value divided by a constant other than k leads at the division (or its divisor's call)",
+      "pytest:tests/diagnose/test_wrong_divisor.py::test_the_division_by_the_wrong_count_is_the_finding",
+      "pytest:tests/diagnose/test_wrong_divisor.py::test_the_call_passing_the_wrong_count_leads_for_an_autodiff_sum"),
+    # -- the gradient's first use outside autodiff (diagnose/gradients.py) --------------------------
+    M("gradient-use-leads", "use = first_use_after_autodiff(event, events) if made_by_autodiff(event.inst) else None",
+      "use = None",
+      "an autodiff value that stays apart leads where the program takes the gradient over, not at the forward line",
+      "pytest:tests/diagnose/test_gradient_use.py::test_the_helper_that_leaves_the_gradient_unreduced_is_the_finding",
+      "pytest:tests/diagnose/test_gradient_use.py::test_the_update_that_takes_the_gradient_as_it_is_is_the_finding"),
+    M("gradient-use-outside", 'outside = inst.opcode not in TRIVIAL_OPS and not made_by_autodiff(inst) and "jvp(" not in inst.op_name',
+      "outside = inst.opcode not in TRIVIAL_OPS",
+      "the gradient's use is the first op autodiff did not make: another transpose op is still the gradient's computation",
+      "pytest:tests/diagnose/test_gradient_use.py::test_the_update_that_takes_the_gradient_as_it_is_is_the_finding"),
     # -- class ids as windows of an iota too large to fold (translate/constants.py) -------------------
     M("iota-window-past-end", "if not first.is_integer() or not 0 <= first <= size - n:",
       "if not first.is_integer() or not 0 <= first:",

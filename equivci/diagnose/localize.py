@@ -23,7 +23,9 @@ from pathlib import Path
 
 from egglog import String, eq, i64, relation, vars_
 
+from equivci.diagnose.divisor import constant_division
 from equivci.diagnose.frames import LAYOUT_OPS, innermost, is_user_frame
+from equivci.diagnose.gradients import first_use_after_autodiff, made_by_autodiff
 from equivci.diagnose.missing import PASSIVE, MissingWork, MissingWorkFinder, source_text
 from equivci.diagnose.numeric import far_apart
 from equivci.diagnose.reduction_axes import missing_axis, reduced_axes, wrong_axis
@@ -606,7 +608,7 @@ def first_defect(
                     and e_terms is not None
                     and _key(e_terms) in factors
                 ):
-                    return _scaled_reduction(e, factors[_key(e_terms)], partial_axis[key])
+                    return _scaled_reduction(e, factors[_key(e_terms)], partial_axis[key], events, constants)
                 if status.get(key) == "scaled":
                     stack.append(op)
         return None
@@ -631,7 +633,7 @@ def first_defect(
             if status.get(_key(op_terms)) != "partial":
                 continue
             if settle(later, terms) == "scaled" and _key(terms) in factors and not divided_out(later):
-                return _scaled_reduction(later, factors[_key(terms)], partial_axis[_key(op_terms)])
+                return _scaled_reduction(later, factors[_key(terms)], partial_axis[_key(op_terms)], events, constants)
         return None
 
     def short_reduction_after(event: Event) -> Defect | None:
@@ -810,6 +812,29 @@ def first_defect(
             settle(e, _terms(e) or []) != "unrelated" or absorbed(e) is True for e in found
         )
 
+    def taken_over(event: Event, terms: list[Term]) -> Defect:
+        """The defect at `event`, or, for a value autodiff made from related values, at the
+        gradient's first use outside autodiff (equivci.diagnose.gradients)."""
+        found = explain(event, terms)
+        use = first_use_after_autodiff(event, events) if made_by_autodiff(event.inst) else None
+        if use is None or found.inst is not event.inst:
+            return found
+        grad_call = _grad_call_frame(event.inst)
+        call = (
+            _at(dataclasses.replace(event.inst, stack=event.inst.stack[grad_call:])) if grad_call is not None else None
+        )
+        return dataclasses.replace(
+            found,
+            inst=use.inst,
+            message=f"this `{use.inst.opcode}` is the first use, outside autodiff, of a gradient "
+            f"{f'the grad call at {call} makes' if call else 'autodiff makes'} from values the proof relates to the "
+            f"reference's; the gradient is no shard, partial sum or copy of the reference's (the `{event.inst.opcode}` "
+            f"JAX attributes to {_at(event.inst)} is the first of its values that stays apart), and nothing after the "
+            "call turns it into one: what the program does with the gradient after the call (the reduction over the "
+            "devices, a scale) is the first suspect",
+            frontier=event.inst,
+        )
+
     add_hypotheses(proof, _unloaded(events, loader.exprs, constants))
     first_scaled: tuple[Event, list[Term]] | None = None
     for event in events:
@@ -845,9 +870,9 @@ def first_defect(
         found = scaled_sum(event) or scaled_reduction_after(event) or short_reduction_after(event)
         if found is not None:
             return found
-        return explain(*(first_scaled or (event, terms)))
+        return taken_over(*(first_scaled or (event, terms)))
     if first_scaled:
-        return explain(*first_scaled)
+        return taken_over(*first_scaled)
     return None
 
 
@@ -1211,26 +1236,39 @@ def part_mean(constants: tuple[float, float] | None) -> bool:
     )
 
 
-def _scaled_reduction(event: Event, factor: Fraction, axis: str) -> Defect:
-    """A sum over `axis` that gives `factor` times the reference value."""
+def _scaled_reduction(event: Event, factor: Fraction, axis: str, events: list[Event], constants: dict) -> Defect:
+    """A sum over `axis` that gives `factor` times the reference value; when a division by a
+    constant follows it, the division, whose divisor does not take the factor out."""
     times = f"{float(factor):g} x the reference value"
     grad_call = _grad_call_frame(event.inst) if "transpose(" in event.inst.op_name else None
     if grad_call is None:
-        return Defect(
-            event.inst,
+        inst = event.inst
+        message = (
             f"this all-reduce completes the sum over mesh axis '{axis}' as {times}, and the "
             "factor is never divided out: the per-device terms are summed where the reference "
-            "averages (pmean, or divide by the axis size), or the value was summed before",
+            "averages (pmean, or divide by the axis size), or the value was summed before"
         )
-    # Autodiff made this reduction (the transpose of using a value that is the same on every
-    # device of the axis): the user's line is the grad call, not the forward op JAX attributes it to.
-    inst = dataclasses.replace(event.inst, stack=event.inst.stack[grad_call:])
+    else:
+        # Autodiff made this reduction (the transpose of using a value that is the same on every
+        # device of the axis): the user's line is the grad call, not the forward op JAX attributes it to.
+        inst = dataclasses.replace(event.inst, stack=event.inst.stack[grad_call:])
+        message = (
+            f"the gradient computed here is already summed over mesh axis '{axis}' by autodiff, because "
+            "the differentiated inputs are invariant over that axis, and comes out as "
+            f"{times}: the factor is never divided out (lax.pcast(..., to='varying') gives per-device "
+            "gradients to average)"
+        )
+    divided = constant_division(event, events, constants)
+    if divided is None or divided[1] == factor:
+        return Defect(inst, message)
+    division, divisor = divided
+    made = "by autodiff at the grad call" if grad_call is not None else "by the all-reduce"
     return Defect(
-        inst,
-        f"the gradient computed here is already summed over mesh axis '{axis}' by autodiff, because "
-        "the differentiated inputs are invariant over that axis, and comes out as "
-        f"{times}: the factor is never divided out (lax.pcast(..., to='varying') gives per-device "
-        "gradients to average)",
+        division.inst,
+        f"this division is where the sum over mesh axis '{axis}', made {made} at {_at(inst)} as {times}, "
+        f"is divided, but by {divisor:g}, not by {float(factor):g}: the value after it is "
+        f"{float(factor / Fraction(divisor)):g} x the reference value",
+        alternative=(inst, message + "."),
     )
 
 
