@@ -1154,6 +1154,14 @@ MUTANTS: tuple[Mutant, ...] = (
     M("handed-walk-bound", "    if queue:\n        return None  # the walk stopped", "    if False:\n        return None  # the walk stopped",
       "a walk cut at its bound names nothing (what it found is not all the handed value comes from)",
       "pytest:tests/diagnose/test_handed_value.py::test_a_walk_past_its_bound_names_nothing"),
+    # -- a rounding the reference does not make (diagnose/precision.py) ------------------------------
+    M("rounding-unnamed", "    return (narrow, wide) if wide in WIDER.get(narrow, ()) else None", "    return None",
+      "a float made narrower where the reference keeps it wide is named as a changed dtype, not as a missing rule",
+      "pytest:tests/diagnose/test_rounded_precision.py::test_a_rounding_the_reference_lacks_is_the_difference_it_makes"),
+    M("rounding-widening", "    return (narrow, wide) if wide in WIDER.get(narrow, ()) else None",
+      "    return (narrow, wide) if narrow != wide else None",
+      "a convert to a wider float is exact: no rounding to name",
+      "pytest:tests/diagnose/test_rounded_precision.py::test_only_a_float_made_narrower_is_a_rounding"),
     # -- class ids as windows of an iota too large to fold (translate/constants.py) -------------------
     M("iota-window-past-end", "if not first.is_integer() or not 0 <= first <= size - n:",
       "if not first.is_integer() or not 0 <= first:",
