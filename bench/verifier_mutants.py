@@ -1206,6 +1206,14 @@ MUTANTS: tuple[Mutant, ...] = (
       "outside = inst.opcode not in TRIVIAL_OPS",
       "the gradient's use is the first op autodiff did not make: another transpose op is still the gradient's computation",
       "pytest:tests/diagnose/test_gradient_use.py::test_the_update_that_takes_the_gradient_as_it_is_is_the_finding"),
+    # -- a rounding the reference does not make (diagnose/precision.py) ------------------------------
+    M("rounding-unnamed", "    return (narrow, wide) if wide in WIDER.get(narrow, ()) else None", "    return None",
+      "a float made narrower where the reference keeps it wide is named as a changed dtype, not as a missing rule",
+      "pytest:tests/diagnose/test_rounded_precision.py::test_a_rounding_the_reference_lacks_is_the_difference_it_makes"),
+    M("rounding-widening", "    return (narrow, wide) if wide in WIDER.get(narrow, ()) else None",
+      "    return (narrow, wide) if narrow != wide else None",
+      "a convert to a wider float is exact: no rounding to name",
+      "pytest:tests/diagnose/test_rounded_precision.py::test_only_a_float_made_narrower_is_a_rounding"),
     # -- class ids as windows of an iota too large to fold (translate/constants.py) -------------------
     M("iota-window-past-end", "if not first.is_integer() or not 0 <= first <= size - n:",
       "if not first.is_integer() or not 0 <= first:",

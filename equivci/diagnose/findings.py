@@ -20,6 +20,7 @@ from equivci.diagnose.frames import innermost, library_call, shared_call
 from equivci.diagnose.handed import handed_origin
 from equivci.diagnose.localize import Defect, call_chain_start, part_mean, source_of, unlocated
 from equivci.diagnose.numeric import NumericFrontier
+from equivci.diagnose.precision import narrowing, rounding_message
 from equivci.diagnose.siblings import departure
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.layers.segments import Layering, layer_of, leaves
@@ -457,6 +458,13 @@ def _unrelated(
     """What the proof could not relate, for a model no check showed wrong: the op, its shape and the
     reference op it should correspond to (the one of the same kind at the same line, if any)."""
     inst = defect.frontier or defect.inst
+    operand = next((e.inst for e in events if inst.operands and e.inst.name == inst.operands[0]), None)
+    if (rounded := narrowing(inst, operand)) is not None and outputs_equal:
+        said = defect.message if defect.inst is inst else rounding_message(*rounded)
+        return (
+            f"{said}. The outputs agree within what rounding explains: if the lower precision is intended, round "
+            f"the reference the same way; otherwise keep {rounded[1]} here."
+        )
     message = (
         f"equivci cannot relate this `{inst.opcode}` ({inst.shape} on each device) to the reference: the proof "
         "could not show that it is a window, a partial sum or a copy of any reference value"

@@ -28,6 +28,7 @@ from equivci.diagnose.frames import LAYOUT_OPS, innermost, is_user_frame
 from equivci.diagnose.gradients import first_use_after_autodiff, made_by_autodiff
 from equivci.diagnose.missing import PASSIVE, MissingWork, MissingWorkFinder, source_text
 from equivci.diagnose.numeric import far_apart
+from equivci.diagnose.precision import narrowing, rounding_message
 from equivci.diagnose.reduction_axes import missing_axis, reduced_axes, wrong_axis
 from equivci.diagnose.source import assigned_at, call_argument, callee, parameters, statement
 from equivci.hlo.collectives import parse_pairs
@@ -560,6 +561,9 @@ def first_defect(
                 "expert's output: the rows must be sent back to their tokens' devices (the "
                 "return all_to_all) before they are combined",
             )
+        rounded = narrowing(event.inst, operand_events[0].inst if operand_events and operand_events[0] else None)
+        if rounded is not None:
+            return Defect(event.inst, rounding_message(*rounded, partial=partial_operand), unexplained=True)
         plain = (
             f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a copy of any "
             "reference value, although its operands are"

@@ -21,6 +21,12 @@ TRIVIAL_OPS = {
 }
 
 
+# The float dtypes the verifier reasons about over the reals (f8 types stay opaque), and for each
+# the wider ones a value of it can be rounded from.
+FLOATS = frozenset({"bf16", "f16", "f32", "f64"})
+WIDER = {"bf16": ("f32", "f64"), "f16": ("f32", "f64"), "f32": ("f64",)}
+
+
 @dataclasses.dataclass(frozen=True)
 class Shape:
     dtype: str  # "f32", "bf16", "s32", "pred", ...; "tuple" for tuples, "token" for tokens

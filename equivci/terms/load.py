@@ -11,6 +11,7 @@ from fractions import Fraction
 
 from egglog import EGraph, i64
 
+from equivci.hlo.ir import FLOATS
 from equivci.terms import language as L
 from equivci.terms.egg import Commands
 from equivci.terms.ir import Term, bcast_form, inserted_unit_dims, unit_squeezed
@@ -431,9 +432,6 @@ class Loader:
                     elif size < other_size:
                         self._commands.append(self.egg.set(f"rs_narrow_{side}", (other, p, size), spec))
                 peers[spec] = size
-
-
-FLOATS = ("f32", "bf16", "f16", "f64")
 
 
 def _power_of_two_splat(t: Term) -> bool:

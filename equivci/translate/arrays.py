@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-# Term dtypes of real numbers: facts that divide (a quotient out of a sum) hold over the reals, and
-# an integer quotient truncates.
-FLOATS = frozenset({"bf16", "f16", "f32", "f64"})
-
 
 def distinct(value: np.ndarray) -> np.ndarray:
     """`value` with every dim it is broadcast along (stride 0: one element repeated) cut to length 1:

@@ -12,7 +12,7 @@ from fractions import Fraction
 import numpy as np
 
 from equivci.hlo.collectives import UnsupportedGroups, parse_groups, parse_pairs
-from equivci.hlo.ir import Instruction, Shape
+from equivci.hlo.ir import WIDER, Instruction, Shape
 from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
@@ -23,7 +23,6 @@ from equivci.translate.builder import Builder, Unsupported
 from equivci.translate.linear_sums import linear_sum
 
 # float dtype -> the float dtypes that round to it
-WIDER = {"bf16": ("f32", "f64"), "f16": ("f32", "f64"), "f32": ("f64",)}
 
 OPCODES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"}
 

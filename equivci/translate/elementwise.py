@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from equivci.hlo.ir import Instruction, Shape
+from equivci.hlo.ir import FLOATS, Instruction, Shape
 from equivci.terms import semantics
 from equivci.terms.ir import Term, bcast_form
 from equivci.terms.semantics import NP_DTYPES
@@ -75,7 +75,6 @@ BINARY = {
 }
 
 
-FLOATS = ("f32", "bf16", "f16", "f64")
 SHIFTS = {"multiply": shifts.rescaled_product, "add": shifts.sorted_sum, "maximum": shifts.sorted_max}
 
 

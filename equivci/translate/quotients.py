@@ -7,11 +7,10 @@ decoding: the psum-ed numerator over the psum-ed denominator), whichever of the 
 
 from __future__ import annotations
 
-from equivci.hlo.ir import Instruction, Shape
+from equivci.hlo.ir import FLOATS, Instruction, Shape
 from equivci.terms.ir import Term, bcast_form
 from equivci.terms.spec import BcastSpec, DotSpec, swapped_dot
 from equivci.translate import reductions
-from equivci.translate.arrays import FLOATS
 from equivci.translate.attributes import dims_attr
 from equivci.translate.builder import Builder
 from equivci.translate.shapes import broadcast_term

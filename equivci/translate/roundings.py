@@ -21,11 +21,9 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from equivci.hlo.ir import Shape
+from equivci.hlo.ir import FLOATS, Shape
 from equivci.terms.ir import Term
 from equivci.translate.builder import SCALABLE, Builder, power_of_two
-
-FLOATS = ("f32", "bf16", "f16", "f64")
 
 
 def scaled_out(ev: Builder, term: Term) -> Term | None:

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from equivci.hlo.ir import Instruction, Shape
+from equivci.hlo.ir import FLOATS, Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.spec import BcastSpec
-from equivci.translate.arrays import FLOATS
 from equivci.translate.attributes import dims_attr
 from equivci.translate.builder import Builder, Value
 from equivci.translate.shapes import broadcast_term

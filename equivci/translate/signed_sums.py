@@ -23,13 +23,12 @@ import math
 from fractions import Fraction
 from typing import Protocol
 
-from equivci.hlo.ir import Shape
+from equivci.hlo.ir import FLOATS, Shape
 from equivci.options import Budgets
 from equivci.terms.ir import Term
 from equivci.terms.spec import BcastSpec, ReduceSpec
 
 LINEAR = (("add",), ("subtract",))
-FLOATS = ("f32", "bf16", "f16", "f64")
 
 
 class Builder(Protocol):

@@ -16,11 +16,10 @@ NaN last: they differ only there). The sort is built in that one form.
 
 from __future__ import annotations
 
-from equivci.hlo.ir import Instruction, Shape
+from equivci.hlo.ir import FLOATS, Instruction, Shape
 from equivci.terms.ir import Term, sort_map
 from equivci.terms.semantics import sort_lanes
 from equivci.translate import literals, orders
-from equivci.translate.arrays import FLOATS
 from equivci.translate.attributes import called, dims_attr, fingerprint
 from equivci.translate.builder import Builder, Value
 from equivci.translate.opaque import opaque

@@ -15,10 +15,9 @@ forms the mask and routing facts read."""
 
 from __future__ import annotations
 
-from equivci.hlo.ir import Shape
+from equivci.hlo.ir import FLOATS, Shape
 from equivci.terms.ir import Term, inserted_unit_dims
 from equivci.terms.spec import BcastSpec
-from equivci.translate.arrays import FLOATS
 from equivci.translate.builder import Builder
 
 ELEMENTWISE = ("unary", "binary", "ternary")
