@@ -1241,7 +1241,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("unit-dot-base-unstated", "        ev.equal_terms.append([term, base])\n", "        pass\n",
       "the dot of the relayouts' bases is the dot in normal form: the reference reads both operands in one "
       "orientation, the written dot only the operand that was no relayout",
-      "pytest:tests/translate/test_attention_layouts.py::test_attention_with_a_unit_group_dim_verifies[dpa]"),
+      "pytest:tests/translate/test_attention_layouts.py::test_attention_with_a_unit_group_dim_verifies"),
     M("unit-quotient-inside", 'inner = base.args[0] if base.op == "reshape" else base', "inner = base",
       "the quotient of a reshaped value is the reshape of the quotient, as the reference divides its scores",
       "pytest:tests/translate/test_attention_layouts.py::test_attention_with_a_unit_group_dim_verifies[dpa]"),

@@ -227,6 +227,7 @@ MANIFEST = textwrap.dedent(
     version: 1
     models:
       - {name: dpa, reference: m.py:plain, distributed: m.py:dpa, inputs: m.py:inputs, mesh: {model: 2}}
+      - {name: dpa-one-device, reference: m.py:plain, distributed: m.py:dpa, inputs: m.py:inputs, mesh: {model: 1}}
       - {name: dpa-unscaled, reference: m.py:plain, distributed: m.py:dpa_unscaled, inputs: m.py:inputs,
          mesh: {model: 2}}
       - {name: dpa-causal, reference: m.py:causal, distributed: m.py:dpa_causal, inputs: m.py:inputs,
@@ -247,7 +248,7 @@ def manifest(tmp_path_factory):
     return model_package.write_package(tmp_path_factory.mktemp("attention_layouts"), "m.py", MODELS, MANIFEST)
 
 
-@pytest.mark.parametrize("name", ["dpa", "dpa-causal", "grouped"])
+@pytest.mark.parametrize("name", ["dpa", "dpa-one-device", "dpa-causal", "grouped"])
 def test_attention_with_a_unit_group_dim_verifies(manifest, name: str) -> None:
     result = _verify(manifest, name)
     assert result.status is Status.VERIFIED, result.findings
