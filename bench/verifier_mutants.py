@@ -1238,10 +1238,6 @@ MUTANTS: tuple[Mutant, ...] = (
       "    if False:\n        left = [j for j",
       "a dot of an operand with size-1 free dims inserted is the reshape of the dot without them",
       "pytest:tests/translate/test_attention_layouts.py::test_a_dot_of_an_operand_with_a_unit_dim_inserted_is_the_reshape_of_the_dot"),
-    M("unit-dot-base-unstated", "        ev.equal_terms.append([term, base])\n", "        pass\n",
-      "the dot of the relayouts' bases is the dot in normal form: the reference reads both operands in one "
-      "orientation, the written dot only the operand that was no relayout",
-      "pytest:tests/translate/test_attention_layouts.py::test_attention_with_a_unit_group_dim_verifies"),
     M("unit-quotient-inside", 'inner = base.args[0] if base.op == "reshape" else base', "inner = base",
       "the quotient of a reshaped value is the reshape of the quotient, as the reference divides its scores",
       "pytest:tests/translate/test_attention_layouts.py::test_attention_with_a_unit_group_dim_verifies[dpa]"),
