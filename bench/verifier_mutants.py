@@ -1292,6 +1292,31 @@ MUTANTS: tuple[Mutant, ...] = (
       "the squeeze under it",
       "pytest:tests/translate/test_squeezes.py::test_a_dot_of_a_scaled_op_on_a_row_is_the_scaled_squeeze_of_the_dot",
       "pytest:tests/translate/test_microbatch_mlps.py::test_microbatches_through_a_tp_gelu_mlp_verify"),
+    # -- attention on values with an inserted size-1 dim: dot_product_attention's [B, N, T, 1, S]
+    # (translate/relayouts.py, reciprocals.py, reductions.py, elementwise.py) ----------------------------
+    M("unit-dot-relayout-unfollowed", "    if inserted is not None:\n        left = [j for j",
+      "    if False:\n        left = [j for j",
+      "a dot of an operand with size-1 free dims inserted is the reshape of the dot without them",
+      "pytest:tests/translate/test_attention_layouts.py::test_a_dot_of_an_operand_with_a_unit_dim_inserted_is_the_reshape_of_the_dot"),
+    M("unit-quotient-inside", 'inner = base.args[0] if base.op == "reshape" else base', "inner = base",
+      "the quotient of a reshaped value is the reshape of the quotient, as the reference divides its scores",
+      "pytest:tests/translate/test_attention_layouts.py::test_attention_with_a_unit_group_dim_verifies[dpa]"),
+    M("unit-reduction-quotient-unread", "    x = ev.quotients.get(x, x)\n", "",
+      "a reduction of a scaled reshape is the reshape of the reduction of the quotient the reference reduces",
+      "pytest:tests/translate/test_attention_layouts.py::test_attention_with_a_unit_group_dim_verifies[dpa]"),
+    M("unit-viewed-bcast-off", 'elif op == "reshape" and base.op == "bcast" and (viewed',
+      'elif False and (viewed',
+      "a broadcast beside a reshape that inserts size-1 dims is laid out without them: a row statistic "
+      "broadcast over scores with a unit dim",
+      "pytest:tests/translate/test_attention_layouts.py::test_an_op_on_a_unit_reshape_and_a_broadcast_of_the_same_layout_is_the_reshape_of_the_op"),
+    M("unit-viewed-squeezes-too", "    if inserted_unit_dims(dims, shape) is None:\n", "    if False:\n",
+      "only reshapes that insert size-1 dims move outside an op beside a broadcast: a row squeezed out of "
+      "a batch keeps its op as written (squeezes.py)",
+      "pytest:tests/translate/test_attention_layouts.py::test_a_row_squeezed_out_of_a_batch_keeps_its_op_as_written"),
+    M("unit-select-off", "if (outside := unit_reshaped_select(ev, args, shape)) is not None:", "if False:",
+      "a select on branches with size-1 dims inserted is the reshape of the select on the branches without them",
+      "pytest:tests/translate/test_attention_layouts.py::test_a_mask_on_scores_with_a_unit_dim_is_the_reshape_of_the_reference_mask",
+      "pytest:tests/translate/test_attention_layouts.py::test_attention_with_a_unit_group_dim_verifies[dpa-causal]"),
     # -- the stated equalities the outputs can use, first (prove/saturate.py) ---------------------------
     M("needed-groups-skipped", "    if len(needed) < len(groups):", "    if False:",
       "the facts about values no output is made of (a GPipe schedule's warm-up ticks on zeros) are left out "

@@ -9,7 +9,7 @@ import numpy as np
 
 from equivci.hlo.ir import FLOATS, Instruction, Shape
 from equivci.terms import semantics
-from equivci.terms.ir import Term, bcast_form
+from equivci.terms.ir import Term, bcast_form, inserted_unit_dims
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import BcastSpec, DotSpec, compare_text, parse_transpose, swapped_dot, transpose_text
 from equivci.translate import (
@@ -161,7 +161,7 @@ def _outside(ev: Builder, args: list, op: str) -> tuple[tuple, tuple[int, ...], 
     if any(a.dtype not in FLOATS for a in args) or all(ev.folded(a) is not None for a in args):
         return None
     numbers = [splat_number(ev, a) for a in args]
-    layouts = [ev.scale_of(a) for a in args]
+    layouts = [ev.scale_of(_quotient_reshaped(ev, a) if op == "reshape" else a) for a in args]
     written = {
         (base.attrs, base.args[0].shape) for (_, base), n in zip(layouts, numbers) if base.op == op and n is None
     }
@@ -175,12 +175,51 @@ def _outside(ev: Builder, args: list, op: str) -> tuple[tuple, tuple[int, ...], 
             moved = ev.const(np.full(dims, number), a.dtype)
         elif base.op == op:  # the one written (attrs, shape): every other is in `written` too
             moved = ev.scaled(base.args[0], factor)
+        elif op == "reshape" and base.op == "bcast" and (viewed := _unit_viewed(ev, base, dims)) is not None:
+            moved = ev.scaled(viewed, factor)
         else:
             return None
         if moved is None:
             return None
         inner.append(moved)
     return attrs, dims, inner
+
+
+def _quotient_reshaped(ev: Builder, a: Term) -> Term:
+    """A scaled reshape by its quotient form, the reshape of a quotient (reciprocals.py), so that an
+    op on it is built on the quotient the reference divides by: dot_product_attention's scores
+    `c * s` with a unit dim inserted, the reference's `s / q`."""
+    quotient = ev.quotients.get(a)
+    return quotient if quotient is not None and quotient.op == "reshape" and ev.scale_of(a)[1].op == "reshape" else a
+
+
+def _unit_viewed(ev: Builder, b: Term, dims: tuple[int, ...]) -> Term | None:
+    """The broadcast `b` laid out as `dims`, the same numbers in the same order with size-1 dims only
+    inserted or dropped (b is its reshape): an output dim dropped takes its size-1 operand dim with
+    it, an output dim inserted is a new one. A row statistic broadcast back over a value that
+    carries a unit dim (dot_product_attention's [1, B, N, T, S] probabilities) is then the
+    broadcast over the value without it. None when b's non-unit dims are not dims', and when b
+    has no unit dims that dims lacks."""
+    shape = b.shape
+    if inserted_unit_dims(dims, shape) is None:
+        # only where the op's reshapes insert unit dims: a row squeezed out of a batch keeps the op
+        # as written (squeezes.py states it as the squeeze of the op on the row)
+        return None
+    ns = [o for o, n in enumerate(shape) if n != 1]
+    nd = [p for p, n in enumerate(dims) if n != 1]
+    if [shape[o] for o in ns] != [dims[p] for p in nd]:
+        return None
+    x = b.args[0]
+    parts = BcastSpec.parse(b.attrs[0]).parts
+    dropped = sorted(value for o, (kind, value) in enumerate(parts) if shape[o] == 1 and kind == "i")
+    out_dims: list[int] = [0] * (len(x.shape) - len(dropped))
+    for o, p in zip(ns, nd):
+        kind, k = parts[o]
+        if kind == "i":
+            out_dims[k - sum(1 for d in dropped if d < k)] = p
+    if dropped:
+        x = ev.reshape_term(x, Shape(x.dtype, tuple(n for k, n in enumerate(x.shape) if k not in dropped)))
+    return broadcast_term(ev, x, Shape(b.dtype, dims), tuple(out_dims))
 
 
 def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
@@ -459,6 +498,8 @@ def select_terms(ev: Builder, args: list, shape: Shape) -> Term:
     chosen = None if all(ev.folded(a) is not None for a in args) else select_by_constant(ev, *args)
     if chosen is not None:
         return chosen
+    if (outside := unit_reshaped_select(ev, args, shape)) is not None:
+        return outside
     args = constant_branch_last(ev, *args)
     term = _built(ev, "ternary", ("select",), args, shape, lambda p, a, b: np.where(p, a, b))
     p, a, b = args
@@ -469,6 +510,30 @@ def select_terms(ev: Builder, args: list, shape: Shape) -> Term:
             [term, ev.binary("multiply", a, ev.normal("unary", ("convert",), [p], Shape(a.dtype, p.shape)))]
         )
     return term
+
+
+def unit_reshaped_select(ev: Builder, args: list, shape: Shape) -> Term | None:
+    """select(p, reshape(a), reshape(b)) as reshape(select(p', a, b)) when the reshapes only add or
+    drop size-1 dims (unit_reshaped's, on the branches) and p is the reshape or broadcast of a
+    predicate p' laid out as a and b: select reads and writes each element in place, as any
+    elementwise op. A causal mask applied to scores that carry a unit dim (dot_product_attention's
+    [1, B, N, T, S]) is then the reference's mask on its [B, N, T, S] scores, reshaped."""
+    p, *branches = args
+    found = _outside(ev, branches, "reshape")
+    if found is None:
+        return None
+    _, dims, inner = found
+    if [n for n in dims if n != 1] != [n for n in shape.dims if n != 1] or dims == shape.dims:
+        return None
+    if p.op == "reshape" and p.args[0].shape == dims:
+        viewed: Term | None = p.args[0]
+    elif p.op == "bcast":
+        viewed = _unit_viewed(ev, p, dims)
+    else:
+        return None
+    if viewed is None:
+        return None
+    return ev.reshape_term(select_terms(ev, [viewed, *inner], Shape(shape.dtype, dims)), shape)
 
 
 def constant_branch_last(ev: Builder, p: Term, a: Term, b: Term) -> list[Term]:

@@ -47,7 +47,13 @@ def note(ev: Builder, result: Value) -> None:
     factor, base = ev.scale_of(result)
     if base is result or (divisor := divisor_of(factor, result.dtype)) is None:
         return
-    quotient = ev.divided(base, 1 / divisor, Shape(result.dtype, result.shape))
+    # the quotient of the unreshaped value, reshaped: an elementwise op by a constant of one value
+    # moves every element in place (dot_product_attention scales its [B, N, T, 1, S] scores, the
+    # reference its [B, N, T, S] ones)
+    inner = base.args[0] if base.op == "reshape" else base
+    quotient = ev.divided(inner, 1 / divisor, Shape(result.dtype, inner.shape))
+    if quotient is not None and inner is not base:
+        quotient = ev.reshape_term(quotient, Shape(result.dtype, result.shape))
     if quotient is not None:
         ev.quotients[result] = quotient
         ev.equal_terms.append([result, quotient])

@@ -6,6 +6,7 @@ add/max/min/multiply/and/or from its identity is a `reduce` term, and a two-oper
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -257,7 +258,7 @@ def _dot(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> Te
         dot_spec, lhs, rhs = merged
     spec = dot_spec.text()
     written = ev.factored("dot", (spec,), [lhs, rhs], out) or ev.mk("dot", (spec,), [lhs, rhs], out)
-    relaid = dot_of_relayouts(ev, dot_spec, lhs, rhs, out)
+    relaid = dot_of_relayouts(ev, dot_spec, lhs, rhs, out, functools.partial(dot_term, ev))
     if relaid is not None:
         # The written form stays stated beside it: a device that holds one group reads its slot
         # as a window, not as a relayout, and its dot is the written dot's window along the group.
@@ -345,10 +346,13 @@ def moved_reductions(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], 
     bit and rounding is symmetric; modulo 2^bits on integers), and a reduction of y reshaped only
     by inserting or dropping size-1 dims is the reduction of y over the same dims, reshaped (the
     size-1 dims add no element). A loss written `-take_along_axis(logp, t[..., None]).mean()` and one
-    written `(-take_along_axis(logp, t[..., None])[..., 0]).mean()` meet there."""
+    written `(-take_along_axis(logp, t[..., None])[..., 0]).mean()` meet there. x's quotient form
+    (reciprocals.py) is read too: dot_product_attention's scores `c * s` with a unit dim inserted
+    in s are the reshape of the reference's `s / q`, and their row max the reshape of its row max."""
     moved = []
     if reducer == "add" and x.op == "unary" and x.attrs == ("negate",) and x.args[0].dtype == x.dtype:
         moved.append(ev.normal("unary", ("negate",), [reduce_term(ev, reducer, x.args[0], dims, shape)], shape))
+    x = ev.quotients.get(x, x)
     if x.op == "reshape" and x.args[0].dtype == x.dtype:
         y = x.args[0]
         wide = [k for k, n in enumerate(x.shape) if n != 1]

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from fractions import Fraction
 
 from equivci.hlo.ir import Shape
-from equivci.terms.ir import Term
+from equivci.terms.ir import Term, inserted_unit_dims
 from equivci.terms.spec import DotSpec, parse_transpose, reshape_groups, swapped_dot, transpose_text
 from equivci.translate.builder import Builder
 
@@ -68,7 +69,13 @@ def _kept_through_reshape(in_shape, out_shape, kept: tuple[int, ...]) -> tuple[i
     """The input dims of a reshape's output dims `kept`, when each is a group of its own (the
     same dim, unsplit and unmerged); None otherwise. Size-1 dims next to a kept dim join its group:
     a contraction merged from a device's one head and head_dim (`merged_contraction`) stays merged,
-    as the reference's over all heads is."""
+    as the reference's over all heads is. A reshape that only inserts size-1 dims keeps every input
+    dim whole: the inserted ones are free dims of their own (dot_product_attention's [B, T, N, 1, H]
+    queries, its unit group dim), so that the dot is the reshape of the dot of the unreshaped operand."""
+    inserted = inserted_unit_dims(tuple(in_shape), tuple(out_shape))
+    if inserted is not None:
+        left = [j for j in range(len(out_shape)) if j not in inserted]
+        return None if any(j in inserted for j in kept) else tuple(left.index(j) for j in kept)
     groups = reshape_groups(tuple(in_shape), tuple(out_shape))
     if groups is None:
         return None
@@ -120,9 +127,14 @@ def _free(shape, kept) -> list[int]:
     return [size for k, size in enumerate(shape) if k not in kept]
 
 
-def dot_of_relayouts(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> Term | None:
+def dot_of_relayouts(
+    ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape, normal: Callable[[DotSpec, Term, Term, Shape], Term]
+) -> Term | None:
     """dot(lhs, rhs) as relayouts of the dot of their bases, when an operand is a reshape (under
-    slices) of its free dims, or an op known as a squeeze (squeezes.py); None when neither is."""
+    slices) of its free dims, or an op known as a squeeze (squeezes.py); None when neither is.
+    `normal` builds a dot in normal form: the dot of the bases is stated equal to it, since the
+    written dot reoriented only the operands that were no relayouts (a device's queries with a unit
+    dim inserted kept as written, its keys reoriented) and the reference's dot reads both in one form."""
     (l_factor, lhs), (r_factor, rhs) = _unsqueezed(ev, lhs), _unsqueezed(ev, rhs)
     left = _down(lhs, spec.lhs_batch + spec.lhs_contract)
     right = _down(rhs, spec.rhs_batch + spec.rhs_contract)
@@ -149,6 +161,8 @@ def dot_of_relayouts(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shap
     args = [base_l, base_r]
     shape = Shape(out.dtype, shape_at(-1, -1))
     term = ev.factored("dot", (base_spec,), args, shape) or ev.mk("dot", (base_spec,), args, shape)
+    if (base := normal(DotSpec.parse(base_spec), base_l, base_r, shape)) is not term:
+        ev.equal_terms.append([term, base])
     r_level = len(right.levels) - 1
     for l_level in range(len(left.levels) - 2, -1, -1):
         term = _apply(ev, term, left.levels[l_level], left.kept[l_level], nb, shape_at(l_level, r_level))
