@@ -589,6 +589,16 @@ MUTANTS: tuple[Mutant, ...] = (
       "concatenations are summed piece by piece only when cut at the same places",
       "pytest:tests/translate/test_pieces.py::"
       "test_an_all_reduce_of_values_concatenated_alike_is_the_concatenation_of_the_reduced_pieces"),
+    M("pieces-under-factor", 'under = factor != 1 and base.op == "binary"', 'under = False and base.op == "binary"',
+      "the op under a factor the builder moved in front has its pieces and signed form too: YaRN's factor on "
+      "the cos/sin tables meets one on the rotated sum only there",
+      "pytest:tests/translate/test_scaled_rotations.py::test_the_op_under_a_moved_factor_has_its_pieces_and_its_signed_form"),
+    M("pieces-under-factor-operands", "*([(base, list(base.args))] if under else [])", "*([(base, args)] if under else [])",
+      "the op under the factor is cut from its own operands, not from the written ones (which hold the factor)",
+      "pytest:tests/translate/test_scaled_rotations.py::test_the_op_under_a_moved_factor_has_its_pieces_and_its_signed_form"),
+    M("row-tables-inside", "    if found[0] < 0 or found[1] > table.shape[0] - 1:\n        return None\n", "",
+      "a table's rows are its recipe on the rows read only where no read row lies past the table: HLO clamps there",
+      "pytest:tests/translate/test_row_tables.py::test_a_table_read_past_its_rows_is_never_verified"),
     M("regroup-same-count", "if len(terms[0]) < 2 or any(len(t) != len(terms[0]) for t in terms):",
       "if len(terms[0]) < 2:",
       "device sums are regrouped term by term only when every device sums as many terms",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 import numpy as np
@@ -98,6 +98,8 @@ class Builder:
         # elementwise terms with an operand concatenated along a dim -> the concatenation of the op
         # on the pieces, stated equal to them (pieces.py)
         self.piecewise: dict[Term, Term] = {}
+        # tables computed from the iota along their first dim -> their rows at an index (row_tables.py)
+        self.row_recipes: dict[Term, Callable[[Term], Term | None]] = {}
         # ops on a value split in groups along its leading dim -> the op on the unsplit value (regroup.py)
         self.regrouped: dict[Term, Term] = {}
         # a lifted op's result on the flat rows -> (its instruction, operands, handler, device, which

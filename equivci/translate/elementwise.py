@@ -262,6 +262,19 @@ def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
         collectives.regrouped_by_device(ev, term, *args)
         if (choices := unrolled_picks.summed_choices(ev, term)) is not None:
             ev.equal_terms.append([term, choices])  # a top-k's choices weighted and added one by one
+    # Where the builder moved a constant factor in front, x * (c * s) = (x * s) * c, the facts of
+    # the op are stated for the op under the factor too: the other program may apply c elsewhere
+    # (YaRN's attention factor on the cos/sin table, or on the rotated sum), and only that op meets.
+    factor, base = ev.scale_of(term)
+    under = factor != 1 and base.op == "binary" and base.attrs == (op,) and ev.folded(base) is None
+    for whole, operands in ((term, args), *([(base, list(base.args))] if under else [])):
+        beside(ev, op, whole, operands, shape)
+    return term
+
+
+def beside(ev: Builder, op: str, term: Term, args: list, shape: Shape) -> None:
+    """State the elementwise binary op's facts beside its term: its signed sum in one form, and its
+    pieces when an operand is a concatenation."""
     if (form := signed_sums.one_form(ev, term) or signed_sums.plain_form(ev, term)) is not None:
         ev.equal_terms.append([term, form])  # (a product's factor may fold into a sum)
     if ev.folded(term) is None:
@@ -272,7 +285,6 @@ def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
         if (joined := pieces.elementwise_pieces(ev, args, piece)) is not None and joined is not term:
             ev.equal_terms.append([term, joined])
             ev.piecewise[term] = joined
-    return term
 
 
 def reciprocal_root_product(ev: Builder, args: list, shape: Shape) -> Term | None:

@@ -34,6 +34,7 @@ from equivci.translate import (
     reciprocals,
     reductions,
     regroup,
+    row_tables,
     scaled_dots,
     shapes,
     sorts,
@@ -160,6 +161,7 @@ class Evaluator(Builder):
             result = handler(self, inst, args, device)
         bounds.note(self, inst, args, result)
         regroup.note(self, inst, args, result, handler, device)
+        row_tables.note(self, inst, args, result, handler, device)
         scaled_dots.note(self, inst, args, result, handler, device)
         reciprocals.note(self, result)
         return result
