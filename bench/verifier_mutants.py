@@ -1232,6 +1232,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "the squeeze under it",
       "pytest:tests/translate/test_squeezes.py::test_a_dot_of_a_scaled_op_on_a_row_is_the_scaled_squeeze_of_the_dot",
       "pytest:tests/translate/test_microbatch_mlps.py::test_microbatches_through_a_tp_gelu_mlp_verify"),
+    # -- a read window with size-1 dims as the broadcast of its squeeze (terms/ir.py, terms/load.py) --------
+    M("unit-bcast-not-stated", "                self._unit_bcast(a, handle)\n", "                pass\n",
+      "a stage's [1, f] slab of a stacked bias, added to a one-row microbatch, is the row of the broadcast "
+      "the reference adds to every row: without the form the row's window cannot lift past it",
+      "pytest:tests/translate/test_unit_slabs.py::test_one_row_microbatches_through_stacked_slabs_verify"),
     # -- the stated equalities the outputs can use, first (prove/saturate.py) ---------------------------
     M("needed-groups-skipped", "    if len(needed) < len(groups):", "    if False:",
       "the facts about values no output is made of (a GPipe schedule's warm-up ticks on zeros) are left out "
