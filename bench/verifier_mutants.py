@@ -1327,6 +1327,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "a select on branches with size-1 dims inserted is the reshape of the select on the branches without them",
       "pytest:tests/translate/test_attention_layouts.py::test_a_mask_on_scores_with_a_unit_dim_is_the_reshape_of_the_reference_mask",
       "pytest:tests/translate/test_attention_layouts.py::test_attention_with_a_unit_group_dim_verifies[dpa-causal]"),
+    # -- a read window with size-1 dims as the broadcast of its squeeze (terms/ir.py, terms/load.py) --------
+    M("unit-bcast-not-stated", "                self._unit_bcast(a, handle)\n", "                pass\n",
+      "a stage's [1, f] slab of a stacked bias, added to a one-row microbatch, is the row of the broadcast "
+      "the reference adds to every row: without the form the row's window cannot lift past it",
+      "pytest:tests/translate/test_unit_slabs.py::test_one_row_microbatches_through_stacked_slabs_verify"),
     # -- the stated equalities the outputs can use, first (prove/saturate.py) ---------------------------
     M("needed-groups-skipped", "    if len(needed) < len(groups):", "    if False:",
       "the facts about values no output is made of (a GPipe schedule's warm-up ticks on zeros) are left out "

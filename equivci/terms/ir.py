@@ -81,6 +81,23 @@ def bcast_form(term: Term) -> tuple[str, Term] | None:
     return None
 
 
+def read_unit_bcast(term: Term) -> tuple[str, Term] | None:
+    """A value read as it is stored (an input or a window of one) that has size-1 dims beside
+    larger ones, as the broadcast of its squeeze along new dims of size 1: a stage's slab of a
+    stacked bias, `b[i:i + 1]` of shape [1, f], added to a one-row microbatch is the row of that
+    bias broadcast over every row, which the reference adds to all rows at once. Exact (no element
+    moves); values an op computes are left alone (their windows relate through the op)."""
+    if term.op not in ("param", "slice") or 1 not in term.shape or set(term.shape) == {1}:
+        return None
+    kept = tuple(o for o, n in enumerate(term.shape) if n != 1)
+    squeezed = tuple(term.shape[o] for o in kept)
+    spec = reshape_spec(term.shape, squeezed)
+    if spec is None:
+        return None
+    inner = Term("reshape", (spec,), (term,), squeezed, term.dtype)
+    return bcast_spec(len(squeezed), term.shape, kept), inner
+
+
 def unit_squeezed(term: Term) -> tuple[str, Term] | None:
     """A broadcast along a new dim that keeps size-1 operand dims, as the broadcast of its operand
     without them (new dims of size 1 there): a device's one-head table [s, 1, d] broadcast over

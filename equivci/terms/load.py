@@ -14,7 +14,7 @@ from egglog import EGraph, i64
 from equivci.hlo.ir import FLOATS
 from equivci.terms import language as L
 from equivci.terms.egg import Commands
-from equivci.terms.ir import Term, bcast_form, inserted_unit_dims, unit_squeezed
+from equivci.terms.ir import Term, bcast_form, inserted_unit_dims, read_unit_bcast, unit_squeezed
 from equivci.terms.language import T, TList
 from equivci.terms.spec import (
     AlignedMap,
@@ -110,6 +110,8 @@ class Loader:
             ex = egg.call("unary", f"{at[0]}:{t.dtype}", args[0])
         elif op == "binary":
             ex = egg.call("binary", at[0], args[0], args[1])
+            for a, handle in zip(t.args, args):
+                self._unit_bcast(a, handle)
         elif op == "ternary":
             ex = egg.call("ternary", at[0], args[0], args[1], args[2])
         elif op == "dot":
@@ -184,6 +186,19 @@ class Loader:
         if _power_of_two_splat(t):
             self._commands.append(egg.row("power_of_two_splat", handle))
         return self._count
+
+    def _unit_bcast(self, operand: Term, handle) -> None:
+        """An elementwise operand read with size-1 dims is also the broadcast of its squeeze
+        (ir.read_unit_bcast), so that a window of the other operand lifts past it. Only where that
+        squeeze is loaded already (the reference's `b[i]`, which it broadcasts over its rows): the
+        squeeze of a one-row window of the batch, new, lifts into a reshape of the whole batch
+        whose windows the rules then multiply without end."""
+        form = read_unit_bcast(operand) if bcast_form(operand) is None else None
+        if form is None or form[1] not in self.exprs or not self._once("unit_bcast", str(self.exprs[operand])):
+            return
+        self._seed_bcast(form[0])
+        squeezed = self.egg.call("handle", self.exprs[form[1]])
+        self._commands.append(self.egg.union(handle, self.egg.call("bcast", form[0], squeezed)))
 
     def _swapped_windows(self, operand: Term, perm: tuple[int, ...]):
         """transpose(windows of dot(x, y), perm) as the same windows of the dot with its operands
