@@ -1233,13 +1233,18 @@ MUTANTS: tuple[Mutant, ...] = (
       "pytest:tests/translate/test_squeezes.py::test_a_dot_of_a_scaled_op_on_a_row_is_the_scaled_squeeze_of_the_dot",
       "pytest:tests/translate/test_microbatch_mlps.py::test_microbatches_through_a_tp_gelu_mlp_verify"),
     # -- the stated equalities the outputs can use, first (prove/saturate.py) ---------------------------
-    M("needed-groups-skipped", "    if len(needed) < len(groups):", "    if False:",
+    M("needed-groups-skipped", "    needed = needed_groups(groups, roots)\n", "    needed = groups\n",
       "the facts about values no output is made of (a GPipe schedule's warm-up ticks on zeros) are left out "
       "of a first saturation: with them the e-graph outgrew its budget",
       "pytest:tests/translate/test_microbatch_mlps.py::test_a_gpipe_schedule_of_tp_gelu_stages_verifies"),
     M("needed-groups-unchained", "                stack.extend(groups[k])\n", "                pass\n",
       "a group kept brings its members' own groups and arguments in: facts reach the outputs through others",
       "pytest:tests/prove/test_needed_groups.py"),
+    M("needed-groups-rest-dropped",
+      "    add_terms(proof, [], [group for group in groups if id(group) not in kept])\n", "    pass\n",
+      "unless the first search proves every output, the facts it left out join its e-graph (the localization "
+      "reads every value's relation there)",
+      "pytest:tests/prove/test_needed_groups.py::test_an_unproved_search_goes_on_with_the_facts_left_out_in_its_own_egraph"),
 )
 
 
