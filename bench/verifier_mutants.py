@@ -1245,6 +1245,17 @@ MUTANTS: tuple[Mutant, ...] = (
       "unless the first search proves every output, the facts it left out join its e-graph (the localization "
       "reads every value's relation there)",
       "pytest:tests/prove/test_needed_groups.py::test_an_unproved_search_goes_on_with_the_facts_left_out_in_its_own_egraph"),
+    # -- a test against one number as a column of the one-hot (translate/one_hot_columns.py) ------------
+    M("one-hot-columns-any-table", "    if holds_positions(ev, b, new[0]):\n", "    if True:\n",
+      "only a compare against each element's position along the new dim is a one-hot whose column c is x == c",
+      "pytest:tests/translate/test_one_hot_columns.py::test_no_column_of_a_compare_against_other_numbers"),
+    M("one-hot-columns-any-test", '    if direction != "EQ" or c is None or ev.folded(a) is not None:\n',
+      "    if c is None or ev.folded(a) is not None:\n",
+      "x != c or x <= c is no column of the one-hot",
+      "pytest:tests/translate/test_one_hot_columns.py::test_no_column_for_another_test"),
+    M("one-hot-columns-not-stated", "        ev.equal_terms.append([term, *found])\n", "        pass\n",
+      "a device's test of the top-k ids against its expert's global id is its column of the reference's one-hot",
+      "pytest:tests/translate/test_one_hot_columns.py::test_a_device_mask_per_local_expert_by_global_id_verifies"),
 )
 
 

@@ -16,6 +16,7 @@ from equivci.translate import (
     bounds,
     collectives,
     masks,
+    one_hot_columns,
     pieces,
     roundings,
     shifts,
@@ -301,6 +302,9 @@ def compare_terms(ev: Builder, direction: str, a: Term, b: Term, shape: Shape) -
         # stated beside the written test, which other facts read as written (a group's rows
         # `starts <= b < ends`, permutations.py)
         ev.equal_terms.append([term, _compare(ev, strict[0], a, strict[1], shape)])
+    one_hot_columns.record(ev, term, direction, a, b)
+    if ev.folded(term) is None and (found := one_hot_columns.columns(ev, term, direction, a, b)):
+        ev.equal_terms.append([term, *found])
     return term
 
 
