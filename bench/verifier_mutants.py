@@ -1333,22 +1333,31 @@ MUTANTS: tuple[Mutant, ...] = (
       "the reference adds to every row: without the form the row's window cannot lift past it",
       "pytest:tests/translate/test_unit_slabs.py::test_one_row_microbatches_through_stacked_slabs_verify"),
     # -- the stated equalities the outputs can use, first (prove/saturate.py) ---------------------------
-    M("needed-groups-skipped", "    if len(needed) < len(groups):", "    if False:",
+    M("needed-groups-skipped", "    needed = needed_groups(groups, roots)\n", "    needed = groups\n",
       "the facts about values no output is made of (a GPipe schedule's warm-up ticks on zeros) are left out "
       "of a first saturation: with them the e-graph outgrew its budget",
+      "pytest:tests/prove/test_needed_groups.py::test_an_unproved_search_goes_on_with_the_facts_left_out_in_its_own_egraph",
       "pytest:tests/translate/test_microbatch_mlps.py::test_a_gpipe_schedule_of_tp_gelu_stages_verifies"),
     M("needed-groups-unchained", "                stack.extend(groups[k])\n", "                pass\n",
       "a group kept brings its members' own groups and arguments in: facts reach the outputs through others",
       "pytest:tests/prove/test_needed_groups.py"),
-    M("needed-groups-rest-dropped", "add_terms(proof, [], [group for group in groups if id(group) not in kept])",
-      "add_terms(proof, [], [])",
-      "a settled first search is grown with the groups it left out: the localization reads their relations, "
-      "and a fresh search of every group would have them",
+    M("needed-groups-rest-dropped",
+      "    add_terms(proof, [], [group for group in groups if id(group) not in kept])\n", "    pass\n",
+      "unless the first search proves every output, the facts it left out join its e-graph (the localization "
+      "reads every value's relation there)",
+      "pytest:tests/prove/test_needed_groups.py::test_an_unproved_search_goes_on_with_the_facts_left_out_in_its_own_egraph",
       "pytest:tests/prove/test_needed_groups.py::test_a_settled_first_search_grows_into_the_search_of_every_group"),
-    M("needed-groups-grown-when-stopped", "        if not proof.exhausted and not proof.outgrown:\n            kept",
-      "        if not proof.outgrown:\n            kept",
-      "a first search the iteration budget stopped is no fixed point to grow from: a fresh search of every group",
-      "pytest:tests/prove/test_needed_groups.py::test_a_first_search_that_the_budget_stopped_is_not_grown"),
+    # -- a test against one number as a column of the one-hot (translate/one_hot_columns.py) ------------
+    M("one-hot-columns-any-table", "    if holds_positions(ev, b, new[0]):\n", "    if True:\n",
+      "only a compare against each element's position along the new dim is a one-hot whose column c is x == c",
+      "pytest:tests/translate/test_one_hot_columns.py::test_no_column_of_a_compare_against_other_numbers"),
+    M("one-hot-columns-any-test", '    if direction != "EQ" or c is None or ev.folded(a) is not None:\n',
+      "    if c is None or ev.folded(a) is not None:\n",
+      "x != c or x <= c is no column of the one-hot",
+      "pytest:tests/translate/test_one_hot_columns.py::test_no_column_for_another_test"),
+    M("one-hot-columns-not-stated", "        ev.equal_terms.append([term, *found])\n", "        pass\n",
+      "a device's test of the top-k ids against its expert's global id is its column of the reference's one-hot",
+      "pytest:tests/translate/test_one_hot_columns.py::test_a_device_mask_per_local_expert_by_global_id_verifies"),
 )
 
 

@@ -84,6 +84,8 @@ class Builder:
         self._inputs: dict[Term, tuple[int, ...]] = {}  # inputs_of, memoized
         # argmax positions along one dim -> (the value they are the argmax of, that dim) (orders.py)
         self.argmaxes: dict[Term, tuple[Term, int]] = {}
+        # integers -> their one-hots (x[..., None] == arange(N)) and the one-hot's new dim (one_hot_columns.py)
+        self.one_hots: dict[Term, list[tuple[Term, int]]] = {}
         # elementwise terms -> the term of the unsqueezed shape whose squeeze they equal (squeezes.py)
         self.unsqueezed: dict[Term, Term] = {}
         # a dot of rows gathered at an index -> the gather of the dense dot there, stated equal

@@ -16,6 +16,7 @@ from equivci.translate import (
     bounds,
     collectives,
     masks,
+    one_hot_columns,
     pieces,
     roundings,
     shifts,
@@ -353,6 +354,9 @@ def compare_terms(ev: Builder, direction: str, a: Term, b: Term, shape: Shape) -
         ev.equal_terms.append([term, _compare(ev, strict[0], a, strict[1], shape)])
     if ev.folded(term) is None and (ordered := ordered_difference(ev, direction, a, b, shape)) is not None:
         ev.equal_terms.append([term, ordered])
+    one_hot_columns.record(ev, term, direction, a, b)
+    if ev.folded(term) is None and (found := one_hot_columns.columns(ev, term, direction, a, b)):
+        ev.equal_terms.append([term, *found])
     return term
 
 

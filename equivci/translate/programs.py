@@ -119,6 +119,7 @@ def _translate(
     dist_eval.values.update(ref_eval.values)
     dist_eval.constants.extend(ref_eval.constants)
     dist_eval.boxes.update(ref_eval.boxes)  # the reference's group pieces, which devices compute too
+    dist_eval.one_hots.update((x, list(found)) for x, found in ref_eval.one_hots.items())
     matcher = loops(reference, ref_eval.loops)
     dist_eval.loop_handler = matcher
     dist_args = [
