@@ -120,6 +120,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "where(outside, 0, ids - lo) is ids - lo inside the window", "model:embed-outside", "model:embed-outside-not"),
     M("outside-select-bounds", "masks.bounds_under_mask(ev, p, b, outside=True)", "masks.bounds_under_mask(ev, p, b)",
       "select(p, a, b) takes b where p fails: b's bounds there come from the complement of p",
+      "pytest:tests/translate/test_outside_masks.py::test_the_branch_chosen_outside_a_window_is_bounded_by_the_complement",
       "model:embed-outside"),
     M("masked-member-factor", "found = _masked(ev, base, lambda rows: ev.scaled(rows, factor))",
       "found = _masked(ev, base, lambda rows: ev.scaled(rows, 2 * factor))",

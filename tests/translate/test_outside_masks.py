@@ -24,6 +24,7 @@ from equivci.results import Status
 from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
 from equivci.terms.spec import compare_text
+from equivci.translate.bounds import bound_select
 from equivci.translate.evaluator import Evaluator
 from equivci.translate.masks import outside_of, window_of
 
@@ -81,6 +82,20 @@ def test_a_window_test_is_not_read_as_its_complement() -> None:
     ev, x, p = _build("GE 2 & LT 6")
     w = window_of(ev, p)
     assert w is not None and (w.x, w.lo, w.hi) == (x, 2, 6)
+
+
+
+def test_the_branch_chosen_outside_a_window_is_bounded_by_the_complement() -> None:
+    """select(outside [2, 6), 0, x - 2) lies in [0, 4), for ids x in [0, 1000): too many values to
+    enumerate (bounds.enumerated), so only the complement's reading of the else branch gives it."""
+    ev, x, p = _build("LT 2 | GE 6")
+    ev._set_bounds(x, 0, 999)
+    shape = Shape("s32", XS.shape)
+    shifted = ev.mk("binary", ("subtract",), [x, ev.const(np.full(XS.shape, 2, np.int32), "s32")], shape)
+    zero = ev.const(np.zeros(XS.shape, np.int32), "s32")
+    chosen = ev.mk("ternary", ("select",), [p, zero, shifted], shape)
+    bound_select(ev, chosen, p, zero, shifted)
+    assert ev.bounds_of(chosen) == (0, 3)
 
 
 MODELS = textwrap.dedent(

@@ -145,7 +145,9 @@ def _experts_leading(logits, ys, gates):  # every expert's rows [E, N, W], swapp
 
 
 def _clamped_past_the_end(logits, ys, gates):  # an index that may be E: the gather clamps it
-    idx = jnp.clip(jnp.argsort(logits)[:, :K], 0, E)
+    # argsort's ids are in [0, E), so a clip to [0, E] of them alone is no clamp (bounds.unclamped):
+    # shifted by one they reach E
+    idx = jnp.clip(jnp.argsort(logits)[:, :K] + 1, 0, E)
     picked = jnp.take_along_axis(ys, idx[..., None], axis=1, mode="clip")
     return jnp.einsum("nk,nkd->nd", gates, picked)
 
