@@ -24,6 +24,16 @@ def line_of(source: str, mark: str) -> int:
     raise KeyError(mark)
 
 
+def manifest_text(cases: list[tuple[str, str, str]], mesh: str) -> str:
+    """A v1 manifest of models (name, reference function, distributed function) of `model.py`, with
+    `inputs: model.py:inputs` and one mesh (YAML flow text, e.g. "{data: 4}")."""
+    return "version: 1\nmodels:\n" + "".join(
+        f"  - {{name: {name}, reference: model.py:{ref}, distributed: model.py:{dist}, inputs: model.py:inputs, "
+        f"mesh: {mesh}}}\n"
+        for name, ref, dist in cases
+    )
+
+
 def write_package(root: Path, module: str, source: str, manifest: str) -> Manifest:
     (root / module).write_text(source)
     (root / "equivci.yaml").write_text(manifest)

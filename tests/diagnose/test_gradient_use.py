@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from model_package import line_of, verify_named, write_package
+from model_package import line_of, manifest_text, verify_named, write_package
 
 from equivci.results import Status
 
@@ -75,11 +75,7 @@ MODEL = textwrap.dedent(
 ).lstrip()
 
 NAMES = ("step_dp", "step_dp_unreduced", "step_dp_inline")
-MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {name}, reference: model.py:step, distributed: model.py:{name}, inputs: model.py:inputs, "
-    "mesh: {data: 4}}\n"
-    for name in NAMES
-)
+MANIFEST = manifest_text([(name, "step", name) for name in NAMES], "{data: 4}")
 
 
 @pytest.fixture(scope="module")

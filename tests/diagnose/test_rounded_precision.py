@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from model_package import line_of, verify_named, write_package
+from model_package import line_of, manifest_text, verify_named, write_package
 
 from equivci.diagnose.precision import narrowing
 from equivci.hlo.ir import Instruction, Shape
@@ -69,14 +69,9 @@ MODEL = textwrap.dedent(
     """
 ).lstrip()
 
-MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {name}, reference: model.py:{ref}, distributed: model.py:{func}, inputs: model.py:inputs, "
-    "mesh: {tp: 2}}\n"
-    for name, ref, func in [
-        ("f32", "mlp", "mlp_tp_f32"),
-        ("bf16", "mlp", "mlp_tp_bf16"),
-        ("mixed-bf16", "mlp_mixed", "mlp_mixed_tp_bf16"),
-    ]
+MANIFEST = manifest_text(
+    [("f32", "mlp", "mlp_tp_f32"), ("bf16", "mlp", "mlp_tp_bf16"), ("mixed-bf16", "mlp_mixed", "mlp_mixed_tp_bf16")],
+    "{tp: 2}",
 )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from model_package import line_of, verify_named, write_package
+from model_package import line_of, manifest_text, verify_named, write_package
 
 from equivci.results import Status
 
@@ -83,11 +83,7 @@ MODEL = textwrap.dedent(
 ).lstrip()
 
 NAMES = ("step_psum_halved", "step_psum_scaled", "step_fsdp", "step_fsdp_uncounted")
-MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {name}, reference: model.py:step, distributed: model.py:{name}, inputs: model.py:inputs, "
-    "mesh: {data: 4}}\n"
-    for name in NAMES
-)
+MANIFEST = manifest_text([(name, "step", name) for name in NAMES], "{data: 4}")
 
 
 @pytest.fixture(scope="module")
