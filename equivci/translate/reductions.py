@@ -283,10 +283,7 @@ def reduce(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
         return ev.const(np.all(value, axis=dims) if reducer == "and" else np.any(value, axis=dims), inst.shape.dtype)
     if _identity(ev, reducer, x):  # (exact: no element changes the identity; the earlier shards' totals of shard 0)
         return ev.const(np.full(inst.shape.dims, init_value), inst.shape.dtype)
-    term = over_pieces(ev, reducer, x, dims, inst.shape) or reduce_term(ev, reducer, x, dims, inst.shape)
-    for moved in moved_reductions(ev, reducer, x, dims, inst.shape):
-        if moved is not term:
-            ev.equal_terms.append([term, moved])
+    term = reduction(ev, reducer, x, dims, inst.shape)
     if reducer == "add" and (as_dot := summed_product(ev, x, dims, inst.shape)) is not None:
         # the dot is the term, every fact about dots applies; the written sum is not stated beside
         # it: the layout rules on its broadcast product grew a ring's e-graph past its budget
@@ -340,18 +337,47 @@ def summed_product(ev: Builder, x: Term, dims: tuple[int, ...], out: Shape) -> T
     return ev.transpose_term(dot_term(ev, spec, a, b, inner), tuple(names.index(o) for o in kept))
 
 
+def reduction(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape: Shape) -> Term:
+    """x reduced over dims in normal form: over a concatenation along a reduced dim, the reducer of
+    the pieces' reductions (`over_pieces`); a sum of negations as the negated sum, the written sum
+    stated beside it (`negated_operand`); with the moved forms of `moved_reductions` stated beside.
+    The negation outside is the term so that each device's sum of negated picks, psum-ed, is a sum
+    of negated shares (collectives.py), whose partial sums merge as the reference's one sum."""
+    term = over_pieces(ev, reducer, x, dims, shape)
+    if term is None and reducer == "add" and (y := negated_operand(ev, x, shape)) is not None:
+        term = ev.normal("unary", ("negate",), [reduction(ev, reducer, y, dims, shape)], shape)
+        ev.equal_terms.append([term, reduce_term(ev, reducer, x, dims, shape)])
+    term = term or reduce_term(ev, reducer, x, dims, shape)
+    for moved in moved_reductions(ev, reducer, x, dims, shape):
+        if moved is not term:
+            ev.equal_terms.append([term, moved])
+    return term
+
+
+def negated_operand(ev: Builder, x: Term, shape: Shape) -> Term | None:
+    """y where x = -y, x summed to `shape`: a sum of negations is the negated sum, Σ -y =
+    -Σ y (exact: negation flips the sign bit and rounding is symmetric; modulo 2^bits on integers),
+    also where x is a reshape of negations, reshape(-z) = -reshape(z) (a reshape moves elements,
+    negation acts on each alone). A loss written `-take_along_axis(logp, t[..., None]).mean()` and
+    one written `(-take_along_axis(logp, t[..., None])[..., 0]).mean()` meet there, and a data
+    shard's `-pick` kept as [b, s, 1] (the reference's pick is [b, s], reshaped). None for any other x."""
+    if x.dtype != shape.dtype:
+        return None
+    if x.op == "reshape" and x.args[0].op == "unary" and x.args[0].attrs == ("negate",):
+        z = x.args[0].args[0]
+        return ev.reshape_term(z, Shape(z.dtype, x.shape)) if z.dtype == x.dtype else None
+    if x.op == "unary" and x.attrs == ("negate",) and x.args[0].dtype == x.dtype:
+        return x.args[0]
+    return None
+
+
 def moved_reductions(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape: Shape) -> list[Term]:
-    """The reduction of `x` over `dims` with the op that makes x moved out of it, stated beside the
-    written one: a sum of negations is the negated sum, Σ -y = -Σ y (exact: negation flips the sign
-    bit and rounding is symmetric; modulo 2^bits on integers), and a reduction of y reshaped only
-    by inserting or dropping size-1 dims is the reduction of y over the same dims, reshaped (the
-    size-1 dims add no element). A loss written `-take_along_axis(logp, t[..., None]).mean()` and one
-    written `(-take_along_axis(logp, t[..., None])[..., 0]).mean()` meet there. x's quotient form
+    """The reduction of `x` over `dims` with a reshape of x moved out of it, stated beside the
+    written one: a reduction of y reshaped only by inserting or dropping size-1 dims is the
+    reduction of y over the same dims, reshaped (the size-1 dims add no element). x's quotient form
     (reciprocals.py) is read too: dot_product_attention's scores `c * s` with a unit dim inserted
     in s are the reshape of the reference's `s / q`, and their row max the reshape of its row max."""
     moved = []
-    if reducer == "add" and x.op == "unary" and x.attrs == ("negate",) and x.args[0].dtype == x.dtype:
-        moved.append(ev.normal("unary", ("negate",), [reduce_term(ev, reducer, x.args[0], dims, shape)], shape))
     x = ev.quotients.get(x, x)
     if x.op == "reshape" and x.args[0].dtype == x.dtype:
         y = x.args[0]
