@@ -13,7 +13,7 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Module, Shape
 from equivci.terms.ir import Term, bcast_form, reduce_pair_map
 from equivci.terms.spec import BcastSpec, DotSpec, ReduceSpec, transpose_text
-from equivci.translate import gathered_dots, moved_columns, one_hots, orders, picks, relaid, tiles
+from equivci.translate import gathered_dots, moved_columns, one_hots, orders, picks, relaid, signed_sums, tiles
 from equivci.translate.arrays import all_equal, distinct, is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
 from equivci.translate.builder import Builder, Value
@@ -337,7 +337,7 @@ def summed_product(ev: Builder, x: Term, dims: tuple[int, ...], out: Shape) -> T
     return ev.transpose_term(dot_term(ev, spec, a, b, inner), tuple(names.index(o) for o in kept))
 
 
-def reduction(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape: Shape) -> Term:
+def reduction(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape: Shape, signed: bool = True) -> Term:
     """x reduced over dims in normal form: over a concatenation along a reduced dim, the reducer of
     the pieces' reductions (`over_pieces`); a sum of negations as the negated sum, the written sum
     stated beside it (`negated_operand`); with the moved forms of `moved_reductions` stated beside.
@@ -347,6 +347,11 @@ def reduction(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape: 
     if term is None and reducer == "add" and (y := negated_operand(ev, x, shape)) is not None:
         term = ev.normal("unary", ("negate",), [reduction(ev, reducer, y, dims, shape)], shape)
         ev.equal_terms.append([term, reduce_term(ev, reducer, x, dims, shape)])
+    elif term is None and signed and reducer == "add" and (y := negated_signed_sum(ev, x)) is not None:
+        term = reduce_term(ev, reducer, x, dims, shape)
+        inner = reduction(ev, reducer, y, dims, shape, signed=False)  # (its negation is x again)
+        ev.equal_terms.append([term, ev.normal("unary", ("negate",), [inner], shape)])
+        ev.negated_sums[term] = inner
     term = term or reduce_term(ev, reducer, x, dims, shape)
     for moved in moved_reductions(ev, reducer, x, dims, shape):
         if moved is not term:
@@ -388,6 +393,21 @@ def moved_reductions(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], 
             out = Shape(shape.dtype, tuple(n for k, n in enumerate(y.shape) if k not in ydims))
             moved.append(ev.reshape_term(reduce_term(ev, reducer, y, ydims, out), shape))
     return moved
+
+
+def negated_signed_sum(ev: Builder, x: Term) -> Term | None:
+    """-x in one form (signed_sums.one_form) where x is a float sum of terms of both signs (or a
+    reshape of one: the negation goes inside it, as in `negated_operand`), so that Σ x is stated as
+    -Σ(-x), exact (negation flips the sign bit and rounding is symmetric). A vocabulary-parallel loss summed as
+    Σ (log Σ_d s_d + M - target) meets the reference's negated sum of its log-softmax picks,
+    -Σ ((pick - m) - log s), term by term. None for any other x."""
+    z = x.args[0] if x.op == "reshape" and x.args[0].dtype == x.dtype else x
+    if not (z.op == "binary" and z.attrs in (("add",), ("subtract",))) or not signed_sums.mixed_signs(ev, z):
+        return None
+    form = signed_sums.one_form(ev, ev.mk("unary", ("negate",), [z], Shape(z.dtype, z.shape)))
+    if form is None:
+        return None
+    return form if z is x else ev.reshape_term(form, Shape(x.dtype, x.shape))
 
 
 def reduced_over(t: Term) -> tuple[str, Term, tuple[int, ...]] | None:
