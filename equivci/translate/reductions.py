@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 
 import numpy as np
 
@@ -73,6 +74,8 @@ def dot_with_facts(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: 
         ev.equal_terms.append([term, summed])
     if (copied := dot_of_copies(ev, dot_spec, lhs, rhs, shape)) is not None:
         ev.equal_terms.append([term, copied])
+    if moved_units := unit_batch_moved(ev, dot_spec, lhs, rhs, shape):
+        ev.equal_terms.append([term, *moved_units])
     if (shared := dot_of_batch_copies(ev, dot_spec, lhs, rhs, shape)) is not None:
         # stated beside the written dot, not made the term: as the term it moved the layout every
         # later op builds on, and lost the zoo's GQA with replicated KV heads (gqa-tp4-kv2-replicated)
@@ -144,6 +147,45 @@ def _dot_dims(spec: DotSpec) -> list[tuple]:
         )
     ]
     return [("b", k) for k in range(len(spec.lhs_batch))] + [(0, d) for d in free[0]] + [(1, d) for d in free[1]]
+
+
+def unit_batch_moved(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> list[Term]:
+    """The dot with an operand's size-1 batch dims (of pairs size 1 on both sides) moved to just
+    before its last dim, where splitting a projection's last dim into heads puts the head dim
+    ([b, s, h, hd]), for either operand or both (a dot's output, such as attention's
+    probabilities, keeps its batch dims first). Moving a size-1 dim is a reshape (no element
+    moves) and the batch pairs keep their order, so the output is the same: a device holding one
+    head of `q.transpose(0, 2, 1, 3)`, which XLA writes as a reshape of its [b, s, hd] slab to
+    [b, 1, s, hd], meets the reference's dot of its [b, s, h, hd] heads at that head's window.
+    Empty when no such dim moves."""
+    units = [(lb, rb) for lb, rb in zip(spec.lhs_batch, spec.rhs_batch) if lhs.shape[lb] == 1 and rhs.shape[rb] == 1]
+    if not units:
+        return []
+    choices = []  # per operand: (the operand, its dims' new positions) as written, then moved
+    for t, unit in ((lhs, [lb for lb, _ in units]), (rhs, [rb for _, rb in units])):
+        rest = [d for d in range(len(t.shape)) if d not in unit]
+        order = rest[:-1] + unit + rest[-1:]
+        kept = (t, list(range(len(t.shape))))
+        if order == kept[1]:
+            choices.append([kept])
+        else:
+            moved = ev.reshape_term(t, Shape(t.dtype, tuple(t.shape[d] for d in order)))
+            choices.append([kept, (moved, [order.index(d) for d in range(len(order))])])
+    forms = []
+    for (x, at_x), (y, at_y) in itertools.product(*choices):
+        if x is lhs and y is rhs:
+            continue
+        new = DotSpec(
+            tuple(at_x[d] for d in spec.lhs_batch),
+            tuple(at_y[d] for d in spec.rhs_batch),
+            tuple(at_x[d] for d in spec.lhs_contract),
+            tuple(at_y[d] for d in spec.rhs_contract),
+            spec.lhs_rank,
+            spec.rhs_rank,
+            spec.dtypes,
+        )
+        forms.append(dot_term(ev, new, x, y, out))
+    return forms
 
 
 def _one_copy(ev: Builder, t: Term, j: int) -> Term | None:
