@@ -77,6 +77,9 @@ class Builder:
         # an all-reduce's sum of the devices' sums -> the sum, term by term, of their all-reduces
         # (collectives._sums_summed; signed_sums.plain_form reads its terms as atoms)
         self.regrouped_sums: dict[Term, Term] = {}
+        # a sum over dims of a signed sum -> the sum of its negation in one form, which it negates
+        # (reductions.reduction; collectives.combine adds the devices' shares up negated)
+        self.negated_sums: dict[Term, Term] = {}
         # a window of a sum over devices (an all-reduce's, or such sums added) -> (each device's term,
         # in group order; the window (dim, start, stop) of their sum, None for all of it)
         # (collectives.regrouped_by_device)

@@ -94,12 +94,8 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
         # same order, wherever the elements sit), so that the partial dots under the transpose merge.
         inner = [m.args[0] for m in members]
         return ev.transpose_term(combine(ev, reducer, inner), parse_transpose(members[0].attrs[0]))
-    if reducer == "add" and len(members) > 1 and all(m.op == "unary" and m.attrs == ("negate",) for m in members):
-        # Each device's negated share (a loss -mean(...) of its rows, then pmean-ed): the negated sum,
-        # sum_d (-x_d) = -(sum_d x_d), exact in floats too (rounding to nearest is symmetric), so that
-        # the shares' partial reductions merge as the reference's one.
-        total = combine(ev, reducer, [m.args[0] for m in members])
-        return ev.normal("unary", ("negate",), [total], Shape(total.dtype, total.shape))
+    if reducer == "add" and (negated := _negated_shares(ev, members, {})) is not None:
+        return negated
     tiled = masks.tiled_lookup(ev, members) if reducer == "add" else masks.tiled_reduce(ev, reducer, members)
     if tiled is not None:
         return tiled
@@ -125,10 +121,29 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
             ev.regrouped_sums[base] = summed
     if reducer == "add" and (mapped := linear_sum(ev, members, lambda inner: combine(ev, reducer, inner))) is not None:
         ev.equal_terms.append([acc, mapped])
+    if reducer == "add" and (negated := _negated_shares(ev, members, ev.negated_sums)) is not None:
+        ev.equal_terms.append([acc, negated])
     if reducer == "add" and (rounded := _rounded_sum(ev, members)) is not None:
         ev.equal_terms.append([acc, rounded])
         ev.rounded_sums[acc] = rounded
     return acc
+
+
+def _negated_shares(ev: Builder, members: list[Term], negations: dict[Term, Term]) -> Term | None:
+    """Each device's negated share (a loss -mean(...) of its rows, then pmean-ed; a mean of each
+    row's negated pick, with its 1/n in front): the negated sum, sum_d (-x_d) = -(sum_d x_d), exact
+    in floats too (rounding to nearest is symmetric), under the factor the shares share, in front
+    as the builder keeps every sum of terms scaled alike (f * a + f * b = f * (a + b)), so that the
+    shares' partial reductions merge as the reference's one. A share is a negation, or a term that
+    `negations` holds the negation of (x_d = -y_d: a sum of a signed sum, reductions.reduction).
+    None unless every member is such a share, under one factor."""
+    scaled = [ev.scale_of(m) for m in members]
+    factors = {f for f, _ in scaled}
+    inner = [b.args[0] if b.op == "unary" and b.attrs == ("negate",) else negations.get(b) for _, b in scaled]
+    if len(members) < 2 or len(factors) != 1 or any(y is None for y in inner):
+        return None
+    total = combine(ev, "add", [y for y in inner if y is not None])
+    return ev.scaled(ev.normal("unary", ("negate",), [total], Shape(total.dtype, total.shape)), factors.pop())
 
 
 def regrouped_by_device(ev: Builder, term: Term, a: Term, b: Term) -> None:

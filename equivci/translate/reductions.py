@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 
 import numpy as np
 
 from equivci.hlo.ir import Instruction, Module, Shape
 from equivci.terms.ir import Term, bcast_form, reduce_pair_map
 from equivci.terms.spec import BcastSpec, DotSpec, ReduceSpec, transpose_text
-from equivci.translate import gathered_dots, moved_columns, one_hots, orders, picks, relaid, tiles
+from equivci.translate import gathered_dots, moved_columns, one_hots, orders, picks, relaid, signed_sums, tiles
 from equivci.translate.arrays import all_equal, distinct, is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
 from equivci.translate.builder import Builder, Value
@@ -73,6 +74,8 @@ def dot_with_facts(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: 
         ev.equal_terms.append([term, summed])
     if (copied := dot_of_copies(ev, dot_spec, lhs, rhs, shape)) is not None:
         ev.equal_terms.append([term, copied])
+    if moved_units := unit_batch_moved(ev, dot_spec, lhs, rhs, shape):
+        ev.equal_terms.append([term, *moved_units])
     if (shared := dot_of_batch_copies(ev, dot_spec, lhs, rhs, shape)) is not None:
         # stated beside the written dot, not made the term: as the term it moved the layout every
         # later op builds on, and lost the zoo's GQA with replicated KV heads (gqa-tp4-kv2-replicated)
@@ -144,6 +147,45 @@ def _dot_dims(spec: DotSpec) -> list[tuple]:
         )
     ]
     return [("b", k) for k in range(len(spec.lhs_batch))] + [(0, d) for d in free[0]] + [(1, d) for d in free[1]]
+
+
+def unit_batch_moved(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> list[Term]:
+    """The dot with an operand's size-1 batch dims (of pairs size 1 on both sides) moved to just
+    before its last dim, where splitting a projection's last dim into heads puts the head dim
+    ([b, s, h, hd]), for either operand or both (a dot's output, such as attention's
+    probabilities, keeps its batch dims first). Moving a size-1 dim is a reshape (no element
+    moves) and the batch pairs keep their order, so the output is the same: a device holding one
+    head of `q.transpose(0, 2, 1, 3)`, which XLA writes as a reshape of its [b, s, hd] slab to
+    [b, 1, s, hd], meets the reference's dot of its [b, s, h, hd] heads at that head's window.
+    Empty when no such dim moves."""
+    units = [(lb, rb) for lb, rb in zip(spec.lhs_batch, spec.rhs_batch) if lhs.shape[lb] == 1 and rhs.shape[rb] == 1]
+    if not units:
+        return []
+    choices = []  # per operand: (the operand, its dims' new positions) as written, then moved
+    for t, unit in ((lhs, [lb for lb, _ in units]), (rhs, [rb for _, rb in units])):
+        rest = [d for d in range(len(t.shape)) if d not in unit]
+        order = rest[:-1] + unit + rest[-1:]
+        kept = (t, list(range(len(t.shape))))
+        if order == kept[1]:
+            choices.append([kept])
+        else:
+            moved = ev.reshape_term(t, Shape(t.dtype, tuple(t.shape[d] for d in order)))
+            choices.append([kept, (moved, [order.index(d) for d in range(len(order))])])
+    forms = []
+    for (x, at_x), (y, at_y) in itertools.product(*choices):
+        if x is lhs and y is rhs:
+            continue
+        new = DotSpec(
+            tuple(at_x[d] for d in spec.lhs_batch),
+            tuple(at_y[d] for d in spec.rhs_batch),
+            tuple(at_x[d] for d in spec.lhs_contract),
+            tuple(at_y[d] for d in spec.rhs_contract),
+            spec.lhs_rank,
+            spec.rhs_rank,
+            spec.dtypes,
+        )
+        forms.append(dot_term(ev, new, x, y, out))
+    return forms
 
 
 def _one_copy(ev: Builder, t: Term, j: int) -> Term | None:
@@ -283,10 +325,7 @@ def reduce(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
         return ev.const(np.all(value, axis=dims) if reducer == "and" else np.any(value, axis=dims), inst.shape.dtype)
     if _identity(ev, reducer, x):  # (exact: no element changes the identity; the earlier shards' totals of shard 0)
         return ev.const(np.full(inst.shape.dims, init_value), inst.shape.dtype)
-    term = over_pieces(ev, reducer, x, dims, inst.shape) or reduce_term(ev, reducer, x, dims, inst.shape)
-    for moved in moved_reductions(ev, reducer, x, dims, inst.shape):
-        if moved is not term:
-            ev.equal_terms.append([term, moved])
+    term = reduction(ev, reducer, x, dims, inst.shape)
     if reducer == "add" and (as_dot := summed_product(ev, x, dims, inst.shape)) is not None:
         # the dot is the term, every fact about dots applies; the written sum is not stated beside
         # it: the layout rules on its broadcast product grew a ring's e-graph past its budget
@@ -340,18 +379,52 @@ def summed_product(ev: Builder, x: Term, dims: tuple[int, ...], out: Shape) -> T
     return ev.transpose_term(dot_term(ev, spec, a, b, inner), tuple(names.index(o) for o in kept))
 
 
+def reduction(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape: Shape, signed: bool = True) -> Term:
+    """x reduced over dims in normal form: over a concatenation along a reduced dim, the reducer of
+    the pieces' reductions (`over_pieces`); a sum of negations as the negated sum, the written sum
+    stated beside it (`negated_operand`); with the moved forms of `moved_reductions` stated beside.
+    The negation outside is the term so that each device's sum of negated picks, psum-ed, is a sum
+    of negated shares (collectives.py), whose partial sums merge as the reference's one sum."""
+    term = over_pieces(ev, reducer, x, dims, shape)
+    if term is None and reducer == "add" and (y := negated_operand(ev, x, shape)) is not None:
+        term = ev.normal("unary", ("negate",), [reduction(ev, reducer, y, dims, shape)], shape)
+        ev.equal_terms.append([term, reduce_term(ev, reducer, x, dims, shape)])
+    elif term is None and signed and reducer == "add" and (y := negated_signed_sum(ev, x)) is not None:
+        term = reduce_term(ev, reducer, x, dims, shape)
+        inner = reduction(ev, reducer, y, dims, shape, signed=False)  # (its negation is x again)
+        ev.equal_terms.append([term, ev.normal("unary", ("negate",), [inner], shape)])
+        ev.negated_sums[term] = inner
+    term = term or reduce_term(ev, reducer, x, dims, shape)
+    for moved in moved_reductions(ev, reducer, x, dims, shape):
+        if moved is not term:
+            ev.equal_terms.append([term, moved])
+    return term
+
+
+def negated_operand(ev: Builder, x: Term, shape: Shape) -> Term | None:
+    """y where x = -y, x summed to `shape`: a sum of negations is the negated sum, Σ -y =
+    -Σ y (exact: negation flips the sign bit and rounding is symmetric; modulo 2^bits on integers),
+    also where x is a reshape of negations, reshape(-z) = -reshape(z) (a reshape moves elements,
+    negation acts on each alone). A loss written `-take_along_axis(logp, t[..., None]).mean()` and
+    one written `(-take_along_axis(logp, t[..., None])[..., 0]).mean()` meet there, and a data
+    shard's `-pick` kept as [b, s, 1] (the reference's pick is [b, s], reshaped). None for any other x."""
+    if x.dtype != shape.dtype:
+        return None
+    if x.op == "reshape" and x.args[0].op == "unary" and x.args[0].attrs == ("negate",):
+        z = x.args[0].args[0]
+        return ev.reshape_term(z, Shape(z.dtype, x.shape)) if z.dtype == x.dtype else None
+    if x.op == "unary" and x.attrs == ("negate",) and x.args[0].dtype == x.dtype:
+        return x.args[0]
+    return None
+
+
 def moved_reductions(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape: Shape) -> list[Term]:
-    """The reduction of `x` over `dims` with the op that makes x moved out of it, stated beside the
-    written one: a sum of negations is the negated sum, Σ -y = -Σ y (exact: negation flips the sign
-    bit and rounding is symmetric; modulo 2^bits on integers), and a reduction of y reshaped only
-    by inserting or dropping size-1 dims is the reduction of y over the same dims, reshaped (the
-    size-1 dims add no element). A loss written `-take_along_axis(logp, t[..., None]).mean()` and one
-    written `(-take_along_axis(logp, t[..., None])[..., 0]).mean()` meet there. x's quotient form
+    """The reduction of `x` over `dims` with a reshape of x moved out of it, stated beside the
+    written one: a reduction of y reshaped only by inserting or dropping size-1 dims is the
+    reduction of y over the same dims, reshaped (the size-1 dims add no element). x's quotient form
     (reciprocals.py) is read too: dot_product_attention's scores `c * s` with a unit dim inserted
     in s are the reshape of the reference's `s / q`, and their row max the reshape of its row max."""
     moved = []
-    if reducer == "add" and x.op == "unary" and x.attrs == ("negate",) and x.args[0].dtype == x.dtype:
-        moved.append(ev.normal("unary", ("negate",), [reduce_term(ev, reducer, x.args[0], dims, shape)], shape))
     x = ev.quotients.get(x, x)
     if x.op == "reshape" and x.args[0].dtype == x.dtype:
         y = x.args[0]
@@ -362,6 +435,21 @@ def moved_reductions(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], 
             out = Shape(shape.dtype, tuple(n for k, n in enumerate(y.shape) if k not in ydims))
             moved.append(ev.reshape_term(reduce_term(ev, reducer, y, ydims, out), shape))
     return moved
+
+
+def negated_signed_sum(ev: Builder, x: Term) -> Term | None:
+    """-x in one form (signed_sums.one_form) where x is a float sum of terms of both signs (or a
+    reshape of one: the negation goes inside it, as in `negated_operand`), so that Σ x is stated as
+    -Σ(-x), exact (negation flips the sign bit and rounding is symmetric). A vocabulary-parallel loss summed as
+    Σ (log Σ_d s_d + M - target) meets the reference's negated sum of its log-softmax picks,
+    -Σ ((pick - m) - log s), term by term. None for any other x."""
+    z = x.args[0] if x.op == "reshape" and x.args[0].dtype == x.dtype else x
+    if not (z.op == "binary" and z.attrs in (("add",), ("subtract",))) or not signed_sums.mixed_signs(ev, z):
+        return None
+    form = signed_sums.one_form(ev, ev.mk("unary", ("negate",), [z], Shape(z.dtype, z.shape)))
+    if form is None:
+        return None
+    return form if z is x else ev.reshape_term(form, Shape(x.dtype, x.shape))
 
 
 def reduced_over(t: Term) -> tuple[str, Term, tuple[int, ...]] | None:

@@ -77,6 +77,17 @@ def one_form(ev: Builder, term: Term) -> Term | None:
     return None if form is None or form is term else form
 
 
+def mixed_signs(ev: Builder, term: Term) -> bool:
+    """Whether `term` adds up atoms of both signs (at most `budgets.signed_terms` of them): a
+    difference, not a plain sum or a negated one."""
+    atoms: list[tuple[Fraction, Term]] = []
+    if term.dtype not in FLOATS or not _collect(
+        ev, term, Fraction(1), atoms, Shape(term.dtype, term.shape), ev.budgets.signed_terms
+    ):
+        return False
+    return any(c > 0 for c, _ in atoms) and any(c < 0 for c, _ in atoms)
+
+
 def plain_form(ev: Builder, term: Term) -> Term | None:
     """A sum of at least three terms, none subtracted, in one order: its atoms sorted by the
     reference inputs they read (Builder.inputs_of; ties keep the written order), an all-reduce of

@@ -1,4 +1,4 @@
-"""Reductions with a negation or a size-1 reshape moved out (translate/reductions.py, `moved_reductions`):
+"""Reductions with a negation (of a reshape too) or a size-1 reshape moved out (translate/reductions.py, `moved_reductions`):
 Σ -y = -Σ y (exact in floats: negation flips the sign bit and rounding to nearest is symmetric), and a
 reduction of y reshaped only by inserting or dropping size-1 dims is y's reduction over the same dims,
 reshaped. Each is stated beside the written reduction.
@@ -6,8 +6,11 @@ reshaped. Each is stated beside the written reduction.
 Checked against XLA on one device (every stated pair evaluates to what XLA computes for the written
 op), end to end in two styles (a vocabulary-gathered cross-entropy negating after the pick's mean over
 [T, 1], against the reference's negation before its mean over [T]; a per-row sum of a negated [B, S, 1]
-against the negated sum of the rows), and by near misses: the sign dropped, and the rows summed where the
-reference sums the columns (a size-1 dim after them).
+against the negated sum of the rows; data shards that each negate their [T/2, 1] picks before the mean,
+pmean-ed, or sum them and divide by the global count, psum-ed, against the negated mean of the [T, 1] picks: the sum of a reshape of negations,
+reshape(-z) = -reshape(z), is the negated sum too, and the devices' negated shares under one factor add up
+as the negated sum under it, collectives.py), and by near misses: the sign dropped, the rows summed where
+the reference sums the columns (a size-1 dim after them), the shards' means psum-ed where pmean-ed.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ FUNCTIONS = {
     "unit-dim-sum": lambda x: x[..., None].sum(axis=(0, 1, 2)),
     "negated-unit-dim-mean": lambda x: (-x[:, None, :]).mean(axis=(0, 2)),
     "unit-dim-max": lambda x: jnp.max(x.reshape(4, 1, 6), axis=2),
+    "negated-reshaped-sum": lambda x: jnp.sum((-x).reshape(4, 6, 1), axis=(0, 1, 2)),
+    "exp-reshaped-sum": lambda x: jnp.sum(jnp.exp(x).reshape(4, 6, 1), axis=(0, 1, 2)),
 }
 
 
@@ -67,6 +72,11 @@ MODELS = textwrap.dedent(
     def xent(logits, labels):
         logp = jax.nn.log_softmax(logits, axis=-1)
         return (-jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]).mean()
+
+
+    def xent_kept(logits, labels):
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=-1))
 
 
     def _gathered(negated):
@@ -107,6 +117,26 @@ MODELS = textwrap.dedent(
 
     row_sums_unit = _rows(lambda x: -jnp.sum(x[:, :, None], axis=(1, 2)))
     column_sums_of_rows = _rows(lambda x: -jnp.sum(x[:, :, None], axis=(1, 2)))
+
+
+    def _data_parallel(body):
+        def run(logits, labels, *, mesh):
+            return jax.shard_map(body, mesh=mesh, in_specs=(P("dp"), P("dp")), out_specs=P(),
+                                 check_vma=False)(logits, labels)
+
+        return run
+
+
+    def _picks(logits, labels):
+        return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), labels[:, None], axis=-1)
+
+
+    # against the reference's negated mean of its [T, 1] picks: each data shard's mean of its negated
+    # [T/2, 1] picks, pmean-ed; and their sum over the shard divided by the global count, psum-ed
+    xent_dp_negated_picks = _data_parallel(lambda l, y: lax.pmean((-_picks(l, y)).mean(), "dp"))
+    xent_dp_negated_sums = _data_parallel(lambda l, y: lax.psum(jnp.sum(-_picks(l, y)) / T, "dp"))
+    xent_dp_psum_of_means = _data_parallel(lambda l, y: lax.psum((-_picks(l, y)).mean(), "dp"))
+    xent_dp_unsigned = _data_parallel(lambda l, y: lax.pmean(_picks(l, y).mean(), "dp"))
     """
 )
 
@@ -118,6 +148,10 @@ MANIFEST = textwrap.dedent(
       - {name: xent_gathered_unsigned, reference: moved.py:xent, distributed: moved.py:xent_gathered_unsigned, inputs: moved.py:xent_inputs, mesh: {tp: 2}}
       - {name: row_sums_unit, reference: moved.py:row_sums, distributed: moved.py:row_sums_unit, inputs: moved.py:rows_inputs, mesh: {tp: 2}}
       - {name: column_sums_of_rows, reference: moved.py:column_sums, distributed: moved.py:column_sums_of_rows, inputs: moved.py:rows_inputs, mesh: {tp: 2}}
+      - {name: xent_dp_negated_picks, reference: moved.py:xent_kept, distributed: moved.py:xent_dp_negated_picks, inputs: moved.py:xent_inputs, mesh: {dp: 2}}
+      - {name: xent_dp_negated_sums, reference: moved.py:xent_kept, distributed: moved.py:xent_dp_negated_sums, inputs: moved.py:xent_inputs, mesh: {dp: 2}}
+      - {name: xent_dp_psum_of_means, reference: moved.py:xent_kept, distributed: moved.py:xent_dp_psum_of_means, inputs: moved.py:xent_inputs, mesh: {dp: 2}}
+      - {name: xent_dp_unsigned, reference: moved.py:xent_kept, distributed: moved.py:xent_dp_unsigned, inputs: moved.py:xent_inputs, mesh: {dp: 2}}
     """
 )
 
@@ -127,13 +161,15 @@ def manifest(tmp_path_factory):
     return model_package.write_package(tmp_path_factory.mktemp("moved_models"), "moved.py", MODELS, MANIFEST)
 
 
-@pytest.mark.parametrize("name", ["xent_gathered", "row_sums_unit"])
+@pytest.mark.parametrize("name", ["xent_gathered", "row_sums_unit", "xent_dp_negated_picks", "xent_dp_negated_sums"])
 def test_a_negation_or_a_size_one_dim_outside_the_reduction_verifies(manifest, name):
     result = _verify(manifest, name)
     assert result.status is Status.VERIFIED, result.findings
 
 
-@pytest.mark.parametrize("name", ["xent_gathered_unsigned", "column_sums_of_rows"])
+@pytest.mark.parametrize(
+    "name", ["xent_gathered_unsigned", "column_sums_of_rows", "xent_dp_psum_of_means", "xent_dp_unsigned"]
+)
 def test_near_misses_of_moved_reductions_are_mismatches(manifest, name):
     result = _verify(manifest, name)
     assert result.status is Status.MISMATCH, (name, result.findings)

@@ -7,6 +7,8 @@ misses neg-loss-dp* of tests/soundness."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 
 from equivci.hlo.ir import Shape
@@ -44,3 +46,24 @@ def test_a_sum_with_one_share_not_negated_is_not_the_negated_sum():
     total = combine(ev, "add", [ev.normal("unary", ("negate",), [x], S), y])
     values = {k: RNG.standard_normal(S.dims).astype(np.float32) for k in range(2)}
     np.testing.assert_allclose(evaluate(total, values), -values[0] + values[1], rtol=1e-6)
+
+
+def test_negated_shares_under_one_factor_are_the_negated_sum_under_it():
+    # each device's mean of its negated picks: (1/n) * (-x_d), the factor in front as the builder keeps it
+    ev = Builder(None, TermTable(), 2)  # type: ignore[arg-type]
+    shares = [ev.table.make("param", (k,), (), S.dims, "f32") for k in range(2)]
+    members = [ev.scaled(ev.normal("unary", ("negate",), [x], S), Fraction(1, 8)) for x in shares]
+    total = combine(ev, "add", members)
+    factor, base = ev.scale_of(total)
+    assert factor == Fraction(1, 8) and base.op == "unary" and base.attrs == ("negate",)
+    values = {k: RNG.standard_normal(S.dims).astype(np.float32) for k in range(2)}
+    np.testing.assert_allclose(evaluate(total, values), -(values[0] + values[1]) / 8, rtol=1e-6)
+
+
+def test_negated_shares_under_different_factors_are_left_as_written():
+    ev = Builder(None, TermTable(), 2)  # type: ignore[arg-type]
+    x, y = (ev.table.make("param", (k,), (), S.dims, "f32") for k in range(2))
+    members = [ev.scaled(ev.normal("unary", ("negate",), [t], S), Fraction(f)) for t, f in ((x, 1 / 8), (y, 1 / 4))]
+    total = combine(ev, "add", members)
+    values = {k: RNG.standard_normal(S.dims).astype(np.float32) for k in range(2)}
+    np.testing.assert_allclose(evaluate(total, values), -values[0] / 8 - values[1] / 4, rtol=1e-6)
