@@ -1382,6 +1382,19 @@ MUTANTS: tuple[Mutant, ...] = (
     M("one-hot-columns-not-stated", "        ev.equal_terms.append([term, *found])\n", "        pass\n",
       "a device's test of the top-k ids against its expert's global id is its column of the reference's one-hot",
       "pytest:tests/translate/test_one_hot_columns.py::test_a_device_mask_per_local_expert_by_global_id_verifies"),
+    # -- the verifier child's limits (verify/sandbox.py) and what the memo keeps (pipeline.py) ----------
+    M("sandbox-no-cpu-limit", "    _limit_cpu(cpu_cap(options.verify_timeout_seconds)[0])\n", "",
+      "EQUIVCI_VERIFY_TIMEOUT bounds the child's CPU time: a search past it is `unproven`, never a verdict",
+      "pytest:tests/verify/test_sandbox.py::test_a_run_over_the_cpu_time_limit_is_unproven"),
+    M("sandbox-no-stall", "            elif time.perf_counter() - since >= stall:\n", "            elif False:\n",
+      "a child whose CPU time stops advancing is stalled: it ends `unproven`, not when it likes",
+      "pytest:tests/verify/test_sandbox.py::test_a_stalled_run_ends_when_its_cpu_time_stops_advancing"),
+    M("splat-held-whole", "            value = np.broadcast_to(np.asarray(value.flat[0]), value.shape)\n", "",
+      "a constant of one value is held as a view of that value, not an array of its shape (memory at 405B)",
+      "pytest:tests/translate/test_arrays.py::test_a_constant_of_one_value_is_held_as_a_view_of_that_value"),
+    M("memo-keeps-limited", "        if not result.limited:\n", "        if True:\n",
+      "an `unproven` stopped by the run's limits (not in the cache key) must not stand in for a rerun's verdict",
+      "pytest:tests/verify/test_sandbox.py::test_a_result_stopped_by_a_limit_is_not_kept_in_the_memo"),
 )
 
 

@@ -108,7 +108,7 @@ def run(argv: list[str] | None = None, started: float | None = None) -> int:
 
 # Environment variables read as numbers deep inside a run: a bad value is a usage error up front.
 NUMERIC_ENVIRONMENT = {
-    "EQUIVCI_VERIFY_TIMEOUT": (float, "a number of seconds for each proof search, e.g. 900"),
+    "EQUIVCI_VERIFY_TIMEOUT": (float, "a number of CPU seconds for each proof search, e.g. 900"),
     "EQUIVCI_VERIFY_MEMORY": (int, "a whole number of bytes the proof search may use, e.g. 8000000000"),
     ENV_SATURATION_ITERATIONS: (int, "a whole number of iterations for each equality saturation, e.g. 400"),
     ENV_SATURATION_NODES: (int, "a whole number of e-graph nodes each equality saturation may reach, e.g. 8000000"),

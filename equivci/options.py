@@ -87,7 +87,9 @@ class Budgets:
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    verify_timeout_seconds: float = 900.0  # EQUIVCI_VERIFY_TIMEOUT: the proof search of one model
+    # EQUIVCI_VERIFY_TIMEOUT: the CPU seconds of one model's proof search (its child process; not the
+    # wall clock, which the machine's load stretches)
+    verify_timeout_seconds: float = 900.0
     verify_memory_bytes: int = dataclasses.field(default_factory=_three_quarters_of_memory)  # EQUIVCI_VERIFY_MEMORY
     cache_dir: Path | None = None  # EQUIVCI_CACHE_DIR (--cache-dir wins over it)
     # EQUIVCI_SATURATION_ITERATIONS: the least saturation budget (a deeper program gets its depth)

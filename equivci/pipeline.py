@@ -168,7 +168,8 @@ def _run_memoized(
         result = _all_reused(result, model.name)
     else:
         result = _verify(workspace, model, captured, laps, memo, on_layer)
-        memo.put_result(captured.content_key, result, captured.loc_digest)
+        if not result.limited:
+            memo.put_result(captured.content_key, result, captured.loc_digest)
     manifest_rel = workspace.manifest_rel
     tracked = set(captured.sources) | _entrypoint_files(manifest, model, repo_root) | {manifest_rel}
     memo.record_capture(

@@ -51,6 +51,9 @@ class ModelResult:
     layers: LayerCounts = LayerCounts()
     findings: tuple[Finding, ...] = ()
     reused: bool = False  # whole model skipped by --changed-since and reported from the memo
+    # Stopped by a limit of the run (the verifier's CPU time, wall time or memory), not decided by the
+    # rules: never stored in the memo, since a rerun with a larger limit may decide it.
+    limited: bool = False
     # (stage, seconds) of this model's run, for --timings (see equivci.timings); never stored.
     timings: tuple[tuple[str, float], ...] = dataclasses.field(default=(), compare=False)
 

@@ -173,7 +173,7 @@ def _outside(ev: Builder, args: list, op: str) -> tuple[tuple, tuple[int, ...], 
     for a, (factor, base), number in zip(args, layouts, numbers):
         moved: Term | None
         if number is not None:
-            moved = ev.const(np.full(dims, number), a.dtype)
+            moved = ev.const(np.broadcast_to(number, dims), a.dtype)
         elif base.op == op:  # the one written (attrs, shape): every other is in `written` too
             moved = ev.scaled(base.args[0], factor)
         elif op == "reshape" and base.op == "bcast" and (viewed := _unit_viewed(ev, base, dims)) is not None:
@@ -684,7 +684,7 @@ def transposed_with_broadcast(ev: Builder, op: str, args: list, shape: Shape) ->
 
 def _op_under(ev: Builder, op: str, k: int, x: Term, perm: str, number, dtype: str, shape: Shape, fn) -> Term:
     """transpose(x op splat(number), perm), the splat the k-th operand."""
-    splat = ev.const(np.full(x.shape, number, dtype=np.asarray(number).dtype), dtype)
+    splat = ev.const(np.broadcast_to(np.asarray(number), x.shape), dtype)
     term = _built(ev, "binary", (op,), [x, splat] if k == 0 else [splat, x], Shape(shape.dtype, x.shape), fn)
     if parse_transpose(perm) == tuple(range(len(x.shape))):
         return term

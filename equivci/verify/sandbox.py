@@ -3,12 +3,18 @@
 Equality saturation can grow without bound on programs the rules do not fit; an out-of-memory
 abort would kill equivci itself and a runaway run would hang a CI job. The child answers with
 the ModelResult; a child that runs out of time or memory becomes `unproven` with the reason.
+
+The time limit counts the child's CPU time (user + system, RLIMIT_CPU), not the wall clock: other
+jobs on the same cores slow a proof in wall time only, and a verdict must not depend on how busy
+the machine is. The wall clock bounds only a child that stops running: one whose CPU time does not
+advance for longer than any wait of the verifier lasts (a hang; on Linux, where /proc shows it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import multiprocessing
 import os
 import resource
@@ -22,6 +28,13 @@ from equivci.errors import EquivciError
 from equivci.manifest import Manifest, ModelSpec
 from equivci.options import Options
 from equivci.results import Finding, LayerCounts, ModelResult, Status
+
+# Wall seconds, past the longest the verifier waits for another process (its numeric check's time
+# limit) or its own CPU limit, that a child may use no CPU time at all before it is taken as stalled:
+# a busy machine slows a runnable process, it does not stop it for a minute.
+STALL_MARGIN = 60.0
+# Seconds of CPU past the limit (SIGXCPU, which ends the child) at which the kernel sends SIGKILL.
+_CPU_GRACE = 5
 
 
 class VerifierCrash(RuntimeError):
@@ -48,6 +61,26 @@ def memory_cap(wanted: int) -> tuple[int, str]:
     return wanted, "EQUIVCI_VERIFY_MEMORY"
 
 
+def cpu_cap(wanted: float) -> tuple[int, str]:
+    """The child's CPU-time limit in whole seconds (RLIMIT_CPU counts whole seconds; `wanted` is
+    rounded up) and what set it: EQUIVCI_VERIFY_TIMEOUT, or a lower `ulimit -t` equivci runs under."""
+    seconds = max(1, math.ceil(wanted))
+    soft, _hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if soft != resource.RLIM_INFINITY and soft < seconds:
+        return soft, f"the `ulimit -t` (RLIMIT_CPU) equivci runs under, below EQUIVCI_VERIFY_TIMEOUT's {seconds} s"
+    return seconds, "EQUIVCI_VERIFY_TIMEOUT"
+
+
+def _limit_cpu(seconds: int) -> None:
+    """End this process with SIGXCPU once it has used `seconds` of CPU (a fork starts at zero), and
+    with SIGKILL shortly after should that not end it; no core file."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    ceiling = seconds + _CPU_GRACE if hard == resource.RLIM_INFINITY else min(hard, seconds + _CPU_GRACE)
+    resource.setrlimit(resource.RLIMIT_CPU, (min(seconds, ceiling), ceiling))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    signal.signal(signal.SIGXCPU, signal.SIG_DFL)
+
+
 def _die_with_parent(parent: int) -> None:
     """End this child when its parent ends, however it ends: a verify killed by a CI timeout or a
     scorer's SIGKILL never tells a fork-context child (daemon children only die on a clean exit),
@@ -67,6 +100,7 @@ def _child(
     _die_with_parent(parent)
     cap, _ = memory_cap(options.verify_memory_bytes)
     resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    _limit_cpu(cpu_cap(options.verify_timeout_seconds)[0])
     # Not imported by the parent's `import equivci.pipeline`: a run whose results all come from
     # the memo never needs the verifier's modules.
     # lazy: numpy, the terms, the translation
@@ -134,19 +168,36 @@ def verify_isolated(
     environment); layer proofs go through `memo` (an equivci.cache.Memo; the child writes new
     ones to its folder); `on_layer(done, total)` as the child proves layers."""
     options = options or Options.from_env()
-    limit = options.verify_timeout_seconds
+    limit, limit_source = cpu_cap(options.verify_timeout_seconds)
+    stall = max(limit, options.budgets.oracle_timeout_seconds) + STALL_MARGIN
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_child, args=(send, model, manifest, captured, memo, options, os.getpid()), daemon=True)
     child.start()
     send.close()
-    answer = _answer(receive, t0 + limit, on_layer)
+    assert child.pid is not None  # set by start()
+    answer, used = _answer(receive, child.pid, stall, on_layer)
     if answer is None:
         child.kill()
     child.join()
-    if answer is None and child.exitcode in (None, -9) and time.perf_counter() - t0 >= limit:
-        return _unproven(model, t0, f"the proof search exceeded its time limit ({limit:g} s, EQUIVCI_VERIFY_TIMEOUT)")
+    raise_it = (
+        f"set EQUIVCI_VERIFY_TIMEOUT={2 * limit} to raise it"
+        if limit_source == "EQUIVCI_VERIFY_TIMEOUT"
+        else "raise that `ulimit -t` to raise it"
+    )
+    if answer is None and child.exitcode == -signal.SIGXCPU:
+        return _unproven(
+            model, t0, f"the proof search exceeded its time limit of {limit} s of CPU time ({limit_source}); {raise_it}"
+        )
+    if answer is None and used is not None:
+        return _unproven(
+            model,
+            t0,
+            f"the proof search stalled: it used no CPU time for {stall:g} s of wall time, after {used:.1f} s of "
+            f"its limit of {limit} s of CPU time ({limit_source}), waiting on something that never came; "
+            "this is a bug in equivci, rerun with --debug and report it",
+        )
     if answer is None or answer[0] == "memory":
         cap, source = memory_cap(options.verify_memory_bytes)
         return _unproven(
@@ -163,20 +214,42 @@ def verify_isolated(
     raise VerifierCrash(*payload)
 
 
-def _answer(receive, deadline: float, on_layer) -> tuple | None:
-    """The child's answer, passing its layer progress on; None if it died or ran out of time."""
-    while receive.poll(max(0.0, deadline - time.perf_counter())):
+def _answer(receive, pid: int, stall: float, on_layer) -> tuple[tuple | None, float | None]:
+    """(the child's answer, None), passing its layer progress on; (None, None) if it died (killed
+    when over its CPU limit or memory cap), (None, its CPU seconds) if it stalled: its CPU time did
+    not advance for `stall` seconds of wall time."""
+    used, since = _cpu_seconds(pid), time.perf_counter()
+    while True:
+        if not receive.poll(1.0):
+            now = _cpu_seconds(pid)
+            if now is None or now != used:
+                used, since = now, time.perf_counter()
+            elif time.perf_counter() - since >= stall:
+                return None, used
+            continue
         try:
             kind, payload = receive.recv()
-        except EOFError:  # the child died without answering (killed when over the memory cap)
-            return None
+        except EOFError:  # the child died without answering
+            return None, None
         if kind != "layer":
-            return kind, payload
+            return (kind, payload), None
         if on_layer is not None:
             on_layer(*payload)
-    return None
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """The user + system CPU time of process `pid` so far, from /proc (Linux); None elsewhere, where
+    only the CPU limit ends a child."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _unproven(model: ModelSpec, t0: float, reason: str) -> ModelResult:
     finding = Finding(None, None, "error", None, f"not proven: {reason}; the rules do not fit this program yet")
-    return ModelResult(model.name, Status.UNPROVEN, time.perf_counter() - t0, LayerCounts(1, 0, 0), (finding,))
+    return ModelResult(
+        model.name, Status.UNPROVEN, time.perf_counter() - t0, LayerCounts(1, 0, 0), (finding,), limited=True
+    )

@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from equivci.testing.runs import verify_json
-
 ROOT = Path(__file__).resolve().parents[2]
 EXPECTED = yaml.safe_load((ROOT / "examples/localize/expected.yaml").read_text())
 MODELS = [
@@ -32,8 +30,8 @@ def line_of(text: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def results() -> dict[str, dict]:
-    run = verify_json("configs/localize.yaml", MODELS, cwd=ROOT, args=["--no-cache"], timeout=900)
+def results(verify_once) -> dict[str, dict]:
+    run = verify_once("configs/localize.yaml", MODELS, cwd=ROOT, args=["--no-cache"], timeout=900, fresh_cache=False)
     assert run.code in (0, 1) and set(run.models) == set(MODELS), run.stderr[-3000:]
     return run.models
 

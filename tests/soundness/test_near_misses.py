@@ -8,12 +8,9 @@ fixture verifies, in one run, the models of the tests selected.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from near_miss_cases import DEFAULT, EXPECTED, MANIFEST, agrees
 
-from equivci.testing.runs import verify_json
 from equivci.testing.zoo import REPO
 
 ROUTING_LIMIT = "moe-ep-past-enumeration"
@@ -31,11 +28,11 @@ def _models_asked_for(items) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def results(request, tmp_path_factory) -> dict[str, dict]:
-    """The verdicts of the models the selected tests of this module ask about, from one run."""
+def results(request, verify_once) -> dict[str, dict]:
+    """The verdicts of the models the selected tests of this module ask about, from one run (one per
+    session, on a fresh cache: tests/conftest.py; every xdist worker collects every selected test)."""
     names = sorted(_models_asked_for(i for i in request.session.items if i.module is request.module))
-    env = {**os.environ, "EQUIVCI_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
-    run = verify_json(MANIFEST, names, cwd=REPO, env=env, timeout=900)
+    run = verify_once(MANIFEST, names, cwd=REPO, timeout=900)
     assert run.code in (0, 1), run.stderr[-2000:]
     assert set(run.models) == set(names)
     return run.models

@@ -7,13 +7,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 from equivci.capture.types import CapturedModel
 from equivci.errors import EquivciError
 from equivci.manifest import Entrypoint, Manifest, ModelSpec
-from equivci.options import Options
+from equivci.options import Budgets, Options
 from equivci.results import LayerCounts, ModelResult, Status
 from equivci.verify import engine, sandbox
 
@@ -32,19 +33,57 @@ def test_the_childs_result_comes_back(tmp_path, monkeypatch):
     assert sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED) == verified
 
 
-def test_a_run_over_the_time_limit_is_unproven(tmp_path, monkeypatch):
-    monkeypatch.setattr(engine, "verify_model", lambda *a: time.sleep(60))
-    t0 = time.perf_counter()
+def _spin(*a):
+    """Uses 5 s of CPU, then claims a verdict (which a CPU limit below 5 s never lets it give)."""
+    while time.process_time() < 5:
+        pass
+    return ModelResult("m", Status.VERIFIED, 0.1, LayerCounts(1, 1, 0))
+
+
+def test_a_run_over_the_cpu_time_limit_is_unproven(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine, "verify_model", _spin)
     result = sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED, options=Options(verify_timeout_seconds=1.0))
-    assert time.perf_counter() - t0 < 30
-    assert result.status is Status.UNPROVEN
-    assert "time limit" in result.findings[0].message
+    assert result.status is Status.UNPROVEN and result.limited
+    message = result.findings[0].message
+    assert "time limit of 1 s of CPU time (EQUIVCI_VERIFY_TIMEOUT)" in message
+    assert "set EQUIVCI_VERIFY_TIMEOUT=2 to raise it" in message
+
+
+def test_waiting_does_not_use_up_the_time_limit(tmp_path, monkeypatch):
+    """The limit counts the child's CPU time: a child that waits twice its limit in wall time (as a
+    proof does when other jobs hold the cores) still answers, so the load does not change a verdict."""
+    verified = ModelResult("m", Status.VERIFIED, 0.1, LayerCounts(1, 1, 0))
+    monkeypatch.setattr(engine, "verify_model", lambda *a: time.sleep(4) or verified)
+    options = Options(verify_timeout_seconds=2.0)
+    assert sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED, options=options) == verified
+
+
+def test_a_stalled_run_ends_when_its_cpu_time_stops_advancing(tmp_path, monkeypatch):
+    """A child that uses no CPU for longer than any wait of the verifier (its numeric check's time
+    limit, its CPU limit) plus a margin is stalled, however long its CPU limit."""
+    verified = ModelResult("m", Status.VERIFIED, 0.1, LayerCounts(1, 1, 0))
+    monkeypatch.setattr(engine, "verify_model", lambda *a: time.sleep(20) or verified)
+    monkeypatch.setattr(sandbox, "STALL_MARGIN", 1.0)
+    options = Options(verify_timeout_seconds=1.0, budgets=Budgets(oracle_timeout_seconds=2.0))
+    t0 = time.perf_counter()
+    result = sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED, options=options)
+    assert 3.0 <= time.perf_counter() - t0 < 20
+    assert result.status is Status.UNPROVEN and result.limited
+    assert "stalled: it used no CPU time for 3 s of wall time" in result.findings[0].message
+
+
+def test_a_lower_ulimit_t_sets_the_limit(monkeypatch):
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (30, 60))
+    assert sandbox.cpu_cap(900.0) == (30, "the `ulimit -t` (RLIMIT_CPU) equivci runs under, below EQUIVCI_VERIFY_TIMEOUT's 900 s")
+    assert sandbox.cpu_cap(10.2) == (11, "EQUIVCI_VERIFY_TIMEOUT")
 
 
 def test_a_run_over_the_memory_cap_is_unproven(tmp_path, monkeypatch):
     monkeypatch.setattr(engine, "verify_model", lambda *a: bytearray(2 * 2**30))
     result = sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED, options=Options(verify_memory_bytes=512 * 2**20))
-    assert result.status is Status.UNPROVEN
+    assert result.status is Status.UNPROVEN and result.limited
     assert "out of memory" in result.findings[0].message
 
 
@@ -163,3 +202,28 @@ def _alive(pid: int) -> bool:
     # a zombie (its new parent has not reaped it yet) is ended too
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_result_stopped_by_a_limit_is_not_kept_in_the_memo(tmp_path, monkeypatch):
+    """The limits are the run's, not part of the cache key: an `unproven` they stopped would stand in
+    for the verdict a rerun with a larger limit gives. Real capture of a bundled example, twice."""
+    from equivci import pipeline
+    from equivci.cache import Memo
+    from equivci.manifest import load_manifest
+    from equivci.workspace import Workspace
+
+    repo_manifest = load_manifest(Path(__file__).resolve().parents[2] / "equivci.yaml")
+    model = next(m for m in repo_manifest.models if m.name == "mlp-tp")
+    workspace = Workspace.of(repo_manifest, Options())
+    memo = Memo(tmp_path / "cache")
+    limited = ModelResult("mlp-tp", Status.UNPROVEN, 0.1, LayerCounts(1, 0, 0), limited=True)
+    calls = []
+    monkeypatch.setattr(pipeline, "verify_isolated", lambda *a: calls.append(1) or limited)
+    assert pipeline.run_model(workspace, model, memo).status is Status.UNPROVEN
+    assert pipeline.run_model(workspace, model, memo).status is Status.UNPROVEN
+    assert len(calls) == 2  # verified again, not reported from the memo
+    decided = ModelResult("mlp-tp", Status.VERIFIED, 0.1, LayerCounts(1, 1, 0))
+    monkeypatch.setattr(pipeline, "verify_isolated", lambda *a: calls.append(1) or decided)
+    assert pipeline.run_model(workspace, model, memo).status is Status.VERIFIED
+    assert pipeline.run_model(workspace, model, memo).status is Status.VERIFIED
+    assert len(calls) == 3  # a decided result is kept

@@ -8,11 +8,8 @@ verify (or to localize) fails the test until it is taken off the list, so progre
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from equivci.testing.runs import verify_json
 from equivci.testing.zoo import REPO, cases
 
 ZOO = [c for c in cases() if c.manifest_rel == "configs/zoo.yaml"]
@@ -27,10 +24,9 @@ NOT_REFUTED_YET: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict[str, dict]:
-    # A fresh cache: verdicts written by an older verifier into .equivci/cache must not stand in.
-    env = {**os.environ, "EQUIVCI_CACHE_DIR": str(tmp_path_factory.mktemp("zoo-cache"))}
-    run = verify_json("configs/zoo.yaml", cwd=REPO, env=env, timeout=1200)
+def results(verify_once) -> dict[str, dict]:
+    # Once per session, on a fresh cache (tests/conftest.py): with -n 2 each worker ran the whole zoo.
+    run = verify_once("configs/zoo.yaml", cwd=REPO, timeout=1200)
     assert run.code in (0, 1), run.stderr[-2000:]
     assert set(run.models) == {c.name for c in ZOO}, run.stderr[-2000:]
     return run.models
