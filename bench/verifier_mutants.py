@@ -146,6 +146,16 @@ MUTANTS: tuple[Mutant, ...] = (
       "a broadcast that varies along an indexed dim is picked at the index: it stays under the gather",
       "pytest:tests/translate/test_gather_through_broadcast.py::"
       "test_a_broadcast_that_varies_along_the_indexed_dim_stays_under_the_gather"),
+    # -- a gather at a reshaped index as the reshaped gather (translate/gathers.py, stated in shapes.py) ---
+    M("gather-reshaped-index-any-layout", 'if idx.op != "reshape" or dims.operand_batch',
+      'if idx.op not in ("reshape", "transpose") or dims.operand_batch',
+      "only a reshape keeps the index's elements in order: a transposed index reads its rows in another order",
+      "pytest:tests/translate/test_paged_reads.py::test_a_gather_at_a_reshaped_index_is_the_reshaped_gather"),
+    M("gather-reshaped-index-unstated", "ev.equal_terms.append([term, unreshaped])", "pass",
+      "a device's page column, `pages[table[:, d:d + 1][:, 0]]`, meets the reference's `pages[table]` only "
+      "through the gather at the unreshaped index",
+      "pytest:tests/translate/test_paged_reads.py::"
+      "test_a_page_column_read_on_its_device_is_the_window_of_the_reference_read"),
     M("negate-subtract-order", 'eq(w).to(T.binary("subtract", y, x)),', 'eq(w).to(T.binary("subtract", x, y)),',
       "-(x - y) is y - x, not x - y", near_miss("negate_subtract_same_order")),
     M("window-same-range", "if own is not None and (own.dim, own.start, own.stop) == (w.dim, w.start, w.stop):",
@@ -312,6 +322,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "ReshapeGroup(g.n_out, g.in_tail, g.n_in, g.out_tail)",
       "the reshape back swaps each group's sides, tails with them (a flat gradient cut back into rows)",
       "model:flat-fsdp-grads", "model:flat-fsdp-scattered", rule_instance("layouts/reshape_undone")),
+    M("gather-vector-kept", "            drop_idx.add(self.vector_dim)\n", "            pass\n",
+      "`pages[table]` lowers with an explicit one-coordinate index vector, a page column's index with none "
+      "once its size-1 dim is dropped: they meet only in one form",
+      "pytest:tests/translate/test_paged_reads.py::test_a_one_coordinate_index_vector_is_made_implicit"),
     M("concat-left-bound", "eq(n).to(dim(x, d)),\n        b <= n,\n    ).then(union(e).with_(x.slice(d, a, b)))",
       "eq(n).to(dim(x, d)),\n    ).then(union(e).with_(x.slice(d, a, b)))",
       "a slice of [x; y] is a slice of x only when it ends inside x", "model:concat-left-only",

@@ -392,11 +392,16 @@ class GatherDims:
     def without_unit_index_dims(
         self, indices_shape: tuple[int, ...], out_rank: int
     ) -> tuple["GatherDims", list[int], list[int]]:
-        """The same gather without size-1 index dims that are neither batching dims nor the index
-        vector (take_along_axis keeps one): (dims, kept index dims, kept output dims)."""
+        """The same gather without size-1 index dims that are not batching dims (take_along_axis
+        keeps one), a one-coordinate index vector made implicit (index_vector_dim = rank: each
+        element is its own start, HLO's meaning of a trailing implicit vector): (dims, kept index
+        dims, kept output dims). The rows of `x[ids]` are then read at one index term whether the
+        index vector is written ([n, 1], index_vector_dim=1) or implicit ([n])."""
         idx_dims = [j for j in range(len(indices_shape)) if j != self.vector_dim]
         batch_out = [o for o in range(out_rank) if o not in self.offset]
         drop_idx = {j for j in idx_dims if indices_shape[j] == 1 and j not in self.indices_batch}
+        if self.vector_dim < len(indices_shape) and indices_shape[self.vector_dim] == 1:
+            drop_idx.add(self.vector_dim)
         drop_out = {o for j, o in zip(idx_dims, batch_out) if j in drop_idx}
         kept_idx = [j for j in range(len(indices_shape)) if j not in drop_idx]
         kept_out = [o for o in range(out_rank) if o not in drop_out]

@@ -1,4 +1,5 @@
-"""A gather through an elementwise op with a broadcast operand.
+"""Gathers in other forms: through an elementwise op with a broadcast operand, and at an index
+reshaped only by size-1 dims.
 
 A gather picks elements and an elementwise op acts on each element alone, so
 gather(f(x, y), i) = f(gather(x, i), gather(y, i)). When y is a broadcast of m that is constant
@@ -11,10 +12,20 @@ and subtracts lse after the sum over shards.
 This is the gather's normal form (Builder.gather_term), in both programs alike, and only where an
 operand is such a broadcast: pushing a gather through every op would add a term per op for every
 gather.
+
+A gather's output rows along its index dims follow the index's elements in row-major order, so a
+reshape of the index moves onto the output: gather(x, reshape(y)) is reshape(gather(x, y)) where
+the window dims come last. A paged cache read of one page column per device,
+`pages[table[:, d:d + 1][:, 0]]`, is then the gather at a window of the block table, which the
+window rules (`aligned/rhs_lift`) relate to that window of the reference's `pages[table]`; a
+flattened lookup `emb[ids.reshape(-1)]` is the reshape of `emb[ids]`. It is stated beside the
+written gather (`reshaped_index`), where the normal form drops the index's size-1 dims so that
+gathers of one index meet whatever its layout.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Protocol
 
 from equivci.hlo.ir import Shape
@@ -30,6 +41,8 @@ class Evaluator(Protocol):
     def normal(self, kind: str, attrs: tuple, args, shape: Shape) -> Term: ...
 
     def gather_term(self, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None: ...
+
+    def reshape_term(self, operand: Term, shape: Shape) -> Term: ...
 
 
 def through_broadcast(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
@@ -76,3 +89,18 @@ def _gathered_bcast(ev: Evaluator, spread: Term, idx_rank: int, dims: GatherDims
     if m.shape == tuple(out.dims) and kept == list(range(len(m.shape))):  # m itself, at the output's dims
         return m
     return ev.mk("bcast", (BcastSpec(tuple(parts)).text(),), spread.args, Shape(spread.dtype, out.dims))
+
+
+def reshaped_index(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
+    """gather(x, reshape(y)) as reshape(gather(x, y)) where the gather reads one start per index
+    element (an implicit index vector, no batching dims) and its window dims come last; None
+    otherwise."""
+    if idx.op != "reshape" or dims.operand_batch or dims.vector_dim != len(idx.shape):
+        return None
+    (y,) = idx.args
+    rank, kept = len(y.shape), len(idx.shape)
+    if tuple(dims.offset) != tuple(range(kept, len(out.dims))):
+        return None
+    wide = dataclasses.replace(dims, offset=tuple(range(rank, rank + len(dims.offset))), vector_dim=rank)
+    term = ev.gather_term(x, y, wide, Shape(out.dtype, (*y.shape, *out.dims[kept:])))
+    return None if term is None else ev.reshape_term(term, out)

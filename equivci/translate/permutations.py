@@ -94,7 +94,7 @@ class Permutations:
         return v if value is not None and np.array_equal(value, np.arange(p.shape[0])) else None
 
     def rows_of(self, idx: Term) -> Term | None:
-        """P when `idx` is an argsort P reshaped to [n, 1] (the row indices of a gather or scatter)."""
+        """P when `idx` is an argsort P reshaped to [n, 1] (the row indices of a scatter)."""
         if idx.op != "reshape" or idx.shape != (idx.args[0].shape[0], 1):
             return None
         return idx.args[0] if self.argsort(idx.args[0]) is not None else None
@@ -149,19 +149,18 @@ class Permutations:
         """(X, P) when `t` = X[P] along dim 0 (whole rows), P an argsort of a value of X's row count."""
         if not _gathers_rows(t):
             return None
-        x, idx = t.args
-        perm = self.rows_of(idx)
-        if perm is None or x.shape[0] != perm.shape[0]:
+        x, perm = t.args
+        if self.argsort(perm) is None or x.shape[0] != perm.shape[0]:
             return None
         return x, perm
 
     def _gather_at_permuted(self, t: Term) -> Permuted | None:
         """X[V] with V = I[P] (whole rows of X at permuted indices) is X[I], permuted: the indices
         of a top-k dispatch (`repeat(arange(tokens), k)[P]`)."""
-        if not _gathers_rows(t) or t.args[1].op != "reshape":
+        if not _gathers_rows(t):
             return None
         x, idx = t.args
-        found = self.info(idx.args[0])
+        found = self.info(idx)
         if found is None or found.row != 0 or len(found.dense.shape) != 1:
             return None
         rows = evaluate(self.ev, found.dense, {})
@@ -441,7 +440,8 @@ def _keeps_leading(w: Term) -> bool:
 
 
 def _gathers_rows(t: Term) -> bool:
-    """`t` is a gather of whole rows of its operand (dim 0) at an index vector [n, 1]."""
+    """`t` is a gather of whole rows of its operand (dim 0) at indices [n] (the normal form's
+    implicit one-coordinate index vector)."""
     op_key = AlignedMap.op_key(t.attrs[0])
     if not op_key.startswith("gather:"):
         return False
@@ -454,7 +454,7 @@ def _gathers_rows(t: Term) -> bool:
         and dims.vector_dim == 1
         and dims.offset == tuple(range(1, len(x.shape)))
         and dims.slice_sizes == (1, *x.shape[1:])
-        and idx.shape == (t.shape[0], 1)
+        and idx.shape == (t.shape[0],)
         and t.shape[1:] == x.shape[1:]
     )
 

@@ -357,7 +357,7 @@ class Router:
         if m.shape[mask.t] != tokens:
             return
         rows = self.ev.slice_term(r.dense, r.td, dev * tokens, (dev + 1) * tokens)
-        idx = self.ev.reshape_term(mask.index, Shape(mask.index.dtype, (tokens, 1)))
+        idx = self.ev.reshape_term(mask.index, Shape(mask.index.dtype, (tokens,)))  # the vector implicit
         dims = GatherDims(
             offset=tuple(range(1, 1 + len(rest))),
             collapsed=(r.ed,),

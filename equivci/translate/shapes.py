@@ -16,7 +16,18 @@ import numpy as np
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.spec import GatherDims, bcast_spec, reshape_spec
-from equivci.translate import index_writes, masks, offsets, one_hots, picks, pieces, row_writes, scatter_adds, tiles
+from equivci.translate import (
+    gathers,
+    index_writes,
+    masks,
+    offsets,
+    one_hots,
+    picks,
+    pieces,
+    row_writes,
+    scatter_adds,
+    tiles,
+)
 from equivci.translate.attributes import (
     called,
     custom_call_target,
@@ -440,6 +451,8 @@ def gather(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
         ev.equal_terms.append([term, top])
     if (ordered := picks.sorted_pick(ev, x, idx, dims, out)) is not None:
         ev.equal_terms.append([term, ordered])
+    if (unreshaped := gathers.reshaped_index(ev, x, idx, dims, out)) is not None:
+        ev.equal_terms.append([term, unreshaped])
     return ev.reshape_term(term, inst.shape)
 
 
