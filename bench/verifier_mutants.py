@@ -901,10 +901,6 @@ MUTANTS: tuple[Mutant, ...] = (
       "a sum over devices of values reshaped alike is also the sum of the reshaped values",
       "pytest:tests/translate/test_heads_first_merge.py::test_a_sum_of_values_reshaped_alike_is_stated_as_the_sum_of_the_reshaped_values",
       "pytest:tests/translate/test_heads_first_merge.py::test_heads_first_attention_sharded_over_heads_verifies[one-jit]"),
-    M("output-finding-unplaced", "(place := source_of(event.inst, captured.repo_root))[1] is not None",
-      "(place := (None, None))[1] is not None",
-      "an unproved output is reported at the line of the op that computes it",
-      "pytest:tests/verify/test_output_finding.py::test_an_unproved_output_is_reported_at_the_op_that_computes_it"),
     # -- the power of two of a factor moved out of roundings (translate/roundings.py) ----------------
     M("rounding-whole-factor-moved", "if factor == 0 or (front := power_of_two(factor)) == 1:",
       "if factor == 0 or (front := factor) == 1:",
@@ -1085,6 +1081,10 @@ MUTANTS: tuple[Mutant, ...] = (
     M("fingerprint-egglog", '"egglog",\n            _dist_version("egglog"),', '"egglog",',
       "another egglog may prove other things", CACHE + "test_each_dependency_version_changes_the_fingerprint"),
     # Localization (diagnose/): where the first finding points, not a verdict.
+    M("output-finding-unplaced", "(place := source_of(event.inst, captured.repo_root))[1] is not None",
+      "(place := (None, None))[1] is not None",
+      "an unproved output is reported at the line of the op that computes it",
+      "pytest:tests/verify/test_output_finding.py::test_an_unproved_output_is_reported_at_the_op_that_computes_it"),
     M("numeric-unit-dims-indexed", "forms = [value] + [np.squeeze(value)] * (1 in value.shape)", "forms = [value]",
       "a reference value with a unit dim holds the data of the device's value without it",
       "pytest:tests/diagnose/test_numeric.py::test_a_value_with_unit_dims_added_or_dropped_matches"),
