@@ -891,16 +891,6 @@ MUTANTS: tuple[Mutant, ...] = (
       "if (apart := None) is not None:",
       "a dot of a reshape merging contracted and free dims apart is the free dims' reshape of a dot",
       "pytest:tests/translate/test_strided_convolutions.py::test_a_strided_conv_patch_embedding_on_data_shards_verifies[conv-f32]"),
-    # -- heads-first attention sharded over heads by jit alone (builder.py, collectives.py) -----------
-    M("relaid-window-unstated", "if written is not term:", "if False:",
-      "a reshape read as a window of the value it moves keeps its written form beside it",
-      "pytest:tests/translate/test_heads_first_merge.py::test_a_squeezed_head_keeps_its_written_reshape_stated_beside_it",
-      "pytest:tests/translate/test_heads_first_merge.py::test_heads_first_attention_sharded_over_heads_verifies[two-jits]"),
-    M("reshaped-sum-unstated", "ev.equal_terms.append([whole, _as_written(ev, reducer, members)])",
-      "_as_written(ev, reducer, members)",
-      "a sum over devices of values reshaped alike is also the sum of the reshaped values",
-      "pytest:tests/translate/test_heads_first_merge.py::test_a_sum_of_values_reshaped_alike_is_stated_as_the_sum_of_the_reshaped_values",
-      "pytest:tests/translate/test_heads_first_merge.py::test_heads_first_attention_sharded_over_heads_verifies[one-jit]"),
     # -- the power of two of a factor moved out of roundings (translate/roundings.py) ----------------
     M("rounding-whole-factor-moved", "if factor == 0 or (front := power_of_two(factor)) == 1:",
       "if factor == 0 or (front := factor) == 1:",

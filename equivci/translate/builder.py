@@ -504,12 +504,6 @@ class Builder:
             )
             return term
         if value is None and (term := self.relaid_windows(operand, shape)) is not None:
-            # The written form stays stated beside it: a device's one head moved by a transpose
-            # and squeezed is one window of its value as laid out, where the reference merges its
-            # several heads from the transpose, and the rules relate the two only as written.
-            written = self.mk("reshape", (reshape_spec(operand.shape, shape.dims),), [operand], shape)
-            if written is not term:
-                self.equal_terms.append([term, written])
             return term
         if value is None and (splits := tiles.tile_dims(operand, shape.dims, self.budgets.layout_labels)) is not None:
             # A tile is its copies concatenated (tiles.py), the form a reference that writes

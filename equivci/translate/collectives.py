@@ -87,13 +87,7 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
     if len(inner) == len(members) > 1 and len({t.shape for t in inner}) == 1:
         # Reshaped alike (keepdims after a local reduction): reduce, then reshape once, so that
         # the reshape meets the reference's and a reshape of it composes away.
-        whole = ev.reshape_term(combine(ev, reducer, inner), Shape(members[0].dtype, members[0].shape))
-        # The reduction of the reshaped members stated beside, exact (the reducer runs element by
-        # element): a device's one head, squeezed away after its dot with its rows of `wo`, is a
-        # partial contraction over the reference's merged heads only in the reshaped layout, and
-        # the partial dots merge in the sum of those.
-        ev.equal_terms.append([whole, _as_written(ev, reducer, members)])
-        return whole
+        return ev.reshape_term(combine(ev, reducer, inner), Shape(members[0].dtype, members[0].shape))
     if len(members) > 1 and all(m.op == "transpose" and m.attrs == members[0].attrs for m in members):
         # Transposed alike (each device's partial attention context laid out [b, q, h, d] before its
         # psum): reduce, then transpose once, exact (the reducer runs element by element, in the
@@ -106,11 +100,6 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
         # the shares' partial reductions merge as the reference's one.
         total = combine(ev, reducer, [m.args[0] for m in members])
         return ev.normal("unary", ("negate",), [total], Shape(total.dtype, total.shape))
-    return _as_written(ev, reducer, members)
-
-
-def _as_written(ev: Builder, reducer: str, members: list[Term]) -> Term:
-    """The reduction of the members as they are laid out, with the facts stated of such sums."""
     tiled = masks.tiled_lookup(ev, members) if reducer == "add" else masks.tiled_reduce(ev, reducer, members)
     if tiled is not None:
         return tiled
