@@ -27,6 +27,7 @@ from equivci.translate import (
     collectives,
     complex_pairs,
     conditionals,
+    convolutions,
     elementwise,
     group_ids,
     literals,
@@ -50,6 +51,7 @@ HANDLERS: dict[str, Handler] = {
     **elementwise.HANDLERS,
     **shapes.HANDLERS,
     **reductions.HANDLERS,
+    **convolutions.HANDLERS,  # a convolution whose windows tile its input: patches dotted with the kernel
     **quotients.HANDLERS,  # a dot of a quotient, also as the quotient of the dot
     **sorts.HANDLERS,
     **group_ids.HANDLERS,
