@@ -1021,6 +1021,17 @@ MUTANTS: tuple[Mutant, ...] = (
     M("scaled-dot-integer-divide", 'if op == "divide" and inst.shape.dtype not in FLOATS:', "if False:",
       "an integer quotient truncates each product: the sum of quotients is not the quotient of the sum",
       "pytest:tests/translate/test_quotients.py -k integer"),
+    # -- a sum of products of one left factor (translate/factored_dots.py) ----------------------------
+    M("factored-dots-ratio", "ev.times(m2, s2 / front)", "ev.times(m2, 1)",
+      "s1 · (x @ m1) + s2 · (x @ m2) merges m2 scaled by s2 / s1: without it a LoRA merge that drops its scale verifies",
+      "pytest:tests/translate/test_factored_dots.py -k near_miss",
+      "pytest:tests/translate/test_factored_dots.py -k stated_equal"),
+    M("factored-dots-any-left", "or f1[0] != f2[0] or", "or",
+      "only products of one left factor add up to the product of the summed right factors",
+      "pytest:tests/translate/test_factored_dots.py -k different_left"),
+    M("factored-dots-lhs-layout", "        left = _transposed(left)\n", "",
+      "a dot contracting its lhs's first dim multiplies by the lhs transposed",
+      "pytest:tests/translate/test_factored_dots.py -k stated_equal"),
     # -- layered proofs --------------------------------------------------------------------------------
     M("split-into-passes", "reference_events, distributed_events, reference_outputs, device_outputs, targets, passes=True",
       "reference_events, distributed_events, reference_outputs, device_outputs, targets, passes=False",

@@ -28,6 +28,7 @@ from equivci.translate import (
     complex_pairs,
     conditionals,
     elementwise,
+    factored_dots,
     group_ids,
     literals,
     quotients,
@@ -163,6 +164,7 @@ class Evaluator(Builder):
         regroup.note(self, inst, args, result, handler, device)
         row_tables.note(self, inst, args, result, handler, device)
         scaled_dots.note(self, inst, args, result, handler, device)
+        factored_dots.note(self, inst, args, result)
         reciprocals.note(self, result)
         return result
 
