@@ -15,8 +15,7 @@ Linear in the one operand that differs between the devices (over the reals; inte
 a layout op (reshape, transpose, slice, broadcast), an add-reduce, a product by a shared factor, a
 quotient of it by a shared divisor, a dot with a shared operand, a gather at shared indices, and
 a select of it against a shared zero. Not an add of a shared term or a concatenation with one:
-the shared part would be counted once per device. A sum of two values is also stated as the sum of
-their sums over the devices.
+the shared part would be counted once per device.
 """
 
 from __future__ import annotations
@@ -45,25 +44,7 @@ def linear_sums(ev: Builder, members: list[Term], add: Callable[[list[Term]], Te
         levels.append([m.args[pos] for m in levels[-1]])
     cuts = [len(chain)] if chain else []
     cuts += [k for k in range(1, len(chain)) if levels[k][0].op == "reduce"]
-    found = [_mapped(ev, chain[:k], add(levels[k])) for k in cuts]
-    if (split := _split_sum(ev, levels[-1], add)) is not None:
-        found.append(_mapped(ev, chain, split))
-    return found
-
-
-def _split_sum(ev: Builder, level: list[Term], add: Callable[[list[Term]], Term]) -> Term | None:
-    """sum_d (a_d + b_d) as sum_d a_d + sum_d b_d (finite sums commute), where both operands differ
-    between the devices: a loss's two directions, each device's share of each summed over the
-    devices on its own. (With a shared operand c the split holds too, but n copies of c added up
-    are no value either program computes.)"""
-    first = level[0]
-    if len(level) < 2 or any(m.op != "binary" or m.attrs != ("add",) or m.shape != first.shape for m in level):
-        return None
-    sides = [[m.args[k] for m in level] for k in (0, 1)]
-    if any(all(t is side[0] for t in side) for side in sides):
-        return None
-    a, b = (add(side) for side in sides)
-    return ev.normal("binary", ("add",), [a, b], Shape(first.dtype, first.shape))
+    return [_mapped(ev, chain[:k], add(levels[k])) for k in cuts]
 
 
 def _mapped(ev: Builder, chain: list[tuple[Term, int]], acc: Term) -> Term:

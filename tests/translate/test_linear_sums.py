@@ -164,22 +164,3 @@ def test_a_chain_through_an_add_reduce_is_also_cut_at_the_reductions():
     for mapped in found:
         np.testing.assert_allclose(evaluate(mapped, params, ev.values), want, rtol=1e-5)
 
-
-def test_a_sum_of_two_values_of_each_device_is_also_the_sum_of_their_sums():
-    """x_d + y_d on each device (a loss's two directions): stated as sum_d x_d + sum_d y_d."""
-    ev = _builder()
-    params = _draw()
-    members = [
-        _like(
-            ev,
-            "binary",
-            ("add",),
-            [_param(ev, d, (4, 6)), _like(ev, "unary", ("tanh",), [_param(ev, d, (4, 6))], (4, 6))],
-            (4, 6),
-        )
-        for d in range(DEVICES)
-    ]
-    (split,) = linear_sums(ev, members, lambda inner: combine(ev, "add", inner))
-    assert split.op == "binary" and split.attrs == ("add",) and split.args[0].op == "binary"
-    want = sum(evaluate(m, params, ev.values) for m in members)
-    np.testing.assert_allclose(evaluate(split, params, ev.values), want, rtol=1e-5)
