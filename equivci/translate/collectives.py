@@ -20,7 +20,7 @@ from equivci.terms.spec import parse_transpose
 from equivci.translate import masks, pieces
 from equivci.translate.attributes import dims_attr, reducer_of
 from equivci.translate.builder import Builder, Unsupported
-from equivci.translate.linear_sums import linear_sum
+from equivci.translate.linear_sums import linear_sums
 
 # float dtype -> the float dtypes that round to it
 
@@ -119,8 +119,9 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
         if scale == factor:  # stated of the sums themselves: scaled alike, their multiples meet too
             ev.equal_terms.append([base, summed])
             ev.regrouped_sums[base] = summed
-    if reducer == "add" and (mapped := linear_sum(ev, members, lambda inner: combine(ev, reducer, inner))) is not None:
-        ev.equal_terms.append([acc, mapped])
+    if reducer == "add":
+        for mapped in linear_sums(ev, members, lambda inner: combine(ev, reducer, inner)):
+            ev.equal_terms.append([acc, mapped])
     if reducer == "add" and (negated := _negated_shares(ev, members, ev.negated_sums)) is not None:
         ev.equal_terms.append([acc, negated])
     if reducer == "add" and (rounded := _rounded_sum(ev, members)) is not None:

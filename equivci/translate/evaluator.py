@@ -29,6 +29,7 @@ from equivci.translate import (
     conditionals,
     convolutions,
     elementwise,
+    factored_dots,
     group_ids,
     literals,
     quotients,
@@ -165,6 +166,7 @@ class Evaluator(Builder):
         regroup.note(self, inst, args, result, handler, device)
         row_tables.note(self, inst, args, result, handler, device)
         scaled_dots.note(self, inst, args, result, handler, device)
+        factored_dots.note(self, inst, args, result)
         reciprocals.note(self, result)
         return result
 

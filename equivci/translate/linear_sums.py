@@ -30,17 +30,25 @@ from equivci.translate.builder import Builder
 LAYOUT = ("reshape", "transpose", "slice", "bcast")
 
 
-def linear_sum(ev: Builder, members: list[Term], add: Callable[[list[Term]], Term]) -> Term | None:
-    """f(add(inner values)) when every member is f of its own value (module docstring), else None.
-    `add` sums the innermost values (the collective's own combine, which knows their forms)."""
+def linear_sums(ev: Builder, members: list[Term], add: Callable[[list[Term]], Term]) -> list[Term]:
+    """f(add(inner values)) when every member is f of its own value (module docstring), else none.
+    `add` sums the innermost values (the collective's own combine, which knows their forms). Also
+    cut where the values summed are add-reductions, g(sum_d reduce(y_d)) for f = g . reduce: the
+    reductions of the devices' windows merge as the reference's one (the rules merge reductions
+    of adjacent windows), where the sum of the windows themselves, elementwise, is no window of it
+    (a temperature's gradient, each device's reduce over its rows times the shared temperature)."""
     chain: list[tuple[Term, int]] = []
-    level = members
-    while (pos := _varying_operand(ev, level)) is not None:
-        chain.append((level[0], pos))
-        level = [m.args[pos] for m in level]
-    if not chain:
-        return None
-    acc = add(level)
+    levels = [members]
+    while (pos := _varying_operand(ev, levels[-1])) is not None:
+        chain.append((levels[-1][0], pos))
+        levels.append([m.args[pos] for m in levels[-1]])
+    cuts = [len(chain)] if chain else []
+    cuts += [k for k in range(1, len(chain)) if levels[k][0].op == "reduce"]
+    return [_mapped(ev, chain[:k], add(levels[k])) for k in cuts]
+
+
+def _mapped(ev: Builder, chain: list[tuple[Term, int]], acc: Term) -> Term:
+    """The maps of `chain`, innermost last, applied to acc."""
     for template, pos in reversed(chain):
         args = list(template.args)
         args[pos] = acc

@@ -20,9 +20,10 @@ from typing import Callable
 
 from equivci.hlo.ir import FLOATS, Instruction, Shape
 from equivci.terms.ir import Term
-from equivci.terms.spec import BcastSpec
+from equivci.terms.spec import BcastSpec, DotSpec
 from equivci.translate.attributes import dims_attr
 from equivci.translate.builder import Builder, Value
+from equivci.translate.reductions import dot_term
 from equivci.translate.shapes import broadcast_term
 
 # The ops that apply a scale: the scale's place among their operands.
@@ -31,6 +32,8 @@ _SCALE_AT = {"multiply": (0, 1), "divide": (1,)}
 
 def note(ev: Builder, inst: Instruction, args: list, result: Value, handler: Callable, device: int) -> None:
     """State result = the dot of the unscaled operand, scaled, for each operand scaled along kept dims."""
+    if inst.opcode == "transpose" and isinstance(result, Term):
+        transposed_scalar(ev, args[0], dims_attr(inst.attrs.get("dimensions")), result)
     if inst.opcode != "dot" or not isinstance(result, Term) or len(args) != 2:
         return
     out = inst.shape.dims
@@ -80,3 +83,34 @@ def _output_dims(inst: Instruction, side: int, rank: int, spec: BcastSpec) -> tu
     if any(w_dim not in place for w_dim, _ in pairs):
         return None
     return tuple(place[w_dim] for w_dim, _ in pairs)
+
+
+def transposed_scalar(ev: Builder, x: Term, perm: tuple[int, ...], result: Term) -> None:
+    """State transpose(x) = transpose(y) op bcast(s) where x is y op bcast(s) or a dot of an operand
+    scaled by bcast(s), s one number (rank 0) spread over every element: CLIP's `logits.T` of
+    `(exp(t) * zi) @ zt.T`, where a device scales the other direction's scores, `(exp(t) * zt) @ zi.T`.
+    Exact: every element is op of the same two numbers (a dot's sum of products each scaled by s
+    is s times the sum over the reals, as for any scale along kept dims)."""
+    found = _scaled(x) if x.op == "binary" else _scaled_dot_operand(ev, x)
+    if found is None or found[2].args[0].shape != ():
+        return
+    op, base, scale = found
+    shape = Shape(x.dtype, tuple(x.shape[k] for k in perm))
+    laid = broadcast_term(ev, scale.args[0], shape, ())
+    ev.equal_terms.append([result, ev.binary(op, ev.transpose_term(base, perm), laid)])
+
+
+def _scaled_dot_operand(ev: Builder, x: Term) -> tuple[str, Term, Term] | None:
+    """(op, dot of the unscaled operand, bcast(s)) for a dot one of whose operands is w * bcast(s) or
+    w / bcast(s) (a float dot: an integer quotient truncates inside the sum)."""
+    if x.op != "dot" or x.dtype not in FLOATS:
+        return None
+    for side, operand in enumerate(x.args):
+        found = _scaled(operand)
+        if found is None or found[2].args[0].shape != ():
+            continue
+        plain = list(x.args)
+        plain[side] = found[1]
+        spec = DotSpec.parse(x.attrs[0])
+        return found[0], dot_term(ev, spec, plain[0], plain[1], Shape(x.dtype, x.shape)), found[2]
+    return None

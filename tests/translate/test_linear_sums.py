@@ -16,7 +16,7 @@ from equivci.terms.semantics import evaluate
 from equivci.terms.spec import DotSpec, GatherDims
 from equivci.translate.builder import Builder
 from equivci.translate.collectives import combine
-from equivci.translate.linear_sums import linear_sum
+from equivci.translate.linear_sums import linear_sums
 
 RNG = np.random.default_rng(13)
 DEVICES = 3
@@ -49,7 +49,9 @@ def _maps(ev: Builder):
     shared, w, idx = _param(ev, 3, (4, 6)), _param(ev, 4, (6, 5)), _param(ev, 5, (3, 1), "s32")
     zeros = ev.const(np.zeros((4, 6), np.float32), "f32")
     ones = ev.const(np.ones((4, 6), np.float32), "f32")
-    mask = _like(ev, "binary", ("compare-GT:f32",), [shared, ev.const(np.full((4, 6), 2.0, np.float32), "f32")], (4, 6), "pred")
+    mask = _like(
+        ev, "binary", ("compare-GT:f32",), [shared, ev.const(np.full((4, 6), 2.0, np.float32), "f32")], (4, 6), "pred"
+    )
     rows = GatherDims((1,), (0,), (0,), (), (), 1, (1, 6))
     dot = DotSpec((), (), (1,), (0,), 2, 2, ("f32", "f32")).text()
     return [
@@ -68,8 +70,20 @@ def _maps(ev: Builder):
     ]
 
 
-MAPS = ("multiply", "numerator", "divisor", "shared-add", "reduce", "max-reduce", "transpose", "slice",
-        "select-zero", "select-one", "gather", "dot")
+MAPS = (
+    "multiply",
+    "numerator",
+    "divisor",
+    "shared-add",
+    "reduce",
+    "max-reduce",
+    "transpose",
+    "slice",
+    "select-zero",
+    "select-one",
+    "gather",
+    "dot",
+)
 
 
 @pytest.mark.parametrize("name", MAPS)
@@ -80,10 +94,10 @@ def test_the_map_of_the_sum_is_stated_only_where_the_map_is_linear(name):
     _, f, linear = maps[MAPS.index(name)]
     params = _draw()
     members = [f(_param(ev, d, (4, 6))) for d in range(DEVICES)]
-    mapped = linear_sum(ev, members, lambda inner: combine(ev, "add", inner))
+    found = linear_sums(ev, members, lambda inner: combine(ev, "add", inner))
     want = sum(evaluate(m, params, ev.values) for m in members)
-    assert (mapped is not None) == linear, name
-    if mapped is not None:
+    assert len(found) == (1 if linear else 0), name
+    for mapped in found:
         np.testing.assert_allclose(evaluate(mapped, params, ev.values), want, rtol=1e-5, atol=1e-5)
         summed = combine(ev, "add", members)  # the all-reduce states it beside its sum in group order
         # (members transposed alike are summed under one transpose: the map of the sum itself)
@@ -108,8 +122,7 @@ def test_a_chain_of_linear_maps_is_walked_down_to_the_values_that_differ():
         return _like(ev, "reduce", ("add", "2:1"), [flipped], (6,))
 
     members = [chain(_param(ev, d, (4, 6))) for d in range(DEVICES)]
-    mapped = linear_sum(ev, members, lambda inner: combine(ev, "add", inner))
-    assert mapped is not None
+    (mapped,) = linear_sums(ev, members, lambda inner: combine(ev, "add", inner))
     assert mapped.op == "reduce" and mapped.args[0].op == "transpose"
     inner = mapped.args[0].args[0].args
     assert any(a.op == "binary" and a.attrs == ("add",) for a in inner)  # the sum sits at the bottom
@@ -125,4 +138,29 @@ def test_two_operands_that_differ_stop_the_walk():
         _like(ev, "binary", ("multiply",), [_param(ev, d, (4, 6)), _param(ev, 10 + d, (4, 6))], (4, 6))
         for d in range(DEVICES)
     ]
-    assert linear_sum(ev, members, lambda inner: combine(ev, "add", inner)) is None
+    assert linear_sums(ev, members, lambda inner: combine(ev, "add", inner)) == []
+
+
+def test_a_chain_through_an_add_reduce_is_also_cut_at_the_reductions():
+    """reduce(x_d) * s of each device (a temperature's gradient: the device's reduce over its rows,
+    times the shared temperature): stated as reduce(sum_d x_d) * s and as (sum_d reduce(x_d)) * s,
+    whose reductions of windows merge as the reference's one; both are the sum of the members."""
+    ev = _builder()
+    params = {**_draw(), 6: np.float32(1.5)}
+    shared = _param(ev, 6, ())
+    members = [
+        _like(
+            ev,
+            "binary",
+            ("multiply",),
+            [_like(ev, "reduce", ("add", "2:0,1"), [_param(ev, d, (4, 6))], ()), shared],
+            (),
+        )
+        for d in range(DEVICES)
+    ]
+    found = linear_sums(ev, members, lambda inner: combine(ev, "add", inner))
+    assert [m.args[0].op for m in found] == ["reduce", "binary"]
+    want = sum(evaluate(m, params, ev.values) for m in members)
+    for mapped in found:
+        np.testing.assert_allclose(evaluate(mapped, params, ev.values), want, rtol=1e-5)
+
