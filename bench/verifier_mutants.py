@@ -1449,6 +1449,30 @@ MUTANTS: tuple[Mutant, ...] = (
     M("memo-keeps-limited", "        if not result.limited:\n", "        if True:\n",
       "an `unproven` stopped by the run's limits (not in the cache key) must not stand in for a rerun's verdict",
       "pytest:tests/verify/test_sandbox.py::test_a_result_stopped_by_a_limit_is_not_kept_in_the_memo"),
+    # -- expert choice on {data, expert} devices (issue 13: constants.py, rules/slices.py, relayouts.py,
+    # reductions.py) ---------------------------------------------------------------------------------------
+    M("two-dim-window-offset", "across=(d, i, w)", "across=(d, 0, w)",
+      "a table cut along two dims is the window at its own offset along the second dim too, not the first rows",
+      "pytest:tests/translate/test_constant_windows.py::test_a_table_cut_along_two_dims_is_found_at_a_shard_offset"),
+    M("reorder-nested-dropped", "    ).then(union(e).with_(w.slice(k, a, b).slice(d2, c, g))),\n",
+      "    ).then(union(e).with_(e)),\n",
+      "a device's rows and experts of the top-k values are windows of the reference's top-k values, which "
+      "are a window of the sort along the sorted dim: no two-level reorder reaches it",
+      "pytest:tests/translate/test_expert_choice.py::test_expert_choice_on_data_and_expert_shards_verifies[sliced]"),
+    M("canonical-swap-in-place", "if composed == identity and not swapped:", "if composed == identity:",
+      "a dot whose operands swap without moving a dim (one of them has no free dims: gates times an "
+      "expert's rows) is read in the canonical order too, or a vmapped combine reads it the other way",
+      "pytest:tests/translate/test_expert_choice.py::test_expert_choice_on_data_and_expert_shards_verifies[sharded-vmapped]"),
+    M("summed-batches-any-reducer",
+      'if reducer == "add" and (contracted := summed_batches(ev, x, dims, inst.shape)) is not None:',
+      "if (contracted := summed_batches(ev, x, dims, inst.shape)) is not None:",
+      "only a sum over a dot's batch dims is the dot contracting them (a max over the experts is none)",
+      "pytest:tests/translate/test_expert_choice.py::test_no_contraction_for_another_reducer_or_a_free_dim"),
+    M("contraction-sorted-rhs",
+      "return dataclasses.replace(spec, lhs_contract=tuple(p for p, _ in pairs), rhs_contract=tuple(q for _, q in pairs))",
+      "return dataclasses.replace(spec, lhs_contract=tuple(p for p, _ in pairs), rhs_contract=spec.rhs_contract)",
+      "the contraction pairs move together: each lhs dim stays paired with its rhs dim",
+      "pytest:tests/translate/test_expert_choice.py::test_contraction_pairs_in_the_lhs_order_are_the_same_dot"),
 )
 
 

@@ -145,7 +145,9 @@ class Builder:
 
     def _new_constant(self, value: np.ndarray, dtype: str) -> Term:
         """A constant no known table holds as it is: a window of known ones, else a table of its own."""
-        windows = self.constants.windows(value, dtype, self.budgets.constant_sources)
+        windows = self.constants.windows(value, dtype, self.budgets.constant_sources) or self.constants.two_dim_windows(
+            value, dtype, self.budgets.constant_sources
+        )
         if not windows and (iota := self.constants.iota_window(value, dtype)) is not None:
             windows = [iota]
         if windows:
@@ -167,6 +169,11 @@ class Builder:
         only): a slice of that very source (slice_term would move it to the oldest constant holding
         it, and windows of several sources are stated equal to relate those sources)."""
         source, stop = window.source, window.start + window.width
+        if window.across is not None:  # the window along the second dim, then this one's
+            across, start, width = window.across
+            dims = tuple(width if k == across else n for k, n in enumerate(source.shape))
+            source = self.table.make("slice", (across, start, start + width), (source,), dims, dtype)
+            self.values[source] = np.take(self.values[window.source], range(start, start + width), axis=across)
         dims = tuple(window.width if k == window.dim else n for k, n in enumerate(source.shape))
         term = self.table.make("slice", (window.dim, window.start, stop), (source,), dims, dtype)
         self.values[term] = value.reshape(dims)

@@ -13,12 +13,18 @@ Unit dims do not change which elements a table holds, and programs insert them a
 places (the reference's table folded to [1, s, 1, d] for its broadcast, a device's [s/n, d] cut
 from a longer table): a constant is also known with its unit dims squeezed, and a window found
 there is the window along the matching dim of the constant itself.
+
+A device of a two-axis mesh cuts a table along two dims at once (a top-k's positions over its
+batch rows and its experts): where no known constant holds it along one dim, it is looked up as a
+window along two dims, at offsets that are multiples of its size along each (a device's shard there),
+among the known constants of its shape elsewhere (found by that shape: no scan of every constant).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 
 import numpy as np
 
@@ -41,6 +47,8 @@ class Window:
     width: int
     order: int  # of the source among the known constants (-1: a symbolic iota, known by its formula)
     reshaped: bool = False
+    # the window of that window along a second dim, (dim, start, width): a device's two-axis shard
+    across: tuple[int, int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +68,8 @@ class ConstantPool:
         # and of every known constant with its unit dims squeezed
         self._rows: dict[tuple, dict[bytes, list[tuple[_Known, int, int]]]] = {}
         self._known: list[_Known] = []
+        # (dtype, two dims, the shape without them) -> the known constants of that shape elsewhere
+        self._by_frame2: dict[tuple, list[_Known]] = {}
         self._order: dict[object, int] = {}  # source term -> its order
         # iotas too large to fold (a vocabulary's 128,256 class ids): their windows are known by formula
         self._iotas: list[Term] = []
@@ -99,6 +109,8 @@ class ConstantPool:
         known = _Known(len(self._known), term, value, dtype, (dtype, squeezed.shape, _digest(squeezed)))
         self._known.append(known)
         self._order.setdefault(term, known.order)
+        for d, d2 in itertools.combinations(range(value.ndim), 2):
+            self._by_frame2.setdefault(_frame2(dtype, value.shape, d, d2), []).append(known)
         views = [(value, list(range(value.ndim)))]
         if len(kept) < value.ndim:
             views.append((squeezed, kept))
@@ -150,6 +162,33 @@ class ConstantPool:
                 contents[known.content] = order
         return found
 
+    def two_dim_windows(self, value: np.ndarray, dtype: str, sources: int = 1) -> list[Window]:
+        """The windows along two dims at once, at offsets that are multiples of `value`'s size along
+        each, of the oldest known constants narrower along no dim and wider along exactly those two
+        that hold `value` there, up to `sources` of them (every such window of each: a table the same
+        along both dims, a sort's positions, is each device's)."""
+        found: list[Window] = []
+        contents: set[tuple] = set()
+        for d, d2 in itertools.combinations(range(value.ndim), 2):
+            w, w2 = value.shape[d], value.shape[d2]
+            for known in self._by_frame2.get(_frame2(dtype, value.shape, d, d2), ()):
+                n, n2 = known.value.shape[d], known.value.shape[d2]
+                if not 0 < w < n or not 0 < w2 < n2 or known.content in contents:
+                    continue
+                held = []
+                for i in range(0, n - w + 1, w):
+                    rows = np.take(known.value, range(i, i + w), axis=d)
+                    for j in range(0, n2 - w2 + 1, w2):
+                        self.comparisons += 1
+                        if np.array_equal(np.take(rows, range(j, j + w2), axis=d2), value, equal_nan=True):
+                            held.append(Window(known.term, d2, j, w2, known.order, across=(d, i, w)))
+                if held:
+                    found += held
+                    contents.add(known.content)
+                    if len(contents) >= sources:
+                        return found
+        return found
+
     def iota_window(self, value: np.ndarray, dtype: str) -> Window | None:
         """The window of a symbolic iota that `value` is, with unit dims laid out either way: an
         iota along dim k holds i at index i along k, so its window [lo, lo + n) along k is
@@ -190,6 +229,10 @@ class ConstantPool:
 
 def _frame(dtype: str, shape: tuple[int, ...], dim: int) -> tuple:
     return (dtype, dim, shape[:dim] + shape[dim + 1 :])
+
+
+def _frame2(dtype: str, shape: tuple[int, ...], dim: int, dim2: int) -> tuple:
+    return (dtype, dim, dim2, tuple(n for k, n in enumerate(shape) if k not in (dim, dim2)))
 
 
 def _kept(shape: tuple[int, ...]) -> list[int]:

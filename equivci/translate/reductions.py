@@ -80,6 +80,8 @@ def dot_with_facts(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: 
         ev.equal_terms.append([term, copied])
     if moved_units := unit_batch_moved(ev, dot_spec, lhs, rhs, shape):
         ev.equal_terms.append([term, *moved_units])
+    if (ordered := contraction_sorted(dot_spec)) is not None:
+        ev.equal_terms.append([term, dot_term(ev, ordered, lhs, rhs, shape)])
     if (shared := dot_of_batch_copies(ev, dot_spec, lhs, rhs, shape)) is not None:
         # stated beside the written dot, not made the term: as the term it moved the layout every
         # later op builds on, and lost the zoo's GQA with replicated KV heads (gqa-tp4-kv2-replicated)
@@ -330,6 +332,8 @@ def reduce(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     if _identity(ev, reducer, x):  # (exact: no element changes the identity; the earlier shards' totals of shard 0)
         return ev.const(np.full(inst.shape.dims, init_value), inst.shape.dtype)
     term = reduction(ev, reducer, x, dims, inst.shape)
+    if reducer == "add" and (contracted := summed_batches(ev, x, dims, inst.shape)) is not None:
+        ev.equal_terms.append([term, contracted])
     if reducer == "add" and (as_dot := summed_product(ev, x, dims, inst.shape)) is not None:
         # the dot is the term, every fact about dots applies; the written sum is not stated beside
         # it: the layout rules on its broadcast product grew a ring's e-graph past its budget
@@ -420,6 +424,49 @@ def negated_operand(ev: Builder, x: Term, shape: Shape) -> Term | None:
     if x.op == "unary" and x.attrs == ("negate",) and x.args[0].dtype == x.dtype:
         return x.args[0]
     return None
+
+
+def summed_batches(ev: Builder, x: Term, dims: tuple[int, ...], out: Shape) -> Term | None:
+    """A sum over output dims of a dot that are batch dims as the dot contracting those pairs:
+
+        sum_e dot(a, b; batch e)[e, ..] = dot(a, b; contracting e)
+
+    each output element is the sum of the same products (another summation order, which the
+    reference's rounding bound covers as any sum's). A vmapped expert's combine summed over the
+    local experts then meets the reference's einsum contracting experts and slots together, and a
+    psum of the devices' sums its contraction merged over the expert shards. The contraction pairs
+    in the order of the lhs's dims (contraction_sorted). None unless x is a dot (a constant factor
+    in front) with every summed dim a batch dim, in f32 or f64."""
+    factor, base = ev.scale_of(x)
+    if base.op != "dot" or x.dtype not in WIDE or out.dtype != x.dtype:
+        return None
+    spec = DotSpec.parse(base.attrs[0])
+    nb = len(spec.lhs_batch)
+    if not dims or any(k >= nb for k in dims):
+        return None
+    kept = [i for i in range(nb) if i not in dims]
+    pairs = sorted(
+        [*zip(spec.lhs_contract, spec.rhs_contract), *((spec.lhs_batch[i], spec.rhs_batch[i]) for i in dims)]
+    )
+    contracted = dataclasses.replace(
+        spec,
+        lhs_batch=tuple(spec.lhs_batch[i] for i in kept),
+        rhs_batch=tuple(spec.rhs_batch[i] for i in kept),
+        lhs_contract=tuple(p for p, _ in pairs),
+        rhs_contract=tuple(q for _, q in pairs),
+    )
+    term = dot_term(ev, contracted, base.args[0], base.args[1], Shape(base.dtype, out.dims))
+    return term if factor == 1 else ev.scaled(term, factor)
+
+
+def contraction_sorted(spec: DotSpec) -> DotSpec | None:
+    """The dot's contraction pairs in the order of the lhs's dims: a sum over pairs of indices
+    is the same sum in any order of the pairs (einsum orders them by their letters). None when
+    they are in that order."""
+    pairs = sorted(zip(spec.lhs_contract, spec.rhs_contract))
+    if [p for p, _ in pairs] == list(spec.lhs_contract):
+        return None
+    return dataclasses.replace(spec, lhs_contract=tuple(p for p, _ in pairs), rhs_contract=tuple(q for _, q in pairs))
 
 
 def moved_reductions(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape: Shape) -> list[Term]:

@@ -288,13 +288,14 @@ def canonical_dot(ev: Builder, dot: Term) -> tuple[DotSpec, Term, Term, tuple[in
     a, b = dot.args
     identity = tuple(range(len(dot.shape)))
     composed = identity
-    if reads(ev, b) > reads(ev, a):
+    swapped = reads(ev, b) > reads(ev, a)
+    if swapped:
         spec, composed = swapped_dot(spec, identity)
         a, b = b, a
     order = sorted(range(len(spec.lhs_batch)), key=spec.lhs_batch.__getitem__)
     moved = {old: new for new, old in enumerate(order)}  # batch output dim old -> new
     composed = tuple(moved.get(k, k) for k in composed)
-    if composed == identity:
+    if composed == identity and not swapped:  # (swapped in place: an operand without free dims)
         return None
     spec = dataclasses.replace(
         spec, lhs_batch=tuple(spec.lhs_batch[k] for k in order), rhs_batch=tuple(spec.rhs_batch[k] for k in order)

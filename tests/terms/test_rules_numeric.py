@@ -827,6 +827,16 @@ def slice_reorder_onto_reference(rng, b: B):
     return canonical, lower_outside
 
 
+def slice_reorder_onto_reference_nested(rng, b: B):
+    """Windows along two lower dims of a value's window along a higher dim that is a reference
+    value (a device's rows and experts of the top-k values), the canonical order read the other way."""
+    x = b.param(0, rshape(rng, int(rng.integers(3, 5))))
+    k, d2, d = sorted(int(v) for v in rng.choice(len(x.shape), size=3, replace=False))
+    windows = {dim: rrange(rng, x.shape[dim]) for dim in (k, d2, d)}
+    canonical = b.sl(b.sl(b.sl(x, k, *windows[k]), d2, *windows[d2]), d, *windows[d])
+    return canonical, b.sl(b.sl(b.sl(x, d, *windows[d]), k, *windows[k]), d2, *windows[d2])
+
+
 def _commute_existing(op: str):
     def build(rng, b: B):
         shape = rshape(rng, int(rng.integers(1, 4)))
@@ -919,6 +929,7 @@ RULES = {
     "slices/full": (F["slices"], slice_full, False),
     "slices/rebase": (F["slices"], slice_rebase, True),
     "slices/reorder_onto_reference": (F["slices"], slice_reorder_onto_reference, True),
+    "slices/reorder_onto_reference_nested": (F["slices"], slice_reorder_onto_reference_nested, True),
     "elementwise/unary_lift": (F["elementwise"], unary_lift, False),
     "elementwise/unary_push": (F["elementwise"], unary_push, False),
     # Lifts onto an existing term only (the reference's): the rhs is loaded too.

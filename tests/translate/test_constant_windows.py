@@ -102,3 +102,36 @@ def test_a_table_laid_out_with_other_unit_dims_is_one_source():
         (terms[0], 0),
         (terms[2], 0),
     ]
+
+
+def test_a_table_cut_along_two_dims_is_found_at_a_shard_offset():
+    """A device of a two-axis mesh holds its rows and its columns of a table: no window along one
+    dim, the window along two at multiples of its size there."""
+    table = np.random.default_rng(5).standard_normal((4, 6, 3)).astype(np.float32)
+    pool, term = _pool_with(table)
+    part = table[2:4, 3:6].copy()
+    assert pool.windows(part, "f32") == []
+    found = pool.two_dim_windows(part, "f32")
+    assert [(w.source, w.dim, w.start, w.width, w.across) for w in found] == [(term, 1, 3, 3, (0, 2, 2))]
+
+
+def test_near_misses_of_two_dim_windows_are_none():
+    table = np.random.default_rng(6).standard_normal((4, 6, 3)).astype(np.float32)
+    pool, _ = _pool_with(table)
+    off = table[2:4, 3:6].copy()
+    off[1, 2, 0] += 1e-3  # one element off
+    assert pool.two_dim_windows(off, "f32") == []
+    assert pool.two_dim_windows(table[2:4, 3:6].transpose(1, 0, 2).copy(), "f32") == []  # another layout
+    # not at a multiple of its size: no device's shard (looked up only there)
+    assert pool.two_dim_windows(table[1:3, 3:6].copy(), "f32") == []
+
+
+def test_a_table_the_same_along_both_dims_is_every_shard():
+    """A top-k's positions over [rows, experts, tokens] are the same for every row and expert: the
+    device's table is each device's window, all found (stated equal by the builder)."""
+    positions = np.broadcast_to(np.arange(8, dtype=np.int32), (4, 6, 8)).copy()
+    pool = ConstantPool()
+    term = TermTable().make("const", ("positions",), (), positions.shape, "s32")
+    pool.add(term, positions, "s32")
+    found = pool.two_dim_windows(positions[:2, :3].copy(), "s32")
+    assert sorted((w.across[1], w.start) for w in found) == [(0, 0), (0, 3), (2, 0), (2, 3)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from egglog import eq, i64, ne, union
 
-from equivci.terms.language import a, b, c, d, d2, dim, e, g, reference, w, x
+from equivci.terms.language import a, b, c, d, d2, dim, e, g, k, m, n, reference, w, x
 from equivci.terms.rules.registry import family, named
 
 SLICES = family(
@@ -48,4 +48,17 @@ SLICES = family(
         eq(w).to(x.slice(d, c, g)),
         reference(w),
     ).then(union(e).with_(w.slice(d2, a, b))),
+    # The same under windows along two lower dims (a device of a two-axis mesh holds its rows and
+    # its experts of a top-k's sort; the reference's top-k values are a window of that sort along
+    # the sorted dim): one step, since neither two-level reorder reaches a reference value alone.
+    named(
+        "slices/reorder_onto_reference_nested",
+        "x[a:b along k][c:g along d2][n:m along d] = (x[n:m along d])[a:b along k][c:g along d2] for k < d2 < d, "
+        "onto a reference value x[n:m along d]",
+        eq(e).to(x.slice(k, a, b).slice(d2, c, g).slice(d, n, m)),
+        k < d2,
+        d2 < d,
+        eq(w).to(x.slice(d, n, m)),
+        reference(w),
+    ).then(union(e).with_(w.slice(k, a, b).slice(d2, c, g))),
 )
