@@ -5,6 +5,7 @@ add/max/min/multiply/and/or from its identity is a `reduce` term, and a two-oper
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 
