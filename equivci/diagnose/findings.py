@@ -22,6 +22,7 @@ from equivci.diagnose.localize import Defect, call_chain_start, part_mean, sourc
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.diagnose.precision import narrowing, rounding_message
 from equivci.diagnose.siblings import departure
+from equivci.diagnose.skipped_reduce import SkippedReduce, skipped_reduce
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.layers.segments import Layering, layer_of, leaves
 from equivci.results import Finding
@@ -96,8 +97,10 @@ def defect_findings(
     `entry`: (file, function) of the distributed entrypoint, where its call chain starts; `foreign`:
     those of the manifest's models checked against another reference."""
     if shown:
-        found = _defect_findings(defect, captured, events, layering, failed_layers, frontier, outputs_equal)
         runs = frozenset(loc.function.split(".")[-1] for e in reference_events or () for loc in e.inst.stack)
+        found = _defect_findings(
+            defect, captured, events, layering, failed_layers, frontier, outputs_equal, (entry, foreign, runs)
+        )
         found = _caller_choices(found, captured, events, entry, foreign, runs)
     else:
         inst = defect.frontier or defect.inst
@@ -124,7 +127,10 @@ def _defect_findings(
     failed_layers: set[str],
     frontier: NumericFrontier | None,
     outputs_equal: bool,
+    callers: tuple[tuple[str, str] | None, tuple[tuple[str, str], ...], frozenset[str]] = (None, (), frozenset()),
 ) -> list[tuple[Finding, Instruction | None]]:
+    """`callers`: the entrypoint, the foreign entrypoints and the functions the reference runs, for
+    the search of the caller's choices (equivci.diagnose.arguments)."""
     message = defect.message
     if defect.context is not None:
         cpath, cline = source_of(defect.context, captured.repo_root)
@@ -156,6 +162,9 @@ def _defect_findings(
             layering,
         )
         later = _finding(defect.inst, f"where the proof stops: {message}", captured, events, layering, severity="note")
+        skipped = skipped_reduce(summed.inst, use.inst, axis, events, captured.repo_root, *callers)
+        if skipped is not None:
+            return _skipped_reduce_findings(skipped, axis, first, use.inst, captured) + [(later, defect.inst)]
         return [(first, summed.inst), (later, defect.inst)]
     if (
         frontier is not None
@@ -212,6 +221,33 @@ def _defect_findings(
     if frontier is not None and frontier.note:
         findings.append((Finding(None, None, "note", None, frontier.note), None))
     return findings
+
+
+def _skipped_reduce_findings(
+    skipped: SkippedReduce, axis: str, partial: Finding, use: Instruction, captured: CapturedModel
+) -> list[tuple[Finding, Instruction | None]]:
+    """The call that passes an identity where another call passes an all-reduce leads; the partial
+    sum's own line stays as a tied note."""
+    choice, (rfile, rline, rtext) = skipped.choice, skipped.reducing
+    path, line = source_of(
+        dataclasses.replace(use, stack=(SourceLoc(choice.file, choice.line, ""),)), captured.repo_root
+    )
+    if path is None:
+        return [(partial, None)]
+    upath, uline = source_of(use, captured.repo_root)
+    moved, note = _moved(
+        partial,
+        (path, line, 0),
+        f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}` and returns its argument "
+        f"unchanged, where {_shown(rfile, captured)}:{rline} passes `{rtext}`, which all-reduces over '{axis}': "
+        f"the value it is applied to is a partial sum over mesh axis '{axis}' on random inputs (the numeric "
+        f"oracle's seed 0), made at {partial.path}:{partial.line}, and the `{use.opcode}` at "
+        f"{f'{upath}:{uline}' if upath else unlocated(use)} uses it as the full value, so the all-reduce this "
+        "call leaves out is missing.",
+        f"the partial sum that the finding at {path}:{line} is about is made here; its all-reduce over "
+        f"'{axis}' is left out by what that call passes.",
+    )
+    return [(moved, None), (note, None)]
 
 
 def _library_callers(
