@@ -133,6 +133,9 @@ class _Values:
 
 # What `far_apart` calls apart: a difference of this share of the values' size is no rounding.
 APART = 0.1
+# Magnitudes that values computed from standard-normal inputs reach only as a fill (a mask's -1e9) or
+# an overflow: they set no element's absolute tolerance where the value has elements below it.
+FILL = 1e6
 _DRAWN = {"f16": np.float16, "f32": np.float32, "f64": np.float64}
 
 
@@ -213,9 +216,12 @@ class _ReferenceIndex:
     def _matches(self, a: np.ndarray) -> bool:
         rtol, atol = _tolerance(a.dtype)
         # The absolute tolerance scales with the value's own magnitude: a candidate's (an exp
-        # that overflows to 1e30) would let it match anything.
+        # that overflows to 1e30) would let it match anything. Not with a fill's: the -1e9 of a
+        # masked score would let the other elements of its value match anything too.
         finite = np.abs(a[np.isfinite(a)]) if a.dtype.kind in "fc" else None
-        scale = max(1.0, float(finite.max())) if finite is not None and finite.size else 1.0
+        ordinary = finite[finite < FILL] if finite is not None else None
+        magnitudes = ordinary if ordinary is not None and ordinary.size else finite
+        scale = max(1.0, float(magnitudes.max())) if magnitudes is not None and magnitudes.size else 1.0
         key = (a.dtype.str, a.ndim)
         values, positions = self.by_kind.get(key, []), self.positions.get(key, [])
         start = bisect.bisect_left(positions, self.near)
