@@ -557,9 +557,10 @@ def _before(numeric: Instruction, defect: Defect, events: list[Event]) -> bool:
 
 
 def _agrees(defect: Defect, numeric: Instruction) -> bool:
-    """The numeric frontier is the op the defect was found at, or on one of its lines."""
-    insts = [i for i in (defect.inst, defect.frontier) if i is not None]
-    return any(numeric is i for i in insts) or innermost(numeric) in {innermost(i) for i in insts}
+    """The numeric frontier is the op the defect was placed at, or on its line. Not the proof's first
+    unrelated op where the defect was placed upstream of it: where that upstream value matches on the
+    draw, the values first differ at or after the stop, not where the defect was placed."""
+    return numeric is defect.inst or innermost(numeric) == innermost(defect.inst)
 
 
 def with_counterexample(findings: list[Finding], counterexample: str) -> list[Finding]:
