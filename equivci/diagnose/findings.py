@@ -153,7 +153,7 @@ def _defect_findings(
         first = _finding(
             summed.inst,
             f"on random inputs (the numeric oracle's seed 0) this value is a partial sum over mesh axis "
-            f"'{axis}' (its sum over the devices of that axis is a reference value, it alone is none), "
+            f"'{axis}' (summed over the devices of that axis, it or a value computed from it is the reference's; alone it is not), "
             f"and no all-reduce follows: the `{use.inst.opcode}` at "
             f"{f'{upath}:{uline}' if upath else unlocated(use.inst)} uses it as the full value, so a psum "
             "(all-reduce) over that axis is missing here.",

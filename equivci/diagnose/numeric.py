@@ -399,7 +399,107 @@ def numeric_frontier(
         ),
         None,
     )
+    if unreduced is None:
+        unreduced = _summed_use(
+            [e for k, (e, _) in enumerate(differing) if k not in absorbed], by_name, values, index, groups_by_axis
+        )
     return NumericFrontier(*differing[lead], compared, start_matches=START in absorbed, partial=unreduced)
+
+
+def _summed_use(
+    uses: list[Event],
+    by_name: dict[str, Event],
+    values: _Values,
+    index: _ReferenceIndex,
+    groups_by_axis: dict[str, list[list[int]]],
+) -> tuple[Event, str, Event] | None:
+    """(operand, axis, use) for the first differing value whose operand, replaced on every device by
+    its sum over the devices of one mesh axis, makes it, or a differing value computed after it, a
+    reference value: that operand is a partial sum awaiting that all-reduce, although its sum alone
+    is no value the reference holds (a label's logit summed over vocabulary shards, which the
+    reference picks from its log-probabilities and only averages)."""
+    # The latest such operand first: a sum over devices passes through the linear ops before it (a
+    # one-hot product, then its sum over the row), so the all-reduce belongs after the last of them.
+    uses = uses[:MAX_DIFFERING]
+    for k, use in reversed(list(enumerate(uses))):
+        if use.inst.opcode in LAYOUT_OPS or not all(isinstance(t, Term) for t in use.values):
+            continue
+        for name in dict.fromkeys(n.split("#")[0] for n in use.inst.operands):
+            operand = _behind_layout(by_name.get(name), by_name)
+            if operand is None or not all(isinstance(t, Term) for t in operand.values):
+                continue
+            found = [values(t) for t in operand.values]
+            arrays = [a for a in found if a is not None and a.dtype.kind in "fc"]
+            if len(arrays) < len(found) or all(index.matches(a) for a in arrays):
+                continue  # no float value, or one that is a reference value in full: nothing to sum
+            for axis, groups in groups_by_axis.items():
+                if any(all(np.array_equal(arrays[d], arrays[g[0]]) for d in g) for g in groups):
+                    continue  # one value replicated over the axis: its sum is a multiple, no partial sum
+                for later in uses[k:]:
+                    summed = _what_if_summed(later, operand, arrays, groups, values)
+                    if summed is not None and all(index.matches(a) for a in summed):
+                        return operand, axis, use
+    return None
+
+
+def _behind_layout(event: Event | None, by_name: dict[str, Event]) -> Event | None:
+    """The op behind the reshapes, broadcasts and trivial ops that hand `event`'s value on."""
+    for _ in range(MAX_DIFFERING):
+        if event is None or (event.inst.opcode not in LAYOUT_OPS and event.inst.opcode not in TRIVIAL_OPS):
+            return event
+        if not event.inst.operands:
+            return None
+        event = by_name.get(event.inst.operands[0].split("#")[0])
+    return None
+
+
+def _what_if_summed(
+    use: Event, operand: Event, arrays: list[np.ndarray], groups: list[list[int]], values: _Values
+) -> list[np.ndarray] | None:
+    """`use`'s value on every device with `operand`'s replaced by its sum over the device's group;
+    None where a group does not cover the devices or the use cannot be evaluated again."""
+    group_of = {d: g for g in groups for d in g}
+    if any(len(group_of.get(d, [])) < 2 for d in range(len(arrays))):
+        return None
+    overrides: dict[int, np.ndarray] = {}
+    with np.errstate(over="ignore", invalid="ignore"):
+        for dev, t in enumerate(operand.values):
+            total = np.sum([arrays[d] for d in group_of[dev]], axis=0).astype(arrays[dev].dtype)
+            if id(t) in overrides and not np.array_equal(overrides[id(t)], total):
+                return None  # one term on devices of different groups: no single what-if
+            overrides[id(t)] = total
+    out = []
+    for t in use.values:
+        memo = _memo_without(t, overrides, values.memo)
+        try:
+            out.append(evaluate(t, values.params, values.consts, memo))
+        except (TermEvalError, KeyError, ValueError, TypeError, IndexError):
+            return None
+    return out
+
+
+def _memo_without(term: Term, overrides: dict[int, np.ndarray], memo: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """`memo` with `overrides` set and the values that depend on an overridden term left out."""
+    depends: dict[int, bool] = {}
+    stack = [term]
+    while stack:
+        t = stack[-1]
+        if id(t) in depends:
+            stack.pop()
+            continue
+        if id(t) in overrides or not t.args:
+            depends[id(t)] = id(t) in overrides
+            stack.pop()
+            continue
+        missing = [a for a in t.args if id(a) not in depends]
+        if missing:
+            stack.extend(missing)
+            continue
+        depends[id(t)] = any(depends[id(a)] for a in t.args)
+        stack.pop()
+    fresh = {k: v for k, v in memo.items() if not depends.get(k, False)}
+    fresh.update(overrides)
+    return fresh
 
 
 def with_axis_sets(groups_by_axis: dict[str, list[list[int]]]) -> dict[str, list[list[int]]]:
