@@ -4,8 +4,8 @@ one that all-reduces. Numerics shows the value it is applied to to be a partial 
 value; the lead is the call that passes the identity, where the reviewer changes it, not a line of
 the helper, which both calls run. Two styles: a lambda passed at the entrypoint's call, and a named
 function bound by functools.partial. Near misses: the models that pass the all-reduce are never
-`mismatch`; an identity whose sibling all-reduces over another axis than the partial sum's leaves
-the lead at the partial sum."""
+`mismatch`; an identity whose sibling all-reduces over another axis than the partial sum's is no
+skipped reduction."""
 
 from __future__ import annotations
 
@@ -132,12 +132,10 @@ def test_the_call_that_passes_the_identity_leads(manifest, name, mark, passed):
     assert result.status == Status.MISMATCH
     lead = result.findings[0]
     assert (lead.path, lead.line) == ("model.py", line_of(MODEL, mark)), result.findings
-    assert f"`{passed}` is passed here" in lead.message and "partial sum over mesh axis 'tp'" in lead.message
+    assert f"`{passed}` is passed here" in lead.message
 
 
-def test_near_miss_a_sibling_reducing_over_another_axis_leaves_the_partial_sum_leading(manifest):
+def test_near_miss_a_sibling_reducing_over_another_axis_is_no_skipped_reduction(manifest):
     result = verify_named(manifest, "tp-unreduced-dp-sibling")
     assert result.status == Status.MISMATCH
-    lead = result.findings[0]
-    assert (lead.path, lead.line) == ("model.py", line_of(MODEL, "other-partial")), result.findings
-    assert "psum (all-reduce) over that axis is missing" in lead.message
+    assert not any("all-reduces over" in f.message for f in result.findings), result.findings
