@@ -132,10 +132,13 @@ def test_the_call_that_passes_the_identity_leads(manifest, name, mark, passed):
     assert result.status == Status.MISMATCH
     lead = result.findings[0]
     assert (lead.path, lead.line) == ("model.py", line_of(MODEL, mark)), result.findings
-    assert f"`{passed}` is passed here" in lead.message
+    assert f"`{passed}` is passed here" in lead.message and "which all-reduces over 'tp'" in lead.message
 
 
 def test_near_miss_a_sibling_reducing_over_another_axis_is_no_skipped_reduction(manifest):
     result = verify_named(manifest, "tp-unreduced-dp-sibling")
     assert result.status == Status.MISMATCH
     assert not any("all-reduces over" in f.message for f in result.findings), result.findings
+    lead = result.findings[0]
+    assert (lead.path, lead.line) == ("model.py", line_of(MODEL, "other-partial")), result.findings
+    assert "partial sum over mesh axis 'tp'" in lead.message
