@@ -149,13 +149,11 @@ def _defect_findings(
         # A partial sum used as the full value is the difference itself, whatever the proof could
         # not relate before it: the all-reduce it lacks belongs where it is made.
         summed, axis, use = frontier.partial
-        upath, uline = source_of(use.inst, captured.repo_root)
         first = _finding(
             summed.inst,
             f"on random inputs (the numeric oracle's seed 0) this value is a partial sum over mesh axis "
             f"'{axis}' (summed over the devices of that axis, it or a value computed from it is the reference's; alone it is not), "
-            f"and no all-reduce follows: the `{use.inst.opcode}` at "
-            f"{f'{upath}:{uline}' if upath else unlocated(use.inst)} uses it as the full value, so a psum "
+            f"and no all-reduce follows: {_user(use.inst, summed.inst, captured)} as the full value, so a psum "
             "(all-reduce) over that axis is missing here.",
             captured,
             events,
@@ -164,7 +162,9 @@ def _defect_findings(
         later = _finding(defect.inst, f"where the proof stops: {message}", captured, events, layering, severity="note")
         skipped = skipped_reduce(summed.inst, use.inst, axis, events, captured.repo_root, *callers)
         if skipped is not None:
-            return _skipped_reduce_findings(skipped, axis, first, use.inst, captured) + [(later, defect.inst)]
+            return _skipped_reduce_findings(skipped, axis, first, summed.inst, use.inst, captured) + [
+                (later, defect.inst)
+            ]
         return [(first, summed.inst), (later, defect.inst)]
     if (
         frontier is not None
@@ -224,7 +224,12 @@ def _defect_findings(
 
 
 def _skipped_reduce_findings(
-    skipped: SkippedReduce, axis: str, partial: Finding, use: Instruction, captured: CapturedModel
+    skipped: SkippedReduce,
+    axis: str,
+    partial: Finding,
+    summed: Instruction,
+    use: Instruction,
+    captured: CapturedModel,
 ) -> list[tuple[Finding, Instruction | None]]:
     """The call that passes an identity where another call passes an all-reduce leads; the partial
     sum's own line stays as a tied note."""
@@ -234,20 +239,26 @@ def _skipped_reduce_findings(
     )
     if path is None:
         return [(partial, None)]
-    upath, uline = source_of(use, captured.repo_root)
     moved, note = _moved(
         partial,
         (path, line, 0),
         f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}` and returns its argument "
         f"unchanged, where {_shown(rfile, captured)}:{rline} passes `{rtext}`, which all-reduces over '{axis}': "
         f"the value it is applied to is a partial sum over mesh axis '{axis}' on random inputs (the numeric "
-        f"oracle's seed 0), made at {partial.path}:{partial.line}, and the `{use.opcode}` at "
-        f"{f'{upath}:{uline}' if upath else unlocated(use)} uses it as the full value, so the all-reduce this "
-        "call leaves out is missing.",
+        f"oracle's seed 0), made at {partial.path}:{partial.line}, and {_user(use, summed, captured)} as the "
+        "full value, so the all-reduce this call leaves out is missing.",
         f"the partial sum that the finding at {path}:{line} is about is made here; its all-reduce over "
         f"'{axis}' is left out by what that call passes.",
     )
     return [(moved, None), (note, None)]
+
+
+def _user(use: Instruction, summed: Instruction, captured: CapturedModel) -> str:
+    """Who takes the partial sum as the full value: the op that uses it, or the program's return."""
+    if use is summed:
+        return "the program returns it"
+    upath, uline = source_of(use, captured.repo_root)
+    return f"the `{use.opcode}` at {f'{upath}:{uline}' if upath else unlocated(use)} uses it"
 
 
 def _library_callers(

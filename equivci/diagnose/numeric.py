@@ -257,11 +257,12 @@ def numeric_frontier(
     budgets: Budgets = Budgets(),
     ranges: Ranges | None = None,
     start: Instruction | None = None,
+    outputs: list[list[Term]] | None = None,
 ) -> NumericFrontier:
     """The first distributed op, from `start` (the proof's stop) on, whose value is no window of
     any reference value, on any device. `routed`: ids of MoE dispatch masks and routed rows
     (related only through their combine); `ranges`: the integer inputs' ranges the oracle draws
-    in (see draw_inputs)."""
+    in (see draw_inputs); `outputs`: each device's output terms, [device][leaf]."""
     if term_count > budgets.numeric_terms:
         return NumericFrontier(
             None, note=f"numeric localization skipped: {term_count} terms (limit {budgets.numeric_terms})"
@@ -366,9 +367,13 @@ def numeric_frontier(
             differing.append((event, differs))
             differing_reads.append(reads)
     lead = next((k for k in range(len(differing)) if k not in absorbed), None)
-    if lead is None:
-        return NumericFrontier(None, 0, compared, start_matches=START in absorbed)
     by_name = {e.inst.name: e for e in distributed_events}
+    if lead is None:
+        returned = _returned_partial(pending, completed, outputs or [])
+        if returned is not None:
+            summed, axis, use = returned
+            return NumericFrontier(summed, 0, compared, start_matches=START in absorbed, partial=returned)
+        return NumericFrontier(None, 0, compared, start_matches=START in absorbed)
 
     def made(event: Event, axis: str) -> Event:
         """Back through operands that are partial sums over `axis` too (the comparison may start
@@ -404,6 +409,20 @@ def numeric_frontier(
             [e for k, (e, _) in enumerate(differing) if k not in absorbed], by_name, values, index, groups_by_axis
         )
     return NumericFrontier(*differing[lead], compared, start_matches=START in absorbed, partial=unreduced)
+
+
+def _returned_partial(
+    pending: list[tuple[Event, str]], completed: set[int], outputs: list[list[Term]]
+) -> tuple[Event, str, Event] | None:
+    """(value, axis, value) for a partial sum that every device returns as one of its outputs, no
+    all-reduce completing it: the program hands out a share of the sum as the full value (each
+    device's experts' part of a combine never summed over the expert axis)."""
+    for k, (summed, axis) in enumerate(pending):
+        if SUMMED + k in completed or len(outputs) != len(summed.values):
+            continue
+        if all(any(t is out for out in row) for t, row in zip(summed.values, outputs)):
+            return summed, axis, summed
+    return None
 
 
 def _summed_use(

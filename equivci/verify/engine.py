@@ -140,6 +140,7 @@ def verify_model(
             budgets,
             oracle_ranges(model, programs.assumed, captured.inputs),
             defect.frontier or defect.inst,
+            programs.device_outputs,
         )
         laps.lap("numeric localization")
         failed = {o.name for o in layered.layers if not o.proved and o.name} if layering is not None else set()

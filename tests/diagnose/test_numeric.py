@@ -404,3 +404,29 @@ def test_a_partial_sum_whose_all_reduce_makes_a_later_value_right_is_reported_wi
     use = Event(Instruction("use", "tanh", Shape("f32", (4, 2)), ("piece",), {}), doubled)
     found = numeric_frontier(reference, [piece, use], {}, (leaf,), mesh, 10)
     assert found.event is not None and found.partial is None, found
+
+
+def test_a_partial_sum_returned_without_its_all_reduce_is_reported():
+    """Each device's experts' share of a combine, returned as the output: no op uses it, no
+    all-reduce completes it, and it is the frontier with itself as its use. Near miss: the same
+    share all-reduced before it is returned is no difference at all."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.hlo.collectives import axis_groups
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    blocks = [table.make("slice", (1, 2 * d, 2 * d + 2), (x,), (4, 2), "f32") for d in range(4)]
+    squares = [table.make("binary", ("multiply",), (b, b), (4, 2), "f32") for b in blocks]
+    total = functools.reduce(lambda a, b: table.make("binary", ("add",), (a, b), (4, 2), "f32"), squares)
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    mesh = axis_groups((("tp", 4),))
+    reference = [_event("add", "total", total)]
+    piece = Event(Instruction("piece", "multiply", Shape("f32", (4, 2)), (), {}), squares)
+    outputs = [[sq] for sq in squares]
+    found = numeric_frontier(reference, [piece], {}, (leaf,), mesh, 10, outputs=outputs)
+    assert found.event is piece and found.partial == (piece, "tp", piece), found
+    reduced = Event(Instruction("reduced", "all-reduce", Shape("f32", (4, 2)), ("piece",), {}), [total] * 4)
+    found = numeric_frontier(reference, [piece, reduced], {}, (leaf,), mesh, 10, outputs=[[total]] * 4)
+    assert found.event is None and found.partial is None, found
