@@ -456,9 +456,15 @@ def _summed_use(
                     continue  # one value replicated over the axis: its sum is a multiple, no partial sum
                 for later in uses[k:]:
                     summed = _what_if_summed(later, operand, arrays, groups, values)
-                    if summed is not None and all(index.matches(a) for a in summed):
+                    if summed is not None and all(_telling(a) and index.matches(a) for a in summed):
                         return operand, axis, use
     return None
+
+
+def _telling(a: np.ndarray) -> bool:
+    """A value whose match says something: finite, and not one number everywhere (a what-if that
+    drives a softmax's exponentials to zero matches any zero tile)."""
+    return bool(np.all(np.isfinite(a))) and not (a.size > 1 and bool((a == a.flat[0]).all()))
 
 
 def _behind_layout(event: Event | None, by_name: dict[str, Event]) -> Event | None:
