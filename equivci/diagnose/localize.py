@@ -1081,10 +1081,6 @@ def _input_free_origin(
     if not data or len(computed) != 1:
         return None
     loc, made = next(iter(computed.items()))
-    if related(_terms(made) or []):
-        # The proof relates the value to the reference's own (a window of its positions): it is
-        # right, so what the op does with it is the suspect, and the op's line stays the finding.
-        return None
     walked = seen | {event.inst.name}
     if any(made.inst.name in e.inst.operands and e.inst.name not in walked for e in by_name.values()):
         return None
