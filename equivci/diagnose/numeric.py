@@ -445,7 +445,7 @@ def _summed_use(
             continue
         for name in dict.fromkeys(n.split("#")[0] for n in use.inst.operands):
             operand = _behind_layout(by_name.get(name), by_name)
-            if operand is None or not all(isinstance(t, Term) for t in operand.values):
+            if operand is None or not _summing(operand.inst) or not all(isinstance(t, Term) for t in operand.values):
                 continue
             found = [values(t) for t in operand.values]
             arrays = [a for a in found if a is not None and a.dtype.kind in "fc"]
@@ -459,6 +459,15 @@ def _summed_use(
                     if summed is not None and all(_telling(a) and index.matches(a) for a in summed):
                         return operand, axis, use
     return None
+
+
+# Ops whose value can be one device's share of a sum (a maximum's cannot: its all-reduce is a pmax).
+SHARES = {"dot", "reduce", "add", "subtract", "multiply", "negate", "convert", "divide"}
+
+
+def _summing(inst: Instruction) -> bool:
+    """`inst` may make a share of a sum: a linear op or a reduce that adds, not one that takes a maximum."""
+    return inst.opcode in SHARES and not (inst.opcode == "reduce" and ("max" in inst.op_name or "min" in inst.op_name))
 
 
 def _telling(a: np.ndarray) -> bool:
