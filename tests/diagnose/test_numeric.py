@@ -362,3 +362,71 @@ def test_far_apart_rules_out_a_what_if_only_on_a_clear_difference():
     assert far_apart([(xy, rounded)], {tiny: np.ones((4, 8), np.float32)})
     with_ids = table.make("binary", ("add",), (x, table.make("convert", ("f32",), (ids,), (4, 8), "f32")), (4, 8), "f32")
     assert not far_apart([(with_ids, x)], {})  # near miss: an index input, not drawn
+
+
+def test_a_masked_fill_sets_no_tolerance_for_the_elements_beside_it():
+    """A masked score's -1e9 fill is no magnitude the other scores are rounded at: other scores under
+    the same mask match nothing, the same scores (rounded) still do."""
+    scores = RNG.normal(size=(8, 8)).astype(np.float32)
+    mask = np.tril(np.ones((8, 8), bool))
+    index = index_of(np.where(mask, scores, np.float32(-1e9)))
+    assert index.matches(np.where(mask, scores * np.float32(1 + 1e-7), np.float32(-1e9)))
+    assert not index.matches(np.where(mask, scores + 1, np.float32(-1e9)))
+
+
+def test_a_partial_sum_whose_all_reduce_makes_a_later_value_right_is_reported_with_its_use():
+    """Each device's share of a sum whose total the reference never holds as a value (it only holds
+    tanh of it): summed over the devices in a what-if, the value computed from it is the reference's,
+    so it is a partial sum awaiting its all-reduce. Near miss: a share the use doubles is none, the
+    what-if leaves its use different."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.hlo.collectives import axis_groups
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    blocks = [table.make("slice", (1, 2 * d, 2 * d + 2), (x,), (4, 2), "f32") for d in range(4)]
+    squares = [table.make("binary", ("multiply",), (b, b), (4, 2), "f32") for b in blocks]
+    total = functools.reduce(lambda a, b: table.make("binary", ("add",), (a, b), (4, 2), "f32"), squares)
+    reference = [_event("tanh", "out", table.make("unary", ("tanh",), (total,), (4, 2), "f32"))]
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    mesh = axis_groups((("tp", 4),))
+    piece = Event(Instruction("piece", "multiply", Shape("f32", (4, 2)), (), {}), squares)
+    used = [table.make("unary", ("tanh",), (sq,), (4, 2), "f32") for sq in squares]
+    use = Event(Instruction("use", "tanh", Shape("f32", (4, 2)), ("piece",), {}), used)
+    found = numeric_frontier(reference, [piece, use], {}, (leaf,), mesh, 10)
+    assert found.partial == (piece, "tp", use), found
+    doubled = [
+        table.make("unary", ("tanh",), (table.make("binary", ("add",), (sq, sq), (4, 2), "f32"),), (4, 2), "f32")
+        for sq in squares
+    ]
+    use = Event(Instruction("use", "tanh", Shape("f32", (4, 2)), ("piece",), {}), doubled)
+    found = numeric_frontier(reference, [piece, use], {}, (leaf,), mesh, 10)
+    assert found.event is not None and found.partial is None, found
+
+
+def test_a_partial_sum_returned_without_its_all_reduce_is_reported():
+    """Each device's experts' share of a combine, returned as the output: no op uses it, no
+    all-reduce completes it, and it is the frontier with itself as its use. Near miss: the same
+    share all-reduced before it is returned is no difference at all."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.hlo.collectives import axis_groups
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    blocks = [table.make("slice", (1, 2 * d, 2 * d + 2), (x,), (4, 2), "f32") for d in range(4)]
+    squares = [table.make("binary", ("multiply",), (b, b), (4, 2), "f32") for b in blocks]
+    total = functools.reduce(lambda a, b: table.make("binary", ("add",), (a, b), (4, 2), "f32"), squares)
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    mesh = axis_groups((("tp", 4),))
+    reference = [_event("add", "total", total)]
+    piece = Event(Instruction("piece", "multiply", Shape("f32", (4, 2)), (), {}), squares)
+    outputs = [[sq] for sq in squares]
+    found = numeric_frontier(reference, [piece], {}, (leaf,), mesh, 10, outputs=outputs)
+    assert found.event is piece and found.partial == (piece, "tp", piece), found
+    reduced = Event(Instruction("reduced", "all-reduce", Shape("f32", (4, 2)), ("piece",), {}), [total] * 4)
+    found = numeric_frontier(reference, [piece, reduced], {}, (leaf,), mesh, 10, outputs=[[total]] * 4)
+    assert found.event is None and found.partial is None, found
