@@ -19,16 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from equivci.diagnose.frames import LAYOUT_OPS, in_repository
-from equivci.diagnose.source import (
-    Function,
-    after_starred,
-    assigned_at,
-    call_argument,
-    callee,
-    module_ast,
-    parameters,
-    statement,
-)
+from equivci.diagnose.source import Function, assigned_at, call_argument, callee, module_ast, parameters, statement
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.translate.evaluator import Event
 
@@ -95,22 +86,6 @@ def passed_choice(
             )
             choices += [dataclasses.replace(c, use=use) for c in through]
     return next((c for c in choices if c.paired), choices[0] if choices else None)
-
-
-def search_from(
-    events: list[Event],
-    stack: tuple[SourceLoc, ...],
-    entry: tuple[str, str] | None,
-    foreign: tuple[tuple[str, str], ...],
-    reference_runs: frozenset[str],
-    file: str,
-    line: int,
-    exprs: Sequence[ast.AST],
-    calls: int,
-) -> list[Choice]:
-    """The choices the names `exprs` read at file:line go back to, for an op with call chain `stack`
-    (as passed_choice searches from the op's own statement)."""
-    return _Search(events, stack, entry, foreign, reference_runs).run(file, line, exprs, calls)
 
 
 def made_in(function: str, inst: Instruction, events: list[Event], repo_root: str) -> SourceLoc | None:
@@ -397,8 +372,7 @@ def _lambda_parameter(stmt: ast.stmt, name: ast.Name) -> bool:
 def _calls(func: Function, *files: str) -> Iterator[tuple[str, ast.Call, Bound]]:
     """(file, call, argument by parameter) at every call of `func` (direct, or bound by
     functools.partial) in `files`; a call that leaves a parameter out passes its default, a partial
-    binds nothing for it (None), and a parameter after a starred argument is unknown (left out), unless
-    a direct call's arguments after it fill the last parameters (equivci.diagnose.source.after_starred)."""
+    binds nothing for it (None), and a parameter after a starred argument is unknown (left out)."""
     positional = [a.arg for a in func.args.posonlyargs + func.args.args]
     defaults = dict(zip(positional[len(positional) - len(func.args.defaults) :], func.args.defaults))
     defaults.update({a.arg: d for a, d in zip(func.args.kwonlyargs, func.args.kw_defaults) if d is not None})
@@ -416,14 +390,11 @@ def _calls(func: Function, *files: str) -> Iterator[tuple[str, ast.Call, Bound]]
                 continue
             keywords = {k.arg: k.value for k in node.keywords if k.arg is not None}
             starred = next((k for k, a in enumerate(args) if isinstance(a, ast.Starred)), len(args))
-            trailing = {} if partial else after_starred(args, node.keywords, func)
             bound: Bound = {}
             for name in names:
                 k = positional.index(name) if name in positional else len(args)
                 if name in keywords:
                     bound[name] = keywords[name]
-                elif name in trailing:
-                    bound[name] = trailing[name]
                 elif name in positional and starred < len(args) and starred <= k:
                     continue  # the starred argument may fill it
                 else:

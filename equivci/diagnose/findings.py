@@ -22,7 +22,6 @@ from equivci.diagnose.localize import Defect, call_chain_start, part_mean, sourc
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.diagnose.precision import narrowing, rounding_message
 from equivci.diagnose.siblings import departure
-from equivci.diagnose.skipped_reduce import SkippedReduce, skipped_reduce
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.layers.segments import Layering, layer_of, leaves
 from equivci.results import Finding
@@ -97,10 +96,8 @@ def defect_findings(
     `entry`: (file, function) of the distributed entrypoint, where its call chain starts; `foreign`:
     those of the manifest's models checked against another reference."""
     if shown:
+        found = _defect_findings(defect, captured, events, layering, failed_layers, frontier, outputs_equal)
         runs = frozenset(loc.function.split(".")[-1] for e in reference_events or () for loc in e.inst.stack)
-        found = _defect_findings(
-            defect, captured, events, layering, failed_layers, frontier, outputs_equal, (entry, foreign, runs)
-        )
         found = _caller_choices(found, captured, events, entry, foreign, runs)
     else:
         inst = defect.frontier or defect.inst
@@ -127,10 +124,7 @@ def _defect_findings(
     failed_layers: set[str],
     frontier: NumericFrontier | None,
     outputs_equal: bool,
-    callers: tuple[tuple[str, str] | None, tuple[tuple[str, str], ...], frozenset[str]] = (None, (), frozenset()),
 ) -> list[tuple[Finding, Instruction | None]]:
-    """`callers`: the entrypoint, the foreign entrypoints and the functions the reference runs, for
-    the search of the caller's choices (equivci.diagnose.arguments)."""
     message = defect.message
     if defect.context is not None:
         cpath, cline = source_of(defect.context, captured.repo_root)
@@ -149,22 +143,19 @@ def _defect_findings(
         # A partial sum used as the full value is the difference itself, whatever the proof could
         # not relate before it: the all-reduce it lacks belongs where it is made.
         summed, axis, use = frontier.partial
+        upath, uline = source_of(use.inst, captured.repo_root)
         first = _finding(
             summed.inst,
             f"on random inputs (the numeric oracle's seed 0) this value is a partial sum over mesh axis "
-            f"'{axis}' (summed over the devices of that axis, it or a value computed from it is the reference's; alone it is not), "
-            f"and no all-reduce follows: {_user(use.inst, summed.inst, captured)} as the full value, so a psum "
+            f"'{axis}' (its sum over the devices of that axis is a reference value, it alone is none), "
+            f"and no all-reduce follows: the `{use.inst.opcode}` at "
+            f"{f'{upath}:{uline}' if upath else unlocated(use.inst)} uses it as the full value, so a psum "
             "(all-reduce) over that axis is missing here.",
             captured,
             events,
             layering,
         )
         later = _finding(defect.inst, f"where the proof stops: {message}", captured, events, layering, severity="note")
-        skipped = skipped_reduce(summed.inst, use.inst, axis, events, captured.repo_root, *callers)
-        if skipped is not None:
-            return _skipped_reduce_findings(skipped, axis, first, summed.inst, use.inst, captured) + [
-                (later, defect.inst)
-            ]
         return [(first, summed.inst), (later, defect.inst)]
     if (
         frontier is not None
@@ -221,44 +212,6 @@ def _defect_findings(
     if frontier is not None and frontier.note:
         findings.append((Finding(None, None, "note", None, frontier.note), None))
     return findings
-
-
-def _skipped_reduce_findings(
-    skipped: SkippedReduce,
-    axis: str,
-    partial: Finding,
-    summed: Instruction,
-    use: Instruction,
-    captured: CapturedModel,
-) -> list[tuple[Finding, Instruction | None]]:
-    """The call that passes an identity where another call passes an all-reduce leads; the partial
-    sum's own line stays as a tied note."""
-    choice, (rfile, rline, rtext) = skipped.choice, skipped.reducing
-    path, line = source_of(
-        dataclasses.replace(use, stack=(SourceLoc(choice.file, choice.line, ""),)), captured.repo_root
-    )
-    if path is None:
-        return [(partial, None)]
-    moved, note = _moved(
-        partial,
-        (path, line, 0),
-        f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}` and returns its argument "
-        f"unchanged, where {_shown(rfile, captured)}:{rline} passes `{rtext}`, which all-reduces over '{axis}': "
-        f"the value it is applied to is a partial sum over mesh axis '{axis}' on random inputs (the numeric "
-        f"oracle's seed 0), made at {partial.path}:{partial.line}, and {_user(use, summed, captured)} as the "
-        "full value, so the all-reduce this call leaves out is missing.",
-        f"the partial sum that the finding at {path}:{line} is about is made here; its all-reduce over "
-        f"'{axis}' is left out by what that call passes.",
-    )
-    return [(moved, None), (note, None)]
-
-
-def _user(use: Instruction, summed: Instruction, captured: CapturedModel) -> str:
-    """Who takes the partial sum as the full value: the op that uses it, or the program's return."""
-    if use is summed:
-        return "the program returns it"
-    upath, uline = source_of(use, captured.repo_root)
-    return f"the `{use.opcode}` at {f'{upath}:{uline}' if upath else unlocated(use)} uses it"
 
 
 def _library_callers(
@@ -568,10 +521,9 @@ def _before(numeric: Instruction, defect: Defect, events: list[Event]) -> bool:
 
 
 def _agrees(defect: Defect, numeric: Instruction) -> bool:
-    """The numeric frontier is the op the defect was placed at, or on its line. Not the proof's first
-    unrelated op where the defect was placed upstream of it: where that upstream value matches on the
-    draw, the values first differ at or after the stop, not where the defect was placed."""
-    return numeric is defect.inst or innermost(numeric) == innermost(defect.inst)
+    """The numeric frontier is the op the defect was found at, or on one of its lines."""
+    insts = [i for i in (defect.inst, defect.frontier) if i is not None]
+    return any(numeric is i for i in insts) or innermost(numeric) in {innermost(i) for i in insts}
 
 
 def with_counterexample(findings: list[Finding], counterexample: str) -> list[Finding]:

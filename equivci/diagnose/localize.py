@@ -949,7 +949,6 @@ def _at_return(inst: Instruction) -> tuple[Instruction, str | None]:
 
 
 INDEXED_READS = {"gather", "dynamic-slice"}
-RELAYOUTS = {"reshape", "transpose", "copy", "bitcast"}
 MAX_RELAYOUTS = 8  # ops followed down an operand's chain of transposes and windows
 # Uses followed forward to show an unrelated value is related again, and values settled doing so.
 ABSORB_DEPTH = 8
@@ -1812,11 +1811,7 @@ class _Tracer:
                     or self.at_index_origin(cut, said)
                     or Defect(cut.inst, said + ".")
                 )
-            # A slice of the value the reference's operand only lays out anew (a projection whose
-            # heads the reference reshapes and transposes) holds the reference's data: the proof
-            # lacks the layout, nothing says the values differ.
-            relaid = own is not None and self.relayout_of(r_op, own)
-            return Defect(end.inst, f"{lead}; the value is made here.", unexplained=relaid)
+            return Defect(end.inst, f"{lead}; the value is made here.")
         lead = (
             f"so `{name}`, which feeds the `{event.inst.opcode}` at {here}, is not a slice of the reference's "
             f"{rname} ({_at(r_op.inst)}) on device {dev}"
@@ -1860,19 +1855,6 @@ class _Tracer:
         if _loc(end.inst) is None:
             return None
         return Defect(end.inst, lead + ".")
-
-    def relayout_of(self, ref: Event, source: Event) -> bool:
-        """The reference's `ref` is `source` moved by layout ops only (reshapes, transposes, copies)."""
-        for _ in range(MAX_RELAYOUTS):
-            if ref is source:
-                return True
-            if ref.inst.opcode not in RELAYOUTS or not ref.inst.operands:
-                return False
-            found = self.operands(ref, refs=True)[0]
-            if found is None:
-                return False
-            ref = found
-        return False
 
     def per_device_shape(self, mine: Term | None, theirs: Term | None) -> bool:
         """`mine` has `theirs`'s rank, some dims differ, and each is cut by a product of mesh axis sizes:

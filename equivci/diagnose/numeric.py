@@ -133,9 +133,6 @@ class _Values:
 
 # What `far_apart` calls apart: a difference of this share of the values' size is no rounding.
 APART = 0.1
-# Magnitudes that values computed from standard-normal inputs reach only as a fill (a mask's -1e9) or
-# an overflow: they set no element's absolute tolerance where the value has elements below it.
-FILL = 1e6
 _DRAWN = {"f16": np.float16, "f32": np.float32, "f64": np.float64}
 
 
@@ -216,12 +213,9 @@ class _ReferenceIndex:
     def _matches(self, a: np.ndarray) -> bool:
         rtol, atol = _tolerance(a.dtype)
         # The absolute tolerance scales with the value's own magnitude: a candidate's (an exp
-        # that overflows to 1e30) would let it match anything. Not with a fill's: the -1e9 of a
-        # masked score would let the other elements of its value match anything too.
+        # that overflows to 1e30) would let it match anything.
         finite = np.abs(a[np.isfinite(a)]) if a.dtype.kind in "fc" else None
-        ordinary = finite[finite < FILL] if finite is not None else None
-        magnitudes = ordinary if ordinary is not None and ordinary.size else finite
-        scale = max(1.0, float(magnitudes.max())) if magnitudes is not None and magnitudes.size else 1.0
+        scale = max(1.0, float(finite.max())) if finite is not None and finite.size else 1.0
         key = (a.dtype.str, a.ndim)
         values, positions = self.by_kind.get(key, []), self.positions.get(key, [])
         start = bisect.bisect_left(positions, self.near)
@@ -257,12 +251,11 @@ def numeric_frontier(
     budgets: Budgets = Budgets(),
     ranges: Ranges | None = None,
     start: Instruction | None = None,
-    outputs: list[list[Term]] | None = None,
 ) -> NumericFrontier:
     """The first distributed op, from `start` (the proof's stop) on, whose value is no window of
     any reference value, on any device. `routed`: ids of MoE dispatch masks and routed rows
     (related only through their combine); `ranges`: the integer inputs' ranges the oracle draws
-    in (see draw_inputs); `outputs`: each device's output terms, [device][leaf]."""
+    in (see draw_inputs)."""
     if term_count > budgets.numeric_terms:
         return NumericFrontier(
             None, note=f"numeric localization skipped: {term_count} terms (limit {budgets.numeric_terms})"
@@ -367,13 +360,9 @@ def numeric_frontier(
             differing.append((event, differs))
             differing_reads.append(reads)
     lead = next((k for k in range(len(differing)) if k not in absorbed), None)
-    by_name = {e.inst.name: e for e in distributed_events}
     if lead is None:
-        returned = _returned_partial(pending, completed, outputs or [])
-        if returned is not None:
-            summed, axis, use = returned
-            return NumericFrontier(summed, 0, compared, start_matches=START in absorbed, partial=returned)
         return NumericFrontier(None, 0, compared, start_matches=START in absorbed)
+    by_name = {e.inst.name: e for e in distributed_events}
 
     def made(event: Event, axis: str) -> Event:
         """Back through operands that are partial sums over `axis` too (the comparison may start
@@ -404,136 +393,7 @@ def numeric_frontier(
         ),
         None,
     )
-    if unreduced is None:
-        unreduced = _summed_use(
-            [e for k, (e, _) in enumerate(differing) if k not in absorbed], by_name, values, index, groups_by_axis
-        )
     return NumericFrontier(*differing[lead], compared, start_matches=START in absorbed, partial=unreduced)
-
-
-def _returned_partial(
-    pending: list[tuple[Event, str]], completed: set[int], outputs: list[list[Term]]
-) -> tuple[Event, str, Event] | None:
-    """(value, axis, value) for a partial sum that every device returns as one of its outputs, no
-    all-reduce completing it: the program hands out a share of the sum as the full value (each
-    device's experts' part of a combine never summed over the expert axis)."""
-    for k, (summed, axis) in enumerate(pending):
-        if SUMMED + k in completed or len(outputs) != len(summed.values):
-            continue
-        if all(any(t is out for out in row) for t, row in zip(summed.values, outputs)):
-            return summed, axis, summed
-    return None
-
-
-def _summed_use(
-    uses: list[Event],
-    by_name: dict[str, Event],
-    values: _Values,
-    index: _ReferenceIndex,
-    groups_by_axis: dict[str, list[list[int]]],
-) -> tuple[Event, str, Event] | None:
-    """(operand, axis, use) for the first differing value whose operand, replaced on every device by
-    its sum over the devices of one mesh axis, makes it, or a differing value computed after it, a
-    reference value: that operand is a partial sum awaiting that all-reduce, although its sum alone
-    is no value the reference holds (a label's logit summed over vocabulary shards, which the
-    reference picks from its log-probabilities and only averages)."""
-    # The latest such operand first: a sum over devices passes through the linear ops before it (a
-    # one-hot product, then its sum over the row), so the all-reduce belongs after the last of them.
-    uses = uses[:MAX_DIFFERING]
-    for k, use in reversed(list(enumerate(uses))):
-        if use.inst.opcode in LAYOUT_OPS or not all(isinstance(t, Term) for t in use.values):
-            continue
-        for name in dict.fromkeys(n.split("#")[0] for n in use.inst.operands):
-            operand = _behind_layout(by_name.get(name), by_name)
-            if operand is None or not _summing(operand.inst) or not all(isinstance(t, Term) for t in operand.values):
-                continue
-            found = [values(t) for t in operand.values]
-            arrays = [a for a in found if a is not None and a.dtype.kind in "fc"]
-            if len(arrays) < len(found) or all(index.matches(a) for a in arrays):
-                continue  # no float value, or one that is a reference value in full: nothing to sum
-            for axis, groups in groups_by_axis.items():
-                if any(all(np.array_equal(arrays[d], arrays[g[0]]) for d in g) for g in groups):
-                    continue  # one value replicated over the axis: its sum is a multiple, no partial sum
-                for later in uses[k:]:
-                    summed = _what_if_summed(later, operand, arrays, groups, values)
-                    if summed is not None and all(_telling(a) and index.matches(a) for a in summed):
-                        return operand, axis, use
-    return None
-
-
-# Ops whose value can be one device's share of a sum (a maximum's cannot: its all-reduce is a pmax).
-SHARES = {"dot", "reduce", "add", "subtract", "multiply", "negate", "convert", "divide"}
-
-
-def _summing(inst: Instruction) -> bool:
-    """`inst` may make a share of a sum: a linear op or a reduce that adds, not one that takes a maximum."""
-    return inst.opcode in SHARES and not (inst.opcode == "reduce" and ("max" in inst.op_name or "min" in inst.op_name))
-
-
-def _telling(a: np.ndarray) -> bool:
-    """A value whose match says something: finite, and not one number everywhere (a what-if that
-    drives a softmax's exponentials to zero matches any zero tile)."""
-    return bool(np.all(np.isfinite(a))) and not (a.size > 1 and bool((a == a.flat[0]).all()))
-
-
-def _behind_layout(event: Event | None, by_name: dict[str, Event]) -> Event | None:
-    """The op behind the reshapes, broadcasts and trivial ops that hand `event`'s value on."""
-    for _ in range(MAX_DIFFERING):
-        if event is None or (event.inst.opcode not in LAYOUT_OPS and event.inst.opcode not in TRIVIAL_OPS):
-            return event
-        if not event.inst.operands:
-            return None
-        event = by_name.get(event.inst.operands[0].split("#")[0])
-    return None
-
-
-def _what_if_summed(
-    use: Event, operand: Event, arrays: list[np.ndarray], groups: list[list[int]], values: _Values
-) -> list[np.ndarray] | None:
-    """`use`'s value on every device with `operand`'s replaced by its sum over the device's group;
-    None where a group does not cover the devices or the use cannot be evaluated again."""
-    group_of = {d: g for g in groups for d in g}
-    if any(len(group_of.get(d, [])) < 2 for d in range(len(arrays))):
-        return None
-    overrides: dict[int, np.ndarray] = {}
-    with np.errstate(over="ignore", invalid="ignore"):
-        for dev, t in enumerate(operand.values):
-            total = np.sum([arrays[d] for d in group_of[dev]], axis=0).astype(arrays[dev].dtype)
-            if id(t) in overrides and not np.array_equal(overrides[id(t)], total):
-                return None  # one term on devices of different groups: no single what-if
-            overrides[id(t)] = total
-    out = []
-    for t in use.values:
-        memo = _memo_without(t, overrides, values.memo)
-        try:
-            out.append(evaluate(t, values.params, values.consts, memo))
-        except (TermEvalError, KeyError, ValueError, TypeError, IndexError):
-            return None
-    return out
-
-
-def _memo_without(term: Term, overrides: dict[int, np.ndarray], memo: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    """`memo` with `overrides` set and the values that depend on an overridden term left out."""
-    depends: dict[int, bool] = {}
-    stack = [term]
-    while stack:
-        t = stack[-1]
-        if id(t) in depends:
-            stack.pop()
-            continue
-        if id(t) in overrides or not t.args:
-            depends[id(t)] = id(t) in overrides
-            stack.pop()
-            continue
-        missing = [a for a in t.args if id(a) not in depends]
-        if missing:
-            stack.extend(missing)
-            continue
-        depends[id(t)] = any(depends[id(a)] for a in t.args)
-        stack.pop()
-    fresh = {k: v for k, v in memo.items() if not depends.get(k, False)}
-    fresh.update(overrides)
-    return fresh
 
 
 def with_axis_sets(groups_by_axis: dict[str, list[list[int]]]) -> dict[str, list[list[int]]]:

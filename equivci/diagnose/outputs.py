@@ -1,5 +1,4 @@
-"""Outputs whose dtype differs between the two programs: a refutation without a search; and the
-line that makes an output (where a finding about an output the proof could not relate is placed).
+"""Outputs whose dtype differs between the two programs: a refutation without a search.
 
 The contract counts a changed dtype as a different function (a bf16 logit is not the f32 logit,
 whatever the values), so such a model is `mismatch` before any proof runs, with the finding at the
@@ -28,7 +27,7 @@ def dtype_findings(reference: Module, distributed: Module, leaf_paths: list[str]
         if ref.dtype == dist.dtype:
             continue
         name = leaf_paths[k] if k < len(leaf_paths) and leaf_paths[k] else f"#{k}"
-        inst = output_op(distributed, k)
+        inst = _maker(distributed, distributed.entry, _output_operand(distributed.entry, k, len(dist_leaves)))
         path, line = source_of(inst, repo_root) if inst is not None else (None, None)
         where = "" if path else f" (HLO instruction `{inst.name}`)" if inst is not None else ""
         findings.append(
@@ -43,28 +42,6 @@ def dtype_findings(reference: Module, distributed: Module, leaf_paths: list[str]
             )
         )
     return findings
-
-
-def output_op(module: Module, k: int) -> Instruction | None:
-    """The op that makes output leaf `k` of `module`, behind its pass-through wrappers."""
-    return _maker(module, module.entry, _output_operand(module.entry, k, len(_leaves(module.entry.root.shape))))
-
-
-def output_place(module: Module, k: int, repo_root: str) -> tuple[str | None, int | None]:
-    """The source line of the op that makes output leaf `k`, or, where that op carries none (one XLA
-    made), of the nearest op behind it that does: what a reviewer reads for that output."""
-    inst = output_op(module, k)
-    comp = next((c for c in module.computations.values() if any(i is inst for i in c.instructions)), None)
-    queue, seen = [inst] if inst is not None else [], set[str]()
-    while queue and len(seen) < _MAX_STEPS:
-        op = queue.pop(0)
-        path, line = source_of(op, repo_root)
-        if path is not None:
-            return path, line
-        seen.add(op.name)
-        operands = (_by_name(comp, name) for name in op.operands) if comp is not None else ()
-        queue += [o for o in operands if o is not None and o.name not in seen]
-    return None, None
 
 
 def _leaves(shape: Shape) -> list[Shape]:

@@ -56,25 +56,6 @@ def parameters(func: Function) -> list[str]:
     return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
 
 
-def after_starred(args: list[ast.expr], keywords: list[ast.keyword], func: Function) -> dict[str, ast.expr]:
-    """The parameters that the positional arguments after the last starred one fill, by name: where
-    `func` takes no *args and no positional parameter has a default or is named by a keyword, a call
-    that runs fills the last positional parameters with them, whatever the starred value holds
-    (`lambda *a: f(*a, table, sections)`). Empty otherwise."""
-    starred = [k for k, a in enumerate(args) if isinstance(a, ast.Starred)]
-    positional = [a.arg for a in func.args.posonlyargs + func.args.args]
-    trailing = args[starred[-1] + 1 :] if starred else []
-    if (
-        not trailing
-        or func.args.vararg is not None
-        or func.args.defaults
-        or any(k.arg in positional for k in keywords)
-        or len(trailing) > len(positional)
-    ):
-        return {}
-    return dict(zip(positional[len(positional) - len(trailing) :], trailing))
-
-
 def assigned_at(scope: ast.AST, name: str, before: int) -> int | None:
     """The last line before `before` that assigns `name` inside `scope`."""
     lines = [
@@ -133,9 +114,6 @@ def call_argument(
             k = positional.index(name) if name in positional else len(call.args)
             if k < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[: k + 1]):
                 return cfile, call.args[k]
-            trailing = after_starred(call.args, call.keywords, func).get(name)
-            if trailing is not None:
-                return cfile, trailing
     return None
 
 

@@ -15,7 +15,7 @@ from equivci.diagnose.findings import defect_findings, with_counterexample, with
 from equivci.diagnose.localize import source_of
 from equivci.diagnose.loops import defect_with_loops
 from equivci.diagnose.numeric import draw_inputs, numeric_frontier
-from equivci.diagnose.outputs import dtype_findings, output_place
+from equivci.diagnose.outputs import dtype_findings
 from equivci.errors import EquivciError
 from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import HloParseError, parse_module
@@ -29,6 +29,7 @@ from equivci.prove.saturate import GROWTH, MAX_ITERATIONS, Proof, saturate, with
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
 from equivci.translate.builder import Unsupported
+from equivci.translate.programs import flatten
 from equivci.verify.prefix import Diagnosis, diagnose_prefix
 
 
@@ -127,7 +128,7 @@ def verify_model(
     laps.lap("counterexample")
     if defect is None:
         assert proof is not None  # a diagnosis from the memo always names a defect
-        findings = [_output_finding(proof, captured, distributed)]
+        findings = [_output_finding(proof, programs, captured)]
     else:
         frontier = numeric_frontier(
             programs.reference_events,
@@ -140,7 +141,6 @@ def verify_model(
             budgets,
             oracle_ranges(model, programs.assumed, captured.inputs),
             defect.frontier or defect.inst,
-            programs.device_outputs,
         )
         laps.lap("numeric localization")
         failed = {o.name for o in layered.layers if not o.proved and o.name} if layering is not None else set()
@@ -341,19 +341,29 @@ def _finish(model, status, t0, findings, layers: LayerCounts, laps: Laps) -> Mod
     )
 
 
-def _output_finding(proof, captured: CapturedModel, distributed) -> Finding:
-    """At the line that makes the output: every finding names a line."""
+def _output_finding(proof, programs, captured: CapturedModel) -> Finding:
+    """The output not shown equal, at the line of the op that computes it on the distributed side
+    (the first in program order whose value it is: copies and sharding ops after it hold it too)."""
     bad = [(dev, k) for dev, row in enumerate(proof.proved) for k, ok in enumerate(row) if not ok]
     dev, k = bad[0]
     leaf = captured.outputs[k]
-    path, line = output_place(distributed, k, captured.repo_root)
+    held = programs.device_outputs[dev][k]
+    path, line = next(
+        (
+            place
+            for event in programs.distributed_events
+            if any(t is held for t in flatten(event.values[dev]))
+            and (place := source_of(event.inst, captured.repo_root))[1] is not None
+        ),
+        (None, None),
+    )
     return Finding(
         path,
         line,
         "error",
         None,
-        f"output {leaf.path or '#' + str(k)} on device {dev}, made here, could not be shown equal to its part of "
-        "the reference output, and every op before it is related to the reference: the output placement "
+        f"output {leaf.path or '#' + str(k)} on device {dev} could not be shown equal to its part of the "
+        "reference output, and every op before it is related to the reference: the output placement "
         "(out_specs / out_shardings) may not match what the devices hold",
     )
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import textwrap
 
 from equivci.diagnose.arguments import passed_choice
-from equivci.diagnose.source import module_ast
 from equivci.hlo.ir import Instruction, Shape, SourceLoc
 from equivci.translate.evaluator import Event
 
@@ -227,54 +226,4 @@ def test_an_entry_of_a_module_table_at_a_fixed_key_is_a_choice(tmp_path):
     local.write_text(path.read_text().replace('dense(x, w, SIZES["b"])', "dense(x, w, SIZES[x.dtype.name])"))
     stack = tuple(SourceLoc(str(local), f.line, f.function) for f in stack)
     event = Event(Instruction("multiply.1", "multiply", None, (), {}, stack=stack), [])  # type: ignore[arg-type]
-    assert passed_choice(event.inst, [event], str(tmp_path)) is None
-
-
-STARRED_SOURCE = textwrap.dedent(
-    """
-    from jax import lax
-
-
-    def dense(h, w, table, scale):
-        return lax.tanh(h @ w) * scale + table
-
-
-    def _run(scale, x, w):
-        local = lambda *a: dense(*a, 0.0, scale)
-        return local(x, w)
-
-
-    def plain(x, w):
-        return _run(2.0, x, w)
-
-
-    def rescaled(x, w):
-        return _run(3.0, x, w)
-    """
-).lstrip()
-
-
-def test_arguments_after_a_starred_one_fill_the_last_parameters(tmp_path):
-    """`lambda *a: dense(*a, 0.0, scale)`: a call of a function without *args and defaults that runs
-    fills its last parameters with the arguments after the starred one, whatever it holds; the
-    choice behind `scale` is the entrypoint's."""
-    path = tmp_path / "model.py"
-    path.write_text(STARRED_SOURCE)
-    lines = STARRED_SOURCE.splitlines()
-
-    def line(text: str) -> int:
-        return next(k for k, src in enumerate(lines, 1) if text in src)
-
-    stack = (
-        SourceLoc(str(path), line("return lax.tanh"), "dense"),
-        SourceLoc(str(path), line("lambda *a"), "_run.<locals>.<lambda>"),
-        SourceLoc(str(path), line("return local(x, w)"), "_run"),
-        SourceLoc(str(path), line("_run(3.0"), "rescaled"),
-    )
-    event = Event(Instruction("multiply.1", "multiply", None, (), {}, stack=stack), [])  # type: ignore[arg-type]
-    choice = passed_choice(event.inst, [event], str(tmp_path))
-    assert choice is not None and (choice.line, choice.text) == (line("_run(3.0"), "3.0"), choice
-    # near miss: with a default, the starred value may fill the parameter itself: no choice read there
-    path.write_text(STARRED_SOURCE.replace("def dense(h, w, table, scale):", "def dense(h, w, table, scale=1.0):"))
-    module_ast.cache_clear()
     assert passed_choice(event.inst, [event], str(tmp_path)) is None

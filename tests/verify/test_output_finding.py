@@ -10,7 +10,6 @@ import types
 
 import model_package
 
-from equivci.hlo.parser import parse_module
 from equivci.verify.engine import _output_finding
 
 MODEL = textwrap.dedent(
@@ -41,8 +40,8 @@ def test_an_unproved_output_is_reported_at_the_op_that_computes_it(tmp_path):
     text = model_package.manifest_text([("out", "reference", "distributed")], "{data: 2}")
     manifest = model_package.write_package(tmp_path, "model.py", MODEL, text)
     captured = model_package.capture_named(manifest, "out")
-    distributed = parse_module(captured.distributed_hlo)
+    programs = model_package.programs_of(captured)
     proof = types.SimpleNamespace(proved=[[True], [False]])  # as if device 1's output were unproved
-    finding = _output_finding(proof, captured, distributed)
+    finding = _output_finding(proof, programs, captured)
     assert (finding.path, finding.line) == ("model.py", model_package.line_of(MODEL, "output"))
     assert "output" in finding.message and "device 1" in finding.message
