@@ -27,7 +27,6 @@ from equivci.translate import (
     collectives,
     complex_pairs,
     conditionals,
-    convolutions,
     elementwise,
     factored_dots,
     group_ids,
@@ -52,7 +51,6 @@ HANDLERS: dict[str, Handler] = {
     **elementwise.HANDLERS,
     **shapes.HANDLERS,
     **reductions.HANDLERS,
-    **convolutions.HANDLERS,  # a convolution whose windows tile its input: patches dotted with the kernel
     **quotients.HANDLERS,  # a dot of a quotient, also as the quotient of the dot
     **sorts.HANDLERS,
     **group_ids.HANDLERS,

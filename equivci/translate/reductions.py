@@ -40,22 +40,17 @@ WIDE = {"f32", "f64"}
 
 
 def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    if inst.shape.dtype in ROUNDED:
+        # The products summed exactly, rounded once at the end (XLA accumulates a bf16 dot in f32):
+        # `preferred_element_type=bf16` and an f32 dot converted to bf16 are one term.
+        wide = dot(ev, dataclasses.replace(inst, shape=Shape("f32", inst.shape.dims)), args, device)
+        return ev.normal("unary", ("convert",), [wide], inst.shape)
     a = inst.attrs
     lb, rb = dims_attr(a.get("lhs_batch_dims")), dims_attr(a.get("rhs_batch_dims"))
     lc, rc = dims_attr(a.get("lhs_contracting_dims")), dims_attr(a.get("rhs_contracting_dims"))
     lhs, rhs = args
     dot_spec = DotSpec(lb, rb, lc, rc, len(lhs.shape), len(rhs.shape), (lhs.dtype, rhs.dtype))
-    return dot_of(ev, dot_spec, lhs, rhs, inst.shape)
-
-
-def dot_of(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: Shape) -> Term:
-    """The dot with result `shape` (a convolution that is one reads it too)."""
-    if shape.dtype in ROUNDED:
-        # The products summed exactly, rounded once at the end (XLA accumulates a bf16 dot in f32):
-        # `preferred_element_type=bf16` and an f32 dot converted to bf16 are one term.
-        wide = dot_with_facts(ev, dot_spec, lhs, rhs, Shape("f32", shape.dims))
-        return ev.normal("unary", ("convert",), [wide], shape)
-    return dot_with_facts(ev, dot_spec, lhs, rhs, shape)
+    return dot_with_facts(ev, dot_spec, lhs, rhs, inst.shape)
 
 
 def dot_with_facts(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: Shape) -> Term:

@@ -42,21 +42,14 @@ class _Side:
 
     @property
     def relaid(self) -> bool:
-        return any(t.op in ("reshape", "unary") for t in self.levels[:-1])
+        return any(t.op == "reshape" for t in self.levels[:-1])
 
 
-def _down(ev: Builder, operand: Term, kept: tuple[int, ...]) -> _Side:
+def _down(operand: Term, kept: tuple[int, ...]) -> _Side:
     levels, kepts = [operand], [kept]
     cur = operand
-    while cur.op in ("slice", "reshape", "unary") and len(levels) <= _MAX_CHAIN:
+    while cur.op in ("slice", "reshape") and len(levels) <= _MAX_CHAIN:
         inner = cur.args[0]
-        if cur.op == "unary":
-            # an elementwise op of a reshape is the reshape of the op: a patchify rounded to bf16,
-            # followed only where the reshape merges the kept dims apart from the free dims
-            if inner.op != "reshape" or _kept_through_reshape(inner.args[0].shape, cur.shape, kept) is not None:
-                break
-            x = inner.args[0]
-            inner = ev.normal("unary", cur.attrs, [x], Shape(cur.dtype, x.shape))
         if cur.op == "slice":
             if cur.attrs[0] in kept:
                 break
@@ -64,9 +57,6 @@ def _down(ev: Builder, operand: Term, kept: tuple[int, ...]) -> _Side:
         else:
             mapped = _kept_through_reshape(inner.shape, cur.shape, kept)
             if mapped is None:
-                if (apart := _kept_apart(ev, inner, cur.shape, kept)) is not None:
-                    levels.append(apart[0])
-                    kepts.append(apart[1])
                 break
             below = mapped
         cur, kept = inner, below
@@ -93,31 +83,6 @@ def _kept_through_reshape(in_shape, out_shape, kept: tuple[int, ...]) -> tuple[i
     if all(j in alone and in_shape[alone[j]] == out_shape[j] for j in kept):
         return tuple(alone[j] for j in kept)
     return None
-
-
-def _kept_apart(ev: Builder, inner: Term, out_shape, kept: tuple[int, ...]) -> tuple[Term, tuple[int, ...]] | None:
-    """A reshape that merges or splits the kept dims and, apart from them, the free dims, as two
-    reshapes: the kept dims' alone first (the base returned, with the kept dims' places in it), the
-    free dims' after it. Row-major, each group of dims moves alone, so the two steps are the one
-    reshape: a patchify's [b, g, g, c, p, p] -> [b, g * g, c * p * p] is the [b, g, g, c * p * p]
-    reshape with the grid merged after it, and its dot the reshape of that reshape's dot."""
-    groups = reshape_groups(tuple(inner.shape), tuple(out_shape))
-    if groups is None:
-        return None
-    dims: list[int] = []
-    place: dict[int, int] = {}
-    for gi, gj in groups:
-        held = [j in kept for j in gj]
-        if any(held) and not all(held):
-            return None
-        if gj and all(held):
-            place.update((j, len(dims) + k) for k, j in enumerate(gj))
-            dims += [out_shape[j] for j in gj]
-        else:
-            dims += [inner.shape[i] for i in gi]
-    if tuple(dims) == tuple(out_shape) or tuple(dims) == tuple(inner.shape):
-        return None
-    return ev.reshape_term(inner, Shape(inner.dtype, tuple(dims))), tuple(place[j] for j in kept)
 
 
 def merged_contraction(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term) -> tuple[DotSpec, Term, Term] | None:
@@ -171,8 +136,8 @@ def dot_of_relayouts(
     written dot reoriented only the operands that were no relayouts (a device's queries with a unit
     dim inserted kept as written, its keys reoriented) and the reference's dot reads both in one form."""
     (l_factor, lhs), (r_factor, rhs) = _unsqueezed(ev, lhs), _unsqueezed(ev, rhs)
-    left = _down(ev, lhs, spec.lhs_batch + spec.lhs_contract)
-    right = _down(ev, rhs, spec.rhs_batch + spec.rhs_contract)
+    left = _down(lhs, spec.lhs_batch + spec.lhs_contract)
+    right = _down(rhs, spec.rhs_batch + spec.rhs_contract)
     if not (left.relaid or right.relaid):
         return None
     nb = len(spec.lhs_batch)

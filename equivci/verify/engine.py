@@ -29,7 +29,6 @@ from equivci.prove.saturate import GROWTH, MAX_ITERATIONS, Proof, saturate, with
 from equivci.results import Finding, LayerCounts, ModelResult, Status
 from equivci.timings import Laps
 from equivci.translate.builder import Unsupported
-from equivci.translate.programs import flatten
 from equivci.verify.prefix import Diagnosis, diagnose_prefix
 
 
@@ -128,7 +127,7 @@ def verify_model(
     laps.lap("counterexample")
     if defect is None:
         assert proof is not None  # a diagnosis from the memo always names a defect
-        findings = [_output_finding(proof, programs, captured)]
+        findings = [_output_finding(proof, captured)]
     else:
         frontier = numeric_frontier(
             programs.reference_events,
@@ -341,25 +340,13 @@ def _finish(model, status, t0, findings, layers: LayerCounts, laps: Laps) -> Mod
     )
 
 
-def _output_finding(proof, programs, captured: CapturedModel) -> Finding:
-    """The output not shown equal, at the line of the op that computes it on the distributed side
-    (the first in program order whose value it is: copies and sharding ops after it hold it too)."""
+def _output_finding(proof, captured: CapturedModel) -> Finding:
     bad = [(dev, k) for dev, row in enumerate(proof.proved) for k, ok in enumerate(row) if not ok]
     dev, k = bad[0]
     leaf = captured.outputs[k]
-    held = programs.device_outputs[dev][k]
-    path, line = next(
-        (
-            place
-            for event in programs.distributed_events
-            if any(t is held for t in flatten(event.values[dev]))
-            and (place := source_of(event.inst, captured.repo_root))[1] is not None
-        ),
-        (None, None),
-    )
     return Finding(
-        path,
-        line,
+        None,
+        None,
         "error",
         None,
         f"output {leaf.path or '#' + str(k)} on device {dev} could not be shown equal to its part of the "
