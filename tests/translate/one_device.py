@@ -10,7 +10,8 @@ from equivci.capture.types import LeafPlacement
 from equivci.hlo.ir import Module
 from equivci.hlo.parser import parse_module
 from equivci.prove.programs import build_programs
-from equivci.terms.ir import Term
+from equivci.terms.ir import Term, TermTable
+from equivci.translate.evaluator import Evaluator
 from equivci.translate.programs import Programs
 
 
@@ -26,6 +27,19 @@ def programs(fn, args) -> tuple[Programs, np.ndarray, Module]:
     want = np.asarray(jax.jit(fn)(*args))
     inputs = tuple(leaf(f"[{k}]", a) for k, a in enumerate(args))
     return build_programs(module, module, inputs, (leaf("[0]", want),), 1), want, module
+
+
+def evaluated(fn, args) -> tuple[Evaluator, dict[int, np.ndarray]]:
+    """The evaluator run over fn's program on one device, its inputs as parameters (the facts it
+    states are in `ev.equal_terms`), and the input values by parameter number."""
+    module = parse_module(jax.jit(fn).lower(*args).as_text(dialect="hlo"))
+    ev = Evaluator(module, TermTable(), 1)
+    params = [
+        ev.table.make("param", (k,), (), np.shape(a), module.entry.parameters()[k].shape.dtype)
+        for k, a in enumerate(args)
+    ]
+    ev.run(module.entry, [[p] for p in params])
+    return ev, {k: np.asarray(a) for k, a in enumerate(args)}
 
 
 def op_names(t: Term) -> set[str]:

@@ -18,18 +18,15 @@ from __future__ import annotations
 
 import textwrap
 
-import jax
 import jax.numpy as jnp
 import model_package
 import numpy as np
 import pytest
 from model_package import verify_named as _verify
+from one_device import evaluated
 
-from equivci.hlo.parser import parse_module
 from equivci.results import Status
-from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
-from equivci.translate.evaluator import Evaluator
 
 RNG = np.random.default_rng(5)
 ZI, ZT = RNG.standard_normal((6, 4)).astype(np.float32), RNG.standard_normal((5, 4)).astype(np.float32)
@@ -47,15 +44,9 @@ TRANSPOSED = {
 def _groups(fn):
     """The groups the evaluator states for fn's program that hold a transpose, and the input values."""
     args = (ZI, ZT, T)
-    module = parse_module(jax.jit(fn).lower(*args).as_text(dialect="hlo"))
-    ev = Evaluator(module, TermTable(), 1)
-    params = [
-        ev.table.make("param", (k,), (), np.shape(a), module.entry.parameters()[k].shape.dtype)
-        for k, a in enumerate(args)
-    ]
-    ev.run(module.entry, [[p] for p in params])
+    ev, values = evaluated(fn, args)
     groups = [g for g in ev.equal_terms if len(g) > 1 and g[0].op == "transpose" and g[1].op == "binary"]
-    return ev, groups, {k: np.asarray(a) for k, a in enumerate(args)}
+    return ev, groups, values
 
 
 @pytest.mark.parametrize("case", sorted(TRANSPOSED))

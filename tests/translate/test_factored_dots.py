@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import textwrap
 
-import jax
 import model_package
 import numpy as np
 import pytest
 from model_package import verify_named as _verify
+from one_device import evaluated
 
-from equivci.hlo.parser import parse_module
 from equivci.results import Status
-from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
-from equivci.translate.evaluator import Evaluator
 
 RNG = np.random.default_rng(11)
 X, X3 = RNG.standard_normal((6, 8)).astype(np.float32), RNG.standard_normal((2, 3, 8)).astype(np.float32)
@@ -43,15 +40,9 @@ FACTORED = {
 
 def _stated(fn, args):
     """The evaluator of fn's program, its groups stated by factored_dots, and the input values."""
-    module = parse_module(jax.jit(fn).lower(*args).as_text(dialect="hlo"))
-    ev = Evaluator(module, TermTable(), 1)
-    params = [
-        ev.table.make("param", (k,), (), np.shape(a), module.entry.parameters()[k].shape.dtype)
-        for k, a in enumerate(args)
-    ]
-    ev.run(module.entry, [[p] for p in params])
+    ev, values = evaluated(fn, args)
     groups = [g for g in ev.equal_terms if any(_merged_product(t) for t in g[1:])]
-    return ev, groups, {k: np.asarray(a) for k, a in enumerate(args)}
+    return ev, groups, values
 
 
 def _merged_product(t) -> bool:

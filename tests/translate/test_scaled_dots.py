@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import textwrap
 
-import jax
 import jax.numpy as jnp
 import model_package
 import numpy as np
 import pytest
 from model_package import verify_named as _verify
+from one_device import evaluated
 
-from equivci.hlo.parser import parse_module
 from equivci.results import Status
-from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
-from equivci.translate.evaluator import Evaluator
 
 RNG = np.random.default_rng(7)
 X = RNG.standard_normal((3, 4, 5)).astype(np.float32)
@@ -45,14 +42,8 @@ SCALED = {
 
 def _stated(fn, args):
     """The equal-term groups the evaluator states for fn's program, and the input values."""
-    module = parse_module(jax.jit(fn).lower(*args).as_text(dialect="hlo"))
-    ev = Evaluator(module, TermTable(), 1)
-    params = [
-        ev.table.make("param", (k,), (), np.shape(a), module.entry.parameters()[k].shape.dtype)
-        for k, a in enumerate(args)
-    ]
-    ev.run(module.entry, [[p] for p in params])
-    return ev, {k: np.asarray(a) for k, a in enumerate(args)}
+    ev, values = evaluated(fn, args)
+    return ev, values
 
 
 def _scaled_dot_groups(ev):
