@@ -64,10 +64,11 @@ def conv_dims(attrs: dict[str, str]) -> ConvDims | None:
         values = per_dim.get(key)
         return tuple(int(v) for v in values) if values else (default,) * n
 
-    pads = tuple(tuple(int(v) for v in p.split("_")) for p in per_dim.get("pad") or ["0_0"] * n)
-    if any(len(p) != 2 for p in pads):
+    pad_texts = [p.split("_") for p in per_dim.get("pad") or ["0_0"] * n]
+    if any(len(p) != 2 for p in pad_texts):
         return None
-    return ConvDims(lhs, rhs, out, ints("size", 1), ints("stride", 1), pads, ints("rhs_dilate", 1))  # type: ignore[arg-type]
+    pads = tuple((int(lo), int(hi)) for lo, hi in pad_texts)
+    return ConvDims(lhs, rhs, out, ints("size", 1), ints("stride", 1), pads, ints("rhs_dilate", 1))
 
 
 def convolution(ev: Builder, inst: Instruction, args: list, device: int) -> Value:

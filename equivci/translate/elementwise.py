@@ -84,6 +84,16 @@ def convert(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     op, shape = inst.opcode, inst.shape
     if args[0].dtype == shape.dtype and op == "convert":
         return args[0]
+    x = args[0]
+    if op == "convert" and {x.dtype, shape.dtype} <= FLOATS and x.op in ("reshape", "transpose"):
+        # Rounding is elementwise: the rounding of a relayout is the relayout of the rounding, built
+        # with the convert below the layout ops, so that a value cast before a reshape and one cast
+        # after it (a bf16 image patchified, or its patches cast) are one term, and dots see through
+        # the relayouts of their operands.
+        inner = convert(ev, Instruction(inst.name, op, Shape(shape.dtype, x.args[0].shape), (), {}), [x.args[0]], device)
+        if x.op == "reshape":
+            return ev.reshape_term(inner, shape)
+        return ev.transpose_term(inner, parse_transpose(x.attrs[0]))
     exact = op == "convert" and shape.dtype in NP_DTYPES  # bitcasts are not folded
     term = _built(ev, "unary", (op,), args, shape, lambda v: v.astype(NP_DTYPES[shape.dtype]) if exact else None)
     return roundings.scaled_out(ev, term) or term

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
+from one_device import evaluated, op_names
 
 from equivci.terms.semantics import evaluate
-from tests.translate.one_device import evaluated, op_names
 
 
 def _root(fn, *shapes):
@@ -32,6 +32,7 @@ CASES = [
     ((4, 4, 8, 8), (32, 4, 2, 2), (2, 2), "VALID", ("NCHW", "OIHW", "NCHW"), (1, 1)),
     ((2, 3, 9, 7), (5, 3, 3, 2), (2, 1), [(1, 1), (0, 1)], ("NCHW", "OIHW", "NCHW"), (1, 1)),
     ((2, 9, 7, 3), (3, 2, 3, 5), (1, 2), "SAME", ("NHWC", "HWIO", "NHWC"), (1, 2)),
+    ((2, 3, 7, 7), (4, 3, 3, 3), (1, 1), "SAME", ("NCHW", "OIHW", "NCHW"), (1, 1)),
 ]
 
 
@@ -71,10 +72,32 @@ def _subterms(t):
     return seen
 
 
-@pytest.mark.parametrize("kwargs", [{"feature_group_count": 2}, {"lhs_dilation": (2,)}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"feature_group_count": 2}, {"batch_group_count": 2}, {"lhs_dilation": (2,)}],
+    ids=["feature-groups", "batch-groups", "input-dilation"],
+)
 def test_near_miss_grouped_and_input_dilated_convolutions_stay_opaque(kwargs):
     def conv(x, w):
         return lax.conv_general_dilated(x, w, (1,), [(1, 1)], dimension_numbers=("NWC", "WIO", "NWC"), **kwargs)
 
     term, _, _ = _root(conv, (2, 8, 4), (3, 4 // kwargs.get("feature_group_count", 1), 6))
     assert term.op == "opaque"
+
+
+def test_a_patchified_dot_is_stated_as_the_dot_of_the_patches_with_the_kernel_split_alike():
+    """img.reshape(..).transpose(..).reshape(b, n, c*p*p) @ w merges (c, p, p) on one side only; the
+    dot with w split alike, read through the relayouts, is stated equal (reductions.dot_with_facts)."""
+
+    def patchified(img, w):
+        x = img.reshape(2, 3, 2, 2, 2, 2).transpose(0, 2, 4, 1, 3, 5).reshape(2, 4, 12)
+        return x @ w
+
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal((2, 3, 4, 4)).astype(np.float32), rng.standard_normal((12, 5)).astype(np.float32)]
+    ev, values = evaluated(patchified, args)
+    root = ev.events[-1].values[0]
+    stated = [t for group in ev.equal_terms if root in group for t in group if t is not root]
+    assert stated and any(t.op == "reshape" for t in stated)
+    for t in stated:
+        np.testing.assert_allclose(evaluate(t, values), np.asarray(patchified(*args)), rtol=1e-5, atol=1e-5)
