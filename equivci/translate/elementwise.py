@@ -90,7 +90,9 @@ def convert(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
         # with the convert below the layout ops, so that a value cast before a reshape and one cast
         # after it (a bf16 image patchified, or its patches cast) are one term, and dots see through
         # the relayouts of their operands.
-        inner = convert(ev, Instruction(inst.name, op, Shape(shape.dtype, x.args[0].shape), (), {}), [x.args[0]], device)
+        inner = convert(
+            ev, Instruction(inst.name, op, Shape(shape.dtype, x.args[0].shape), (), {}), [x.args[0]], device
+        )
         if x.op == "reshape":
             return ev.reshape_term(inner, shape)
         return ev.transpose_term(inner, parse_transpose(x.attrs[0]))
