@@ -139,10 +139,12 @@ def _offsets_last(ev: Builder, x: Term, at: int, size: int, stride: int, dilatio
     for k in range(size):
         start = k * dilation
         # elements start, start + step, ...: column c of the rows of [start - c, start - c + out · step)
-        # split by `step`, with c the first that keeps that window inside x; where none does, column
-        # 0 of [start, n) followed by zeros that no column 0 reads
+        # split by `step`, with c the last that keeps that window inside x (step - 1 where it can:
+        # the window ends at the last element read, so a device whose halo'd shard stops there cuts
+        # the same rows as the reference); where none does, column 0 of [start, n) followed by zeros
+        # that no column 0 reads
         columns = range(max(0, start + out * step - n), min(step - 1, start) + 1)
-        c = columns[0] if columns else 0
+        c = columns[-1] if columns else 0
         rows = ev.slice_term(x, at, start - c, min(n, start - c + out * step))
         rows = shapes.padded(ev, rows, at, 0, out * step - rows.shape[at], zero)
         picked = ev.slice_term(_split(ev, rows, at, out, step), at + 1, c, c + 1)
