@@ -1477,12 +1477,24 @@ MUTANTS: tuple[Mutant, ...] = (
       "a device's narrower padding zeros are windows of the reference's only where those are reference values: "
       "an input-feature shard's padded convolution psummed is the reference's",
       "pytest:tests/translate/test_convolution_shards.py::test_sharded_convolutions_verify"),
+    M("convert-above-concat", 'x.op in ("reshape", "transpose", "concat"):', 'x.op in ("reshape", "transpose"):',
+      "a rounding of a concatenation is the concatenation of the roundings: a time shard joined with its "
+      "neighbours' frames, then cast to bf16, is made of the casts of the input's windows",
+      "pytest:tests/translate/test_roundings_below_layouts.py",
+      "pytest:tests/translate/test_convolution_shards.py::test_sharded_convolutions_verify"),
+    M("bf16-splat-inexact", "is not None and _bf16_exact(v):", "is not None:",
+      "only a splat bf16 holds exactly is that splat in bf16: 0.1 cast to bf16 is 0.10009765625",
+      "pytest:tests/translate/test_roundings_below_layouts.py"),
+    M("conv-window-column-first", "c = columns[-1] if columns else 0", "c = columns[0] if columns else 0",
+      "a strided window cut as the rows of a window that ends at its last element read: a time shard with its "
+      "left neighbour's frame then cuts the same rows as the reference's padded input",
+      "pytest:tests/translate/test_convolution_shards.py::test_sharded_convolutions_verify"),
     M("one-sided-split-dropped", "split_contraction(ev, dot_spec, lhs, rhs, one_sided=True)",
       "split_contraction(ev, dot_spec, lhs, rhs, one_sided=False)",
       "a contraction one operand's reshape merged (a patchified image) is the sum over the split dims with the "
       "other operand split alike: a patch convolution's dot",
       "pytest:tests/translate/test_convolutions.py::test_a_patchified_dot_is_stated_as_the_dot_of_the_patches_with_the_kernel_split_alike"),
-    M("convert-above-relayouts", 'and x.op in ("reshape", "transpose"):', 'and x.op in ("reshape",):',
+    M("convert-above-relayouts", 'x.op in ("reshape", "transpose", "concat"):', 'x.op in ("reshape", "concat"):',
       "a rounding is elementwise, so a transposed value rounded is the rounding transposed: a bf16 conv kernel "
       "transposed from the patch weight, then cast, is the cast weight the reference's dot reads",
       "pytest:tests/translate/test_convolution_shards.py::test_sharded_convolutions_verify"),
