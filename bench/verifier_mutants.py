@@ -1452,6 +1452,52 @@ MUTANTS: tuple[Mutant, ...] = (
       "return dataclasses.replace(spec, lhs_contract=tuple(p for p, _ in pairs), rhs_contract=spec.rhs_contract)",
       "the contraction pairs move together: each lhs dim stays paired with its rhs dim",
       "pytest:tests/translate/test_expert_choice.py::test_contraction_pairs_in_the_lhs_order_are_the_same_dot"),
+    M("conv-feature-groups", 'if labels is None or attrs.get("feature_group_count", "1") != "1" or ',
+      "if labels is None or ",
+      "a grouped convolution sums each output feature over its group's input features only: no dot over all of them",
+      "pytest:tests/translate/test_convolutions.py::test_near_miss_grouped_and_input_dilated_convolutions_stay_opaque"),
+    M("conv-batch-groups", 'or attrs.get("batch_group_count", "1") != "1":', ":",
+      "a batch-grouped convolution (a weight gradient) sums over batch groups: no dot of one batch's windows",
+      "pytest:tests/translate/test_convolutions.py::test_near_miss_grouped_and_input_dilated_convolutions_stay_opaque"),
+    M("conv-stride-ignored", "step = stride if out > 1 else 1", "step = 1",
+      "a strided convolution reads every stride-th window: the windows of consecutive positions are others",
+      "pytest:tests/translate/test_convolutions.py::test_a_convolution_is_the_dot_of_its_windows_with_the_kernel"),
+    M("conv-padding-symmetric", "x = shapes.padded(ev, x, at, *pad, zero)", "x = shapes.padded(ev, x, at, pad[0], pad[0], zero)",
+      "the low and high padding differ (a causal or SAME padding of an even window): each end gets its own",
+      "pytest:tests/translate/test_convolutions.py::test_a_convolution_is_the_dot_of_its_windows_with_the_kernel"),
+    M("conv-kernel-dilation-ignored", "start = k * dilation", "start = k",
+      "a dilated kernel's offset k reads the input k * dilation further, not k",
+      "pytest:tests/translate/test_convolutions.py::test_a_convolution_is_the_dot_of_its_windows_with_the_kernel"),
+    M("conv-kernel-dims-reversed", '"i" + "".join(str(i) for i in range(len(dims.size)))',
+      '"i" + "".join(str(i) for i in reversed(range(len(dims.size))))',
+      "each window offset is contracted with the kernel's spatial dim of the same input dim (a square 2-D kernel "
+      "transposed is another kernel)",
+      "pytest:tests/translate/test_convolutions.py::test_a_convolution_is_the_dot_of_its_windows_with_the_kernel"),
+    M("conv-padding-not-reference", "    ev.inner_values.extend(_padding(patches))\n", "",
+      "a device's narrower padding zeros are windows of the reference's only where those are reference values: "
+      "an input-feature shard's padded convolution psummed is the reference's",
+      "pytest:tests/translate/test_convolution_shards.py::test_sharded_convolutions_verify"),
+    M("convert-above-concat", 'x.op in ("reshape", "transpose", "concat"):', 'x.op in ("reshape", "transpose"):',
+      "a rounding of a concatenation is the concatenation of the roundings: a time shard joined with its "
+      "neighbours' frames, then cast to bf16, is made of the casts of the input's windows",
+      "pytest:tests/translate/test_roundings_below_layouts.py",
+      "pytest:tests/translate/test_convolution_shards.py::test_sharded_convolutions_verify"),
+    M("bf16-splat-inexact", "is not None and _bf16_exact(v):", "is not None:",
+      "only a splat bf16 holds exactly is that splat in bf16: 0.1 cast to bf16 is 0.10009765625",
+      "pytest:tests/translate/test_roundings_below_layouts.py"),
+    M("conv-window-column-first", "c = columns[-1] if columns else 0", "c = columns[0] if columns else 0",
+      "a strided window cut as the rows of a window that ends at its last element read: a time shard with its "
+      "left neighbour's frame then cuts the same rows as the reference's padded input",
+      "pytest:tests/translate/test_convolution_shards.py::test_sharded_convolutions_verify"),
+    M("one-sided-split-dropped", "split_contraction(ev, dot_spec, lhs, rhs, one_sided=True)",
+      "split_contraction(ev, dot_spec, lhs, rhs, one_sided=False)",
+      "a contraction one operand's reshape merged (a patchified image) is the sum over the split dims with the "
+      "other operand split alike: a patch convolution's dot",
+      "pytest:tests/translate/test_convolutions.py::test_a_patchified_dot_is_stated_as_the_dot_of_the_patches_with_the_kernel_split_alike"),
+    M("convert-above-relayouts", 'x.op in ("reshape", "transpose", "concat"):', 'x.op in ("reshape", "concat"):',
+      "a rounding is elementwise, so a transposed value rounded is the rounding transposed: a bf16 conv kernel "
+      "transposed from the patch weight, then cast, is the cast weight the reference's dot reads",
+      "pytest:tests/translate/test_convolution_shards.py::test_sharded_convolutions_verify"),
 )
 
 

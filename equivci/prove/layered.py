@@ -137,7 +137,7 @@ def prove_layers(
     relations: dict[Term, tuple[Term, Window]] = {}
     entry_leaves: dict[Term, Term] = {}
     proved = [[False] * len(row) for row in programs.device_outputs]
-    reference_values = list(programs.params) + [v for e in programs.reference_events for v in leaves(e.values[0])]
+    reference_values = programs.reference_values()
     index = _ModelIndex(reference_values, programs.evaluator.equal_terms)
     outcomes = []
     for n, segment in enumerate(layering.segments):
@@ -389,9 +389,11 @@ def prefix_of(programs: Programs, layering: Layering, outcomes: list[LayerOutcom
     def events_inside(events: list[Event]) -> list[Event]:
         return [e for e in events if any(inside(v) for dv in e.values for v in leaves(dv))]
 
-    reference_values = list(programs.params) + [
-        v for e in programs.reference_events for v in leaves(e.values[0]) if inside(v)
-    ]
+    reference_values = (
+        list(programs.params)
+        + [v for e in programs.reference_events for v in leaves(e.values[0]) if inside(v)]
+        + [v for v in programs.reference_inner if inside(v)]
+    )
     distributed_values = [v for e in programs.distributed_events for dv in e.values for v in leaves(dv) if inside(v)]
     rows: list[list[tuple[Term, Term] | None]] = [
         [(o, t) if inside(o) and inside(t) else None for o, t in zip(row, targets)]

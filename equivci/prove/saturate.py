@@ -13,7 +13,7 @@ from equivci.terms import language as L
 from equivci.terms.ir import Term
 from equivci.terms.load import Loader
 from equivci.terms.rules import DIMS, RELATIONS, REWRITES, SEEDS
-from equivci.translate.programs import Programs, flatten
+from equivci.translate.programs import Programs
 
 # The saturation budget: at least this many iterations (EQUIVCI_SATURATION_ITERATIONS sets it), and
 # at least the depth of the terms, since a fact about an op can need one iteration per op below it.
@@ -60,9 +60,7 @@ def saturate(programs: Programs, iterations: int = MAX_ITERATIONS) -> Proof:
     others join that e-graph, which saturates on within the same budgets (the localization reads
     every value's relation there). A fresh search with all of them repeated the first one, as large
     again where the size budget had stopped it (split 15's Grok dispatch: 12 s, then 17 s CPU)."""
-    reference_values = list(programs.params)
-    for event in programs.reference_events:
-        reference_values.extend(flatten(event.values[0]))
+    reference_values = programs.reference_values()
     groups = programs.evaluator.equal_terms
     pairs = _pairs(programs)
     roots = [*reference_values, *programs.reference_outputs, *_members(pairs), *_members([programs.obligations])]

@@ -65,6 +65,10 @@ class Builder:
         self._uniform: dict[int, tuple[np.ndarray, Fraction | None]] = {}  # uniform()'s answers by id(value)
         self.constants = ConstantPool()  # non-uniform constants, by content and as windows
         self.equal_terms: list[list[Term]] = []  # groups of terms known equal by evaluation
+        # Values a handler builds inside one op that are values of the program all the same (a
+        # convolution's zero-padded input): in the reference, reference values like its ops' results,
+        # onto which a device's narrower values are windows.
+        self.inner_values: list[Term] = []
         self.bounds: dict[Term, tuple[float, float]] = {}  # integer terms -> [lo, hi] of their elements
         self.window_sums: dict[Term, tuple] = {}  # opaque reduce-window sums -> (sizes, padding)
         self.window_forms: dict[tuple[Term, int], windows.Window | None] = {}  # windows.window_form's walks

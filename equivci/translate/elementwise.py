@@ -84,9 +84,33 @@ def convert(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     op, shape = inst.opcode, inst.shape
     if args[0].dtype == shape.dtype and op == "convert":
         return args[0]
+    x = args[0]
+    if op == "convert" and {x.dtype, shape.dtype} <= FLOATS and x.op in ("reshape", "transpose", "concat"):
+        # Rounding is elementwise: the rounding of a relayout or of a concatenation is the relayout
+        # or the concatenation of the roundings, built with the convert below those ops, so that a
+        # value cast before a reshape and one cast after it (a bf16 image patchified, or its patches
+        # cast) are one term, dots see through the relayouts of their operands, and a time shard
+        # joined with its neighbours' frames, then cast, is made of the casts of windows of the input.
+        def rounded(y: Term) -> Term:
+            return convert(ev, Instruction(inst.name, op, Shape(shape.dtype, y.shape), (), {}), [y], device)
+
+        if x.op == "reshape":
+            return ev.reshape_term(rounded(x.args[0]), shape)
+        if x.op == "transpose":
+            return ev.transpose_term(rounded(x.args[0]), parse_transpose(x.attrs[0]))
+        return ev.concat([rounded(y) for y in x.args], x.attrs[0])
+    if op == "convert" and shape.dtype == "bf16" and (v := splat_number(ev, x)) is not None and _bf16_exact(v):
+        # (numpy has no bf16 to fold with: a splat bf16 holds exactly, zeros that pad a shard, is that splat)
+        return ev.const(np.full(shape.dims, v, np.float32), shape.dtype)
     exact = op == "convert" and shape.dtype in NP_DTYPES  # bitcasts are not folded
     term = _built(ev, "unary", (op,), args, shape, lambda v: v.astype(NP_DTYPES[shape.dtype]) if exact else None)
     return roundings.scaled_out(ev, term) or term
+
+
+def _bf16_exact(v: np.generic) -> bool:
+    """Whether the number v is a bfloat16 (an f32 whose low 16 bits are zero)."""
+    f = np.float32(v)
+    return bool(f == v) and int(f.view(np.uint32)) & 0xFFFF == 0
 
 
 def unary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:

@@ -27,6 +27,7 @@ from equivci.translate import (
     collectives,
     complex_pairs,
     conditionals,
+    convolutions,
     elementwise,
     factored_dots,
     group_ids,
@@ -54,6 +55,7 @@ HANDLERS: dict[str, Handler] = {
     **quotients.HANDLERS,  # a dot of a quotient, also as the quotient of the dot
     **sorts.HANDLERS,
     **group_ids.HANDLERS,
+    **convolutions.HANDLERS,
 }
 
 

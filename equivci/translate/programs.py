@@ -41,6 +41,12 @@ class Programs:
     assumed: dict = dataclasses.field(default_factory=dict)
     # what the verifier did not try, and why (a dispatch mask past the routing lemma's enumeration bound)
     limits: list[str] = dataclasses.field(default_factory=list)
+    # values the reference builds inside its ops (Builder.inner_values)
+    reference_inner: list[Term] = dataclasses.field(default_factory=list)
+
+    def reference_values(self) -> list[Term]:
+        """The reference's inputs, the values of its ops and the values built inside them."""
+        return [*self.params, *(v for e in self.reference_events for v in flatten(e.values[0])), *self.reference_inner]
 
 
 def flatten(value) -> list[Term]:
@@ -157,6 +163,7 @@ def _translate(
         matcher.attempts,
         {p.attrs[0]: domain for p, domain in domains.items()},
         router.limits,
+        ref_eval.inner_values,
     )
     return programs, not unroll and matcher.unrolled > 0 and bool(ref_eval.loops)
 

@@ -76,6 +76,12 @@ def dot_with_facts(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: 
         ev.equal_terms.append([term, copied])
     if moved_units := unit_batch_moved(ev, dot_spec, lhs, rhs, shape):
         ev.equal_terms.append([term, *moved_units])
+    if (split := split_contraction(ev, dot_spec, lhs, rhs, one_sided=True)) is not None:
+        # a contraction merged by one operand's reshape only, split on both sides and read through
+        # the relayouts of the operands (the normal form would merge it again)
+        relaid = dot_of_relayouts(ev, *split, shape, functools.partial(dot_term, ev))
+        if relaid is not None and relaid is not term:
+            ev.equal_terms.append([term, relaid])
     if (ordered := contraction_sorted(dot_spec)) is not None:
         ev.equal_terms.append([term, dot_term(ev, ordered, lhs, rhs, shape)])
     if (shared := dot_of_batch_copies(ev, dot_spec, lhs, rhs, shape)) is not None:

@@ -313,12 +313,18 @@ def reoriented(ev: Builder, operand: Term) -> Term | None:
     return ev.mk("transpose", attrs, [inner], Shape(operand.dtype, operand.shape))
 
 
-def split_contraction(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term) -> tuple[DotSpec, Term, Term] | None:
+def split_contraction(
+    ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, one_sided: bool = False
+) -> tuple[DotSpec, Term, Term] | None:
     """The dot over the dims that both operands' reshapes merged into a contracting dim, when they
     merged dims of the same sizes (row-major: index i of the merged dim is the same tuple of split
     indices on both sides, so the sum over i is the sum over the tuples): `o.reshape(b, s, h*d) @
     w.reshape(h*d, m)` is einsum("bshd,hdm->bsm", o, w), and a transpose below a reshape is then
-    absorbed into the dot (through_transposes). None when no contraction is such a merge."""
+    absorbed into the dot (through_transposes). `one_sided`: also where only one operand's reshape
+    merged the dim, the other's split alike by a reshape (the same sum over the same tuples): a
+    patchified image `img.reshape(..).transpose(..).reshape(b, n, c*p*p) @ w` is the dot over
+    (c, p, p) of the image's patches with w.reshape(c, p, p, d), as a patch convolution computes
+    it. None when no contraction is such a merge."""
 
     def merged_from(x: Term, dim: int) -> tuple[int, ...] | None:  # the sizes reshaped into `dim`
         if x.op != "reshape":
@@ -328,8 +334,11 @@ def split_contraction(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term) -> tuple
 
     split = {}  # contracting pair -> the sizes both sides merged
     for i, j in zip(spec.lhs_contract, spec.rhs_contract):
-        sizes = merged_from(lhs, i)
-        if sizes is not None and sizes == merged_from(rhs, j):
+        sizes, other = merged_from(lhs, i), merged_from(rhs, j)
+        if one_sided and (sizes is None) != (other is None):
+            sizes = sizes or other
+            other = sizes
+        if sizes is not None and sizes == other:
             split[(i, j)] = sizes
     if not split:
         return None

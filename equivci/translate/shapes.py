@@ -172,14 +172,19 @@ def pad(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     if len(amounts) != len(x.shape) or any(len(a) not in (2, 3) or a[2:] not in ((), (0,)) for a in amounts):
         return opaque(ev, inst, args)
     for dim, (low, high, *_) in enumerate(amounts):
-        x = ev.slice_term(x, dim, max(0, -low), x.shape[dim] - max(0, -high))
-        parts = []
-        for size in (low, high):
-            shape = list(x.shape)
-            shape[dim] = size
-            parts.append(broadcast_term(ev, fill, Shape(x.dtype, tuple(shape)), ()) if size > 0 else None)
-        x = ev.concat([t for t in (parts[0], x, parts[1]) if t is not None], dim) if any(parts) else x
+        x = padded(ev, x, dim, low, high, fill)
     return x
+
+
+def padded(ev: Builder, x: Term, dim: int, low: int, high: int, fill: Term) -> Term:
+    """x between `low` and `high` copies of the scalar `fill` along `dim` (a negative amount cuts x)."""
+    x = ev.slice_term(x, dim, max(0, -low), x.shape[dim] - max(0, -high))
+    parts = []
+    for size in (low, high):
+        shape = list(x.shape)
+        shape[dim] = size
+        parts.append(broadcast_term(ev, fill, Shape(x.dtype, tuple(shape)), ()) if size > 0 else None)
+    return ev.concat([t for t in (parts[0], x, parts[1]) if t is not None], dim) if any(parts) else x
 
 
 def scatter(ev: Builder, inst: Instruction, args: list, device: int):
