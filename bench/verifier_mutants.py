@@ -1452,6 +1452,16 @@ MUTANTS: tuple[Mutant, ...] = (
       "return dataclasses.replace(spec, lhs_contract=tuple(p for p, _ in pairs), rhs_contract=spec.rhs_contract)",
       "the contraction pairs move together: each lhs dim stays paired with its rhs dim",
       "pytest:tests/translate/test_expert_choice.py::test_contraction_pairs_in_the_lhs_order_are_the_same_dot"),
+    # -- a device's one head merged back and projected out (shapes.unit_dims_moved, collectives.py) ----
+    M("unit-dims-moved-kept-swapped", "perm = tuple(kept[:-1] + units + kept[-1:])",
+      "perm = tuple(kept[:-2] + kept[-1:] + units + kept[-2:-1])",
+      "only size-1 dims move by a reshape: a squeeze stated with two larger dims swapped is another value",
+      "pytest:tests/translate/test_unit_head_merges.py::test_a_squeeze_with_its_unit_dims_moved_computes_what_xla_computes"),
+    M("written-combination-drops-member",
+      '    for m in members[1:]:\n        acc = ev.mk("binary", (reducer,), [acc, m]',
+      '    for m in members[2:]:\n        acc = ev.mk("binary", (reducer,), [acc, m]',
+      "the reduction of members reshaped alike, as written, reads every member",
+      "pytest:tests/translate/test_unit_head_merges.py::test_a_sum_of_members_reshaped_alike_is_stated_as_written"),
 )
 
 
