@@ -1462,6 +1462,11 @@ MUTANTS: tuple[Mutant, ...] = (
       '    for m in members[2:]:\n        acc = ev.mk("binary", (reducer,), [acc, m]',
       "the reduction of members reshaped alike, as written, reads every member",
       "pytest:tests/translate/test_unit_head_merges.py::test_a_sum_of_members_reshaped_alike_is_stated_as_written"),
+    M("unit-contractions-pairs-crossed",
+      "[(at_x[i], at_y[j]) for i, j in zip(own_contract, other_contract)]",
+      "[(at_x[i], at_y[j]) for i, j in zip(own_contract, other_contract[::-1])]",
+      "a squeezed operand's contracted dims keep their partners when its size-1 dims join the contraction",
+      "pytest:tests/translate/test_split_head_contractions.py::test_a_squeezed_operand_is_stated_with_its_unit_dims_contracted"),
 )
 
 
