@@ -1498,6 +1498,21 @@ MUTANTS: tuple[Mutant, ...] = (
       "a rounding is elementwise, so a transposed value rounded is the rounding transposed: a bf16 conv kernel "
       "transposed from the patch weight, then cast, is the cast weight the reference's dot reads",
       "pytest:tests/translate/test_convolution_shards.py::test_sharded_convolutions_verify"),
+    # -- a device's one head merged back and projected out (shapes.unit_dims_moved, collectives.py) ----
+    M("unit-dims-moved-kept-swapped", "perm = tuple(kept[:-1] + units + kept[-1:])",
+      "perm = tuple(kept[:-2] + kept[-1:] + units + kept[-2:-1])",
+      "only size-1 dims move by a reshape: a squeeze stated with two larger dims swapped is another value",
+      "pytest:tests/translate/test_unit_head_merges.py::test_a_squeeze_with_its_unit_dims_moved_computes_what_xla_computes"),
+    M("written-combination-drops-member",
+      '    for m in members[1:]:\n        acc = ev.mk("binary", (reducer,), [acc, m]',
+      '    for m in members[2:]:\n        acc = ev.mk("binary", (reducer,), [acc, m]',
+      "the reduction of members reshaped alike, as written, reads every member",
+      "pytest:tests/translate/test_unit_head_merges.py::test_a_sum_of_members_reshaped_alike_is_stated_as_written"),
+    M("unit-contractions-pairs-crossed",
+      "[(at_x[i], at_y[j]) for i, j in zip(own_contract, other_contract)]",
+      "[(at_x[i], at_y[j]) for i, j in zip(own_contract, other_contract[::-1])]",
+      "a squeezed operand's contracted dims keep their partners when its size-1 dims join the contraction",
+      "pytest:tests/translate/test_split_head_contractions.py::test_a_squeezed_operand_is_stated_with_its_unit_dims_contracted"),
 )
 
 

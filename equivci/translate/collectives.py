@@ -87,7 +87,15 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
     if len(inner) == len(members) > 1 and len({t.shape for t in inner}) == 1:
         # Reshaped alike (keepdims after a local reduction): reduce, then reshape once, so that
         # the reshape meets the reference's and a reshape of it composes away.
-        return ev.reshape_term(combine(ev, reducer, inner), Shape(members[0].dtype, members[0].shape))
+        lifted = ev.reshape_term(combine(ev, reducer, inner), Shape(members[0].dtype, members[0].shape))
+        if ev.folded(lifted) is None:
+            # The members' own reduction stays stated beside it (the rules lift a reduction of
+            # reshapes, never push one in): where a member's reshape is a form it is known in
+            # (a device's one-head attention context merged back to [b, s, hd], dotted with its
+            # rows of the output projection: a piece of the reference's contraction), the pieces
+            # meet only as written.
+            ev.equal_terms.append([lifted, _written_combination(ev, reducer, members)])
+        return lifted
     if len(members) > 1 and all(m.op == "transpose" and m.attrs == members[0].attrs for m in members):
         # Transposed alike (each device's partial attention context laid out [b, q, h, d] before its
         # psum): reduce, then transpose once, exact (the reducer runs element by element, in the
@@ -127,6 +135,14 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
     if reducer == "add" and (rounded := _rounded_sum(ev, members)) is not None:
         ev.equal_terms.append([acc, rounded])
         ev.rounded_sums[acc] = rounded
+    return acc
+
+
+def _written_combination(ev: Builder, reducer: str, members: list[Term]) -> Term:
+    """The reduction of the members in group order, as written: no fact read, nothing folded."""
+    acc = members[0]
+    for m in members[1:]:
+        acc = ev.mk("binary", (reducer,), [acc, m], Shape(acc.dtype, acc.shape))
     return acc
 
 

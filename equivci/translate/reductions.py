@@ -12,7 +12,7 @@ import itertools
 import numpy as np
 
 from equivci.hlo.ir import Instruction, Module, Shape
-from equivci.terms.ir import Term, bcast_form, reduce_pair_map
+from equivci.terms.ir import Term, bcast_form, inserted_unit_dims, reduce_pair_map
 from equivci.terms.spec import BcastSpec, DotSpec, ReduceSpec, transpose_text
 from equivci.translate import gathered_dots, moved_columns, one_hots, orders, picks, relaid, signed_sums, tiles
 from equivci.translate.arrays import all_equal, distinct, is_identity
@@ -76,14 +76,20 @@ def dot_with_facts(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: 
         ev.equal_terms.append([term, copied])
     if moved_units := unit_batch_moved(ev, dot_spec, lhs, rhs, shape):
         ev.equal_terms.append([term, *moved_units])
-    if (split := split_contraction(ev, dot_spec, lhs, rhs, one_sided=True)) is not None:
-        # a contraction merged by one operand's reshape only, split on both sides and read through
-        # the relayouts of the operands (the normal form would merge it again)
-        relaid = dot_of_relayouts(ev, *split, shape, functools.partial(dot_term, ev))
-        if relaid is not None and relaid is not term:
-            ev.equal_terms.append([term, relaid])
     if (ordered := contraction_sorted(dot_spec)) is not None:
         ev.equal_terms.append([term, dot_term(ev, ordered, lhs, rhs, shape)])
+    # read off the normal form: a transposed squeeze is absorbed there, the squeeze left bare
+    if term.op == "dot" and (unit := unit_contractions(ev, DotSpec.parse(term.attrs[0]), *term.args)) is not None:
+        ev.equal_terms.append([term, dot_term(ev, *unit, shape)])
+    if (one_sided := split_contraction(ev, dot_spec, lhs, rhs, one_sided=True)) is not None:
+        # stated beside it, the normal form kept (it would merge the dims again): a device's heads
+        # contracted with its rows of the output projection split [h, hd, d] (einsum("bhqd,hde->bqe"))
+        # meet the reference's merge of its heads against the unsplit kernel only over the split
+        # dims; read through the operands' relayouts too, a patchified image meets a convolution
+        ev.equal_terms.append([term, dot_term(ev, *one_sided, shape)])
+        relaid = dot_of_relayouts(ev, *one_sided, shape, functools.partial(dot_term, ev))
+        if relaid is not None and relaid is not term:
+            ev.equal_terms.append([term, relaid])
     if (shared := dot_of_batch_copies(ev, dot_spec, lhs, rhs, shape)) is not None:
         # stated beside the written dot, not made the term: as the term it moved the layout every
         # later op builds on, and lost the zoo's GQA with replicated KV heads (gqa-tp4-kv2-replicated)
@@ -194,6 +200,51 @@ def unit_batch_moved(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shap
         )
         forms.append(dot_term(ev, new, x, y, out))
     return forms
+
+
+def unit_contractions(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term) -> tuple[DotSpec, Term, Term] | None:
+    """A dot of an operand that a reshape squeezed (dropped size-1 dims of x, nothing else), as the
+    dot of x whose size-1 dims are contracted against size-1 dims inserted in the other operand y
+    just before its first contracted dim, the pairs in y's dim order:
+
+        dot(squeeze(x), y; C) = dot(x, y'; C + {(u, u')})
+
+    (a sum over one index is its one term; the output is the same). A device holding one KV group
+    contracts its [b, hd, G, t] context, the group dim squeezed out, with its rows of the output
+    projection split [G, hd, d]; the reference contracts its groups too, and the device's dot is
+    its piece at that group. None when neither operand is such a squeeze or the other operand
+    contracts nothing."""
+    for side in (0, 1):
+        squeezed, other = (lhs, rhs) if side == 0 else (rhs, lhs)
+        if squeezed.op != "reshape":
+            continue
+        x = squeezed.args[0]
+        units = inserted_unit_dims(squeezed.shape, x.shape)
+        own_contract = spec.lhs_contract if side == 0 else spec.rhs_contract
+        other_contract = spec.rhs_contract if side == 0 else spec.lhs_contract
+        if units is None or not other_contract:
+            continue
+        at_x = [d for d in range(len(x.shape)) if d not in units]  # squeezed dim -> x dim
+        first = min(other_contract)
+        added = len(units)
+        at_y = [d if d < first else d + added for d in range(len(other.shape))]  # other dim -> new dim
+        grown = list(other.shape)
+        grown[first:first] = [1] * added
+        y = ev.reshape_term(other, Shape(other.dtype, tuple(grown)))
+        pairs = sorted(
+            [(at_x[i], at_y[j]) for i, j in zip(own_contract, other_contract)]
+            + [(u, first + k) for k, u in enumerate(sorted(units))],
+            key=lambda p: p[1],
+        )
+        own_batch = tuple(at_x[d] for d in (spec.lhs_batch if side == 0 else spec.rhs_batch))
+        other_batch = tuple(at_y[d] for d in (spec.rhs_batch if side == 0 else spec.lhs_batch))
+        xc, yc = tuple(p for p, _ in pairs), tuple(q for _, q in pairs)
+        if side == 0:
+            new = DotSpec(own_batch, other_batch, xc, yc, len(x.shape), len(grown), spec.dtypes)
+            return new, x, y
+        new = DotSpec(other_batch, own_batch, yc, xc, len(grown), len(x.shape), spec.dtypes)
+        return new, y, x
+    return None
 
 
 def _one_copy(ev: Builder, t: Term, j: int) -> Term | None:

@@ -320,11 +320,13 @@ def split_contraction(
     merged dims of the same sizes (row-major: index i of the merged dim is the same tuple of split
     indices on both sides, so the sum over i is the sum over the tuples): `o.reshape(b, s, h*d) @
     w.reshape(h*d, m)` is einsum("bshd,hdm->bsm", o, w), and a transpose below a reshape is then
-    absorbed into the dot (through_transposes). `one_sided`: also where only one operand's reshape
-    merged the dim, the other's split alike by a reshape (the same sum over the same tuples): a
-    patchified image `img.reshape(..).transpose(..).reshape(b, n, c*p*p) @ w` is the dot over
-    (c, p, p) of the image's patches with w.reshape(c, p, p, d), as a patch convolution computes
-    it. None when no contraction is such a merge."""
+    absorbed into the dot (through_transposes). `one_sided`: also where only one operand merged
+    the dims (heads and head_dim, or a device's one head and head_dim) and the other's contracting
+    dim is split alike by a reshape made here, the same identity: `o.reshape(b, s, h*d) @ w` is
+    einsum("bshd,hdm->bsm", o, w.reshape(h, d, m)), whatever made w. None when no contraction is
+    such a merge (with `one_sided`, when none is a merge on one side only). A patchified image
+    `img.reshape(..).transpose(..).reshape(b, n, c*p*p) @ w` is so the dot over (c, p, p) of the
+    image's patches with w.reshape(c, p, p, d), as a patch convolution computes it."""
 
     def merged_from(x: Term, dim: int) -> tuple[int, ...] | None:  # the sizes reshaped into `dim`
         if x.op != "reshape":
@@ -333,14 +335,15 @@ def split_contraction(
         return next((tuple(x.args[0].shape[i] for i in gi) for gi, gj in groups if gj == [dim] and len(gi) > 1), None)
 
     split = {}  # contracting pair -> the sizes both sides merged
+    one_sided_pairs = 0
     for i, j in zip(spec.lhs_contract, spec.rhs_contract):
         sizes, other = merged_from(lhs, i), merged_from(rhs, j)
-        if one_sided and (sizes is None) != (other is None):
-            sizes = sizes or other
-            other = sizes
         if sizes is not None and sizes == other:
             split[(i, j)] = sizes
-    if not split:
+        elif one_sided and (sizes is None or other is None) and (merged := sizes or other) is not None:
+            split[(i, j)] = merged
+            one_sided_pairs += 1
+    if not split or (one_sided and not one_sided_pairs):
         return None
 
     def entries(rank: int, side: int) -> list[tuple[int, int]]:  # (old dim, part) per new dim

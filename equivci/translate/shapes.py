@@ -15,7 +15,7 @@ import numpy as np
 
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
-from equivci.terms.spec import GatherDims, bcast_spec, reshape_spec
+from equivci.terms.spec import GatherDims, bcast_spec, reshape_spec, transpose_text
 from equivci.translate import (
     gathers,
     index_writes,
@@ -82,7 +82,35 @@ def reshape(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     """reshape and bitcast (of a layout XLA can express as a reshape)."""
     if reshape_spec(args[0].shape, inst.shape.dims) is None:
         return opaque(ev, inst, args)
-    return ev.reshape_term(args[0], inst.shape)
+    term = ev.reshape_term(args[0], inst.shape)
+    if (moved := unit_dims_moved(ev, args[0], inst.shape)) is not None and moved is not term:
+        ev.equal_terms.append([term, moved])
+    return term
+
+
+def unit_dims_moved(ev: Builder, x: Term, out: Shape) -> Term | None:
+    """A reshape that only drops size-1 dims of x, as the same reshape of x with those dims first
+    moved to just before its last dim by a transpose, where splitting a projection's last dim into
+    heads puts the head dim ([b, s, h, hd]):
+
+        squeeze(x) = reshape(transpose(x, p))   for p moving only size-1 dims
+
+    (moving a size-1 dim moves no element). A device holding one head of
+    `out.transpose(0, 2, 1, 3).reshape(b, s, h * hd)`, which XLA writes as a reshape of its
+    [b, 1, s, hd] slab, then meets the reference's transpose and merge of its heads at that head's
+    window. None when x has fewer than three dims, the reshape does more than drop size-1 dims, one
+    of them trails x's last dim, or none stands before the dim that precedes its last."""
+    if len(x.shape) < 3 or ev.folded(x) is not None:
+        return None
+    units = [d for d, n in enumerate(x.shape) if n == 1]
+    kept = [d for d, n in enumerate(x.shape) if n != 1]
+    if not units or len(kept) < 2 or tuple(x.shape[d] for d in kept) != out.dims:
+        return None
+    if max(units) > kept[-1] or min(units) > kept[-2]:
+        return None  # a trailing size-1 dim (keepdims statistics) is no head; one in place moves nothing
+    perm = tuple(kept[:-1] + units + kept[-1:])
+    moved = ev.mk("transpose", (transpose_text(perm),), [x], Shape(x.dtype, tuple(x.shape[d] for d in perm)))
+    return ev.mk("reshape", (reshape_spec(moved.shape, out.dims),), [moved], out)
 
 
 def transpose(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
