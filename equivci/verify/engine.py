@@ -21,7 +21,14 @@ from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import HloParseError, parse_module
 from equivci.layers.segments import split
 from equivci.manifest import Manifest, ModelSpec
-from equivci.options import ENV_SATURATION_ITERATIONS, ENV_SATURATION_NODES, SATURATION_NODES, Budgets
+from equivci.options import (
+    ENV_SATURATION_ITERATIONS,
+    ENV_SATURATION_NODES,
+    ENV_VERIFY_MEMORY,
+    SATURATION_NODES,
+    Budgets,
+)
+from equivci.prove import memory
 from equivci.prove.candidates import window_candidates
 from equivci.prove.layered import prove_layers
 from equivci.prove.programs import build_programs
@@ -123,7 +130,7 @@ def verify_model(
     if proof is not None and proof.all_proved:
         return _proved(model, programs, captured, t0, LayerCounts(layers.total, layers.total, layers.reused), laps)
 
-    comparison = _comparison(model, manifest, captured, programs.assumed, budgets)
+    comparison, transient = _comparison(model, manifest, captured, programs.assumed, budgets)
     laps.lap("counterexample")
     if defect is None:
         assert proof is not None  # a diagnosis from the memo always names a defect
@@ -166,8 +173,12 @@ def verify_model(
     findings = with_note(findings, _numeric_note(comparison))
     for limit in programs.limits:
         findings = with_note(findings, limit)
-    budget = _budget_note(programs, searched, layered.layers if layering is not None else [])
-    return _finish(model, Status.UNPROVEN, t0, tuple(findings) + budget, layers, laps)
+    outcomes = layered.layers if layering is not None else []
+    budget = _budget_note(programs, searched, outcomes)
+    # Not cached: a numeric check that failed to run, or a search stopped by the memory cap (which
+    # the content key does not hold), may end otherwise in the next run.
+    limited = transient or bool(searched.memory) or any(o.memory for o in outcomes)
+    return _finish(model, Status.UNPROVEN, t0, tuple(findings) + budget, layers, laps, limited)
 
 
 def _entry(model: ModelSpec) -> tuple[str, str] | None:
@@ -220,12 +231,27 @@ def _size_note(programs, proof, layers) -> tuple[Finding, ...]:
         programs,
         proof,
         layers,
-        lambda o: o.outgrown if o.outgrown[0] else None,
-        lambda p: (p.outgrown, p.node_budget) if p.outgrown else None,
+        lambda o: (*o.outgrown, o.memory) if o.outgrown[0] else None,
+        lambda p: (p.outgrown, p.node_budget, p.memory) if p.outgrown else None,
     )
     if outgrown is None:
         return ()
-    where, (rows, budget) = outgrown
+    where, (rows, budget, predicted) = outgrown
+    if predicted:
+        cap = memory.cap()
+        return (
+            Finding(
+                None,
+                None,
+                "note",
+                None,
+                f"the proof search of {where} stopped when its e-graph held {rows:,} nodes: one more pass, "
+                f"taking as much more memory than the last as the square of its growth, would have needed "
+                f"about {predicted / 2**30:.1f} GiB, more than {memory.SHARE:g} of its memory cap of "
+                f"{cap / 2**30:.1f} GiB, while its rules were still adding facts; set {ENV_VERIFY_MEMORY} "
+                f"to {2 * cap} (bytes) to raise it where the machine has the memory",
+            ),
+        )
     return (
         Finding(
             None,
@@ -334,10 +360,9 @@ def _stated_range(model: ModelSpec, captured: CapturedModel) -> tuple[Finding, .
     return (Finding(None, None, "note", None, message),)
 
 
-def _finish(model, status, t0, findings, layers: LayerCounts, laps: Laps) -> ModelResult:
-    return ModelResult(
-        model.name, status, round(time.perf_counter() - t0, 3), layers, tuple(findings), timings=tuple(laps.rows)
-    )
+def _finish(model, status, t0, findings, layers: LayerCounts, laps: Laps, limited: bool = False) -> ModelResult:
+    seconds = round(time.perf_counter() - t0, 3)
+    return ModelResult(model.name, status, seconds, layers, tuple(findings), timings=tuple(laps.rows), limited=limited)
 
 
 def _output_finding(proof, captured: CapturedModel) -> Finding:
@@ -357,8 +382,9 @@ def _output_finding(proof, captured: CapturedModel) -> Finding:
 
 def _comparison(
     model: ModelSpec, manifest: Manifest, captured: CapturedModel, assumed: dict, budgets: Budgets
-) -> NumericComparison | str:
-    """Both programs run on random inputs (the numeric oracle), or why that did not happen.
+) -> tuple[NumericComparison | str, bool]:
+    """Both programs run on random inputs (the numeric oracle), or why that did not happen, and
+    whether that may change in another run (the check was tried and failed: its time limit, a crash).
     `assumed`: the integer inputs the reference indexes with and their ranges (Programs.assumed);
     `budgets`: the input elements the oracle runs on a CPU and how long its child may take."""
     most, timeout = budgets.oracle_elements, budgets.oracle_timeout_seconds
@@ -371,23 +397,23 @@ def _comparison(
                 f"the numeric check did not run: the inputs have {total:,} elements, more than the "
                 f"{most:,} it runs on a CPU, so this is `unproven`, never `mismatch` by a "
                 "counterexample; dump the programs at smaller sizes to have them run"
-            )
+            ), False
         try:
-            return compare_hlo_in_child(captured, ranges, timeout=timeout)
+            return compare_hlo_in_child(captured, ranges, timeout=timeout), False
         except EquivciError as exc:
             return (
                 f"the numeric check could not run: {exc}; so this is `unproven`, never `mismatch` by a counterexample"
-            )
+            ), True
     if total > most and model.oracle.inputs is None:
         return (
             f"the numeric check did not run: the inputs have {total:,} elements, more than the "
             f"{most:,} it runs on a CPU; give it smaller inputs the entrypoints accept with "
             "`oracle: {inputs: FILE.py:FUNC}` in the manifest"
-        )
+        ), False
     try:
-        return compare_in_child(manifest.path, model.name, timeout=timeout, ranges=ranges)
+        return compare_in_child(manifest.path, model.name, timeout=timeout, ranges=ranges), False
     except EquivciError as exc:
-        return f"the numeric check could not run: {exc}"
+        return f"the numeric check could not run: {exc}", True
 
 
 def oracle_ranges(model: ModelSpec, assumed: dict, inputs: tuple[LeafPlacement, ...] = ()) -> Ranges:
