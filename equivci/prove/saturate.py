@@ -51,6 +51,7 @@ class Proof:
     # > 0: localization hypotheses grew the e-graph past their own budget (add_hypotheses) to this
     # many rows; later ones are loaded without a pass. No stop of the proof's own search: no note.
     runaway: int = 0
+    hinted: int = 0  # > 0: its last run was with this many proposed windows, within their own budget
 
     @property
     def all_proved(self) -> bool:
@@ -128,7 +129,7 @@ def with_hints(proof: Proof, programs: Programs, hints: list[Term], iterations: 
     `iterations` (at least the terms' depth). The e-graph grows from the one saturated already: every
     fact of a fresh saturation of all the terms is reached in as many iterations, the old ones free."""
     t0 = time.perf_counter()
-    proof.iterations, proof.exhausted = iterations, 0
+    proof.iterations, proof.exhausted, proof.hinted = iterations, 0, len(hints)
     add_terms(proof, hints)
     proof.seconds += time.perf_counter() - t0
     return _checked(proof, programs)

@@ -174,7 +174,7 @@ def verify_model(
     for limit in programs.limits:
         findings = with_note(findings, limit)
     outcomes = layered.layers if layering is not None else []
-    budget = _budget_note(programs, searched, outcomes)
+    budget = _budget_note(programs, searched, outcomes, iterations)
     # Not cached: a numeric check that failed to run, or a search stopped by the memory cap (which
     # the content key does not hold), may end otherwise in the next run.
     limited = transient or bool(searched.memory) or any(o.memory for o in outcomes)
@@ -202,10 +202,12 @@ def _foreign(model: ModelSpec, manifest: Manifest) -> tuple[tuple[str, str], ...
     )
 
 
-def _budget_note(programs, proof, layers) -> tuple[Finding, ...]:
+def _budget_note(programs, proof, layers, setting: int | None = None) -> tuple[Finding, ...]:
     """Say so when `unproven` may be the budget's doing: a saturation that failed to prove what it was
-    asked stopped at its iteration or size budget while the rules could still add facts."""
-    return _iterations_note(programs, proof, layers) + _size_note(programs, proof, layers)
+    asked stopped at its iteration or size budget while the rules could still add facts. `setting`:
+    the iteration budget asked for (EQUIVCI_SATURATION_ITERATIONS), by default the proof's."""
+    iterations = proof.iterations if setting is None else setting
+    return _iterations_note(programs, proof, layers, iterations) + _size_note(programs, proof, layers)
 
 
 def _first_stop(programs, proof, layers, of_layer, of_proof) -> tuple[str, Any] | None:
@@ -268,23 +270,30 @@ def _size_note(programs, proof, layers) -> tuple[Finding, ...]:
     )
 
 
-def _iterations_note(programs, proof, layers) -> tuple[Finding, ...]:
+def _iterations_note(programs, proof, layers, setting: int) -> tuple[Finding, ...]:
     stopped = _first_stop(programs, proof, layers, lambda o: o.exhausted or None, lambda p: p.exhausted or None)
     if stopped is None:
         return ()
     where, budget = stopped
-    return (
-        Finding(
-            None,
-            None,
-            "note",
-            None,
+    if where == "the whole program" and isinstance(proof, Proof) and proof.hinted:
+        # Windows are proposed only to a search whose rules reached a fixed point: the budget that
+        # ran out is the proposals' own, which the setting does not raise (split 16's paged
+        # decode: with 120 passes, that search too reached a fixed point, unproved).
+        message = (
+            f"the proof search of the whole program reached a fixed point without a proof; with the "
+            f"{proof.hinted} windows of reference values that random inputs proposed, it then stopped at "
+            f"their budget of {budget} saturation iterations (the larger of the terms' depth and "
+            f"{proof.iterations}) while its rules could still add facts; {ENV_SATURATION_ITERATIONS} does "
+            "not raise that budget"
+        )
+    else:
+        message = (
             f"the proof search of {where} stopped at its budget of {budget} saturation iterations while "
             "its rules could still add facts, so a larger budget may prove it: the budget is the larger of "
-            f"the terms' depth and {ENV_SATURATION_ITERATIONS} ({proof.iterations} now); set "
-            f"{ENV_SATURATION_ITERATIONS}={2 * budget} to raise it",
-        ),
-    )
+            f"the terms' depth and {ENV_SATURATION_ITERATIONS} ({setting} now); set "
+            f"{ENV_SATURATION_ITERATIONS}={2 * budget} to raise it"
+        )
+    return (Finding(None, None, "note", None, message),)
 
 
 def _candidates(programs, captured: CapturedModel, ranges: Ranges) -> list:

@@ -345,3 +345,23 @@ def test_a_hypothesis_adds_at_most_growth_times_the_rows_it_loads(monkeypatch) -
     proof = saturate_terms([x], [x], [], [], iterations=1, nodes=10**6)
     add_hypotheses(proof, [lhs, rhs])
     assert proof.runaway == 0 and proved_equal(proof.egraph, proof.loader.expr(lhs), proof.loader.expr(rhs))
+
+
+def test_a_stop_of_the_proposed_windows_search_is_not_said_to_be_the_settings() -> None:
+    """Windows are proposed only to a whole-program search that reached a fixed point; when their
+    own search (Budgets.hinted_iterations) stops, the note says so, and not that raising
+    EQUIVCI_SATURATION_ITERATIONS may prove it (which leaves that budget as it is). Without
+    proposals, the note names the setting's value, not the proposals' budget."""
+    from types import SimpleNamespace
+
+    from equivci.verify.engine import _budget_note
+
+    x, lhs, rhs = chain()
+    proof = saturate_terms([x], [x], [], [], iterations=16)
+    proof.exhausted, proof.hinted = 21, 29
+    (note,) = _budget_note(SimpleNamespace(loops=[]), proof, [], 120)
+    assert "fixed point" in note.message and "29 windows" in note.message and "budget of 21" in note.message
+    assert f"{ENV_SATURATION_ITERATIONS} does not raise" in note.message and "=42" not in note.message
+    proof.hinted = 0
+    (note,) = _budget_note(SimpleNamespace(loops=[]), proof, [], 120)
+    assert "(120 now)" in note.message and f"{ENV_SATURATION_ITERATIONS}=42" in note.message
