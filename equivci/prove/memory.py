@@ -3,7 +3,7 @@
 Rows are the e-graph's own memory, not a pass's: matching a rule that joins two growing tables
 costs their product, so a pass's peak grows with the square of the e-graph's growth (measured on
 split 17's pipeline: rows x1.97 a pass, the pass's peak over its start x3.7 to x4: 83 MB, 344 MB,
-1.3 GB, 4.7 GB, then past a 17.7 GiB cap, from 1.2M rows under a budget of 4M)."""
+1.3 GB, 4.7 GB, then past a 17.7 GiB cap, from 0.9M rows under a budget of 4M)."""
 
 from __future__ import annotations
 
