@@ -241,33 +241,23 @@ def _size_note(programs, proof, layers) -> tuple[Finding, ...]:
     where, (rows, budget, predicted) = outgrown
     if predicted:
         cap = memory.cap()
-        return (
-            Finding(
-                None,
-                None,
-                "note",
-                None,
-                f"the proof search of {where} stopped when its e-graph held {rows:,} nodes: one more pass, "
-                f"taking as much more memory than the last as the square of its growth, would have needed "
-                f"about {predicted / 2**30:.1f} GiB, more than {memory.SHARE:g} of its memory cap of "
-                f"{cap / 2**30:.1f} GiB, while its rules were still adding facts; set {ENV_VERIFY_MEMORY} "
-                f"to {2 * cap} (bytes) to raise it where the machine has the memory",
-            ),
+        message = (
+            f"the proof search of {where} stopped when its e-graph held {rows:,} nodes: one more pass, "
+            f"taking as much more memory than the last as the square of its growth, would have needed "
+            f"about {predicted / 2**30:.1f} GiB, more than {memory.SHARE:g} of its memory cap of "
+            f"{cap / 2**30:.1f} GiB, while its rules were still adding facts; set {ENV_VERIFY_MEMORY} "
+            f"to {2 * cap} (bytes) to raise it where the machine has the memory"
         )
-    return (
-        Finding(
-            None,
-            None,
-            "note",
-            None,
+    else:
+        message = (
             f"the proof search of {where} stopped when its e-graph held {rows:,} nodes and one more pass, "
             f"growing it as much as the last, would have taken it past its size budget of {budget:,}, while its "
             "rules were still adding facts, so a larger budget may prove it: the budget is "
             f"{ENV_SATURATION_NODES} where set, else {GROWTH} times the nodes the terms load and at most "
             f"{SATURATION_NODES:,}; set {ENV_SATURATION_NODES}={2 * budget} to raise it (a node takes about 350 "
-            "bytes)",
-        ),
-    )
+            "bytes)"
+        )
+    return (Finding(None, None, "note", None, message),)
 
 
 def _iterations_note(programs, proof, layers, setting: int) -> tuple[Finding, ...]:
