@@ -337,15 +337,32 @@ MUTANTS: tuple[Mutant, ...] = (
     M("slice-compose-rule", "union(e).with_(x.slice(d, a + c, a + g))",
       "union(e).with_(x.slice(d, c, g))",
       "composed slices add their offsets", rule_instance("slices/compose")),
-    M("saturation-budget-unprojected", "if rows * growth >= nodes:", "if rows >= nodes:",
+    M("saturation-budget-unprojected", "if rows * growth >= nodes or not memory.fits(predicted, limit):",
+      "if rows >= nodes or not memory.fits(predicted, limit):",
       "a pass that would end past the size budget, growing as the one before it, is not started (one pass "
       "from just under it took an e-graph past 17 GB)",
       "pytest:tests/prove/test_budget.py::test_a_run_stops_at_its_size_budget_and_says_so"),
-    M("saturation-outgrown-runs-again", "    if proof.outgrown:\n        # The budget grows",
-      "    if proof.outgrown > proof.node_budget:\n        # The budget grows",
+    M("saturation-outgrown-runs-again", "    if proof.outgrown or proof.runaway:\n        # The budget grows",
+      "    if proof.outgrown > proof.node_budget or proof.runaway:\n        # The budget grows",
       "an e-graph that reached its size budget runs no more passes for the terms added to it, though the "
       "derived budget grows with them",
       "pytest:tests/prove/test_budget.py::test_an_outgrown_proof_with_a_derived_budget_runs_no_pass_for_added_terms"),
+    M("saturation-memory-unguarded", "return predicted is None or predicted <= SHARE * limit", "return True",
+      "a pass predicted past half the memory cap is not started: its matching grows with the square of the "
+      "e-graph's growth, which the rows do not bound (split 17's pipeline crashed past 17 GB from 0.9M rows)",
+      "pytest:tests/prove/test_budget.py::test_a_run_stops_before_a_pass_predicted_to_take_more_memory_than_its_"
+      "share_of_the_cap"),
+    M("hypotheses-unbounded", "own = None if growth is None else rows + growth * (rows - before)", "own = None",
+      "a localization hypothesis adds at most GROWTH times the rows it loads",
+      "pytest:tests/prove/test_budget.py::test_a_hypothesis_adds_at_most_growth_times_the_rows_it_loads"),
+    M("layer-memory-stop-stored", 'if stored is None and not result.get("memory"):', "if stored is None:",
+      "a layer the memory stopped is not stored: the cap is no part of its key",
+      "pytest:tests/prove/test_budget.py::test_a_layer_stopped_by_memory_is_not_stored"),
+    M("numeric-check-failure-cached", 'return f"the numeric check could not run: {exc}", True',
+      'return f"the numeric check could not run: {exc}", False',
+      "a numeric check that was tried and failed is no cached verdict evidence",
+      "pytest:tests/verify/test_numeric_check_limits.py::"
+      "test_a_numeric_check_past_its_time_limit_is_unproven_and_not_stored"),
     M("constant-relaid-unknown", "return next((known.term for known in self._known if known.content == content), None)",
       "return None",
       "a constant holding a known table's elements with other unit dims is that table reshaped (a "

@@ -39,6 +39,7 @@ class LayerOutcome:
     seconds: float
     exhausted: int = 0  # > 0: not proved, and its saturation stopped at this budget, not at a fixed point
     outgrown: tuple[int, int] = (0, 0)  # not proved, and its e-graph stopped at (rows, past this size budget)
+    memory: int = 0  # > 0: what stopped it was its next pass's memory, predicted at this many bytes
 
 
 @dataclasses.dataclass
@@ -165,7 +166,8 @@ def prove_layers(
         exhausted = 0 if ok else result.get("exhausted", 0)
         outgrown = (0, 0) if ok else tuple(result.get("outgrown", (0, 0)))
         seconds = time.perf_counter() - t0
-        outcomes.append(LayerOutcome(segment.name, ok, stored, seconds, exhausted, outgrown))
+        memory = 0 if ok else result.get("memory", 0)
+        outcomes.append(LayerOutcome(segment.name, ok, stored, seconds, exhausted, outgrown, memory))
         if progress is not None:
             progress(n + 1, len(layering.segments))
     return LayeredProof(proved, outcomes)
@@ -178,7 +180,9 @@ def _solve(problem: _Problem, programs: Programs, memo: cache.Memo, iterations: 
     )
     stored = _valid(memo.get("layers", key), problem)
     result = stored or _prove(problem, programs, iterations)
-    if stored is None:
+    # A search the memory its next pass would take stopped is not stored: that depends on the memory
+    # cap, which the key does not hold, and another run may have more of it.
+    if stored is None and not result.get("memory"):
         memo.put("layers", key, result)
     return result, stored is not None
 
@@ -313,7 +317,13 @@ def _prove(problem: _Problem, programs: Programs, iterations: int) -> dict:
         if relations[j] is None and holds(problem.distributed_outputs[j], s):
             relations[j] = [i, [list(w) for w in window]]
     outgrown = [proof.outgrown, proof.node_budget] if proof.outgrown else [0, 0]
-    return {"proved": proof.proved[0], "relations": relations, "exhausted": proof.exhausted, "outgrown": outgrown}
+    return {
+        "proved": proof.proved[0],
+        "relations": relations,
+        "exhausted": proof.exhausted,
+        "outgrown": outgrown,
+        "memory": proof.memory,
+    }
 
 
 def _windows(t: Term, r: Term, most: int) -> list[Window]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from egglog import EGraph, eq, union
 
 from equivci.options import SATURATION_ITERATIONS, SATURATION_NODES
+from equivci.prove import memory
 from equivci.terms import language as L
 from equivci.terms.ir import Term
 from equivci.terms.load import Loader
@@ -45,6 +47,11 @@ class Proof:
     nodes: int | None = None  # the size budget set by the user (Budgets.saturation_nodes); None: derived
     loaded: int = 0  # the e-graph's rows that loading the terms made (the hints and hypotheses added too)
     outgrown: int = 0  # > 0: a run stopped at the size budget with this many rows in the e-graph
+    memory: int = 0  # > 0: what stopped it was its next pass's memory, predicted at this many bytes
+    # > 0: localization hypotheses grew the e-graph past their own budget (add_hypotheses) to this
+    # many rows; later ones are loaded without a pass. No stop of the proof's own search: no note.
+    runaway: int = 0
+    hinted: int = 0  # > 0: its last run was with this many proposed windows, within their own budget
 
     @property
     def all_proved(self) -> bool:
@@ -120,7 +127,7 @@ def with_hints(proof: Proof, programs: Programs, hints: list[Term], iterations: 
     `iterations` (at least the terms' depth). The e-graph grows from the one saturated already: every
     fact of a fresh saturation of all the terms is reached in as many iterations, the old ones free."""
     t0 = time.perf_counter()
-    proof.iterations, proof.exhausted = iterations, 0
+    proof.iterations, proof.exhausted, proof.hinted = iterations, 0, len(hints)
     add_terms(proof, hints)
     proof.seconds += time.perf_counter() - t0
     return _checked(proof, programs)
@@ -179,12 +186,14 @@ def saturate_terms(
             facts += [union(first).with_(loader.expr(t)) for t in group[1:]]
         loader.facts += facts
     loaded = size(egraph)
-    exhausted, outgrown = _run(egraph, max(iterations, loader.depth), node_budget(loaded, nodes))
+    end = _run(egraph, max(iterations, loader.depth), node_budget(loaded, nodes))
     proved = [[proved_equal(egraph, loader.expr(o), loader.expr(target)) for o, target in row] for row in pairs]
     held = [proved_equal(egraph, loader.expr(a), loader.expr(b)) for a, b in obligations]
     targets = [[target for _, target in row] for row in pairs]
     seconds = time.perf_counter() - t0
-    return Proof(proved, egraph, loader, seconds, held, targets, iterations, exhausted, nodes, loaded, outgrown)
+    proof = Proof(proved, egraph, loader, seconds, held, targets, iterations, end.exhausted, nodes, loaded)
+    proof.outgrown, proof.memory = end.outgrown, end.memory
+    return proof
 
 
 def size(egraph: EGraph) -> int:
@@ -192,40 +201,59 @@ def size(egraph: EGraph) -> int:
     return sum(n for _, n in egraph.all_function_sizes())
 
 
-def _run(egraph: EGraph, iterations: int, nodes: int = SATURATION_NODES) -> tuple[int, int]:
+class RunEnd(NamedTuple):
+    """How a run ended: `exhausted` is its iteration budget when one more pass still changed the
+    e-graph (the budget, not the rules, ended the search), else 0; `outgrown` the e-graph's rows when
+    its size ended it, else 0; `memory` > 0 when that size was the memory its next pass was predicted
+    to take (these bytes, past memory.SHARE of the memory cap), not its rows."""
+
+    exhausted: int
+    outgrown: int
+    memory: int = 0
+
+
+def _run(egraph: EGraph, iterations: int, nodes: int = SATURATION_NODES) -> RunEnd:
     """Saturate for at most `iterations` passes, none of them started on an e-graph that would reach
-    `nodes` rows if it grew by the factor of the pass before. Returns (exhausted, outgrown):
-    `exhausted` is `iterations` when one more pass still changed the e-graph (the iteration budget,
-    not the rules, ended the search), else 0; `outgrown` is the e-graph's rows when the size budget
-    ended it, else 0."""
+    `nodes` rows if it grew by the factor of the pass before, nor one predicted to take more memory
+    than the process may use (memory.py)."""
     # The seeds record what the rules start from, before them: a rule reads in the pass that made its seed.
     step = DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate() + SEEDS + REWRITES
-    exhausted, outgrown = iterations, 0
+    exhausted, outgrown, over = iterations, 0, 0
+    limit, meter, predicted = memory.cap(), memory.PassMeter(), None
     # One pass at a time, so that the size is read between passes; the last one only asks whether
     # the rules could still change the e-graph. A pass is not started where it would end past the
     # budget if it grew the e-graph as much as the pass before it: a growing e-graph grows faster
     # pass by pass (2.7x, then 8x, then 5x on one program), and a pass started just under the budget
-    # took it from 2.9M rows past 17 GB.
+    # took it from 2.9M rows past 17 GB. Its rows do not bound the memory a pass takes to match the
+    # rules, which grows with their square: that is measured and bounded on its own.
     growth = 1.0
     for _ in range(iterations + 1):
         rows = size(egraph)
-        if rows * growth >= nodes:
+        if rows * growth >= nodes or not memory.fits(predicted, limit):
             exhausted, outgrown = 0, rows
+            over = 0 if memory.fits(predicted, limit) else predicted or 0
             break
+        meter.begin()
         if not egraph.run(step).updated:
             exhausted = 0
             break
         growth = max(1.0, size(egraph) / rows)
+        predicted = memory.next_pass(meter.extra(), growth)
     egraph.run(DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate())
-    return exhausted, outgrown
+    return RunEnd(exhausted, outgrown, over)
 
 
 def add_terms(
-    proof: Proof, terms: list[Term], equal_groups: Sequence[list[Term]] = (), passes: int | None = None
+    proof: Proof,
+    terms: list[Term],
+    equal_groups: Sequence[list[Term]] = (),
+    passes: int | None = None,
+    growth: int | None = None,
 ) -> None:
     """Load more terms (hypotheses for localization) and saturate again, within the proof's budget.
     `equal_groups`: terms the translator stated equal while building them (true identities);
-    `passes`: at most this many passes instead of the proof's iteration budget."""
+    `passes`: at most this many passes instead of the proof's iteration budget; `growth`: the run
+    may add at most this many times the rows the terms loaded (else the proof's size budget alone)."""
     new = [t for t in terms if t not in proof.loader.exprs]
     if not new and not equal_groups:
         return
@@ -236,15 +264,21 @@ def add_terms(
         for group in equal_groups:
             first = proof.loader.expr(group[0])
             proof.loader.facts += [union(first).with_(proof.loader.expr(t)) for t in group[1:]]
-    proof.loaded += size(proof.egraph) - before
-    if proof.outgrown:
+    rows = size(proof.egraph)
+    proof.loaded += rows - before
+    if proof.outgrown or proof.runaway:
         # The budget grows with the rows loaded (node_budget): without this, each hypothesis would
         # let an e-graph that reached its budget run one more pass, each of them its biggest yet.
-        proof.outgrown = size(proof.egraph)
+        proof.outgrown = rows if proof.outgrown else 0
         return
     iterations = max(proof.iterations, proof.loader.depth) if passes is None else passes
-    exhausted, outgrown = _run(proof.egraph, iterations, proof.node_budget)
-    proof.exhausted, proof.outgrown = max(proof.exhausted, exhausted), max(proof.outgrown, outgrown)
+    own = None if growth is None else rows + growth * (rows - before)
+    end = _run(proof.egraph, iterations, proof.node_budget if own is None else min(own, proof.node_budget))
+    proof.exhausted, proof.memory = max(proof.exhausted, end.exhausted), max(proof.memory, end.memory)
+    if own is not None and end.outgrown and not end.memory and own < proof.node_budget:
+        proof.runaway = end.outgrown
+    else:
+        proof.outgrown = max(proof.outgrown, end.outgrown)
 
 
 # The passes a localization hypothesis gets on an e-graph whose own search the iteration budget
@@ -257,8 +291,12 @@ HYPOTHESIS_PASSES = 8
 
 def add_hypotheses(proof: Proof, terms: list[Term]) -> None:
     """`terms` loaded for localization (never a verdict): saturated again within the proof's budget
-    on an e-graph whose rules settled, within HYPOTHESIS_PASSES on one they did not."""
-    add_terms(proof, terms, passes=HYPOTHESIS_PASSES if proof.exhausted else None)
+    on an e-graph whose rules settled, within HYPOTHESIS_PASSES on one they did not, and adding at
+    most GROWTH times the rows they load, as a proof may grow from its terms: a hypothesis is a few
+    ops whose facts are few. One that sets the rules growing without end (split 17's pipeline: from
+    8.6k rows, x1.97 a pass, to 0.9M rows and 5.5 GB in 16 passes) stops there, and the hypotheses
+    after it are loaded without a pass, as on an e-graph past its budget."""
+    add_terms(proof, terms, passes=HYPOTHESIS_PASSES if proof.exhausted else None, growth=GROWTH)
 
 
 def is_related(proof: Proof, term: Term, constants: dict) -> bool:

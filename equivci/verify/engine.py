@@ -21,7 +21,14 @@ from equivci.hlo.collectives import axis_groups
 from equivci.hlo.parser import HloParseError, parse_module
 from equivci.layers.segments import split
 from equivci.manifest import Manifest, ModelSpec
-from equivci.options import ENV_SATURATION_ITERATIONS, ENV_SATURATION_NODES, SATURATION_NODES, Budgets
+from equivci.options import (
+    ENV_SATURATION_ITERATIONS,
+    ENV_SATURATION_NODES,
+    ENV_VERIFY_MEMORY,
+    SATURATION_NODES,
+    Budgets,
+)
+from equivci.prove import memory
 from equivci.prove.candidates import window_candidates
 from equivci.prove.layered import prove_layers
 from equivci.prove.programs import build_programs
@@ -123,7 +130,7 @@ def verify_model(
     if proof is not None and proof.all_proved:
         return _proved(model, programs, captured, t0, LayerCounts(layers.total, layers.total, layers.reused), laps)
 
-    comparison = _comparison(model, manifest, captured, programs.assumed, budgets)
+    comparison, transient = _comparison(model, manifest, captured, programs.assumed, budgets)
     laps.lap("counterexample")
     if defect is None:
         assert proof is not None  # a diagnosis from the memo always names a defect
@@ -166,8 +173,12 @@ def verify_model(
     findings = with_note(findings, _numeric_note(comparison))
     for limit in programs.limits:
         findings = with_note(findings, limit)
-    budget = _budget_note(programs, searched, layered.layers if layering is not None else [])
-    return _finish(model, Status.UNPROVEN, t0, tuple(findings) + budget, layers, laps)
+    outcomes = layered.layers if layering is not None else []
+    budget = _budget_note(programs, searched, outcomes, iterations)
+    # Not cached: a numeric check that failed to run, or a search stopped by the memory cap (which
+    # the content key does not hold), may end otherwise in the next run.
+    limited = transient or bool(searched.memory) or any(o.memory for o in outcomes)
+    return _finish(model, Status.UNPROVEN, t0, tuple(findings) + budget, layers, laps, limited)
 
 
 def _entry(model: ModelSpec) -> tuple[str, str] | None:
@@ -191,10 +202,12 @@ def _foreign(model: ModelSpec, manifest: Manifest) -> tuple[tuple[str, str], ...
     )
 
 
-def _budget_note(programs, proof, layers) -> tuple[Finding, ...]:
+def _budget_note(programs, proof, layers, setting: int | None = None) -> tuple[Finding, ...]:
     """Say so when `unproven` may be the budget's doing: a saturation that failed to prove what it was
-    asked stopped at its iteration or size budget while the rules could still add facts."""
-    return _iterations_note(programs, proof, layers) + _size_note(programs, proof, layers)
+    asked stopped at its iteration or size budget while the rules could still add facts. `setting`:
+    the iteration budget asked for (EQUIVCI_SATURATION_ITERATIONS), by default the proof's."""
+    iterations = proof.iterations if setting is None else setting
+    return _iterations_note(programs, proof, layers, iterations) + _size_note(programs, proof, layers)
 
 
 def _first_stop(programs, proof, layers, of_layer, of_proof) -> tuple[str, Any] | None:
@@ -220,45 +233,57 @@ def _size_note(programs, proof, layers) -> tuple[Finding, ...]:
         programs,
         proof,
         layers,
-        lambda o: o.outgrown if o.outgrown[0] else None,
-        lambda p: (p.outgrown, p.node_budget) if p.outgrown else None,
+        lambda o: (*o.outgrown, o.memory) if o.outgrown[0] else None,
+        lambda p: (p.outgrown, p.node_budget, p.memory) if p.outgrown else None,
     )
     if outgrown is None:
         return ()
-    where, (rows, budget) = outgrown
-    return (
-        Finding(
-            None,
-            None,
-            "note",
-            None,
+    where, (rows, budget, predicted) = outgrown
+    if predicted:
+        cap = memory.cap()
+        message = (
+            f"the proof search of {where} stopped when its e-graph held {rows:,} nodes: one more pass, "
+            f"taking as much more memory than the last as the square of its growth, would have needed "
+            f"about {predicted / 2**30:.1f} GiB, more than {memory.SHARE:g} of its memory cap of "
+            f"{cap / 2**30:.1f} GiB, while its rules were still adding facts; set {ENV_VERIFY_MEMORY} "
+            f"to {2 * cap} (bytes) to raise it where the machine has the memory"
+        )
+    else:
+        message = (
             f"the proof search of {where} stopped when its e-graph held {rows:,} nodes and one more pass, "
             f"growing it as much as the last, would have taken it past its size budget of {budget:,}, while its "
             "rules were still adding facts, so a larger budget may prove it: the budget is "
             f"{ENV_SATURATION_NODES} where set, else {GROWTH} times the nodes the terms load and at most "
             f"{SATURATION_NODES:,}; set {ENV_SATURATION_NODES}={2 * budget} to raise it (a node takes about 350 "
-            "bytes)",
-        ),
-    )
+            "bytes)"
+        )
+    return (Finding(None, None, "note", None, message),)
 
 
-def _iterations_note(programs, proof, layers) -> tuple[Finding, ...]:
+def _iterations_note(programs, proof, layers, setting: int) -> tuple[Finding, ...]:
     stopped = _first_stop(programs, proof, layers, lambda o: o.exhausted or None, lambda p: p.exhausted or None)
     if stopped is None:
         return ()
     where, budget = stopped
-    return (
-        Finding(
-            None,
-            None,
-            "note",
-            None,
+    if where == "the whole program" and isinstance(proof, Proof) and proof.hinted:
+        # Windows are proposed only to a search whose rules reached a fixed point: the budget that
+        # ran out is the proposals' own, which the setting does not raise (split 16's paged
+        # decode: with 120 passes, that search too reached a fixed point, unproved).
+        message = (
+            f"the proof search of the whole program reached a fixed point without a proof; with the "
+            f"{proof.hinted} windows of reference values that random inputs proposed, it then stopped at "
+            f"their budget of {budget} saturation iterations (the larger of the terms' depth and "
+            f"{proof.iterations}) while its rules could still add facts; {ENV_SATURATION_ITERATIONS} does "
+            "not raise that budget"
+        )
+    else:
+        message = (
             f"the proof search of {where} stopped at its budget of {budget} saturation iterations while "
             "its rules could still add facts, so a larger budget may prove it: the budget is the larger of "
-            f"the terms' depth and {ENV_SATURATION_ITERATIONS} ({proof.iterations} now); set "
-            f"{ENV_SATURATION_ITERATIONS}={2 * budget} to raise it",
-        ),
-    )
+            f"the terms' depth and {ENV_SATURATION_ITERATIONS} ({setting} now); set "
+            f"{ENV_SATURATION_ITERATIONS}={2 * budget} to raise it"
+        )
+    return (Finding(None, None, "note", None, message),)
 
 
 def _candidates(programs, captured: CapturedModel, ranges: Ranges) -> list:
@@ -334,10 +359,9 @@ def _stated_range(model: ModelSpec, captured: CapturedModel) -> tuple[Finding, .
     return (Finding(None, None, "note", None, message),)
 
 
-def _finish(model, status, t0, findings, layers: LayerCounts, laps: Laps) -> ModelResult:
-    return ModelResult(
-        model.name, status, round(time.perf_counter() - t0, 3), layers, tuple(findings), timings=tuple(laps.rows)
-    )
+def _finish(model, status, t0, findings, layers: LayerCounts, laps: Laps, limited: bool = False) -> ModelResult:
+    seconds = round(time.perf_counter() - t0, 3)
+    return ModelResult(model.name, status, seconds, layers, tuple(findings), timings=tuple(laps.rows), limited=limited)
 
 
 def _output_finding(proof, captured: CapturedModel) -> Finding:
@@ -357,8 +381,9 @@ def _output_finding(proof, captured: CapturedModel) -> Finding:
 
 def _comparison(
     model: ModelSpec, manifest: Manifest, captured: CapturedModel, assumed: dict, budgets: Budgets
-) -> NumericComparison | str:
-    """Both programs run on random inputs (the numeric oracle), or why that did not happen.
+) -> tuple[NumericComparison | str, bool]:
+    """Both programs run on random inputs (the numeric oracle), or why that did not happen, and
+    whether that may change in another run (the check was tried and failed: its time limit, a crash).
     `assumed`: the integer inputs the reference indexes with and their ranges (Programs.assumed);
     `budgets`: the input elements the oracle runs on a CPU and how long its child may take."""
     most, timeout = budgets.oracle_elements, budgets.oracle_timeout_seconds
@@ -371,23 +396,23 @@ def _comparison(
                 f"the numeric check did not run: the inputs have {total:,} elements, more than the "
                 f"{most:,} it runs on a CPU, so this is `unproven`, never `mismatch` by a "
                 "counterexample; dump the programs at smaller sizes to have them run"
-            )
+            ), False
         try:
-            return compare_hlo_in_child(captured, ranges, timeout=timeout)
+            return compare_hlo_in_child(captured, ranges, timeout=timeout), False
         except EquivciError as exc:
             return (
                 f"the numeric check could not run: {exc}; so this is `unproven`, never `mismatch` by a counterexample"
-            )
+            ), True
     if total > most and model.oracle.inputs is None:
         return (
             f"the numeric check did not run: the inputs have {total:,} elements, more than the "
             f"{most:,} it runs on a CPU; give it smaller inputs the entrypoints accept with "
             "`oracle: {inputs: FILE.py:FUNC}` in the manifest"
-        )
+        ), False
     try:
-        return compare_in_child(manifest.path, model.name, timeout=timeout, ranges=ranges)
+        return compare_in_child(manifest.path, model.name, timeout=timeout, ranges=ranges), False
     except EquivciError as exc:
-        return f"the numeric check could not run: {exc}"
+        return f"the numeric check could not run: {exc}", True
 
 
 def oracle_ranges(model: ModelSpec, assumed: dict, inputs: tuple[LeafPlacement, ...] = ()) -> Ranges:

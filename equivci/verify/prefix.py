@@ -42,6 +42,7 @@ class Diagnosis:
     iterations: int  # the saturation budget it was given
     outgrown: int = 0  # > 0: the prefix proof stopped past its size budget with this many rows
     node_budget: int = 0  # that size budget
+    memory: int = 0  # > 0: it was the memory its next pass would take, predicted at this many bytes
 
 
 def diagnose_prefix(
@@ -71,13 +72,13 @@ def diagnose_prefix(
     if found is None:  # nothing inside the prefix: look at the whole program, on the same e-graph
         found = defect_with_loops(programs, proof, mesh)
         laps.lap("localize")
-        return Diagnosis(found, proof, proof.exhausted, iterations, proof.outgrown, proof.node_budget)
+        return Diagnosis(found, proof, proof.exhausted, iterations, proof.outgrown, proof.node_budget, proof.memory)
     laps.lap("localize")
     payload = _stored(found, view, proof.exhausted)
     # An e-graph stopped by its size budget is not stored: the memo restores no size note.
     if k is not None and payload is not None and not proof.outgrown:
         memo.put(KIND, k, payload)
-    return Diagnosis(found, proof, proof.exhausted, iterations, proof.outgrown, proof.node_budget)
+    return Diagnosis(found, proof, proof.exhausted, iterations, proof.outgrown, proof.node_budget, proof.memory)
 
 
 def _key(prefix: Prefix, programs: Programs, mesh, iterations: int) -> str | None:

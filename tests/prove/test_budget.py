@@ -42,14 +42,14 @@ def loaded(lhs: Term, rhs: Term):
 def test_a_run_cut_short_by_its_budget_says_so() -> None:
     _, lhs, rhs = chain()
     egraph, a, b = loaded(lhs, rhs)
-    assert _run(egraph, 3) == (3, 0)
+    assert _run(egraph, 3) == (3, 0, 0)
     assert not proved_equal(egraph, a, b)
 
 
 def test_a_run_that_reaches_a_fixed_point_reports_no_budget() -> None:
     _, lhs, rhs = chain()
     egraph, a, b = loaded(lhs, rhs)
-    assert _run(egraph, 10 * DEPTH) == (0, 0)
+    assert _run(egraph, 10 * DEPTH) == (0, 0, 0)
     assert proved_equal(egraph, a, b)
 
 
@@ -137,10 +137,11 @@ def test_a_run_stops_at_its_size_budget_and_says_so() -> None:
     egraph, a, b = loaded(lhs, rhs)
     loaded_rows = size(egraph)
     assert loaded_rows < 85
-    exhausted, outgrown = _run(egraph, 10 * DEPTH, 85)
+    exhausted, outgrown, over = _run(egraph, 10 * DEPTH, 85)
     assert exhausted == 0 and loaded_rows < outgrown < 85 and outgrown <= size(egraph) and not proved_equal(egraph, a, b)
+    assert over == 0  # the rows, not the memory, ended it
     egraph, a, b = loaded(lhs, rhs)
-    assert _run(egraph, 10 * DEPTH, 200) == (0, 0) and proved_equal(egraph, a, b)
+    assert _run(egraph, 10 * DEPTH, 200) == (0, 0, 0) and proved_equal(egraph, a, b)
     assert size(egraph) < 200
 
 
@@ -205,7 +206,7 @@ def test_unproven_for_lack_of_size_budget_names_the_nodes_the_budget_and_how_to_
     from equivci.verify.engine import _budget_note
 
     programs = SimpleNamespace(loops=[])
-    whole = SimpleNamespace(exhausted=0, iterations=120, outgrown=812_345, node_budget=600_000)
+    whole = SimpleNamespace(exhausted=0, iterations=120, outgrown=812_345, node_budget=600_000, memory=0)
     layers = [LayerOutcome("layers_0", True, False, 0.1), LayerOutcome("layers_1", False, False, 0.1, outgrown=(21_000, 20_000))]
     (note,) = _budget_note(programs, whole, layers)
     assert note.severity == "note"
@@ -235,3 +236,132 @@ def test_a_layer_stopped_by_its_size_budget_is_proved_afresh_under_another_budge
     free = prove_layers(programs, layering, memo).layers
     assert [(o.proved, o.reused, o.outgrown) for o in free] == [(True, False, (0, 0))] * 2
     assert [o.reused for o in prove_layers(programs, layering, memo).layers] == [True, True]
+
+
+def test_a_run_stops_before_a_pass_predicted_to_take_more_memory_than_its_share_of_the_cap(monkeypatch) -> None:
+    """The memory a pass takes is measured (the process's own, /proc and getrusage) and the next pass
+    is not started where it is predicted past memory.SHARE of the cap: with a cap below twice what
+    the process maps already, the chain stops after its first pass, unproved, and the run says the
+    memory stopped it (the bytes predicted, at least what is mapped); under the real cap it is proved."""
+    from equivci.prove import memory
+
+    mapped = memory.next_pass(0, 1.0)
+    if mapped is None:
+        pytest.skip("no /proc/self/status: the memory of a pass is not measured here")
+    _, lhs, rhs = chain()
+    egraph, a, b = loaded(lhs, rhs)
+    monkeypatch.setattr(memory, "cap", lambda: mapped)
+    exhausted, outgrown, over = _run(egraph, 10 * DEPTH)
+    assert exhausted == 0 and 0 < outgrown <= size(egraph) and over >= mapped and not proved_equal(egraph, a, b)
+    monkeypatch.undo()
+    assert _run(egraph, 10 * DEPTH) == (0, 0, 0) and proved_equal(egraph, a, b)
+
+
+def test_the_next_pass_is_predicted_from_the_last_ones_peak_and_the_square_of_its_growth() -> None:
+    """A pass that took 1 GiB above its start and doubled the e-graph: the next one is predicted at
+    what is mapped now plus 4 GiB (its joins grow with the square), which fits a cap of 64 GiB
+    and not one of 8 GiB, of which it may take half."""
+    from equivci.prove import memory
+
+    mapped = memory.next_pass(0, 1.0)
+    if mapped is None:
+        pytest.skip("no /proc/self/status: the memory of a pass is not measured here")
+    predicted = memory.next_pass(2**30, 2.0)
+    assert predicted is not None and 4 * 2**30 <= predicted - mapped < 4 * 2**30 + 2**28  # what it maps may move a bit
+    assert memory.fits(predicted, 64 * 2**30) and not memory.fits(4 * 2**30 + 2**20, 8 * 2**30)
+    assert memory.fits(None, 1)  # unmeasured: no stop
+
+
+def test_a_meter_reads_a_pass_that_raises_the_process_peak() -> None:
+    """A pass that maps and touches 200 MB more than the process ever held is measured that far above
+    its start (the kernel's counts of resident pages lag by a few pages per thread)."""
+    from equivci.prove import memory
+
+    meter = memory.PassMeter()
+    meter.begin()
+    if meter.start is None:
+        pytest.skip("no /proc/self/status: the memory of a pass is not measured here")
+    held = b"\x01" * (200 * 2**20 + meter.peak - meter.start)  # written: every page touched
+    extra = meter.extra()
+    del held
+    assert extra is not None and extra >= 195 * 2**20
+
+
+def test_unproven_for_lack_of_memory_names_the_prediction_the_cap_and_how_to_raise_it(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from equivci.options import ENV_VERIFY_MEMORY
+    from equivci.prove import memory
+    from equivci.prove.layered import LayerOutcome
+    from equivci.verify.engine import _budget_note
+
+    monkeypatch.setattr(memory, "cap", lambda: 16 * 2**30)
+    programs = SimpleNamespace(loops=[])
+    whole = SimpleNamespace(exhausted=0, iterations=120, outgrown=445_797, node_budget=4_000_000, memory=20 * 2**30)
+    (note,) = _budget_note(programs, whole, [])
+    assert "the whole program" in note.message and "445,797 nodes" in note.message and "20.0 GiB" in note.message
+    assert "16.0 GiB" in note.message and f"{ENV_VERIFY_MEMORY} to {32 * 2**30}" in note.message
+    layer = LayerOutcome("layers_1", False, False, 0.1, outgrown=(21_000, 20_000), memory=9 * 2**30)
+    (note,) = _budget_note(programs, SimpleNamespace(exhausted=0, iterations=120, outgrown=0), [layer])
+    assert "layer layers_1" in note.message and "9.0 GiB" in note.message and ENV_SATURATION_NODES not in note.message
+
+
+def test_a_layer_stopped_by_memory_is_not_stored(monkeypatch) -> None:
+    """The memory cap is no part of a layer's key: a layer whose search the memory stopped is proved
+    afresh by the next run, which may have more (layer 1 of the partner programs needs its rules)."""
+    from test_layered_groups import _layering, _programs
+
+    from equivci.cache import Memo
+    from equivci.prove import memory
+    from equivci.prove.layered import prove_layers
+
+    if memory.next_pass(0, 1.0) is None:
+        pytest.skip("no /proc/self/status: the memory of a pass is not measured here")
+    programs, _ = _programs(minus_signs=2)
+    layering, memo = _layering(programs), Memo(None)
+    monkeypatch.setattr(memory, "cap", lambda: 1)
+    tight = prove_layers(programs, layering, memo).layers
+    assert not tight[1].proved and tight[1].memory > 0
+    monkeypatch.undo()
+    free = prove_layers(programs, layering, memo).layers
+    assert [(o.proved, o.memory) for o in free] == [(True, 0)] * 2 and not free[1].reused
+
+
+def test_a_hypothesis_adds_at_most_growth_times_the_rows_it_loads(monkeypatch) -> None:
+    """Localization's hypotheses get a size budget of their own, GROWTH times the rows they load: one
+    past it stops its run (unproved here, with no room at all), marks the e-graph as running away
+    (no pass for later hypotheses) and is no stop of the proof's own search (no budget note); with
+    the room GROWTH gives, the same hypothesis is proved."""
+    from equivci.prove import saturate as saturate_module
+    from equivci.prove.saturate import add_hypotheses
+
+    x, lhs, rhs = chain()
+    proof = saturate_terms([x], [x], [], [], iterations=1, nodes=10**6)
+    monkeypatch.setattr(saturate_module, "GROWTH", 0)
+    add_hypotheses(proof, [lhs, rhs])
+    assert 0 < proof.runaway <= size(proof.egraph) and proof.outgrown == 0 and proof.memory == 0
+    assert not proved_equal(proof.egraph, proof.loader.expr(lhs), proof.loader.expr(rhs))
+    monkeypatch.undo()
+    proof = saturate_terms([x], [x], [], [], iterations=1, nodes=10**6)
+    add_hypotheses(proof, [lhs, rhs])
+    assert proof.runaway == 0 and proved_equal(proof.egraph, proof.loader.expr(lhs), proof.loader.expr(rhs))
+
+
+def test_a_stop_of_the_proposed_windows_search_is_not_said_to_be_the_settings() -> None:
+    """Windows are proposed only to a whole-program search that reached a fixed point; when their
+    own search (Budgets.hinted_iterations) stops, the note says so, and not that raising
+    EQUIVCI_SATURATION_ITERATIONS may prove it (which leaves that budget as it is). Without
+    proposals, the note names the setting's value, not the proposals' budget."""
+    from types import SimpleNamespace
+
+    from equivci.verify.engine import _budget_note
+
+    x, lhs, rhs = chain()
+    proof = saturate_terms([x], [x], [], [], iterations=16)
+    proof.exhausted, proof.hinted = 21, 29
+    (note,) = _budget_note(SimpleNamespace(loops=[]), proof, [], 120)
+    assert "fixed point" in note.message and "29 windows" in note.message and "budget of 21" in note.message
+    assert f"{ENV_SATURATION_ITERATIONS} does not raise" in note.message and "=42" not in note.message
+    proof.hinted = 0
+    (note,) = _budget_note(SimpleNamespace(loops=[]), proof, [], 120)
+    assert "(120 now)" in note.message and f"{ENV_SATURATION_ITERATIONS}=42" in note.message
