@@ -534,7 +534,7 @@ def first_defect(
         # from an all-reduce that leaves out its axis, the reduction is where it was left unfinished.
         affine = event.inst.opcode in ("add", "subtract") and len(partials) < len(operand_events)
         unsummed = next(
-            (e for k, e in partials if _nonlinear_in(event.inst.opcode, k) or (affine and short_axes(e))), None
+            (e for k, e in partials if _nonlinear_in(event.inst.opcode, k, terms) or (affine and short_axes(e))), None
         )
         if unsummed is not None and (ts := _terms(unsummed)) is not None:
             # f(a + b) is no f(a) + f(b) for a nonlinear f: the share each device holds had to be
@@ -1022,9 +1022,11 @@ _NONLINEAR = {
 }
 
 
-def _nonlinear_in(opcode: str, k: int) -> bool:
-    """The op is not linear in its operand `k` (a divisor is not)."""
-    return opcode in _NONLINEAR or (opcode == "divide" and k == 1)
+def _nonlinear_in(opcode: str, k: int, terms: list[Term]) -> bool:
+    """The op is not linear in its operand `k` (a divisor is not; nor is a reduce that keeps the
+    maximum, minimum or product of its lanes: max(a + b) is no max(a) + max(b))."""
+    reducer = terms[0].attrs[0] if opcode == "reduce" and terms and terms[0].op == "reduce" else None
+    return opcode in _NONLINEAR or (opcode == "divide" and k == 1) or reducer in _NONLINEAR | {"multiply"}
 
 
 # Ops whose related value may still hold the wrong elements, chosen by an input-free operand.
