@@ -88,6 +88,32 @@ def passed_choice(
     return next((c for c in choices if c.paired), choices[0] if choices else None)
 
 
+def literal_written(
+    inst: Instruction,
+    events: list[Event],
+    repo_root: str,
+    literals: frozenset[str],
+    entry: tuple[str, str] | None = None,
+) -> tuple[str, int] | None:
+    """(file, line) of the first statement, following the names the op's statement reads back through
+    assignments and up the calls, that writes one of `literals` as a string constant: where a value the
+    op takes from its caller is set (a collective's axis name bound by `functools.partial(lax.psum,
+    axis_name="x")` in another function, or passed as an argument). None when the op's own statement
+    writes it, or no statement the search reads does."""
+    root = Path(repo_root).resolve()
+    loc = next((f for f in inst.stack if in_repository(f, root)), None)
+    found = statement(loc.file, loc.line) if loc is not None else None
+    if loc is None or found is None or _writes(found[0], literals):
+        return None
+    search = _Search(events, tuple(inst.stack), entry)
+    search.run(loc.file, loc.line, [found[0]], MAX_CALLS)
+    return next(((file, line) for file, line, exprs in search.read if any(_writes(e, literals) for e in exprs)), None)
+
+
+def _writes(node: ast.AST, literals: frozenset[str]) -> bool:
+    return any(isinstance(n, ast.Constant) and n.value in literals for n in ast.walk(node))
+
+
 def made_in(function: str, inst: Instruction, events: list[Event], repo_root: str) -> SourceLoc | None:
     """The frame inside the repository function named `function` of `inst`, or else of the op made
     there that `inst` reads (through its operands) latest in program order: where a helper passed
@@ -145,6 +171,7 @@ class _Search:
         self.events, self.stack, self.entry, self.foreign = events, stack, entry, foreign
         self.reference_runs = reference_runs
         self.budget = MAX_NAMES
+        self.read: list[tuple[str, int, list[ast.AST]]] = []  # (file, line, what is read there), in search order
 
     def run(self, file: str, line: int, exprs: Sequence[ast.AST], calls: int) -> list[Choice]:
         found = statement(file, line)
@@ -162,11 +189,14 @@ class _Search:
                 assigned = _assignments(func, name, at)
                 if assigned:
                     # A value assigned under an `if` depends on its test, taken or not.
-                    queue.extend((n, k) for k in assigned for n, _ in _names(_read_at(file, func, k)))
+                    values = [(k, _read_at(file, func, k)) for k in assigned]
+                    self.read += [(file, k, read) for k, read in values]
+                    queue.extend((n, k) for k, read in values for n, _ in _names(read))
                     break
                 if name in parameters(func):
                     site = self._site(file, func, name)
                     if site is not None:
+                        self.read.append((site[0], site[1].lineno, [site[1]]))
                         choice = _choice(site[0], site[1], func, name, file, self.counts)
                         if choice is not None:
                             choices.append(choice)

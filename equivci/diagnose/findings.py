@@ -11,17 +11,20 @@ the pull request changed first.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import keyword
 from pathlib import Path
 
 from equivci.capture.types import CapturedModel
-from equivci.diagnose.arguments import Choice, made_in, passed_choice
+from equivci.diagnose.arguments import Choice, literal_written, made_in, passed_choice
 from equivci.diagnose.frames import innermost, library_call, shared_call
 from equivci.diagnose.handed import handed_origin
 from equivci.diagnose.localize import Defect, call_chain_start, part_mean, source_of, unlocated
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.diagnose.precision import narrowing, rounding_message
 from equivci.diagnose.siblings import departure
+from equivci.diagnose.source import callee
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.layers.segments import Layering, layer_of, leaves
 from equivci.results import Finding
@@ -97,8 +100,12 @@ def defect_findings(
     those of the manifest's models checked against another reference."""
     if shown:
         found = _defect_findings(defect, captured, events, layering, failed_layers, frontier, outputs_equal)
+        kept, use = _kept(defect, frontier, found)
+        found = _received(found, kept, captured, reference_lines)
         runs = frozenset(loc.function.split(".")[-1] for e in reference_events or () for loc in e.inst.stack)
-        found = _caller_choices(found, captured, events, entry, foreign, runs)
+        taking = _receiving(use, captured, reference_lines) if use is not None else None
+        found = _caller_choices(found, captured, events, entry, foreign, runs, taking)
+        found = _axes_written(found, defect, captured, events, entry)
     else:
         inst = defect.frontier or defect.inst
         found = [
@@ -214,6 +221,60 @@ def _defect_findings(
     return findings
 
 
+def _kept(
+    defect: Defect, frontier: NumericFrontier | None, found: list[tuple[Finding, Instruction | None]]
+) -> tuple[Instruction | None, Instruction | None]:
+    """The lead's op when its own value is a reference value or a share of one (a partial sum no
+    all-reduce follows, a value the reference passes through more work): the fault follows it; and
+    for a partial sum, the op that takes it as the full value."""
+    lead = found[0][1] if found else None
+    partial = frontier.partial if frontier is not None else None
+    if lead is not None and partial is not None and lead is partial[0].inst:
+        return lead, partial[2].inst
+    return (lead if lead is not None and defect.kept and lead is defect.inst else None), None
+
+
+def _receiving(inst: Instruction, captured: CapturedModel, reference_lines: frozenset[tuple[str, int]]) -> Instruction:
+    """`inst` seen from the distributed program's own code: with the stack of its call into the
+    shared code it is made in, if any."""
+    shared = shared_call(inst, captured.repo_root, reference_lines)
+    return inst if shared is None else dataclasses.replace(inst, stack=inst.stack[inst.stack.index(shared[1]) :])
+
+
+def _received(
+    found: list[tuple[Finding, Instruction | None]],
+    kept: Instruction | None,
+    captured: CapturedModel,
+    reference_lines: frozenset[tuple[str, int]],
+) -> list[tuple[Finding, Instruction | None]]:
+    """A value made right in code both programs run, whose fault is what follows it (the all-reduce
+    or the residual add it lacks): the lead moves to where the distributed program's own code
+    receives it, the call into the shared code, and not to what the shared code was handed
+    (equivci.diagnose.handed: that holds for a shared op whose value differs). The lead's op keeps
+    the call's stack, so that a choice its caller makes there (`combine(y)`, a callable another
+    call passes otherwise) is searched from that statement; the op's own line stays as a tied note."""
+    if kept is None:
+        return found
+    lead, rest = found[0][0], found[1:]
+    shared = shared_call(kept, captured.repo_root, reference_lines)
+    if lead.severity != "error" or lead.tie is not None or shared is None:
+        return found
+    called = _receiving(kept, captured, reference_lines)
+    path, line = source_of(called, captured.repo_root)
+    if path is None:
+        return found
+    tie = max((f.tie for f, _ in found if f.tie is not None), default=-1) + 1
+    moved, note = _moved(
+        lead,
+        (path, line, tie),
+        f"the `{kept.opcode}` at {lead.path}:{lead.line} is in code both programs run and its value is the "
+        "reference's (or a share of it); the distributed program receives it here, where what the reference "
+        f"does after it is missing. There: {lead.message}",
+        f"the `{kept.opcode}` that the finding at {path}:{line} is about is made here, in code the reference runs too.",
+    )
+    return [(moved, called), (note, None)] + rest
+
+
 def _library_callers(
     findings: list[tuple[Finding, Instruction | None]],
     captured: CapturedModel,
@@ -323,16 +384,25 @@ def _caller_choices(
     entry: tuple[str, str] | None,
     foreign: tuple[tuple[str, str], ...] = (),
     reference_runs: frozenset[str] = frozenset(),
+    taking: Instruction | None = None,
 ) -> list[tuple[Finding, Instruction | None]]:
     """The lead error moves to the call that passes the static value its op depends on, where another
     call of the same helper passes another (equivci.diagnose.arguments); the op's line stays as a
-    tied note. `reference_runs`: the names of the functions the reference runs."""
+    tied note. `reference_runs`: the names of the functions the reference runs. `taking`: the op that
+    takes the lead's partial sum as the full value, seen from the distributed program's own code:
+    the all-reduce is missing between the two, so a choice made where that op receives it counts too."""
     if not findings:
         return findings
     (lead, inst), rest = findings[0], findings[1:]
     if inst is None or lead.severity != "error":
         return findings
     choice = passed_choice(inst, events, captured.repo_root, entry, foreign, reference_runs)
+    if choice is None and taking is not None:
+        found = passed_choice(taking, events, captured.repo_root, entry, foreign, reference_runs)
+        # Only a callable the caller passes can stand where the all-reduce belongs (`reduce(g)` given
+        # `lambda g: g`); a flag picks a branch, whose own line is written in the helper.
+        if found is not None and _callable(found.text):
+            choice = dataclasses.replace(found, use=found.use or taking)
     if choice is None:
         return findings
     path, line = source_of(
@@ -360,6 +430,53 @@ def _caller_choices(
         f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}` (elsewhere {others}), "
         f"and {depends}. There: {lead.message}",
         f"the `{inst.opcode}` that the finding at {path}:{line} is about is made here, from what that call passes.",
+    )
+    return [(moved, None), (note, None)] + rest
+
+
+def _callable(text: str) -> bool:
+    """`text` is a lambda, a partial, or names a function (not a constant such as `True` or `AXES`)."""
+    try:
+        body = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return False
+    if isinstance(body, ast.Call):
+        return callee(body) == "partial"
+    return isinstance(body, ast.Lambda) or (
+        isinstance(body, ast.Name) and not body.id.isupper() and not keyword.iskeyword(body.id)
+    )
+
+
+def _axes_written(
+    found: list[tuple[Finding, Instruction | None]],
+    defect: Defect,
+    captured: CapturedModel,
+    events: list[Event],
+    entry: tuple[str, str] | None,
+) -> list[tuple[Finding, Instruction | None]]:
+    """An all-reduce whose mesh axes are the defect sums over the axes its caller set: where its own
+    statement does not write them (a `reduce` bound by functools.partial elsewhere, an axis passed
+    in), the lead moves to the statement that does (equivci.diagnose.arguments.literal_written),
+    which is the line to change; the op's line stays as a tied note."""
+    (lead, inst), rest = found[0], found[1:]
+    if inst is not defect.inst or not defect.axes or lead.severity != "error":
+        return found
+    written = literal_written(inst, events, captured.repo_root, defect.axes, entry)
+    if written is None:
+        return found
+    path, line = source_of(
+        dataclasses.replace(inst, stack=(SourceLoc(written[0], written[1], ""),)), captured.repo_root
+    )
+    if path is None or (path, line) == (lead.path, lead.line):
+        return found
+    tie = lead.tie if lead.tie is not None else max((f.tie for f, _ in found if f.tie is not None), default=-1) + 1
+    axes = ", ".join(f"'{a}'" for a in sorted(defect.axes))
+    moved, note = _moved(
+        lead,
+        (path, line, tie),
+        f"the mesh axes ({axes}) that the `{inst.opcode}` at {lead.path}:{lead.line} sums over are written here. "
+        f"There: {lead.message}",
+        f"the `{inst.opcode}` that the finding at {path}:{line} is about is made here, over the axes written there.",
     )
     return [(moved, None), (note, None)] + rest
 

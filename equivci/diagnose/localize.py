@@ -55,6 +55,11 @@ class Defect:
     alternative: tuple[Instruction, str] | None = None  # an equally supported place, and what to say there
     # The proof only found no relation here (no rule, perhaps): nothing says how the value differs.
     unexplained: bool = False
+    # The op's own value is a reference value or a share of one: what the program does after it
+    # (an all-reduce, a residual add) is missing, not what it was handed.
+    kept: bool = False
+    # The mesh axes the blamed all-reduce sums over, when they are the defect (an axis missing or wrong).
+    axes: frozenset[str] = frozenset()
 
 
 def _terms(event: Event) -> list[Term] | None:
@@ -529,7 +534,7 @@ def first_defect(
         # from an all-reduce that leaves out its axis, the reduction is where it was left unfinished.
         affine = event.inst.opcode in ("add", "subtract") and len(partials) < len(operand_events)
         unsummed = next(
-            (e for k, e in partials if _nonlinear_in(event.inst.opcode, k) or (affine and short_axes(e))), None
+            (e for k, e in partials if _nonlinear_in(event.inst.opcode, k, terms) or (affine and short_axes(e))), None
         )
         if unsummed is not None and (ts := _terms(unsummed)) is not None:
             # f(a + b) is no f(a) + f(b) for a nonlinear f: the share each device holds had to be
@@ -547,6 +552,7 @@ def first_defect(
             return Defect(
                 unsummed.inst,
                 why,
+                axes=frozenset(reduced or ()),
                 alternative=(
                     event.inst,
                     f"`{event.inst.opcode}` here gives a value that is not a slice, a partial sum or a copy of any "
@@ -661,14 +667,16 @@ def first_defect(
             outcome, before = settle(later, terms), settle(operand, op_terms)
             axis = partial_axis.get(_key(op_terms)) if status.get(_key(op_terms)) == "partial" else None
             if outcome == "unrelated" and before != "unrelated" and axis is not None and axis not in reduced:
-                return Defect(later.inst, wrong_axis(reduced, axis))
+                return Defect(later.inst, wrong_axis(reduced, axis), axes=frozenset(reduced))
             axis = partial_axis.get(_key(terms)) if status.get(_key(terms)) == "partial" else None
             if axis is None or axis in reduced:
                 continue
             whole, use = taken_whole(later)
             if whole:
                 where = _at(use.inst) if use is not None else ""
-                return Defect(later.inst, missing_axis(reduced, axis, use.inst if use else None, where))
+                return Defect(
+                    later.inst, missing_axis(reduced, axis, use.inst if use else None, where), axes=frozenset(reduced)
+                )
         return None
 
     def taken_whole(event: Event) -> tuple[bool, Event | None]:
@@ -858,6 +866,7 @@ def first_defect(
                     event.inst,
                     f"this value is a partial sum over mesh axis '{partial_axis[_key(terms)]}' but it is "
                     "returned as the full value: a psum (all-reduce) over that axis is missing",
+                    kept=True,
                 )
             continue
         if outcome == "scaled":
@@ -922,6 +931,7 @@ def unfinished_output(
                 f"but the reference passes that value through {found.what} before it returns it, and the "
                 f"distributed program does not: {applies}.",
                 work=found,
+                kept=True,
             )
     return None
 
@@ -1012,9 +1022,11 @@ _NONLINEAR = {
 }
 
 
-def _nonlinear_in(opcode: str, k: int) -> bool:
-    """The op is not linear in its operand `k` (a divisor is not)."""
-    return opcode in _NONLINEAR or (opcode == "divide" and k == 1)
+def _nonlinear_in(opcode: str, k: int, terms: list[Term]) -> bool:
+    """The op is not linear in its operand `k` (a divisor is not; nor is a reduce that keeps the
+    maximum, minimum or product of its lanes: max(a + b) is no max(a) + max(b))."""
+    reducer = terms[0].attrs[0] if opcode == "reduce" and terms and terms[0].op == "reduce" else None
+    return opcode in _NONLINEAR or (opcode == "divide" and k == 1) or reducer in _NONLINEAR | {"multiply"}
 
 
 # Ops whose related value may still hold the wrong elements, chosen by an input-free operand.
@@ -1754,8 +1766,9 @@ class _Tracer:
         )
         if found.tied and at_producer is not None:
             lead, other = (at_producer, at_consumer) if found.at_producer else (at_consumer, at_producer)
-            return Defect(*lead, work=found, alternative=other)
-        return Defect(*(at_producer if found.at_producer and at_producer else at_consumer), work=found)
+            return Defect(*lead, work=found, alternative=other, kept=found.at_producer)
+        produced = found.at_producer and at_producer is not None
+        return Defect(*(at_producer if produced and at_producer else at_consumer), work=found, kept=produced)
 
     def wrong_operand(self, event: Event, ref: Event, k: int, dev: int) -> Defect | None:
         d_op, r_op = self.operands(event)[k], self.operands(ref, refs=True)[k]

@@ -5,6 +5,7 @@ the caller's choice (equivci.diagnose.arguments)."""
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 from pathlib import Path
 
@@ -107,14 +108,37 @@ def call_argument(
         if found is None:
             continue
         calls = _direct_calls(found[0], func.name) if made else calls_of(found, func.name)
+        skip = 0
+        if not calls and func.name == "__call__":
+            # An instance runs its `__call__` when called itself (`blk.attn(x, reduce=r)`), `self` unpassed.
+            calls, skip = _instance_calls(found[0], cfile), 1
         for call in calls:
             keyword = next((k.value for k in call.keywords if k.arg == name), None)
             if keyword is not None:
                 return cfile, keyword
-            k = positional.index(name) if name in positional else len(call.args)
-            if k < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[: k + 1]):
+            k = positional.index(name) - skip if name in positional else len(call.args)
+            if skip and len(calls) > 1:
+                continue  # several instances called: no position tells which one runs this `__call__`
+            if 0 <= k < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[: k + 1]):
                 return cfile, call.args[k]
     return None
+
+
+def _instance_calls(stmt: ast.stmt, file: str) -> list[ast.Call]:
+    """The calls in `stmt` that may call an instance: not of a function or class the file defines at
+    module level, nor of a builtin."""
+    tree = module_ast(file)
+    defined = {
+        n.name
+        for n in (tree.body if tree is not None else [])
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
+    return [
+        n
+        for n in ast.walk(stmt)
+        if isinstance(n, ast.Call)
+        and not (isinstance(n.func, ast.Name) and (n.func.id in defined or n.func.id in dir(builtins)))
+    ]
 
 
 def _maker(file: str, func: Function, events: list[Event]) -> list[tuple[str, int]]:

@@ -235,6 +235,8 @@ class _Writer:
             "frontier": self.inst(d.frontier) if d.frontier is not None else None,
             "constants": list(d.constants) if d.constants is not None else None,
             "alternative": [self.inst(d.alternative[0]), d.alternative[1]] if d.alternative is not None else None,
+            "kept": d.kept,
+            "axes": sorted(d.axes),
         }
 
     def inst(self, inst: Instruction) -> dict[str, Any]:
@@ -280,6 +282,8 @@ class _Reader:
             frontier=self.inst(d["frontier"]) if d["frontier"] is not None else None,
             constants=(float(constants[0]), float(constants[1])) if constants is not None else None,
             alternative=(self.inst(alternative[0]), str(alternative[1])) if alternative is not None else None,
+            kept=bool(d["kept"]),
+            axes=frozenset(str(a) for a in d["axes"]),
         )
 
     def event(self, ref: list) -> Event:

@@ -1,7 +1,8 @@
 """A helper parameterized by a static value (here the mesh axis its all-reduce runs over): when the op
 where the programs part depends on that parameter and another call of the helper passes another
 value, the finding leads at the call that passes it, with the op's own line as a tied note. Without
-such another call nothing says the caller chose wrong, and the finding stays at the op."""
+such another call nothing says the caller chose wrong; but the axis of an all-reduce is its defect,
+so the finding leads where that axis is written (here the call again)."""
 
 from __future__ import annotations
 
@@ -92,12 +93,17 @@ def test_the_call_that_passes_the_wrong_axis_leads(manifest):
     assert (note.path, note.line, note.severity, note.tie) == ("model.py", line_of(MODEL, "op"), "note", lead.tie)
 
 
-def test_near_miss_without_another_call_the_finding_stays_at_the_op(manifest):
+def test_without_another_call_the_lead_is_where_the_axis_is_written(manifest):
+    # No other call says the caller chose wrong, but the all-reduce's axis is the defect and the
+    # call writes it: the line to change is there, with the op's line as a tied note.
     result = verify_named(manifest, "wrong-axis-alone")
     assert result.status == Status.MISMATCH
-    lead = result.findings[0]
-    assert (lead.path, lead.line) == ("alone.py", line_of(MODEL, "op"))
+    lead, note = result.findings[0], result.findings[1]
+    call = ALONE.splitlines().index('    return _sharded(x, w_up, w_down, mesh, "data")') + 1
+    assert (lead.path, lead.line, lead.severity) == ("alone.py", call, "error"), result.findings
     assert "is passed here" not in lead.message
+    assert "the mesh axes ('data') that the `all-reduce` at alone.py:" in lead.message
+    assert (note.path, note.line, note.severity, note.tie) == ("alone.py", line_of(MODEL, "op"), "note", lead.tie)
 
 
 # Choices reached in other ways: a callable passed down into a shard_map body (whose ops' stacks end
