@@ -140,10 +140,13 @@ def sorted_pick(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shape) -
         return None
     if not literals.holds_positions(ev, held, v):
         return None
-    if x is keys:
-        carried = sorts.sorted_lanes(ev, keys, held, v, order, [x.dtype, held.dtype])[0]
-    else:
-        carried = sorts.sorted_lanes(ev, keys, x, v, order, [keys.dtype, x.dtype])[1]
+    payload, sorted_output = (held, 0) if x is keys else (x, 1)
+    dtypes = [keys.dtype, payload.dtype]
+    # Within the first k of a merge of per-piece top-k candidates, the sort of the pieces (sorts.merged_top).
+    merged = (
+        None if window is None else sorts.merged_top(ev, keys, None if x is keys else x, v, order, dtypes, window[1])
+    )
+    carried = (merged or sorts.sorted_lanes(ev, keys, payload, v, order, dtypes))[sorted_output]
     return carried if window is None else ev.slice_term(carried, v, *window)
 
 

@@ -12,8 +12,10 @@ the same place of that order, meet there. An all-reduce's sum of the devices' va
 it stands for one value of the reference (the target's logit summed over the vocabulary shards),
 not for its pieces.
 
-A sum over dims of a signed sum whose atoms include broadcasts along those dims is spread over its
-atoms (Σ_R (x - bcast(y)) = Σ_R x - |R| · y: label smoothing's mean log-probability). Every
+A broadcast of a sum is the sum of the broadcasts, exactly (a broadcast copies): log-softmax on a
+vocabulary shard, `x - (m + log_sum)` with one broadcast of the keepdims sum, adds up the atoms of
+the reference's `(x - m) - log_sum`. A sum over dims of a signed sum whose atoms include broadcasts
+along those dims is spread over its atoms (Σ_R (x - bcast(y)) = Σ_R x - |R| · y: label smoothing's mean log-probability). Every
 written term stays an atom of its own: x - x is kept (it is not 0 where x is infinite).
 """
 
@@ -146,7 +148,7 @@ def _collect(
         return _collect(ev, base.args[0], -c, out, shape, limit, regrouped, reserved)
     if (product := _unnegated_product(ev, base)) is not None:  # (-a) * b = -(a * b), exactly
         return _collect(ev, product, -c, out, shape, limit, regrouped, reserved)
-    if regrouped and (broadcast := _broadcast_terms(ev, base)) is not None:
+    if (broadcast := _broadcast_terms(ev, base)) is not None:
         return _collect_all(ev, [(c * k, a) for k, a in broadcast], out, shape, limit, regrouped, reserved)
     if base.op == "reshape":
         return _collect(ev, base.args[0], c, out, shape, limit, regrouped, reserved)

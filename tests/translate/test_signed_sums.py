@@ -60,6 +60,20 @@ SPREAD_OTHER = {
 }
 
 
+# log-softmax over rows, its subtrahends broadcast along the row: x - lse written with one broadcast
+# of the sum m + log_sum (a vocabulary shard's `logits - (m + log(psum(...)))`) or two
+LOG_SOFTMAX_ARGS = (ROWS[0], ARGS[1], ARGS[2])  # x [4, 8], m, log_sum
+LOG_SOFTMAX = {
+    "broadcast-sum": lambda x, m, s: x - (m + s)[:, None],
+    "two-broadcasts": lambda x, m, s: (x - m[:, None]) - s[:, None],
+    "keepdims-sum": lambda x, m, s: x - (m[:, None] + s[:, None]),
+}
+LOG_SOFTMAX_OTHER = {
+    "broadcast-difference-of-other-sign": lambda x, m, s: x - (m - s)[:, None],
+    "max-once-more": lambda x, m, s: x - (m + s)[:, None] - m[:, None],
+}
+
+
 def _form(fn, args=ARGS):
     """The output's stated one form (the output itself when it is that form already), as text over
     the inputs, after checking every stated pair against XLA."""
@@ -110,6 +124,18 @@ def test_cancelled_terms_stay():
 def test_a_sum_of_log_probabilities_is_spread_over_its_terms():
     forms = {name: _form(fn, ROWS) for name, fn in SPREAD.items()}
     assert len(set(forms.values())) == 1, forms
+
+
+def test_a_broadcast_sum_is_the_sum_of_the_broadcasts():
+    """bcast(a + b) = bcast(a) + bcast(b) (exact: a broadcast copies): log-softmax's `x - (m + s)`
+    on a vocabulary shard meets the reference's `(x - m) - s`."""
+    forms = {name: _form(fn, LOG_SOFTMAX_ARGS) for name, fn in LOG_SOFTMAX.items()}
+    assert len(set(forms.values())) == 1, forms
+
+
+@pytest.mark.parametrize("name", sorted(LOG_SOFTMAX_OTHER))
+def test_other_broadcast_sums_do_not_meet(name):
+    assert _form(LOG_SOFTMAX_OTHER[name], LOG_SOFTMAX_ARGS) != _form(LOG_SOFTMAX["two-broadcasts"], LOG_SOFTMAX_ARGS)
 
 
 @pytest.mark.parametrize("name", sorted(SPREAD_OTHER))
