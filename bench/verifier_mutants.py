@@ -889,6 +889,23 @@ MUTANTS: tuple[Mutant, ...] = (
       "    return None\n",
       "a gather at ids - c of the shard's rows, masked to the shard's ids, is the full table's lookup there",
       "model:embed-take-clip"),
+    # -- a lookup's window along its indexed dim under a window along another (translate/windows.py) ---
+    M("window-along-other-dim", "    if w is None or w.dim == dim:\n        return w\n", "    if True:\n        return w\n",
+      "a gather along one dim reads a window of the table only along that dim",
+      "pytest:tests/translate/test_two_axis_lookups.py::test_vocab_pick_on_data_rows_verifies[clip]"),
+    M("window-along-outer-start", "whole=ev.slice_term(inner.whole, w.dim, w.start, w.stop)",
+      "whole=ev.slice_term(inner.whole, w.dim, 0, w.stop - w.start)",
+      "windows along two dims commute, each keeping its own start",
+      "pytest:tests/translate/test_two_axis_lookups.py::test_vocab_pick_on_data_rows_verifies[clip]"),
+    # -- a gather's size-1 window dims as batching dims (terms/spec.py, GatherDims) -----------------------
+    M("unit-window-any-size", "if k not in window or k in dims.start_map or operand_shape[k] != 1:",
+      "if k not in window or k in dims.start_map:",
+      "only a size-1 window dim holds the one element a size-1 batch row does",
+      "pytest:tests/terms/test_semantics_against_jax.py::test_a_window_dim_longer_than_one_or_read_by_an_index_stays_a_window"),
+    M("unit-window-read", "if k not in window or k in dims.start_map or operand_shape[k] != 1:",
+      "if k not in window or operand_shape[k] != 1:",
+      "a window dim a start index reads is no batch row",
+      "pytest:tests/terms/test_semantics_against_jax.py::test_a_window_dim_longer_than_one_or_read_by_an_index_stays_a_window"),
     # -- a filling take at ids sent past the shard (translate/masks.py, through_select, known_rows) -----
     M("fill-constant-inside", "any(w.lo <= int(v) < w.hi for v in np.unique(value))", "False",
       "a window test of select(p, k, ids - c) is a test of the ids only where k fails it",

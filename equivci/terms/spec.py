@@ -389,6 +389,35 @@ class GatherDims:
             ints("slice_sizes"),
         )
 
+    def unit_windows_batched(
+        self, operand_shape: tuple[int, ...], indices_shape: tuple[int, ...], out_rank: int
+    ) -> tuple["GatherDims", tuple[int, ...]]:
+        """The same gather with each size-1 operand dim it takes whole as a window (no start index
+        reads it) made a batching dim, paired with a size-1 index dim inserted where the output dim
+        it fills is read: (dims, the index's new shape). Exact: along that dim the window's one
+        element and the batch's one row are both element 0. A device's one row of a batch, which
+        XLA gathers from as a window, then meets its row of the reference's batched gather
+        (`take_along_axis` on data-parallel rows). Only for an implicit index vector."""
+        dims, shape = self, list(indices_shape)
+        if dims.vector_dim != len(shape):
+            return dims, indices_shape
+        for k in range(len(operand_shape)):
+            window = [j for j in range(len(operand_shape)) if j not in dims.collapsed + dims.operand_batch]
+            if k not in window or k in dims.start_map or operand_shape[k] != 1:
+                continue
+            o = sorted(dims.offset)[window.index(k)]
+            q = sum(1 for p in range(out_rank) if p < o and p not in dims.offset)  # index dims fill them in order
+            pairs = sorted([*zip(dims.operand_batch, (j + (j >= q) for j in dims.indices_batch)), (k, q)])
+            dims = dataclasses.replace(
+                dims,
+                offset=tuple(p for p in dims.offset if p != o),
+                operand_batch=tuple(a for a, _ in pairs),
+                indices_batch=tuple(b for _, b in pairs),
+                vector_dim=dims.vector_dim + 1,
+            )
+            shape.insert(q, 1)
+        return dims, tuple(shape)
+
     def without_unit_index_dims(
         self, indices_shape: tuple[int, ...], out_rank: int
     ) -> tuple["GatherDims", list[int], list[int]]:

@@ -267,10 +267,9 @@ def masked_lookup(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shap
     from one by ops the window passes through), at where(mask, ids - s, z), a clamp of ids - s or
     ids - s itself (reshaped): T[ids] wherever the mask holds (the clamp, and the gather's own clamp
     of its index into [0, e - s - 1], leave ids - s as it is where ids lie in [s, e))."""
-    lifted = windows.window_form(ev, x)
+    lifted = windows.window_along(ev, x, dims.start_map[0]) if len(dims.start_map) == 1 else None
     if (
         lifted is None
-        or len(dims.start_map) != 1
         or dims.start_map[0] != lifted.dim
         or dims.start_map[0] not in dims.collapsed
         or int(np.prod(idx.shape)) > ev.budgets.mask_labels

@@ -463,8 +463,9 @@ def gather(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     if (windows := rows_at_constants(ev, x, idx, dims, inst.shape)) is not None:
         return windows
     dims, kept_idx, kept_out = dims.without_unit_index_dims(idx.shape, len(inst.shape.dims))
-    idx = ev.reshape_term(idx, Shape(idx.dtype, tuple(idx.shape[j] for j in kept_idx)))
     out = Shape(inst.shape.dtype, tuple(inst.shape.dims[o] for o in kept_out))
+    dims, idx_shape = dims.unit_windows_batched(x.shape, tuple(idx.shape[j] for j in kept_idx), len(out.dims))
+    idx = ev.reshape_term(idx, Shape(idx.dtype, idx_shape))
     if len(dims.start_map) == 1:
         ev.index_uses.append((idx, x.shape[dims.start_map[0]], (inst, *reversed(ev.calls))))
     if (rows := offsets.consecutive_rows(ev, x, idx, dims, out)) is not None:

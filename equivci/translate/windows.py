@@ -50,6 +50,8 @@ class Evaluator(Protocol):
 
     def scaled(self, base: Term, factor: Fraction) -> Term | None: ...
 
+    def slice_term(self, x: Term, dim: int, start: int, stop: int) -> Term: ...
+
 
 def window_form(ev: Evaluator, t: Term, depth: int = 0) -> Window | None:
     """`t` as a window of a (possibly new) term along one dim, when the ops that made it let the
@@ -58,6 +60,23 @@ def window_form(ev: Evaluator, t: Term, depth: int = 0) -> Window | None:
     if (t, depth) not in ev.window_forms:
         ev.window_forms[(t, depth)] = _window_form(ev, t, depth)
     return ev.window_forms[(t, depth)]
+
+
+def window_along(ev: Evaluator, t: Term, dim: int, depth: int = 0) -> Window | None:
+    """`t` as a window along `dim`: its window form, or, where that form is a window along another
+    dim k, the window along `dim` of its whole, the window along k taken of that window's whole:
+    windows along two dims commute, x[a:b along k][c:d along dim] = x[c:d along dim][a:b along k]
+    (a device's logits on a {data, vocab} mesh, its rows of h against its columns of the head, are
+    its vocabulary window of its rows' logits)."""
+    w = window_form(ev, t, depth)
+    if w is None or w.dim == dim:
+        return w
+    if depth >= ev.budgets.window_depth:
+        return None
+    inner = window_along(ev, w.whole, dim, depth + 1)
+    if inner is None:
+        return None
+    return dataclasses.replace(inner, whole=ev.slice_term(inner.whole, w.dim, w.start, w.stop))
 
 
 def _window_form(ev: Evaluator, t: Term, depth: int) -> Window | None:

@@ -321,3 +321,40 @@ def test_integer_divide_and_remainder_by_zero_and_unsigned_are_xlas(dtype):
 
 def test_every_modelled_op_is_checked_against_xla_here():
     assert set(UNARY) == set(MODELLED_UNARY) and set(BINARY) == set(MODELLED_BINARY)
+
+
+def _lax_gather(x, idx, g: GatherDims):
+    dims = lax.GatherDimensionNumbers(
+        offset_dims=g.offset,
+        collapsed_slice_dims=g.collapsed,
+        start_index_map=g.start_map,
+        operand_batching_dims=g.operand_batch,
+        start_indices_batching_dims=g.indices_batch,
+    )
+    index = idx[..., None] if g.vector_dim == idx.ndim else idx
+    return np.asarray(lax.gather(x, index, dims, g.slice_sizes, mode=lax.GatherScatterMode.CLIP))
+
+
+@pytest.mark.parametrize("unit_dim", [0, 1])
+def test_a_unit_window_dim_batched_gathers_the_same_elements(unit_dim):
+    """take_along_axis on one row of a batch, as XLA writes it (the row a window dim), and the
+    batched form `unit_windows_batched` gives it: the same elements in the same layout."""
+    rng = np.random.default_rng(unit_dim)
+    shape = [3, 5, 7]
+    shape[unit_dim] = 1
+    x = rng.normal(size=shape).astype(np.float32)
+    other = 1 - unit_dim
+    idx = rng.integers(-2, 9, size=(shape[other],)).astype(np.int32)  # some outside [0, 7): clamped alike
+    g = GatherDims((unit_dim,), (2,), (2,), (other,), (0,), 1, (1, 1, 1))
+    batched, idx_shape = g.unit_windows_batched(tuple(shape), idx.shape, 2)
+    assert batched.offset == () and batched.operand_batch == (0, 1) and idx_shape == tuple(1 if d == unit_dim else shape[other] for d in range(2))
+    want = _lax_gather(x, idx, g)
+    got = _lax_gather(x, idx.reshape(idx_shape), batched)
+    assert got.shape == want.shape and np.array_equal(got, want)
+
+
+def test_a_window_dim_longer_than_one_or_read_by_an_index_stays_a_window():
+    g = GatherDims((0,), (2,), (2,), (1,), (0,), 1, (2, 1, 1))
+    assert g.unit_windows_batched((2, 5, 7), (5,), 2) == (g, (5,))
+    read = GatherDims((0, 2), (), (0,), (1,), (0,), 1, (1, 1, 7))  # the size-1 dim 0 at a clamped start
+    assert read.unit_windows_batched((1, 5, 7), (5,), 3) == (read, (5,))
