@@ -263,7 +263,7 @@ def _received(
     path, line = source_of(called, captured.repo_root)
     if path is None:
         return found
-    tie = max((f.tie for f, _ in found if f.tie is not None), default=-1) + 1
+    tie = _new_tie(found)
     moved, note = _moved(
         lead,
         (path, line, tie),
@@ -419,7 +419,7 @@ def _caller_choices(
             f"{lead.path}:{lead.line} computes, depends on it"
         )
     # A lead tied with other places keeps its tie: the call joins them, first.
-    tie = lead.tie if lead.tie is not None else max((f.tie for f, _ in findings if f.tie is not None), default=-1) + 1
+    tie = lead.tie if lead.tie is not None else _new_tie(findings)
     if choice.text.isidentifier():
         body = _passed_function(choice, inst, lead, (path, line, tie), depends, others, events, captured)
         if body:
@@ -432,6 +432,11 @@ def _caller_choices(
         f"the `{inst.opcode}` that the finding at {path}:{line} is about is made here, from what that call passes.",
     )
     return [(moved, None), (note, None)] + rest
+
+
+def _new_tie(found: list[tuple[Finding, Instruction | None]]) -> int:
+    """A tie group number no finding of `found` uses yet."""
+    return max((f.tie for f, _ in found if f.tie is not None), default=-1) + 1
 
 
 def _callable(text: str) -> bool:
@@ -469,7 +474,7 @@ def _axes_written(
     )
     if path is None or (path, line) == (lead.path, lead.line):
         return found
-    tie = lead.tie if lead.tie is not None else max((f.tie for f, _ in found if f.tie is not None), default=-1) + 1
+    tie = lead.tie if lead.tie is not None else _new_tie(found)
     axes = ", ".join(f"'{a}'" for a in sorted(defect.axes))
     moved, note = _moved(
         lead,
