@@ -99,7 +99,8 @@ def unit_dims_moved(ev: Builder, x: Term, out: Shape) -> Term | None:
     `out.transpose(0, 2, 1, 3).reshape(b, s, h * hd)`, which XLA writes as a reshape of its
     [b, 1, s, hd] slab, then meets the reference's transpose and merge of its heads at that head's
     window. None when x has fewer than three dims, the reshape does more than drop size-1 dims, one
-    of them trails x's last dim, or none stands before the dim that precedes its last."""
+    of them trails x's last dim or leads its first kept dim, or none stands before the dim that precedes
+    its last."""
     if len(x.shape) < 3 or ev.folded(x) is not None:
         return None
     units = [d for d, n in enumerate(x.shape) if n == 1]
@@ -108,6 +109,10 @@ def unit_dims_moved(ev: Builder, x: Term, out: Shape) -> Term | None:
         return None
     if max(units) > kept[-1] or min(units) > kept[-2]:
         return None  # a trailing size-1 dim (keepdims statistics) is no head; one in place moves nothing
+    if min(units) < kept[0]:
+        # a leading size-1 dim is a slice's row (a scan's microbatch, a vmapped row), no head: stated
+        # moved, every step of a scan grew the e-graph past its budget (near miss fsdp-scan)
+        return None
     perm = tuple(kept[:-1] + units + kept[-1:])
     moved = ev.mk("transpose", (transpose_text(perm),), [x], Shape(x.dtype, tuple(x.shape[d] for d in perm)))
     return ev.mk("reshape", (reshape_spec(moved.shape, out.dims),), [moved], out)

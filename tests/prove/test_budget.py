@@ -94,7 +94,8 @@ def test_the_callers_budget_reaches_the_saturation_of_both_programs() -> None:
 
     x, lhs, rhs = chain()
     programs = SimpleNamespace(
-        params=[x], reference_events=[], reference_outputs=[rhs], device_outputs=[[lhs]], targets=[[rhs]],
+        params=[x], reference_events=[], reference_values=lambda: [x], reference_outputs=[rhs],
+        device_outputs=[[lhs]], targets=[[rhs]],
         evaluator=SimpleNamespace(equal_terms=[], budgets=Budgets()), obligations=[],
     )
     for iterations in (1, 300):

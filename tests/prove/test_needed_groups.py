@@ -70,7 +70,8 @@ def _programs(out, target, params, groups):
     from equivci.options import Budgets
 
     return SimpleNamespace(
-        params=params, reference_events=[], reference_outputs=[target], device_outputs=[[out]], targets=[[target]],
+        params=params, reference_events=[], reference_values=lambda: list(params), reference_outputs=[target],
+        device_outputs=[[out]], targets=[[target]],
         evaluator=SimpleNamespace(equal_terms=groups, budgets=Budgets()), obligations=[],
     )
 
