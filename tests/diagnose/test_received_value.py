@@ -12,7 +12,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from model_package import line_of, verify_named, write_package
+from model_package import line_of, manifest_text, verify_named, write_package
 
 from equivci.results import Status
 
@@ -107,16 +107,15 @@ MODEL = textwrap.dedent(
     """
 ).lstrip()
 
-MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {name}, reference: model.py:{ref}, distributed: model.py:{func}, inputs: model.py:inputs, "
-    "mesh: {data: 2, model: 2}}\n"
-    for name, ref, func in [
+MANIFEST = manifest_text(
+    [
         ("block", "block", "block_tp"),
         ("no-residual", "block", "block_tp_no_residual"),
         ("wrong-axis", "block", "block_tp_wrong_axis"),
         ("mlp", "mlp", "mlp_tp"),
         ("uncombined", "mlp", "mlp_tp_uncombined"),
-    ]
+    ],
+    "{data: 2, model: 2}",
 )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from model_package import line_of, verify_named, write_package
+from model_package import line_of, manifest_text, verify_named, write_package
 
 from equivci.results import Status
 
@@ -55,10 +55,9 @@ MODEL = textwrap.dedent(
     """
 ).lstrip()
 
-MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {name}, reference: model.py:{ref}, distributed: model.py:{func}, inputs: model.py:inputs, "
-    "mesh: {tp: 4}}\n"
-    for name, ref, func in [("top", "top", "top_tp_unreduced"), ("total", "total", "total_tp_summed_late")]
+MANIFEST = manifest_text(
+    [("top", "top", "top_tp_unreduced"), ("total", "total", "total_tp_summed_late")],
+    "{tp: 4}",
 )
 
 
