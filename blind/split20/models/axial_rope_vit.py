@@ -2,8 +2,9 @@
 head's dims is rotated (rotate-half) by the patch's row, the second half by its column;
 bidirectional attention.
 
-- `attn_sp_rows`: shard_map on {sp: 4}, tokens split into chunks of two grid rows; a token's
-  row/column come from its global index `axis_index * chunk + iota`;
+- `attn_sp_rows`: shard_map on {sp: 4}, tokens split into chunks of two grid rows; cos/sin tables
+  for the whole grid are precomputed and the queries' rows sliced at `axis_index * chunk`, the
+  all-gathered keys use the whole table;
 - `attn_jit_heads`: jit-partitioned on {dp: 2, tp: 2}, batch over dp and heads over tp by sharding
   constraints, the (row, col) grid built with `jnp.meshgrid`.
 """
@@ -53,42 +54,62 @@ def attn(w_qkv, w_o, x):
     return _attention(w_qkv, w_o, x, t // GW, t % GW)
 
 
-# ---- sequence parallel over grid rows ------------------------------------------------------------
+# ---- sequence parallel over grid rows, precomputed tables ---------------------------------------
 
-def _global_index(chunk):
-    return lax.axis_index("sp") * chunk + jnp.arange(chunk)
+def rope_tables():
+    """cos/sin [T, HD] for every token of the grid: [row freqs x2 | col freqs x2]."""
+    t = jnp.arange(T)
+    quarter = HD // 4
+    inv = BASE ** (-jnp.arange(quarter) / quarter)
+    ar, ac = (t // GW)[:, None] * inv, (t % GW)[:, None] * inv
+    ang = jnp.concatenate([ar, ar, ac, ac], -1)
+    return jnp.cos(ang), jnp.sin(ang)
 
 
-def _local_index(chunk):
-    return jnp.arange(chunk)
+def _rotate_halves(x):
+    q, h = HD // 2, HD // 4
+    rh = lambda y: jnp.concatenate([-y[..., h:], y[..., :h]], -1)
+    return jnp.concatenate([rh(x[..., :q]), rh(x[..., q:])], -1)
 
 
-def _sp_local(w_qkv, w_o, x, index):
+def _apply_table(x, cos, sin):
+    return x * cos[:, None] + _rotate_halves(x) * sin[:, None]
+
+
+def _table_start(chunk):
+    return lax.axis_index("sp") * chunk
+
+
+def _table_start_unscaled(chunk):
+    return lax.axis_index("sp")
+
+
+def _sp_local(w_qkv, w_o, x, table_start):
     chunk = x.shape[1]
-    t = index(chunk)
-    rows_all = lax.all_gather(t // GW, "sp", tiled=True)
-    cols_all = lax.all_gather(t % GW, "sp", tiled=True)
+    cos, sin = rope_tables()
     qkv = jnp.einsum("btd,dchk->cbthk", x, w_qkv)
-    q = axial_rope(qkv[0], t // GW, t % GW)
-    k = axial_rope(lax.all_gather(qkv[1], "sp", axis=1, tiled=True), rows_all, cols_all)
+    start = table_start(chunk)
+    q = _apply_table(qkv[0], lax.dynamic_slice_in_dim(cos, start, chunk),
+                     lax.dynamic_slice_in_dim(sin, start, chunk))
+    k = _apply_table(lax.all_gather(qkv[1], "sp", axis=1, tiled=True), cos, sin)
     v = lax.all_gather(qkv[2], "sp", axis=1, tiled=True)
     s = jnp.einsum("bqhk,bshk->bhqs", q, k) * HD ** -0.5
     o = jnp.einsum("bhqs,bshk->bqhk", jax.nn.softmax(s, -1), v)
     return jnp.einsum("bqhk,hkd->bqd", o, w_o)
 
 
-def _run_sp(w_qkv, w_o, x, mesh, index):
-    local = lambda w, wo, x: _sp_local(w, wo, x, index)
+def _run_sp(w_qkv, w_o, x, mesh, table_start):
+    local = lambda w, wo, x: _sp_local(w, wo, x, table_start)
     return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(None, "sp")),
                          out_specs=P(None, "sp"), check_vma=False)(w_qkv, w_o, x)
 
 
 def attn_sp_rows(w_qkv, w_o, x, mesh):
-    return _run_sp(w_qkv, w_o, x, mesh, _global_index)
+    return _run_sp(w_qkv, w_o, x, mesh, _table_start)
 
 
-def attn_sp_rows_local_positions(w_qkv, w_o, x, mesh):
-    return _run_sp(w_qkv, w_o, x, mesh, _local_index)
+def attn_sp_rows_table_offset_unscaled(w_qkv, w_o, x, mesh):
+    return _run_sp(w_qkv, w_o, x, mesh, _table_start_unscaled)
 
 
 # ---- jit, heads over tp --------------------------------------------------------------------------

@@ -81,14 +81,17 @@ def gqa_column_offsets_k_from_q(w_qkv, b_qkv, w_o, x, mesh):
 
 # ---- per-rank repacked blocks --------------------------------------------------------------------
 
-def _repack(a, tp, kv_first):
+def _repack(a, tp):
     """[..., (H + 2KV) * HD] -> [tp, ..., cols] with rank r's q heads, then its k, then its v."""
     lead = a.shape[:-1]
     q = a[..., :H * HD].reshape(*lead, tp, H // tp * HD)
     k = a[..., H * HD:(H + KV) * HD].reshape(*lead, tp, KV // tp * HD)
     v = a[..., (H + KV) * HD:].reshape(*lead, tp, KV // tp * HD)
-    parts = (q, v, k) if kv_first else (q, k, v)
-    return jnp.moveaxis(jnp.concatenate(parts, axis=-1), -2, 0)
+    return jnp.moveaxis(jnp.concatenate((q, k, v), axis=-1), -2, 0)
+
+
+def _bias_split_evenly(b, tp):
+    return b.reshape(tp, -1)
 
 
 def _repacked_local(w, b, w_o, x):
@@ -104,16 +107,16 @@ def _repacked_local(w, b, w_o, x):
     return lax.psum(o @ w_o, "tp")
 
 
-def _run_repacked(w_qkv, b_qkv, w_o, x, mesh, kv_first):
+def _run_repacked(w_qkv, b_qkv, w_o, x, mesh, repack_bias):
     tp = mesh.shape["tp"]
-    w, b = _repack(w_qkv, tp, False), _repack(b_qkv, tp, kv_first)
+    w, b = _repack(w_qkv, tp), repack_bias(b_qkv, tp)
     return jax.shard_map(_repacked_local, mesh=mesh, in_specs=(P("tp"), P("tp"), P("tp"), P("dp")),
                          out_specs=P("dp"), check_vma=False)(w, b, w_o, x)
 
 
 def gqa_repacked(w_qkv, b_qkv, w_o, x, mesh):
-    return _run_repacked(w_qkv, b_qkv, w_o, x, mesh, kv_first=False)
+    return _run_repacked(w_qkv, b_qkv, w_o, x, mesh, _repack)
 
 
-def gqa_repacked_bias_kv_swapped(w_qkv, b_qkv, w_o, x, mesh):
-    return _run_repacked(w_qkv, b_qkv, w_o, x, mesh, kv_first=True)
+def gqa_repacked_bias_not_repacked(w_qkv, b_qkv, w_o, x, mesh):
+    return _run_repacked(w_qkv, b_qkv, w_o, x, mesh, _bias_split_evenly)

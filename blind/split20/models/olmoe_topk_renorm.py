@@ -4,9 +4,10 @@ counts (with bincount) how often e is a token's first choice. Returns (y, aux).
 
 - `moe_experts_sharded`: shard_map on {ep: 4}, tokens replicated, two experts per device applied
   densely with their combine weights, outputs psum'd;
-- `moe_tokens_and_experts`: on {ep: 4}, tokens sharded too: tokens all-gathered, local experts
-  applied, the sum reduce-scattered back to the token shards (psum_scatter); counts and mean
-  probabilities psum'd for the aux loss.
+- `moe_sorted_all_to_all`: on {ep: 4}, tokens sharded too: each rank argsorts its (token, expert)
+  assignments by expert, gives each a slot inside its expert (rank in the sorted order minus the
+  expert's bincount start), scatters tokens into an [expert, slot] buffer that `all_to_all` sends
+  to the experts' ranks and back; counts and mean probabilities psum'd for the aux loss.
 """
 import jax
 import jax.numpy as jnp
@@ -82,38 +83,48 @@ def moe_experts_sharded_renorm_over_all(p, x, mesh):
     return _run_experts(p, x, mesh, _renormalised_over_all)
 
 
-# ---- tokens and experts over ep ------------------------------------------------------------------
+# ---- tokens over ep: argsort dispatch into per-expert slots, all_to_all both ways ---------------
 
-def _first_expert(el):
-    return lax.axis_index("ep") * el
-
-
-def _first_expert_unshifted(el):
-    return 0
+def _slots_unsorted(slot_sorted, order):
+    return jnp.zeros_like(slot_sorted).at[order].set(slot_sorted)
 
 
-def _tokens_local(p, x_shard, first_expert):
-    probs, w, top_i = _route(p["router"], x_shard)
+def _slots_permuted_forward(slot_sorted, order):
+    return slot_sorted[order]
+
+
+def _a2a_local(p, x, unsort):
+    n = lax.axis_size("ep")
+    s_loc = x.shape[0]
+    probs, w, top_i = _route(p["router"], x)
     aux = _aux(probs, top_i, lambda c: lax.psum(c, "ep"), lambda m: lax.psum(m, "ep"))
-    x = lax.all_gather(x_shard, "ep", tiled=True)
-    w_all = lax.all_gather(w, "ep", tiled=True)
-    i_all = lax.all_gather(top_i, "ep", tiled=True)
-    el = p["w_gate"].shape[0]
-    ids = first_expert(el) + jnp.arange(el)
-    combine = jnp.sum((i_all[..., None] == ids) * w_all[..., None], axis=1)
-    y = lax.psum_scatter(_experts(p, x, combine), "ep", scatter_dimension=0, tiled=True)
-    return y, aux
+    e_flat = top_i.reshape(-1)                      # assignment a = token * K + k
+    order = jnp.argsort(e_flat, stable=True)
+    sizes = jnp.bincount(e_flat, length=E)
+    starts = jnp.cumsum(sizes) - sizes
+    slot_sorted = jnp.arange(e_flat.shape[0]) - starts[e_flat[order]]
+    slot = unsort(slot_sorted, order)
+    cap = s_loc                                     # a token picks an expert at most once: no drops
+    tok = jnp.arange(e_flat.shape[0]) // K
+    buf = jnp.zeros((E, cap, D), x.dtype).at[e_flat, slot].set(x[tok])
+    recv = lax.all_to_all(buf.reshape(n, E // n, cap, D), "ep", 0, 0, tiled=False)
+    h = jnp.moveaxis(recv, 1, 0).reshape(E // n, n * cap, D)
+    h = jax.nn.silu(jnp.einsum("esd,edf->esf", h, p["w_gate"])) * jnp.einsum("esd,edf->esf", h, p["w_up"])
+    h = jnp.einsum("esf,efd->esd", h, p["w_down"])
+    back = lax.all_to_all(jnp.moveaxis(h.reshape(E // n, n, cap, D), 1, 0), "ep", 0, 0, tiled=False)
+    out = back.reshape(E, cap, D)[e_flat, slot] * w.reshape(-1)[:, None]
+    return out.reshape(s_loc, K, D).sum(1), aux
 
 
-def _run_tokens(p, x, mesh, first_expert):
-    local = lambda p, x: _tokens_local(p, x, first_expert)
+def _run_a2a(p, x, mesh, unsort):
+    local = lambda p, x: _a2a_local(p, x, unsort)
     return jax.shard_map(local, mesh=mesh, in_specs=(SPECS, P("ep")), out_specs=(P("ep"), P()),
                          check_vma=False)(p, x)
 
 
-def moe_tokens_and_experts(p, x, mesh):
-    return _run_tokens(p, x, mesh, _first_expert)
+def moe_sorted_all_to_all(p, x, mesh):
+    return _run_a2a(p, x, mesh, _slots_unsorted)
 
 
-def moe_tokens_and_experts_expert_ids_unshifted(p, x, mesh):
-    return _run_tokens(p, x, mesh, _first_expert_unshifted)
+def moe_sorted_all_to_all_slots_not_inverted(p, x, mesh):
+    return _run_a2a(p, x, mesh, _slots_permuted_forward)
