@@ -26,7 +26,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -188,13 +188,15 @@ def int_range(args_abstract: Sequence[Any]) -> int:
     # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax
 
-    dims = [
-        int(d)
-        for leaf in jax.tree_util.tree_leaves(tuple(args_abstract))
-        if _is_float(leaf.dtype)
-        for d in leaf.shape
-        if int(d) >= 2
-    ]
+    return default_int_high(
+        leaf.shape for leaf in jax.tree_util.tree_leaves(tuple(args_abstract)) if _is_float(leaf.dtype)
+    )
+
+
+def default_int_high(float_shapes: Iterable[Sequence[int]]) -> int:
+    """The top (excluded) of the integer inputs the oracle draws where nothing states their range:
+    the floats' smallest dim of size >= 2, so a small id indexes any of them."""
+    dims = [int(d) for shape in float_shapes for d in shape if int(d) >= 2]
     return min(min(dims), INT_RANGE_MAX) if dims else INT_RANGE_DEFAULT
 
 

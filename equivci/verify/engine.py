@@ -8,7 +8,7 @@ from typing import Any
 
 from equivci.cache import Memo
 from equivci.capture.hlo_oracle import compare_hlo_in_child
-from equivci.capture.oracle import NOISE_MARGIN, NumericComparison, Ranges, compare_in_child
+from equivci.capture.oracle import NOISE_MARGIN, NumericComparison, Ranges, compare_in_child, default_int_high
 from equivci.capture.types import CapturedModel, LeafPlacement
 from equivci.diagnose import numeric
 from equivci.diagnose.findings import defect_findings, with_counterexample, with_note
@@ -167,10 +167,13 @@ def verify_model(
             entry=_entry(model),
             foreign=_foreign(model, manifest),
         )
+    drawn = _integer_draws(model, oracle_ranges(model, programs.assumed, captured.inputs), captured.inputs)
     if isinstance(comparison, NumericComparison) and not comparison.equal:
-        findings = with_counterexample(findings, _counterexample(comparison))
+        findings = with_counterexample(findings, _counterexample(comparison) + drawn)
         return _finish(model, Status.MISMATCH, t0, tuple(findings), layers, laps)
-    findings = with_note(findings, _numeric_note(comparison))
+    findings = with_note(
+        findings, _numeric_note(comparison) + (drawn if isinstance(comparison, NumericComparison) else "")
+    )
     for limit in programs.limits:
         findings = with_note(findings, limit)
     outcomes = layered.layers if layering is not None else []
@@ -456,6 +459,23 @@ def _numeric_note(comparison: NumericComparison | str) -> str:
     return (
         f"numeric check: the outputs agree on {len(comparison.seeds)} random inputs (largest difference "
         f"{comparison.max_abs_diff:.3g}{floor}{excused}); that is evidence, not a proof: review the op above"
+    )
+
+
+def _integer_draws(model: ModelSpec, ranges: Ranges, inputs: tuple[LeafPlacement, ...]) -> str:
+    """Which integer values the numeric check drew, where the manifest states no `int_range`: code
+    that is right only for the ids it is meant for (a table lookup at a position, a chunk start)
+    differs outside them, and agreement on a narrow draw is weak evidence. The reader weighs both."""
+    integers = [(k, leaf) for k, leaf in enumerate(inputs) if leaf.dtype.startswith(("int", "uint"))]
+    if model.int_range is not None or model.oracle.inputs is not None or not integers:
+        return ""
+    high = default_int_high(leaf.shape for leaf in inputs if leaf.dtype.startswith(("float", "bfloat", "complex")))
+    drawn = {k: ranges.get(k, (0, high)) for k, _ in integers}
+    shown = [f"input {leaf.path or '#' + str(k)} in [{drawn[k][0]}, {drawn[k][1]})" for k, leaf in integers[:4]]
+    more = f" and {len(integers) - 4} more" if len(integers) > 4 else ""
+    return (
+        f"; the integer inputs were drawn as {', '.join(shown)}{more}: if the programs are meant for other "
+        "values, state them with `int_range: [lo, hi]` in the manifest"
     )
 
 

@@ -15,7 +15,8 @@ from model_package import capture_named, model_named, programs_of
 from equivci.capture.oracle import compare_in_child
 from equivci.hlo.parser import parse_module
 from equivci.prove.programs import build_programs
-from equivci.verify.engine import oracle_ranges
+from equivci.results import Status
+from equivci.verify.engine import oracle_ranges, verify_model
 
 MODELS = textwrap.dedent(
     """\
@@ -106,3 +107,18 @@ def test_a_stated_range_bounds_every_integer_input(manifest):
     assert oracle_ranges(model, programs.assumed, captured.inputs) == {2: (5, 9)}
     refused = dataclasses.replace(model, assume_valid_indices=False)
     assert oracle_ranges(refused, programs.assumed, captured.inputs) == {2: (5, 9)}
+
+
+def test_a_counterexample_says_which_integers_were_drawn_unless_the_manifest_states_them(manifest):
+    """Code right only for the ids it is meant for differs outside them: the reader of a
+    counterexample learns the draw (here the position inside the proof's assumed [3, 15]) and how to
+    state the intended values; with `int_range` stated the draw is the user's, and nothing is said."""
+    model = model_named(manifest, "late")
+    captured = capture_named(manifest, "late")
+    found = verify_model(model, manifest, captured)
+    assert found.status is Status.MISMATCH
+    message = next(f.message for f in found.findings if f.message.startswith("counterexample"))
+    assert "the integer inputs were drawn as input [2] in [3, 16)" in message and "`int_range" in message
+    stated = verify_model(dataclasses.replace(model, int_range=(3, 16)), manifest, captured)
+    assert stated.status is Status.MISMATCH
+    assert not any("drawn as" in f.message for f in stated.findings)
