@@ -1184,8 +1184,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "if False:", "a value that may be a window of a reference value numerics cannot evaluate is no evidence",
       "pytest:tests/diagnose/test_numeric.py::"
       "test_a_value_that_may_be_a_window_of_a_reference_value_numerics_cannot_evaluate_is_undecided"),
-    M("numeric-leads-only-unexplained", "        and defect.unexplained\n        and frontier.start_matches\n",
-      "        and frontier.start_matches\n",
+    M("numeric-leads-only-unexplained",
+      "missing_rule = defect.unexplained and frontier is not None and frontier.start_matches",
+      "missing_rule = frontier is not None and frontier.start_matches",
       "numerics cannot tell the right reference value from another: a defect the proof explains keeps the lead",
       "pytest:tests/capture/test_hlo_files.py::test_llama_tp2_wrong_k_start_is_a_mismatch_at_the_slice"),
     M("numeric-start-tracked", "reads |= {START} if inst is start else frozenset()", "reads |= frozenset()",
