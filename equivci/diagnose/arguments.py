@@ -19,7 +19,16 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from equivci.diagnose.frames import LAYOUT_OPS, in_repository
-from equivci.diagnose.source import Function, assigned_at, call_argument, callee, module_ast, parameters, statement
+from equivci.diagnose.source import (
+    Function,
+    assigned_at,
+    call_argument,
+    callee,
+    module_ast,
+    parameters,
+    positional_arguments,
+    statement,
+)
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.translate.evaluator import Event
 
@@ -402,7 +411,8 @@ def _lambda_parameter(stmt: ast.stmt, name: ast.Name) -> bool:
 def _calls(func: Function, *files: str) -> Iterator[tuple[str, ast.Call, Bound]]:
     """(file, call, argument by parameter) at every call of `func` (direct, or bound by
     functools.partial) in `files`; a call that leaves a parameter out passes its default, a partial
-    binds nothing for it (None), and a parameter after a starred argument is unknown (left out)."""
+    binds nothing for it (None), and a parameter after a starred argument is unknown (left out) unless
+    the call must bind every parameter once (equivci.diagnose.source.positional_arguments)."""
     positional = [a.arg for a in func.args.posonlyargs + func.args.args]
     defaults = dict(zip(positional[len(positional) - len(func.args.defaults) :], func.args.defaults))
     defaults.update({a.arg: d for a, d in zip(func.args.kwonlyargs, func.args.kw_defaults) if d is not None})
@@ -420,11 +430,15 @@ def _calls(func: Function, *files: str) -> Iterator[tuple[str, ast.Call, Bound]]
                 continue
             keywords = {k.arg: k.value for k in node.keywords if k.arg is not None}
             starred = next((k for k, a in enumerate(args) if isinstance(a, ast.Starred)), len(args))
+            # A partial binds a prefix only: what follows its starred argument binds no known parameter.
+            placed = {} if partial else positional_arguments(func, node)
             bound: Bound = {}
             for name in names:
                 k = positional.index(name) if name in positional else len(args)
                 if name in keywords:
                     bound[name] = keywords[name]
+                elif name in placed:
+                    bound[name] = placed[name]
                 elif name in positional and starred < len(args) and starred <= k:
                     continue  # the starred argument may fill it
                 else:

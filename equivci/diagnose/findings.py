@@ -23,7 +23,7 @@ from equivci.diagnose.handed import handed_origin
 from equivci.diagnose.localize import Defect, call_chain_start, part_mean, source_of, unlocated
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.diagnose.precision import narrowing, rounding_message
-from equivci.diagnose.siblings import departure
+from equivci.diagnose.siblings import departure, returns_its_argument
 from equivci.diagnose.source import callee
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.layers.segments import Layering, layer_of, leaves
@@ -164,37 +164,38 @@ def _defect_findings(
         )
         later = _finding(defect.inst, f"where the proof stops: {message}", captured, events, layering, severity="note")
         return [(first, summed.inst), (later, defect.inst)]
+    missing_rule = defect.unexplained and frontier is not None and frontier.start_matches
     if (
         frontier is not None
         and numeric is not None
-        and defect.unexplained
-        and frontier.start_matches
+        and (missing_rule or frontier.apart)
         and not _agrees(defect, numeric.inst)
     ):
         # A value numerics confirms differs leads one the proof only could not relate and whose
         # value (or one computed from it) matches a reference value on the draw; a defect the proof
         # explains (a wrong window, a missing sum) keeps the lead: numerics cannot tell the right
-        # reference value from another.
+        # reference value from another. Unless the difference is apart from the stop, not computed
+        # from it: then the stop (an index numerics does not compare, a value it matches) cannot
+        # account for it, whatever the proof says of the stop.
+        if missing_rule:
+            after = "after the op where the proof stops (next finding)."
+            stop = (
+                "the proof cannot relate the value here to the reference, but on random inputs it (or a value "
+                f"computed from it) matches one, so this may be a missing rule, not the defect: {message}"
+            )
+        else:
+            after = "not computed from the op where the proof stops (next finding), so that op does not explain it."
+            stop = f"where the proof stops: {message}"
         first = _finding(
             numeric.inst,
             f"on random inputs (the numeric oracle's seed 0) this `{numeric.inst.opcode}` "
             f"gives device {frontier.device} the first distributed value that is no shard, "
-            "copy or partial sum of any reference value and that no value computed from it "
-            "matches again, after the op where the proof stops (next finding).",
+            f"copy or partial sum of any reference value and that no value computed from it matches again, {after}",
             captured,
             events,
             layering,
         )
-        later = _finding(
-            defect.inst,
-            "the proof cannot relate the value here to the reference, but on random "
-            "inputs it (or a value computed from it) matches one, so this may be a missing rule, not the defect: "
-            f"{message}",
-            captured,
-            events,
-            layering,
-            severity="warning",
-        )
+        later = _finding(defect.inst, stop, captured, events, layering, severity="warning" if missing_rule else "note")
         return [(first, numeric.inst), (later, defect.inst)]
     if numeric is not None and innermost(numeric.inst) == innermost(defect.inst):
         message += " On random inputs, this is where the values first differ from the reference's."
@@ -420,15 +421,17 @@ def _caller_choices(
         )
     # A lead tied with other places keeps its tie: the call joins them, first.
     tie = lead.tie if lead.tie is not None else _new_tie(findings)
-    if choice.text.isidentifier():
+    unchanged = choice.text.isidentifier() and returns_its_argument(choice.file, choice.text)
+    if choice.text.isidentifier() and not unchanged:
         body = _passed_function(choice, inst, lead, (path, line, tie), depends, others, events, captured)
         if body:
             return body + rest
     moved, note = _moved(
         lead,
         (path, line, tie),
-        f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}` (elsewhere {others}), "
-        f"and {depends}. There: {lead.message}",
+        f"`{choice.text}` is passed here as `{choice.parameter}` of `{choice.function}` (elsewhere {others})"
+        f"{', a function that returns its argument unchanged,' if unchanged else ','} and {depends}. "
+        f"There: {lead.message}",
         f"the `{inst.opcode}` that the finding at {path}:{line} is about is made here, from what that call passes.",
     )
     return [(moved, None), (note, None)] + rest

@@ -55,6 +55,9 @@ class NumericFrontier:
     # value, it alone none) from which no value matching a reference value is computed, but the
     # differing op (second) is: its all-reduce is missing, and what it feeds uses it as the full value.
     partial: tuple[Event, str, Event] | None = None
+    # The first differing value is not computed from the proof's stop: a difference of its own, which
+    # the stop (an index numerics does not compare, a value it matches) cannot account for.
+    apart: bool = False
 
 
 MAX_DIFFERING = 16  # values that match nothing followed to the values computed from them
@@ -393,7 +396,10 @@ def numeric_frontier(
         ),
         None,
     )
-    return NumericFrontier(*differing[lead], compared, start_matches=START in absorbed, partial=unreduced)
+    apart = (
+        start is not None and any(e.inst is start for e in distributed_events) and START not in differing_reads[lead]
+    )
+    return NumericFrontier(*differing[lead], compared, start_matches=START in absorbed, partial=unreduced, apart=apart)
 
 
 def with_axis_sets(groups_by_axis: dict[str, list[list[int]]]) -> dict[str, list[list[int]]]:

@@ -56,6 +56,26 @@ def departure(file: str, name: str, others: tuple[tuple[str, int, str], ...]) ->
     return Departure(file, line, name, text, other_file, other.lineno)
 
 
+def returns_its_argument(file: str, name: str) -> bool:
+    """Module-level function `name` returns its one parameter unchanged: it does no work, so no
+    statement of it is the change; choosing it (over the function another call passes) is."""
+    own = _module_function(file, name)
+    if own is None:
+        return False
+    args = own.args
+    names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+    body = own.body[1:] if ast.get_docstring(own) is not None else own.body
+    return (
+        len(names) == 1
+        and args.vararg is None
+        and args.kwarg is None
+        and len(body) == 1
+        and isinstance(body[0], ast.Return)
+        and isinstance(body[0].value, ast.Name)
+        and body[0].value.id == names[0]
+    )
+
+
 def _first_change(matcher: difflib.SequenceMatcher, mine: list[tuple[str, int]]) -> int | None:
     """The line of the first statement of `mine` in a differing stretch; a stretch only the other
     function has (work this one lacks) lands on the statement that follows it here, or on the last

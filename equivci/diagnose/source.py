@@ -57,6 +57,30 @@ def parameters(func: Function) -> list[str]:
     return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
 
 
+def positional_arguments(func: Function, call: ast.Call, skip: int = 0) -> dict[str, ast.expr]:
+    """The positional arguments of `call` by the parameter of `func` they bind (the first `skip`
+    parameters passed otherwise, as `self`). After a starred argument only a call that must bind each
+    parameter exactly once tells: where `func` has no defaults and no `*args`, the arguments after the
+    last starred one bind the last parameters the keywords leave (`lambda *a: body(*a, axis)`)."""
+    names = [a.arg for a in func.args.posonlyargs + func.args.args][skip:]
+    args = call.args
+    starred = [k for k, a in enumerate(args) if isinstance(a, ast.Starred)]
+    if not starred:
+        return dict(zip(names, args))
+    bound = dict(zip(names, args[: starred[0]]))
+    if func.args.defaults or func.args.vararg is not None:
+        return bound
+    keywords = {k.arg for k in call.keywords}
+    if None in keywords:
+        return bound  # a `**kwargs` may bind any of them
+    filled = [n for n in names if n not in keywords]
+    trailing = args[starred[-1] + 1 :]
+    if len(trailing) > len(filled):
+        return bound
+    bound.update(zip(filled[len(filled) - len(trailing) :], trailing))
+    return bound
+
+
 def assigned_at(scope: ast.AST, name: str, before: int) -> int | None:
     """The last line before `before` that assigns `name` inside `scope`."""
     lines = [
@@ -89,7 +113,6 @@ def call_argument(
 ) -> tuple[str, ast.expr] | None:
     """The argument passed for parameter `name` of `func` at a call site seen in the op stacks,
     the one on `stack` (the op's own call chain) first."""
-    positional = [a.arg for a in func.args.posonlyargs + func.args.args]
 
     def calls_from(frames) -> list[tuple[str, int]]:
         return [
@@ -116,11 +139,11 @@ def call_argument(
             keyword = next((k.value for k in call.keywords if k.arg == name), None)
             if keyword is not None:
                 return cfile, keyword
-            k = positional.index(name) - skip if name in positional else len(call.args)
             if skip and len(calls) > 1:
                 continue  # several instances called: no position tells which one runs this `__call__`
-            if 0 <= k < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[: k + 1]):
-                return cfile, call.args[k]
+            passed = positional_arguments(func, call, skip).get(name)
+            if passed is not None:
+                return cfile, passed
     return None
 
 

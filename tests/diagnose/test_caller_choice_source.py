@@ -227,3 +227,100 @@ def test_an_entry_of_a_module_table_at_a_fixed_key_is_a_choice(tmp_path):
     stack = tuple(SourceLoc(str(local), f.line, f.function) for f in stack)
     event = Event(Instruction("multiply.1", "multiply", None, (), {}, stack=stack), [])  # type: ignore[arg-type]
     assert passed_choice(event.inst, [event], str(tmp_path)) is None
+
+
+STARRED_SOURCE = textwrap.dedent(
+    """
+    import jax
+    from jax import lax
+
+
+    def local(x, w, axis):
+        return lax.psum(x @ w, axis)
+
+
+    def run(x, w, mesh, axis):
+        return jax.shard_map(lambda *a: local(*a, axis), mesh=mesh, in_specs=None, out_specs=None)(x, w)
+
+
+    def summed(x, w, mesh):
+        return run(x, w, mesh, "tp")
+
+
+    def summed_over_data(x, w, mesh):
+        return run(x, w, mesh, "dp")
+    """
+).lstrip()
+
+
+def test_an_argument_after_a_starred_one_binds_the_last_parameter_where_the_call_must_bind_all(tmp_path):
+    """`lambda *a: local(*a, axis)`: a function without defaults or `*args` takes each parameter
+    exactly once, so the argument after the starred one is `axis`, and the caller's choice is
+    found through it. Near miss: with a default, the starred argument may fill `axis` too."""
+    path = tmp_path / "model.py"
+    path.write_text(STARRED_SOURCE)
+    lines = STARRED_SOURCE.splitlines()
+
+    def line(text: str) -> int:
+        return next(k for k, s in enumerate(lines, 1) if text in s)
+
+    stack = (
+        SourceLoc(str(path), line("return lax.psum"), "local"),
+        SourceLoc(str(path), line("lambda *a"), "run.<locals>.<lambda>"),
+        SourceLoc(str(path), line("lambda *a"), "run"),
+        SourceLoc(str(path), line('"dp"'), "summed_over_data"),
+    )
+    event = Event(Instruction("all-reduce.1", "all-reduce", None, (), {}, stack=stack), [])  # type: ignore[arg-type]
+    choice = passed_choice(event.inst, [event], str(tmp_path))
+    assert choice is not None and (choice.line, choice.text, choice.parameter) == (line('"dp"'), "'dp'", "axis")
+    assert [text for _, _, text in choice.others] == ["'tp'"]
+    defaulted = tmp_path / "defaulted.py"
+    defaulted.write_text(STARRED_SOURCE.replace("def local(x, w, axis):", 'def local(x, w, axis="tp"):'))
+    stack = tuple(SourceLoc(str(defaulted), f.line, f.function) for f in stack)
+    event = Event(Instruction("all-reduce.1", "all-reduce", None, (), {}, stack=stack), [])  # type: ignore[arg-type]
+    assert passed_choice(event.inst, [event], str(tmp_path)) is None
+
+
+def test_positional_arguments_after_a_starred_one():
+    """The arguments after the last starred one bind the last parameters the keywords leave, only
+    where the call must bind each parameter once (no defaults, no `*args`, no `**kwargs` passed)."""
+    import ast
+
+    from equivci.diagnose.source import positional_arguments
+
+    def bound(definition: str, call: str) -> dict[str, str]:
+        func = ast.parse(definition).body[0]
+        node = ast.parse(call, mode="eval").body
+        assert isinstance(func, ast.FunctionDef) and isinstance(node, ast.Call)
+        return {k: ast.unparse(v) for k, v in positional_arguments(func, node).items()}
+
+    assert bound("def f(a, b, c): pass", "f(x, *r, z)") == {"a": "x", "c": "z"}
+    assert bound("def f(a, b, c, d): pass", "f(*r, y, d=w)") == {"c": "y"}
+    assert bound("def f(a, b, c=1): pass", "f(*r, z)") == {}
+    assert bound("def f(a, *rest): pass", "f(*r, z)") == {}
+    assert bound("def f(a, b): pass", "f(*r, z, **kw)") == {}
+    assert bound("def f(a, b): pass", "f(x, y)") == {"a": "x", "b": "y"}
+
+
+def test_a_literal_after_a_starred_argument_is_a_choice_against_another_call(tmp_path):
+    """Two shard_map bodies bound as `lambda *a: local(*a, "tp")` and `(*a, "dp")`: the literals
+    bind `axis` at both calls, so the one on the op's chain is the choice against the other."""
+    source = STARRED_SOURCE.replace("local(*a, axis)", 'local(*a, "dp")') + textwrap.dedent(
+        """
+
+        def run_tp(x, w, mesh):
+            return jax.shard_map(lambda *a: local(*a, "tp"), mesh=mesh, in_specs=None, out_specs=None)(x, w)
+        """
+    )
+    path = tmp_path / "model.py"
+    path.write_text(source)
+    lines = source.splitlines()
+    at = next(k for k, s in enumerate(lines, 1) if 'local(*a, "dp")' in s)
+    stack = (
+        SourceLoc(str(path), next(k for k, s in enumerate(lines, 1) if "return lax.psum" in s), "local"),
+        SourceLoc(str(path), at, "run.<locals>.<lambda>"),
+    )
+    event = Event(Instruction("all-reduce.1", "all-reduce", None, (), {}, stack=stack), [])  # type: ignore[arg-type]
+    choice = passed_choice(event.inst, [event], str(tmp_path))
+    assert choice is not None and (choice.line, choice.text, choice.parameter) == (at, "'dp'", "axis"), choice
+    assert [text for _, _, text in choice.others] == ["'tp'"]

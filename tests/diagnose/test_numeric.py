@@ -362,3 +362,28 @@ def test_far_apart_rules_out_a_what_if_only_on_a_clear_difference():
     assert far_apart([(xy, rounded)], {tiny: np.ones((4, 8), np.float32)})
     with_ids = table.make("binary", ("add",), (x, table.make("convert", ("f32",), (ids,), (4, 8), "f32")), (4, 8), "f32")
     assert not far_apart([(with_ids, x)], {})  # near miss: an index input, not drawn
+
+
+def test_a_difference_not_computed_from_the_start_is_apart():
+    """The first differing value says nothing of the proof's stop unless it is computed from it: a
+    difference on another path (another output's arithmetic) is apart from a stop numerics cannot
+    see (an index), one computed from the stop is not."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.terms.ir import TermTable
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (4, 8), "f32")
+    twice = table.make("binary", ("add",), (x, x), (4, 8), "f32")
+    wrong = table.make("binary", ("add",), (twice, x), (4, 8), "f32")
+    ids = table.make("unary", ("convert",), (x,), (4, 8), "s32")
+    leaf = LeafPlacement("[0]", (4, 8), "float32", (((0, 4), (0, 8)),))
+    reference, stop = [_event("add", "ref", twice)], _event("compare", "ids", ids, "s32")
+    elsewhere = _event("add", "w", wrong)
+    found = numeric_frontier(reference, [stop, elsewhere], {}, (leaf,), {}, 10, start=stop.inst)
+    assert found.event is elsewhere and found.apart, found
+    downstream = _event("add", "w", wrong, operands=("ids",))  # near miss: computed from the stop
+    found = numeric_frontier(reference, [stop, downstream], {}, (leaf,), {}, 10, start=stop.inst)
+    assert found.event is downstream and not found.apart, found
+    found = numeric_frontier(reference, [stop, elsewhere], {}, (leaf,), {}, 10)  # no stop given: nothing apart
+    assert found.event is elsewhere and not found.apart, found

@@ -1,6 +1,7 @@
 """A helper passed by name where another call passes another: the lead is the first statement of its
 body that the other's lacks or writes otherwise (equivci.diagnose.siblings), not a statement both
-share (the one whose op the failing op reads) and not the call that names it (a note)."""
+share (the one whose op the failing op reads) and not the call that names it (a note). A function
+that returns its one parameter unchanged does no work: the call that passes it leads."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import textwrap
 import pytest
 from model_package import line_of, verify_named, write_package
 
-from equivci.diagnose.siblings import departure
+from equivci.diagnose.siblings import departure, returns_its_argument
 from equivci.results import Status
 
 
@@ -50,6 +51,30 @@ def test_a_changed_statement_inside_a_loop_and_the_docstring_left_out(tmp_path):
         return total
     '''
     assert _departure_in(tmp_path, source, "_bad", "_good") == 11
+
+
+def test_only_a_function_that_returns_its_one_parameter_unchanged_does_no_work(tmp_path):
+    source = textwrap.dedent(
+        """
+        def _same(h):
+            \"\"\"Nothing to do.\"\"\"
+            return h
+
+        def _first(order, rows):
+            return rows
+
+        def _start(i, mb):
+            return i
+
+        def _other(h):
+            return -h
+        """
+    )
+    path = tmp_path / "m.py"
+    path.write_text(source)
+    assert returns_its_argument(str(path), "_same")
+    # Near misses: a parameter left unused (the body is where it should be read), work done.
+    assert not any(returns_its_argument(str(path), name) for name in ("_first", "_start", "_other", "_missing"))
 
 
 def test_work_added_at_the_end_lands_on_the_added_statement(tmp_path):
@@ -110,6 +135,10 @@ MODEL = textwrap.dedent(
         return h  # MARK:raw
 
 
+    def _normalise_none(h):
+        return h  # MARK:none
+
+
     def _dp(x, w, mesh, norm):
         body = lambda x, w: norm(x @ w) @ w.T  # noqa: E731
         return jax.shard_map(body, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"))(x, w)
@@ -121,6 +150,20 @@ MODEL = textwrap.dedent(
 
     def dp_raw(x, w, *, mesh):
         return _dp(x, w, mesh, _normalise_raw)  # MARK:raw-call
+
+
+    def _dp_rows(x, w, mesh, norm):
+        return jax.shard_map(
+            lambda x, w: jnp.dot(norm(x @ w), w.T), mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data")
+        )(x, w)
+
+
+    def dp_rows(x, w, *, mesh):
+        return _dp_rows(x, w, mesh, _normalise)
+
+
+    def dp_none(x, w, *, mesh):
+        return _dp_rows(x, w, mesh, _normalise_none)  # MARK:none-call
 
 
     def plain(x, w):
@@ -159,6 +202,7 @@ MANIFEST = "version: 1\nmodels:\n" + "".join(
     for name, ref, func in [
         ("raw", "normed", "dp_raw"),
         ("raw-ok", "normed", "dp"),
+        ("none", "normed", "dp_none"),
         ("short", "plain", "kept_short"),
         ("short-ok", "plain", "kept"),
     ]
@@ -191,6 +235,18 @@ def test_the_departing_statement_leads_and_the_call_is_a_tied_note(helpers, name
     if made is not None:
         read = notes.get(line_of(MODEL, made))
         assert read is not None and "reads is made here" in read.message
+
+
+def test_a_passed_function_that_returns_its_argument_unchanged_leads_at_the_call(helpers):
+    """The normalisation left out as `return h` alone: the function does no work, no statement of it
+    is the change; passing it in place of `_normalise` is. (`_normalise_raw` above does work, its
+    `return` leads.)"""
+    result = verify_named(helpers, "none")
+    assert result.status == Status.MISMATCH
+    first = result.findings[0]
+    assert (first.line, first.severity) == (line_of(MODEL, "none-call"), "error"), first.message
+    assert "returns its argument unchanged" in first.message
+    assert all(f.line != line_of(MODEL, "none") for f in result.findings)
 
 
 @pytest.mark.parametrize("name", ["raw-ok", "short-ok"])
