@@ -1609,6 +1609,14 @@ MUTANTS: tuple[Mutant, ...] = (
       "[(at_x[i], at_y[j]) for i, j in zip(own_contract, other_contract[::-1])]",
       "a squeezed operand's contracted dims keep their partners when its size-1 dims join the contraction",
       "pytest:tests/translate/test_split_head_contractions.py::test_a_squeezed_operand_is_stated_with_its_unit_dims_contracted"),
+    # -- powers of two moved out of bf16 dots (reductions.power_of_two_out, literals.power_of_two_literal)
+    M("pow2-dot-any-factor", "if c and abs(c) == power_of_two(c) and t.args[1 - j].shape == t.shape:",
+      "if c and t.args[1 - j].shape == t.shape:",
+      "only a power of two scales a bf16 product exactly: 0.3 * x rounds in bf16, 0.3 * dot(x, y) does not",
+      "pytest:tests/translate/test_power_of_two_dot_scales.py::test_only_a_power_of_two_is_moved_in_front_of_the_dot"),
+    M("pow2-literal-any-number", "return value if mantissa == 0.5 else None", "return value",
+      "a bf16 literal's printed decimal is its number only where bf16 holds it exactly: a power of two",
+      "pytest:tests/translate/test_power_of_two_dot_scales.py::test_only_a_bf16_power_of_two_literal_is_read_as_its_number"),
 )
 
 

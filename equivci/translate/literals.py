@@ -23,12 +23,28 @@ def constant(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     value = parse_literal(attrs["_literal"], shape, ev.budgets.fold_elements)
     if value is not None:
         return ev.const(value, shape.dtype)
+    if (scale := power_of_two_literal(attrs["_literal"], shape)) is not None:
+        return ev.const(scale, shape.dtype)
     literal = attrs["_literal"]
     # An elided literal (`constant({...})`, as XLA prints large constants in dumps) says
     # nothing about its content: two of them must never be one term, so it is known only
     # as this instruction's own constant.
     key = f"elided:{inst.name}" if "..." in literal else hashlib.sha256(literal.encode()).hexdigest()[:16]
     return ev.mk("const", (key,), (), shape)
+
+
+def power_of_two_literal(literal: str, shape: Shape) -> np.ndarray | None:
+    """A bf16 scalar literal that is a power of two (or its negation), as that number (held in
+    f32, as the convert of a splat holds bf16 numbers): every float dtype holds it exactly, and a
+    product by it is exact, so that the builder can move it in front of the dot it scales
+    (reductions.power_of_two_out). None for any other literal: numpy cannot round to bf16."""
+    if shape.dtype != "bf16" or shape.dims:
+        return None
+    value = parse_literal(literal, Shape("f32", ()), 1)
+    if value is None or not np.isfinite(value) or value == 0:
+        return None
+    mantissa, _ = np.frexp(np.abs(value))
+    return value if mantissa == 0.5 else None
 
 
 def partition_id(ev: Builder, inst: Instruction, args: list, device: int) -> Term:

@@ -17,7 +17,7 @@ from equivci.terms.spec import BcastSpec, DotSpec, ReduceSpec, transpose_text
 from equivci.translate import gathered_dots, moved_columns, one_hots, orders, picks, relaid, signed_sums, tiles
 from equivci.translate.arrays import all_equal, distinct, is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
-from equivci.translate.builder import Builder, Value
+from equivci.translate.builder import SCALABLE, Builder, Value, power_of_two
 from equivci.translate.opaque import opaque
 from equivci.translate.relayouts import (
     dot_of_relayouts,
@@ -40,6 +40,8 @@ WIDE = {"f32", "f64"}
 
 
 def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
+    if (scaled := power_of_two_out(ev, inst, args, device)) is not None:
+        return scaled
     if inst.shape.dtype in ROUNDED:
         # The products summed exactly, rounded once at the end (XLA accumulates a bf16 dot in f32):
         # `preferred_element_type=bf16` and an f32 dot converted to bf16 are one term.
@@ -51,6 +53,27 @@ def dot(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     lhs, rhs = args
     dot_spec = DotSpec(lb, rb, lc, rc, len(lhs.shape), len(rhs.shape), (lhs.dtype, rhs.dtype))
     return dot_with_facts(ev, dot_spec, lhs, rhs, inst.shape)
+
+
+def power_of_two_out(ev: Builder, inst: Instruction, args: list, device: int) -> Term | None:
+    """dot(2^k * x, y) as 2^k * dot(x, y) where x is a bf16 or f16 operand (whose constant factors
+    the builder cannot hold in front) and the dot's output dtype can: scaling by a power of two is
+    exact in every float dtype (barring overflow), so each product and partial sum is scaled
+    exactly. Attention logits with 1/sqrt(head_dim) = 1/2 folded into bf16 queries then meet
+    logits scaled after the f32-accumulated dot. None when no such factor is found."""
+    if inst.shape.dtype not in SCALABLE:
+        return None
+    for k, t in enumerate(args):
+        if t.op != "binary" or t.attrs != ("multiply",) or t.dtype not in ROUNDED:
+            continue
+        for j in (0, 1):
+            c = ev.uniform(t.args[j])
+            if c and abs(c) == power_of_two(c) and t.args[1 - j].shape == t.shape:
+                operands = [t.args[1 - j] if i == k else a for i, a in enumerate(args)]
+                scaled = ev.scaled(dot(ev, inst, operands, device), c)
+                if scaled is not None:
+                    return scaled
+    return None
 
 
 def dot_with_facts(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: Shape) -> Term:
