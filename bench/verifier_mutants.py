@@ -1493,6 +1493,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "        # below is stated for the select itself, which the sums and dots over it read\n        p, _, b = chosen.args\n",
       "f * select(p, x, 0): the select under the factor is x * p, not (f * x) * p",
       "pytest:tests/translate/test_index_compares.py::test_a_select_of_a_scaled_branch_states_the_unscaled_product"),
+    # -- a weighted sum of a gather's picks as the dot it is (translate/picks.py, reductions.py) ---------
+    M("weighted-sum-factor-dropped", "as_dot = ev.scaled(ev.transpose_term(dot_with_facts(ev, spec, a, y, inner), perm), factor)",
+      "as_dot = ev.scaled(ev.transpose_term(dot_with_facts(ev, spec, a, y, inner), perm), 1)",
+      "f * sum(bcast(a) * y) is f times the dot of a with y, not the dot alone",
+      "pytest:tests/translate/test_weighted_sums.py::test_a_weighted_sum_of_scaled_picks_is_the_scaled_dot"),
     # -- the verifier child's limits (verify/sandbox.py) and what the memo keeps (pipeline.py) ----------
     M("sandbox-no-cpu-limit", "    _limit_cpu(cpu_cap(options.verify_timeout_seconds)[0])\n", "",
       "EQUIVCI_VERIFY_TIMEOUT bounds the child's CPU time: a search past it is `unproven`, never a verdict",

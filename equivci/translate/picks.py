@@ -19,9 +19,9 @@ import dataclasses
 import numpy as np
 
 from equivci.hlo.ir import Shape
-from equivci.terms.ir import Term, gather_map
+from equivci.terms.ir import Term, bcast_form, gather_map
 from equivci.terms.semantics import NP_DTYPES
-from equivci.terms.spec import AlignedMap, DotSpec, GatherDims, ReduceSpec, bcast_spec, compare_text
+from equivci.terms.spec import AlignedMap, BcastSpec, DotSpec, GatherDims, ReduceSpec, bcast_spec, compare_text
 from equivci.translate import literals, orders, sorts
 from equivci.translate.builder import Builder
 
@@ -322,3 +322,45 @@ def _weighted(
         (x.dtype, x.dtype),
     )
     return spec, as_sum, [as_dot, swapped], x
+
+
+def weighted_sum(
+    ev: Builder, x: Term, dims: tuple[int, ...], out: Shape
+) -> tuple[DotSpec, Term, Term, Shape, tuple[int, ...]] | None:
+    """sum over dims R of bcast(a) * y, y read in place and a reading every summed dim, as the dot
+    of a with y, stated beside the sum (a has no free dims: y reads them all):
+
+        sum_R a[.., r, ..] * y[.., r, ..] = dot(a, y; contracting R, batch the kept dims a reads)
+
+    exact over the reals, each output element the sum of the same products. The dot's own facts
+    then apply: `sum(top_p[:, :, None] * take_along_axis(ys, top_i[..., None], 1), 1)` is the top-k
+    gates against the picked experts' rows, a dot whose weighted one-hot (picks.weighted_pick) an
+    expert-parallel device cuts along the experts. Only where y is a gather (the form those facts
+    read; other weighted sums stay sums, as their e-graphs grew without use) in f32 or f64 (as
+    summed_product). None otherwise."""
+    if x.op != "binary" or x.attrs[0] != "multiply" or x.dtype not in ("f32", "f64") or out.dtype != x.dtype:
+        return None
+    forms = [bcast_form(t) for t in x.args]
+    if sum(f is not None for f in forms) != 1 or any(t.dtype != x.dtype for t in x.args):
+        return None
+    k = 0 if forms[0] is not None else 1
+    spec_a, a = forms[k]  # type: ignore[misc]
+    y = x.args[1 - k]
+    if y.op != "aligned" or not AlignedMap.op_key(y.attrs[0]).startswith("gather:"):
+        return None
+    reads = dict(BcastSpec.parse(spec_a).operand_dims())
+    if any(o not in reads for o in dims):
+        return None
+    kept = [o for o in range(len(x.shape)) if o not in dims]
+    batch = [o for o in kept if o in reads]
+    spec = DotSpec(
+        tuple(reads[o] for o in batch),
+        tuple(batch),
+        tuple(reads[o] for o in dims),
+        tuple(dims),
+        len(a.shape),
+        len(y.shape),
+        (a.dtype, y.dtype),
+    )
+    names = batch + [o for o in kept if o not in batch]
+    return spec, a, y, Shape(out.dtype, tuple(x.shape[o] for o in names)), tuple(names.index(o) for o in kept)
