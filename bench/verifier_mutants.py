@@ -1498,6 +1498,13 @@ MUTANTS: tuple[Mutant, ...] = (
       "as_dot = ev.scaled(ev.transpose_term(dot_with_facts(ev, spec, a, y, inner), perm), 1)",
       "f * sum(bcast(a) * y) is f times the dot of a with y, not the dot alone",
       "pytest:tests/translate/test_weighted_sums.py::test_a_weighted_sum_of_scaled_picks_is_the_scaled_dot"),
+    M("masked-local-any-window", "if window.hi - lo != n or _clamped_offset(ev, idx, n) != (x, lo):",
+      "if _clamped_offset(ev, idx, n) != (x, lo):",
+      "the gates masked to [lo, lo + n) only are the gates at the owned ids: a wider mask keeps ids the clamp moves",
+      "pytest:tests/translate/test_weighted_sums.py::test_no_owned_ids_for_another_mask_or_clamp"),
+    M("masked-local-any-clamp", 'if ends != {"minimum": n - 1, "maximum": 0}:', "if False:",
+      "only clamp(x - lo, 0, n - 1) leaves x - lo for every id of the window",
+      "pytest:tests/translate/test_weighted_sums.py::test_no_owned_ids_for_another_mask_or_clamp"),
     # -- the verifier child's limits (verify/sandbox.py) and what the memo keeps (pipeline.py) ----------
     M("sandbox-no-cpu-limit", "    _limit_cpu(cpu_cap(options.verify_timeout_seconds)[0])\n", "",
       "EQUIVCI_VERIFY_TIMEOUT bounds the child's CPU time: a search past it is `unproven`, never a verdict",

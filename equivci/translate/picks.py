@@ -22,7 +22,7 @@ from equivci.hlo.ir import Shape
 from equivci.terms.ir import Term, bcast_form, gather_map
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import AlignedMap, BcastSpec, DotSpec, GatherDims, ReduceSpec, bcast_spec, compare_text
-from equivci.translate import literals, orders, sorts
+from equivci.translate import literals, masks, one_hot_columns, one_hots, orders, sorts
 from equivci.translate.builder import Builder
 
 
@@ -285,6 +285,7 @@ def _weighted(
     iota = ev.const(np.arange(x.shape[v], dtype=NP_DTYPES[idx.dtype]), idx.dtype)
     across = ev.mk("bcast", (bcast_spec(1, hot, (rank,)),), [iota], Shape(idx.dtype, hot))
     equal = ev.mk("binary", (compare_text("EQ", idx.dtype),), [spread, across], Shape("pred", hot))
+    one_hot_columns.record(ev, equal, "EQ", spread, across)  # a device's experts' test is a window of it
     one_hot = ev.normal("unary", ("convert",), [equal], Shape(x.dtype, hot))
     # g's dims as index dims: a batch pair or a contracted pair names the gather's output dim
     g_to_idx = {gd: at.index(pd) for gd, pd in (*zip(g_batch, p_batch), *zip(g_contract, p_contract))}
@@ -321,7 +322,55 @@ def _weighted(
         len(x.shape),
         (x.dtype, x.dtype),
     )
-    return spec, as_sum, [as_dot, swapped], x
+    forms = [as_dot, swapped]
+    if (local := masked_local_ids(ev, g, idx, x.shape[v])) is not None:
+        # a device's weights masked to its experts, its local ids clamped: the window of the one-hot
+        w, ids, lo = local
+        hot_ids = one_hots.spread(ev, ids, hot, tuple(range(rank)))
+        owned = ev.const(np.arange(lo, lo + x.shape[v], dtype=NP_DTYPES[ids.dtype]), ids.dtype)
+        hot_owned = one_hots.spread(ev, owned, hot, (rank,))
+        mine = ev.mk("binary", (compare_text("EQ", ids.dtype),), [hot_ids, hot_owned], Shape("pred", hot))
+        if found := one_hot_columns.columns(ev, mine, "EQ", hot_ids, hot_owned):
+            ev.equal_terms.append([mine, *found])
+        w_dims = tuple(g_to_idx[k] for k in range(len(g.shape)))  # w is laid out as g
+        w_hot = ev.mk("bcast", (bcast_spec(len(w.shape), hot, w_dims),), [w], Shape(w.dtype, hot))
+        masked = ev.binary("multiply", w_hot, ev.normal("unary", ("convert",), [mine], Shape(x.dtype, hot)))
+        forms.append(ev.normal("reduce", ("add", ReduceSpec(rank + 1, lanes).text()), [masked], shape))
+    return spec, as_sum, forms, x
+
+
+def masked_local_ids(ev: Builder, g: Term, idx: Term, n: int) -> tuple[Term, Term, int] | None:
+    """(w, x, lo) when g = select(lo <= x < lo + n, w, 0) and idx = clamp(x - lo, 0, n - 1): the
+    weights of a device's experts [lo, lo + n) masked to its own ids, read at its local ids. Then
+    for e in [0, n), g * (idx == e) = w * (x == lo + e) for every x: inside the window the clamp
+    leaves x - lo, outside it the mask is 0 and x is no lo + e either."""
+    if g.op != "ternary" or g.attrs != ("select",) or ev.uniform(g.args[2]) != 0:
+        return None
+    window = masks.window_of(ev, g.args[0])
+    if window is None:
+        return None
+    window = window.clipped(ev.bounds_of(window.x))
+    lo, x = window.lo, window.x
+    if window.hi - lo != n or _clamped_offset(ev, idx, n) != (x, lo):
+        return None
+    return g.args[1], x, lo
+
+
+def _clamped_offset(ev: Builder, idx: Term, n: int) -> tuple[Term, int] | None:
+    """(x, lo) when idx = min(n - 1, max(0, x - lo)) (either order of the two), x - lo written or lo = 0."""
+    if idx.op != "binary" or idx.attrs[0] not in ("minimum", "maximum"):
+        return None
+    outer, other = idx.attrs[0], "maximum" if idx.attrs[0] == "minimum" else "minimum"
+    inner, bound = (idx.args[1], idx.args[0]) if ev.folded(idx.args[0]) is not None else idx.args
+    if inner.op != "binary" or inner.attrs != (other,):
+        return None
+    local, bound2 = (inner.args[1], inner.args[0]) if ev.folded(inner.args[0]) is not None else inner.args
+    ends = {outer: ev.uniform(bound), other: ev.uniform(bound2)}
+    if ends != {"minimum": n - 1, "maximum": 0}:
+        return None
+    if local.op == "binary" and local.attrs == ("subtract",) and (c := masks.scalar_int(ev, local.args[1])) is not None:
+        return local.args[0], c
+    return local, 0
 
 
 def weighted_sum(

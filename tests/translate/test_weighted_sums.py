@@ -6,7 +6,10 @@ The stated dot is evaluated against XLA on one device; no dot is stated where th
 no gather. Then the top-k combine the reference writes with `take_along_axis`, its gates broadcast
 over the picked rows and summed over the choices, verifies against an expert-parallel device
 that contracts the gates with a one-hot of its local ids by einsum (`one_hot(idx - lo, E_local)`),
-and so does one that selects its gates with `where(idx[..., None] == lo + arange(E_local), p, 0)`
+and so does one that selects its gates with `where(idx[..., None] == lo + arange(E_local), p, 0)`,
+and one that picks its own experts' rows at its local ids clamped, `clip(idx - lo, 0, E_local - 1)`,
+its gates masked to its experts, `where(lo <= idx < lo + E_local, p, 0)` (picks.masked_local_ids:
+for e in [0, n) the masked gate times [clamp(x - lo) == e] is the gate times [x == lo + e])
 (GELU experts: the builder moves GELU's 0.5 in front of the picked rows); the near miss (the ids
 not offset by the device's first expert) is a mismatch.
 """
@@ -72,6 +75,73 @@ def test_a_weighted_sum_of_scaled_picks_is_the_scaled_dot():
     assert _dots(fn, (YS, GATES, IDX))
 
 
+LO, LOCAL = 2, 3
+WIDE_YS = RNG.standard_normal((N, LO + LOCAL + 1, D)).astype(np.float32)  # a clamp to LOCAL reads a row more
+IDS = 8  # ids past the device's experts on both sides
+LOCAL_IDX = RNG.integers(0, IDS, (N, K)).astype(np.int32)
+
+
+def _masked_forms(fn, args):
+    """The stated groups holding the gates against a one-hot of the ids at lo + arange(LOCAL), every
+    group evaluated against XLA's values."""
+    built, want, _ = programs(fn, args)
+    values, params = built.evaluator.values, dict(enumerate(args))
+    np.testing.assert_allclose(evaluate(built.reference_outputs[0], params, values), want, rtol=1e-5)
+    found = []
+    for group in built.evaluator.equal_terms:
+        first = evaluate(group[0], params, values)
+        for other in group[1:]:
+            np.testing.assert_allclose(evaluate(other, params, values), first, rtol=1e-5, atol=1e-6)
+        owned = [
+            t
+            for t in group
+            if t.op == "reduce"
+            and t.args[0].op == "binary"
+            and any(
+                a.op == "unary" and a.args[0].op == "binary" and _holds(built, a.args[0].args[1], LO + np.arange(LOCAL))
+                for a in t.args[0].args
+            )
+        ]
+        found.extend(owned)
+    return found
+
+
+def _holds(built, t, lanes):
+    value = built.evaluator.folded(t)
+    return value is not None and value.shape[-1] == len(lanes) and np.array_equal(value[(0,) * (value.ndim - 1)], lanes)
+
+
+def _local_pick(first=0, top=LOCAL - 1, width=LOCAL, last=LOCAL):
+    """A device's pick of its experts [LO, LO + LOCAL) at its clamped local ids, its gates masked to
+    the local ids in [first, last)."""
+
+    def fn(ys, gates, idx):
+        local = idx % IDS - LO
+        hit = (local >= first) & (local < last)
+        picked = jnp.take_along_axis(ys[:, LO : LO + width], jnp.clip(local, 0, top)[:, :, None], axis=1)
+        return jnp.sum(jnp.where(hit, gates, 0.0)[:, :, None] * picked, axis=1)
+
+    return fn
+
+
+def test_masked_gates_at_clamped_local_ids_are_the_gates_at_the_owned_ids():
+    assert _masked_forms(_local_pick(), (WIDE_YS, GATES, LOCAL_IDX))
+
+
+@pytest.mark.parametrize(
+    "first, top, width, last",
+    [
+        (-1, LOCAL - 1, LOCAL, LOCAL),
+        (0, LOCAL - 1, LOCAL, LOCAL + 1),
+        (0, LOCAL, LOCAL + 1, LOCAL),
+        (0, LOCAL - 2, LOCAL, LOCAL),
+    ],
+    ids=["a mask one early", "a mask one late", "a wider clamp", "a narrower clamp"],
+)
+def test_no_owned_ids_for_another_mask_or_clamp(first, top, width, last):
+    assert _masked_forms(_local_pick(first, top, width, last), (WIDE_YS, GATES, LOCAL_IDX)) == []
+
+
 def test_no_dot_beside_a_weighted_sum_of_an_input():
     ys = RNG.standard_normal((N, K, D)).astype(np.float32)
     assert _dots(lambda ys, gates: jnp.sum(gates[:, :, None] * ys, axis=1), (ys, GATES)) == []
@@ -134,13 +204,40 @@ MODELS = textwrap.dedent(
         return jax.shard_map(body, mesh=mesh, in_specs=(P(), e, e, P()), out_specs=P(), check_vma=False)(wg, w1, w2, x)
 
 
+    def _clamped(wg, w1, w2, x, mesh, masked):
+        def body(wg, w1, w2, x):
+            top_p, top_i = _route(wg, x)
+            local = top_i - lax.axis_index("ep") * E_LOCAL
+            hit = (local >= 0) & (local < E_LOCAL)
+            rows = jnp.take_along_axis(_experts(w1, w2, x), jnp.clip(local, 0, E_LOCAL - 1)[..., None], axis=1)
+            gates = jnp.where(hit, top_p, 0.0) if masked else top_p
+            return lax.psum(jnp.sum(gates[..., None] * rows, axis=1), "ep")
+
+        e = P("ep")
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), e, e, P()), out_specs=P(), check_vma=False)(wg, w1, w2, x)
+
+
+    def moe_ep_clamped(wg, w1, w2, x, *, mesh):
+        return _clamped(wg, w1, w2, x, mesh, True)
+
+
+    def moe_ep_clamped_unmasked(wg, w1, w2, x, *, mesh):
+        return _clamped(wg, w1, w2, x, mesh, False)
+
+
     def moe_ep_no_offset(wg, w1, w2, x, *, mesh):
         return _ep(wg, w1, w2, x, mesh, lambda me: 0)
     """
 )
 
 MANIFEST = model_package.manifest_text(
-    [("ep", "moe", "moe_ep"), ("ep-where", "moe", "moe_ep_where"), ("ep-no-offset", "moe", "moe_ep_no_offset")],
+    [
+        ("ep", "moe", "moe_ep"),
+        ("ep-where", "moe", "moe_ep_where"),
+        ("ep-clamped", "moe", "moe_ep_clamped"),
+        ("ep-no-offset", "moe", "moe_ep_no_offset"),
+        ("ep-clamped-unmasked", "moe", "moe_ep_clamped_unmasked"),
+    ],
     "{ep: 4}",
 )
 
@@ -150,12 +247,13 @@ def manifest(tmp_path_factory):
     return model_package.write_package(tmp_path_factory.mktemp("weighted_sums"), "model.py", MODELS, MANIFEST)
 
 
-@pytest.mark.parametrize("name", ["ep", "ep-where"])
+@pytest.mark.parametrize("name", ["ep", "ep-where", "ep-clamped"])
 def test_a_device_contracting_gates_with_its_experts_one_hot_verifies_against_take_along_axis(manifest, name):
     result = model_package.verify_named(manifest, name)
     assert result.status is Status.VERIFIED, result.findings
 
 
-def test_local_ids_not_offset_are_a_mismatch(manifest):
-    result = model_package.verify_named(manifest, "ep-no-offset")
+@pytest.mark.parametrize("name", ["ep-no-offset", "ep-clamped-unmasked"])
+def test_local_ids_not_offset_or_not_masked_are_a_mismatch(manifest, name):
+    result = model_package.verify_named(manifest, name)
     assert result.status is Status.MISMATCH, (result.status, result.findings)
