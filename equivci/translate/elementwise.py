@@ -543,11 +543,16 @@ def select_terms(ev: Builder, args: list, shape: Shape) -> Term:
     args = constant_branch_last(ev, *args)
     term = _built(ev, "ternary", ("select",), args, shape, lambda p, a, b: np.where(p, a, b))
     p, a, b = args
-    if ev.folded(term) is None and a.dtype in FLOATS and p.shape == a.shape and ev.uniform(b) == 0:
+    chosen = ev.scale_of(term)[1]
+    if chosen is not term and chosen.op == "ternary" and chosen.attrs == ("select",):
+        # the builder moved a branch's constant factor in front, f * select(p, x, 0): the fact
+        # below is stated for the select itself, which the sums and dots over it read
+        p, a, b = chosen.args
+    if ev.folded(chosen) is None and a.dtype in FLOATS and p.shape == a.shape and ev.uniform(b) == 0:
         # select(p, x, 0) = x * p over the reals: a one-hot picks by `where(ids == t, x, 0)` or
         # by `x * one_hot(t)` (an infinite x is where they part: inf * 0 is NaN)
         ev.equal_terms.append(
-            [term, ev.binary("multiply", a, ev.normal("unary", ("convert",), [p], Shape(a.dtype, p.shape)))]
+            [chosen, ev.binary("multiply", a, ev.normal("unary", ("convert",), [p], Shape(a.dtype, p.shape)))]
         )
     return term
 

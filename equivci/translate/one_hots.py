@@ -22,7 +22,7 @@ from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import AlignedMap, ReduceSpec, bcast_spec, compare_text, transpose_text
-from equivci.translate import bounds
+from equivci.translate import bounds, one_hot_columns
 from equivci.translate.attributes import dims_attr, scatter_combiner
 from equivci.translate.builder import Builder
 
@@ -147,6 +147,8 @@ def _one_hot_sum(ev: Builder, column: Term, update: Term, width: int, summed: li
     equal = bounds.decide(ev, "EQ", columns, across, Shape("pred", shape)) or ev.mk(
         "binary", (compare_text("EQ", column.dtype),), [columns, across], Shape("pred", shape)
     )
+    # known as a one-hot of the column: a device's test against its experts' ids is a window of it
+    one_hot_columns.record(ev, equal, "EQ", columns, across)
     one_hot = ev.normal("unary", ("convert",), [equal], Shape(update.dtype, shape))
     product = ev.binary("multiply", one_hot, spread(ev, update, shape, tuple(range(n))))
     if not summed:

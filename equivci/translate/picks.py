@@ -19,10 +19,10 @@ import dataclasses
 import numpy as np
 
 from equivci.hlo.ir import Shape
-from equivci.terms.ir import Term, gather_map
+from equivci.terms.ir import Term, bcast_form, gather_map
 from equivci.terms.semantics import NP_DTYPES
-from equivci.terms.spec import AlignedMap, DotSpec, GatherDims, ReduceSpec, bcast_spec, compare_text
-from equivci.translate import literals, orders, sorts
+from equivci.terms.spec import AlignedMap, BcastSpec, DotSpec, GatherDims, ReduceSpec, bcast_spec, compare_text
+from equivci.translate import literals, masks, one_hot_columns, one_hots, orders, sorts
 from equivci.translate.builder import Builder
 
 
@@ -285,6 +285,7 @@ def _weighted(
     iota = ev.const(np.arange(x.shape[v], dtype=NP_DTYPES[idx.dtype]), idx.dtype)
     across = ev.mk("bcast", (bcast_spec(1, hot, (rank,)),), [iota], Shape(idx.dtype, hot))
     equal = ev.mk("binary", (compare_text("EQ", idx.dtype),), [spread, across], Shape("pred", hot))
+    one_hot_columns.record(ev, equal, "EQ", spread, across)  # a device's experts' test is a window of it
     one_hot = ev.normal("unary", ("convert",), [equal], Shape(x.dtype, hot))
     # g's dims as index dims: a batch pair or a contracted pair names the gather's output dim
     g_to_idx = {gd: at.index(pd) for gd, pd in (*zip(g_batch, p_batch), *zip(g_contract, p_contract))}
@@ -321,4 +322,94 @@ def _weighted(
         len(x.shape),
         (x.dtype, x.dtype),
     )
-    return spec, as_sum, [as_dot, swapped], x
+    forms = [as_dot, swapped]
+    if (local := masked_local_ids(ev, g, idx, x.shape[v])) is not None:
+        # a device's weights masked to its experts, its local ids clamped: the window of the one-hot
+        w, ids, lo = local
+        hot_ids = one_hots.spread(ev, ids, hot, tuple(range(rank)))
+        owned = ev.const(np.arange(lo, lo + x.shape[v], dtype=NP_DTYPES[ids.dtype]), ids.dtype)
+        hot_owned = one_hots.spread(ev, owned, hot, (rank,))
+        mine = ev.mk("binary", (compare_text("EQ", ids.dtype),), [hot_ids, hot_owned], Shape("pred", hot))
+        if found := one_hot_columns.columns(ev, mine, "EQ", hot_ids, hot_owned):
+            ev.equal_terms.append([mine, *found])
+        w_dims = tuple(g_to_idx[k] for k in range(len(g.shape)))  # w is laid out as g
+        w_hot = ev.mk("bcast", (bcast_spec(len(w.shape), hot, w_dims),), [w], Shape(w.dtype, hot))
+        masked = ev.binary("multiply", w_hot, ev.normal("unary", ("convert",), [mine], Shape(x.dtype, hot)))
+        forms.append(ev.normal("reduce", ("add", ReduceSpec(rank + 1, lanes).text()), [masked], shape))
+    return spec, as_sum, forms, x
+
+
+def masked_local_ids(ev: Builder, g: Term, idx: Term, n: int) -> tuple[Term, Term, int] | None:
+    """(w, x, lo) when g = select(lo <= x < lo + n, w, 0) and idx = clamp(x - lo, 0, n - 1): the
+    weights of a device's experts [lo, lo + n) masked to its own ids, read at its local ids. Then
+    for e in [0, n), g * (idx == e) = w * (x == lo + e) for every x: inside the window the clamp
+    leaves x - lo, outside it the mask is 0 and x is no lo + e either."""
+    if g.op != "ternary" or g.attrs != ("select",) or ev.uniform(g.args[2]) != 0:
+        return None
+    window = masks.window_of(ev, g.args[0])
+    if window is None:
+        return None
+    window = window.clipped(ev.bounds_of(window.x))
+    lo, x = window.lo, window.x
+    if window.hi - lo != n or _clamped_offset(ev, idx, n) != (x, lo):
+        return None
+    return g.args[1], x, lo
+
+
+def _clamped_offset(ev: Builder, idx: Term, n: int) -> tuple[Term, int] | None:
+    """(x, lo) when idx = min(n - 1, max(0, x - lo)) (either order of the two), x - lo written or lo = 0."""
+    if idx.op != "binary" or idx.attrs[0] not in ("minimum", "maximum"):
+        return None
+    outer, other = idx.attrs[0], "maximum" if idx.attrs[0] == "minimum" else "minimum"
+    inner, bound = (idx.args[1], idx.args[0]) if ev.folded(idx.args[0]) is not None else idx.args
+    if inner.op != "binary" or inner.attrs != (other,):
+        return None
+    local, bound2 = (inner.args[1], inner.args[0]) if ev.folded(inner.args[0]) is not None else inner.args
+    ends = {outer: ev.uniform(bound), other: ev.uniform(bound2)}
+    if ends != {"minimum": n - 1, "maximum": 0}:
+        return None
+    if local.op == "binary" and local.attrs == ("subtract",) and (c := masks.scalar_int(ev, local.args[1])) is not None:
+        return local.args[0], c
+    return local, 0
+
+
+def weighted_sum(
+    ev: Builder, x: Term, dims: tuple[int, ...], out: Shape
+) -> tuple[DotSpec, Term, Term, Shape, tuple[int, ...]] | None:
+    """sum over dims R of bcast(a) * y, y read in place and a reading every summed dim, as the dot
+    of a with y, stated beside the sum (a has no free dims: y reads them all):
+
+        sum_R a[.., r, ..] * y[.., r, ..] = dot(a, y; contracting R, batch the kept dims a reads)
+
+    exact over the reals, each output element the sum of the same products. The dot's own facts
+    then apply: `sum(top_p[:, :, None] * take_along_axis(ys, top_i[..., None], 1), 1)` is the top-k
+    gates against the picked experts' rows, a dot whose weighted one-hot (picks.weighted_pick) an
+    expert-parallel device cuts along the experts. Only where y is a gather (the form those facts
+    read; other weighted sums stay sums, as their e-graphs grew without use) in f32 or f64 (as
+    summed_product). None otherwise."""
+    if x.op != "binary" or x.attrs[0] != "multiply" or x.dtype not in ("f32", "f64") or out.dtype != x.dtype:
+        return None
+    forms = [bcast_form(t) for t in x.args]
+    if sum(f is not None for f in forms) != 1 or any(t.dtype != x.dtype for t in x.args):
+        return None
+    k = 0 if forms[0] is not None else 1
+    spec_a, a = forms[k]  # type: ignore[misc]
+    y = x.args[1 - k]
+    if y.op != "aligned" or not AlignedMap.op_key(y.attrs[0]).startswith("gather:"):
+        return None
+    reads = dict(BcastSpec.parse(spec_a).operand_dims())
+    if any(o not in reads for o in dims):
+        return None
+    kept = [o for o in range(len(x.shape)) if o not in dims]
+    batch = [o for o in kept if o in reads]
+    spec = DotSpec(
+        tuple(reads[o] for o in batch),
+        tuple(batch),
+        tuple(reads[o] for o in dims),
+        tuple(dims),
+        len(a.shape),
+        len(y.shape),
+        (a.dtype, y.dtype),
+    )
+    names = batch + [o for o in kept if o not in batch]
+    return spec, a, y, Shape(out.dtype, tuple(x.shape[o] for o in names)), tuple(names.index(o) for o in kept)

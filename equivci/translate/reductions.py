@@ -414,6 +414,13 @@ def reduce(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
         # the dot is the term, every fact about dots applies; the written sum is not stated beside
         # it: the layout rules on its broadcast product grew a ring's e-graph past its budget
         return as_dot
+    factor, product = ev.scale_of(x)  # (GELU's 0.5 on the picked rows, moved in front)
+    if reducer == "add" and (weighted := picks.weighted_sum(ev, product, dims, inst.shape)) is not None:
+        # stated beside the sum, with the dot's own facts (picks.weighted_pick's one-hot)
+        spec, a, y, inner, perm = weighted
+        as_dot = ev.scaled(ev.transpose_term(dot_with_facts(ev, spec, a, y, inner), perm), factor)
+        if as_dot is not None:
+            ev.equal_terms.append([term, as_dot])
     return term
 
 

@@ -5,7 +5,8 @@
 * (x - c == k) is (x == k + c) for integers, exact modulo 2^bits, so `one_hot(t - lo, n)` on a
   shard is `t == lo + arange(n)`; not for <, <= (wraparound carries x - c past k + c);
 * select(p, x, 0) is x * p over the reals: a pick written `where(ids == t, x, 0)` meets one written
-  `x * one_hot(t)`;
+  `x * one_hot(t)`; stated of the select itself where the builder moved a constant factor of x in
+  front, f * select(p, x, 0);
 * a gather of f(a, bcast(m)) picks a too: the gather of a is stated as its one-hot sum beside it.
 
 Each translated program is evaluated on its terms and compared with what XLA computes; every
@@ -121,6 +122,16 @@ def test_a_select_against_zeros_is_the_product_with_its_mask():
     fn = lambda x, t: jnp.where(jnp.arange(V) == t[:, None], x, 0.0).sum(-1)  # noqa: E731
     programs, want = _programs(fn, (x, IDS))
     assert _products(programs), "select(p, x, 0) was not stated as x * p"
+    _check_values(programs, want, {0: x, 1: IDS})
+
+
+def test_a_select_of_a_scaled_branch_states_the_unscaled_product():
+    x = RNG.standard_normal((T, V)).astype(np.float32)
+    fn = lambda x, t: jnp.where(jnp.arange(V) == t[:, None], 2.5 * x, 0.0).sum(-1)  # noqa: E731
+    programs, want = _programs(fn, (x, IDS))
+    (top,) = [t for t in _terms(programs.reference_outputs[0]) if t.op == "reduce"]
+    (select,) = [t for t in _terms(top) if t.op == "ternary"]  # the sum is 2.5 * sum(select(p, x, 0))
+    assert [g for g in _products(programs) if g[0] is select], "select(p, x, 0) under 2.5 was not stated as x * p"
     _check_values(programs, want, {0: x, 1: IDS})
 
 
