@@ -1073,6 +1073,13 @@ MUTANTS: tuple[Mutant, ...] = (
     M("shift-factor-dims", "or tuple(out_of.get(k) for k in at) != dims:", ":",
       "the factor must multiply each exponential at the row its shift belongs to",
       "pytest:tests/translate/test_shifts.py -k across"),
+    # -- a jit-partitioned pick: ids read through the reshape XLA adds, factors read inside (translate/masks.py)
+    M("lookup-ids-unreshaped", "    w = _unreshaped(ev, w)\n    full_idx", "    full_idx",
+      "the lookup's window must name the ids its mask tests, which masks read through reshapes",
+      "pytest:tests/translate/test_partitioned_picks.py -k plain"),
+    M("known-rows-factor", "(inner_rows := ev.scaled(base.args[0], factor))", "(inner_rows := base.args[0])",
+      "c * reshape(y) is the lookup reshape(c * y) only with the factor moved inside, never dropped",
+      "pytest:tests/translate/test_partitioned_picks.py -k capped"),
     # -- exp(u - log s) as exp(u) / s for a positive s (translate/log_quotients.py) ---------------------
     M("log-quotient-positive", 't.attrs != ("log",) or not positive(ev, t.args[0]):', 't.attrs != ("log",):',
       "exp(u - log s) is exp(u) / s only for s > 0: log s is NaN below zero, where the quotient is a number",
