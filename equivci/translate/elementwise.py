@@ -15,6 +15,7 @@ from equivci.terms.spec import BcastSpec, DotSpec, compare_text, parse_transpose
 from equivci.translate import (
     bounds,
     collectives,
+    log_quotients,
     masks,
     one_hot_columns,
     pieces,
@@ -126,6 +127,16 @@ def unary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
     term = _built(ev, "unary", (op,), args, shape, lambda v: semantics.apply(semantics.UNARY, op, v))
     if op == "negate" and (form := signed_sums.one_form(ev, term)) is not None:
         ev.equal_terms.append([term, form])
+    if op == "exponential" and ev.folded(term) is None:
+        quotient = log_quotients.exp_quotient(
+            ev,
+            args[0],
+            shape,
+            lambda u, sh: unary_terms(ev, op, [u], sh),
+            lambda o, xs, sh: binary_terms(ev, o, xs, sh),
+        )
+        if quotient is not None:
+            ev.equal_terms.append([term, quotient])  # softmax as exp(x - lse), beside its quotient form
     return term
 
 

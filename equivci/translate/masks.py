@@ -285,6 +285,10 @@ def masked_lookup(ev: Evaluator, x: Term, idx: Term, dims: GatherDims, out: Shap
     w, shift = found
     if shift != s or w.lo < s or w.hi > e:  # where the ids lie in w, the local index must be id - s, in the window
         return None
+    # the ids as the value they reshape (labels are flat positions, which a reshape keeps), as the
+    # masks that test them are read (`laid_out_window`): an index vector's unit dim XLA's partitioner
+    # adds to take_along_axis's ids, `ids[..., None, None] - lo`, masked by tests of those ids
+    w = _unreshaped(ev, w)
     full_idx = ev.reshape_term(w.x, Shape(idx.dtype, idx.shape))
     full = ev.gather_term(table, full_idx, dims, out)
     labels = gather_labels(np.arange(int(np.prod(idx.shape))).reshape(idx.shape), dims, out.dims)
@@ -415,10 +419,16 @@ def _masked(ev: Evaluator, m: Term, looked_up: Callable[[Term], Term | None]) ->
 
 def known_rows(ev: Evaluator, rows: Term) -> MaskedRows | None:
     """The lookup `rows` is, also through a reshape of it (the builder drops a gather's size-1
-    dims, `take_along_axis(l, i[..., None])` before its squeeze): each element keeps its index."""
-    if (known := ev.masked_rows.get(rows)) is not None or rows.op != "reshape":
+    dims, `take_along_axis(l, i[..., None])` before its squeeze): each element keeps its index. A
+    constant factor in front of the reshape is read inside it, c * reshape(y) = reshape(c * y): XLA's
+    partitioner picks from soft-capped logits `cap * tanh(l / cap)` and squeezes the pick, the
+    builder keeps the factor in front of both."""
+    if (known := ev.masked_rows.get(rows)) is not None:
         return known
-    inner = ev.masked_rows.get(rows.args[0])
+    factor, base = ev.scale_of(rows)
+    if base.op != "reshape" or (inner_rows := ev.scaled(base.args[0], factor)) is None:
+        return None
+    inner = ev.masked_rows.get(inner_rows)
     if inner is None:
         return None
     shape = Shape(rows.dtype, rows.shape)

@@ -489,7 +489,21 @@ def reduction(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape: 
     for moved in moved_reductions(ev, reducer, x, dims, shape):
         if moved is not term:
             ev.equal_terms.append([term, moved])
+    if (written := over_unit_dims(ev, reducer, x, dims, shape)) is not None and written is not term:
+        ev.equal_terms.append([term, written])
     return term
+
+
+def over_unit_dims(ev: Builder, reducer: str, x: Term, dims: tuple[int, ...], shape: Shape) -> Term | None:
+    """The reduction over every dim written, size-1 ones included, which `reduce_term`'s normal form
+    drops (they add no element: the same value). A size-1 reduced dim may be a window of a dim the
+    reference reduces: a data shard of one row summed to a scalar, psum-ed, is the sum of the
+    devices' reductions of adjacent windows of that dim, which merge (rules reductions/merge_*) only
+    where each is known as a reduction over it. None when no reduced dim has size 1."""
+    if reducer not in COMBINED or x.dtype != shape.dtype or all(x.shape[k] != 1 for k in dims):
+        return None
+    key = ReduceSpec(len(x.shape), tuple(sorted(dims))).text()
+    return ev.factored("reduce", (reducer, key), [x], shape) or ev.mk("reduce", (reducer, key), (x,), shape)
 
 
 def negated_operand(ev: Builder, x: Term, shape: Shape) -> Term | None:

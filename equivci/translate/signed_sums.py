@@ -79,6 +79,17 @@ def one_form(ev: Builder, term: Term) -> Term | None:
     return None if form is None or form is term else form
 
 
+def atoms(ev: Builder, term: Term) -> list[tuple[Fraction, Term]] | None:
+    """The (coefficient, atom) pairs of the float sum `term` adds up, in written order (at most
+    `budgets.signed_terms` atoms); None past that, or for a term of another dtype."""
+    found: list[tuple[Fraction, Term]] = []
+    if term.dtype not in FLOATS or not _collect(
+        ev, term, Fraction(1), found, Shape(term.dtype, term.shape), ev.budgets.signed_terms
+    ):
+        return None
+    return found
+
+
 def mixed_signs(ev: Builder, term: Term) -> bool:
     """Whether `term` adds up atoms of both signs (at most `budgets.signed_terms` of them): a
     difference, not a plain sum or a negated one."""
