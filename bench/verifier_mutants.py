@@ -1640,6 +1640,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "a rounding is elementwise, so a transposed value rounded is the rounding transposed: a bf16 conv kernel "
       "transposed from the patch weight, then cast, is the cast weight the reference's dot reads",
       "pytest:tests/translate/test_convolution_shards.py::test_sharded_convolutions_verify"),
+    M("convert-unit-reshape-pushed", 'if x.op != "reshape" or inserted_unit_dims(x.args[0].shape, x.shape) is None:',
+      "if True:",
+      "a rounding of a reshape that only inserts size-1 dims stays on top (the moved form stated beside it): a "
+      "device's one head cast to f32 for RoPE is otherwise read as a broadcast and no longer meets the reference",
+      "pytest:tests/translate/test_rounded_unit_heads.py::test_the_per_layer_style_with_one_head_per_device_verifies"),
     # -- a device's one head merged back and projected out (shapes.unit_dims_moved, collectives.py) ----
     M("unit-dims-moved-kept-swapped", "perm = tuple(kept[:-1] + units + kept[-1:])",
       "perm = tuple(kept[:-2] + kept[-1:] + units + kept[-2:-1])",

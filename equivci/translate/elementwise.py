@@ -96,10 +96,24 @@ def convert(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
             return convert(ev, Instruction(inst.name, op, Shape(shape.dtype, y.shape), (), {}), [y], device)
 
         if x.op == "reshape":
-            return ev.reshape_term(rounded(x.args[0]), shape)
-        if x.op == "transpose":
-            return ev.transpose_term(rounded(x.args[0]), parse_transpose(x.attrs[0]))
-        return ev.concat([rounded(y) for y in x.args], x.attrs[0])
+            pushed = ev.reshape_term(rounded(x.args[0]), shape)
+        elif x.op == "transpose":
+            pushed = ev.transpose_term(rounded(x.args[0]), parse_transpose(x.attrs[0]))
+        else:
+            pushed = ev.concat([rounded(y) for y in x.args], x.attrs[0])
+        # The rounding as written stays stated beside it: facts that read a relayout of a dot (a
+        # device's one KV head, its projection's output reshaped to [b, s, 1, hd], then cast to f32
+        # for RoPE) find the relayout right above the dot there only.
+        if x.op != "reshape" or inserted_unit_dims(x.args[0].shape, x.shape) is None:
+            return pushed
+        if (written := _as_written(ev, op, args, shape)) is not pushed:
+            ev.equal_terms.append([written, pushed])
+        return written
+    return _as_written(ev, op, args, shape)
+
+
+def _as_written(ev: Builder, op: str, args: list, shape: Shape) -> Term:
+    x = args[0]
     if op == "convert" and shape.dtype == "bf16" and (v := splat_number(ev, x)) is not None and _bf16_exact(v):
         # (numpy has no bf16 to fold with: a splat bf16 holds exactly, zeros that pad a shard, is that splat)
         return ev.const(np.full(shape.dims, v, np.float32), shape.dtype)

@@ -1,7 +1,8 @@
 """A data-parallel step that uses each device's own gradient as the full one: autodiff's ops carry the
 forward lines, which are right, so the finding is where the program takes the gradient over. Two
-styles: the reduction left to a helper passed by name (the finding is the statement of the helper
-that does not reduce), and the update written inline after the grad call (the finding is the update
+styles: the reduction left to a helper passed by name (the helper passed returns its gradient
+unchanged, so it does no work a reviewer would edit: the finding is the call that passes it instead
+of the reducing one), and the update written inline after the grad call (the finding is the update
 that uses the gradient as it is)."""
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ MODEL = textwrap.dedent(
 
 
     def _as_is(g):
-        return g  # MARK:as_is
+        return g
 
 
     def _dp(reduce, params, x, y, mesh):
@@ -61,7 +62,7 @@ MODEL = textwrap.dedent(
 
 
     def step_dp_unreduced(params, x, y, *, mesh):
-        return _dp(_as_is, params, x, y, mesh)
+        return _dp(_as_is, params, x, y, mesh)  # MARK:as_is
 
 
     def step_dp_inline(params, x, y, *, mesh):
@@ -83,7 +84,7 @@ def manifest(tmp_path_factory):
     return write_package(tmp_path_factory.mktemp("gradient_use"), "model.py", MODEL, MANIFEST)
 
 
-def test_the_helper_that_leaves_the_gradient_unreduced_is_the_finding(manifest):
+def test_the_call_that_passes_the_helper_leaving_the_gradient_unreduced_is_the_finding(manifest):
     correct = verify_named(manifest, "step_dp")
     assert correct.status == Status.VERIFIED, correct.findings
     result = verify_named(manifest, "step_dp_unreduced")

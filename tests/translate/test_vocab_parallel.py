@@ -71,8 +71,8 @@ MODELS = textwrap.dedent(
     def embed_overlap(table, ids, *, mesh):
         def body(table, ids):  # the whole table on each device; windows [0, 12) and [4, 16)
             lo = lax.axis_index("tp") * 4
-            mine = (ids >= lo) & (ids < lo + 12)  # MARK:overlap
-            return lax.psum(lookup(lax.dynamic_slice_in_dim(table, lo, 12), ids, mine, lo), "tp")
+            mine = (ids >= lo) & (ids < lo + 12)
+            return lax.psum(lookup(lax.dynamic_slice_in_dim(table, lo, 12), ids, mine, lo), "tp")  # MARK:overlap
 
         return jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P())(table, ids)
 
