@@ -100,6 +100,8 @@ def verify_model(
     # real defect): prove the whole program, which also gives the localization its e-graph; on a
     # big model only up to the first unproved layer, where the first defect is (kept in the memo:
     # a change after that layer finds it there).
+    # the integer values the numeric check draws: its hints, its localization and its notes read the same
+    ranges = oracle_ranges(model, programs.assumed, captured.inputs)
     proof: Proof | None
     searched: Proof | Diagnosis  # what the budget note reads: the search's budget and whether it ran out
     if layering is not None and len(programs.evaluator.table) > budgets.whole_program_terms:
@@ -119,7 +121,7 @@ def verify_model(
         # Proposed windows only join an e-graph the rules saturated: one still growing would
         # grow the more with them (and a proof there is the budget's, not the hints').
         if not proof.all_proved and not proof.exhausted and not proof.outgrown:
-            hints = _candidates(programs, captured, oracle_ranges(model, programs.assumed, captured.inputs))
+            hints = _candidates(programs, captured, ranges)
             if hints:
                 proof = with_hints(proof, programs, hints, budgets.hinted_iterations)
                 laps.lap(f"prove whole program with {len(hints)} proposed windows")
@@ -130,7 +132,7 @@ def verify_model(
     if proof is not None and proof.all_proved:
         return _proved(model, programs, captured, t0, LayerCounts(layers.total, layers.total, layers.reused), laps)
 
-    comparison, transient = _comparison(model, manifest, captured, programs.assumed, budgets)
+    comparison, transient = _comparison(model, manifest, captured, ranges, budgets)
     laps.lap("counterexample")
     if defect is None:
         assert proof is not None  # a diagnosis from the memo always names a defect
@@ -145,7 +147,7 @@ def verify_model(
             len(programs.evaluator.table),
             programs.routed,
             budgets,
-            oracle_ranges(model, programs.assumed, captured.inputs),
+            ranges,
             defect.frontier or defect.inst,
         )
         laps.lap("numeric localization")
@@ -167,7 +169,7 @@ def verify_model(
             entry=_entry(model),
             foreign=_foreign(model, manifest),
         )
-    drawn = _integer_draws(model, oracle_ranges(model, programs.assumed, captured.inputs), captured.inputs)
+    drawn = _integer_draws(model, ranges, captured.inputs)
     if isinstance(comparison, NumericComparison) and not comparison.equal:
         findings = with_counterexample(findings, _counterexample(comparison) + drawn)
         return _finish(model, Status.MISMATCH, t0, tuple(findings), layers, laps)
@@ -383,15 +385,14 @@ def _output_finding(proof, captured: CapturedModel) -> Finding:
 
 
 def _comparison(
-    model: ModelSpec, manifest: Manifest, captured: CapturedModel, assumed: dict, budgets: Budgets
+    model: ModelSpec, manifest: Manifest, captured: CapturedModel, ranges: Ranges, budgets: Budgets
 ) -> tuple[NumericComparison | str, bool]:
     """Both programs run on random inputs (the numeric oracle), or why that did not happen, and
     whether that may change in another run (the check was tried and failed: its time limit, a crash).
-    `assumed`: the integer inputs the reference indexes with and their ranges (Programs.assumed);
+    `ranges`: where it draws the integer inputs (oracle_ranges);
     `budgets`: the input elements the oracle runs on a CPU and how long its child may take."""
     most, timeout = budgets.oracle_elements, budgets.oracle_timeout_seconds
     total = sum(_size(leaf.shape) for leaf in captured.inputs)
-    ranges = oracle_ranges(model, assumed, captured.inputs)
     if model.hlo is not None:
         # Programs given as HLO files: XLA runs them as the capture rewrote them.
         if total > most:
