@@ -98,3 +98,30 @@ def test_the_in_process_tests_of_a_file_leave_out_those_that_capture_models():
     assert "tests/translate/test_regroup.py::test_only_ops_that_keep_the_groups_apart_are_regrouped" in ids
     assert not any("near_misses_are_mismatches" in i or "verifies_one_group_per_device" in i for i in ids)  # `manifest`
     assert all(i.startswith("tests/translate/test_regroup.py::test_") for i in ids) and len(ids) == 3
+
+
+def test_a_mutants_tests_stop_at_the_first_failed_assertion_and_go_on_after_a_crash(tmp_path, monkeypatch):
+    """Within one check, a mutant's run stops at its first failed assertion (the kill: the tests after it
+    cannot change the outcome), goes on past a test that raises (a crash, which a later assertion may
+    still turn into a kill), and the unmutated baseline runs every test."""
+    vm = mt._harness()
+    ran = tmp_path / "ran"
+    checks = tmp_path / "test_mut_order.py"
+    checks.write_text(
+        "from pathlib import Path\n\n"
+        f"RAN = Path({str(ran)!r})\n\n"
+        "def test_a_raises():\n    raise TypeError('a mutant broke a call')\n\n"
+        "def test_b_asserts():\n    assert 1 + 1 == 3\n\n"
+        "def test_c_after():\n    RAN.write_text('ran')\n"
+    )
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "")
+    ran_after = {}
+    for name in ("m", vm.BASELINE):
+        ran.unlink(missing_ok=True)
+        job = {"name": name, "root": str(REPO), "models": [], "pytest": [[str(checks)]],
+               "out": str(tmp_path / "observed.json")}
+        observed = vm._observe(job, captures="")
+        assert [node.rsplit("::", 1)[1] for node, _ in observed["pytest"][0]["failed"]] == ["test_a_raises", "test_b_asserts"]
+        ran_after[name] = ran.exists()
+    assert ran_after == {"m": False, vm.BASELINE: True}
