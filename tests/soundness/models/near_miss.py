@@ -2304,3 +2304,39 @@ def gathered_moe_dp_other_choice(x, router, w1, v1, w2, *, mesh):
     return jax.shard_map(body, mesh=mesh, in_specs=(P(TP), P(), P(), P(), P()), out_specs=P(TP))(
         x, router, w1, v1, w2
     )
+
+
+# --- a table computed from constants in bfloat16 against the reference's float32 one ---------------
+def table_inputs():
+    return (spec(8, 16),)
+
+
+def scaled_by_table(x):
+    return x * (jnp.arange(16, dtype=F32) * jnp.float32(0.1))
+
+
+def scaled_by_iota_table(x):
+    return x * (lax.iota(F32, 16) * jnp.float32(0.1))
+
+
+def _scaled_tp(x, mesh, table):
+    return jax.shard_map(lambda x: x * table().astype(F32), mesh=mesh, in_specs=P(TP), out_specs=P(TP))(x)
+
+
+def scaled_by_table_bf16(x, *, mesh):
+    # BUG: the table is computed in bfloat16 (0.1 * i rounded to 8 bits of mantissa): up to 0.4 % off
+    return _scaled_tp(x, mesh, lambda: jnp.arange(16, dtype=jnp.bfloat16) * jnp.bfloat16(0.1))
+
+
+def scaled_by_iota_table_bf16(x, *, mesh):
+    # BUG: as above, the table made by an iota the program runs (not folded by JAX at trace time)
+    return _scaled_tp(x, mesh, lambda: lax.iota(jnp.bfloat16, 16) * jnp.bfloat16(0.1))
+
+
+def scaled_by_iota_sum(x):
+    return x * (lax.iota(F32, 16) + jnp.float32(255))
+
+
+def scaled_by_iota_sum_bf16(x, *, mesh):
+    # BUG: 255 + i in bfloat16 (exact operands, inexact sums from 256 on: 8 bits of mantissa)
+    return _scaled_tp(x, mesh, lambda: lax.iota(jnp.bfloat16, 16) + jnp.bfloat16(255))
