@@ -13,7 +13,8 @@ Checks:
   (an internal error, a crash of egglog or a timeout is not a kill).
 * `pytest:ARGS`: tests run with the mutated package (whatever their mark: a test moved to `slow`
   still runs here); killed when they fail on an AssertionError.
-A mutant's checks stop at its first kill (the outcome names that one); the unmutated baseline runs all.
+A mutant's checks stop at its first kill (the outcome names that one), inside a pytest check too (the
+tests after a failed assertion do not run); the unmutated baseline runs all.
 
 Each worker is one process that imports the heavy dependencies (egglog, jax, numpy, pytest) once and
 forks once per mutant; the fork imports equivci from the mutated copy.
