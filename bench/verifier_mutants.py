@@ -1663,6 +1663,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "a squeezed operand's contracted dims keep their partners when its size-1 dims join the contraction",
       "pytest:tests/translate/test_split_head_contractions.py::test_a_squeezed_operand_is_stated_with_its_unit_dims_contracted"),
     # -- powers of two moved out of bf16 dots (reductions.power_of_two_out, literals.power_of_two_literal)
+    # -- a reshape that leaves a concatenation's dim alone, on the parts (builder.reshaped_parts) -------
+    M("reshaped-parts-any-dim", "shape.dims[j] == joined.shape[d] and int(np.prod(shape.dims[:j])) == before",
+      "shape.dims[j] == joined.shape[d]",
+      "the joined dim maps to the output dim of its size with as many elements before it, not any of its size",
+      "pytest:tests/translate/test_reshaped_concats.py::"
+      "test_only_a_reshape_that_leaves_the_joined_dim_alone_is_stated_on_the_parts"),
     M("pow2-dot-any-factor", "if c and abs(c) == power_of_two(c) and t.args[1 - j].shape == t.shape:",
       "if c and t.args[1 - j].shape == t.shape:",
       "only a power of two scales a bf16 product exactly: 0.3 * x rounds in bf16, 0.3 * dot(x, y) does not",
