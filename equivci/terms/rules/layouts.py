@@ -50,6 +50,16 @@ from equivci.terms.language import (
 )
 from equivci.terms.rules.registry import family, named
 
+# e = bcast(y) along a new dim d at size b - a, where some value x of size n along d has the window
+# [a:b] (w); spec2 is e's broadcast widened to n there.
+NARROW_BCAST = (
+    eq(e).to(T.bcast(spec, y)),
+    eq(w).to(x.slice(d, a, b)),
+    eq(b - a).to(bcast_new(spec, d)),
+    eq(n).to(dim(x, d)),
+    eq(spec2).to(bcast_shrink(spec, d, n)),
+)
+
 LAYOUTS = family(
     "layouts",
     named(
@@ -79,11 +89,7 @@ LAYOUTS = family(
     named(
         "layouts/bcast_as_slice",
         "bcast(y) to size b - a along a new dim = (the reference's wider bcast(y))[a:b]",
-        eq(e).to(T.bcast(spec, y)),
-        eq(w).to(x.slice(d, a, b)),
-        eq(b - a).to(bcast_new(spec, d)),
-        eq(n).to(dim(x, d)),
-        eq(spec2).to(bcast_shrink(spec, d, n)),
+        *NARROW_BCAST,
         eq(z).to(T.bcast(spec2, y)),
         reference(z),
     ).then(union(e).with_(z.slice(d, a, b))),
@@ -94,11 +100,7 @@ LAYOUTS = family(
     named(
         "layouts/bcast_as_slice_scaled",
         "bcast(y) to size b - a along a new dim = (wider bcast(y))[a:b], where c * (wider bcast(y)) is a reference value",
-        eq(e).to(T.bcast(spec, y)),
-        eq(w).to(x.slice(d, a, b)),
-        eq(b - a).to(bcast_new(spec, d)),
-        eq(n).to(dim(x, d)),
-        eq(spec2).to(bcast_shrink(spec, d, n)),
+        *NARROW_BCAST,
         eq(z).to(T.binary("multiply", T.bcast(spec2, y), v)),
         power_of_two_splat(v),
         reference(z),
