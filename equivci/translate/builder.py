@@ -58,6 +58,15 @@ def power_of_two(f: Fraction) -> Fraction:
     return Fraction(num & -num, den & -den)
 
 
+def significand(f: Fraction) -> Fraction:
+    """f over its power of two, scaled into [1, 2): f = significand(f) * 2^e. A float's significand
+    is a number of its dtype, and a product's power of two is then near the product's magnitude."""
+    num, den = abs(f.numerator), f.denominator
+    e = num.bit_length() - den.bit_length()
+    m = abs(f) / Fraction(2) ** e
+    return (m if m >= 1 else 2 * m) * (1 if f > 0 else -1)
+
+
 class Unsupported(Exception):
     """A construct the evaluator cannot translate faithfully; the caller answers `unproven`."""
 
@@ -255,20 +264,25 @@ class Builder:
 
     def times(self, base: Term, *factors: Fraction) -> Term | None:
         """base times the product of `factors`. Where the product is no number of the dtype (GELU's
-        0.797 times 0.0447 times a loss scale), each factor's odd part multiplies the base, smallest
-        first, and the product's power of two goes in front: scalings by powers of two at other
-        places (1/8 on a shard and 1/4 after the psum, against the reference's 1/32) leave one base.
-        Exact over the reals, as every factor pulled out; None when a part is no number either."""
+        0.797 times 0.0447 times a loss scale), each factor's significand (in [1, 2), `significand`)
+        multiplies the base, smallest first, and the rest of the product, a power of two, goes in
+        front: scalings by powers of two at other places (1/8 on a shard and 1/4 after the psum,
+        against the reference's 1/32) leave one base. The power of two in front is near the
+        product's own size, so it stays a number of the dtype where the product's odd part would
+        take it out of range (a mean's 1/16 times GELU's constants squared through a gradient: 2^-164
+        beside odd parts of 2^46). Exact over the reals, as every factor pulled out; None when a part
+        is no number either."""
         product = math.prod(factors, start=Fraction(1))
         if (term := self.scaled(base, product)) is not None or product == 0 or base.dtype not in SCALABLE:
             return term
-        inner = base
-        for odd in sorted(f / power_of_two(f) for f in factors if f / power_of_two(f) != 1):
-            splat = self.splat(odd, Shape(base.dtype, base.shape))
+        inner, front = base, product
+        for part in sorted(significand(f) for f in factors if significand(f) != 1):
+            splat = self.splat(part, Shape(base.dtype, base.shape))
             if splat is None:
                 return None
             inner = self.table.make("binary", ("multiply",), (inner, splat), base.shape, base.dtype)
-        return self.scaled(inner, power_of_two(product))
+            front /= part
+        return self.scaled(inner, front)
 
     def divided(self, base: Term, ratio: Fraction, shape: Shape) -> Term | None:
         """ratio * base where the ratio is no number of the dtype (1/3, 1/6): (a * base) / b with b the
@@ -343,16 +357,27 @@ class Builder:
 
     def factored_select(self, args: list[Term], shape: Shape) -> Term | None:
         """select(p, f * a, f * b) = f * select(p, a, b), a zero branch taking any factor (a
-        gradient's guarded branch, select(s >= 0, c / s, 0), with the loss's scale in c)."""
+        gradient's guarded branch, select(s >= 0, c / s, 0), with the loss's scale in c); a splat c
+        beside a zero branch is c * 1, so select(p, c, 0) = c * select(p, 1, 0) (the cotangent
+        `jnp.where` hands a mean loss's branches, 1/n on a shard of n rows, 1/N in the reference)."""
         p, *branches = args
         if shape.dtype not in SCALABLE or any(b.dtype != shape.dtype for b in branches):
             return None
         scales = [(Fraction(0), b) if self.uniform(b) == 0 else self.scale_of(b) for b in branches]
+        if sorted(f for f, _ in scales) == [0, 1] and any(self.uniform(b) == 0 for b in branches):
+            scales = [self._splat_scale(f, b) for f, b in scales]
         factors = {f for f, _ in scales if f != 0}
         if len(factors) != 1 or (factor := factors.pop()) == 1:
             return None
         bases = [base for _, base in scales]
         return self.scaled(self.mk("ternary", ("select",), (p, *bases), shape), factor)
+
+    def _splat_scale(self, factor: Fraction, t: Term) -> tuple[Fraction, Term]:
+        """A non-zero splat c as c * ones (exact: c * 1 is c in every dtype); else as it was."""
+        c = self.uniform(t)
+        if factor == 0 or not c:
+            return factor, t
+        return c, self.const(np.ones(t.shape, NP_DTYPES[t.dtype]), t.dtype)
 
     def normal(self, kind: str, attrs: tuple, args, shape: Shape) -> Term:
         """The term in the normal form every evaluated op gets (constant factors in front), so a

@@ -167,7 +167,7 @@ def unary_of(ev: Builder, op: str, args: list, shape: Shape) -> Term:
     return _built(ev, "unary", (op,), args, shape, lambda v: semantics.apply(semantics.UNARY, op, v))
 
 
-def unit_reshaped(ev: Builder, args: list, shape: Shape, op_on) -> Term | None:
+def unit_reshaped(ev: Builder, args: list, shape: Shape, op_on, quotients: bool = True) -> Term | None:
     """op(reshape(a), reshape(b)) as reshape(op(a, b)) when the reshapes only add or drop size-1
     dims of operands of one shape (a constant of one value everywhere is reshaped to it, a constant
     factor in front of a reshape goes inside it): an elementwise op reads and writes each element
@@ -176,8 +176,9 @@ def unit_reshaped(ev: Builder, args: list, shape: Shape, op_on) -> Term | None:
     about the reductions themselves (a running max of reduce-maxima, a sum of shifted exponentials
     rescaled). None when no operand is such a reshape, and on integers and predicates: index
     arithmetic keeps its written form, which the facts about indices (bounds, offsets, one-hot
-    picks) read operand by operand."""
-    found = _outside(ev, args, "reshape")
+    picks) read operand by operand. `quotients`: a scaled operand read in its quotient form
+    (`_quotient_reshaped`)."""
+    found = _outside(ev, args, "reshape", quotients)
     if found is None:
         return None
     _, dims, inner = found
@@ -203,15 +204,18 @@ def broadcast_outside(ev: Builder, args: list, shape: Shape, op_on) -> Term | No
     return broadcast_term(ev, op_on(inner, Shape(shape.dtype, dims)), shape, out_dims)
 
 
-def _outside(ev: Builder, args: list, op: str) -> tuple[tuple, tuple[int, ...], list[Term]] | None:
+def _outside(
+    ev: Builder, args: list, op: str, quotients: bool = True
+) -> tuple[tuple, tuple[int, ...], list[Term]] | None:
     """(attrs, operand shape, operands) when every float operand of an elementwise op is an `op`
     (reshape or bcast) with the same attrs of an operand of one shape, up to a constant factor in
     front (moved inside), or a constant of one value everywhere (made that shape); else None, and
-    when every operand folds (constants are folded as they are)."""
+    when every operand folds (constants are folded as they are). `quotients`: a scaled reshape read
+    in its quotient form, `_quotient_reshaped`."""
     if any(a.dtype not in FLOATS for a in args) or all(ev.folded(a) is not None for a in args):
         return None
     numbers = [splat_number(ev, a) for a in args]
-    layouts = [ev.scale_of(_quotient_reshaped(ev, a) if op == "reshape" else a) for a in args]
+    layouts = [ev.scale_of(_quotient_reshaped(ev, a) if op == "reshape" and quotients else a) for a in args]
     written = {
         (base.attrs, base.args[0].shape) for (_, base), n in zip(layouts, numbers) if base.op == op and n is None
     }
@@ -286,7 +290,11 @@ def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
     if (merged := offset_merged(ev, op, args, shape)) is not None:
         return merged
     on = lambda xs, sh: binary_terms(ev, op, xs, sh)  # noqa: E731
-    if (outside := unit_reshaped(ev, args, shape, on) or broadcast_outside(ev, args, shape, on)) is not None:
+    # a product moves its operands' constant factors in front (Builder.factored): an operand's
+    # factor read as a quotient would hide it inside, where the other program's product of the
+    # same values keeps it in front (a shard's `0.001 * g * g` of a psum-ed gradient, no reshape)
+    quotients = op != "multiply"
+    if (outside := unit_reshaped(ev, args, shape, on, quotients) or broadcast_outside(ev, args, shape, on)) is not None:
         return outside
     if (shifted := SHIFTS[op](ev, *args) if op in SHIFTS else None) is not None:
         return shifted  # online softmax's exponentials rescaled to the newest shift, its blocks in order

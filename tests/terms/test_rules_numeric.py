@@ -799,6 +799,12 @@ def bcast_as_slice(rng, b: B):
     return small, b.sl(full, d, lo, hi)
 
 
+def bcast_as_slice_scaled(rng, b: B):
+    """The wider broadcast under a power-of-two factor (a LayerNorm mean's 1/D in front)."""
+    x, y, op, d, lo, hi, small, full = _binary_bcast(rng, b)
+    return small, b.sl(full, d, lo, hi), [(b.bi("multiply", full, b.splat(0.25, full.shape)),) * 2]
+
+
 def bcast_as_slice_nested(rng, b: B):
     """A broadcast narrowed along two of its new dims (a mask over a device's batch rows and heads)."""
     shape = rshape(rng, int(rng.integers(2, 5)))
@@ -988,6 +994,9 @@ RULES = {
     # And the wider broadcast must be a reference value.
     "layouts/bcast_as_slice": (F["layouts"], bcast_as_slice, True),
     "layouts/bcast_as_slice_nested": (F["layouts"], bcast_as_slice_nested, True),
+    # (the scaled wider broadcast is loaded as a hypothesis, marked a reference value with the rest;
+    # test_a_narrow_broadcast_is_a_window_of_a_scaled_reference_broadcast reads the guard alone)
+    "layouts/bcast_as_slice_scaled": (F["layouts"], bcast_as_slice_scaled, True),
     # The wider broadcast is a reference value and pairs the specs: the rhs is loaded too.
     "layouts/bcast_onto_reference": (F["layouts"], bcast_onto_reference, True),
     "layouts/transpose_lift": (F["layouts"], transpose_lift, False),
@@ -1038,6 +1047,34 @@ def test_every_rule_of_the_language_is_covered() -> None:
     for family in FAMILIES.values():  # each rule states its identity, in one line
         for r in family.rules:
             assert isinstance(r.identity, str) and r.identity.strip() and "\n" not in r.identity, r.name
+
+
+def test_a_narrow_broadcast_is_a_window_of_a_scaled_reference_broadcast() -> None:
+    """A device's LayerNorm mean broadcast over its 16 features is a window of the reference's
+    broadcast over 32, which the reference holds only as c * bcast (the builder's 1/D in front):
+    proved with that scaled value a reference value, not without one (the guard of
+    layouts/bcast_as_slice_scaled), nor under a factor that is no power of two. Only the device's
+    side is loaded, with a window [16:32] of another value of 32 features, as in a proof."""
+    b = B()
+    y = b.param(0, [2, 8])
+    small, full = b.bcast(y, [2, 8, 16], [0, 1]), b.bcast(y, [2, 8, 32], [0, 1])
+    features = b.sl(b.param(1, [2, 8, 32]), 2, 16, 32)
+
+    def window_of_reference(factor: float | None) -> bool:
+        egraph = EGraph()
+        loader = Loader(egraph)
+        lhs, _ = loader.expr(small), loader.expr(features)
+        if factor is not None:
+            loader.facts.append(L.reference(loader.expr(b.bi("multiply", full, b.splat(factor, full.shape)))))
+        loader.flush()
+        _run(egraph, FULL_ITERATIONS)
+        rhs = loader.expr(b.sl(full, 2, 16, 32))
+        loader.flush()
+        return proved_equal(egraph, lhs, rhs)
+
+    assert window_of_reference(1 / 32)
+    assert not window_of_reference(None)
+    assert not window_of_reference(0.3)
 
 
 # -- end-to-end compositions (all rewrites, both sides loaded) ---------------------------------

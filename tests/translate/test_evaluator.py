@@ -366,12 +366,13 @@ def test_factors_are_only_pulled_out_where_that_is_exact_and_linear():
     assert tenth is None  # 0.1 is not a float32 number
     tenth = ev.fold_or("binary", ("multiply",), [x, c(0.1)], s46, None)
     assert ev.scale_of(tenth)[0] == Fraction(float(np.float32(0.1)))
-    # float32(0.1) squared is not a float32 number: x times each odd part, the power of two in front
-    odd = Fraction(float(np.float32(0.1))) * 2**27  # float32(0.1) is 13421773 / 2**27
-    assert odd.denominator == 1 and odd.numerator % 2 == 1
+    # float32(0.1) squared is not a float32 number: x times each significand (in [1, 2)), the power
+    # of two that is left in front, near the product's size
+    mantissa = Fraction(float(np.float32(0.1))) * 2**4  # float32(0.1) is 1.6000000238 / 2**4
+    assert 1 <= mantissa < 2 and mantissa.denominator == 2**23
     squared = ev.factored("binary", ("multiply",), [tenth, c(0.1)], s46)
-    assert ev.scale_of(squared)[0] == Fraction(1, 2**54)
-    assert ev.scale_of(squared)[1] is ev.scaled(ev.scaled(x, odd), odd)
+    assert ev.scale_of(squared)[0] == Fraction(1, 2**8)
+    assert ev.scale_of(squared)[1] is ev.scaled(ev.scaled(x, mantissa), mantissa)
     half = ev.scaled(x, Fraction(1, 2))
     # f * a + g * b = f * (a + (g / f) * b) when g / f is a float32 number, else the power of two
     # of f in front and each operand times its factor over it
@@ -379,6 +380,7 @@ def test_factors_are_only_pulled_out_where_that_is_exact_and_linear():
     inner = ev.mk("binary", ("add",), (x, ev.scaled(y, Fraction(1, 2))), s46)
     assert ev.factored("binary", ("add",), [half, quarter_y], s46) is ev.scaled(inner, Fraction(1, 2))
     inexact = ev.factored("binary", ("add",), [tenth, half], s46)  # 0.5 / float32(0.1) is not exact
+    odd = mantissa * 2**23  # float32(0.1) is 13421773 / 2**27
     inner = ev.mk("binary", ("add",), (ev.scaled(x, odd), ev.scaled(x, Fraction(2**26))), s46)
     assert inexact is ev.scaled(inner, Fraction(1, 2**27))
     assert ev.factored("binary", ("add",), [ev.scaled(x, Fraction(3)), ev.scaled(y, Fraction(5))], s46) is None

@@ -27,6 +27,7 @@ from equivci.terms.language import (
     op,
     perm_in,
     perm_out,
+    power_of_two_splat,
     reference,
     rs_fixed,
     rs_in_tail,
@@ -41,12 +42,23 @@ from equivci.terms.language import (
     spec,
     spec2,
     spec3,
+    v,
     w,
     x,
     y,
     z,
 )
 from equivci.terms.rules.registry import family, named
+
+# e = bcast(y) along a new dim d at size b - a, where some value x of size n along d has the window
+# [a:b] (w); spec2 is e's broadcast widened to n there.
+NARROW_BCAST = (
+    eq(e).to(T.bcast(spec, y)),
+    eq(w).to(x.slice(d, a, b)),
+    eq(b - a).to(bcast_new(spec, d)),
+    eq(n).to(dim(x, d)),
+    eq(spec2).to(bcast_shrink(spec, d, n)),
+)
 
 LAYOUTS = family(
     "layouts",
@@ -77,14 +89,22 @@ LAYOUTS = family(
     named(
         "layouts/bcast_as_slice",
         "bcast(y) to size b - a along a new dim = (the reference's wider bcast(y))[a:b]",
-        eq(e).to(T.bcast(spec, y)),
-        eq(w).to(x.slice(d, a, b)),
-        eq(b - a).to(bcast_new(spec, d)),
-        eq(n).to(dim(x, d)),
-        eq(spec2).to(bcast_shrink(spec, d, n)),
+        *NARROW_BCAST,
         eq(z).to(T.bcast(spec2, y)),
         reference(z),
     ).then(union(e).with_(z.slice(d, a, b))),
+    # The reference's wider broadcast may hold the builder's constant factor in front, c * bcast(y)
+    # (a LayerNorm mean `sum / D` broadcast over the features): the broadcast under it is then the
+    # one a device's narrower broadcast of its psum-ed sum is a window of. Same identity, only the
+    # guard reads the scaled value (a power of two: the builder's exact factors of a count).
+    named(
+        "layouts/bcast_as_slice_scaled",
+        "bcast(y) to size b - a along a new dim = (wider bcast(y))[a:b], where c * (wider bcast(y)) is a reference value",
+        *NARROW_BCAST,
+        eq(z).to(T.binary("multiply", T.bcast(spec2, y), v)),
+        power_of_two_splat(v),
+        reference(z),
+    ).then(union(e).with_(T.bcast(spec2, y).slice(d, a, b))),
     # The same along two new dims at once (a mask over an FSDP device's batch rows and a TP device's
     # heads): the broadcast narrowed along one of them only is no reference value, so the rule
     # above cannot take the two windows one at a time. The windows are any value's (the device's
