@@ -246,3 +246,40 @@ def test_near_miss_a_dot_with_a_mask_of_other_numbers_states_no_pieces():
     want = np.tensordot(keep, TOTALS, axes=1)
     for t in forms:
         np.testing.assert_allclose(evaluate(t, params, ev.values), want, rtol=1e-6, atol=1e-6)
+
+
+ROWS = RNG.standard_normal((8, 3)).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda v: (v[4:6].sum(0) + v[2:4].sum(0)) + (v[0:2].sum(0) + 0.0),
+        lambda v: v[3:8].sum(0) + v[0:3].sum(0),
+        lambda v: v[0:2].sum(0) + (v[5:8].sum(0) + v[2:5].sum(0)),
+    ],
+)
+def test_totals_of_adjacent_windows_added_in_any_order_are_the_total_of_their_union(fn):
+    """sum(x[b:c]) + sum(x[a:b]) = sum(x[a:c]), in any grouping, zeros left out: the stated form is
+    one sum of one window, and evaluates as the written sum."""
+    ev, out, params = _built(fn, ROWS)
+    merged = [t for t in _stated_with(ev, out) if t.op == "reduce"]
+    assert merged, "no total of the union was stated"
+    want = np.asarray(fn(ROWS))
+    for t in merged:
+        np.testing.assert_allclose(evaluate(t, params, ev.values), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda v: v[4:6].sum(0) + v[0:2].sum(0),  # a gap
+        lambda v: v[0:4].sum(0) + v[2:6].sum(0),  # an overlap
+        lambda v: v[0:2].sum(0) + v[2:4].max(0),  # another reducer
+    ],
+)
+def test_near_miss_totals_that_do_not_tile_a_window_state_no_union(fn):
+    ev, out, params = _built(fn, ROWS)
+    want = np.asarray(fn(ROWS))
+    for t in _stated_with(ev, out):
+        np.testing.assert_allclose(evaluate(t, params, ev.values), want, rtol=1e-5, atol=1e-6)
