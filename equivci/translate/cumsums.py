@@ -99,7 +99,8 @@ def merged_totals(ev: Builder, term: Term) -> Term | None:
     """sum(x[a:c]) along k when `term` adds up (in any order and grouping, zeros left out) the sums
     along k of windows of one value x along k that tile [a, c) without a gap or an overlap; None
     otherwise (a sum of one window, or more than `budgets.window_totals` of them)."""
-    atoms, stack = [], [term]
+    atoms: list[Term] = []
+    stack = [term]
     while stack:
         t = stack.pop()
         if t.op == "binary" and t.attrs == ("add",):
