@@ -88,10 +88,18 @@ def power_of_two_out(ev: Builder, inst: Instruction, args: list, device: int) ->
 
 
 def dot_with_facts(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: Shape) -> Term:
-    """The dot's term in normal form, with the facts stated beside it; a dot with an operand that is
-    zero everywhere is zero (each output element a sum of products with a zero factor; over the
-    reals: an infinite factor would make it NaN): device 0's sum of no earlier devices' totals."""
-    if any(ev.uniform(x) == 0 for x in (lhs, rhs)) and (zero := ev.splat(Fraction(0), shape)) is not None:
+    """The dot's term in normal form, with the facts stated beside it; a dot with a selector (an
+    operand without free dims) that is zero everywhere is zero (each output element a sum of
+    products with a zero factor; over the reals: an infinite factor would make it NaN): device 0's
+    sum of no earlier devices' totals, `tensordot((arange(n) < 0).astype(f), gathered, 1)`."""
+    selectors = (
+        (lhs, len(dot_spec.lhs_batch + dot_spec.lhs_contract)),
+        (rhs, len(dot_spec.rhs_batch + dot_spec.rhs_contract)),
+    )
+    if (
+        any(len(x.shape) == n and ev.uniform(x) == 0 for x, n in selectors)
+        and (zero := ev.splat(Fraction(0), shape)) is not None
+    ):
         return zero
     term = dot_term(ev, dot_spec, lhs, rhs, shape)
     if (dense := gathered_dots.dense_dot(ev, dot_spec, lhs, rhs, shape)) is not None:
