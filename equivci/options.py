@@ -72,6 +72,8 @@ class Budgets:
     # translate/shapes: runs of consecutive rows a gather at constant indices is written as (a static
     # permutation of chunks: more, a shuffle of single rows, stays a gather)
     taken_runs: int = 16
+    # translate/cumsums: sums of windows' totals added in any order that are merged into one total
+    window_totals: int = 16
     # translate/signed_sums: terms of a sum with subtracted terms put in one order (a longer sum keeps
     # only its written form)
     signed_terms: int = 8

@@ -15,11 +15,17 @@ sequence that adds the totals of the shards before it (a causal running mean ove
 across devices) then meets the reference's running sum: the totals are the shards' sums, a sum over
 the gathered totals is the sum of the kept ones (reductions.over_pieces), sums of adjacent windows
 merge (rules reductions/merge_add), and what remains is the first fact.
+
+Finite sums are associative and commutative, so totals of adjacent windows added in any order and
+grouping are the total of their union (`merged_totals`): log-step doubling over ppermute adds the
+earlier shards' totals as (s2 + s1) + (s0 + 0), where the rewrite rules only merge neighbours
+written in window order.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 from typing import Protocol
 
 from equivci.hlo.ir import Instruction, Module, Shape
@@ -44,6 +50,8 @@ class Builder(windows.Evaluator, Protocol):
     def reshape_term(self, operand: Term, shape: Shape) -> Term: ...
 
     def factored(self, kind: str, attrs: tuple, args: list[Term], shape: Shape) -> Term | None: ...
+
+    def uniform(self, t: Term) -> Fraction | None: ...
 
 
 def note(ev: Builder, inst: Instruction, args: list, term: Term) -> None:
@@ -85,6 +93,37 @@ def last_total(ev: Builder, x: Term, dim: int, start: int, stop: int) -> Term | 
         return None
     total = _sum_along(ev, x.args[0], dim)
     return ev.reshape_term(total, Shape(x.dtype, x.shape[:dim] + (1,) + x.shape[dim + 1 :]))
+
+
+def merged_totals(ev: Builder, term: Term) -> Term | None:
+    """sum(x[a:c]) along k when `term` adds up (in any order and grouping, zeros left out) the sums
+    along k of windows of one value x along k that tile [a, c) without a gap or an overlap; None
+    otherwise (a sum of one window, or more than `budgets.window_totals` of them)."""
+    atoms: list[Term] = []
+    stack = [term]
+    while stack:
+        t = stack.pop()
+        if t.op == "binary" and t.attrs == ("add",):
+            stack.extend(t.args)
+        elif ev.uniform(t) != 0:
+            if len(atoms) == ev.budgets.window_totals or t.op != "reduce" or t.attrs[0] != "add":
+                return None
+            atoms.append(t)
+    pieces = []
+    for t in atoms:
+        dims = ReduceSpec.parse(t.attrs[1]).dims
+        w = windows.window_form(ev, t.args[0]) if len(t.args) == 1 else None
+        if w is None or (w.dim,) != dims:
+            return None
+        pieces.append(w)
+    if len(pieces) < 2 or any((w.whole, w.dim) != (pieces[0].whole, pieces[0].dim) for w in pieces):
+        return None
+    pieces.sort(key=lambda w: w.start)
+    if any(w.stop != nxt.start for w, nxt in zip(pieces, pieces[1:])):
+        return None
+    whole, dim = pieces[0].whole, pieces[0].dim
+    merged = _sum_along(ev, ev.slice_term(whole, dim, pieces[0].start, pieces[-1].stop), dim)
+    return merged if merged.shape == term.shape and merged.dtype == term.dtype else None
 
 
 def running_dim(window_sums: dict[Term, tuple], term: Term) -> int | None:

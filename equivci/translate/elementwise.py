@@ -15,6 +15,7 @@ from equivci.terms.spec import BcastSpec, DotSpec, compare_text, parse_transpose
 from equivci.translate import (
     bounds,
     collectives,
+    cumsums,
     log_quotients,
     masks,
     one_hot_columns,
@@ -317,6 +318,8 @@ def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
                 # every device adds zero): shard 0 adds no earlier shards' totals to its running sum
                 ev.equal_terms.append([term, args[1 - k]])
     if op == "add" and ev.folded(term) is None:
+        if (total := cumsums.merged_totals(ev, term)) is not None:
+            ev.equal_terms.append([term, total])  # the earlier shards' totals added out of order
         collectives.regrouped_by_device(ev, term, *args)
         if (choices := unrolled_picks.summed_choices(ev, term)) is not None:
             ev.equal_terms.append([term, choices])  # a top-k's choices weighted and added one by one

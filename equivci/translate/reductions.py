@@ -8,13 +8,24 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+from fractions import Fraction
 
 import numpy as np
 
-from equivci.hlo.ir import Instruction, Module, Shape
+from equivci.hlo.ir import FLOATS, Instruction, Module, Shape
 from equivci.terms.ir import Term, bcast_form, inserted_unit_dims, reduce_pair_map
 from equivci.terms.spec import BcastSpec, DotSpec, ReduceSpec, transpose_text
-from equivci.translate import gathered_dots, moved_columns, one_hots, orders, picks, relaid, signed_sums, tiles
+from equivci.translate import (
+    elementwise,
+    gathered_dots,
+    moved_columns,
+    one_hots,
+    orders,
+    picks,
+    relaid,
+    signed_sums,
+    tiles,
+)
 from equivci.translate.arrays import all_equal, distinct, is_identity
 from equivci.translate.attributes import called, dims_attr, fingerprint, reducer_of
 from equivci.translate.builder import SCALABLE, Builder, Value, power_of_two
@@ -77,7 +88,19 @@ def power_of_two_out(ev: Builder, inst: Instruction, args: list, device: int) ->
 
 
 def dot_with_facts(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: Shape) -> Term:
-    """The dot's term in normal form, with the facts stated beside it."""
+    """The dot's term in normal form, with the facts stated beside it; a dot with a selector (an
+    operand without free dims) that is zero everywhere is zero (each output element a sum of
+    products with a zero factor; over the reals: an infinite factor would make it NaN): device 0's
+    sum of no earlier devices' totals, `tensordot((arange(n) < 0).astype(f), gathered, 1)`."""
+    selectors = (
+        (lhs, len(dot_spec.lhs_batch + dot_spec.lhs_contract)),
+        (rhs, len(dot_spec.rhs_batch + dot_spec.rhs_contract)),
+    )
+    if (
+        any(len(x.shape) == n and ev.uniform(x) == 0 for x, n in selectors)
+        and (zero := ev.splat(Fraction(0), shape)) is not None
+    ):
+        return zero
     term = dot_term(ev, dot_spec, lhs, rhs, shape)
     if (dense := gathered_dots.dense_dot(ev, dot_spec, lhs, rhs, shape)) is not None:
         # each row's own expert: the gather of the dot with every expert's kernel
@@ -345,10 +368,32 @@ def product_sum(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) ->
         if kept[: len(m_batch)] != list(m_batch):
             return None
         to_m = dict(zip(a_batch, m_batch)) | dict(zip(a_contract, m_contract))
-        spread = one_hots.spread(ev, a, m.shape, tuple(to_m[k] for k in range(len(a.shape))))
+        at = tuple(to_m[k] for k in range(len(a.shape)))
+        spread = one_hots.spread(ev, a, m.shape, at)
         product = ev.binary("multiply", m, spread)
-        return ev.normal("reduce", ("add", ReduceSpec(len(m.shape), tuple(sorted(m_contract))).text()), [product], out)
+        dims = tuple(sorted(m_contract))
+        summed = ev.normal("reduce", ("add", ReduceSpec(len(m.shape), dims).text()), [product], out)
+        if (selected := kept_pieces(ev, m, a, at, dims, out)) is not None:
+            ev.equal_terms.append([summed, selected])
+        return summed
     return None
+
+
+def kept_pieces(ev: Builder, m: Term, a: Term, at: tuple[int, ...], dims: tuple[int, ...], out: Shape) -> Term | None:
+    """The sum over `dims` of m * a (a's dim k at m's dim at[k], a constant along m's other dims), for
+    a constant a of ones and zeros in runs along one dim,
+    as the sum of the concatenation of m's windows where it is 1 and zeros where it is 0 (m * 1 = m
+    and m * 0 = 0 over the reals), that is of the kept pieces' sums (`over_pieces`): a dot of the devices'
+    gathered totals with `(arange(n) < me).astype(f)` is the sum of the earlier devices' totals."""
+    held = ev.folded(a)
+    if held is None or m.dtype not in FLOATS or not np.all((held == 0) | (held == 1)):
+        return None
+    order = sorted(range(len(at)), key=lambda k: at[k])
+    placed = np.transpose(held, order).reshape([m.shape[d] if d in at else 1 for d in range(len(m.shape))])
+    value = np.broadcast_to(placed, m.shape)
+    zeros = ev.splat(Fraction(0), Shape(m.dtype, m.shape))
+    chosen = None if zeros is None else elementwise.select_by_constant(ev, ev.const(value == 1, "pred"), m, zeros)
+    return None if chosen is None else reduction(ev, "add", chosen, dims, out)
 
 
 def dot_term(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: Shape) -> Term:

@@ -5,9 +5,9 @@ the whole tensor: dot(h, W[:, s:e]) - bcast(m) is (dot(h, W) - bcast(m))[..., s:
 vary along that dim. The evaluator's facts about windows (equivci.translate.masks: a lookup in a
 window of a table, a max over windows that cover a dim) read values in this form, so that logits a
 device computes from its shard of the unembedding are a window of the reference's logits, as logits
-it is handed are. Each step is exact: elementwise ops, free dims of a dot, broadcasts and transposes
-(which move the dim), constant factors, and operands that are windows of the same range or
-constant along the dim.
+it is handed are. Each step is exact: elementwise ops (selects too), free dims of a dot, batch dims
+of a dot whose operands are windows of one range there, broadcasts and transposes (which move the
+dim), constant factors, and operands that are windows of the same range or constant along the dim.
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ def _window_form(ev: Evaluator, t: Term, depth: int) -> Window | None:
         shape[out] = inner.whole.shape[inner.dim]
         whole = ev.mk(t.op, t.attrs, (inner.whole,), Shape(t.dtype, tuple(shape)))
         return Window(whole, out, inner.start, inner.stop)
-    if t.op == "binary":
-        return _binary(ev, t, depth)
+    if t.op in ("binary", "ternary"):
+        return _elementwise(ev, t, depth)
     if t.op == "dot":
         return _dot(ev, t, depth)
     if t.op == "reduce":
@@ -179,21 +179,23 @@ def _widened_constant(ev: Evaluator, t: Term, dim: int, size: int) -> Term | Non
     return ev.const(np.repeat(np.take(value, [0], axis=dim), size, axis=dim), t.dtype)
 
 
-def _binary(ev: Evaluator, t: Term, depth: int) -> Window | None:
-    a, b = t.args
-    wa, wb = window_form(ev, a, depth + 1), window_form(ev, b, depth + 1)
-    for w in (wa, wb):
+def _elementwise(ev: Evaluator, t: Term, depth: int) -> Window | None:
+    """An elementwise op (binary, or ternary: a select, elu's `where(x > 0, x, expm1(x))`) of operands
+    that are windows of one range along one dim, or constant along it: the window of the op on the
+    wholes, each element computed from its own operands' elements."""
+    found = [window_form(ev, a, depth + 1) for a in t.args]
+    for w in found:
         if w is None:
             continue
         wholes: list[Term | None] = []
-        for operand, own in ((a, wa), (b, wb)):
+        for operand, own in zip(t.args, found):
             if own is not None and (own.dim, own.start, own.stop) == (w.dim, w.start, w.stop):
                 wholes.append(own.whole)
             else:
                 wholes.append(widened(ev, operand, w.dim, w.whole.shape[w.dim]))
         if all(x is not None and x.shape == w.whole.shape for x in wholes):
             terms = tuple(x for x in wholes if x is not None)
-            return dataclasses.replace(w, whole=ev.mk("binary", t.attrs, terms, Shape(t.dtype, w.whole.shape)))
+            return dataclasses.replace(w, whole=ev.mk(t.op, t.attrs, terms, Shape(t.dtype, w.whole.shape)))
     return None
 
 
@@ -225,4 +227,30 @@ def _dot(ev: Evaluator, t: Term, depth: int) -> Window | None:
         shape = list(t.shape)
         shape[out] = w.whole.shape[w.dim]
         return Window(ev.mk("dot", t.attrs, tuple(args), Shape(t.dtype, tuple(shape))), out, w.start, w.stop)
+    return _dot_batch(ev, t, spec, depth)
+
+
+def _dot_batch(ev: Evaluator, t: Term, spec: DotSpec, depth: int) -> Window | None:
+    """A dot whose operands are windows of one range along a batch dim they share (or, one of them,
+    constant along it): the window of the dot of the wholes along that output dim, each batch
+    element a dot of its own (linear attention's `einsum("btf,bte->btfe", k, v)` of a device's tokens)."""
+    found = [window_form(ev, a, depth + 1) for a in t.args]
+    for side, w in enumerate(found):
+        batch = (spec.lhs_batch, spec.rhs_batch)[side]
+        if w is None or w.dim not in batch:
+            continue
+        out = batch.index(w.dim)
+        wholes: list[Term | None] = []
+        for operand, own, dims in zip(t.args, found, (spec.lhs_batch, spec.rhs_batch)):
+            size = w.whole.shape[w.dim]
+            if own is not None and (own.dim, own.start, own.stop) == (dims[out], w.start, w.stop):
+                wholes.append(own.whole)
+            else:
+                wholes.append(widened(ev, operand, dims[out], size))
+        if any(x is None for x in wholes):
+            continue
+        shape = list(t.shape)
+        shape[out] = w.whole.shape[w.dim]
+        whole = ev.mk("dot", t.attrs, tuple(x for x in wholes if x is not None), Shape(t.dtype, tuple(shape)))
+        return Window(whole, out, w.start, w.stop)
     return None
