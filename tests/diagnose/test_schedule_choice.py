@@ -1,0 +1,111 @@
+"""An op of code both programs run (a stage function the pipeline reaches through lax.switch) is
+handed what the distributed program's schedule feeds it; when no op of the distributed program's own
+code makes that value otherwise, a static choice the call into the shared code reads (the tick count
+a callback computes, bound through the loop `for t in range(ticks(m, n))`) is the line to change."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from model_package import line_of, verify_named, write_package
+
+from equivci.results import Status
+
+MODEL = textwrap.dedent(
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    M = 4
+    D = 8
+    F = 16
+
+
+    def inputs():
+        f = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+        return {"w1": f(4, D, F), "b1": f(4, F), "w2": f(4, F, D), "b2": f(4, D)}, f(16, D)
+
+
+    def _in_proj(p, x):
+        return jnp.tanh(x @ p["w1"][:, :D] + p["b1"][:D])
+
+
+    def _mlp(p, x):
+        return x + jax.nn.gelu(x @ p["w1"] + p["b1"]) @ p["w2"] + p["b2"]
+
+
+    def _head(p, x):
+        return x @ p["w2"][:D] + p["b2"]
+
+
+    BRANCHES = (_in_proj, _mlp, _mlp, _head)
+
+
+    def stages(p, x):
+        for s, fn in enumerate(BRANCHES):
+            x = fn(jax.tree_util.tree_map(lambda a: a[s], p), x)
+        return x
+
+
+    def _local(p, x, ticks):
+        p = jax.tree_util.tree_map(lambda a: a[0], p)
+        n = lax.axis_size("pp")
+        stage = lax.axis_index("pp")
+        micro = x.reshape(M, -1, D)
+        state = jnp.zeros_like(micro[0])
+        out = jnp.zeros_like(micro)
+        for t in range(ticks(M, n)):
+            feed = micro[t] if t < M else jnp.zeros_like(micro[0])
+            state = jnp.where(stage == 0, feed, state)
+            state = lax.switch(stage, BRANCHES, p, state)
+            done = t - (n - 1)
+            if 0 <= done < M:
+                out = out.at[done].set(jnp.where(stage == n - 1, state, 0.0))
+            state = lax.ppermute(state, "pp", [(i, i + 1) for i in range(n - 1)])
+        return lax.psum(out, "pp").reshape(x.shape)
+
+
+    def _ticks(m, n):
+        return m + n - 1
+
+
+    def _ticks_short(m, n):
+        return m + n - 2  # MARK:short
+
+
+    def _run(p, x, mesh, ticks):
+        local = lambda p, x: _local(p, x, ticks)  # noqa: E731
+        return jax.shard_map(local, mesh=mesh, in_specs=(P("pp"), P()), out_specs=P(), check_vma=False)(p, x)
+
+
+    def pipeline(p, x, *, mesh):
+        return _run(p, x, mesh, _ticks)
+
+
+    def pipeline_short(p, x, *, mesh):
+        return _run(p, x, mesh, _ticks_short)
+    """
+).lstrip()
+
+MANIFEST = (
+    "version: 1\nmodels:\n"
+    "  - {name: right, reference: model.py:stages, distributed: model.py:pipeline, inputs: model.py:inputs, mesh: {pp: 4}}\n"
+    "  - {name: short, reference: model.py:stages, distributed: model.py:pipeline_short, inputs: model.py:inputs, "
+    "mesh: {pp: 4}}\n"
+)
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    return write_package(tmp_path_factory.mktemp("schedule_choice"), "model.py", MODEL, MANIFEST)
+
+
+@pytest.mark.slow  # a four-stage pipeline unrolled over seven ticks: about 25 s
+def test_the_tick_count_the_schedule_is_given_leads(manifest):
+    result = verify_named(manifest, "short")
+    assert result.status == Status.MISMATCH
+    lead = result.findings[0]
+    assert (lead.path, lead.line, lead.severity) == ("model.py", line_of(MODEL, "short"), "error"), lead
