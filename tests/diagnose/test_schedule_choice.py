@@ -51,21 +51,19 @@ MODEL = textwrap.dedent(
 
 
     def _local(p, x, ticks):
-        p = jax.tree_util.tree_map(lambda a: a[0], p)
-        n = lax.axis_size("pp")
-        stage = lax.axis_index("pp")
-        micro = x.reshape(M, -1, D)
-        state = jnp.zeros_like(micro[0])
-        out = jnp.zeros_like(micro)
-        for t in range(ticks(M, n)):
-            feed = micro[t] if t < M else jnp.zeros_like(micro[0])
-            state = jnp.where(stage == 0, feed, state)
-            state = lax.switch(stage, BRANCHES, p, state)
-            done = t - (n - 1)
-            if 0 <= done < M:
-                out = out.at[done].set(jnp.where(stage == n - 1, state, 0.0))
-            state = lax.ppermute(state, "pp", [(i, i + 1) for i in range(n - 1)])
-        return lax.psum(out, "pp").reshape(x.shape)
+        mine = {k: v[0] for k, v in p.items()}
+        last = lax.axis_size("pp") - 1
+        me = lax.axis_index("pp")
+        chunks = jnp.split(x, M)
+        carry, finished = jnp.zeros_like(chunks[0]), []
+        for tick in range(ticks(M, last + 1)):
+            entering = chunks[tick] if tick < M else jnp.zeros_like(chunks[0])
+            carry = lax.switch(me, BRANCHES, mine, jnp.where(me == 0, entering, carry))
+            if tick >= last:
+                finished.append(jnp.where(me == last, carry, 0.0))
+            carry = lax.ppermute(carry, "pp", [(k, k + 1) for k in range(last)])
+        finished += [jnp.zeros_like(chunks[0])] * (M - len(finished))
+        return lax.psum(jnp.concatenate(finished), "pp")
 
 
     def _ticks(m, n):
