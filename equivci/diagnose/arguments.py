@@ -33,7 +33,7 @@ from equivci.diagnose.source import (
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.translate.evaluator import Event
 
-MAX_NAMES = 40  # names followed back from the op's statement, over every level
+MAX_NAMES = 60  # names followed back from the op's statement, over every level (through shard_map calls too)
 MAX_CALLS = 4  # calls followed up from the op's function
 MAX_USES = 12  # uses of an index or mask value whose statements are searched too
 MAX_READS = 5000  # ops followed back through operands to the helper that made what an op reads
