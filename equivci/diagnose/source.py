@@ -54,7 +54,7 @@ def callee(call: ast.Call) -> str:
 
 # Transformations that return the function they are given, wrapped: calling what they return at
 # once calls that function with the same arguments, bound to the same parameters.
-WRAPPERS = {"shard_map", "jit", "checkpoint", "remat", "vmap", "grad", "value_and_grad"}
+WRAPPERS = {"shard_map", "jit", "checkpoint", "remat", "vmap"}
 
 
 def calls_function(call: ast.Call, name: str) -> bool:
