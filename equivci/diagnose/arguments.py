@@ -24,6 +24,7 @@ from equivci.diagnose.source import (
     assigned_at,
     call_argument,
     callee,
+    calls_function,
     module_ast,
     parameters,
     positional_arguments,
@@ -32,7 +33,7 @@ from equivci.diagnose.source import (
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.translate.evaluator import Event
 
-MAX_NAMES = 40  # names followed back from the op's statement, over every level
+MAX_NAMES = 60  # names followed back from the op's statement, over every level (through shard_map calls too)
 MAX_CALLS = 4  # calls followed up from the op's function
 MAX_USES = 12  # uses of an index or mask value whose statements are searched too
 MAX_READS = 5000  # ops followed back through operands to the helper that made what an op reads
@@ -187,12 +188,14 @@ class _Search:
         if found is None:
             return []
         funcs, choices = found[1], list[Choice]()
-        queue, seen = _names(exprs), set[str]()
+        queue, seen = _names(exprs), set[tuple[str, int | None]]()
         while queue and self.budget > 0:
             name, at = queue.pop(0)
-            if name in seen:
+            # A name is followed once per binding: `w = w[0]` reads the parameter `w`, not itself.
+            binding = next((k for f in reversed(funcs) if (k := assigned_at(f, name, at)) is not None), None)
+            if (name, binding) in seen:
                 continue
-            seen.add(name)
+            seen.add((name, binding))
             self.budget -= 1
             for func in reversed(funcs):
                 assigned = _assignments(func, name, at)
@@ -291,7 +294,15 @@ def _assignments(func: ast.AST, name: str, before: int) -> list[int]:
     `if` tests it sits under."""
     line = assigned_at(func, name, before)
     if line is None:
-        return []
+        # A loop's target is bound by what the loop iterates over (`for t in range(ticks(m, n))`).
+        return [
+            node.lineno
+            for node in ast.walk(func)
+            if isinstance(node, (ast.For, ast.AsyncFor))
+            and node is not func
+            and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node.target))
+            and node.lineno < before <= (node.end_lineno or node.lineno)
+        ][-1:]
     tests = [
         node.test.lineno
         for node in ast.walk(func)
@@ -303,10 +314,12 @@ def _assignments(func: ast.AST, name: str, before: int) -> list[int]:
 
 
 def _read_at(file: str, func: ast.AST, line: int) -> list[ast.AST]:
-    """What the statement at `line` reads: an assignment's value, or an `if` test."""
+    """What the statement at `line` reads: an assignment's value, an `if` test, or a loop's iterable."""
     for node in ast.walk(func):
         if isinstance(node, (ast.If, ast.While)) and node.test.lineno == line:
             return [node.test]
+        if isinstance(node, (ast.For, ast.AsyncFor)) and node.lineno == line:
+            return [node.iter]
     bound = statement(file, line)
     value = getattr(bound[0], "value", None) if bound else None
     return [value] if value is not None else []
@@ -426,7 +439,7 @@ def _calls(func: Function, *files: str) -> Iterator[tuple[str, ast.Call, Bound]]
             partial = callee(node) == "partial" and bool(args) and getattr(args[0], "id", None) == func.name
             if partial:
                 args = args[1:]
-            elif callee(node) != func.name:
+            elif not calls_function(node, func.name):
                 continue
             keywords = {k.arg: k.value for k in node.keywords if k.arg is not None}
             starred = next((k for k, a in enumerate(args) if isinstance(a, ast.Starred)), len(args))

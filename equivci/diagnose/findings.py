@@ -23,7 +23,7 @@ from equivci.diagnose.handed import handed_origin
 from equivci.diagnose.localize import Defect, call_chain_start, part_mean, source_of, unlocated
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.diagnose.precision import narrowing, rounding_message
-from equivci.diagnose.siblings import departure, returns_its_argument
+from equivci.diagnose.siblings import departure, one_statement, returns_its_argument
 from equivci.diagnose.source import callee
 from equivci.hlo.ir import Instruction, SourceLoc
 from equivci.layers.segments import Layering, layer_of, leaves
@@ -104,7 +104,7 @@ def defect_findings(
         found = _received(found, kept, captured, reference_lines)
         runs = frozenset(loc.function.split(".")[-1] for e in reference_events or () for loc in e.inst.stack)
         taking = _receiving(use, captured, reference_lines) if use is not None else None
-        found = _caller_choices(found, captured, events, entry, foreign, runs, taking)
+        found = _caller_choices(found, captured, events, entry, foreign, runs, taking, reference_lines)
         found = _axes_written(found, defect, captured, events, entry)
     else:
         inst = defect.frontier or defect.inst
@@ -386,6 +386,7 @@ def _caller_choices(
     foreign: tuple[tuple[str, str], ...] = (),
     reference_runs: frozenset[str] = frozenset(),
     taking: Instruction | None = None,
+    reference_lines: frozenset[tuple[str, int]] = frozenset(),
 ) -> list[tuple[Finding, Instruction | None]]:
     """The lead error moves to the call that passes the static value its op depends on, where another
     call of the same helper passes another (equivci.diagnose.arguments); the op's line stays as a
@@ -404,6 +405,17 @@ def _caller_choices(
         # `lambda g: g`); a flag picks a branch, whose own line is written in the helper.
         if found is not None and _callable(found.text):
             choice = dataclasses.replace(found, use=found.use or taking)
+    if (
+        choice is None
+        and shared_call(inst, captured.repo_root, reference_lines) is not None
+        and handed_origin(inst, events, captured.repo_root, reference_lines) is None
+    ):
+        # An op of code both programs run, handed nothing the distributed program's own code makes
+        # otherwise: what the call into that code passes in is the suspect, and a choice its
+        # statement reads (a schedule's tick count, a callback) counts as the op's.
+        choice = passed_choice(
+            _receiving(inst, captured, reference_lines), events, captured.repo_root, entry, foreign, reference_runs
+        )
     if choice is None:
         return findings
     path, line = source_of(
@@ -522,6 +534,13 @@ def _passed_function(
         )
     elif made is not None and made[0] is not None:
         (hpath, hline), how = made, "computes this"
+    elif (only := one_statement(choice.file, choice.text)) is not None:
+        # Nothing the op reads is made in it (an offset the op's statement adds after the op, or
+        # one folded to a constant), but a one-line function is written on that line.
+        hpath, hline = source_of(
+            dataclasses.replace(inst, stack=(SourceLoc(choice.file, only, ""),)), captured.repo_root
+        )
+        how = "is written on this one line"
     else:
         return []
     if hpath is None:

@@ -1764,11 +1764,45 @@ class _Tracer:
             f"`{name}` goes into this `{event.inst.opcode}` as {held}, without the "
             f"{found.what} the reference applies to it before its {consumer}: {applies}.",
         )
+        wanted = self.operands(found.consumer, refs=True)[found.operand]
+        holder = self.holder(wanted, event, dev) if wanted is not None else None
+        if holder is not None:
+            # The distributed program computes what the reference's op reads, the work done: no work
+            # is missing, this op reads another value than that one.
+            return Defect(
+                event.inst,
+                f"`{name}` goes into this `{event.inst.opcode}` as {held}, where the reference's {consumer} "
+                f"reads that value after {found.what} ({applies}); the distributed program computes that "
+                f"value at {_at(holder.inst)}, but this op reads the one from before it.",
+                work=found,
+            )
         if found.tied and at_producer is not None:
             lead, other = (at_producer, at_consumer) if found.at_producer else (at_consumer, at_producer)
             return Defect(*lead, work=found, alternative=other, kept=found.at_producer)
         produced = found.at_producer and at_producer is not None
         return Defect(*(at_producer if produced and at_producer else at_consumer), work=found, kept=produced)
+
+    def holder(self, wanted: Event, before: Event, dev: int) -> Event | None:
+        """The latest distributed op before `before` with a value (or a tuple element, as `top_k`'s)
+        that is the reference's `wanted` value (computed from other values, not a constant) or a
+        slice of it, of its rank; None when the budget runs out."""
+        r = self.value(wanted, 0)
+        if r is None or not r.args:
+            return None
+        checks = self.evaluator.budgets.missing_owner_checks
+        for e in reversed(self.events[: self.order.get(before.inst.name, 0)]):
+            held = e.values[dev] if dev < len(e.values) else e.values[0]
+            for t in held if isinstance(held, tuple) else (held,):
+                if not isinstance(t, Term) or (t.dtype, len(t.shape)) != (r.dtype, len(r.shape)):
+                    continue
+                if t is r:
+                    return e
+                checks -= 1
+                if checks < 0:
+                    return None
+                if self.is_slice_of(t, r):
+                    return e
+        return None
 
     def wrong_operand(self, event: Event, ref: Event, k: int, dev: int) -> Defect | None:
         d_op, r_op = self.operands(event)[k], self.operands(ref, refs=True)[k]

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import itertools
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -63,6 +64,7 @@ class NumericFrontier:
 MAX_DIFFERING = 16  # values that match nothing followed to the values computed from them
 SUMMED = 1 << 16  # marks of partial sums among what a value is computed from, past differing ones
 START = -1  # the comparison's start among what a value is computed from
+RELAYOUTS = {"broadcast", "reshape", "transpose"}  # ops that move elements and compute none
 
 # Set in the verifier's forked child when its parent had jax loaded (a test, an application embedding
 # equivci; the CLI never does): jax's runtime does not survive a fork, its threads are gone, and
@@ -308,6 +310,13 @@ def numeric_frontier(
     upstream: dict[str, frozenset[int]] = {}
     made_by: dict[int, str] = {}  # id(term) -> the op that last gave it
     absorbed: set[int] = set()
+    repeated: set[str] = set()  # ops that only repeat or relabel values that match (see _repeats)
+
+    def _matches(t: Term) -> bool:
+        """`t` is a reference value, or matches one."""
+        found = values(t) if id(t) not in reference_ids else None
+        return id(t) in reference_ids or (found is not None and index.matches(found))
+
     # Before the proof's stop every value is proved related to the reference (a rescaled or routed
     # one numerics cannot match is no difference): the comparison starts there.
     begin = next((k for k, e in enumerate(distributed_events) if e.inst is start), 0)
@@ -343,6 +352,12 @@ def numeric_frontier(
         if differs is None and all(a.size > 1 and (a == a.flat[0]).all() for a in arrays):
             # Elements all equal (a fully masked shard's maximum, -1e9) match any tile of equal
             # elements: no evidence that the value is right.
+            continue
+        if differs is not None and _repeats(inst, terms, repeated, _matches):
+            # A broadcast (or a unit-dim reshape) repeats the elements of a value that matches (a
+            # kernel row over every position): it computes nothing wrong itself; the op that uses
+            # it is compared, and differs where the repeated value is the wrong one to use.
+            repeated.add(inst.name)
             continue
         if differs is not None and _undecided(terms[differs], unknown):
             # It may be a window of a reference value numerics could not evaluate (an op without
@@ -420,17 +435,27 @@ def with_axis_sets(groups_by_axis: dict[str, list[list[int]]]) -> dict[str, list
     return found
 
 
+def _repeats(inst: Instruction, terms: list, repeated: set[str], matches: Callable[[Term], bool]) -> bool:
+    """`inst` repeats or relabels the elements of values that match (`matches`): a broadcast of
+    them, a reshape that only adds or drops unit dims, or a re-layout of such an op's value."""
+    operands = [name.split("#")[0] for name in inst.operands]
+    if operands and all(name in repeated for name in operands):
+        return inst.opcode in RELAYOUTS
+    unit = inst.opcode == "reshape" and all(t.args and _squeezed(t.shape) == _squeezed(t.args[0].shape) for t in terms)
+    return (inst.opcode == "broadcast" or unit) and all(t.args and all(matches(a) for a in t.args) for t in terms)
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n for n in shape if n != 1)
+
+
 def _undecided(term: Term, unknown: set[tuple[str, tuple[int, ...]]]) -> bool:
     """`term` could be a block of a reference value of these (dtype, shape), also without unit dims."""
-
-    def squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(n for n in shape if n != 1)
-
     return any(
         dtype == term.dtype
         and any(
             len(a) == len(r) and all(n % m == 0 for m, n in zip(a, r) if m)
-            for a, r in ((term.shape, shape), (squeezed(term.shape), squeezed(shape)))
+            for a, r in ((term.shape, shape), (_squeezed(term.shape), _squeezed(shape)))
         )
         for dtype, shape in unknown
     )

@@ -76,6 +76,16 @@ def returns_its_argument(file: str, name: str) -> bool:
     )
 
 
+def one_statement(file: str, name: str) -> int | None:
+    """The line of module-level function `name`'s body when that is one `return` (its docstring
+    aside): all the function computes is written on that line, whatever op of it a use reads."""
+    own = _module_function(file, name)
+    if own is None:
+        return None
+    body = own.body[1:] if ast.get_docstring(own) is not None else own.body
+    return body[0].lineno if len(body) == 1 and isinstance(body[0], ast.Return) else None
+
+
 def _first_change(matcher: difflib.SequenceMatcher, mine: list[tuple[str, int]]) -> int | None:
     """The line of the first statement of `mine` in a differing stretch; a stretch only the other
     function has (work this one lacks) lands on the statement that follows it here, or on the last

@@ -52,6 +52,24 @@ def callee(call: ast.Call) -> str:
     return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
 
 
+# Transformations that return the function they are given, wrapped: calling what they return at
+# once calls that function with the same arguments, bound to the same parameters.
+WRAPPERS = {"shard_map", "jit", "checkpoint", "remat", "vmap"}
+
+
+def calls_function(call: ast.Call, name: str) -> bool:
+    """`call` calls function `name`: by its name, or through a transformation applied to it and
+    called at once (`jax.shard_map(body, mesh=mesh, ...)(w, x)`)."""
+    inner = call.func
+    return callee(call) == name or (
+        isinstance(inner, ast.Call)
+        and callee(inner) in WRAPPERS
+        and bool(inner.args)
+        and isinstance(inner.args[0], ast.Name)
+        and inner.args[0].id == name
+    )
+
+
 def parameters(func: Function) -> list[str]:
     args = func.args
     return [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
@@ -102,7 +120,7 @@ def calls_of(found: tuple[ast.stmt, list[Function]], name: str) -> list[ast.Call
     argument) through a parameter of the statement's function, when that is the only such call."""
     stmt, funcs = found
     calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call)]
-    direct = [n for n in calls if callee(n) == name]
+    direct = [n for n in calls if calls_function(n, name)]
     params = {p for f in funcs for p in parameters(f)}
     passed = [n for n in calls if isinstance(n.func, ast.Name) and n.func.id in params]
     return direct or (passed if len(passed) == 1 else [])
@@ -183,4 +201,4 @@ def _maker(file: str, func: Function, events: list[Event]) -> list[tuple[str, in
 
 
 def _direct_calls(stmt: ast.stmt, name: str) -> list[ast.Call]:
-    return [n for n in ast.walk(stmt) if isinstance(n, ast.Call) and callee(n) == name]
+    return [n for n in ast.walk(stmt) if isinstance(n, ast.Call) and calls_function(n, name)]

@@ -324,3 +324,82 @@ def test_a_literal_after_a_starred_argument_is_a_choice_against_another_call(tmp
     choice = passed_choice(event.inst, [event], str(tmp_path))
     assert choice is not None and (choice.line, choice.text, choice.parameter) == (at, "'dp'", "axis"), choice
     assert [text for _, _, text in choice.others] == ["'tp'"]
+
+
+WRAPPED_SOURCE = textwrap.dedent(
+    """
+    import jax
+    from jax import lax
+
+
+    def local(w, b, x):
+        w, b = w[0], b[0]
+        y = x @ w + b
+        return lax.psum(y, "tp")
+
+
+    def run(w, b, x, mesh, fix_bias):
+        w, b = w.reshape(2, -1), fix_bias(b)
+        return jax.shard_map(local, mesh=mesh, in_specs=None, out_specs=None)(w, b, x)
+
+
+    def good(w, b, x, mesh):
+        return run(w, b, x, mesh, lambda b: b.reshape(2, -1))
+
+
+    def bad(w, b, x, mesh):
+        return run(w, b, x, mesh, lambda b: b)
+    """
+).lstrip()
+
+
+def test_a_choice_is_found_through_a_wrapped_call_and_a_name_rebound_from_itself(tmp_path):
+    """`shard_map(local, ...)(w, b, x)` calls `local` with those arguments, and `w, b = w[0], b[0]`
+    reads the parameters `w` and `b`: the op in `local` depends on what `bad` passes as `fix_bias`.
+    Near miss: with the wrapped call written through a partial, no call of `local` binds `b`."""
+    path = tmp_path / "model.py"
+    path.write_text(WRAPPED_SOURCE)
+    lines = WRAPPED_SOURCE.splitlines()
+    op = next(k for k, line in enumerate(lines, 1) if "y = x @ w + b" in line)
+    call = next(k for k, line in enumerate(lines, 1) if "lambda b: b)" in line)
+    stack = (SourceLoc(str(path), op, "local"), SourceLoc(str(path), call, "bad"))
+    event = Event(Instruction("add.1", "add", None, (), {}, stack=stack), [])  # type: ignore[arg-type]
+    choice = passed_choice(event.inst, [event], str(tmp_path), entry=(str(path), "bad"))
+    assert choice is not None and (choice.line, choice.text, choice.parameter) == (call, "lambda b: b", "fix_bias")
+    partial = tmp_path / "partial.py"  # the source is read once per file: the near miss is another
+    partial.write_text(WRAPPED_SOURCE.replace("jax.shard_map(local,", "jax.shard_map(functools.partial(local),"))
+    stack = tuple(SourceLoc(str(partial), f.line, f.function) for f in stack)
+    event = Event(Instruction("add.1", "add", None, (), {}, stack=stack), [])  # type: ignore[arg-type]
+    assert passed_choice(event.inst, [event], str(tmp_path), entry=(str(partial), "bad")) is None
+
+
+def test_a_loop_target_is_bound_by_the_iterable(tmp_path):
+    """`for t in range(ticks(m))`: an op that reads `t` depends on `ticks`, which the caller passes.
+    Near miss: a loop over a fixed range binds `t` to nothing the caller chooses."""
+    source = textwrap.dedent(
+        """
+        def schedule(x, m, ticks):
+            out = x
+            for t in range(ticks(m)):
+                out = out * t
+            return out
+
+
+        def full(x):
+            return schedule(x, 4, lambda m: m + 1)
+
+
+        def short(x):
+            return schedule(x, 4, lambda m: m)
+        """
+    ).lstrip()
+    for name, text, expected in (("loop.py", source, "lambda m: m"), ("fixed.py", source.replace("ticks(m)", "5"), None)):
+        path = tmp_path / name
+        path.write_text(text)
+        lines = text.splitlines()
+        op = next(k for k, line in enumerate(lines, 1) if "out = out * t" in line)
+        call = next(k for k, line in enumerate(lines, 1) if "lambda m: m)" in line)
+        stack = (SourceLoc(str(path), op, "schedule"), SourceLoc(str(path), call, "short"))
+        event = Event(Instruction("multiply.1", "multiply", None, (), {}, stack=stack), [])  # type: ignore[arg-type]
+        choice = passed_choice(event.inst, [event], str(tmp_path))
+        assert (choice.text if choice is not None else None) == expected

@@ -387,3 +387,39 @@ def test_a_difference_not_computed_from_the_start_is_apart():
     assert found.event is downstream and not found.apart, found
     found = numeric_frontier(reference, [stop, elsewhere], {}, (leaf,), {}, 10)  # no stop given: nothing apart
     assert found.event is elsewhere and not found.apart, found
+
+
+def test_a_broadcast_of_a_matching_value_is_no_frontier_the_op_that_uses_it_is():
+    """A kernel row cut from an input (a window: it matches), its unit dim dropped (the same
+    elements) and broadcast over every position repeats values that are right: the first value
+    that matches nothing is the op that combines it. Near miss: a broadcast of a value that
+    matches nothing is a difference of its own (it stays the frontier)."""
+    from equivci.capture.types import LeafPlacement
+    from equivci.diagnose.numeric import numeric_frontier
+    from equivci.terms.ir import TermTable
+    from equivci.terms.spec import bcast_spec, reshape_spec
+
+    table = TermTable()
+    x = table.make("param", (0,), (), (2, 8), "f32")
+    z = table.make("param", (1,), (), (4, 8), "f32")
+    leaves = (
+        LeafPlacement("[0]", (2, 8), "float32", (((0, 2), (0, 8)),)),
+        LeafPlacement("[1]", (4, 8), "float32", (((0, 4), (0, 8)),)),
+    )
+    row = table.make("slice", (0, 0, 1), (x,), (1, 8), "f32")
+    flat = table.make("reshape", (reshape_spec((1, 8), (8,)),), (row,), (8,), "f32")
+    wide = table.make("bcast", (bcast_spec(1, (4, 8), (1,)),), (flat,), (4, 8), "f32")
+    used = table.make("binary", ("add",), (wide, z), (4, 8), "f32")
+    reference = [_event("add", "ref", table.make("binary", ("add",), (z, z), (4, 8), "f32"))]
+    events = [
+        _event("slice", "row", row),
+        _event("reshape", "flat", flat, operands=("row",)),
+        _event("broadcast", "wide", wide, operands=("flat",)),
+        _event("add", "used", used, operands=("wide",)),
+    ]
+    found = numeric_frontier(reference, events, {}, leaves, {}, 10)
+    assert found.event is not None and found.event.inst.name == "used", found
+    doubled = table.make("binary", ("add",), (x, x), (2, 8), "f32")  # near miss: matches nothing
+    wrong = table.make("bcast", (bcast_spec(2, (4, 2, 8), (1, 2)),), (doubled,), (4, 2, 8), "f32")
+    found = numeric_frontier(reference, [_event("broadcast", "wrong", wrong)], {}, leaves, {}, 10)
+    assert found.event is not None and found.event.inst.name == "wrong", found

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 from model_package import line_of, verify_named, write_package
 
-from equivci.diagnose.siblings import departure, returns_its_argument
+from equivci.diagnose.siblings import departure, one_statement, returns_its_argument
 from equivci.results import Status
 
 
@@ -252,3 +252,29 @@ def test_a_passed_function_that_returns_its_argument_unchanged_leads_at_the_call
 @pytest.mark.parametrize("name", ["raw-ok", "short-ok"])
 def test_the_sibling_calls_verify(helpers, name):
     assert verify_named(helpers, name).status == Status.VERIFIED
+
+
+def test_a_function_of_one_return_is_written_on_that_line(tmp_path):
+    """`_offset` shares no statement with the helper another call passes, yet all it computes is
+    its one `return`: that line. Near misses: two statements, or one that is not a `return`."""
+    path = tmp_path / "helpers.py"
+    path.write_text(
+        textwrap.dedent(
+            '''
+            def _offset(mask):
+                """The chunk's start."""
+                return mask.shape[1] * 2
+
+            def _counted(mask):
+                n = mask.sum()
+                return n
+
+            def _looped(mask):
+                for m in mask:
+                    return m
+            '''
+        ).lstrip()
+    )
+    assert one_statement(str(path), "_offset") == 3
+    assert one_statement(str(path), "_counted") is None
+    assert one_statement(str(path), "_looped") is None
