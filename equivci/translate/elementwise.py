@@ -15,6 +15,7 @@ from equivci.terms.spec import BcastSpec, DotSpec, compare_text, parse_transpose
 from equivci.translate import (
     bounds,
     collectives,
+    constant_selects,
     cumsums,
     log_quotients,
     masks,
@@ -571,7 +572,7 @@ def select_terms(ev: Builder, args: list, shape: Shape) -> Term:
         return plain
     # all three constant: fold (a table the program computes, such as sin(θ) with its zeros chosen
     # where θ = 0, is a constant like any other, found again as a window of the reference's)
-    chosen = None if all(ev.folded(a) is not None for a in args) else select_by_constant(ev, *args)
+    chosen = None if all(ev.folded(a) is not None for a in args) else constant_selects.select_by_constant(ev, *args)
     if chosen is not None:
         return chosen
     if (outside := unit_reshaped_select(ev, args, shape)) is not None:
@@ -803,27 +804,6 @@ def offset_merged(ev: Builder, op: str, args: list, shape: Shape) -> Term | None
         fn = lambda u, v: semantics.apply(semantics.BINARY, "add", u, v)  # noqa: E731
         return _built(ev, "binary", ("add",), [moved, x] if k == 0 else [x, moved], shape, fn)
     return None
-
-
-def select_by_constant(ev: Builder, p: Term, a: Term, b: Term) -> Term | None:
-    """select(p, a, b) with p a constant is one of its branches where p is the same everywhere,
-    and the concatenation of windows of both where p changes along one dim only, in at most
-    `budgets.select_runs` runs (the last shard of a padded buffer, its padding masked off)."""
-    value = ev.folded(p)
-    if value is None or not value.size:
-        return None
-    if all_equal(value):
-        return a if bool(value.flat[0]) else b
-    varying = [d for d in range(value.ndim) if not np.all(value == np.take(value, [0], axis=d))]
-    if len(varying) != 1:
-        return None
-    dim = varying[0]
-    line = value[tuple(slice(None) if d == dim else 0 for d in range(value.ndim))].astype(bool)
-    seams = [0, *(int(k) + 1 for k in np.flatnonzero(line[1:] != line[:-1])), len(line)]
-    if len(seams) - 1 > ev.budgets.select_runs:
-        return None
-    parts = [ev.slice_term(a if line[lo] else b, dim, lo, hi) for lo, hi in zip(seams, seams[1:])]
-    return ev.concat(parts, dim)
 
 
 def _nonnegative(t: Term) -> bool:

@@ -16,7 +16,7 @@ from equivci.hlo.ir import FLOATS, Instruction, Module, Shape
 from equivci.terms.ir import Term, bcast_form, inserted_unit_dims, reduce_pair_map
 from equivci.terms.spec import BcastSpec, DotSpec, ReduceSpec, transpose_text
 from equivci.translate import (
-    elementwise,
+    constant_selects,
     gathered_dots,
     moved_columns,
     one_hots,
@@ -392,7 +392,7 @@ def kept_pieces(ev: Builder, m: Term, a: Term, at: tuple[int, ...], dims: tuple[
     placed = np.transpose(held, order).reshape([m.shape[d] if d in at else 1 for d in range(len(m.shape))])
     value = np.broadcast_to(placed, m.shape)
     zeros = ev.splat(Fraction(0), Shape(m.dtype, m.shape))
-    chosen = None if zeros is None else elementwise.select_by_constant(ev, ev.const(value == 1, "pred"), m, zeros)
+    chosen = None if zeros is None else constant_selects.select_by_constant(ev, ev.const(value == 1, "pred"), m, zeros)
     return None if chosen is None else reduction(ev, "add", chosen, dims, out)
 
 
