@@ -11,7 +11,9 @@ of dots then holds of convolutions: a device's input-feature shard against the m
 rows is a partial sum of the reference's convolution, output-feature and batch shards are its
 windows, a halo-extended time shard convolved without padding is a window of the padded whole,
 and a stride-p convolution with a p-wide window is the dot of the input's non-overlapping patches
-that a reshape makes. Other convolutions stay opaque.
+that a reshape makes. A depthwise convolution (feature_group_count = features, one output per
+group) is the sum over window offsets of the padded input's window times the kernel's row there
+(`depthwise`). Other convolutions stay opaque.
 """
 
 from __future__ import annotations
