@@ -11,18 +11,22 @@ of dots then holds of convolutions: a device's input-feature shard against the m
 rows is a partial sum of the reference's convolution, output-feature and batch shards are its
 windows, a halo-extended time shard convolved without padding is a window of the padded whole,
 and a stride-p convolution with a p-wide window is the dot of the input's non-overlapping patches
-that a reshape makes. Other convolutions stay opaque.
+that a reshape makes. A depthwise convolution (feature_group_count = features, one output per
+group) is the sum over window offsets of the padded input's window times the kernel's row there
+(`depthwise`). Other convolutions stay opaque.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 
 import numpy as np
 
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
+from equivci.terms.semantics import NP_DTYPES
 from equivci.translate import reductions, shapes
 from equivci.translate.builder import Builder, Value
 from equivci.translate.opaque import opaque
@@ -39,13 +43,14 @@ class ConvDims:
     stride: tuple[int, ...]
     pad: tuple[tuple[int, int], ...]
     dilation: tuple[int, ...]  # of the kernel (rhs_dilate)
+    groups: int = 1  # feature_group_count
 
 
 def conv_dims(attrs: dict[str, str]) -> ConvDims | None:
-    """The dims of a convolution this module builds as a dot; None for grouped convolutions, input
+    """The dims of a convolution this module builds; None for batch-grouped convolutions, input
     dilation (a transposed convolution) and window reversal."""
     labels = re.fullmatch(r"(\w+)_(\w+)->(\w+)", attrs.get("dim_labels", ""))
-    if labels is None or attrs.get("feature_group_count", "1") != "1" or attrs.get("batch_group_count", "1") != "1":
+    if labels is None or attrs.get("batch_group_count", "1") != "1":
         return None
     fields = dict(f.split("=", 1) for f in attrs.get("window", "").strip("{}").split() if "=" in f)
     if set(fields) - {"size", "stride", "pad", "rhs_dilate", "lhs_dilate", "rhs_reversal"}:
@@ -68,7 +73,10 @@ def conv_dims(attrs: dict[str, str]) -> ConvDims | None:
     if any(len(p) != 2 for p in pad_texts):
         return None
     pads = tuple((int(lo), int(hi)) for lo, hi in pad_texts)
-    return ConvDims(lhs, rhs, out, ints("size", 1), ints("stride", 1), pads, ints("rhs_dilate", 1))
+    groups = attrs.get("feature_group_count", "1")
+    if not groups.isdigit():
+        return None
+    return ConvDims(lhs, rhs, out, ints("size", 1), ints("stride", 1), pads, ints("rhs_dilate", 1), int(groups))
 
 
 def convolution(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
@@ -76,6 +84,8 @@ def convolution(ev: Builder, inst: Instruction, args: list, device: int) -> Valu
     if dims is None or inst.shape.is_tuple:
         return opaque(ev, inst, args)
     x, w = args
+    if dims.groups != 1:
+        return depthwise(ev, inst, dims, x, w) or opaque(ev, inst, args)
     layout: list[tuple[str, str]] = [("x", c) for c in dims.lhs]  # the patches' dims, as they are built
     for i in range(len(dims.size)):
         at = layout.index(("x", str(i)))
@@ -106,6 +116,63 @@ def convolution(ev: Builder, inst: Instruction, args: list, device: int) -> Valu
     return ev.transpose_term(term, tuple(names.index(c) for c in dims.out))
 
 
+def depthwise(ev: Builder, inst: Instruction, dims: ConvDims, x: Term, w: Term) -> Term | None:
+    """A depthwise convolution (one group per input feature, one output feature per group) as the
+    sum over window offsets k.. of the padded input's window at k.. times the kernel's row at k..,
+
+        conv(x, w)[b, o.., f] = sum over k.. of pad(x)[b, o · s + k · r.., f] · w[k.., 0, f],
+
+    added in offset order: a depthwise convolution written by hand as a sum of shifted slices is
+    then the same sum, and a device's feature or batch shard a window of each term. None for other
+    grouped convolutions."""
+    features = x.shape[dims.lhs.index("f")]
+    if not (dims.groups == features == inst.shape.dims[dims.out.index("f")] and w.shape[dims.rhs.index("i")] == 1):
+        return None
+    spatial = [str(i) for i in range(len(dims.size))]
+    for i, c in enumerate(spatial):
+        zero = _zero(ev, x.dtype)
+        x = shapes.padded(ev, x, dims.lhs.index(c), *dims.pad[i], zero)
+    ev.inner_values.extend(_padding(x))
+    perm = tuple(dims.lhs.index(c) for c in dims.out)
+    total = None
+    for offsets in itertools.product(*(range(n) for n in dims.size)):
+        window = x
+        for i, (c, k) in enumerate(zip(spatial, offsets)):
+            at, out = dims.lhs.index(c), inst.shape.dims[dims.out.index(c)]
+            start = k * dims.dilation[i]
+            stop = start + (out - 1) * dims.stride[i] + 1
+            if stop > window.shape[at]:
+                return None
+            step = dims.stride[i] if out > 1 else 1
+            cut = ev.slice_term(window, at, start, stop) if step == 1 else strided(ev, window, at, start, stop, step)
+            if cut is None:
+                return None
+            window = cut
+        row = ev.slice_nd(w, [(k, k + 1) if c in spatial else (0, n) for c, n, k in _kernel_dims(dims, w, offsets)])
+        row = ev.reshape_term(row, Shape(w.dtype, (features,)))
+        term = ev.binary(
+            "multiply",
+            ev.transpose_term(window, perm),
+            shapes.broadcast_term(ev, row, inst.shape, (dims.out.index("f"),)),
+            inst.shape.dtype,
+        )
+        total = term if total is None else ev.binary("add", total, term, inst.shape.dtype)
+    return total
+
+
+def strided(ev: Builder, x: Term, at: int, start: int, stop: int, step: int) -> Term | None:
+    """x[start:stop:step] along `at`, x first cut or zero-padded to a multiple of `step`."""
+    end = -(-x.shape[at] // step) * step
+    zero = _zero(ev, x.dtype)
+    x = shapes.padded(ev, x, at, 0, end - x.shape[at], zero)
+    return shapes.strided_slice(ev, x, at, start, stop, step)
+
+
+def _kernel_dims(dims: ConvDims, w: Term, offsets: tuple[int, ...]) -> list[tuple[str, int, int]]:
+    """The kernel's dims in order: label, size, and the window offset for its spatial dims."""
+    return [(c, n, offsets[int(c)] if c.isdigit() else 0) for c, n in zip(dims.rhs, w.shape)]
+
+
 def window_offsets(
     ev: Builder, x: Term, at: int, size: int, stride: int, dilation: int, pad: tuple[int, int], out: int
 ) -> tuple[Term, bool] | None:
@@ -116,7 +183,7 @@ def window_offsets(
     be one reshape of their concatenation along the features, a contraction merged with the
     features that a device's feature window is no window of. None where the window does not give
     `out` positions."""
-    zero = ev.const(np.zeros(()), x.dtype)
+    zero = _zero(ev, x.dtype)
     x = shapes.padded(ev, x, at, *pad, zero)
     n = x.shape[at]
     if n < (size - 1) * dilation + 1 or (n - (size - 1) * dilation - 1) // stride + 1 != out:
@@ -132,7 +199,7 @@ def window_offsets(
 
 def _offsets_last(ev: Builder, x: Term, at: int, size: int, stride: int, dilation: int, out: int) -> Term:
     """x's dim `at` as `out` positions, a new last dim the `size` window offsets."""
-    zero = ev.const(np.zeros(()), x.dtype)
+    zero = _zero(ev, x.dtype)
     n = x.shape[at]
     step = stride if out > 1 else 1
     parts = []
@@ -166,6 +233,11 @@ def _padding(patches: Term) -> list[Term]:
         elif t.op == "bcast" and t.args[0].op == "const":
             found.append(t)
     return found
+
+
+def _zero(ev: Builder, dtype: str) -> Term:
+    """The padding's zero, held in its dtype: the numeric hints compare values dtype by dtype."""
+    return ev.const(np.zeros((), NP_DTYPES.get(dtype, np.float32)), dtype)
 
 
 def _split(ev: Builder, x: Term, at: int, rows: int, columns: int) -> Term:

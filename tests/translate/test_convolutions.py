@@ -101,3 +101,29 @@ def test_a_patchified_dot_is_stated_as_the_dot_of_the_patches_with_the_kernel_sp
     assert stated and any(t.op == "reshape" for t in stated)
     for t in stated:
         np.testing.assert_allclose(evaluate(t, values), np.asarray(patchified(*args)), rtol=1e-5, atol=1e-5)
+
+
+DEPTHWISE = [
+    # (lhs shape, rhs shape, strides, padding, dimension numbers, rhs dilation): one group per feature
+    ((2, 16, 8), (5, 1, 8), (1,), "SAME", ("NWC", "WIO", "NWC"), (1,)),
+    ((2, 16, 8), (4, 1, 8), (1,), [(3, 0)], ("NWC", "WIO", "NWC"), (1,)),
+    ((2, 17, 4), (3, 1, 4), (2,), [(1, 1)], ("NWC", "WIO", "NWC"), (2,)),
+    ((2, 3, 9, 7), (3, 1, 3, 2), (2, 1), [(1, 1), (0, 1)], ("NCHW", "OIHW", "NCHW"), (1, 1)),
+    ((2, 9, 7, 3), (3, 2, 1, 3), (1, 2), "SAME", ("NHWC", "HWIO", "NHWC"), (1, 2)),
+]
+
+
+@pytest.mark.parametrize("lhs, rhs, strides, padding, numbers, dilation", DEPTHWISE)
+def test_a_depthwise_convolution_is_the_sum_of_its_windows_times_the_kernel_rows(
+    lhs, rhs, strides, padding, numbers, dilation
+):
+    groups = lhs[numbers[0].index("C")]
+
+    def conv(x, w):
+        return lax.conv_general_dilated(
+            x, w, strides, padding, rhs_dilation=dilation, dimension_numbers=numbers, feature_group_count=groups
+        )
+
+    term, values, want = _root(conv, lhs, rhs)
+    assert "opaque" not in op_names(term) and "dot" not in op_names(term)
+    np.testing.assert_allclose(evaluate(term, values), want, rtol=1e-5, atol=1e-5)
