@@ -3,15 +3,17 @@ grouped [D, KV, G, HD] and whose key/value kernel is one stacked tensor [D, 2, K
 along axis 1, as some checkpoints store a fused `kv_proj`).
 
 - `gqa_kv_groups_tp`: shard_map on {tp: 2}; kv groups (with their query heads) over tp;
-- `gqa_repeat_jit`: plain jit on {tp: 4}; the kv heads are repeated to one per query head and
-  every head tensor is constrained to shard its head axis over tp.
+- `gqa_repeat_explicit`: jit-partitioned on {tp: 4} in explicit-sharding mode (an Explicit-axes
+  copy of the mesh): weights `reshard`ed, every einsum states its `out_sharding`, the kv heads
+  (too few to shard over 4) are projected replicated, repeated to one per query head, and
+  resharded over tp.
 """
 import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import NamedSharding
+from jax.sharding import AxisType, Mesh, reshard
 from jax.sharding import PartitionSpec as P
 
 B, T, D, KV, G, HD = 2, 8, 32, 2, 2, 8
@@ -77,21 +79,26 @@ def _expand_tile(t):
     return jnp.tile(t, (1, G, 1, 1))
 
 
-def _heads_jit(w_q, w_kv, w_o, x, mesh, expand):
-    heads = NamedSharding(mesh, P(None, "tp"))
-    q = lax.with_sharding_constraint(jnp.einsum("btd,dnh->bnth", x, w_q.reshape(D, H, HD)), heads)
-    k = jnp.einsum("btd,dkh->bkth", x, w_kv[:, 0])
-    v = jnp.einsum("btd,dkh->bkth", x, w_kv[:, 1])
-    k = lax.with_sharding_constraint(expand(k), heads)
-    v = lax.with_sharding_constraint(expand(v), heads)
-    p = _causal_softmax(jnp.einsum("bnqh,bnsh->bnqs", q, k) / math.sqrt(HD))
-    o = lax.with_sharding_constraint(jnp.einsum("bnqs,bnsh->bnqh", p, v), heads)
-    return jnp.einsum("bnqh,nhd->bqd", o, w_o.reshape(H, HD, D))
+def _explicit_mesh(mesh):
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Explicit,) * len(mesh.axis_names))
 
 
-def gqa_repeat_jit(w_q, w_kv, w_o, x, mesh):
-    return jax.jit(lambda *a: _heads_jit(*a, mesh, _expand_repeat))(w_q, w_kv, w_o, x)
+def _heads_explicit(w_q, w_kv, w_o, x, mesh, expand):
+    heads = P(None, "tp")
+    with jax.sharding.use_abstract_mesh(_explicit_mesh(mesh).abstract_mesh):
+        x = reshard(x, P())
+        q = jnp.einsum("btd,dnh->bnth", x, reshard(w_q.reshape(D, H, HD), heads), out_sharding=heads)
+        k = jnp.einsum("btd,dkh->bkth", x, reshard(w_kv[:, 0], P()), out_sharding=P())
+        v = jnp.einsum("btd,dkh->bkth", x, reshard(w_kv[:, 1], P()), out_sharding=P())
+        k, v = reshard(expand(k), heads), reshard(expand(v), heads)
+        s = jnp.einsum("bnqh,bnsh->bnqs", q, k, out_sharding=heads) / math.sqrt(HD)
+        o = jnp.einsum("bnqs,bnsh->bnqh", _causal_softmax(s), v, out_sharding=heads)
+        return jnp.einsum("bnqh,nhd->bqd", o, reshard(w_o.reshape(H, HD, D), P("tp")), out_sharding=P())
 
 
-def gqa_tile_jit(w_q, w_kv, w_o, x, mesh):
-    return jax.jit(lambda *a: _heads_jit(*a, mesh, _expand_tile))(w_q, w_kv, w_o, x)
+def gqa_repeat_explicit(w_q, w_kv, w_o, x, mesh):
+    return _heads_explicit(w_q, w_kv, w_o, x, mesh, _expand_repeat)
+
+
+def gqa_tile_explicit(w_q, w_kv, w_o, x, mesh):
+    return _heads_explicit(w_q, w_kv, w_o, x, mesh, _expand_tile)
