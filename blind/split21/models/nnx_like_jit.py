@@ -2,7 +2,7 @@
 parameters as attributes (LayerNorm, flattened-projection attention, GELU MLP), run under
 `jax.jit` with a mesh and sharding constraints, no shard_map for the attention.
 
-- `encoder_jit` on {dp: 2, tp: 2}: parameters placed by `jax.device_put`-style constraints
+- `encoder_jit` on {dp: 2, tp: 2}: parameters placed by `with_sharding_constraint`
   (heads and MLP columns over tp), batch over dp, head tensors constrained [dp, tp];
 - `encoder_jit_manual_mlp` on {tp: 4}: the attention is auto-partitioned from constraints and the
   MLP is a nested shard_map (column- then row-parallel, psum).
