@@ -45,11 +45,11 @@ _ONE = Fraction(1)  # scale_of's factor of most terms: one object, not one per c
 Value = Term | tuple
 
 
-def _concat_members(t: Term, dim: int) -> list[Term]:
-    """The values a (nested, binary) concatenation along dim joins, in order."""
-    if t.op != "concat" or t.attrs[0] != dim:
-        return [t]
-    return [m for a in t.args for m in _concat_members(a, dim)]
+def concat_parts(t: Term, dim: int) -> list[Term]:
+    """The pieces a (nested, binary) concatenation along `dim` joins, in order (t alone if it is none)."""
+    if t.op == "concat" and t.attrs[0] == dim:
+        return [p for arg in t.args for p in concat_parts(arg, dim)]
+    return [t]
 
 
 def power_of_two(f: Fraction) -> Fraction:
@@ -584,27 +584,21 @@ class Builder:
         # Tables stay symbolic (a device's table is a window of the reference's); the value is
         # kept so that index arithmetic on it still folds.
         term = self.mk("reshape", (reshape_spec(operand.shape, shape.dims),), [operand], shape)
-        if value is None and operand.op == "concat" and (parts := self.reshaped_parts(operand, shape)) is not None:
+        if value is None and operand.op == "concat" and (joined := self.reshaped_parts(operand, shape)) is not None:
             # Stated beside the written form: a device holding one KV group builds its rotated
             # heads already split ([b, s, 1, G, hd], the halves joined along hd), where the
             # reference joins the halves of all heads, then splits them ([b, s, K, G, hd]).
-            # (joined as written: `concat` would gather the reshapes back into this term)
-            pieces, out = parts
-            joined = pieces[0]
-            for piece in pieces[1:]:
-                dims = list(joined.shape)
-                dims[out] += piece.shape[out]
-                joined = self.mk("concat", (out,), [joined, piece], Shape(shape.dtype, tuple(dims)))
             self.equal_terms.append([term, joined])
         if value is not None:
             self.values[term] = value.reshape(shape.dims)
         return term
 
-    def reshaped_parts(self, joined: Term, shape: Shape) -> tuple[list[Term], int] | None:
+    def reshaped_parts(self, joined: Term, shape: Shape) -> Term | None:
         """reshape(concat(x_1, ..., x_n; d)) as concat(reshape(x_1), ..., reshape(x_n); d') with d' the
         output dim of d's size whose leading dims hold as many elements as d's (row-major, the reshape
         then acts on the dims before d and those after it apart, and leaves d itself alone); None when
-        the reshape merges or splits d."""
+        the reshape merges or splits d. Joined as written: `concat` would gather the reshapes back
+        into reshape(concat(...))."""
         d = joined.attrs[0]
         before = int(np.prod(joined.shape[:d]))
         out = next(
@@ -617,12 +611,16 @@ class Builder:
         )
         if out is None:
             return None
-        parts = []
-        for part in _concat_members(joined, d):
+        acc: Term | None = None
+        for part in concat_parts(joined, d):
             dims = list(shape.dims)
             dims[out] = part.shape[d]
-            parts.append(self.reshape_term(part, Shape(shape.dtype, tuple(dims))))
-        return parts, out
+            piece = self.reshape_term(part, Shape(shape.dtype, tuple(dims)))
+            if acc is not None:
+                dims[out] += acc.shape[out]
+                piece = self.mk("concat", (out,), [acc, piece], Shape(shape.dtype, tuple(dims)))
+            acc = piece
+        return acc
 
     def transposed_reshape(self, operand: Term, shape: Shape) -> Term | None:
         """reshape(transpose(y, p)) as transpose(reshape(y), q), when each group of dims the reshape

@@ -36,7 +36,7 @@ from equivci.terms.semantics import NP_DTYPES, sort_lanes
 from equivci.terms.spec import AlignedMap
 from equivci.translate import literals, orders
 from equivci.translate.attributes import called, dims_attr, fingerprint
-from equivci.translate.builder import Builder, Value
+from equivci.translate.builder import Builder, Value, concat_parts
 from equivci.translate.opaque import opaque
 
 
@@ -82,7 +82,7 @@ def merged_top(
     the payload). None otherwise."""
     if order not in FLIPPED:
         return None
-    keys = [_sorted_piece(p, dim, order, 0) for p in _concat_parts(x, dim)]
+    keys = [_sorted_piece(p, dim, order, 0) for p in concat_parts(x, dim)]
     if len(keys) < 2 or any(piece is None for piece in keys):
         return None
     pieces = [piece for piece in keys if piece is not None]
@@ -92,7 +92,7 @@ def merged_top(
     if y is None:
         payload = literals.positions(ev, Shape(dtypes[1], whole.shape), dim)
     else:
-        held = _concat_parts(y, dim)
+        held = concat_parts(y, dim)
         if len(held) != len(pieces):
             return None
         shifted = [_shifted_payload(ev, h, piece, dim, order) for h, piece in zip(held, pieces)]
@@ -106,13 +106,6 @@ def merged_top(
             else ev.concat(parts, dim)
         )
     return sorted_lanes(ev, whole, payload, dim, order, dtypes)
-
-
-def _concat_parts(t: Term, dim: int) -> list[Term]:
-    """The pieces a concatenation along `dim` joins, in order (t alone if it is none)."""
-    if t.op == "concat" and t.attrs[0] == dim:
-        return [p for arg in t.args for p in _concat_parts(arg, dim)]
-    return [t]
 
 
 def _sorted_piece(t: Term, dim: int, order: str, output: int) -> tuple[Term, int] | None:
