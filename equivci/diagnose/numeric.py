@@ -187,14 +187,17 @@ def _tolerance(dtype) -> tuple[float, float]:
 class _ReferenceIndex:
     """The reference values by (dtype, rank), to find the one a distributed value is a window of.
 
-    The distributed program computes in about the reference's order, so the search starts at the
-    reference value the last match found and moves outwards: most values match within a few
-    tries instead of a scan of the whole model."""
+    The distributed program computes in about the reference's order, so the search prefers the
+    reference value nearest the last match: among the values that match, the nearest (after
+    before before) is the one taken. Values of one shape are compared in one stacked comparison:
+    a value that matches nothing is compared with all of them, per shape, not one call each."""
 
     def __init__(self):
         self.by_kind: dict[tuple, list[np.ndarray]] = {}
         self.positions: dict[tuple, list[int]] = {}
         self.near = 0  # program position of the last reference value matched
+        # (dtype, rank) -> reference shape -> (the values' ordinals in by_kind, their stack)
+        self._stacks: dict[tuple, dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]]] = {}
 
     def add(self, value: np.ndarray, position: int = 0) -> None:
         # A value is also kept without its unit dims: `x[:, None, :]` (a reshape that only adds a
@@ -209,11 +212,23 @@ class _ReferenceIndex:
                 key = (v.dtype.str, v.ndim)
                 self.by_kind.setdefault(key, []).append(v)
                 self.positions.setdefault(key, []).append(position)
+                self._stacks.pop(key, None)
 
     def matches(self, a: np.ndarray) -> bool:
         if a.size == 0:
             return True
         return self._matches(a) or (1 in a.shape and self._matches(np.squeeze(a)))
+
+    def _stacked(self, key: tuple) -> dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]]:
+        if key not in self._stacks:
+            ordinals: dict[tuple[int, ...], list[int]] = {}
+            for k, r in enumerate(self.by_kind.get(key, [])):
+                ordinals.setdefault(r.shape, []).append(k)
+            values = self.by_kind.get(key, [])
+            self._stacks[key] = {
+                shape: (np.array(ks), np.stack([values[k] for k in ks])) for shape, ks in ordinals.items()
+            }
+        return self._stacks[key]
 
     def _matches(self, a: np.ndarray) -> bool:
         rtol, atol = _tolerance(a.dtype)
@@ -222,27 +237,44 @@ class _ReferenceIndex:
         finite = np.abs(a[np.isfinite(a)]) if a.dtype.kind in "fc" else None
         scale = max(1.0, float(finite.max())) if finite is not None and finite.size else 1.0
         key = (a.dtype.str, a.ndim)
-        values, positions = self.by_kind.get(key, []), self.positions.get(key, [])
+        positions = self.positions.get(key, [])
         start = bisect.bisect_left(positions, self.near)
-        after, before = range(start, len(values)), range(start - 1, -1, -1)
-        for k in (k for pair in itertools.zip_longest(after, before) for k in pair if k is not None):
-            r = values[k]
-            if any(n < m or n % m for m, n in zip(a.shape, r.shape)):
+        best: int | None = None
+        for shape, (ks, stack) in self._stacked(key).items():
+            if any(n < m or n % m for m, n in zip(a.shape, shape)):
                 continue
-            tiles = _tiles(r, a.shape)
-            close = np.isclose(tiles, a, rtol=rtol, atol=atol * scale, equal_nan=True)
-            if close.reshape(len(tiles), -1).all(axis=1).any():
-                self.near = positions[k]
-                return True
-        return False
+            # Chunks bound the comparison's memory whatever the number of values of one shape.
+            step = max(1, _CHUNK_ELEMENTS // max(1, stack[0].size))
+            for lo in range(0, len(ks), step):
+                tiles = _tiles(stack[lo : lo + step], a.shape)
+                close = np.isclose(tiles, a, rtol=rtol, atol=atol * scale, equal_nan=True)
+                hit = ks[lo : lo + step][close.reshape(tiles.shape[:2] + (-1,)).all(axis=2).any(axis=1)]
+                if hit.size:
+                    k = min(hit.tolist(), key=lambda k: _distance(k, start))
+                    best = k if best is None or _distance(k, start) < _distance(best, start) else best
+        if best is None:
+            return False
+        self.near = positions[best]
+        return True
 
 
-def _tiles(r: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """`r` cut into blocks of `shape` (a grid: shards are blocks), as a stack of blocks."""
-    split = [d for m, n in zip(shape, r.shape) for d in (n // m, m)]
+# Elements compared at once (a chunk of stacked reference values of one shape).
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def _distance(k: int, start: int) -> int:
+    """Rank of ordinal k in the search outwards from `start`: start, start - 1, start + 1, ..."""
+    return 2 * (k - start) if k >= start else 2 * (start - 1 - k) + 1
+
+
+def _tiles(stack: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Each value of `stack` cut into blocks of `shape` (a grid: shards are blocks), as
+    [values, blocks, *shape]."""
+    split = [d for m, n in zip(shape, stack.shape[1:]) for d in (n // m, m)]
     ndim = len(shape)
-    blocks = r.reshape(split).transpose(list(range(0, 2 * ndim, 2)) + list(range(1, 2 * ndim, 2)))
-    return blocks.reshape((-1,) + tuple(shape))
+    axes = [0] + [1 + a for a in list(range(0, 2 * ndim, 2)) + list(range(1, 2 * ndim, 2))]
+    blocks = stack.reshape([len(stack)] + split).transpose(axes)
+    return blocks.reshape((len(stack), -1) + tuple(shape))
 
 
 def numeric_frontier(

@@ -206,8 +206,18 @@ def test_a_gpipe_schedule_of_tp_gelu_stages_verifies(manifest, name) -> None:
     assert result.status is Status.VERIFIED, result.findings
 
 
+# The GPipe near misses cost 30 s each (a mismatch saturates to its budget): the default suite keeps
+# one (a tick short), the fori_loop ones hold the other two defects there, `-m slow` runs all.
 @pytest.mark.parametrize(
-    "name", ["fori-next", "fori-short", "fori-bias-twice", "gpipe-short", "gpipe-next", "gpipe-bias-twice"]
+    "name",
+    [
+        "fori-next",
+        "fori-short",
+        "fori-bias-twice",
+        "gpipe-short",
+        pytest.param("gpipe-next", marks=pytest.mark.slow),
+        pytest.param("gpipe-bias-twice", marks=pytest.mark.slow),
+    ],
 )
 def test_near_misses_are_mismatches(manifest, name) -> None:
     result = _verify(manifest, name)
