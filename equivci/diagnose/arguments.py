@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from equivci.diagnose.source import (
     call_argument,
     callee,
     calls_function,
+    calls_in,
     module_ast,
     parameters,
     positional_arguments,
@@ -260,7 +262,17 @@ class _Search:
 def _entry_function(entry: tuple[str, str]) -> ast.stmt | None:
     """The module-level definition of an entrypoint (file, function)."""
     tree = module_ast(entry[0])
-    return next((n for n in (tree.body if tree is not None else []) if getattr(n, "name", None) == entry[1]), None)
+    return _definitions(tree).get(entry[1]) if tree is not None else None
+
+
+@functools.lru_cache(maxsize=64)
+def _definitions(tree: ast.Module) -> dict[str, ast.stmt]:
+    """A module's top-level statements by the name they define, the first one of each name."""
+    found: dict[str, ast.stmt] = {}
+    for node in tree.body:
+        if (name := getattr(node, "name", None)) is not None:
+            found.setdefault(name, node)
+    return found
 
 
 def _reached(entry: tuple[str, str]) -> list[ast.stmt]:
@@ -279,7 +291,7 @@ def _reached(entry: tuple[str, str]) -> list[ast.stmt]:
         if func is None or func in order:
             continue
         order.append(func)
-        queue += [callee(n) for n in ast.walk(func) if isinstance(n, ast.Call)]
+        queue += [callee(n) for n in calls_in(func)]
     return order
 
 
@@ -432,9 +444,7 @@ def _calls(func: Function, *files: str) -> Iterator[tuple[str, ast.Call, Bound]]
     names = positional + [a.arg for a in func.args.kwonlyargs]
     for file in dict.fromkeys(files):
         tree = module_ast(file)
-        for node in ast.walk(tree) if tree is not None else ():
-            if not isinstance(node, ast.Call):
-                continue
+        for node in calls_in(tree) if tree is not None else ():
             args = node.args
             partial = callee(node) == "partial" and bool(args) and getattr(args[0], "id", None) == func.name
             if partial:

@@ -21,6 +21,14 @@ def module_ast(file: str) -> ast.Module | None:
         return None
 
 
+@functools.lru_cache(maxsize=1024)
+def calls_in(tree: ast.AST) -> tuple[ast.Call, ...]:
+    """Every call under `tree` (a module's, a function's), in `ast.walk` order. Cached by the node
+    itself (ASTs hash by identity): the searches for a caller's choice asked for a module's calls
+    once per name they followed, 26 s of a 51 s mismatch."""
+    return tuple(n for n in ast.walk(tree) if isinstance(n, ast.Call))
+
+
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
