@@ -6,6 +6,7 @@ import functools
 
 import numpy as np
 
+from equivci.diagnose import numeric
 from equivci.diagnose.numeric import _partial, _ReferenceIndex
 from equivci.hlo.ir import Instruction, Shape
 from equivci.translate.evaluator import Event
@@ -33,6 +34,29 @@ def test_a_huge_reference_value_does_not_match_everything():
     # an exp that overflows in the reference must not swallow every value of its shape
     index = index_of(np.full((8, 16), 1e30, np.float32))
     assert not index.matches(RNG.normal(size=(8, 16)).astype(np.float32))
+
+
+def test_among_several_matches_the_one_nearest_the_last_match_is_taken(monkeypatch):
+    """The index compares the values of one shape at once (in chunks): whatever the chunk size, the
+    match it settles on is the first a search outwards one value at a time would find, from the
+    last match's position: that value, the one before, the one after, two before, ..."""
+    shard = RNG.normal(size=(4, 8)).astype(np.float32)
+    other = lambda: RNG.normal(size=(4, 16)).astype(np.float32)  # noqa: E731
+    holder = lambda: np.concatenate([shard, other()[:, :8]], axis=1)  # noqa: E731 - shard in its first block
+    for chunk in (1 << 22, 32, 64):
+        monkeypatch.setattr(numeric, "_CHUNK_ELEMENTS", chunk)
+        index = _ReferenceIndex()
+        for position, value in enumerate([holder(), other(), other(), holder(), other(), holder()]):
+            index.add(value, position)
+        index.near = 2
+        assert index.matches(shard) and index.near == 3  # 2, 1, then 3: not 0 or 5, farther
+        index.near = 5
+        assert index.matches(shard) and index.near == 5
+        index.near = 4
+        assert index.matches(shard) and index.near == 3  # 4, then 3 before 5
+        index.near = 1
+        assert index.matches(shard) and index.near == 0
+        assert not index.matches(shard * 2) and index.near == 0  # no match leaves the position
 
 
 def test_a_partial_sum_matches_through_its_axis():
