@@ -93,7 +93,9 @@ def saturate(programs: Programs, iterations: int = MAX_ITERATIONS) -> Proof:
 
 def needed_groups(groups: list[list[Term]], roots: list[Term]) -> list[list[Term]]:
     """The groups of terms stated equal that share a term with the roots or their arguments, or with
-    another such group (in turn). The others are about values no output and no reference value
+    another such group (in turn), or whose member is an op on an opaque value reached so (a device's
+    running sum plus the earlier total, which the program adds in another order: no rule relates
+    an op without a model, only the stated facts do). The others are about values no output and no reference value
     is made of: a pipeline's warm-up ticks computing on zeros, whose values no tick writes out.
     Such values are constant along the microbatch rows (a bias broadcast through GELU), so they
     are windows of each other at every row offset, and their facts grew the e-graph past its budget
@@ -104,7 +106,7 @@ def needed_groups(groups: list[list[Term]], roots: list[Term]) -> list[list[Term
         for t in group:
             by_term.setdefault(t, []).append(k)
             for arg in set(t.args):
-                if arg.op not in ("param", "const") and not all(a.op == "const" for a in arg.args):
+                if arg.op == "opaque":  # only stated facts relate an op without a model (a running sum)
                     by_term.setdefault(arg, []).append(k)
     reached: set[Term] = set()
     kept = [False] * len(groups)
