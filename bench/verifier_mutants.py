@@ -1037,6 +1037,22 @@ MUTANTS: tuple[Mutant, ...] = (
       "only a window padded n - 1 before (not a reversed scan) is a running sum whose last row is the total",
       "pytest:tests/translate/test_running_sums.py::test_near_miss_the_last_row_of_a_reversed_running_sum_is_no_total",
       "pytest:tests/translate/test_running_sums.py::test_near_miss_windowed_sums_that_are_no_running_sums_state_nothing"),
+    M("running-sum-lanes-own-dim", "    if lifted is not None and lifted.dim != dim and lifted.whole.dtype == x.dtype:",
+      "    if lifted is not None and lifted.whole.dtype == x.dtype:",
+      "only a window along another dim than the summed one is the window of the whole's running sum; along "
+      "the summed dim it lacks what precedes it",
+      "pytest:tests/translate/test_running_sums.py::test_every_stated_running_sum_of_nested_windows_holds"),
+    # -- a product by a constant mask as windows and zeros (translate/constant_selects.py) -------------
+    M("masked-product-any-factor", "    if all_equal(value) or not np.all((value == 0) | (value == 1)):",
+      "    if all_equal(value):",
+      "only a constant of ones and zeros keeps x's windows and zeros: a factor 2 is no mask",
+      "pytest:tests/translate/test_slot_counts.py::test_near_miss_other_constant_factors_stay_products"),
+    # -- a unit window of a broadcast along the dim it adds (translate/builder.py) ----------------------
+    M("unit-bcast-window-any-dim", "and stop - start == 1 and self._only_new_dim(x, dim):",
+      "and stop - start == 1:",
+      "only along the one dim a broadcast adds is a unit window its operand reshaped; along the operand's "
+      "own dim it is the operand's window",
+      "pytest:tests/translate/test_slot_counts.py::test_a_unit_window_of_a_broadcast_along_the_dim_it_adds_is_a_reshape"),
     # -- prefix sums over a sharded sequence (translate/windows.py, reductions.py) -------------------
     M("dot-batch-window-any-range",
       "if own is not None and (own.dim, own.start, own.stop) == (dims[out], w.start, w.stop):",

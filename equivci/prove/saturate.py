@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from egglog import EGraph, eq, union
@@ -80,6 +80,7 @@ def saturate(programs: Programs, iterations: int = MAX_ITERATIONS) -> Proof:
         obligations=programs.obligations,
         iterations=iterations,
         nodes=programs.evaluator.budgets.saturation_nodes,
+        until_proved=True,
     )
     if proof.all_proved or len(needed) == len(groups):
         return proof
@@ -92,7 +93,9 @@ def saturate(programs: Programs, iterations: int = MAX_ITERATIONS) -> Proof:
 
 def needed_groups(groups: list[list[Term]], roots: list[Term]) -> list[list[Term]]:
     """The groups of terms stated equal that share a term with the roots or their arguments, or with
-    another such group (in turn). The others are about values no output and no reference value
+    another such group (in turn), or whose member is an op on an opaque value reached so (a device's
+    running sum plus the earlier total, which the program adds in another order: no rule relates
+    an op without a model, only the stated facts do). The others are about values no output and no reference value
     is made of: a pipeline's warm-up ticks computing on zeros, whose values no tick writes out.
     Such values are constant along the microbatch rows (a bias broadcast through GELU), so they
     are windows of each other at every row offset, and their facts grew the e-graph past its budget
@@ -102,6 +105,9 @@ def needed_groups(groups: list[list[Term]], roots: list[Term]) -> list[list[Term
     for k, group in enumerate(groups):
         for t in group:
             by_term.setdefault(t, []).append(k)
+            for arg in set(t.args):
+                if arg.op == "opaque":  # only stated facts relate an op without a model (a running sum)
+                    by_term.setdefault(arg, []).append(k)
     reached: set[Term] = set()
     kept = [False] * len(groups)
     stack = list(roots)
@@ -158,11 +164,14 @@ def saturate_terms(
     obligations: Sequence[tuple[Term, Term]] = (),
     iterations: int = MAX_ITERATIONS,
     nodes: int | None = None,
+    until_proved: bool = False,
 ) -> Proof:
     """Saturate the terms of both programs; `pairs[d]` are (distributed output, target) to prove
     equal, `reference_values` the terms that are values of the reference program, `obligations`
     more (term, target) pairs the proof needs (the initial states loops assumed). `nodes`: the size
-    budget (node_budget), None to derive it from the rows the terms load."""
+    budget (node_budget), None to derive it from the rows the terms load. `until_proved`: stop after
+    the pass that proves every pair and obligation (a whole-program proof whose e-graph nothing
+    else reads once it holds; a layer's proof is read for its other values' relations too)."""
     t0 = time.perf_counter()
     egraph = EGraph()
     loader = Loader(egraph)
@@ -186,7 +195,14 @@ def saturate_terms(
             facts += [union(first).with_(loader.expr(t)) for t in group[1:]]
         loader.facts += facts
     loaded = size(egraph)
-    end = _run(egraph, max(iterations, loader.depth), node_budget(loaded, nodes))
+
+    def every_pair_proved() -> bool:
+        checked = [pair for row in pairs for pair in row] + list(obligations)
+        return all(proved_equal(egraph, loader.expr(a), loader.expr(b)) for a, b in checked)
+
+    end = _run(
+        egraph, max(iterations, loader.depth), node_budget(loaded, nodes), every_pair_proved if until_proved else None
+    )
     proved = [[proved_equal(egraph, loader.expr(o), loader.expr(target)) for o, target in row] for row in pairs]
     held = [proved_equal(egraph, loader.expr(a), loader.expr(b)) for a, b in obligations]
     targets = [[target for _, target in row] for row in pairs]
@@ -212,10 +228,13 @@ class RunEnd(NamedTuple):
     memory: int = 0
 
 
-def _run(egraph: EGraph, iterations: int, nodes: int = SATURATION_NODES) -> RunEnd:
+def _run(
+    egraph: EGraph, iterations: int, nodes: int = SATURATION_NODES, done: Callable[[], bool] | None = None
+) -> RunEnd:
     """Saturate for at most `iterations` passes, none of them started on an e-graph that would reach
     `nodes` rows if it grew by the factor of the pass before, nor one predicted to take more memory
-    than the process may use (memory.py)."""
+    than the process may use (memory.py); and none after a pass at whose end `done()` holds (every
+    pair a proof compares is proved: further passes can only add equalities, never remove one)."""
     # The seeds record what the rules start from, before them: a rule reads in the pass that made its seed.
     step = DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate() + SEEDS + REWRITES
     exhausted, outgrown, over = iterations, 0, 0
@@ -239,6 +258,9 @@ def _run(egraph: EGraph, iterations: int, nodes: int = SATURATION_NODES) -> RunE
             break
         growth = max(1.0, size(egraph) / rows)
         predicted = memory.next_pass(meter.extra(), growth)
+        if done is not None and done():
+            exhausted = 0
+            break
     egraph.run(DIMS.ruleset.saturate() + RELATIONS.ruleset.saturate())
     return RunEnd(exhausted, outgrown, over)
 

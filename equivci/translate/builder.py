@@ -428,6 +428,10 @@ class Builder:
             total = cumsums.last_total(self, x, dim, start, stop)
             if total is not None:  # the last running sum is the total
                 return total
+        if x.op == "bcast" and value is None and stop - start == 1 and self._only_new_dim(x, dim):
+            # a unit window of a broadcast along the one dim it adds holds its operand's elements in
+            # order: a reshape (a device's slot of its count broadcast over the slots, psummed)
+            return self.reshape_term(x.args[0], Shape(x.dtype, tuple(shape)))
         if x.op == "concat" and x.attrs[0] == dim:  # a window of a concatenation is windows of its parts
             left, right = x.args
             n = left.shape[dim]
@@ -464,6 +468,17 @@ class Builder:
             # placement, a collective, an HLO slice).
             self.bound(term, x)
         return term
+
+    @staticmethod
+    def _only_new_dim(x: Term, dim: int) -> bool:
+        """Whether the broadcast x adds `dim` and no other dim, its operand's dims in order."""
+        parts = BcastSpec.parse(x.attrs[0]).parts
+        kept = [value for o, (kind, value) in enumerate(parts) if o != dim]
+        return (
+            parts[dim][0] == "n"
+            and all(kind == "i" for o, (kind, _) in enumerate(parts) if o != dim)
+            and (kept == sorted(kept))
+        )
 
     def slice_nd(self, x: Term, ranges) -> Term:
         for dim, (start, stop) in enumerate(ranges):

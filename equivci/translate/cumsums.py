@@ -66,15 +66,12 @@ def note(ev: Builder, inst: Instruction, args: list, term: Term) -> None:
     if lifted is None or lifted.whole.dtype != u.dtype:
         return
     if lifted.dim != dim:
-        # each lane along `dim` sums on its own: the running sums of a window along another dim
-        # (a device's token groups) are that window of the running sums of the whole
-        whole_sum = running_sum(ev, inst, lifted.whole, init, dim)
-        ev.equal_terms.append([ev.slice_term(whole_sum, lifted.dim, lifted.start, lifted.stop), term])
+        _lanes_stated(ev, inst, lifted, init, dim, term)
         return
     if lifted.stop - lifted.start != n:
         return
     whole, start = lifted.whole, lifted.start
-    whole_sum = running_sum(ev, inst, whole, init, dim)
+    whole_sum = stated_running_sum(ev, inst, whole, init, dim)
     window = ev.slice_term(whole_sum, dim, start, start + n)
     if start == 0:
         ev.equal_terms.append([window, term])
@@ -83,6 +80,24 @@ def note(ev: Builder, inst: Instruction, args: list, term: Term) -> None:
     kept = tuple(k for k in range(len(term.shape)) if k != dim)
     spread = ev.mk("bcast", (bcast_spec(len(kept), term.shape, kept),), (before,), Shape(term.dtype, term.shape))
     ev.equal_terms.append([window, ev.binary("add", term, spread)])
+
+
+def _lanes_stated(ev: Builder, inst: Instruction, lifted: windows.Window, init: Term, dim: int, term: Term) -> None:
+    """Each lane along `dim` sums on its own: the running sums of a window along another dim (a
+    device's token groups, its data-parallel rows) are that window of the running sums of the whole."""
+    whole_sum = stated_running_sum(ev, inst, lifted.whole, init, dim)
+    ev.equal_terms.append([ev.slice_term(whole_sum, lifted.dim, lifted.start, lifted.stop), term])
+
+
+def stated_running_sum(ev: Builder, inst: Instruction, x: Term, init: Term, dim: int) -> Term:
+    """The running sum of `x` along `dim` (`running_sum`), stated as the window of a wider one where
+    x is a window along another dim: a device's rows of a {data, seq} mesh, whose running sum of
+    its sequence window is related first to the running sum of its rows."""
+    whole_sum = running_sum(ev, inst, x, init, dim)
+    lifted = windows.window_form(ev, x)
+    if lifted is not None and lifted.dim != dim and lifted.whole.dtype == x.dtype:
+        _lanes_stated(ev, inst, lifted, init, dim, whole_sum)
+    return whole_sum
 
 
 def last_total(ev: Builder, x: Term, dim: int, start: int, stop: int) -> Term | None:

@@ -302,6 +302,8 @@ def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
         return shifted  # online softmax's exponentials rescaled to the newest shift, its blocks in order
     if op == "add" and (joined := pieces.padded_sum(ev, *args)) is not None:
         return joined
+    if op == "multiply" and (kept := constant_selects.product_by_mask(ev, args[0], args[1], True)) is not None:
+        return kept  # a product by a constant mask along one dim: x's windows and zeros
     fn = lambda a, b: semantics.apply(semantics.BINARY, op, a, b)  # noqa: E731
     if (moved := through_transpose(ev, op, args, shape, fn)) is not None:
         return moved

@@ -47,6 +47,20 @@ def test_groups_reached_from_the_roots_and_through_other_groups_are_kept() -> No
     assert kept == [beyond, chained, direct]
 
 
+def test_a_group_about_an_op_on_a_reached_value_is_kept() -> None:
+    """A group whose member applies an op to an opaque value the roots are made of (a device's running
+    sum of its window plus the earlier shards' total, stated as the window of the whole running sum,
+    while the program adds the total first) is about that value: kept. An op on a value the rules
+    model (which they relate themselves) brings no group in: a GPipe schedule's warm-up facts stay out."""
+    x, y = _param(0), _param(1)
+    local = T.make("opaque", ("reduce-window",), (x,), x.shape, F32)
+    root = _add(_add(y, local), _tanh(x))  # the program's own order
+    stated = [_param(2), _add(local, y)]  # the window of the whole, = local + y
+    on_modelled = [_param(3), _add(_tanh(x), y)]  # an op on a value the rules model
+    kept = needed_groups([on_modelled, stated], [root])
+    assert kept == [stated]
+
+
 def test_no_roots_keep_no_group() -> None:
     assert needed_groups([[_param(0), _param(1)]], []) == []
 
@@ -127,3 +141,27 @@ def test_an_unproved_search_goes_on_with_the_facts_left_out_in_its_own_egraph(mo
     assert not proof.all_proved
     assert len(searches) == 1 and left_out not in searches[0]
     assert proved_equal(proof.egraph, proof.loader.expr(left_out[0]), proof.loader.expr(left_out[1]))
+
+
+def test_a_search_stops_at_the_pass_that_proves_every_pair(monkeypatch) -> None:
+    """Passes after the one that proves every pair only grow the e-graph (further passes never undo
+    an equality): with `until_proved` the run ends there, with the same verdict."""
+    x0, x1 = _param(0, (8,)), _param(1, (8,))
+    chain = x0
+    for k in range(6):  # slices of slices: the rules compose them one level a pass
+        chain = T.make("slice", (0, 0, 8 - k - 1), (chain,), (8 - k - 1,), F32)
+    out, target = _tanh(x0), _tanh(x1)
+    passes = []
+    real_run = saturate_module.EGraph.run
+
+    def counted(self, *args, **kwargs):
+        passes.append(1)
+        return real_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(saturate_module.EGraph, "run", counted)
+    full = saturate_terms([target], [x1, target, chain], [[(out, target)]], [[x0, x1]])
+    ran = len(passes)
+    passes.clear()
+    early = saturate_terms([target], [x1, target, chain], [[(out, target)]], [[x0, x1]], until_proved=True)
+    assert full.all_proved and early.all_proved
+    assert len(passes) < ran

@@ -231,3 +231,23 @@ def test_near_miss_a_running_sum_of_a_window_along_its_own_dim_is_no_plain_windo
     ev = _translated(lambda v: jnp.cumsum(v[:, 2:5], axis=1), GROUPS)
     for group in _stated_running_sums(ev):
         assert any(t.op == "binary" and t.attrs == ("add",) for t in group), "stated without what precedes"
+
+
+@pytest.mark.parametrize(
+    "name, fn",
+    [
+        ("rows of a window", lambda v: jnp.cumsum(jnp.tanh(v[:, 1:3])[2:6], axis=0)),
+        ("window of a window", lambda v: jnp.cumsum(jnp.tanh(v[1:7])[1:4], axis=0)),
+    ],
+)
+def test_every_stated_running_sum_of_nested_windows_holds(name, fn):
+    """A running sum of a window of a value that is itself a window (a device's sequence window of
+    its data-parallel rows) is related to the whole's running sum step by step: each stated group
+    evaluates alike; a window along the summed dim is never stated as a plain window of it."""
+    ev = _translated(fn, V)
+    groups = _stated_running_sums(ev)
+    assert groups
+    for group in groups:
+        first, *rest = (_value(ev, t, {0: V}) for t in group)
+        for other in rest:
+            np.testing.assert_allclose(other, first, rtol=1e-5, atol=1e-5)
