@@ -150,15 +150,12 @@ MODELS = textwrap.dedent(
 )
 
 NAMES = ["index", "dynamic-slice", "take", "next-rank", "local-id", "shared-inside"]
-MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {n}, reference: m.py:moe, distributed: m.py:moe_{n.replace('-', '_')}, inputs: m.py:inputs, mesh: {{ep: 4}}}}\n"
-    for n in NAMES
-)
+MANIFEST = model_package.manifest_text([(n, "moe", f"moe_{n.replace('-', '_')}") for n in NAMES], "{ep: 4}")
 
 
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory):
-    return model_package.write_package(tmp_path_factory.mktemp("squeezed_dots"), "m.py", MODELS, MANIFEST)
+    return model_package.write_package(tmp_path_factory.mktemp("squeezed_dots"), "model.py", MODELS, MANIFEST)
 
 
 @pytest.mark.parametrize("name", ["index", "dynamic-slice", "take"])
