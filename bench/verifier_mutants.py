@@ -1554,6 +1554,15 @@ MUTANTS: tuple[Mutant, ...] = (
       "the squeeze under it",
       "pytest:tests/translate/test_squeezes.py::test_a_dot_of_a_scaled_op_on_a_row_is_the_scaled_squeeze_of_the_dot",
       "pytest:tests/translate/test_microbatch_mlps.py::test_microbatches_through_a_tp_gelu_mlp_verify"),
+    # -- dots and products of squeezed values (translate/squeezes.py: one expert per rank, `w1[0]`) -------
+    M("squeezed-product-any-op", 'if term.op != "binary" or term.attrs[0] != "multiply" or term.dtype not in FLOATS:',
+      'if term.op != "binary" or term.dtype not in FLOATS:',
+      "only a product is a dot over a size-1 pair: a sum or a quotient of the same squeezed values is none",
+      "pytest:tests/translate/test_squeezed_dots.py::test_no_dot_is_stated_for_a_sum_or_a_quotient"),
+    M("squeezed-product-transpose-forward", "tuple(order.index(o) for o in range(len(order)))", "tuple(order)",
+      "the dot puts the broadcast operand's dims first; the transpose that restores the product's layout is "
+      "the inverse of that order",
+      "pytest:tests/translate/test_squeezed_dots.py::test_the_stated_dots_hold_on_one_device"),
     # -- attention on values with an inserted size-1 dim: dot_product_attention's [B, N, T, 1, S]
     # (translate/relayouts.py, reciprocals.py, reductions.py, elementwise.py) ----------------------------
     M("unit-dot-relayout-unfollowed", "    if inserted is not None:\n        left = [j for j",

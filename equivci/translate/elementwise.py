@@ -5,6 +5,8 @@ their operand (logsumexp's max(x, -inf)) dropped.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from equivci.hlo.ir import FLOATS, Instruction, Shape
@@ -29,6 +31,7 @@ from equivci.translate import (
 )
 from equivci.translate.arrays import all_equal
 from equivci.translate.builder import Builder
+from equivci.translate.reductions import dot_term
 from equivci.translate.shapes import broadcast_term
 
 UNARY = {
@@ -652,6 +655,7 @@ def _built(ev: Builder, kind: str, attrs: tuple, args: list, shape: Shape, fn) -
     term = ev.fold_or(kind, attrs, args, shape, fn)
     if ev.folded(term) is None:
         squeezes.note(ev, term)
+        squeezes.product_as_dot(ev, term, functools.partial(dot_term, ev))
     return term
 
 

@@ -24,6 +24,7 @@ from equivci.translate import (
     picks,
     relaid,
     signed_sums,
+    squeezes,
     tiles,
 )
 from equivci.translate.arrays import all_equal, distinct, is_identity
@@ -136,6 +137,7 @@ def dot_with_facts(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: 
         relaid = dot_of_relayouts(ev, *one_sided, shape, functools.partial(dot_term, ev))
         if relaid is not None and relaid is not term:
             ev.equal_terms.append([term, relaid])
+    squeezes.squeezed_dot(ev, dot_spec, lhs, rhs, term, functools.partial(dot_term, ev))
     if (shared := dot_of_batch_copies(ev, dot_spec, lhs, rhs, shape)) is not None:
         # stated beside the written dot, not made the term: as the term it moved the layout every
         # later op builds on, and lost the zoo's GQA with replicated KV heads (gqa-tp4-kv2-replicated)
