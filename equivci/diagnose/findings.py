@@ -31,6 +31,7 @@ from equivci.results import Finding
 from equivci.translate.evaluator import Event
 
 SHOWN_LAYERS = 3
+ADDITIVE = {"add", "subtract"}  # ops whose operands an all-reduce of their result sums term by term
 
 
 def layer_label(inst: Instruction, events: list[Event], layering: Layering | None) -> str | None:
@@ -151,6 +152,10 @@ def _defect_findings(
         # not relate before it: the all-reduce it lacks belongs where it is made.
         summed, axis, use = frontier.partial
         upath, uline = source_of(use.inst, captured.repo_root)
+        later = _finding(defect.inst, f"where the proof stops: {message}", captured, events, layering, severity="note")
+        if frontier.reduced_after is not None and use.inst.opcode in ADDITIVE:
+            inside = _summed_inside(summed, axis, use, frontier.reduced_after, captured, events, layering)
+            return [(inside, use.inst), (later, defect.inst)]
         first = _finding(
             summed.inst,
             f"on random inputs (the numeric oracle's seed 0) this value is a partial sum over mesh axis "
@@ -162,7 +167,6 @@ def _defect_findings(
             events,
             layering,
         )
-        later = _finding(defect.inst, f"where the proof stops: {message}", captured, events, layering, severity="note")
         return [(first, summed.inst), (later, defect.inst)]
     missing_rule = defect.unexplained and frontier is not None and frontier.start_matches
     if (
@@ -220,6 +224,37 @@ def _defect_findings(
     if frontier is not None and frontier.note:
         findings.append((Finding(None, None, "note", None, frontier.note), None))
     return findings
+
+
+def _summed_inside(
+    summed: Event,
+    axis: str,
+    use: Event,
+    reduced: Event,
+    captured: CapturedModel,
+    events: list[Event],
+    layering: Layering | None,
+) -> Finding:
+    """`psum(partial + full)`: an all-reduce over an axis sums every term of what it is handed, so a
+    value the same on every device of that axis, added to a partial sum inside it, is counted once
+    per device; the add is where it enters the sum, the line to change."""
+    return _finding(
+        use.inst,
+        f"on random inputs (the numeric oracle's seed 0) this `{use.inst.opcode}` combines a partial sum over "
+        f"mesh axis '{axis}' (the `{summed.inst.opcode}` at {_where(summed.inst, captured)}: its sum over the "
+        "devices of that axis is a reference value, it alone is none) with a value that is not one, and the "
+        f"all-reduce over that axis at {_where(reduced.inst, captured)} sums the result: the other operand is "
+        "summed over the devices of the axis too (a value the same on each is counted once per device). The "
+        "all-reduce belongs on the partial sum alone, before this op.",
+        captured,
+        events,
+        layering,
+    )
+
+
+def _where(inst: Instruction, captured: CapturedModel) -> str:
+    path, line = source_of(inst, captured.repo_root)
+    return f"{path}:{line}" if path else unlocated(inst)
 
 
 def _kept(
