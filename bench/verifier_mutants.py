@@ -1286,7 +1286,11 @@ MUTANTS: tuple[Mutant, ...] = (
     M("summed-inside-any-later-op",
       'if e.inst.opcode == "all-reduce" and m in reads and _sums(values, e, use, groups_by_axis[axis])',
       "if m in reads", "only an all-reduce of the use over the partial sum's axis shows the psum is there",
-      "pytest:tests/diagnose/test_unreduced_partial.py::test_the_partial_sum_without_its_all_reduce_leads"),
+      "pytest:tests/diagnose/test_summed_inside.py::"
+      "test_near_miss_an_add_no_all_reduce_follows_leaves_the_partial_sum_first"),
+    M("numeric-apart-meets-stop", "        and not any(lead in reads and START in reads for reads in upstream.values())\n",
+      "", "a difference that meets the proof's stop later (rows its test selects) may be the stop's doing",
+      "pytest:tests/diagnose/test_numeric.py::test_a_difference_not_computed_from_the_start_is_apart"),
     M("choice-table-entry-not-static", "        return _static(file, arg.value) and _static(file, arg.slice)",
       "        return False", "an entry of a module-level table at a fixed key is fixed when the program is written",
       "pytest:tests/diagnose/test_caller_choice_source.py::test_an_entry_of_a_module_table_at_a_fixed_key_is_a_choice"),

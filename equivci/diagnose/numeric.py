@@ -425,8 +425,13 @@ def numeric_frontier(
             ),
             None,
         )
+    # A difference that meets the stop later (a select of gathered rows by the stop's ownership
+    # test, a dot with the stop's mask) may be the stop's doing: it decides which elements stay.
     apart = (
-        start is not None and any(e.inst is start for e in distributed_events) and START not in differing_reads[lead]
+        start is not None
+        and any(e.inst is start for e in distributed_events)
+        and START not in differing_reads[lead]
+        and not any(lead in reads and START in reads for reads in upstream.values())
     )
     return NumericFrontier(
         *differing[lead],

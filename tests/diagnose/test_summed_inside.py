@@ -3,8 +3,9 @@ every term it is handed, so what is added is counted once per device of the axis
 is there; the line to change is the add, where the full value enters the sum, not where the
 partial sum is made (whose psum is not missing). Two styles of an expert-parallel dense-gated MoE
 (each device weighs its expert's output by its gate column): a shared expert's output added
-before the psum, on two lines, and a residual added inside the psum, on one line. Near misses: the same models with the add after the all-reduce are never
-`mismatch`."""
+before the psum, on two lines, and a residual added inside the psum, on one line. Near misses: the
+same models with the add after the all-reduce are never `mismatch`, and an add no all-reduce
+follows leaves the lead at the partial sum."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ MODEL = textwrap.dedent(
 
     def _routed(x, router, w1, w2):
         gates = jax.nn.softmax(x @ router, -1)
-        return gates[:, lax.axis_index("ep")][:, None] * _expert(x, w1[0], w2[0])
+        return gates[:, lax.axis_index("ep")][:, None] * _expert(x, w1[0], w2[0])  # MARK:routed
 
 
     def _run(local, args, mesh):
@@ -62,6 +63,16 @@ MODEL = textwrap.dedent(
             y = _routed(x, router, w1, w2)
             y = y + x @ ws  # MARK:shared
             return lax.psum(y, "ep")
+        return _run(local, (x, router, w1, w2, ws), mesh)
+
+
+    def soft_moe_tanh(x, router, w1, w2, ws):
+        return jnp.tanh(soft_moe(x, router, w1, w2, ws))
+
+
+    def soft_moe_ep_unreduced(x, router, w1, w2, ws, mesh):
+        def local(x, router, w1, w2, ws):
+            return jnp.tanh(_routed(x, router, w1, w2) + x @ ws)
         return _run(local, (x, router, w1, w2, ws), mesh)
 
 
@@ -88,6 +99,7 @@ MANIFEST = "version: 1\nmodels:\n" + "".join(
     for name, ref, func in [
         ("moe", "soft_moe", "soft_moe_ep"),
         ("moe-shared-inside", "soft_moe", "soft_moe_ep_shared_inside"),
+        ("moe-unreduced", "soft_moe_tanh", "soft_moe_ep_unreduced"),
         ("residual", "residual_moe", "residual_moe_ep"),
         ("residual-inside", "residual_moe", "residual_moe_ep_inside"),
     ]
@@ -111,3 +123,13 @@ def test_the_add_inside_the_all_reduce_leads(manifest, name, mark):
     lead = result.findings[0]
     assert (lead.path, lead.line) == ("model.py", line_of(MODEL, mark)), result.findings
     assert "the all-reduce belongs on the partial sum alone" in lead.message.lower(), lead.message
+
+
+def test_near_miss_an_add_no_all_reduce_follows_leaves_the_partial_sum_first(manifest):
+    """Without an all-reduce after the add (only the add's own use, a tanh), the psum is missing:
+    the lead stays where the partial sum is made."""
+    result = verify_named(manifest, "moe-unreduced")
+    assert result.status == Status.MISMATCH
+    lead = result.findings[0]
+    assert (lead.path, lead.line) == ("model.py", line_of(MODEL, "routed")), result.findings
+    assert "psum (all-reduce) over that axis is missing" in lead.message, lead.message
