@@ -468,6 +468,8 @@ def _caller_choices(
         )
     # A lead tied with other places keeps its tie: the call joins them, first.
     tie = lead.tie if lead.tie is not None else _new_tie(findings)
+    if choice.branch is not None:
+        return _branch_taken(choice, inst, lead, (path, line, tie), depends, others, captured) + rest
     unchanged = choice.text.isidentifier() and returns_its_argument(choice.file, choice.text)
     if choice.text.isidentifier() and not unchanged:
         body = _passed_function(choice, inst, lead, (path, line, tie), depends, others, events, captured)
@@ -482,6 +484,34 @@ def _caller_choices(
         f"the `{inst.opcode}` that the finding at {path}:{line} is about is made here, from what that call passes.",
     )
     return [(moved, None), (note, None)] + rest
+
+
+def _branch_taken(
+    choice: Choice,
+    inst: Instruction,
+    lead: Finding,
+    call: tuple[str, int | None, int],
+    depends: str,
+    others: str,
+    captured: CapturedModel,
+) -> list[tuple[Finding, Instruction | None]]:
+    """A value passed for a flag picks the `if` branch the op's chain runs through: that branch's
+    statement is the code written for this call, where the reviewer changes it; the call that
+    passes the flag stays as a tied note."""
+    path, line, tie = call
+    assert choice.branch is not None
+    bpath, bline = source_of(dataclasses.replace(inst, stack=(SourceLoc(*choice.branch, ""),)), captured.repo_root)
+    if bpath is None:
+        return [(lead, inst)]
+    moved, note = _moved(
+        lead,
+        (bpath, bline, tie),
+        f"this statement runs because `{choice.text}`, passed at {path}:{line} as `{choice.parameter}` of "
+        f"`{choice.function}` (elsewhere {others}), picks its branch, and {depends}. There: {lead.message}",
+        f"the `{inst.opcode}` that the finding at {bpath}:{bline} is about is made here.",
+    )
+    passed = f"`{choice.text}`, which picks the branch of the finding at {bpath}:{bline}, is passed here."
+    return [(moved, None), (note, None), (dataclasses.replace(note, path=path, line=line, message=passed), None)]
 
 
 def _new_tie(found: list[tuple[Finding, Instruction | None]]) -> int:

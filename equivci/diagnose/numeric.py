@@ -446,12 +446,12 @@ def numeric_frontier(
 def _sums(values: Callable[[Term], np.ndarray | None], total: Event, piece: Event, groups: list[list[int]]) -> bool:
     """`total`'s value on every device is the sum of `piece`'s over the devices of its group: the
     all-reduce over these groups of that value (what reaches it in between only relays it)."""
-    totals = [values(t) if isinstance(t, Term) else None for t in total.values]
-    pieces = [values(t) if isinstance(t, Term) else None for t in piece.values]
-    if len(totals) != len(pieces) or any(a is None for a in totals + pieces):
+    totals = [a for t in total.values if isinstance(t, Term) and (a := values(t)) is not None]
+    pieces = [a for t in piece.values if isinstance(t, Term) and (a := values(t)) is not None]
+    if not len(totals) == len(pieces) == len(total.values) == len(piece.values):
         return False
     for group in groups:
-        if any(d >= len(pieces) or pieces[d].shape != totals[d].shape for d in group):  # type: ignore[union-attr]
+        if any(d >= len(pieces) or pieces[d].shape != totals[d].shape for d in group):
             return False
         with np.errstate(over="ignore", invalid="ignore"):
             expected = np.sum([pieces[d] for d in group], axis=0)
