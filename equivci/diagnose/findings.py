@@ -21,6 +21,7 @@ from equivci.diagnose.arguments import Choice, literal_written, made_in, passed_
 from equivci.diagnose.frames import innermost, library_call, shared_call
 from equivci.diagnose.handed import handed_origin
 from equivci.diagnose.localize import Defect, call_chain_start, part_mean, source_of, unlocated
+from equivci.diagnose.nearest import nearest_located
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.diagnose.precision import narrowing, rounding_message
 from equivci.diagnose.siblings import departure, one_statement, returns_its_argument
@@ -74,6 +75,12 @@ def _finding(
     tie: int | None = None,
 ) -> Finding:
     path, line = source_of(inst, captured.repo_root)
+    near = nearest_located(inst, events, captured.repo_root) if path is None else None
+    if near is not None:
+        path, line = source_of(near[0], captured.repo_root)
+        message += (
+            f" XLA made this `{inst.opcode}` ({unlocated(inst)}); the line is that of the `{near[0].opcode}` {near[1]}."
+        )
     return Finding(path, line, severity, layer_label(inst, events, layering), message, op=inst.name, tie=tie)
 
 
