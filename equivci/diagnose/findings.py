@@ -475,9 +475,10 @@ def _caller_choices(
         )
     # A lead tied with other places keeps its tie: the call joins them, first.
     tie = lead.tie if lead.tie is not None else _new_tie(findings)
-    if choice.branch is not None:
-        return _branch_taken(choice, inst, lead, (path, line, tie), depends, others, captured) + rest
     unchanged = choice.text.isidentifier() and returns_its_argument(choice.file, choice.text)
+    if choice.branch is not None and not (_callable(choice.text) and not unchanged):
+        # A function passed by name is written in its own body, whatever branch it also picks.
+        return _branch_taken(choice, inst, lead, (path, line, tie), depends, others, captured) + rest
     if choice.text.isidentifier() and not unchanged:
         body = _passed_function(choice, inst, lead, (path, line, tie), depends, others, events, captured)
         if body:

@@ -3,7 +3,8 @@ through is the code written for this call, and the line to change, not a choice 
 parameter of the same helper that other calls pass otherwise (a start offset one entry computes
 another way) nor the call that passes the flag (kept as a note). Two styles of passing the flag:
 a keyword the entry passes down through a lambda, and functools.partial on the shard_map body.
-Near misses: the entries without the flag are never `mismatch`."""
+Near misses: the entries without the flag are never `mismatch`; a function passed by name that
+picks a branch still leads in its own body."""
 
 from __future__ import annotations
 
@@ -94,6 +95,35 @@ MODEL = textwrap.dedent(
 
     def biased_sp_partial_transposed(x, table, mesh):
         return _run_partial(x, table, mesh, _start, True)
+
+
+    def _no_shift(n):
+        return 0
+
+
+    def _shift_one(n):
+        return 1  # MARK:callable
+
+
+    def _shifted(x, table, *, shift):
+        q = _start(x.shape[0]) + jnp.arange(x.shape[0])
+        s = shift(T)
+        if s >= 0:
+            return _biased(x, table, jnp.arange(T)[None, :] - q[:, None] - s)
+        return x
+
+
+    def _run_shifted(x, table, mesh, shift):
+        body = functools.partial(_shifted, shift=shift)
+        return jax.shard_map(body, mesh=mesh, in_specs=(P("sp"), P()), out_specs=P("sp"))(x, table)
+
+
+    def biased_sp_unshifted(x, table, mesh):
+        return _run_shifted(x, table, mesh, _no_shift)
+
+
+    def biased_sp_shifted(x, table, mesh):
+        return _run_shifted(x, table, mesh, _shift_one)
     """
 ).lstrip()
 
@@ -105,6 +135,7 @@ MANIFEST = "version: 1\nmodels:\n" + "".join(
         ("sp-mirrored", "biased_sp_mirrored"),
         ("partial", "biased_sp_partial"),
         ("partial-transposed", "biased_sp_partial_transposed"),
+        ("shifted", "biased_sp_shifted"),
     ]
 )
 
@@ -126,3 +157,12 @@ def test_the_branch_the_flag_picks_leads(manifest, name, mark):
     lead = result.findings[0]
     assert (lead.path, lead.line) == ("model.py", line_of(MODEL, mark)), result.findings
     assert "picks its branch" in lead.message, lead.message
+
+
+def test_a_function_passed_for_the_branch_leads_in_its_own_body(manifest):
+    """A function passed by name that also picks a branch is written in its own body: the lead is
+    where it departs from the function another call passes, not the branch it picks."""
+    result = verify_named(manifest, "shifted")
+    assert result.status == Status.MISMATCH
+    lead = result.findings[0]
+    assert (lead.path, lead.line) == ("model.py", line_of(MODEL, "callable")), result.findings
