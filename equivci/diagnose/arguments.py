@@ -58,6 +58,9 @@ class Choice:
     others: tuple[tuple[str, int, str], ...]
     paired: bool = False
     use: Instruction | None = None
+    # (file, line) of a statement that runs only under an `if` whose test reads the parameter: the
+    # value picks that branch, written there, where the reviewer changes it.
+    branch: tuple[str, int] | None = None
 
 
 def passed_choice(
@@ -85,7 +88,7 @@ def passed_choice(
     found = statement(loc.file, loc.line) if loc is not None else None
     if loc is None or found is None:
         return None
-    search = _Search(events, tuple(inst.stack), entry, foreign, reference_runs)
+    search = _Search(events, tuple(inst.stack), entry, foreign, reference_runs, branches=True)
     choices = search.run(loc.file, loc.line, [found[0]], MAX_CALLS)
     for use in [] if choices else _index_uses(inst, events, root):
         # Index and mask arithmetic is only as right as what its uses make of it (a bound test
@@ -179,9 +182,11 @@ class _Search:
         entry: tuple[str, str] | None,
         foreign: tuple[tuple[str, str], ...] = (),
         reference_runs: frozenset[str] = frozenset(),
+        branches: bool = False,
     ):
         self.events, self.stack, self.entry, self.foreign = events, stack, entry, foreign
         self.reference_runs = reference_runs
+        self.branches = branches  # a statement's enclosing `if` tests are read too (Choice.branch)
         self.budget = MAX_NAMES
         self.read: list[tuple[str, int, list[ast.AST]]] = []  # (file, line, what is read there), in search order
 
@@ -189,8 +194,22 @@ class _Search:
         found = statement(file, line)
         if found is None:
             return []
-        funcs, choices = found[1], list[Choice]()
-        queue, seen = _names(exprs), set[tuple[str, int | None]]()
+        choices = self._follow(file, found[1], _names(exprs), calls)
+        if self.branches and found[1]:
+            # A statement under `if flag:` runs because of the flag: a value passed for it picks
+            # the branch, whose statement is the one written for this call.
+            tests = _tests_around(found[1][-1], line)
+            branch = self._follow(file, found[1], _names(tests), calls) if tests else []
+            picked = {
+                (c.file, c.line, c.parameter): c if c.branch else dataclasses.replace(c, branch=(file, line))
+                for c in branch
+            }
+            # The same value found through an assignment under the test picks this branch too.
+            choices = [picked.pop((c.file, c.line, c.parameter), c) for c in choices] + list(picked.values())
+        return choices
+
+    def _follow(self, file: str, funcs: list[Function], queue: list[tuple[str, int]], calls: int) -> list[Choice]:
+        choices, seen = list[Choice](), set[tuple[str, int | None]]()
         while queue and self.budget > 0:
             name, at = queue.pop(0)
             # A name is followed once per binding: `w = w[0]` reads the parameter `w`, not itself.
@@ -293,6 +312,17 @@ def _reached(entry: tuple[str, str]) -> list[ast.stmt]:
         order.append(func)
         queue += [callee(n) for n in calls_in(func)]
     return order
+
+
+def _tests_around(func: ast.AST, line: int) -> list[ast.expr]:
+    """The tests of the `if` statements of `func` whose body or `else` holds `line` (not the test's own line)."""
+    return [
+        node.test
+        for node in ast.walk(func)
+        if isinstance(node, ast.If)
+        and node is not func
+        and (node.test.end_lineno or node.test.lineno) < line <= (node.end_lineno or node.lineno)
+    ]
 
 
 def _names(exprs: Sequence[ast.AST]) -> list[tuple[str, int]]:

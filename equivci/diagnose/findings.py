@@ -21,6 +21,7 @@ from equivci.diagnose.arguments import Choice, literal_written, made_in, passed_
 from equivci.diagnose.frames import innermost, library_call, shared_call
 from equivci.diagnose.handed import handed_origin
 from equivci.diagnose.localize import Defect, call_chain_start, part_mean, source_of, unlocated
+from equivci.diagnose.nearest import nearest_located
 from equivci.diagnose.numeric import NumericFrontier
 from equivci.diagnose.precision import narrowing, rounding_message
 from equivci.diagnose.siblings import departure, one_statement, returns_its_argument
@@ -31,6 +32,7 @@ from equivci.results import Finding
 from equivci.translate.evaluator import Event
 
 SHOWN_LAYERS = 3
+ADDITIVE = {"add", "subtract"}  # ops whose operands an all-reduce of their result sums term by term
 
 
 def layer_label(inst: Instruction, events: list[Event], layering: Layering | None) -> str | None:
@@ -73,6 +75,12 @@ def _finding(
     tie: int | None = None,
 ) -> Finding:
     path, line = source_of(inst, captured.repo_root)
+    near = nearest_located(inst, events, captured.repo_root) if path is None else None
+    if near is not None:
+        path, line = source_of(near[0], captured.repo_root)
+        message += (
+            f" XLA made this `{inst.opcode}` ({unlocated(inst)}); the line is that of the `{near[0].opcode}` {near[1]}."
+        )
     return Finding(path, line, severity, layer_label(inst, events, layering), message, op=inst.name, tie=tie)
 
 
@@ -151,6 +159,10 @@ def _defect_findings(
         # not relate before it: the all-reduce it lacks belongs where it is made.
         summed, axis, use = frontier.partial
         upath, uline = source_of(use.inst, captured.repo_root)
+        later = _finding(defect.inst, f"where the proof stops: {message}", captured, events, layering, severity="note")
+        if frontier.reduced_after is not None and use.inst.opcode in ADDITIVE:
+            inside = _summed_inside(summed, axis, use, frontier.reduced_after, captured, events, layering)
+            return [(inside, use.inst), (later, defect.inst)]
         first = _finding(
             summed.inst,
             f"on random inputs (the numeric oracle's seed 0) this value is a partial sum over mesh axis "
@@ -162,7 +174,6 @@ def _defect_findings(
             events,
             layering,
         )
-        later = _finding(defect.inst, f"where the proof stops: {message}", captured, events, layering, severity="note")
         return [(first, summed.inst), (later, defect.inst)]
     missing_rule = defect.unexplained and frontier is not None and frontier.start_matches
     if (
@@ -220,6 +231,37 @@ def _defect_findings(
     if frontier is not None and frontier.note:
         findings.append((Finding(None, None, "note", None, frontier.note), None))
     return findings
+
+
+def _summed_inside(
+    summed: Event,
+    axis: str,
+    use: Event,
+    reduced: Event,
+    captured: CapturedModel,
+    events: list[Event],
+    layering: Layering | None,
+) -> Finding:
+    """`psum(partial + full)`: an all-reduce over an axis sums every term of what it is handed, so a
+    value the same on every device of that axis, added to a partial sum inside it, is counted once
+    per device; the add is where it enters the sum, the line to change."""
+    return _finding(
+        use.inst,
+        f"on random inputs (the numeric oracle's seed 0) this `{use.inst.opcode}` combines a partial sum over "
+        f"mesh axis '{axis}' (the `{summed.inst.opcode}` at {_where(summed.inst, captured)}: its sum over the "
+        "devices of that axis is a reference value, it alone is none) with a value that is not one, and the "
+        f"all-reduce over that axis at {_where(reduced.inst, captured)} sums the result: the other operand is "
+        "summed over the devices of the axis too (a value the same on each is counted once per device). The "
+        "all-reduce belongs on the partial sum alone, before this op.",
+        captured,
+        events,
+        layering,
+    )
+
+
+def _where(inst: Instruction, captured: CapturedModel) -> str:
+    path, line = source_of(inst, captured.repo_root)
+    return f"{path}:{line}" if path else unlocated(inst)
 
 
 def _kept(
@@ -434,6 +476,9 @@ def _caller_choices(
     # A lead tied with other places keeps its tie: the call joins them, first.
     tie = lead.tie if lead.tie is not None else _new_tie(findings)
     unchanged = choice.text.isidentifier() and returns_its_argument(choice.file, choice.text)
+    if choice.branch is not None and not (_callable(choice.text) and not unchanged):
+        # A function passed by name is written in its own body, whatever branch it also picks.
+        return _branch_taken(choice, inst, lead, (path, line, tie), depends, others, captured) + rest
     if choice.text.isidentifier() and not unchanged:
         body = _passed_function(choice, inst, lead, (path, line, tie), depends, others, events, captured)
         if body:
@@ -447,6 +492,34 @@ def _caller_choices(
         f"the `{inst.opcode}` that the finding at {path}:{line} is about is made here, from what that call passes.",
     )
     return [(moved, None), (note, None)] + rest
+
+
+def _branch_taken(
+    choice: Choice,
+    inst: Instruction,
+    lead: Finding,
+    call: tuple[str, int | None, int],
+    depends: str,
+    others: str,
+    captured: CapturedModel,
+) -> list[tuple[Finding, Instruction | None]]:
+    """A value passed for a flag picks the `if` branch the op's chain runs through: that branch's
+    statement is the code written for this call, where the reviewer changes it; the call that
+    passes the flag stays as a tied note."""
+    path, line, tie = call
+    assert choice.branch is not None
+    bpath, bline = source_of(dataclasses.replace(inst, stack=(SourceLoc(*choice.branch, ""),)), captured.repo_root)
+    if bpath is None:
+        return [(lead, inst)]
+    moved, note = _moved(
+        lead,
+        (bpath, bline, tie),
+        f"this statement runs because `{choice.text}`, passed at {path}:{line} as `{choice.parameter}` of "
+        f"`{choice.function}` (elsewhere {others}), picks its branch, and {depends}. There: {lead.message}",
+        f"the `{inst.opcode}` that the finding at {bpath}:{bline} is about is made here.",
+    )
+    passed = f"`{choice.text}`, which picks the branch of the finding at {bpath}:{bline}, is passed here."
+    return [(moved, None), (note, None), (dataclasses.replace(note, path=path, line=line, message=passed), None)]
 
 
 def _new_tie(found: list[tuple[Finding, Instruction | None]]) -> int:

@@ -59,6 +59,9 @@ class NumericFrontier:
     # The first differing value is not computed from the proof's stop: a difference of its own, which
     # the stop (an index numerics does not compare, a value it matches) cannot account for.
     apart: bool = False
+    # An all-reduce over the partial sum's axis that sums the op using it (`psum(partial + full)`):
+    # the all-reduce is there, and the use's other operand, the same on every device, is summed too.
+    reduced_after: Event | None = None
 
 
 MAX_DIFFERING = 16  # values that match nothing followed to the values computed from them
@@ -435,7 +438,7 @@ def numeric_frontier(
 
     unreduced = next(
         (
-            (made(summed, axis), axis, use)
+            (made(summed, axis), axis, use, m)
             for k, (summed, axis) in enumerate(pending)
             if SUMMED + k not in completed
             for (use, _), reads, m in zip(differing, differing_reads, itertools.count())
@@ -443,10 +446,51 @@ def numeric_frontier(
         ),
         None,
     )
+    reduced_after = None
+    if unreduced is not None:
+        _, axis, use, m = unreduced
+        reduced_after = next(
+            (
+                e
+                for (e, _), reads in zip(differing, differing_reads)
+                if e.inst.opcode == "all-reduce" and m in reads and _sums(values, e, use, groups_by_axis[axis])
+            ),
+            None,
+        )
+    # A difference that meets the stop later (a select of gathered rows by the stop's ownership
+    # test, a dot with the stop's mask) may be the stop's doing: it decides which elements stay.
     apart = (
-        start is not None and any(e.inst is start for e in distributed_events) and START not in differing_reads[lead]
+        start is not None
+        and any(e.inst is start for e in distributed_events)
+        and START not in differing_reads[lead]
+        and not any(lead in reads and START in reads for reads in upstream.values())
     )
-    return NumericFrontier(*differing[lead], compared, start_matches=START in absorbed, partial=unreduced, apart=apart)
+    return NumericFrontier(
+        *differing[lead],
+        compared,
+        start_matches=START in absorbed,
+        partial=unreduced[:3] if unreduced is not None else None,
+        apart=apart,
+        reduced_after=reduced_after,
+    )
+
+
+def _sums(values: Callable[[Term], np.ndarray | None], total: Event, piece: Event, groups: list[list[int]]) -> bool:
+    """`total`'s value on every device is the sum of `piece`'s over the devices of its group: the
+    all-reduce over these groups of that value (what reaches it in between only relays it)."""
+    totals = [a for t in total.values if isinstance(t, Term) and (a := values(t)) is not None]
+    pieces = [a for t in piece.values if isinstance(t, Term) and (a := values(t)) is not None]
+    if not len(totals) == len(pieces) == len(total.values) == len(piece.values):
+        return False
+    for group in groups:
+        if any(d >= len(pieces) or pieces[d].shape != totals[d].shape for d in group):
+            return False
+        with np.errstate(over="ignore", invalid="ignore"):
+            expected = np.sum([pieces[d] for d in group], axis=0)
+        scale = 1e-5 * (1.0 + float(np.nanmax(np.abs(expected), initial=0.0)))
+        if not all(np.allclose(totals[d], expected, rtol=1e-4, atol=scale, equal_nan=True) for d in group):
+            return False
+    return True
 
 
 def with_axis_sets(groups_by_axis: dict[str, list[list[int]]]) -> dict[str, list[list[int]]]:

@@ -391,7 +391,8 @@ def test_far_apart_rules_out_a_what_if_only_on_a_clear_difference():
 def test_a_difference_not_computed_from_the_start_is_apart():
     """The first differing value says nothing of the proof's stop unless it is computed from it: a
     difference on another path (another output's arithmetic) is apart from a stop numerics cannot
-    see (an index), one computed from the stop is not."""
+    see (an index), one computed from the stop is not, nor one a value computed from the stop reads
+    too (rows the stop's test selects: the test decides which of them stay)."""
     from equivci.capture.types import LeafPlacement
     from equivci.diagnose.numeric import numeric_frontier
     from equivci.terms.ir import TermTable
@@ -410,6 +411,12 @@ def test_a_difference_not_computed_from_the_start_is_apart():
     found = numeric_frontier(reference, [stop, downstream], {}, (leaf,), {}, 10, start=stop.inst)
     assert found.event is downstream and not found.apart, found
     found = numeric_frontier(reference, [stop, elsewhere], {}, (leaf,), {}, 10)  # no stop given: nothing apart
+    assert found.event is elsewhere and not found.apart, found
+    # The difference meets the stop later (rows selected by the stop's test): the stop may account for it.
+    owned = table.make("unary", ("convert",), (ids,), (4, 8), "pred")
+    kept = table.make("ternary", ("select",), (owned, wrong, x), (4, 8), "f32")
+    selected = _event("select", "sel", kept, operands=("ids", "w"))
+    found = numeric_frontier(reference, [stop, elsewhere, selected], {}, (leaf,), {}, 10, start=stop.inst)
     assert found.event is elsewhere and not found.apart, found
 
 
