@@ -451,6 +451,17 @@ MUTANTS: tuple[Mutant, ...] = (
     M("merged-top-k-first-candidates", "if t.attrs[0] != dim or t.attrs[1] != 0:", "if t.attrs[0] != dim:",
       "the candidates are each piece's first k_i: a window from later on drops some of the whole's top k",
       "pytest:tests/translate/test_merged_top_k.py::test_no_merge_where_it_does_not_hold"),
+    # -- an argmax combined from the pieces' max and argmax (translate/argmax_pieces.py) ---------------
+    M("combined-argmax-offsets", " or c != c0 + i * n ", " ",
+      "a piece's ids are the whole's only when offset by the piece's start",
+      "pytest:tests/translate/test_combined_argmax.py::test_no_combined_argmax_where_it_does_not_hold"),
+    M("combined-argmax-paired", "if r_max.args[0] is not w or", "if r_max.args[0].shape != w.shape or",
+      "the winner's ids are its own piece's argmax, not another piece's",
+      "pytest:tests/translate/test_combined_argmax.py::test_no_combined_argmax_where_it_does_not_hold"),
+    M("combined-argmax-first-ties", "        if orders.first_on_ties(ev.module, reducer):\n", "        if True:\n",
+      "the first piece holding the largest value holds the whole's first largest value only if each piece's "
+      "argmax keeps its first",
+      "pytest:tests/translate/test_combined_argmax.py::test_no_combined_argmax_where_it_does_not_hold"),
     M("product-sum-layout", "        if kept[: len(m_batch)] != list(m_batch):\n            return None\n", "",
       "the sum over the contracted dims keeps the other operand's dim order: the dot's only when its "
       "batch dims lead",

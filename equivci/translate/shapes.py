@@ -17,6 +17,7 @@ from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
 from equivci.terms.spec import GatherDims, bcast_spec, reshape_spec, transpose_text
 from equivci.translate import (
+    argmax_pieces,
     gathers,
     index_writes,
     masks,
@@ -488,6 +489,8 @@ def gather(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
         ev.equal_terms.append([term, product])
     if (top := picks.max_pick(ev, x, idx, dims, out)) is not None:
         ev.equal_terms.append([term, top])
+    if (winner := argmax_pieces.combined_argmax(ev, x, idx, dims, out)) is not None:
+        ev.equal_terms.append([term, winner])
     if (ordered := picks.sorted_pick(ev, x, idx, dims, out)) is not None:
         ev.equal_terms.append([term, ordered])
     if (unreshaped := gathers.reshaped_index(ev, x, idx, dims, out)) is not None:
