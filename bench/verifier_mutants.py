@@ -462,6 +462,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "the first piece holding the largest value holds the whole's first largest value only if each piece's "
       "argmax keeps its first",
       "pytest:tests/translate/test_combined_argmax.py::test_no_combined_argmax_where_it_does_not_hold"),
+    # -- a transpose of size-1 dims only undone under a reshape (translate/shapes.unit_moves_undone) ------
+    M("unit-moves-other-dims", "return y if kept == sorted(kept) else x", "return y",
+      "only a transpose that keeps the order of the dims other than size-1 ones moves no element",
+      "pytest:tests/translate/test_unit_head_merges.py::test_a_merge_of_a_transpose_of_other_dims_is_no_squeeze"),
     M("product-sum-layout", "        if kept[: len(m_batch)] != list(m_batch):\n            return None\n", "",
       "the sum over the contracted dims keeps the other operand's dim order: the dot's only when its "
       "batch dims lead",
