@@ -466,6 +466,11 @@ MUTANTS: tuple[Mutant, ...] = (
     M("unit-moves-other-dims", "return y if kept == sorted(kept) else x", "return y",
       "only a transpose that keeps the order of the dims other than size-1 ones moves no element",
       "pytest:tests/translate/test_unit_head_merges.py::test_a_merge_of_a_transpose_of_other_dims_is_no_squeeze"),
+    # -- a window through a reshape of size-1 dims only (translate/windows._unit_reshape) -----------------
+    M("unit-reshape-window-regroups", "    if [x.shape[d] for d in kept_in] != [t.shape[d] for d in kept_out]:\n        return None\n",
+      "    if len(kept_in) < len(kept_out):\n        return None\n",
+      "a window passes a reshape along the same dim only where the reshape adds or drops size-1 dims alone",
+      "pytest:tests/translate/test_squeezed_windows.py::test_no_window_through_a_reshape_that_regroups_dims"),
     M("product-sum-layout", "        if kept[: len(m_batch)] != list(m_batch):\n            return None\n", "",
       "the sum over the contracted dims keeps the other operand's dim order: the dot's only when its "
       "batch dims lead",
