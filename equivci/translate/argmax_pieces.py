@@ -8,6 +8,15 @@ the first piece holding the largest value, every earlier piece's values are smal
 first largest value sits at i* * n + argmax_e(w_i*). A vocabulary-sharded greedy step takes each
 shard's max and argmax, offsets the argmax by the shard's first id, all-gathers both, and picks the
 id at the argmax of the maxima: the reference's argmax over the whole vocabulary.
+
+The same winner taken the other way, by the largest maximum and the smallest offset id among the
+pieces that hold it:
+
+    min_i where(max_e(w_i) == max_j max_e(w_j), argmax_e(w_i) + c_i, b)  =  c_0 + argmax_e(concat_e(w_i))
+
+over the reals for any b (some piece's maximum is the largest one, exactly): every piece before the
+first that holds it offers only b, and the pieces after it offer larger ids. A vocabulary-parallel
+greedy step combines with `pmax` and `pmin` over the shards' offset argmaxes.
 """
 
 from __future__ import annotations
@@ -44,12 +53,85 @@ def combined_argmax(ev: Builder, x: Term, idx: Term, dims: GatherDims, out: Shap
     whole = ev.concat([w for w, *_ in pieces], e)
     positions = _positions_like(ev, a0.args[1], whole.shape, e)
     first = ev.mk("aligned", a0.attrs, (whole, positions), Shape(a0.dtype, out.dims))
+    return _offset(ev, first, c0)
+
+
+def owner_min(ev: Builder, members: list[Term]) -> Term | None:
+    """The elementwise minimum of the members (in group order) as c_0 + argmax_e(concat_e(w_i))
+    (module docstring) when member i is where(max_e(w_i) == M, argmax_e(w_i) + c_i, b), M the
+    maximum over e of the concatenation of all the w_i (its reduce, or the members' maxima combined
+    by `maximum` in order); None otherwise."""
+    found = [_candidate(ev, m) for m in members]
+    if len(found) < 2 or any(f is None for f in found):
+        return None
+    pieces = [f for f in found if f is not None]
+    (w0, e, a0, c0, top), n = pieces[0], pieces[0][0].shape[pieces[0][1]]
+    if any(
+        w.shape != w0.shape or d != e or c != c0 + i * n or t is not top for i, (w, d, _, c, t) in enumerate(pieces)
+    ):
+        return None
+    whole = ev.concat([w for w, *_ in pieces], e)
+    maxima = [
+        ev.normal("reduce", ("maximum", ReduceSpec(len(w.shape), (e,)).text()), [w], Shape(w.dtype, a0.shape))
+        for w, *_ in pieces
+    ]
+    if (
+        not (
+            top.op == "reduce"
+            and top.attrs[0] == "maximum"
+            and top.args[0] is whole
+            and ReduceSpec.parse(top.attrs[1]).dims == (e,)
+        )
+        and _maxima_of(top) != maxima
+    ):
+        return None
+    return _offset(
+        ev,
+        ev.mk("aligned", a0.attrs, (whole, _positions_like(ev, a0.args[1], whole.shape, e)), Shape(a0.dtype, a0.shape)),
+        c0,
+    )
+
+
+def _maxima_of(t: Term) -> list[Term]:
+    """The operands a chain of elementwise `maximum`s combines, in order."""
+    if t.op == "binary" and t.attrs == ("maximum",):
+        return [leaf for arg in t.args for leaf in _maxima_of(arg)]
+    return [t]
+
+
+def _candidate(ev: Builder, t: Term) -> tuple[Term, int, Term, int, Term] | None:
+    """(w, e, argmax_e(w), c, M) when t is where(max_e(w) == M, argmax_e(w) + c, b) (the compare's
+    operands in either order) for an argmax that keeps the first position of the largest value."""
+    if t.op != "ternary" or t.attrs != ("select",) or ev.uniform(t.args[2]) is None:
+        return None
+    test, offered, _ = t.args
+    if test.op != "binary" or not test.attrs[0].startswith("compare-EQ:"):
+        return None
+    r, c = _unshifted(ev, offered)
+    if r not in ev.first_argmaxes:
+        return None
+    w, e = ev.argmaxes[r]
+    for local, top in (test.args, test.args[::-1]):
+        if (
+            local.op == "reduce"
+            and local.attrs[0] == "maximum"
+            and local.args[0] is w
+            and ReduceSpec.parse(local.attrs[1]).dims == (e,)
+        ):
+            return w, e, r, c, top
+    return None
+
+
+def _offset(ev: Builder, first: Term, c0: int) -> Term | None:
+    """first + c0 (an integer), its number broadcast as the broadcast handler writes one; None
+    where c0 is no number of the dtype."""
     if c0 == 0:
         return first
-    if not np.iinfo(NP_DTYPES[a0.dtype]).min <= c0 <= np.iinfo(NP_DTYPES[a0.dtype]).max:
+    dtype = NP_DTYPES[first.dtype]
+    if not np.iinfo(dtype).min <= c0 <= np.iinfo(dtype).max:
         return None  # the pieces' offsets wrapped around
-    scalar = ev.const(np.asarray(c0, dtype=NP_DTYPES[a0.dtype]), a0.dtype)  # as a broadcast of the number
-    offset = ev.mk("bcast", (bcast_spec(0, out.dims, ()),), [scalar], Shape(a0.dtype, out.dims))
+    scalar = ev.const(np.asarray(c0, dtype=dtype), first.dtype)
+    offset = ev.mk("bcast", (bcast_spec(0, first.shape, ()),), [scalar], Shape(first.dtype, first.shape))
     return ev.binary("add", first, offset)
 
 

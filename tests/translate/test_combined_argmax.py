@@ -6,18 +6,26 @@ first position alike. A vocabulary-sharded greedy step writes it with an all_gat
 Checked against XLA with ties across and within the pieces, in two styles (stacked candidates and a
 `jnp.take_along_axis` of concatenated ones), and never stated where it does not hold: offsets that are
 not the pieces' starts, ids paired with another piece's maxima, a winner by argmin, pieces' argmaxes
-that keep the last of ties (jnp.argmax keeps the first).
+that keep the last of ties (jnp.argmax keeps the first). The same winner combined with `pmax` and
+`pmin` (`argmax_pieces.owner_min`: the smallest offset argmax among the shards whose max is the
+largest) verifies end to end on four shards, and its near misses are mismatches: shard-local ids,
+the shards' maxima tested against the largest of their minima.
 """
 
 from __future__ import annotations
 
+import textwrap
+
 import jax
 import jax.numpy as jnp
+import model_package
 import numpy as np
 import pytest
 from jax import lax
+from model_package import verify_named as _verify
 from one_device import programs as _programs
 
+from equivci.results import Status
 from equivci.terms.ir import Term
 
 TIES = np.array(
@@ -126,3 +134,61 @@ def test_no_combined_argmax_where_it_does_not_hold(case):
     assert whole not in combined
     # nor any argmax as wide as x, of its pieces in any order (the pieces' own read its slices)
     assert not _argmaxes_as_wide_as(_stated_terms(wrong, TIES)[1], TIES.shape)
+
+
+MODELS = textwrap.dedent(
+    """\
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+
+    def inputs():
+        return (jax.ShapeDtypeStruct((8, 64), jnp.float32),)
+
+
+    def greedy(logits):
+        return jnp.argmax(logits, -1)
+
+
+    def _owner_min(logits, offset, against):
+        local_max = logits.max(-1)
+        top = lax.pmax(against(logits), "tp")
+        ids = jnp.argmax(logits, -1) + offset * lax.axis_index("tp")
+        return lax.pmin(jnp.where(local_max == top, ids, jnp.iinfo(jnp.int32).max), "tp")
+
+
+    def _run(offset, against):
+        def run(logits, *, mesh):
+            local = lambda l: _owner_min(l, offset, against)
+            return jax.shard_map(local, mesh=mesh, in_specs=P(None, "tp"), out_specs=P(), check_vma=False)(logits)
+
+        return run
+
+
+    greedy_pmin = _run(16, lambda l: l.max(-1))
+    greedy_pmin_local_index = _run(0, lambda l: l.max(-1))
+    greedy_pmin_against_min = _run(16, lambda l: l.min(-1))
+    """
+)
+
+CASES = [(name, "greedy", name) for name in ("greedy_pmin", "greedy_pmin_local_index", "greedy_pmin_against_min")]
+
+
+@pytest.fixture(scope="module")
+def manifest(tmp_path_factory):
+    text = model_package.manifest_text(CASES, "{tp: 4}")
+    return model_package.write_package(tmp_path_factory.mktemp("owner_min"), "model.py", MODELS, text)
+
+
+def test_the_smallest_offset_argmax_of_the_shards_holding_the_max_verifies(manifest):
+    result = _verify(manifest, "greedy_pmin")
+    assert result.status is Status.VERIFIED, result.findings
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["greedy_pmin_local_index", "greedy_pmin_against_min"])
+def test_shard_local_ids_or_another_maximum_are_mismatches(manifest, name):
+    result = _verify(manifest, name)
+    assert result.status is Status.MISMATCH, (name, result.findings)
