@@ -28,14 +28,8 @@ from one_device import programs as _programs
 from equivci.results import Status
 from equivci.terms.ir import Term
 
-TIES = np.array(
-    [
-        [1.0, 2.0, 2.0, 0.5, 2.0, 1.0, -3.0, 0.0, 2.0, 2.0, 1.0, 0.0],
-        [3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0],
-        [0.1, -1.0, 4.0, 4.0, -1.0, 0.1, 7.0, 7.0, 4.0, 7.0, 0.0, 7.0],
-    ],
-    dtype=np.float32,
-)
+# values in {0, 1, 2}: ties within and across the pieces; the last row all one value
+TIES = np.vstack([np.floor(np.random.default_rng(7).uniform(0, 3, (3, 12))), np.full((1, 12), 3.0)]).astype(np.float32)
 RANDOM = np.random.default_rng(5).standard_normal((4, 12)).astype(np.float32)
 
 
