@@ -451,6 +451,33 @@ MUTANTS: tuple[Mutant, ...] = (
     M("merged-top-k-first-candidates", "if t.attrs[0] != dim or t.attrs[1] != 0:", "if t.attrs[0] != dim:",
       "the candidates are each piece's first k_i: a window from later on drops some of the whole's top k",
       "pytest:tests/translate/test_merged_top_k.py::test_no_merge_where_it_does_not_hold"),
+    # -- an argmax combined from the pieces' max and argmax (translate/argmax_pieces.py) ---------------
+    M("combined-argmax-offsets", "or c != c0 + i * n for i, (w, d, _, c) in", "for i, (w, d, _, c) in",
+      "a piece's ids are the whole's only when offset by the piece's start",
+      "pytest:tests/translate/test_combined_argmax.py::test_no_combined_argmax_where_it_does_not_hold"),
+    M("combined-argmax-paired", "if r_max.args[0] is not w or", "if r_max.args[0].shape != w.shape or",
+      "the winner's ids are its own piece's argmax, not another piece's",
+      "pytest:tests/translate/test_combined_argmax.py::test_no_combined_argmax_where_it_does_not_hold"),
+    M("combined-argmax-first-ties", "        if orders.first_on_ties(ev.module, reducer):\n", "        if True:\n",
+      "the first piece holding the largest value holds the whole's first largest value only if each piece's "
+      "argmax keeps its first",
+      "pytest:tests/translate/test_combined_argmax.py::test_no_combined_argmax_where_it_does_not_hold"),
+    # -- a transpose of size-1 dims only undone under a reshape (translate/shapes.unit_moves_undone) ------
+    M("unit-moves-other-dims", "return y if kept == sorted(kept) else x", "return y",
+      "only a transpose that keeps the order of the dims other than size-1 ones moves no element",
+      "pytest:tests/translate/test_unit_head_merges.py::test_a_merge_of_a_transpose_of_other_dims_is_no_squeeze"),
+    # -- a window through a reshape of size-1 dims only (translate/windows._unit_reshape) -----------------
+    M("unit-reshape-window-regroups", "    if [x.shape[d] for d in kept_in] != [t.shape[d] for d in kept_out]:\n        return None\n",
+      "    if len(kept_in) < len(kept_out):\n        return None\n",
+      "a window passes a reshape along the same dim only where the reshape adds or drops size-1 dims alone",
+      "pytest:tests/translate/test_squeezed_windows.py::test_no_window_through_a_reshape_that_regroups_dims"),
+    M("owner-min-offsets", "w.shape != w0.shape or d != e or c != c0 + i * n or t is not top",
+      "w.shape != w0.shape or d != e or t is not top",
+      "the smallest candidate id is the whole's argmax only where each shard's ids are offset by its start",
+      "pytest:tests/translate/test_combined_argmax.py::test_shard_local_ids_or_another_maximum_are_mismatches"),
+    M("owner-min-largest-max", "and _maxima_of(top) != maxima", "and False",
+      "a shard offers its id only where its max is the largest of all: tested against another value, none may",
+      "pytest:tests/translate/test_combined_argmax.py::test_shard_local_ids_or_another_maximum_are_mismatches"),
     M("product-sum-layout", "        if kept[: len(m_batch)] != list(m_batch):\n            return None\n", "",
       "the sum over the contracted dims keeps the other operand's dim order: the dot's only when its "
       "batch dims lead",

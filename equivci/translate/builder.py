@@ -107,6 +107,8 @@ class Builder:
         self._inputs: dict[Term, tuple[int, ...]] = {}  # inputs_of, memoized
         # argmax positions along one dim -> (the value they are the argmax of, that dim) (orders.py)
         self.argmaxes: dict[Term, tuple[Term, int]] = {}
+        # those of them whose reducer keeps the first position of the largest value (orders.first_on_ties)
+        self.first_argmaxes: set[Term] = set()
         # integers -> their one-hots (x[..., None] == arange(N)) and the one-hot's new dim (one_hot_columns.py)
         self.one_hots: dict[Term, list[tuple[Term, int]]] = {}
         # elementwise terms -> the term of the unsqueezed shape whose squeeze they equal (squeezes.py)

@@ -17,7 +17,7 @@ from equivci.terms import semantics
 from equivci.terms.ir import Term
 from equivci.terms.semantics import NP_DTYPES
 from equivci.terms.spec import parse_transpose
-from equivci.translate import masks, pieces
+from equivci.translate import argmax_pieces, masks, pieces
 from equivci.translate.attributes import dims_attr, reducer_of
 from equivci.translate.builder import Builder, Unsupported
 from equivci.translate.linear_sums import linear_sums
@@ -135,6 +135,8 @@ def combine(ev: Builder, reducer: str, members: list[Term]) -> Term:
     if reducer == "add" and (rounded := _rounded_sum(ev, members)) is not None:
         ev.equal_terms.append([acc, rounded])
         ev.rounded_sums[acc] = rounded
+    if reducer == "minimum" and (first := argmax_pieces.owner_min(ev, members)) is not None:
+        ev.equal_terms.append([acc, first])  # the smallest offset argmax of the pieces holding the max
     return acc
 
 

@@ -56,6 +56,14 @@ def is_argmax(module: Module, computation: str) -> bool:
     return True
 
 
+def first_on_ties(module: Module, computation: str) -> bool:
+    """Whether an argmax reducer (`is_argmax`) keeps the smaller index of two pairs with one value,
+    in either order: jnp.argmax's, whose result is then the first position of the lane's largest
+    value whatever order XLA reduces in."""
+    comp = module.computations[computation]
+    return all((out := _run(comp, [1.0, i, 1.0, j])) is not None and out[1] == min(i, j) for i, j in ((0, 1), (1, 0)))
+
+
 def _run(comp: Computation, params: list) -> list | None:
     """The reducer's result on scalars (its ops are those of ORDERING), None if it reads something else."""
     result = _evaluate(comp, params)

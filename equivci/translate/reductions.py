@@ -747,6 +747,8 @@ def reduce_pair(ev: Builder, inst: Instruction, args: list) -> Value:
         and orders.is_argmax(ev.module, reducer)
     ):
         ev.argmaxes[out[1]] = (x, dims[0])
+        if orders.first_on_ties(ev.module, reducer):
+            ev.first_argmaxes.add(out[1])
     return out
 
 

@@ -15,8 +15,9 @@ import numpy as np
 
 from equivci.hlo.ir import Instruction, Shape
 from equivci.terms.ir import Term
-from equivci.terms.spec import GatherDims, bcast_spec, reshape_spec, transpose_text
+from equivci.terms.spec import GatherDims, bcast_spec, parse_transpose, reshape_spec, transpose_text
 from equivci.translate import (
+    argmax_pieces,
     gathers,
     index_writes,
     masks,
@@ -83,9 +84,22 @@ def reshape(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
     if reshape_spec(args[0].shape, inst.shape.dims) is None:
         return opaque(ev, inst, args)
     term = ev.reshape_term(args[0], inst.shape)
-    if (moved := unit_dims_moved(ev, args[0], inst.shape)) is not None and moved is not term:
+    if (moved := unit_dims_moved(ev, unit_moves_undone(args[0]), inst.shape)) is not None and moved is not term:
         ev.equal_terms.append([term, moved])
     return term
+
+
+def unit_moves_undone(x: Term) -> Term:
+    """x's operand when x is a transpose that moves only size-1 dims (the others keep their order):
+    such a transpose moves no element, so a reshape of it is the same reshape of its operand. XLA's
+    partitioner writes a device's one head merged back, `o.transpose(0, 2, 1, 3).reshape(b, s, hd)`,
+    as that transpose of its [b, 1, s, hd] slab before the reshape, where a shard_map writes the
+    reshape alone; x itself otherwise."""
+    if x.op != "transpose":
+        return x
+    y, perm = x.args[0], parse_transpose(x.attrs[0])
+    kept = [d for d in perm if y.shape[d] != 1]
+    return y if kept == sorted(kept) else x
 
 
 def unit_dims_moved(ev: Builder, x: Term, out: Shape) -> Term | None:
@@ -488,6 +502,8 @@ def gather(ev: Builder, inst: Instruction, args: list, device: int) -> Value:
         ev.equal_terms.append([term, product])
     if (top := picks.max_pick(ev, x, idx, dims, out)) is not None:
         ev.equal_terms.append([term, top])
+    if (winner := argmax_pieces.combined_argmax(ev, x, idx, dims, out)) is not None:
+        ev.equal_terms.append([term, winner])
     if (ordered := picks.sorted_pick(ev, x, idx, dims, out)) is not None:
         ev.equal_terms.append([term, ordered])
     if (unreshaped := gathers.reshaped_index(ev, x, idx, dims, out)) is not None:

@@ -52,6 +52,8 @@ class Evaluator(Protocol):
 
     def slice_term(self, x: Term, dim: int, start: int, stop: int) -> Term: ...
 
+    def reshape_term(self, operand: Term, shape: Shape) -> Term: ...
+
 
 def window_form(ev: Evaluator, t: Term, depth: int = 0) -> Window | None:
     """`t` as a window of a (possibly new) term along one dim, when the ops that made it let the
@@ -117,7 +119,27 @@ def _window_form(ev: Evaluator, t: Term, depth: int) -> Window | None:
         return _reduce(ev, t, depth)
     if t.op == "aligned":
         return _aligned(ev, t, depth)
+    if t.op == "reshape":
+        return _unit_reshape(ev, t, depth)
     return None
+
+
+def _unit_reshape(ev: Evaluator, t: Term, depth: int) -> Window | None:
+    """A reshape that only adds or drops size-1 dims, of a window along a dim it keeps: the window
+    of the same reshape of the whole (the dims of size > 1 keep their order, the window's among
+    them): a squeezed row `logits[0]` of logits sharded over the vocabulary by jit."""
+    x = t.args[0]
+    kept_in = [d for d, n in enumerate(x.shape) if n != 1]
+    kept_out = [d for d, n in enumerate(t.shape) if n != 1]
+    if [x.shape[d] for d in kept_in] != [t.shape[d] for d in kept_out]:
+        return None
+    inner = next((w for d in kept_in if (w := window_along(ev, x, d, depth + 1)) is not None), None)
+    if inner is None:
+        return None
+    out = kept_out[kept_in.index(inner.dim)]
+    shape = list(t.shape)
+    shape[out] = inner.whole.shape[inner.dim]
+    return Window(ev.reshape_term(inner.whole, Shape(t.dtype, tuple(shape))), out, inner.start, inner.stop)
 
 
 def _reduce(ev: Evaluator, t: Term, depth: int) -> Window | None:

@@ -4,7 +4,10 @@
   just before its last dim by a transpose (translate/shapes.py, `unit_dims_moved`): moving a size-1
   dim moves no element. `out.transpose(0, 2, 1, 3).reshape(b, s, h * hd)` of a device's one head,
   which XLA writes as a reshape of its [b, 1, s, hd] slab, is then the reference's transpose and
-  merge of its heads, cut at that head's window;
+  merge of its heads, cut at that head's window; XLA's partitioner writes the same merge of a
+  jit-partitioned device's one head as a transpose that moves only the size-1 head dim, then the
+  reshape: such a transpose moves no element, and the reshape of it is stated as the reshape of its
+  operand is (`unit_moves_undone`), never for a transpose that moves other dims;
 - a reduction of members reshaped alike is, beside the reshape of the reduction of their operands,
   the reduction of the members as written (translate/collectives.py, `_written_combination`),
   reshape(x) + reshape(y) = reshape(x + y): each device's dot with its rows of the output
@@ -12,9 +15,9 @@
 
 Checked against XLA on one device (the stated forms evaluate to what XLA computes), on terms built
 directly (the stated sum evaluates to the lifted one), and end to end on four devices of four heads
-in three styles (`x @ w` heads transposed, HF's `x @ w.T` on [out, in] slabs, the heads moved with
-an einsum before the merge), with near misses: the output projection's rows of the next head, the
-values of the next head.
+in four styles (`x @ w` heads transposed, HF's `x @ w.T` on [out, in] slabs, the heads moved with
+an einsum before the merge, jit-partitioned from sharding constraints), with near misses: the output
+projection's rows of the next head (shard_map and jit), the values of the next head.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from equivci.terms.ir import TermTable
 from equivci.terms.semantics import evaluate
 from equivci.translate.collectives import combine
 from equivci.translate.evaluator import Evaluator
+from equivci.translate.shapes import unit_moves_undone
 
 RNG = np.random.default_rng(53)
 
@@ -52,6 +56,34 @@ def test_a_squeeze_with_its_unit_dims_moved_computes_what_xla_computes():
         for v in values[1:]:
             np.testing.assert_array_equal(v, values[0])
     np.testing.assert_allclose(evaluate(programs.reference_outputs[0], {0: o}, ev.values), want, rtol=1e-6)
+
+
+def _stated_groups_agree(fn, x) -> int:
+    """How many stated groups hold a reshape of a transpose; every member of each evaluates alike."""
+    programs, _, _ = one_device.programs(fn, (x,))
+    ev = programs.evaluator
+    moved = [g for g in ev.equal_terms if any(t.op == "reshape" and t.args[0].op == "transpose" for t in g)]
+    for group in moved:
+        values = [evaluate(t, {0: x}, ev.values) for t in group]
+        for v in values[1:]:
+            np.testing.assert_array_equal(v, values[0])
+    return len(moved)
+
+
+def test_a_transpose_moving_only_unit_dims_is_undone_under_a_reshape():
+    ev = Evaluator(None, TermTable(), 1)
+    o = ev.table.make("param", (0,), (), (2, 1, 8, 4), "f32")
+    unit_only = ev.transpose_term(o, (0, 2, 1, 3))
+    assert unit_moves_undone(unit_only) is o
+    other = ev.transpose_term(o, (0, 3, 1, 2))
+    assert unit_moves_undone(other) is other
+
+
+def test_a_merge_of_a_transpose_of_other_dims_is_no_squeeze():
+    # [2, 1, 4, 4] -> [2, 4, 1, 4] moving the last dim: the reshape is each matrix transposed
+    o = RNG.standard_normal((2, 1, 4, 4)).astype(np.float32)
+    _stated_groups_agree(lambda o: o.transpose(0, 3, 1, 2).reshape(2, 4, 4) * 2.0, o)
+    assert _stated_groups_agree(lambda o: o.transpose(0, 2, 1, 3).reshape(2, 4, 4) * 2.0, o)
 
 
 def test_a_sum_of_members_reshaped_alike_is_stated_as_written():
@@ -75,7 +107,7 @@ MODELS = textwrap.dedent(
     import jax
     import jax.numpy as jnp
     from jax import lax
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import NamedSharding, PartitionSpec as P
 
     B, S, D, H = 2, 8, 32, 4
     HD = D // H
@@ -123,6 +155,25 @@ MODELS = textwrap.dedent(
     heads_einsum_tp = _tp(attention_einsum_merge, P(None, "model"), P("model", None))
 
 
+    def _jit_tp(wq, wk, wv, wo, x, mesh, shift):
+        def run(wq, wk, wv, wo, x):
+            put = lambda t, *spec: lax.with_sharding_constraint(t, NamedSharding(mesh, P(*spec)))
+            q, k, v = (put(w, None, "model") for w in (wq, wk, wv))
+            o = put(_context(q, k, v, x, lambda x, w: x @ w), None, "model")
+            rows = put(jnp.roll(wo, -shift, axis=0), "model", None)
+            return o.transpose(0, 2, 1, 3).reshape(*x.shape[:2], -1) @ rows
+
+        return jax.jit(run)(wq, wk, wv, wo, x)
+
+
+    def heads_jit_tp(wq, wk, wv, wo, x, *, mesh):
+        return _jit_tp(wq, wk, wv, wo, x, mesh, 0)
+
+
+    def heads_jit_next_out_rows(wq, wk, wv, wo, x, *, mesh):
+        return _jit_tp(wq, wk, wv, wo, x, mesh, HD)
+
+
     def heads_next_out_rows(wq, wk, wv, wo, x, *, mesh):
         return heads_tp(wq, wk, wv, jnp.roll(wo, -HD, axis=0), x, mesh=mesh)
 
@@ -136,7 +187,9 @@ CASES = [
     ("heads_tp", "attention", "heads_tp"),
     ("heads_hf_tp", "attention_hf", "heads_hf_tp"),
     ("heads_einsum_tp", "attention_einsum_merge", "heads_einsum_tp"),
+    ("heads_jit_tp", "attention", "heads_jit_tp"),
     ("heads_next_out_rows", "attention", "heads_next_out_rows"),
+    ("heads_jit_next_out_rows", "attention", "heads_jit_next_out_rows"),
     ("heads_next_values", "attention", "heads_next_values"),
 ]
 
@@ -147,13 +200,13 @@ def manifest(tmp_path_factory):
     return model_package.write_package(tmp_path_factory.mktemp("unit_head_merges"), "model.py", MODELS, text)
 
 
-@pytest.mark.parametrize("name", ["heads_tp", "heads_hf_tp", "heads_einsum_tp"])
+@pytest.mark.parametrize("name", ["heads_tp", "heads_hf_tp", "heads_einsum_tp", "heads_jit_tp"])
 def test_one_head_per_device_projected_out_verifies(manifest, name):
     result = _verify(manifest, name)
     assert result.status is Status.VERIFIED, result.findings
 
 
-@pytest.mark.parametrize("name", ["heads_next_out_rows", "heads_next_values"])
+@pytest.mark.parametrize("name", ["heads_next_out_rows", "heads_next_values", "heads_jit_next_out_rows"])
 def test_near_misses_of_one_head_projected_out_are_mismatches(manifest, name):
     result = _verify(manifest, name)
     assert result.status is Status.MISMATCH, (name, result.findings)
