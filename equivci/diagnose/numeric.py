@@ -191,11 +191,12 @@ class _ReferenceIndex:
     """The reference values by (dtype, rank), to find the one a distributed value is a window of.
 
     The distributed program computes in about the reference's order, so the search prefers the
-    reference value nearest the last match: among the values that match, the nearest (after
-    before before) is the one taken. Values of one shape are compared in one stacked comparison:
-    a value that matches nothing is compared with all of them, per shape, not one call each."""
+    reference value nearest the last match: of the values that match, the one a search outwards
+    from the last match's position meets first (that one, the one before, the one after, two
+    before, ...). Values of one shape are compared in one stacked comparison: a value that matches
+    nothing is compared with all of them per shape, not in one call each."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.by_kind: dict[tuple, list[np.ndarray]] = {}
         self.positions: dict[tuple, list[int]] = {}
         self.near = 0  # program position of the last reference value matched
