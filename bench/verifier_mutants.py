@@ -160,6 +160,12 @@ MUTANTS: tuple[Mutant, ...] = (
       "test_a_page_column_read_on_its_device_is_the_window_of_the_reference_read"),
     M("negate-subtract-order", 'eq(w).to(T.binary("subtract", y, x)),', 'eq(w).to(T.binary("subtract", x, y)),',
       "-(x - y) is y - x, not x - y", near_miss("negate_subtract_same_order")),
+    M("negate-add-difference", 'with_(T.unary(f"negate:{t}", T.binary("add", x, y)))',
+      'with_(T.unary(f"negate:{t}", T.binary("subtract", x, y)))',
+      "(-x) + (-y) is -(x + y), not -(x - y)",
+      "pytest:tests/terms/test_rules_numeric.py -k negate_add",
+      "pytest:tests/translate/test_negated_microbatch_losses.py::"
+      "test_negated_microbatch_losses_meet_the_negated_mean[xent-unrolled-subtracted]"),
     M("window-same-range", "if own is not None and (own.dim, own.start, own.stop) == (w.dim, w.start, w.stop):",
       "if own is not None and own.dim == w.dim:", "both operands of an elementwise op must be the same window",
       "model:head-max-first-bias"),
