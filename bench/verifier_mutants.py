@@ -164,8 +164,8 @@ MUTANTS: tuple[Mutant, ...] = (
       'with_(T.unary(f"negate:{t}", T.binary("subtract", x, y)))',
       "(-x) + (-y) is -(x + y), not -(x - y)",
       "pytest:tests/terms/test_rules_numeric.py -k negate_add",
-      "pytest:tests/translate/test_negated_microbatch_losses.py::"
-      "test_negated_microbatch_losses_meet_the_negated_mean[xent-unrolled-subtracted]"),
+      "pytest:tests/translate/test_training_losses.py::"
+      "test_training_losses_over_devices_and_microbatches[xent-unrolled-subtracted]"),
     M("window-same-range", "if own is not None and (own.dim, own.start, own.stop) == (w.dim, w.start, w.stop):",
       "if own is not None and own.dim == w.dim:", "both operands of an elementwise op must be the same window",
       "model:head-max-first-bias"),
@@ -954,7 +954,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("quotient-factor-times-count", "                return factor / c, base\n", "                return factor * c, base\n",
       "(a * x) / c is the factor a / c of x, not a * c",
       "pytest:tests/translate/test_evaluator.py::test_quotients_by_one_count_summed_or_scaled_have_one_form",
-      "pytest:tests/translate/test_odd_count_means.py"),
+      "pytest:tests/translate/test_training_losses.py"),
     # -- scalings by powers of two at other places: odd parts in, the power of two in front (builder.py) --
     M("times-power-dropped", "return self.scaled(inner, front)", "return inner",
       "a product of factors that is no number of the dtype keeps its power of two in front",
