@@ -253,6 +253,20 @@ class Builder:
                 return factor, t.args[0]
         return _ONE, t
 
+    def quotient_scale(self, t: Term) -> tuple[Fraction, Term]:
+        """`t` as factor * base, a quotient by a constant, (a * x) / c (a mean over a count with an
+        odd part, `divided`'s form), read as the factor a / c of x too: exact over the reals."""
+        if t.op == "binary" and t.attrs == ("divide",) and t.dtype in SCALABLE and (c := self.uniform(t.args[1])):
+            factor, base = self.scale_of(t.args[0])
+            if self.folded(base) is None:
+                return factor / c, base
+        return self.scale_of(t)
+
+    def rescaled(self, base: Term, factor: Fraction) -> Term | None:
+        """factor * base, as `scaled` where the factor is a number of the dtype, else in `divided`'s
+        form (a * base) / b; None when neither is."""
+        return self.scaled(base, factor) or self.divided(base, factor, Shape(base.dtype, base.shape))
+
     def scaled(self, base: Term, factor: Fraction) -> Term | None:
         """factor * base; None when the factor is not exactly a number of base's dtype."""
         if factor == 1:
@@ -277,6 +291,9 @@ class Builder:
         product = math.prod(factors, start=Fraction(1))
         if (term := self.scaled(base, product)) is not None or product == 0 or base.dtype not in SCALABLE:
             return term
+        if product.denominator & (product.denominator - 1):
+            # an odd part in the denominator (a quotient's factor, `quotient_scale`): divided's form
+            return self.divided(base, product, Shape(base.dtype, base.shape))
         inner, front = base, product
         for part in sorted(significand(f) for f in factors if significand(f) != 1):
             splat = self.splat(part, Shape(base.dtype, base.shape))
@@ -318,15 +335,17 @@ class Builder:
         scales = [self.scale_of(a) for a in args]
         factors, bases = [f for f, _ in scales], [b for _, b in scales]
         if op == "multiply":
-            for k in (0, 1):  # a constant operand joins the other's factor
+            for k in (0, 1):  # a constant operand joins the other's factor, a quotient's too
                 value = self.uniform(args[k])
                 if value is not None:
-                    return self.times(bases[1 - k], value, factors[1 - k])
+                    factor, base = self.quotient_scale(args[1 - k])
+                    return self.times(base, value, factor) or self.times(bases[1 - k], value, factors[1 - k])
             return self.times(self.mk(kind, attrs, bases, shape), *factors) if factors != [1, 1] else None
         if op == "divide":
             value = self.uniform(args[1])
             if value:
-                return self.scaled(bases[0], factors[0] / value) or self.divided(bases[0], factors[0] / value, shape)
+                factor, base = self.quotient_scale(args[0])
+                return self.rescaled(base, factor / value) or self.rescaled(bases[0], factors[0] / value)
             numerator = self.uniform(args[0])
             if numerator and (numerator != 1 or factors[1] != 1):  # c / (f * x) = (c / f) * (1 / x)
                 one = self.const(np.ones(shape.dims, NP_DTYPES[shape.dtype]), shape.dtype)
@@ -342,6 +361,12 @@ class Builder:
         held = {f for f, a in zip(factors, args) if self.uniform(a) != 0}
         if linear and len(held) == 1 and (factor := held.pop()) != 1:
             return self.scaled(self.mk(kind, attrs, bases, shape), factor)
+        # quotients by one constant summed (each device's mean over a count with an odd part,
+        # psummed): sum_d (a * x_d) / c = (a * sum_d x_d) / c, exact over the reals
+        quotients = [self.quotient_scale(a) for a in args]
+        held = {f for (f, _), a in zip(quotients, args) if self.uniform(a) != 0}
+        if linear and len(held) == 1 and (factor := held.pop()).denominator & (factor.denominator - 1):
+            return self.rescaled(self.mk(kind, attrs, [b for _, b in quotients], shape), factor)
         if op in ("add", "subtract") and 1 not in factors and 0 not in factors:
             # f * a + g * b = f * (a + (g / f) * b) when g / f is exact: sums scaled alike up to one
             # ratio meet (a gradient's two terms, each with the loss's scale, in a shard's and the

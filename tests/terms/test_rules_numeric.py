@@ -894,6 +894,15 @@ def _negate_subtract(dtype: str):
     return build
 
 
+def _negate_add(dtype: str):
+    def build(rng, b: B):
+        shape = rshape(rng, int(rng.integers(1, 4)))
+        x, y = b.param(0, shape, dtype), b.param(1, shape, dtype)
+        return b.bi("add", b.un("negate", x), b.un("negate", y)), b.un("negate", b.bi("add", x, y))
+
+    return build
+
+
 def concat_slice_straddle(rng, b: B):
     """A slice across the seam of a concatenation is the concatenation of the two parts."""
     shape, d, _, _ = _elementwise_setup(rng, b)
@@ -962,6 +971,7 @@ RULES = {
     "elementwise/add_regroup_left": (F["elementwise"], _add_regroup(False), True),
     # The difference the other way round must exist already: the rhs is loaded too.
     **{f"elementwise/negate_subtract_{t}": (F["elementwise"], _negate_subtract(t), True) for t in FLOAT_TYPES},
+    **{f"elementwise/negate_add_{t}": (F["elementwise"], _negate_add(t), False) for t in FLOAT_TYPES},
     "elementwise/ternary_push": (F["elementwise"], ternary_push, False),
     "concats/merge": (F["concats"], concat_merge, False),
     "concats/slice_left": (F["concats"], concat_slice_left, False),

@@ -443,6 +443,31 @@ def test_a_division_by_a_count_has_one_form_however_it_is_written():
     assert divide(x, 7.0) is ev.mk("binary", ("divide",), (x, c(7.0)), s46)  # an odd count: as written
     assert divide(ev.scaled(x, Fraction(3)), 6.0) is ev.scaled(x, Fraction(1, 2))  # an exact ratio: a factor
 
+def test_quotients_by_one_count_summed_or_scaled_have_one_form():
+    """A quotient by a constant, (a * x) / c, reads as the factor a / c of x (Builder.quotient_scale):
+    each device's mean over a count with an odd part (1/24 = (1/8) / 3), psummed, then divided by
+    the devices, is the reference's (1/32 * sum) / 3; each form equals the sum as written over the
+    reals (checked in float64). Near miss: quotients by different factors added keep each one."""
+    from equivci.terms.semantics import evaluate
+
+    ev, Shape, x, y, w, c = _scale_setup()
+    s46 = Shape("f32", (4, 6))
+    q = lambda a, f: ev.normal("binary", ("divide",), [ev.scaled(a, f), c(3.0)], s46)  # noqa: E731
+    add = lambda a, b: ev.normal("binary", ("add",), [a, b], s46)  # noqa: E731
+    eighth = Fraction(1, 8)
+    summed, quartered = add(q(x, eighth), q(y, eighth)), ev.normal("binary", ("multiply",), [c(0.25), q(x, eighth)], s46)
+    assert summed is q(add(x, y), eighth)
+    assert ev.normal("binary", ("multiply",), [summed, c(0.25)], s46) is q(add(x, y), Fraction(1, 32))
+    assert quartered is q(x, Fraction(1, 32))
+    assert ev.normal("binary", ("divide",), [q(x, eighth), c(4.0)], s46) is quartered
+    apart = add(q(x, eighth), q(y, Fraction(1, 4)))
+    assert apart.op == "binary" and apart.attrs == ("add",)
+    params = {0: np.random.default_rng(2).standard_normal((4, 6)), 1: np.random.default_rng(3).standard_normal((4, 6))}
+    xs, ys = params[0], params[1]
+    for built, want in ((summed, (xs + ys) / 24), (quartered, xs / 96), (apart, xs / 24 + ys / 12)):
+        np.testing.assert_allclose(evaluate(built, params, ev.values), want, rtol=1e-6)
+
+
 def test_elided_constants_are_never_one_term():
     """XLA's dumps print large constants as `constant({...})`: two different tables must not meet."""
     from equivci.terms.ir import TermTable

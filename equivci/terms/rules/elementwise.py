@@ -162,6 +162,17 @@ ELEMENTWISE = family(
         ).then(union(e).with_(w))
         for t in FLOAT_TYPES
     ],
+    # A sum of negations is the negation of the sum (exact in floats too: rounding to nearest is
+    # symmetric): microbatch losses -mean(pick) accumulated in a loop meet the reference's one
+    # negated mean, whose sum the device's partial sums then form.
+    *[
+        named(
+            f"elementwise/negate_add_{t}",
+            "(-x) + (-y) = -(x + y)",
+            eq(e).to(T.binary("add", T.unary(f"negate:{t}", x), T.unary(f"negate:{t}", y))),
+        ).then(union(e).with_(T.unary(f"negate:{t}", T.binary("add", x, y))))
+        for t in FLOAT_TYPES
+    ],
     # Elementwise ops commute with reshapes: same spec and same output shape imply same input shape.
     named(
         "elementwise/unary_reshape_lift", "op(reshape(x)) = reshape(op(x))", eq(e).to(T.unary(op, T.reshape(spec, x)))
