@@ -24,13 +24,14 @@ def line_of(source: str, mark: str) -> int:
     raise KeyError(mark)
 
 
-def manifest_text(cases: list[tuple[str, str, str]], mesh: str) -> str:
-    """A v1 manifest of models (name, reference function, distributed function) of `model.py`, with
-    `inputs: model.py:inputs` and one mesh (YAML flow text, e.g. "{data: 4}")."""
+def manifest_text(cases: list[tuple[str, ...]], mesh: str = "") -> str:
+    """A v1 manifest of models (name, reference function, distributed function[, mesh]) of
+    `model.py`, with `inputs: model.py:inputs` and `mesh` (YAML flow text, e.g. "{data: 4}") where a
+    case names none."""
     return "version: 1\nmodels:\n" + "".join(
         f"  - {{name: {name}, reference: model.py:{ref}, distributed: model.py:{dist}, inputs: model.py:inputs, "
-        f"mesh: {mesh}}}\n"
-        for name, ref, dist in cases
+        f"mesh: {own[0] if own else mesh}}}\n"
+        for name, ref, dist, *own in cases
     )
 
 

@@ -117,16 +117,12 @@ CASES = {
     "next-slot": ("positions", "{sp: 4}"),
     "ignores-pads": ("positions", "{dp: 2, sp: 4}"),
 }
-MANIFEST = "version: 1\nmodels:\n" + "".join(
-    f"  - {{name: {n}, reference: m.py:{ref}, distributed: m.py:{n.replace('-', '_')}, inputs: m.py:inputs, "
-    f"mesh: {mesh}}}\n"
-    for n, (ref, mesh) in CASES.items()
-)
+MANIFEST = model_package.manifest_text([(n, ref, n.replace("-", "_"), mesh) for n, (ref, mesh) in CASES.items()])
 
 
 @pytest.fixture(scope="module")
 def manifest(tmp_path_factory):
-    return model_package.write_package(tmp_path_factory.mktemp("slot_counts"), "m.py", MODELS, MANIFEST)
+    return model_package.write_package(tmp_path_factory.mktemp("slot_counts"), "model.py", MODELS, MANIFEST)
 
 
 @pytest.mark.parametrize("name", ["slots", "slots-dp", "float-slots"])
