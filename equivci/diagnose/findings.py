@@ -518,8 +518,15 @@ def _branch_taken(
         f"`{choice.function}` (elsewhere {others}), picks its branch, and {depends}. There: {lead.message}",
         f"the `{inst.opcode}` that the finding at {bpath}:{bline} is about is made here.",
     )
-    passed = f"`{choice.text}`, which picks the branch of the finding at {bpath}:{bline}, is passed here."
-    return [(moved, None), (note, None), (dataclasses.replace(note, path=path, line=line, message=passed), None)]
+    passed = dataclasses.replace(
+        note,
+        path=path,
+        line=line,
+        message=f"`{choice.text}`, which picks the branch of the finding at {bpath}:{bline}, is passed here.",
+    )
+    # The op written on the branch's statement itself needs no note of its own: one place, one finding.
+    own = [] if (note.path, note.line) == (moved.path, moved.line) else [(note, None)]
+    return [(moved, None), *own, (passed, None)]
 
 
 def _new_tie(found: list[tuple[Finding, Instruction | None]]) -> int:

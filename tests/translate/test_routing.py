@@ -114,13 +114,14 @@ def test_near_misses_are_not_verified(manifest, name):
     result = _verify(manifest, name)
     assert result.status in (Status.MISMATCH, Status.UNPROVEN), name
     places = [(f.path, f.line) for f in result.findings]
-    # Each wrong choice is made by a static argument that `correct` passes otherwise (the mask by a
-    # conditional expression, the expert under an `if` on it): the lead is the call that passes it
-    # (diagnose/arguments.py), the op's line its tied note next.
-    assert places[:2] == [
-        ("moe.py", model_package.line_of(MODELS, f"pass-{name}")),
-        ("moe.py", model_package.line_of(MODELS, name)),
-    ], result.findings
+    # Each wrong choice is made by a static argument that `correct` passes otherwise
+    # (diagnose/arguments.py). The expert is picked under an `if` on it: the branch's statement is
+    # the code written for that call and leads, the call that passes the flag its tied note next.
+    # The mask is picked by a conditional expression inside one statement that every call runs:
+    # the call that passes the flag leads, the op's line its tied note next.
+    passed = ("moe.py", model_package.line_of(MODELS, f"pass-{name}"))
+    written = ("moe.py", model_package.line_of(MODELS, name))
+    assert places[:2] == ([written, passed] if name == "other_expert" else [passed, written]), result.findings
     assert result.findings[0].tie is not None and result.findings[0].tie == result.findings[1].tie
 
 

@@ -244,7 +244,10 @@ def test_near_misses_are_not_verified(manifest, name):
     assert [(k.window.lo, k.window.hi) for k in programs.evaluator.masked_rows.values()] == NEAR_MISSES[name]
     result = verify_model(model, manifest, captured)
     assert result.status is Status.MISMATCH, (name, result.findings)
-    assert result.findings[0].line == model_package.line_of(MODELS, name), result.findings
+    # The overlap's window size is written twice, in the ownership mask and in the slice it guards
+    # (the line before the MARK): either is the line to change; the other near misses have one.
+    marked = model_package.line_of(MODELS, name)
+    assert result.findings[0].line in ({marked, marked - 1} if name == "overlap" else {marked}), result.findings
 
 
 def test_index_clipped_short_is_a_lookup_only_where_the_clip_leaves_it(manifest):
