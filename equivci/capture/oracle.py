@@ -28,6 +28,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from equivci.capture import entrypoints, rounding, server
@@ -177,11 +178,15 @@ def _from_json_float(x: Any) -> float | None:
 # --- random inputs -------------------------------------------------------------------------------
 
 
-def _is_float(dtype) -> bool:
-    # lazy: jax is heavy; equivci's parent process loads this module without it
-    import jax.numpy as jnp
+def _kind(dtype: Any) -> str:
+    """numpy's kind letter of a dtype, ml_dtypes' narrow types (kind "V") read as floats or ints."""
+    dt = np.dtype(dtype)
+    return dt.kind if dt.kind != "V" else ("i" if dt.name.startswith(("int", "uint")) else "f")
 
-    return jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating)
+
+def float_shapes(leaves: Iterable[tuple[Sequence[int], Any]]) -> list[Sequence[int]]:
+    """The shapes of the (real or complex) floating leaves among (shape, dtype) pairs."""
+    return [shape for shape, dtype in leaves if _kind(dtype) in "fc"]
 
 
 def int_range(args_abstract: Sequence[Any]) -> int:
@@ -189,7 +194,7 @@ def int_range(args_abstract: Sequence[Any]) -> int:
     import jax
 
     return default_int_high(
-        leaf.shape for leaf in jax.tree_util.tree_leaves(tuple(args_abstract)) if _is_float(leaf.dtype)
+        float_shapes((leaf.shape, leaf.dtype) for leaf in jax.tree_util.tree_leaves(tuple(args_abstract)))
     )
 
 
@@ -201,38 +206,44 @@ def default_int_high(float_shapes: Iterable[Sequence[int]]) -> int:
 
 
 def random_inputs(args_abstract: Sequence[Any], seed: int, ranges: Ranges | None = None) -> tuple:
-    """Concrete arguments for one seed: normal floats, fair booleans, integers in [lo, hi) from
-    `ranges` (flat leaf index -> the values valid as the reference's indices, see index_ranges.py
-    and the proof's own assumption) or else small and non-negative."""
+    """Concrete arguments for one seed (see draw_leaf), in the arguments' tree."""
     # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax
-    import jax.numpy as jnp
 
     leaves, treedef = jax.tree_util.tree_flatten(tuple(args_abstract))
     high = int_range(args_abstract)
-    key = jax.random.key(seed)
-    out = []
-    for i, leaf in enumerate(leaves):
-        k = jax.random.fold_in(key, i)
-        shape, dtype = tuple(leaf.shape), leaf.dtype
-        if jnp.issubdtype(dtype, jnp.bool_):
-            value = jax.random.bernoulli(k, 0.5, shape)
-        elif jnp.issubdtype(dtype, jnp.integer):
-            info = jnp.iinfo(dtype)
-            # [lo, hi) up to the dtype's own max included (a 256-row table indexed by uint8 ids); the
-            # draw is int32, whose max bounds the range
-            lo, hi = (ranges or {}).get(i, (0, high))
-            top = min(hi, int(info.max) + 1, 2**31 - 1)
-            value = jax.random.randint(k, shape, max(lo, int(info.min)), top, dtype=jnp.int32).astype(dtype)
-        elif jnp.issubdtype(dtype, jnp.complexfloating):
-            kr, ki = jax.random.split(k)
-            value = (jax.random.normal(kr, shape) + 1j * jax.random.normal(ki, shape)).astype(dtype)
-        elif jnp.issubdtype(dtype, jnp.floating):
-            value = jax.random.normal(k, shape, dtype=jnp.float32).astype(dtype)
-        else:
-            raise EquivciError(f"the numeric check cannot draw random values of dtype {dtype} (input leaf {i})")
-        out.append(value)
-    return jax.tree_util.tree_unflatten(treedef, out)
+    drawn = [
+        draw_leaf(seed, i, tuple(leaf.shape), leaf.dtype, (ranges or {}).get(i, (0, high)))
+        for i, leaf in enumerate(leaves)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, drawn)
+
+
+def draw_leaf(seed: int, index: int, shape: tuple[int, ...], dtype: Any, ints: tuple[int, int]) -> np.ndarray:
+    """Input leaf `index` on draw `seed`: normal floats, fair booleans, integers in `ints` = [lo, hi)
+    (the values valid as the reference's indices, see index_ranges.py and the proof's own assumption,
+    or else small and non-negative). numpy, one stream per (seed, leaf), and no jax: jax's random
+    functions compile once per shape, about a quarter of a CPU second per distinct input shape in
+    every fresh process (the oracle's child, the verifier), and its runtime does not survive the
+    verifier's fork."""
+    dt, kind = np.dtype(dtype), _kind(dtype)
+    rng = np.random.default_rng((seed, index))
+    if kind == "b":
+        return rng.random(shape) < 0.5
+    if kind in "iu":
+        info = ml_dtypes.iinfo(dt)
+        # [lo, hi) up to the dtype's own max included (a 256-row table indexed by uint8 ids); the draw
+        # is int32, whose max bounds the range
+        lo, hi = ints
+        return rng.integers(
+            max(lo, int(info.min)), min(hi, int(info.max) + 1, 2**31 - 1), size=shape, dtype=np.int32
+        ).astype(dt)
+    if kind == "c":
+        real, imag = rng.standard_normal((2, *shape), dtype=np.float32)
+        return (real + 1j * imag).astype(dt)
+    if kind == "f":
+        return rng.standard_normal(shape, dtype=np.float32).astype(dt)
+    raise EquivciError(f"the numeric check cannot draw random values of dtype {dt} (input leaf {index})")
 
 
 # --- comparison ------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from equivci.capture.oracle import Ranges, random_inputs, tolerance_for
+from equivci.capture.oracle import Ranges, default_int_high, draw_leaf, float_shapes, tolerance_for
 from equivci.capture.types import LeafPlacement
 from equivci.diagnose.arguments import INDEX_TYPES
 from equivci.diagnose.frames import LAYOUT_OPS
@@ -69,11 +69,6 @@ SUMMED = 1 << 16  # marks of partial sums among what a value is computed from, p
 START = -1  # the comparison's start among what a value is computed from
 RELAYOUTS = {"broadcast", "reshape", "transpose"}  # ops that move elements and compute none
 
-# Set in the verifier's forked child when its parent had jax loaded (a test, an application embedding
-# equivci; the CLI never does): jax's runtime does not survive a fork, its threads are gone, and
-# drawing inputs with it there hangs the child.
-JAX_FORKED = False
-
 
 def draw_inputs(
     inputs: tuple[LeafPlacement, ...], seed: int = 0, ranges: Ranges | None = None
@@ -90,13 +85,13 @@ def _draw(
     leaves: tuple[tuple[tuple[int, ...], str], ...], seed: int, ranges: tuple[tuple[int, tuple[int, int]], ...]
 ) -> dict[int, np.ndarray]:
     """One draw per verification, however many stages ask for it (the window candidates, numeric
-    localization): jax compiles its random functions per shape, which costs seconds on a big
-    model. The arrays are read-only views of jax's, so sharing them is safe."""
-    # lazy: jax is heavy; the CLI's parent process must not import it
-    import jax
-
-    drawn = random_inputs(tuple(jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in leaves), seed, dict(ranges))
-    return {k: np.asarray(v) for k, v in enumerate(drawn)}
+    localization). Read-only: the stages share the arrays."""
+    high = default_int_high(float_shapes(leaves))
+    stated = dict(ranges)
+    drawn = {k: draw_leaf(seed, k, shape, dtype, stated.get(k, (0, high))) for k, (shape, dtype) in enumerate(leaves)}
+    for value in drawn.values():
+        value.setflags(write=False)
+    return drawn
 
 
 class _Values:
@@ -304,12 +299,6 @@ def numeric_frontier(
     if sum(math.prod(leaf.shape) for leaf in inputs) > budgets.numeric_elements:
         return NumericFrontier(
             None, note=f"numeric localization skipped: inputs over {budgets.numeric_elements} elements"
-        )
-    if JAX_FORKED:
-        return NumericFrontier(
-            None,
-            note="numeric localization skipped: the verifier was forked from a process "
-            "running jax, whose runtime a fork does not carry",
         )
     try:
         params = draw_inputs(inputs, ranges=ranges)

@@ -10,7 +10,6 @@ from equivci.cache import Memo
 from equivci.capture.hlo_oracle import compare_hlo_in_child
 from equivci.capture.oracle import NOISE_MARGIN, NumericComparison, Ranges, compare_in_child, default_int_high
 from equivci.capture.types import CapturedModel, LeafPlacement
-from equivci.diagnose import numeric
 from equivci.diagnose.findings import defect_findings, with_counterexample, with_note
 from equivci.diagnose.localize import source_of
 from equivci.diagnose.loops import defect_with_loops
@@ -297,7 +296,6 @@ def _candidates(programs, captured: CapturedModel, ranges: Ranges) -> list:
     if (
         len(programs.evaluator.table) > programs.evaluator.budgets.numeric_terms
         or sum(_size(leaf.shape) for leaf in captured.inputs) > programs.evaluator.budgets.numeric_elements
-        or numeric.JAX_FORKED
     ):
         return []
     try:

@@ -101,12 +101,6 @@ def _child(
     cap, _ = memory_cap(options.verify_memory_bytes)
     resource.setrlimit(resource.RLIMIT_AS, (cap, resource.getrlimit(resource.RLIMIT_AS)[1]))
     _limit_cpu(cpu_cap(options.verify_timeout_seconds)[0])
-    # Not imported by the parent's `import equivci.pipeline`: a run whose results all come from
-    # the memo never needs the verifier's modules.
-    # lazy: numpy, the terms, the translation
-    from equivci.diagnose import numeric
-
-    numeric.JAX_FORKED = "jaxlib" in sys.modules
 
     def layer_done(done: int, total: int) -> None:
         conn.send(("layer", (done, total)))

@@ -9,6 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from equivci.capture.types import CapturedModel
@@ -138,23 +139,33 @@ def test_the_answer_goes_before_the_verifiers_data_is_freed(tmp_path, monkeypatc
             sys.monitoring.free_tool_id(tool)
 
 
-def test_a_child_forked_from_a_process_running_jax_does_not_use_it(tmp_path, monkeypatch):
-    """jax's runtime does not survive a fork (a forked child drawing inputs with it hung in a CI
-    run): the child knows its parent had jax and numeric localization says it was skipped."""
-    import sys
+def test_the_draw_of_numeric_localization_never_starts_jax():
+    """jax's runtime does not survive a fork (a forked child drawing inputs with jax.random hung in a
+    CI run) and the verifier is forked from whatever process runs it (a test, an application that has
+    run jax): its draw must not touch jax, and is the oracle's draw all the same."""
+    script = textwrap.dedent(
+        """
+        import sys
+        from equivci.capture.types import LeafPlacement
+        from equivci.diagnose.numeric import draw_inputs
+        leaves = (LeafPlacement("[0]", (4, 8), "bfloat16", ()), LeafPlacement("[1]", (6,), "int32", ()),
+                  LeafPlacement("[2]", (3,), "bool", ()), LeafPlacement("[3]", (2, 2), "complex64", ()))
+        drawn = draw_inputs(leaves, seed=2, ranges={1: (5, 9)})
+        assert "jax" not in sys.modules and "jaxlib" not in sys.modules, sorted(m for m in sys.modules if "jax" in m)
+        print(repr([drawn[k].tolist() for k in range(4)]))
+        """
+    )
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    import jax
 
-    from equivci.diagnose import numeric
+    from equivci.capture.oracle import random_inputs
 
-    seen = []
-    monkeypatch.setitem(sys.modules, "jaxlib", sys.modules.get("jaxlib") or object())
-    monkeypatch.setattr(engine, "verify_model", lambda *a: seen.append(numeric.JAX_FORKED) or
-                        ModelResult("m", Status.UNPROVEN, 0.1, LayerCounts(1, 0, 0), (), timings=((str(numeric.JAX_FORKED), 0.0),)))
-    result = sandbox.verify_isolated(MODEL, manifest(tmp_path), CAPTURED)
-    assert ("True", 0.0) in result.timings
-    frontier = numeric.numeric_frontier  # the flag is what the frontier checks first
-    monkeypatch.setattr(numeric, "JAX_FORKED", True)
-    skipped = frontier([], [], {}, (), {}, 0, set())
-    assert skipped.note is not None and "forked from a process running jax" in skipped.note
+    abstract = (jax.ShapeDtypeStruct((4, 8), "bfloat16"), jax.ShapeDtypeStruct((6,), "int32"),
+                jax.ShapeDtypeStruct((3,), "bool"), jax.ShapeDtypeStruct((2, 2), "complex64"))
+    oracle = random_inputs(abstract, 2, {1: (5, 9)})
+    assert child.stdout.strip() == repr([np.asarray(v).tolist() for v in oracle])
+    assert all(5 <= i < 9 for i in oracle[1].tolist())
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
