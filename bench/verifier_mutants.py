@@ -470,7 +470,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "argmax keeps its first",
       "pytest:tests/translate/test_combined_argmax.py::test_no_combined_argmax_where_it_does_not_hold"),
     # -- a transpose of size-1 dims only undone under a reshape (translate/shapes.unit_moves_undone) ------
-    M("unit-moves-other-dims", "return y if kept == sorted(kept) else x", "return y",
+    M("unit-moves-other-dims", "return y if moves_unit_dims_only(y.shape, parse_transpose(x.attrs[0])) else x",
+      "return y",
       "only a transpose that keeps the order of the dims other than size-1 ones moves no element",
       "pytest:tests/translate/test_unit_head_merges.py::test_a_merge_of_a_transpose_of_other_dims_is_no_squeeze"),
     # -- a window through a reshape of size-1 dims only (translate/windows._unit_reshape) -----------------
