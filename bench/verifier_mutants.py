@@ -470,7 +470,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "argmax keeps its first",
       "pytest:tests/translate/test_combined_argmax.py::test_no_combined_argmax_where_it_does_not_hold"),
     # -- a transpose of size-1 dims only undone under a reshape (translate/shapes.unit_moves_undone) ------
-    M("unit-moves-other-dims", "return y if kept == sorted(kept) else x", "return y",
+    M("unit-moves-other-dims", "return y if moves_unit_dims_only(y.shape, parse_transpose(x.attrs[0])) else x",
+      "return y",
       "only a transpose that keeps the order of the dims other than size-1 ones moves no element",
       "pytest:tests/translate/test_unit_head_merges.py::test_a_merge_of_a_transpose_of_other_dims_is_no_squeeze"),
     # -- a window through a reshape of size-1 dims only (translate/windows._unit_reshape) -----------------
@@ -1096,6 +1097,14 @@ MUTANTS: tuple[Mutant, ...] = (
       "only along the one dim a broadcast adds is a unit window its operand reshaped; along the operand's "
       "own dim it is the operand's window",
       "pytest:tests/translate/test_slot_counts.py::test_a_unit_window_of_a_broadcast_along_the_dim_it_adds_is_a_reshape"),
+    # -- a scan's stacked states: reshapes and transposes of concatenations (translate/builder.py) ----
+    M("reshaped-parts-unlabelled", "if np.array_equal(joined_labels, whole.reshape(out)):", "if True:",
+      "a reshape of a concatenation that splits or merges the joined dim is the concatenation of the "
+      "reshaped parts only where the labels show each part is a run of whole slabs",
+      "pytest:tests/translate/test_scan_stacks.py::test_a_reshape_of_parts_that_are_whole_slabs_is_their_concatenation"),
+    M("transposed-part-any-dims-reshaped", "return kept == sorted(kept)", "return True",
+      "only a transpose that moves size-1 dims alone keeps the row-major order, and so is a reshape",
+      "pytest:tests/translate/test_scan_stacks.py::test_a_transpose_of_a_concatenation_is_the_concatenation_of_transposes"),
     # -- prefix sums over a sharded sequence (translate/windows.py, reductions.py) -------------------
     M("dot-batch-window-any-range",
       "if own is not None and (own.dim, own.start, own.stop) == (dims[out], w.start, w.stop):",

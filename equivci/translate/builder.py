@@ -52,6 +52,13 @@ def concat_parts(t: Term, dim: int) -> list[Term]:
     return [t]
 
 
+def moves_unit_dims_only(shape: tuple[int, ...], perm: Sequence[int]) -> bool:
+    """Whether transposing a value of this shape by perm moves only size-1 dims (the others keep
+    their order): such a transpose moves no element, it is a reshape."""
+    kept = [d for d in perm if shape[d] != 1]
+    return kept == sorted(kept)
+
+
 def power_of_two(f: Fraction) -> Fraction:
     """The power of two in a nonzero rational: f / power_of_two(f) has an odd numerator and denominator."""
     num, den = abs(f.numerator), f.denominator
@@ -636,33 +643,54 @@ class Builder:
         return term
 
     def reshaped_parts(self, joined: Term, shape: Shape) -> Term | None:
-        """reshape(concat(x_1, ..., x_n; d)) as concat(reshape(x_1), ..., reshape(x_n); d') with d' the
-        output dim of d's size whose leading dims hold as many elements as d's (row-major, the reshape
-        then acts on the dims before d and those after it apart, and leaves d itself alone); None when
-        the reshape merges or splits d. Joined as written: `concat` would gather the reshapes back
-        into reshape(concat(...))."""
+        """reshape(concat(x_1, ..., x_n; d)) as concat(reshape(x_1), ..., reshape(x_n); d') where the
+        pieces, in row-major order, are runs of whole slabs along the output dim d' (`parts_dim`);
+        None otherwise. Joined as written: `concat` would gather the reshapes back into
+        reshape(concat(...))."""
         d = joined.attrs[0]
-        before = int(np.prod(joined.shape[:d]))
-        out = next(
-            (
-                j
-                for j in range(len(shape.dims))
-                if shape.dims[j] == joined.shape[d] and int(np.prod(shape.dims[:j])) == before
-            ),
-            None,
-        )
-        if out is None:
+        parts = concat_parts(joined, d)
+        found = self.parts_dim(joined, parts, shape.dims)
+        if found is None:
             return None
+        out, sizes = found
         acc: Term | None = None
-        for part in concat_parts(joined, d):
+        for part, size in zip(parts, sizes):
             dims = list(shape.dims)
-            dims[out] = part.shape[d]
+            dims[out] = size
             piece = self.reshape_term(part, Shape(shape.dtype, tuple(dims)))
             if acc is not None:
                 dims[out] += acc.shape[out]
                 piece = self.mk("concat", (out,), [acc, piece], Shape(shape.dtype, tuple(dims)))
             acc = piece
         return acc
+
+    def parts_dim(self, joined: Term, parts: list[Term], out: tuple[int, ...]) -> tuple[int, list[int]] | None:
+        """(d', sizes): the output dim along which reshape(joined) is the concatenation of its parts
+        reshaped, and their sizes there. Cheaply where the reshape leaves the joined dim d itself
+        alone (it acts on the dims before d and those after it apart: an output dim of d's size
+        whose leading dims hold as many elements as d's); else, where it splits or merges d, checked
+        on labels (every element numbered): the parts must be runs of whole slabs along d' in
+        row-major order, as a scan's states of shape [b, 1, c] stacked along b and read [t, b, c]."""
+        d = joined.attrs[0]
+        before = int(np.prod(joined.shape[:d]))
+        for j in range(len(out)):
+            if out[j] == joined.shape[d] and int(np.prod(out[:j])) == before:
+                return j, [p.shape[d] for p in parts]
+        total = int(np.prod(joined.shape))
+        if total == 0 or total > self.budgets.layout_labels:
+            return None
+        whole = np.arange(total).reshape(joined.shape)
+        bounds = np.cumsum([0] + [p.shape[d] for p in parts])
+        pieces = [np.take(whole, np.arange(lo, hi), axis=d) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        for j in range(len(out)):
+            if any(piece.size * out[j] % total for piece in pieces):
+                continue
+            sizes = [piece.size * out[j] // total for piece in pieces]
+            dims = [tuple(out[:j]) + (size,) + tuple(out[j + 1 :]) for size in sizes]
+            joined_labels = np.concatenate([piece.reshape(dim) for piece, dim in zip(pieces, dims)], axis=j)
+            if np.array_equal(joined_labels, whole.reshape(out)):
+                return j, sizes
+        return None
 
     def transposed_reshape(self, operand: Term, shape: Shape) -> Term | None:
         """reshape(transpose(y, p)) as transpose(reshape(y), q), when each group of dims the reshape
@@ -792,7 +820,38 @@ class Builder:
         if value is not None:
             return self.const(value.transpose(perm), shape.dtype)
         attrs = (transpose_text(perm),)
-        return self.factored("transpose", attrs, [x], shape) or self.mk("transpose", attrs, [x], shape)
+        term = self.factored("transpose", attrs, [x], shape) or self.mk("transpose", attrs, [x], shape)
+        if (joined := self.transposed_parts(x, perm)) is not None:
+            self.equal_terms.append([term, joined])
+        return term
+
+    def transposed_parts(self, x: Term, perm: tuple[int, ...]) -> Term | None:
+        """transpose(concat(x_1, ..., x_n; d)) as concat(transpose(x_1), ..., transpose(x_n); d') with d'
+        the output dim d moves to, a part's transpose that moves only size-1 dims read as the reshape
+        it is (row-major order unchanged); also for a reshape of a concatenation that is one of its
+        parts reshaped (`reshaped_parts`). A scan's states stacked along time and swapped to
+        batch-major, `hs.swapaxes(0, 1)`, are then the states joined along the dim time moved to, as
+        a program that stacks them there writes them. Joined as written (`concat` would regather)."""
+        if x.op == "reshape" and x.args[0].op == "concat":
+            x = self.reshaped_parts(x.args[0], Shape(x.dtype, x.shape)) or x
+        if x.op != "concat":
+            return None
+        d = x.attrs[0]
+        out = perm.index(d)
+        acc: Term | None = None
+        for part in concat_parts(x, d):
+            dims = tuple(part.shape[k] for k in perm)
+            piece = (
+                self.reshape_term(part, Shape(part.dtype, dims))
+                if moves_unit_dims_only(part.shape, perm)
+                else self.transpose_term(part, perm)
+            )
+            if acc is not None:
+                joined = list(dims)
+                joined[out] += acc.shape[out]
+                piece = self.mk("concat", (out,), [acc, piece], Shape(part.dtype, tuple(joined)))
+            acc = piece
+        return acc
 
     def gather_term(self, x: Term, idx: Term, dims: GatherDims, out: Shape) -> Term | None:
         aligned = gather_map(dims, len(x.shape), len(idx.shape), len(out.dims))

@@ -69,8 +69,10 @@ def translate(
     the handler of the distributed program's `while` ops (equivci.prove.loops.LoopMatcher).
 
     The reference's loops are kept whole (a distributed loop is best related to one by an invariant)
-    unless the handler unrolled a distributed loop (equivci.translate.unroll): the reference's loops
-    with a constant trip count are then unrolled too, so that both programs are straight-line code."""
+    unless the handler unrolled a distributed loop (equivci.translate.unroll), or the distributed
+    program runs no loop at all (a scan written as a Python loop or as `lax.associative_scan`: no
+    invariant can relate a loop to straight-line code): the reference's loops with a constant trip
+    count are then unrolled too, so that both programs are straight-line code."""
     args = (reference, distributed, inputs, outputs, num_devices, loops, budgets, int_range)
     programs, again = _translate(*args, unroll=False)
     if again:
@@ -165,7 +167,8 @@ def _translate(
         router.limits,
         ref_eval.inner_values,
     )
-    return programs, not unroll and matcher.unrolled > 0 and bool(ref_eval.loops)
+    straight = matcher.unrolled > 0 or not matcher.attempts
+    return programs, not unroll and straight and bool(ref_eval.loops)
 
 
 def _short_dtype(dtype: str) -> str:

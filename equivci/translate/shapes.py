@@ -37,7 +37,7 @@ from equivci.translate.attributes import (
     reducer_of,
     semantic_attrs,
 )
-from equivci.translate.builder import Builder, Value
+from equivci.translate.builder import Builder, Value, moves_unit_dims_only
 from equivci.translate.opaque import opaque
 
 IDENTITY_CUSTOM_CALLS = {
@@ -97,9 +97,8 @@ def unit_moves_undone(x: Term) -> Term:
     reshape alone; x itself otherwise."""
     if x.op != "transpose":
         return x
-    y, perm = x.args[0], parse_transpose(x.attrs[0])
-    kept = [d for d in perm if y.shape[d] != 1]
-    return y if kept == sorted(kept) else x
+    y = x.args[0]
+    return y if moves_unit_dims_only(y.shape, parse_transpose(x.attrs[0])) else x
 
 
 def unit_dims_moved(ev: Builder, x: Term, out: Shape) -> Term | None:
