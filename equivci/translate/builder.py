@@ -421,6 +421,13 @@ class Builder:
     def mk(self, op: str, attrs: tuple, args: Sequence[Term], shape: Shape) -> Term:
         return self.table.make(op, attrs, tuple(args), shape.dims, shape.dtype)
 
+    def elementwise(self, kind: str, attrs: tuple, args: list[Term], shape: Shape) -> Term:
+        """A unary or binary op on terms built beside the program's (gathered_dots' dense values),
+        in normal form; the evaluator builds it as its handler builds a written op, so that the
+        dense value meets a device's op on the same values in that op's form (relu's zero moved
+        under a transpose)."""
+        return self.normal(kind, attrs, args, shape)
+
     def binary(self, op: str, a: Term, b: Term, dtype: str | None = None) -> Term:
         shape = Shape(dtype or a.dtype, a.shape)
         return self.factored("binary", (op,), [a, b], shape) or self.mk("binary", (op,), [a, b], shape)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Protocol
 
-from equivci.hlo.ir import Computation, Instruction, Module
+from equivci.hlo.ir import Computation, Instruction, Module, Shape
 from equivci.options import Budgets
 from equivci.terms.ir import Term, TermTable
 from equivci.translate import (
@@ -91,6 +91,12 @@ class Evaluator(Builder):
         self.obligations: list[tuple[Term, Term]] = []
         self.entry_args: list[list] | None = None  # per-device entry arguments, for re-runs
         self.collectives = collectives.Collectives()
+
+    def elementwise(self, kind: str, attrs: tuple, args: list[Term], shape: Shape) -> Term:
+        if len(attrs) != 1:
+            return super().elementwise(kind, attrs, args, shape)
+        terms = elementwise.binary_terms if kind == "binary" else elementwise.unary_terms
+        return terms(self, attrs[0], args, shape)
 
     def child(self, module: Module, num_devices: int) -> "Evaluator":
         """An evaluator with its own events that shares what is known about constants."""

@@ -7,7 +7,10 @@ tokens (`einsum("td,tdf->tf", x, w1[idx])`). Each output row reads one expert's 
     dot(x, W[idx])[t, ...] = dot(x, W)[t, idx[t], ...]
 
 the gather, at the same index, of the dot of x with every expert's kernel (the batch pair over the
-tokens becomes a free dim of x, W's expert dim a free dim of W). When the other operand is itself
+tokens becomes a free dim of x, W's expert dim a free dim of W). An index lane the dot does not
+batch, read by the gathered operand alone, stays a lane of the gather: a token's k choices at once,
+idx [T, K], `einsum("td,tkdf->tkf", x, W[idx])`, are dot(x, W)[t, idx[t, k], ...], one dense dot
+gathered at every choice (a lane summed over, or free on both operands, is no gather). When the other operand is itself
 gathered at the same index, an expert's hidden rows `H[t, idx[t]]`, the expert dims pair up instead:
 
     dot(H[t, idx[t]], W[idx[t]]) = dot(H, W; batched over e)[idx[t], t, ...]
@@ -81,7 +84,7 @@ def _lane_form(ev: Builder, t: Term) -> LaneForm | None:
         form = LaneForm(x, idx, dims)
         return form if _labels(form, len(t.shape)) is not None else None
     if t.op == "unary" and (inner := lane_form(ev, t.args[0])) is not None:
-        dense = ev.normal("unary", t.attrs, [inner.dense], Shape(t.dtype, inner.dense.shape))
+        dense = ev.elementwise("unary", t.attrs, [inner.dense], Shape(t.dtype, inner.dense.shape))
         return LaneForm(dense, inner.idx, inner.dims)
     if t.op == "binary":
         forms = [lane_form(ev, a) for a in t.args]
@@ -91,10 +94,11 @@ def _lane_form(ev: Builder, t: Term) -> LaneForm | None:
         ):
             return None
         shape = known[0].dense.shape
-        dense_args = [f.dense if f is not None else _splat_on(ev, a, shape) for f, a in zip(forms, t.args)]
-        if any(d is None for d in dense_args):
+        found = [f.dense if f is not None else _splat_on(ev, a, shape) for f, a in zip(forms, t.args)]
+        dense_args = [d for d in found if d is not None]
+        if len(dense_args) != len(found):
             return None
-        dense = ev.normal("binary", t.attrs, dense_args, Shape(t.dtype, shape))
+        dense = ev.elementwise("binary", t.attrs, dense_args, Shape(t.dtype, shape))
         return LaneForm(dense, known[0].idx, known[0].dims)
     return None
 
@@ -163,12 +167,16 @@ def dense_dot(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> D
             dense_labels[0][a] = out_labels[0][a] = lb
         else:
             return None
-    # every row's own expert: the dot batches each lane (a lane left free, rows of a table looked up
-    # and then multiplied, is another fact, and its dense form the whole table's product)
-    if {out_labels[0][a] for a in spec.lhs_batch} != {("lane", j) for j in range(len(idx.shape))}:
+    # every row's own expert: the dot batches a lane (a dot with no lane batched, rows of a table
+    # looked up and then multiplied, is another fact, and its dense form the whole table's product);
+    # a lane it does not batch stays free, read on one operand only: a token's k choices
+    # (`einsum("nd,nkdf->nkf", x, w[idx])`, idx [n, k]) are k gathers of one dense row
+    batched = {out_labels[0][a] for a in spec.lhs_batch}
+    if not batched or any(label[0] != "lane" for label in batched):
         return None
-    # (so no lane is contracted, and the gathered dim is no dim of the written operands)
     contracted = [(out_labels[0][a], out_labels[1][b]) for a, b in zip(spec.lhs_contract, spec.rhs_contract)]
+    if any(label[0] == "lane" for pair in contracted for label in pair):
+        return None  # a lane summed over: no row's own expert
     # the dense dot: labels in both dense operands are batch pairs, the written contractions stay
     shared = [label for label in dense_labels[0] if label in dense_labels[1]]
     if any(label[0] not in ("lane", "e") for label in shared):
@@ -196,10 +204,12 @@ def dense_dot(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> D
         for d, label in enumerate(out_labels[side])
         if d not in batch and d not in contract
     ]
-    # laid out expert-major as a vmap over the experts or einsum("td,edf->etf") writes it: the
-    # gathered dim, the lanes in the index's order, the other dims as the written dot has them
     lanes = sorted(label for label in written if label[0] == "lane")
-    laid = [EXPERT, *lanes, *(label for label in written if label[0] != "lane")]
+    # laid out expert-major as a vmap over the experts or einsum("td,edf->etf") writes it: the
+    # gathered dim, the lanes the dense dot keeps in the index's order (the gather's batching dims),
+    # the other dims as the written dot has them
+    rows = [label for label in lanes if label in natural]
+    laid = [EXPERT, *rows, *(label for label in written if label[0] != "lane")]
     if EXPERT not in natural or sorted(laid) != sorted(natural):
         return None
     shape = Shape(out.dtype, tuple(_size(operands, dense_labels, label) for label in natural))
@@ -207,15 +217,16 @@ def dense_dot(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term, out: Shape) -> D
         offset=tuple(o for o, label in enumerate(written) if label[0] != "lane"),
         collapsed=(0,),
         start_map=(0,),
-        operand_batch=tuple(range(1, 1 + len(lanes))),
-        indices_batch=tuple(label[1] for label in lanes),
+        operand_batch=tuple(range(1, 1 + len(rows))),
+        indices_batch=tuple(label[1] for label in rows),
         vector_dim=len(idx.shape),
         slice_sizes=tuple(
             1 if label[0] == "lane" or label == EXPERT else shape.dims[natural.index(label)] for label in laid
         ),
     )
     if [o for o, label in enumerate(written) if label[0] == "lane"] != [written.index(label) for label in lanes]:
-        return None  # the written lanes out of the index's order: a transposed gather
+        return None  # the written lanes out of the index's order (a transposed gather), or a lane
+        # free on both operands (every pair of a token's two choices)
     perm = tuple(natural.index(label) for label in laid)
     return DenseDot(dense_spec, operands[0], operands[1], shape, perm, idx, dims)
 

@@ -225,6 +225,7 @@ def weighted_pick(ev: Builder, spec: DotSpec, lhs: Term, rhs: Term) -> tuple[Dot
         (lhs, rhs, spec.lhs_batch, spec.rhs_batch, spec.lhs_contract, spec.rhs_contract),
         (rhs, lhs, spec.rhs_batch, spec.lhs_batch, spec.rhs_contract, spec.lhs_contract),
     ):
+        p = ev.gathered.get(p, p)  # a dot of gathered kernels, stated as the gather of the dense dot
         if p.op != "aligned" or not (key := AlignedMap.op_key(p.attrs[0])).startswith("gather:"):
             continue
         x, idx = p.args

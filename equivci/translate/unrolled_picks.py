@@ -10,10 +10,12 @@ the value gathered at the choice's index:
 the reals). picks.weighted_pick then states that dot as the weights' one-hot against every
 expert's value, which an expert-parallel device computes for its experts.
 
-Stated only for a sum whose terms are exactly one product per choice j in [0, K) (each window of
-the weights once, the index windows at a fixed offset from them), every product of the same
-gathered value; a partial sum, a choice counted twice or left out, or an index window that does not
-follow its weight's stays as written.
+Stated only for a sum whose terms are exactly one product per choice j of a run [a, a+K) of the
+weights' lanes (each window of the weights once, the index windows at a fixed offset from them),
+every product of the same gathered value, as the dot of the weights' window [a, a+K): a top-k's raw
+values `top_p[:, j]` are windows of the sort whose first k the builder reads them as, so its run
+[0, K) is not all of its lanes; a choice counted twice, a term that is no choice, or an index window
+that does not follow its weight's stays as written.
 """
 
 from __future__ import annotations
@@ -64,14 +66,18 @@ def summed_choices(ev: Builder, term: Term) -> Term | None:
     same = (first.w, first.w_dim, first.dense, first.dims, first.idx, first.idx_dim, first.start - first.j)
     if any((c.w, c.w_dim, c.dense, c.dims, c.idx, c.idx_dim, c.start - c.j) != same for c in found):
         return None
-    k = first.w.shape[first.w_dim]
-    if sorted(c.j for c in found) != list(range(k)):
+    # the choices are a run [j0, j0 + k) of the weights' lanes: all of them, or the first k of a
+    # sort the builder reads a top-k's values as
+    j0, k = min(c.j for c in found), len(found)
+    if sorted(c.j for c in found) != list(range(j0, j0 + k)):
         return None
     lanes = len(first.idx.shape) - 1
     if first.dims.offset != tuple(range(lanes, len(term.shape))):  # the lanes lead the gather's output
         return None
+    w = first.w if k == first.w.shape[first.w_dim] else ev.slice_term(first.w, first.w_dim, j0, j0 + k)
     # the gather at the whole index: its lane `idx_dim` inserted before the window dims
-    idx = ev.slice_term(first.idx, first.idx_dim, first.start - first.j, first.start - first.j + k)
+    at = j0 + first.start - first.j
+    idx = ev.slice_term(first.idx, first.idx_dim, at, at + k)
     dims = dataclasses.replace(
         first.dims,
         offset=tuple(o + 1 for o in first.dims.offset),
@@ -79,20 +85,20 @@ def summed_choices(ev: Builder, term: Term) -> Term | None:
         vector_dim=len(idx.shape),
     )
     picked = ev.gather_term(first.dense, idx, dims, Shape(term.dtype, (*idx.shape, *term.shape[lanes:])))
-    if picked is None or first.w.dtype != term.dtype:
+    if picked is None or w.dtype != term.dtype:
         return None
-    w_lanes = tuple(d for d in range(len(first.w.shape)) if d != first.w_dim)
+    w_lanes = tuple(d for d in range(len(w.shape)) if d != first.w_dim)
     idx_lanes = tuple(d for d in range(len(idx.shape)) if d != first.idx_dim)
     spec = DotSpec(
         w_lanes,
         idx_lanes,
         (first.w_dim,),
         (first.idx_dim,),
-        len(first.w.shape),
+        len(w.shape),
         len(picked.shape),
         (term.dtype, term.dtype),
     )
-    return reductions.dot_with_facts(ev, spec, first.w, picked, Shape(term.dtype, term.shape))
+    return reductions.dot_with_facts(ev, spec, w, picked, Shape(term.dtype, term.shape))
 
 
 def _choice(ev: Builder, t: Term) -> Choice | None:

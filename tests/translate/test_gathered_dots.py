@@ -19,15 +19,18 @@ import pytest
 from jax import lax
 from one_device import programs
 
-from equivci.terms.ir import Term
+from equivci.hlo.parser import parse_module
+from equivci.terms.ir import Term, TermTable
 from equivci.terms.semantics import evaluate
+from equivci.translate import gathered_dots
+from equivci.translate.evaluator import Evaluator
 from equivci.translate.programs import Programs
 
 RNG = np.random.default_rng(13)
 T, D, F, E, K = 6, 4, 5, 4, 2
 
 
-SHAPES = {"router": (D, E), "w1": (E, D, F), "v1": (E, D, F), "w2": (E, F, D), "x": (T, D)}
+SHAPES = {"router": (D, E), "w1": (E, D, F), "v1": (E, D, F), "w2": (E, F, D), "x": (T, D), "v": (E, D)}
 
 
 def _args(fn) -> list[np.ndarray]:
@@ -186,3 +189,100 @@ def test_values_gathered_at_two_indices_are_no_one_gather(fn, last_dots):
     its two operands are gathered at two indices (every stated fact is evaluated by _checked)."""
     built = _checked(fn)
     assert [w.shape for w in built.evaluator.gathered].count((T, D)) == last_dots
+
+
+def _top_k(router, x, k=K):  # the raw top-k values as gates (Qwen-MoE, OLMoE: not renormalised)
+    return lax.top_k(jax.nn.softmax(x @ router, axis=-1), k)
+
+
+def _batched_choices(router, w1, w2, x):  # every choice at once: kernels gathered at idx [T, K]
+    gates, idx = _top_k(router, x)
+    h = jax.nn.relu(jnp.einsum("td,tkdf->tkf", x, w1[idx]))
+    return jnp.einsum("tk,tkd->td", gates, jnp.einsum("tkf,tkfd->tkd", h, w2[idx]))
+
+
+def _raw_loop(router, w1, w2, x):  # the loop with raw top-k values: windows of the whole sort
+    gates, idx = _top_k(router, x)
+    out = jnp.zeros_like(x)
+    for j in range(K):
+        h = jax.nn.silu(jnp.einsum("td,tdf->tf", x, w1[idx[:, j]]))
+        out = out + gates[:, j : j + 1] * jnp.einsum("tf,tfd->td", h, w2[idx[:, j]])
+    return out
+
+
+def test_choices_gathered_at_once_are_the_dense_dots_gathered_at_every_choice():
+    """dot(x, W[idx])[t, k] = dot(x, W)[t, idx[t, k]] for idx [T, K], the lane k free: both dots
+    are stated as gathers at the [T, K] index, and the gates' dot over k as the weighted one-hot
+    against the dense value (each statement evaluated by _checked)."""
+    built = _checked(_batched_choices)
+    gathered = built.evaluator.gathered
+    assert sorted(w.shape for w in gathered) == [(T, K, D), (T, K, F)]
+    assert all(picked.args[1].shape == (T, K) and picked.args[0].shape[0] == E for picked in gathered.values())
+    out = built.reference_outputs[0]
+    stated = [t for group in built.evaluator.equal_terms if out in group for t in group if t is not out]
+    assert any(t.op == "dot" and t.args[1].shape[0] == E for t in stated), "no weighted one-hot against the dense dot"
+
+
+def test_raw_top_k_values_added_one_by_one_are_the_dot_over_the_choices():
+    """A top-k's values are the first k of its sort: the choices [0, K) are a run of the sort's
+    lanes, and their sum the dot of that window with the gather at the choices."""
+    assert _summed_over_choices(_checked(_raw_loop))
+
+
+def _first_two_of_three(router, w1, x):  # a run that is not every lane: still its window's dot
+    gates, idx = _top_k(router, x, 3)
+    y = lambda e: jnp.einsum("td,tdf->tf", x, w1[e])  # noqa: E731
+    return gates[:, :1] * y(idx[:, 0]) + gates[:, 1:2] * y(idx[:, 1])
+
+
+def _last_two_of_three(router, w1, x):  # a run from choice 1: the index window follows it
+    gates, idx = _top_k(router, x, 3)
+    y = lambda e: jnp.einsum("td,tdf->tf", x, w1[e])  # noqa: E731
+    return gates[:, 2:3] * y(idx[:, 2]) + gates[:, 1:2] * y(idx[:, 1])
+
+
+def _first_and_third(router, w1, x):  # choices 0 and 2: no run of the weights
+    gates, idx = _top_k(router, x, 3)
+    y = lambda e: jnp.einsum("td,tdf->tf", x, w1[e])  # noqa: E731
+    return gates[:, :1] * y(idx[:, 0]) + gates[:, 2:3] * y(idx[:, 2])
+
+
+def test_only_a_run_of_choices_is_the_dot_over_its_window():
+    assert _summed_over_choices(_checked(_first_two_of_three))
+    assert _summed_over_choices(_checked(_last_two_of_three))
+    assert not _summed_over_choices(_checked(_first_and_third))
+
+
+def _choices_summed(router, w1, x):  # the lane k contracted: the sum over a token's choices
+    _, idx = _top_k(router, x)
+    return jnp.einsum("td,tkdf->tf", x, w1[idx])
+
+
+def _choices_on_both(router, v, w1, x):  # k free on both operands: every pair of a token's choices
+    _, idx = _top_k(router, x)
+    return jnp.einsum("tkd,tjdf->tkjf", jnp.take(v, idx, axis=0), jnp.take(w1, idx, axis=0))
+
+
+def test_a_lane_summed_over_or_free_on_both_operands_is_no_gather():
+    assert not _checked(_choices_summed).evaluator.gathered
+    assert not _checked(_choices_on_both).evaluator.gathered
+
+
+def test_a_dense_op_meets_the_program_written_on_every_expert():
+    """The dense value of relu on a gathered dot is built as a written relu is (its zero moved
+    under the expert-major transpose, beside the dot with its operands swapped), so a device's
+    relu of every expert's dot meets it."""
+
+    def both(router, w1, x):
+        _, idx = _top_k(router, x)
+        picked = jax.nn.relu(jnp.einsum("td,tkdf->tkf", x, w1[idx]))
+        return picked, jax.nn.relu(jnp.einsum("td,edf->etf", x, w1))
+
+    args = _args(both)
+    module = parse_module(jax.jit(both).lower(*args).as_text(dialect="hlo"))
+    ev = Evaluator(module, TermTable(), 1)
+    params = [ev.table.make("param", (k,), (), a.shape, "f32") for k, a in enumerate(args)]
+    ((picked, written),) = ev.run(module.entry, [[p] for p in params])
+    form = gathered_dots.lane_form(ev, picked)
+    assert form is not None
+    assert form.dense is written or any(form.dense in group and written in group for group in ev.equal_terms)
