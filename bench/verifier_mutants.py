@@ -1513,6 +1513,18 @@ MUTANTS: tuple[Mutant, ...] = (
     M("handed-walk-bound", "    if queue:\n        return None  # the walk stopped", "    if False:\n        return None  # the walk stopped",
       "a walk cut at its bound names nothing (what it found is not all the handed value comes from)",
       "pytest:tests/diagnose/test_handed_value.py::test_a_walk_past_its_bound_names_nothing"),
+    # -- what a callback computes is written where it is passed; a swapped operand at its reader --
+    M("callback-work-not-taken", "    return lead, (defect.frontier if defect.work is not None else None)",
+      "    return lead, None",
+      "work missing after a value made right belongs where the op takes it: a callable passed there is a choice",
+      "pytest:tests/diagnose/test_callback_call_site.py::test_a_residual_left_out_by_an_identity_lambda_leads_at_its_call"),
+    M("callback-written-ignored",
+      "        choice = written_callback(inst, events, captured.repo_root, foreign, reference_runs)",
+      "        choice = None", "a lambda written at a call, around a helper another call's lambda calls too, is that call's choice",
+      "pytest:tests/diagnose/test_callback_call_site.py::test_a_lambda_around_a_shared_helper_leads_at_its_call"),
+    M("swapped-operand-at-producer", "                reader = path[-2] if len(path) > 1 else event",
+      "                reader = path[-1]", "an operand the reference reads in another place is made right: its reader leads",
+      "pytest:tests/diagnose/test_callback_call_site.py::test_swapped_operands_lead_at_the_op_that_reads_them"),
     # -- a value made right in shared code, received by the distributed program (diagnose/findings.py) --
     M("received-value-leads", "    if kept is None:\n        return found\n    lead, rest", "    if True:\n        return found\n    lead, rest",
       "a shared op whose value is the reference's leads where the distributed program receives it, not at what it was handed",

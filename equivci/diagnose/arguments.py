@@ -103,6 +103,59 @@ def passed_choice(
     return next((c for c in choices if c.paired), choices[0] if choices else None)
 
 
+def written_callback(
+    inst: Instruction,
+    events: list[Event],
+    repo_root: str,
+    foreign: tuple[tuple[str, str], ...] = (),
+    reference_runs: frozenset[str] = frozenset(),
+) -> Choice | None:
+    """The lambda, written as an argument of a call, that the op is made under, on its own line or
+    through the function it reaches on the op's call chain, where another call of the same function
+    passes another lambda that names that function too (the calls compared): given the same values, what that function
+    makes runs alike under both, so what tells the two calls apart (a mean left out around a helper,
+    a loop's bounds around its body) is written in the lambda, at the call."""
+    root = Path(repo_root).resolve()
+    frames = [f for f in inst.stack if in_repository(f, root)]
+    for depth, loc in enumerate(frames):
+        reached = frames[depth - 1].function.split(".")[-1] if depth else None
+        if not loc.function.endswith("<lambda>") or reached == "<lambda>":
+            continue
+        found = statement(loc.file, loc.line)
+        for call in calls_in(found[0]) if found is not None else ():
+            func = _module_function(loc.file, callee(call))
+            if func is None:
+                continue
+            bound = {k.arg: k.value for k in call.keywords if k.arg is not None} | positional_arguments(func, call)
+            for name, arg in bound.items():
+                if not isinstance(arg, ast.Lambda) or not arg.lineno <= loc.line <= (arg.end_lineno or arg.lineno):
+                    continue
+                if reached is not None and not _reads_name(arg.body, reached):
+                    continue
+                counts = _Search(events, tuple(inst.stack), None, foreign, reference_runs).counts
+                choice = _choice(loc.file, arg, func, name, loc.file, counts)
+                alike = (
+                    [o for o in choice.others if reached is None or _reads_name(ast.parse(o[2]), reached)]
+                    if choice
+                    else []
+                )
+                if choice is not None and alike:
+                    return dataclasses.replace(choice, others=tuple(alike))
+    return None
+
+
+def _reads_name(node: ast.AST, name: str) -> bool:
+    """`node` reads the plain name `name` (calls it, or passes it on)."""
+    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
+
+
+def _module_function(file: str, name: str) -> Function | None:
+    """The module-level function `name` of `file`."""
+    tree = module_ast(file)
+    found = _definitions(tree).get(name) if tree is not None and name else None
+    return found if isinstance(found, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+
+
 def literal_written(
     inst: Instruction,
     events: list[Event],

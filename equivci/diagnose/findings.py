@@ -17,7 +17,7 @@ import keyword
 from pathlib import Path
 
 from equivci.capture.types import CapturedModel
-from equivci.diagnose.arguments import Choice, literal_written, made_in, passed_choice
+from equivci.diagnose.arguments import Choice, literal_written, made_in, passed_choice, written_callback
 from equivci.diagnose.frames import innermost, library_call, shared_call
 from equivci.diagnose.handed import handed_origin
 from equivci.diagnose.localize import Defect, call_chain_start, part_mean, source_of, unlocated
@@ -269,12 +269,15 @@ def _kept(
 ) -> tuple[Instruction | None, Instruction | None]:
     """The lead's op when its own value is a reference value or a share of one (a partial sum no
     all-reduce follows, a value the reference passes through more work): the fault follows it; and
-    for a partial sum, the op that takes it as the full value."""
+    the op that takes it as it is (the full value, the value after the work): the work belongs
+    between the two."""
     lead = found[0][1] if found else None
     partial = frontier.partial if frontier is not None else None
     if lead is not None and partial is not None and lead is partial[0].inst:
         return lead, partial[2].inst
-    return (lead if lead is not None and defect.kept and lead is defect.inst else None), None
+    if lead is None or not defect.kept or lead is not defect.inst:
+        return None, None
+    return lead, (defect.frontier if defect.work is not None else None)
 
 
 def _receiving(inst: Instruction, captured: CapturedModel, reference_lines: frozenset[tuple[str, int]]) -> Instruction:
@@ -433,8 +436,9 @@ def _caller_choices(
     """The lead error moves to the call that passes the static value its op depends on, where another
     call of the same helper passes another (equivci.diagnose.arguments); the op's line stays as a
     tied note. `reference_runs`: the names of the functions the reference runs. `taking`: the op that
-    takes the lead's partial sum as the full value, seen from the distributed program's own code:
-    the all-reduce is missing between the two, so a choice made where that op receives it counts too."""
+    takes the lead's partial sum as the full value, or its value as the one the reference computes
+    further (a residual add, a norm), seen from the distributed program's own code: the all-reduce
+    or the work is missing between the two, so a choice made where that op receives it counts too."""
     if not findings:
         return findings
     (lead, inst), rest = findings[0], findings[1:]
@@ -443,8 +447,9 @@ def _caller_choices(
     choice = passed_choice(inst, events, captured.repo_root, entry, foreign, reference_runs)
     if choice is None and taking is not None:
         found = passed_choice(taking, events, captured.repo_root, entry, foreign, reference_runs)
-        # Only a callable the caller passes can stand where the all-reduce belongs (`reduce(g)` given
-        # `lambda g: g`); a flag picks a branch, whose own line is written in the helper.
+        # Only a callable the caller passes can stand where the all-reduce or the work belongs
+        # (`reduce(g)` given `lambda g: g`, `residual(x, y)` given `lambda x, y: y`); a flag picks a
+        # branch, whose own line is written in the helper.
         if found is not None and _callable(found.text):
             choice = dataclasses.replace(found, use=found.use or taking)
     if (
@@ -458,6 +463,8 @@ def _caller_choices(
         choice = passed_choice(
             _receiving(inst, captured, reference_lines), events, captured.repo_root, entry, foreign, reference_runs
         )
+    if choice is None:
+        choice = written_callback(inst, events, captured.repo_root, foreign, reference_runs)
     if choice is None:
         return findings
     path, line = source_of(

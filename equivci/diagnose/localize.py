@@ -1858,6 +1858,11 @@ class _Tracer:
                     or self.at_index_origin(cut, said)
                     or Defect(cut.inst, said + ".")
                 )
+            if own is not None and own is not r_op:
+                # The reference's op reads this very value in another place (operands swapped): it
+                # is made right, so the line to change is the op that reads it in this place.
+                reader = path[-2] if len(path) > 1 else event
+                return Defect(reader.inst, f"{lead}; the value is right, this op reads it in the other's place.")
             return Defect(end.inst, f"{lead}; the value is made here.")
         lead = (
             f"so `{name}`, which feeds the `{event.inst.opcode}` at {here}, is not a slice of the reference's "
