@@ -1850,8 +1850,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "pytest:tests/translate/test_split_head_contractions.py::test_a_squeezed_operand_is_stated_with_its_unit_dims_contracted"),
     # -- powers of two moved out of bf16 dots (reductions.power_of_two_out, literals.power_of_two_literal)
     # -- a reshape that leaves a concatenation's dim alone, on the parts (builder.reshaped_parts) -------
-    M("reshaped-parts-any-dim", "shape.dims[j] == joined.shape[d] and int(np.prod(shape.dims[:j])) == before",
-      "shape.dims[j] == joined.shape[d]",
+    M("reshaped-parts-any-dim", "if out[j] == joined.shape[d] and int(np.prod(out[:j])) == before:",
+      "if out[j] == joined.shape[d]:",
       "the joined dim maps to the output dim of its size with as many elements before it, not any of its size",
       "pytest:tests/translate/test_reshaped_concats.py::"
       "test_only_a_reshape_that_leaves_the_joined_dim_alone_is_stated_on_the_parts"),
