@@ -118,6 +118,9 @@ class Builder:
         self.first_argmaxes: set[Term] = set()
         # integers -> their one-hots (x[..., None] == arange(N)) and the one-hot's new dim (one_hot_columns.py)
         self.one_hots: dict[Term, list[tuple[Term, int]]] = {}
+        # elementwise terms in unit-reshaped form -> the op as written on a one-wide window, stated
+        # equal (elementwise.one_wide_written)
+        self.one_wide: dict[Term, Term] = {}
         # elementwise terms -> the term of the unsqueezed shape whose squeeze they equal (squeezes.py)
         self.unsqueezed: dict[Term, Term] = {}
         # a dot of rows gathered at an index -> the gather of the dense dot there, stated equal

@@ -141,7 +141,10 @@ def unary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
     if (plain := without_guard(ev, op, args)) is not None:
         return plain
     on = lambda xs, sh: unary_of(ev, op, xs, sh)  # noqa: E731
-    if (outside := unit_reshaped(ev, args, shape, on) or broadcast_outside(ev, args, shape, on)) is not None:
+    if (outside := unit_reshaped(ev, args, shape, on)) is not None:
+        one_wide_written(ev, outside, "unary", op, args, shape)
+        return outside
+    if (outside := broadcast_outside(ev, args, shape, on)) is not None:
         return outside
     term = _built(ev, "unary", (op,), args, shape, lambda v: semantics.apply(semantics.UNARY, op, v))
     if op == "negate" and (form := signed_sums.one_form(ev, term)) is not None:
@@ -281,6 +284,30 @@ def _unit_viewed(ev: Builder, b: Term, dims: tuple[int, ...]) -> Term | None:
     return broadcast_term(ev, x, Shape(b.dtype, dims), tuple(out_dims))
 
 
+def one_wide_written(ev: Builder, outside: Term, kind: str, op: str, args: list, shape: Shape) -> None:
+    """State beside an elementwise op's unit-reshaped form (`outside`) the op on its operands as
+    written, where an operand is a broadcast that keeps a size-1 dim of its operand, or such an op's
+    result: that dim is a one-wide window of a wider dim of the other program (a device's one head of
+    the reference's per-head slopes, `-r[h0:h0 + 1][None, :, None, None] * log1p(d[:, None])`), and
+    the broadcast as written is the window of the other program's broadcast there, which the
+    squeezed form is not. An operand reshaped only to insert size-1 dims is written as that
+    broadcast (the same elements, `bcast_form`): the one-wide window of the other program's
+    broadcast along them. An op on its own operands is the op: exact."""
+    if not any(
+        a in ev.one_wide
+        or a.op == "bcast"
+        and any(kind == "i" and a.args[0].shape[v] == 1 for kind, v in BcastSpec.parse(a.attrs[0]).parts)
+        for a in args
+    ):
+        return
+    written = []
+    for a in args:
+        form = bcast_form(a) if a.op == "reshape" and a not in ev.one_wide else None
+        written.append(a if form is None else ev.mk("bcast", (form[0],), [form[1]], Shape(a.dtype, a.shape)))
+    ev.one_wide[outside] = ev.mk(kind, (op,), written, shape)
+    ev.equal_terms.append([outside, ev.one_wide[outside]])
+
+
 def binary(ev: Builder, inst: Instruction, args: list, device: int) -> Term:
     return binary_terms(ev, inst.opcode, args, inst.shape)
 
@@ -299,7 +326,10 @@ def binary_terms(ev: Builder, op: str, args: list, shape: Shape) -> Term:
     # factor read as a quotient would hide it inside, where the other program's product of the
     # same values keeps it in front (a shard's `0.001 * g * g` of a psum-ed gradient, no reshape)
     quotients = op != "multiply"
-    if (outside := unit_reshaped(ev, args, shape, on, quotients) or broadcast_outside(ev, args, shape, on)) is not None:
+    if (outside := unit_reshaped(ev, args, shape, on, quotients)) is not None:
+        one_wide_written(ev, outside, "binary", op, args, shape)
+        return outside
+    if (outside := broadcast_outside(ev, args, shape, on)) is not None:
         return outside
     if (shifted := SHIFTS[op](ev, *args) if op in SHIFTS else None) is not None:
         return shifted  # online softmax's exponentials rescaled to the newest shift, its blocks in order

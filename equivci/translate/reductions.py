@@ -24,6 +24,7 @@ from equivci.translate import (
     picks,
     relaid,
     signed_sums,
+    small_maps,
     squeezes,
     tiles,
 )
@@ -119,6 +120,11 @@ def dot_with_facts(ev: Builder, dot_spec: DotSpec, lhs: Term, rhs: Term, shape: 
         ev.piecewise[term] = moved
     if (summed := product_sum(ev, dot_spec, lhs, rhs, shape)) is not None:
         ev.equal_terms.append([term, summed])
+    if (applied := small_maps.applied_matrix(ev, dot_spec, lhs, rhs, shape)) is not None:
+        # a rotation einsum as the formula it computes, made the term: the relayout after it (the
+        # pairs merged back into the head dim) then reads the formula's pieces
+        ev.equal_terms.append([applied, term])
+        return applied
     if (copied := dot_of_copies(ev, dot_spec, lhs, rhs, shape)) is not None:
         ev.equal_terms.append([term, copied])
     if moved_units := unit_batch_moved(ev, dot_spec, lhs, rhs, shape):

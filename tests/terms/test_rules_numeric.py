@@ -885,6 +885,22 @@ def _add_regroup(right: bool):
     return build
 
 
+def _subtract_sum(right: bool, broadcast: bool):
+    """x - (y + z) against (x - z) - y (right) or (x - y) - z (left), the sum broadcast or not."""
+
+    def build(rng, b: B):
+        shape = rshape(rng, int(rng.integers(1, 4)))
+        kept = sorted(int(v) for v in rng.choice(len(shape), size=int(rng.integers(0, len(shape))), replace=False))
+        small = [shape[k] for k in kept] if broadcast else shape
+        x, y, z = b.param(0, shape), b.param(1, small), b.param(2, small)
+        wide = (lambda t: b.bcast(t, shape, kept)) if broadcast else (lambda t: t)  # noqa: E731
+        first, second = (z, y) if right else (y, z)
+        lhs = b.bi("subtract", x, wide(b.bi("add", y, z)))
+        return lhs, b.bi("subtract", b.bi("subtract", x, wide(first)), wide(second))
+
+    return build
+
+
 def _negate_subtract(dtype: str):
     def build(rng, b: B):
         shape = rshape(rng, int(rng.integers(1, 4)))
@@ -969,6 +985,10 @@ RULES = {
     "elementwise/power_of_two_splat": (F["elementwise"], power_of_two_splat, False),
     "elementwise/add_regroup_right": (F["elementwise"], _add_regroup(True), True),
     "elementwise/add_regroup_left": (F["elementwise"], _add_regroup(False), True),
+    "elementwise/subtract_sum_right": (F["elementwise"], _subtract_sum(True, False), True),
+    "elementwise/subtract_sum_left": (F["elementwise"], _subtract_sum(False, False), True),
+    "elementwise/subtract_bcast_sum_right": (F["elementwise"], _subtract_sum(True, True), True),
+    "elementwise/subtract_bcast_sum_left": (F["elementwise"], _subtract_sum(False, True), True),
     # The difference the other way round must exist already: the rhs is loaded too.
     **{f"elementwise/negate_subtract_{t}": (F["elementwise"], _negate_subtract(t), True) for t in FLOAT_TYPES},
     **{f"elementwise/negate_add_{t}": (F["elementwise"], _negate_add(t), False) for t in FLOAT_TYPES},
@@ -1342,6 +1362,19 @@ def _near_misses():
     # subtracts it): the existing term is not the regrouped one
     cases["add_regroup_other_term"] = (b.bi("add", b.bi("add", x, y), z), b.bi("add", x, b.bi("add", y, v)))
     cases["add_regroup_subtract"] = (b.bi("add", b.bi("add", x, y), z), b.bi("add", x, b.bi("subtract", y, z)))
+    # a difference from a sum regrouped with the other addend added back, and onto a difference
+    # from another term; the same with the sum broadcast
+    cases["subtract_sum_added"] = (b.bi("subtract", x, b.bi("add", y, z)), b.bi("add", b.bi("subtract", x, z), y))
+    cases["subtract_sum_other_term"] = (
+        b.bi("subtract", x, b.bi("add", y, z)),
+        b.bi("subtract", b.bi("subtract", x, z), v),
+    )
+    r, q = b.param(4, (3,)), b.param(5, (3,))
+    wide = lambda t: b.bcast(t, (3, 4), [0])  # noqa: E731
+    cases["subtract_bcast_sum_added"] = (
+        b.bi("subtract", x, wide(b.bi("add", r, q))),
+        b.bi("add", b.bi("subtract", x, wide(q)), wide(r)),
+    )
     # a negated difference against the same difference (the order kept), and against the
     # difference the other way round of another term
     cases["negate_subtract_same_order"] = (b.un("negate", b.bi("subtract", x, y)), b.bi("subtract", x, y))

@@ -133,6 +133,28 @@ ELEMENTWISE = family(
         eq(e).to(T.binary("add", x, T.binary("add", y, z))),
         eq(w).to(T.binary("add", x, y)),
     ).then(union(e).with_(T.binary("add", w, z))),
+    # A difference from a sum, regrouped onto the difference that exists already (either addend
+    # first), also with the sum broadcast (a broadcast is linear): a log-softmax written
+    # z - bcast(log s + m) or z - bcast(m + log s) (a vocabulary-parallel device's global lse, keepdims)
+    # against jax's (z - bcast(m)) - bcast(log s). Only onto existing terms, as the regroupings above.
+    *[
+        named(
+            f"elementwise/subtract_sum_{side}",
+            f"x - (y + z) = (x - {kept}) - {other}, where x - {kept} is a term already",
+            eq(e).to(T.binary("subtract", x, T.binary("add", y, z))),
+            eq(w).to(T.binary("subtract", x, kept_term)),
+        ).then(union(e).with_(T.binary("subtract", w, other_term)))
+        for side, kept, other, kept_term, other_term in (("right", "z", "y", z, y), ("left", "y", "z", y, z))
+    ],
+    *[
+        named(
+            f"elementwise/subtract_bcast_sum_{side}",
+            f"x - bcast(y + z) = (x - bcast({kept})) - bcast({other}), where x - bcast({kept}) is a term already",
+            eq(e).to(T.binary("subtract", x, T.bcast(spec, T.binary("add", y, z)))),
+            eq(w).to(T.binary("subtract", x, T.bcast(spec, kept_term))),
+        ).then(union(e).with_(T.binary("subtract", w, T.bcast(spec, other_term))))
+        for side, kept, other, kept_term, other_term in (("right", "z", "y", z, y), ("left", "y", "z", y, z))
+    ],
     # A scaling by a power of two undone: x * c = y * c gives x = y (exact in floats away from the
     # ends of the exponent range: only the exponent moves). A value proved equal only with the
     # builder's factor in front (a per-token loss, 2^-23 times its terms) is then equal without it,
