@@ -1400,7 +1400,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("oracle-rounding-either-side", "either = max(b, dst_eps / 2) if fresh else b", "either = b",
       "a rounding right after a constant scale may sit before it in a correct program: every element may flip",
       "pytest:tests/capture/test_oracle_precision.py::test_a_rounding_right_after_inexact_arithmetic_may_move_every_element"),
-    M("numeric-draw-ranges", "stated.get(k, (0, high))", "(0, high)",
+    M("numeric-draw-ranges", "(ranges or {}).get(i, (0, high))", "(0, high)",
       "the integer inputs are drawn where the oracle draws them",
       "pytest:tests/diagnose/test_numeric.py::test_the_draw_keeps_integer_inputs_in_the_ranges_the_oracle_draws_in"),
     M("reduction-missing-axis", "or scaled_reduction_after(event) or short_reduction_after(event)",

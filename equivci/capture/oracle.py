@@ -189,15 +189,6 @@ def float_shapes(leaves: Iterable[tuple[Sequence[int], Any]]) -> list[Sequence[i
     return [shape for shape, dtype in leaves if _kind(dtype) in "fc"]
 
 
-def int_range(args_abstract: Sequence[Any]) -> int:
-    # lazy: jax is heavy; equivci's parent process loads this module without it
-    import jax
-
-    return default_int_high(
-        float_shapes((leaf.shape, leaf.dtype) for leaf in jax.tree_util.tree_leaves(tuple(args_abstract)))
-    )
-
-
 def default_int_high(float_shapes: Iterable[Sequence[int]]) -> int:
     """The top (excluded) of the integer inputs the oracle draws where nothing states their range:
     the floats' smallest dim of size >= 2, so a small id indexes any of them."""
@@ -206,17 +197,26 @@ def default_int_high(float_shapes: Iterable[Sequence[int]]) -> int:
 
 
 def random_inputs(args_abstract: Sequence[Any], seed: int, ranges: Ranges | None = None) -> tuple:
-    """Concrete arguments for one seed (see draw_leaf), in the arguments' tree."""
+    """Concrete arguments for one seed (see draw_leaves), in the arguments' tree."""
     # lazy: jax is heavy; equivci's parent process loads this module without it
     import jax
 
     leaves, treedef = jax.tree_util.tree_flatten(tuple(args_abstract))
-    high = int_range(args_abstract)
-    drawn = [
-        draw_leaf(seed, i, tuple(leaf.shape), leaf.dtype, (ranges or {}).get(i, (0, high)))
-        for i, leaf in enumerate(leaves)
+    return jax.tree_util.tree_unflatten(
+        treedef, draw_leaves(seed, [(leaf.shape, leaf.dtype) for leaf in leaves], ranges)
+    )
+
+
+def draw_leaves(
+    seed: int, leaves: Sequence[tuple[Sequence[int], Any]], ranges: Ranges | None = None
+) -> list[np.ndarray]:
+    """Draw `seed` of the flat input leaves (shape, dtype): integer leaf i in `ranges`[i] where stated,
+    else in [0, default_int_high of the float leaves)."""
+    high = default_int_high(float_shapes(leaves))
+    return [
+        draw_leaf(seed, i, tuple(shape), dtype, (ranges or {}).get(i, (0, high)))
+        for i, (shape, dtype) in enumerate(leaves)
     ]
-    return jax.tree_util.tree_unflatten(treedef, drawn)
 
 
 def draw_leaf(seed: int, index: int, shape: tuple[int, ...], dtype: Any, ints: tuple[int, int]) -> np.ndarray:

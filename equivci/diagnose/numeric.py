@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from equivci.capture.oracle import Ranges, default_int_high, draw_leaf, float_shapes, tolerance_for
+from equivci.capture.oracle import Ranges, draw_leaves, tolerance_for
 from equivci.capture.types import LeafPlacement
 from equivci.diagnose.arguments import INDEX_TYPES
 from equivci.diagnose.frames import LAYOUT_OPS
@@ -86,9 +86,7 @@ def _draw(
 ) -> dict[int, np.ndarray]:
     """One draw per verification, however many stages ask for it (the window candidates, numeric
     localization). Read-only: the stages share the arrays."""
-    high = default_int_high(float_shapes(leaves))
-    stated = dict(ranges)
-    drawn = {k: draw_leaf(seed, k, shape, dtype, stated.get(k, (0, high))) for k, (shape, dtype) in enumerate(leaves)}
+    drawn = dict(enumerate(draw_leaves(seed, leaves, dict(ranges))))
     for value in drawn.values():
         value.setflags(write=False)
     return drawn

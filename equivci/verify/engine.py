@@ -8,7 +8,14 @@ from typing import Any
 
 from equivci.cache import Memo
 from equivci.capture.hlo_oracle import compare_hlo_in_child
-from equivci.capture.oracle import NOISE_MARGIN, NumericComparison, Ranges, compare_in_child, default_int_high
+from equivci.capture.oracle import (
+    NOISE_MARGIN,
+    NumericComparison,
+    Ranges,
+    compare_in_child,
+    default_int_high,
+    float_shapes,
+)
 from equivci.capture.types import CapturedModel, LeafPlacement
 from equivci.diagnose.findings import defect_findings, with_counterexample, with_note
 from equivci.diagnose.localize import source_of
@@ -468,7 +475,7 @@ def _integer_draws(model: ModelSpec, ranges: Ranges, inputs: tuple[LeafPlacement
     integers = [(k, leaf) for k, leaf in enumerate(inputs) if leaf.dtype.startswith(("int", "uint"))]
     if model.int_range is not None or model.oracle.inputs is not None or not integers:
         return ""
-    high = default_int_high(leaf.shape for leaf in inputs if leaf.dtype.startswith(("float", "bfloat", "complex")))
+    high = default_int_high(float_shapes((leaf.shape, leaf.dtype) for leaf in inputs))
     drawn = {k: ranges.get(k, (0, high)) for k, _ in integers}
     shown = [f"input {leaf.path or '#' + str(k)} in [{drawn[k][0]}, {drawn[k][1]})" for k, leaf in integers[:4]]
     more = f" and {len(integers) - 4} more" if len(integers) > 4 else ""
